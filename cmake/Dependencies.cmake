@@ -1,0 +1,45 @@
+# Finds every third-party dependency once and exposes it as an imported target:
+#   gRPC::grpc++ protobuf::libprotobuf absl::* yaml-cpp SQLite::SQLite3 GTest::gtest gloo
+#   nlohmann_json::nlohmann_json, torch (LibTorch from the pinned wheel, see scripts/setup.sh),
+#   and CUDA when QLORA_CUDA allows it.
+if(QLORA_DEPS_PREFIX)
+  list(PREPEND CMAKE_PREFIX_PATH "${QLORA_DEPS_PREFIX}")
+endif()
+
+find_package(Threads REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+find_package(SQLite3 REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(Gloo CONFIG REQUIRED)
+find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin HINTS "${QLORA_DEPS_PREFIX}/bin" REQUIRED)
+if(QLORA_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+endif()
+
+# CUDA: decided before Torch so that Torch's own CUDA detection agrees with ours.
+set(QLORA_HAVE_CUDA OFF)
+if(NOT QLORA_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_ARCHITECTURES ${QLORA_CUDA_ARCHITECTURES})
+    set(CMAKE_CUDA_STANDARD 17)
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(QLORA_HAVE_CUDA ON)
+  elseif(QLORA_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "QLORA_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "qlora: CUDA kernels ${QLORA_HAVE_CUDA}")
+
+# LibTorch: CMAKE_PREFIX_PATH names it (scripts/build.sh passes the cache folder).
+set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "")
+find_package(Torch REQUIRED)
+# Torch's flags carry -D_GLIBCXX_USE_CXX11_ABI=1, which matches the system libraries.
+add_library(qlora_torch INTERFACE)
+target_link_libraries(qlora_torch INTERFACE ${TORCH_LIBRARIES})
+target_include_directories(qlora_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})

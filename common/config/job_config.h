@@ -1,0 +1,107 @@
+// The typed, validated, fully resolved configuration of one training job.
+//
+// A job file (Ludwig-style YAML, see README "Job file") is parsed exactly once into this
+// struct by ParseJobConfig (job_config_parser.h), which resolves every default in one place
+// (the ZeRO stage included). Everything downstream -- coordinator, worker, engine, strategy,
+// data path -- reads only this struct. No torch, no protobuf here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qlora {
+
+struct FeatureConfig {
+  std::string name;          // column name in the dataset
+  std::string type = "text"; // only "text" is supported
+};
+
+struct QuantizationConfig {
+  bool enabled = true;                      // `quantization: null` disables it
+  int bits = 4;                             // 4 only (8-bit is refused with a clear error)
+  std::string quant_type = "nf4";           // nf4 | fp4
+  bool double_quant = true;                 // bnb_4bit_use_double_quant
+  std::string compute_dtype = "bfloat16";   // bnb_4bit_compute_dtype: bfloat16|float16|float32
+  int blocksize = 64;                       // 32..4096, power of two
+};
+
+struct LoraConfig {
+  int r = 8;
+  double alpha = 16.0;
+  double dropout = 0.05;
+  // HF module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) or the
+  // single entry "all-linear". Resolved: never empty after parsing (default q_proj, v_proj,
+  // as PEFT picks for LLaMA).
+  std::vector<std::string> target_modules;
+  bool use_rslora = false;                  // scale = alpha / sqrt(r) instead of alpha / r
+  bool merge_adapter_into_base_model = false;  // also write merged HF safetensors
+};
+
+struct StrategyConfig {
+  std::string type = "deepspeed";           // deepspeed | ddp (ddp == stage 0)
+  int zero_stage = 2;                       // resolved: 0, 1 or 2 (3 is refused with 4-bit)
+  std::string zero_stage_reason;            // why this stage: "from the job file" or the default's reason
+  int64_t reduce_bucket_size = 500000000;   // elements
+  int64_t allgather_bucket_size = 500000000;
+  bool overlap_comm = true;
+  bool contiguous_gradients = true;
+};
+
+struct BackendConfig {
+  std::string type = "local";               // local | ray (accepted for compatibility; same meaning)
+  bool use_gpu = true;                      // false: CPU workers
+  int num_workers = 0;                      // 0 = every GPU of the machine (or --cpu-workers)
+  StrategyConfig strategy;
+};
+
+struct TrainerConfig {
+  std::string type = "finetune";
+  int batch_size = 1;                       // micro-batch per worker
+  int gradient_accumulation_steps = 1;
+  int eval_batch_size = 2;
+  double learning_rate = 2e-4;
+  int epochs = 3;
+  int64_t train_steps = 0;                  // 0 = from epochs
+  std::string optimizer = "adamw";          // adamw | adam
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  std::string lr_scheduler = "cosine";      // constant | linear | cosine
+  double warmup_fraction = 0.03;
+  double max_grad_norm = 0.3;               // gradient_clipping.clipglobalnorm; 0 = off
+  int64_t steps_per_checkpoint = 0;         // 0 = only at the end
+  int64_t eval_steps = 0;                   // 0 = evaluate at the end of each epoch
+  bool gradient_checkpointing = true;       // enable_gradient_checkpointing
+  uint64_t seed = 42;
+};
+
+struct DataConfig {
+  std::string train_path;                   // dataset (or --dataset on the command line)
+  std::string validation_path;              // optional
+  double validation_fraction = 0.0;         // split of train when no validation file
+  std::string format = "auto";              // auto | jsonl | csv | text
+  std::string prompt_template;              // empty = default for instruction/output data
+  int max_sequence_length = 512;
+  bool packing = false;
+  std::string malformed_records = "fail";   // fail | skip
+};
+
+struct JobConfig {
+  std::string name;                         // optional human name
+  std::string model_type = "llm";
+  std::string base_model;                   // as written in the file
+  std::string base_model_path;              // resolved local folder (HF cache resolution)
+  std::vector<FeatureConfig> input_features;
+  std::vector<FeatureConfig> output_features;
+  std::string adapter_type = "lora";        // adapter.type
+  LoraConfig lora;
+  QuantizationConfig quantization;
+  BackendConfig backend;
+  TrainerConfig trainer;
+  DataConfig data;
+  std::string output_dir;                   // empty = the coordinator's state folder
+};
+
+}  // namespace qlora

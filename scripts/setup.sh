@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine, once per machine:
+#   - Debian packages (compilers, gRPC, protobuf, Abseil, yaml-cpp, SQLite, GoogleTest, Gloo, ...)
+#   - LibTorch, unpacked from the pinned torch==2.11.0 wheel into a versioned cache outside the
+#     checkout ($QLORA_CACHE, default ~/.cache/qlora), reused by every later clone.
+#   - A Python virtual environment for the reference tests only (transformers, peft, ...):
+#     never used by the product.
+# A second run does nothing but checks. Prints the cache paths it set up.
+set -euo pipefail
+TORCH_VERSION=2.11.0
+CACHE=${QLORA_CACHE:-$HOME/.cache/qlora}
+LIBTORCH=$CACHE/libtorch-$TORCH_VERSION-v2
+PYENV=$CACHE/pyenv-$TORCH_VERSION-v1
+mkdir -p "$CACHE"
+
+debian_packages=(build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libyaml-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev libgloo-dev
+  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev unzip python3-venv python3-pip)
+missing=()
+for p in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=python3
+extra_cuda_wheels=(nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5 nvidia-cufile==1.15.1.6)
+if [ ! -f "$LIBTORCH/.complete" ]; then
+  echo "setup: fetching torch==$TORCH_VERSION wheel for LibTorch (once per machine)"
+  tmp=$(mktemp -d "$CACHE/dl.XXXXXX")
+  $PY -m pip download -q --no-deps --only-binary=:all: "torch==$TORCH_VERSION" -d "$tmp"
+  rm -rf "$LIBTORCH"; mkdir -p "$LIBTORCH"
+  whl=$(ls "$tmp"/torch-*.whl)
+  ( cd "$LIBTORCH" && unzip -q "$whl" 'torch/lib/*' 'torch/include/*' 'torch/share/*' )
+  # The CUDA libraries that libtorch_cuda needs and the system toolkit lacks; unpacked where
+  # the torch libraries' RPATH ($ORIGIN/../../nvidia/*/lib) looks for them.
+  $PY -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "${extra_cuda_wheels[@]}"
+  for w in "$tmp"/nvidia_*.whl; do ( cd "$LIBTORCH" && unzip -q -o "$w" 'nvidia/*' ); cp "$w" "$LIBTORCH/"; done
+  cp "$whl" "$LIBTORCH/"                 # kept for the Python reference environment
+  rm -rf "$tmp"
+  touch "$LIBTORCH/.complete"
+fi
+
+if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ ! -f "$PYENV/.complete" ]; then
+  echo "setup: creating the Python reference environment (tests only)"
+  rm -rf "$PYENV"
+  $PY -m venv "$PYENV"
+  "$PYENV/bin/pip" install -q --upgrade pip
+  # torch without its nvidia-* wheels: the CUDA libraries come from the system toolkit.
+  "$PYENV/bin/pip" install -q --no-deps "$LIBTORCH"/torch-*.whl "$LIBTORCH"/nvidia_*.whl
+  "$PYENV/bin/pip" install -q -r "$(dirname "$0")/requirements-test.txt"
+  touch "$PYENV/.complete"
+fi
+echo "LIBTORCH=$LIBTORCH/torch"
+echo "PYENV=$PYENV"
