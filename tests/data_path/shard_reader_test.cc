@@ -1,0 +1,290 @@
+// Sharding and record readers: every record exactly once for 1..4 ranks (CSV with quoted
+// newlines, doubled quotes and CRLF; JSON Lines; text), cuts equal to a sequential parse at
+// every offset, and malformed records reported with file, line and reason.
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/data_path/test_util.h"
+#include "worker/data/record_reader.h"
+#include "worker/data/shard_planner.h"
+
+namespace qlora::data {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Tricky field text: commas, quotes, newlines (LF and CRLF), Unicode, long runs.
+std::string RandomText(std::mt19937& rng, int id) {
+  static const std::vector<std::string> parts = {
+      "plain", "with, comma", "a \"quoted\" word", "line\nbreak", "crlf\r\nbreak", "\"",
+      "ünïcødé 日本語 🙂", "  spaces  ", "", ",", "\n", "x\"\"y", "tab\there"};
+  std::string out = absl::StrCat("r", id);
+  int n = static_cast<int>(rng() % 5);
+  for (int i = 0; i < n; ++i) out += parts[rng() % parts.size()];
+  if (rng() % 50 == 0) out += std::string(3000, 'z');
+  return out;
+}
+
+std::string CsvQuote(const std::string& s, bool force) {
+  bool need = force || s.find_first_of(",\"\r\n") != std::string::npos;
+  if (!need) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+struct Dataset {
+  std::string path;
+  std::map<std::string, std::pair<std::string, std::string>> rows;  // id -> (prompt, answer)
+};
+
+Dataset MakeCsv(const std::string& dir, int n, const char* eol, bool trailing_eol,
+                unsigned seed) {
+  std::mt19937 rng(seed);
+  Dataset d{absl::StrCat(dir, "/data_", seed, ".csv"), {}};
+  std::string text = absl::StrCat("id,instruction,output", eol);
+  for (int i = 0; i < n; ++i) {
+    std::string id = absl::StrCat("id", i);
+    std::string a = RandomText(rng, i), b = RandomText(rng, i + 7);
+    d.rows[id] = {a, b};
+    text += absl::StrCat(CsvQuote(id, rng() % 3 == 0), ",", CsvQuote(a, rng() % 4 == 0), ",",
+                         CsvQuote(b, false));
+    if (i + 1 < n || trailing_eol) text += eol;
+    if (rng() % 17 == 0) text += eol;  // blank lines are not records
+  }
+  WriteFile(d.path, text);
+  return d;
+}
+
+Dataset MakeJsonl(const std::string& dir, int n, unsigned seed) {
+  std::mt19937 rng(seed);
+  Dataset d{absl::StrCat(dir, "/data_", seed, ".jsonl"), {}};
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    std::string id = absl::StrCat("id", i);
+    std::string a = RandomText(rng, i), b = RandomText(rng, i + 3);
+    d.rows[id] = {a, b};
+    nlohmann::ordered_json j = {{"id", id}, {"instruction", a}, {"output", b}};
+    text += j.dump() + (rng() % 2 ? "\n" : "\r\n");
+  }
+  WriteFile(d.path, text);
+  return d;
+}
+
+// Reads every shard of every rank and checks each row appears exactly once, intact.
+void ExpectExactlyOnce(const Dataset& d, DataFormat format, int world, int per_rank) {
+  SCOPED_TRACE(absl::StrCat(d.path, " world=", world, " shards_per_rank=", per_rank));
+  auto plan = PlanShards({d.path}, world, per_rank);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), static_cast<size_t>(world));
+  std::map<std::string, int> seen;
+  for (const auto& rank_shards : *plan) {
+    for (const ShardSpec& shard : rank_shards) {
+      ReaderOptions options;
+      options.format = format;
+      auto reader = RecordReader::Open(shard, options);
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      Record record;
+      while (true) {
+        auto more = (*reader)->Next(&record);
+        ASSERT_TRUE(more.ok()) << more.status();
+        if (!*more) break;
+        const std::string* id = record.Find("id");
+        ASSERT_NE(id, nullptr);
+        ++seen[*id];
+        auto it = d.rows.find(*id);
+        ASSERT_NE(it, d.rows.end()) << *id;
+        EXPECT_EQ(*record.Find("instruction"), it->second.first) << *id;
+        EXPECT_EQ(*record.Find("output"), it->second.second) << *id;
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), d.rows.size());
+  for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
+}
+
+TEST(DataShardTest, CsvRecordsExactlyOnceForOneToFourRanks) {
+  TempDir dir;
+  for (const char* eol : {"\n", "\r\n"}) {
+    for (bool trailing : {true, false}) {
+      Dataset d = MakeCsv(dir.path(), 400, eol, trailing, eol[0] == '\r' ? 11u : 12u);
+      for (int world = 1; world <= 4; ++world)
+        for (int per_rank : {1, 3}) ExpectExactlyOnce(d, DataFormat::kCsv, world, per_rank);
+    }
+  }
+}
+
+TEST(DataShardTest, JsonlRecordsExactlyOnceForOneToFourRanks) {
+  TempDir dir;
+  Dataset d = MakeJsonl(dir.path(), 500, 5);
+  for (int world = 1; world <= 4; ++world)
+    for (int per_rank : {1, 2, 5}) ExpectExactlyOnce(d, DataFormat::kJsonl, world, per_rank);
+}
+
+// The speculative CSV cut equals an exact sequential parse from the file start, at every byte.
+TEST(DataShardTest, CsvCutAtEveryOffsetMatchesSequentialParse) {
+  TempDir dir;
+  Dataset d = MakeCsv(dir.path(), 60, "\r\n", true, 21);
+  auto file = ByteRangeFile::Open(d.path);
+  ASSERT_TRUE(file.ok());
+  auto start = FindDataStart(**file, DataFormat::kCsv);
+  ASSERT_TRUE(start.ok());
+  // Oracle: record starts by a sequential parse.
+  std::vector<int64_t> starts;
+  {
+    ReaderOptions options;
+    options.format = DataFormat::kCsv;
+    auto reader = RecordReader::Open({d.path, 0, (*file)->size(), 1}, options);
+    ASSERT_TRUE(reader.ok());
+    Record r;
+    while (*(*reader)->Next(&r)) starts.push_back(r.offset);
+  }
+  ASSERT_EQ(starts.size(), d.rows.size());
+  ShardPlanOptions options;
+  options.max_record_bytes = 4096;  // keeps the quote-free fallback bound small
+  for (int64_t offset = start->offset; offset <= (*file)->size(); ++offset) {
+    auto cut = FindRecordStart(**file, DataFormat::kCsv, offset, start->offset,
+                               start->header_fields, options);
+    ASSERT_TRUE(cut.ok());
+    auto next = std::lower_bound(starts.begin(), starts.end(), offset);
+    int64_t expected = *cut;
+    // A cut is either a record start or the end of the file; blank lines may precede a start.
+    if (next != starts.end()) {
+      ASSERT_LE(*cut, *next) << "offset " << offset;
+      // Only blank-line bytes may lie between the cut and the next record.
+      std::string between = ReadFile(d.path).substr(*cut, *next - *cut);
+      for (char c : between) ASSERT_TRUE(c == '\r' || c == '\n') << "offset " << offset;
+    } else {
+      std::string rest = ReadFile(d.path).substr(expected);
+      for (char c : rest) ASSERT_TRUE(c == '\r' || c == '\n') << "offset " << offset;
+    }
+    if (next != starts.begin()) ASSERT_GT(*cut, *(next - 1) - (offset == *(next - 1) ? 1 : 0));
+  }
+}
+
+TEST(DataShardTest, TextLinesExactlyOnce) {
+  TempDir dir;
+  std::string path = dir.path() + "/corpus.txt";
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += absl::StrCat("line ", i, i % 7 ? "\n" : "\r\n\n");
+  WriteFile(path, text);
+  for (int world = 1; world <= 4; ++world) {
+    auto plan = PlanShards({path}, world, 2);
+    ASSERT_TRUE(plan.ok());
+    std::map<std::string, int> seen;
+    for (const auto& shards : *plan)
+      for (const ShardSpec& shard : shards) {
+        ReaderOptions options;
+        options.format = DataFormat::kText;
+        auto reader = RecordReader::Open(shard, options);
+        ASSERT_TRUE(reader.ok());
+        Record r;
+        while (*(*reader)->Next(&r)) ++seen[*r.Find("text")];
+      }
+    ASSERT_EQ(seen.size(), 300u);
+    for (const auto& [line, count] : seen) EXPECT_EQ(count, 1) << line;
+  }
+}
+
+TEST(DataShardTest, MultipleFilesAreSpreadOverRanks) {
+  TempDir dir;
+  Dataset a = MakeJsonl(dir.path(), 200, 1);
+  Dataset b = MakeJsonl(dir.path(), 50, 2);
+  auto plan = PlanShards({a.path, b.path}, 3, 2);
+  ASSERT_TRUE(plan.ok());
+  int64_t total = 0;
+  for (const auto& shards : *plan) {
+    EXPECT_FALSE(shards.empty());
+    for (const ShardSpec& s : shards) total += s.end - s.begin;
+  }
+  EXPECT_EQ(total, static_cast<int64_t>(ReadFile(a.path).size() + ReadFile(b.path).size()));
+}
+
+// Collects every record of one whole file under a policy.
+absl::StatusOr<std::vector<Record>> ReadAll(const std::string& path, DataFormat format,
+                                            bool skip, int64_t* malformed,
+                                            std::vector<std::string>* messages,
+                                            int shards = 1) {
+  auto split = SplitFile(path, shards);
+  if (!split.ok()) return split.status();
+  std::vector<Record> out;
+  *malformed = 0;
+  for (const ShardSpec& shard : *split) {
+    ReaderOptions options;
+    options.format = format;
+    options.skip_malformed = skip;
+    auto reader = RecordReader::Open(shard, options);
+    if (!reader.ok()) return reader.status();
+    Record r;
+    while (true) {
+      auto more = (*reader)->Next(&r);
+      if (!more.ok()) return more.status();
+      if (!*more) break;
+      out.push_back(r);
+    }
+    *malformed += (*reader)->malformed_count();
+    for (const auto& m : (*reader)->malformed_messages()) messages->push_back(m);
+  }
+  return out;
+}
+
+TEST(DataMalformedTest, JsonlFailNamesFileLineAndReason) {
+  TempDir dir;
+  std::string path = dir.path() + "/bad.jsonl";
+  WriteFile(path, "{\"a\": \"1\"}\n\n{\"a\": \"2\"}\n{\"a\": oops}\n[1,2]\n{\"a\": \"3\"}\n");
+  int64_t malformed = 0;
+  std::vector<std::string> messages;
+  auto fail = ReadAll(path, DataFormat::kJsonl, false, &malformed, &messages);
+  ASSERT_FALSE(fail.ok());
+  EXPECT_EQ(fail.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(fail.status().message()), HasSubstr(path + ":4: malformed jsonl"));
+  EXPECT_THAT(std::string(fail.status().message()), HasSubstr("invalid JSON"));
+
+  auto skip = ReadAll(path, DataFormat::kJsonl, true, &malformed, &messages);
+  ASSERT_TRUE(skip.ok()) << skip.status();
+  EXPECT_EQ(skip->size(), 3u);
+  EXPECT_EQ(malformed, 2);
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_THAT(messages[0], HasSubstr(":4: "));
+  EXPECT_THAT(messages[1], HasSubstr(":5: "));
+  EXPECT_THAT(messages[1], HasSubstr("must be an object"));
+}
+
+TEST(DataMalformedTest, CsvErrorsCarryFileLinesEvenInLaterShards) {
+  TempDir dir;
+  std::string path = dir.path() + "/bad.csv";
+  std::string text = "a,b\r\n";
+  for (int i = 0; i < 200; ++i) text += absl::StrCat("\"multi\nline ", i, "\",x\r\n");
+  text += "only_one_field\r\n";             // line 2 + 400 = 402
+  text += "1,2\r\n";
+  text += "bad \"quote,z\r\n";              // line 404
+  text += "\"unterminated,q\r\n";           // line 405, runs to the end
+  WriteFile(path, text);
+  int64_t malformed = 0;
+  std::vector<std::string> messages;
+  auto fail = ReadAll(path, DataFormat::kCsv, false, &malformed, &messages, 4);
+  ASSERT_FALSE(fail.ok());
+  EXPECT_THAT(std::string(fail.status().message()), HasSubstr(path + ":402: "));
+  EXPECT_THAT(std::string(fail.status().message()), HasSubstr("has 1 fields, the header has 2"));
+
+  auto skip = ReadAll(path, DataFormat::kCsv, true, &malformed, &messages, 4);
+  ASSERT_TRUE(skip.ok()) << skip.status();
+  EXPECT_EQ(skip->size(), 201u);
+  EXPECT_EQ(malformed, 3);
+  ASSERT_EQ(messages.size(), 3u);
+  EXPECT_THAT(messages[1], HasSubstr(":404: "));
+  EXPECT_THAT(messages[1], HasSubstr("misplaced"));
+  EXPECT_THAT(messages[2], HasSubstr(":405: "));
+  EXPECT_THAT(messages[2], HasSubstr("unterminated"));
+}
+
+}  // namespace
+}  // namespace qlora::data

@@ -1,0 +1,35 @@
+// Dataset format names and detection by file extension.
+#include "worker/data/record.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace qlora::data {
+
+absl::StatusOr<DataFormat> ResolveFormat(absl::string_view format, absl::string_view path) {
+  if (format == "jsonl") return DataFormat::kJsonl;
+  if (format == "csv") return DataFormat::kCsv;
+  if (format == "text") return DataFormat::kText;
+  if (format != "auto" && !format.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.format: unknown format '", format, "' (jsonl, csv, text or auto)"));
+  std::string lower = absl::AsciiStrToLower(path);
+  for (const char* ext : {".jsonl", ".ndjson", ".json"})
+    if (absl::EndsWith(lower, ext)) return DataFormat::kJsonl;
+  if (absl::EndsWith(lower, ".csv")) return DataFormat::kCsv;
+  if (absl::EndsWith(lower, ".txt") || absl::EndsWith(lower, ".text")) return DataFormat::kText;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cannot tell the format of ", path, " from its name; set data.format (jsonl, csv, text)"));
+}
+
+absl::string_view FormatName(DataFormat format) {
+  switch (format) {
+    case DataFormat::kJsonl: return "jsonl";
+    case DataFormat::kCsv: return "csv";
+    case DataFormat::kText: return "text";
+  }
+  return "?";
+}
+
+}  // namespace qlora::data

@@ -1,0 +1,170 @@
+// The malformed-record policy shared by every reader, and the JSON Lines and text readers.
+#include "worker/data/record_reader.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace qlora::data {
+namespace {
+
+// Strips one trailing "\n" or "\r\n".
+void StripLineEnd(std::string* line) {
+  if (!line->empty() && line->back() == '\n') line->pop_back();
+  if (!line->empty() && line->back() == '\r') line->pop_back();
+}
+
+// Reads physical lines; shared by the JSON Lines and text readers.
+class LineReader : public RecordReader {
+ public:
+  using RecordReader::RecordReader;
+
+ protected:
+  // The next non-blank line (without its line end); false at the end.
+  bool NextLine(int64_t* offset, int64_t* lines_before, bool* too_long) {
+    while (true) {
+      line_.clear();
+      *offset = file_->position();
+      *lines_before = lines_;
+      if (!file_->ReadLine(&line_, static_cast<size_t>(options_.max_record_bytes) + 2, too_long))
+        return false;
+      // A truncated line still consumed its '\n' unless it ran into the shard's end.
+      if (*too_long ? file_->position() < shard_.end : (!line_.empty() && line_.back() == '\n'))
+        ++lines_;
+      StripLineEnd(&line_);
+      if (*too_long || !absl::StripAsciiWhitespace(line_).empty()) return true;
+    }
+  }
+
+  std::string line_;
+  int64_t lines_ = 0;
+};
+
+class JsonlReader : public LineReader {
+ public:
+  using LineReader::LineReader;
+
+ protected:
+  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
+                                 std::string* reason) override {
+    bool too_long = false;
+    if (!NextLine(&record->offset, lines_before, &too_long)) {
+      QLORA_RETURN_IF_ERROR(file_->status());
+      return false;
+    }
+    record->fields.clear();
+    if (too_long) {
+      *reason = absl::StrCat("record longer than max_record_bytes (", options_.max_record_bytes,
+                             ")");
+      return true;
+    }
+    nlohmann::ordered_json value;
+    try {
+      value = nlohmann::ordered_json::parse(line_);
+    } catch (const nlohmann::json::parse_error& e) {
+      *reason = absl::StrCat("invalid JSON: ", e.what());
+      return true;
+    }
+    if (!value.is_object()) {
+      *reason = absl::StrCat("a JSON Lines record must be an object, got ", value.type_name());
+      return true;
+    }
+    for (auto& [key, item] : value.items()) {
+      if (item.is_string()) {
+        record->fields.emplace_back(key, item.get_ref<const std::string&>());
+      } else if (item.is_null()) {
+        record->fields.emplace_back(key, std::string());
+      } else {
+        record->fields.emplace_back(key, item.dump());
+      }
+    }
+    return true;
+  }
+};
+
+class TextReader : public LineReader {
+ public:
+  using LineReader::LineReader;
+
+ protected:
+  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
+                                 std::string* reason) override {
+    bool too_long = false;
+    if (!NextLine(&record->offset, lines_before, &too_long)) {
+      QLORA_RETURN_IF_ERROR(file_->status());
+      return false;
+    }
+    record->fields.clear();
+    if (too_long) {
+      *reason = absl::StrCat("line longer than max_record_bytes (", options_.max_record_bytes,
+                             ")");
+      return true;
+    }
+    record->fields.emplace_back("text", std::move(line_));
+    return true;
+  }
+};
+
+}  // namespace
+
+RecordReader::RecordReader(const ShardSpec& shard, const ReaderOptions& options,
+                           std::unique_ptr<ByteRangeFile> file)
+    : shard_(shard), options_(options), file_(std::move(file)) {
+  file_->Seek(shard_.begin, shard_.end);
+}
+
+absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec& shard,
+                                                                 const ReaderOptions& options) {
+  QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(shard.path));
+  if (shard.begin < 0 || shard.end < shard.begin || shard.end > file->size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard [", shard.begin, ", ", shard.end, ") is outside ", shard.path,
+                     " (", file->size(), " bytes)"));
+  switch (options.format) {
+    case DataFormat::kJsonl:
+      return std::unique_ptr<RecordReader>(new JsonlReader(shard, options, std::move(file)));
+    case DataFormat::kText:
+      return std::unique_ptr<RecordReader>(new TextReader(shard, options, std::move(file)));
+    case DataFormat::kCsv:
+      return OpenCsvReader(shard, options, std::move(file));
+  }
+  return absl::InvalidArgumentError("unknown data format");
+}
+
+absl::StatusOr<int64_t> RecordReader::FileLine(int64_t lines_before) {
+  if (shard_.first_line >= 1) return shard_.first_line + lines_before;
+  if (lines_before_shard_ < 0) {
+    // Only on the error path: count line ends before the shard once, on a second handle so
+    // the reading cursor stays where it is.
+    QLORA_ASSIGN_OR_RETURN(auto counter, ByteRangeFile::Open(shard_.path));
+    QLORA_ASSIGN_OR_RETURN(lines_before_shard_, CountNewlines(*counter, 0, shard_.begin));
+  }
+  return lines_before_shard_ + 1 + lines_before;
+}
+
+absl::StatusOr<bool> RecordReader::Next(Record* record) {
+  while (true) {
+    int64_t lines_before = 0;
+    std::string reason;
+    QLORA_ASSIGN_OR_RETURN(bool more, ParseNext(record, &lines_before, &reason));
+    if (!more) return false;
+    record->path = shard_.path;
+    record->line = shard_.first_line >= 1 ? shard_.first_line + lines_before : -1;
+    if (reason.empty()) return true;
+    QLORA_ASSIGN_OR_RETURN(int64_t line, FileLine(lines_before));
+    std::string message = absl::StrCat(shard_.path, ":", line, ": malformed ",
+                                       FormatName(options_.format), " record: ", reason);
+    if (!options_.skip_malformed)
+      return absl::InvalidArgumentError(
+          absl::StrCat(message, " (data.malformed_records: fail; set it to skip to count and "
+                                "skip such records)"));
+    ++malformed_count_;
+    if (malformed_messages_.size() < options_.kept_messages)
+      malformed_messages_.push_back(std::move(message));
+  }
+}
+
+}  // namespace qlora::data

@@ -1,0 +1,215 @@
+// Record-boundary search and shard assignment (see shard_planner.h for the CSV approach).
+#include "worker/data/shard_planner.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/data/csv_syntax.h"
+
+namespace qlora::data {
+namespace {
+
+// First record end (position after '\n') at or after `from` for line formats.
+int64_t NextLineStart(ByteRangeFile& file, int64_t from) {
+  file.Seek(from, file.size());
+  for (int c = file.Get(); c >= 0; c = file.Get())
+    if (c == '\n') return file.position();
+  return file.size();
+}
+
+// Exact CSV search: parse sequentially from a known record start.
+absl::StatusOr<int64_t> SequentialCsvStart(ByteRangeFile& file, int64_t known_start,
+                                           int64_t offset) {
+  file.Seek(known_start, file.size());
+  CsvState state = CsvState::kFieldStart;
+  for (int c = file.Get(); c >= 0; c = file.Get()) {
+    CsvStep step = StepCsv(state, static_cast<char>(c));
+    state = step.next;
+    if (step.record_end && file.position() >= offset) return file.position();
+  }
+  QLORA_RETURN_IF_ERROR(file.status());
+  return file.size();
+}
+
+struct Hypothesis {
+  CsvState state;
+  bool alive = true;
+  int64_t first_start = -1;  // position after its first record end
+  int fields = 0;            // fields completed in the current record
+  int64_t record_bytes = 0;  // content bytes of the current record ('\r' and '\n' excluded)
+  int64_t quoted_run = 0;    // bytes since entering the current quoted field
+};
+
+absl::StatusOr<int64_t> SpeculativeCsvStart(ByteRangeFile& file, int64_t offset,
+                                            int64_t known_start, int header_fields,
+                                            const ShardPlanOptions& options) {
+  const int64_t from = std::max(known_start, offset - 1);
+  std::array<Hypothesis, kCsvStateCount> hyps;
+  for (int s = 0; s < kCsvStateCount; ++s) hyps[s].state = static_cast<CsvState>(s);
+  const int64_t scan_limit = 2 * options.max_record_bytes + (1 << 16);
+
+  auto decided = [&]() -> int64_t {  // the agreed start, -1 while undecided, -2 when all died
+    const Hypothesis* first = nullptr;
+    for (const Hypothesis& h : hyps) {
+      if (!h.alive) continue;
+      if (h.first_start < 0) return -1;
+      if (first && (h.state != first->state || h.first_start != first->first_start)) return -1;
+      if (!first) first = &h;
+    }
+    return first ? first->first_start : -2;
+  };
+
+  file.Seek(from, file.size());
+  int64_t result = -1;
+  for (int c = file.Get(); c >= 0; c = file.Get()) {
+    const int64_t after = file.position();
+    for (Hypothesis& h : hyps) {
+      if (!h.alive) continue;
+      CsvStep step = StepCsv(h.state, static_cast<char>(c));
+      if (step.violation) h.alive = false;
+      h.quoted_run = step.next == CsvState::kQuoted ? h.quoted_run + 1 : 0;
+      if (h.quoted_run > options.max_record_bytes) h.alive = false;
+      if (c != '\r' && c != '\n') ++h.record_bytes;
+      if (step.field_end) ++h.fields;
+      if (step.record_end) {
+        if (h.first_start < 0) {
+          h.first_start = after;
+        } else if (h.record_bytes > 0 && h.fields != header_fields) {
+          h.alive = false;
+        }
+        h.fields = 0;
+        h.record_bytes = 0;
+      }
+      h.state = step.next;
+    }
+    result = decided();
+    if (result != -1 || after - from > scan_limit) break;
+  }
+  QLORA_RETURN_IF_ERROR(file.status());
+  if (file.position() >= file.size() && result == -1) {
+    // End of file: a hypothesis inside quotes is dead; one without a record end cuts at EOF.
+    for (Hypothesis& h : hyps) {
+      if (h.state == CsvState::kQuoted) h.alive = false;
+      if (h.first_start < 0) h.first_start = file.size();
+    }
+    result = decided();
+  }
+  if (result >= 0) return result;
+  return SequentialCsvStart(file, known_start, offset);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> FindRecordStart(ByteRangeFile& file, DataFormat format, int64_t offset,
+                                        int64_t known_start, int header_fields,
+                                        const ShardPlanOptions& options) {
+  if (offset <= known_start) return known_start;
+  if (offset >= file.size()) return file.size();
+  if (format != DataFormat::kCsv) {
+    int64_t start = NextLineStart(file, offset - 1);
+    QLORA_RETURN_IF_ERROR(file.status());
+    return start;
+  }
+  return SpeculativeCsvStart(file, offset, known_start, header_fields, options);
+}
+
+absl::StatusOr<DataStart> FindDataStart(ByteRangeFile& file, DataFormat format) {
+  DataStart start;
+  if (format != DataFormat::kCsv) return start;
+  file.Seek(0, file.size());
+  CsvState state = CsvState::kFieldStart;
+  bool ended = false;
+  for (int c = file.Get(); c >= 0 && !ended; c = ended ? -1 : file.Get()) {
+    CsvStep step = StepCsv(state, static_cast<char>(c));
+    state = step.next;
+    if (step.field_end) ++start.header_fields;
+    if (c == '\n') ++start.header_lines;
+    ended = step.record_end;
+  }
+  QLORA_RETURN_IF_ERROR(file.status());
+  if (!ended) {
+    if (state == CsvState::kQuoted)
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": unterminated CSV header"));
+    if (file.size() > 0) ++start.header_fields;  // a header without a line end
+  }
+  start.offset = file.position();
+  return start;
+}
+
+absl::StatusOr<std::vector<ShardSpec>> SplitFile(const std::string& path, int num_shards,
+                                                 const ShardPlanOptions& options) {
+  if (num_shards < 1) return absl::InvalidArgumentError("num_shards must be >= 1");
+  QLORA_ASSIGN_OR_RETURN(DataFormat format, ResolveFormat(options.format, path));
+  QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(path));
+  QLORA_ASSIGN_OR_RETURN(DataStart data, FindDataStart(*file, format));
+  const int64_t size = file->size();
+  std::vector<ShardSpec> shards;
+  int64_t begin = data.offset;
+  for (int i = 1; i <= num_shards && begin < size; ++i) {
+    int64_t end = size;
+    if (i < num_shards) {
+      const int64_t approx = data.offset + static_cast<int64_t>(
+          static_cast<long double>(size - data.offset) * i / num_shards);
+      QLORA_ASSIGN_OR_RETURN(end, FindRecordStart(*file, format, approx, begin,
+                                                  data.header_fields, options));
+    }
+    if (end <= begin) continue;
+    shards.push_back({path, begin, end, shards.empty() ? data.header_lines + 1 : -1});
+    begin = end;
+  }
+  return shards;
+}
+
+absl::StatusOr<std::vector<std::vector<ShardSpec>>> PlanShards(
+    const std::vector<std::string>& paths, int world_size, int shards_per_rank,
+    const ShardPlanOptions& options) {
+  if (world_size < 1 || shards_per_rank < 1)
+    return absl::InvalidArgumentError("world_size and shards_per_rank must be >= 1");
+  std::vector<int64_t> sizes;
+  for (const std::string& path : paths) {
+    QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(path));
+    sizes.push_back(file->size());
+  }
+  const long double total = std::max<long double>(
+      1, std::accumulate(sizes.begin(), sizes.end(), static_cast<long double>(0)));
+  const int total_shards = world_size * shards_per_rank;
+
+  std::vector<ShardSpec> all;
+  std::vector<size_t> file_index;
+  for (size_t f = 0; f < paths.size(); ++f) {
+    int n = std::max(1, static_cast<int>(std::llround(total_shards * sizes[f] / total)));
+    QLORA_ASSIGN_OR_RETURN(std::vector<ShardSpec> shards, SplitFile(paths[f], n, options));
+    for (ShardSpec& shard : shards) {
+      all.push_back(std::move(shard));
+      file_index.push_back(f);
+    }
+  }
+  // Largest first, each to the least-loaded rank (lowest rank on ties): deterministic LPT.
+  std::vector<size_t> order(all.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return all[a].end - all[a].begin > all[b].end - all[b].begin;
+  });
+  std::vector<int64_t> load(world_size, 0);
+  std::vector<std::vector<size_t>> assigned(world_size);
+  for (size_t i : order) {
+    int rank = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[rank] += all[i].end - all[i].begin;
+    assigned[rank].push_back(i);
+  }
+  std::vector<std::vector<ShardSpec>> plan(world_size);
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::sort(assigned[rank].begin(), assigned[rank].end(), [&](size_t a, size_t b) {
+      return std::make_pair(file_index[a], all[a].begin) <
+             std::make_pair(file_index[b], all[b].begin);
+    });
+    for (size_t i : assigned[rank]) plan[rank].push_back(all[i]);
+  }
+  return plan;
+}
+
+}  // namespace qlora::data

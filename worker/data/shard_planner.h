@@ -1,0 +1,64 @@
+// Splits dataset files into shards at record boundaries by byte ranges and assigns them to
+// ranks. Reads only a few bytes around each cut, never whole files.
+//
+// Where a cut lands: the planner picks approximate offsets (equal byte shares) and moves each
+// to the first record start at or after it.
+//  - JSON Lines and text: a record starts after '\n' (JSON strings cannot hold a raw newline).
+//  - CSV: a '\n' ends a record only outside quotes, and quote parity cannot be known from an
+//    arbitrary offset. The planner runs the RFC 4180 machine (csv_syntax.h) from the byte
+//    before the cut under every possible starting state at once and drops a hypothesis when
+//    it breaks RFC 4180 (a stray quote, text after a closing quote), when a complete record
+//    has a field count other than the header's, when it stays inside one quoted field longer
+//    than max_record_bytes, or when it ends inside quotes. Once the survivors have merged into
+//    one state and agree on the first record end, that is the cut. If they never agree (or all
+//    die: a malformed file) within the scan limit, the planner falls back to an exact
+//    sequential parse from the previous cut. Limits: exact for well-formed files whose quoted
+//    fields are shorter than max_record_bytes; a malformed region near a cut costs a
+//    sequential scan from the previous cut, and there the cut follows the lenient parse that
+//    the reader also uses, so shards still tile the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data/byte_range_file.h"
+#include "worker/data/record.h"
+
+namespace qlora::data {
+
+struct ShardPlanOptions {
+  std::string format = "auto";          // as DataConfig::format
+  int64_t max_record_bytes = 1 << 20;   // CSV resync bound; the readers' record limit too
+};
+
+// The first record start at or after `offset` (file size if none). `known_start` must be a
+// record start <= offset (the fallback scans from there). For CSV, `header_fields` is the
+// header's column count.
+absl::StatusOr<int64_t> FindRecordStart(ByteRangeFile& file, DataFormat format, int64_t offset,
+                                        int64_t known_start, int header_fields,
+                                        const ShardPlanOptions& options);
+
+// Where data records begin (after the CSV header; 0 otherwise), the header's column count
+// (CSV; 0 otherwise) and the number of lines the header spans.
+struct DataStart {
+  int64_t offset = 0;
+  int header_fields = 0;
+  int64_t header_lines = 0;
+};
+absl::StatusOr<DataStart> FindDataStart(ByteRangeFile& file, DataFormat format);
+
+// Splits one file into at most `num_shards` non-empty shards that tile its data records.
+absl::StatusOr<std::vector<ShardSpec>> SplitFile(const std::string& path, int num_shards,
+                                                 const ShardPlanOptions& options = {});
+
+// world_size * shards_per_rank shards over all files (in proportion to their sizes), assigned
+// greedily by bytes to the least-loaded rank; result[rank] is that rank's shards in file
+// order. Deterministic for the same files. A rank may get no shard when the data has fewer
+// records than ranks (data_loader.h's StepsPerEpoch then says so).
+absl::StatusOr<std::vector<std::vector<ShardSpec>>> PlanShards(
+    const std::vector<std::string>& paths, int world_size, int shards_per_rank,
+    const ShardPlanOptions& options = {});
+
+}  // namespace qlora::data
