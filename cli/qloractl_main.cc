@@ -1,0 +1,390 @@
+// qloractl: the command-line client of the QLoRA training service (JobService over gRPC), plus
+// `validate`, which checks a job file offline.
+//
+// Exit status: 0 ok; 1 the followed job FAILED or was CANCELLED; 2 usage error; 3 invalid job
+// file or input; 4 no such job; 5 coordinator unavailable or deadline exceeded; 6 other errors.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
+#include "cli/cli_args.h"
+#include "common/config/job_config_emit.h"
+#include "common/config/job_config_parser.h"
+#include "qlora/v1/job_service.grpc.pb.h"
+
+namespace qlora::cli {
+namespace {
+
+constexpr const char* kUsageText = R"(qloractl: submit and follow QLoRA fine-tuning jobs.
+
+Usage:
+  qloractl submit JOB.yaml [--dataset PATH] [--validation-dataset PATH] [--name NAME] [--follow]
+  qloractl get JOB_ID
+  qloractl list [--state queued,running,...]
+  qloractl watch JOB_ID            live progress: step/total, loss, tokens/s, ETA
+  qloractl logs JOB_ID [-f] [--rank N]
+  qloractl cancel JOB_ID
+  qloractl validate JOB.yaml [--dataset PATH]   offline: prints the resolved job
+
+Options for every command:
+  --address HOST:PORT   the coordinator (default: $QLORA_ADDRESS, else 127.0.0.1:50051)
+  -o, --output text|json
+  -h, --help
+
+Exit status: 0 ok, 1 job failed or cancelled, 2 usage, 3 invalid job, 4 no such job,
+5 coordinator unavailable, 6 other error.
+)";
+
+enum Exit { kOk = 0, kJobFailed = 1, kUsage = 2, kInvalid = 3, kNotFound = 4, kUnavailable = 5, kOther = 6 };
+
+int ExitFor(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return kOk;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE: return kInvalid;
+    case grpc::StatusCode::NOT_FOUND: return kNotFound;
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return kUnavailable;
+    default: return kOther;
+  }
+}
+
+int ReportError(const grpc::Status& s) {
+  fprintf(stderr, "qloractl: %s\n", s.error_message().c_str());
+  return ExitFor(s.error_code());
+}
+
+const char* StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED: return "QUEUED";
+    case v1::JOB_STATE_STARTING: return "STARTING";
+    case v1::JOB_STATE_RUNNING: return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED: return "FAILED";
+    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNSPECIFIED";
+  }
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
+  return out;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+}
+
+// One line of progress: "job-000001 RUNNING step 12/40 [=====>     ] loss 2.3140 ...".
+std::string ProgressLine(const v1::Job& job) {
+  std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
+  if (job.progress_size() == 0 || job.progress(0).total_steps() == 0) {
+    if (!job.state_message().empty()) absl::StrAppend(&line, "  ", job.state_message());
+    return line;
+  }
+  const v1::Progress& p = job.progress(0);
+  double tokens = 0;
+  for (const v1::Progress& r : job.progress()) tokens += r.tokens_per_second();
+  const double frac = static_cast<double>(p.step()) / static_cast<double>(p.total_steps());
+  const int width = 20;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar(width, ' ');
+  for (int i = 0; i < filled; ++i) bar[i] = '=';
+  if (filled < width) bar[filled] = '>';
+  const double eta = p.step() > 0 ? p.elapsed_seconds() / p.step() * (p.total_steps() - p.step()) : NAN;
+  absl::StrAppendFormat(&line, " step %d/%d [%s] loss %.4f lr %.3g tok/s %.0f ETA %s", p.step(),
+                        p.total_steps(), bar, p.loss(), p.learning_rate(), tokens, FormatDuration(eta));
+  if (std::isfinite(p.eval_loss()) && p.eval_loss() > 0) absl::StrAppendFormat(&line, " eval %.4f", p.eval_loss());
+  return line;
+}
+
+void PrintJob(const v1::Job& job, bool json) {
+  if (json) {
+    printf("%s\n", ToJson(job).c_str());
+    return;
+  }
+  printf("id:          %s\n", job.id().c_str());
+  if (!job.name().empty()) printf("name:        %s\n", job.name().c_str());
+  printf("state:       %s (%s)\n", StateName(job.state()), job.state_reason_code().c_str());
+  if (!job.state_message().empty()) printf("message:     %s\n", job.state_message().c_str());
+  printf("workers:     %d\nzero stage:  %d\n", job.num_workers(), job.zero_stage());
+  printf("output:      %s\n", job.output_dir().c_str());
+  if (!job.adapter_path().empty()) printf("adapter:     %s\n", job.adapter_path().c_str());
+  printf("progress:    %s\n", ProgressLine(job).c_str());
+}
+
+class Client {
+ public:
+  explicit Client(const std::string& address)
+      : stub_(v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+
+  v1::JobService::Stub* stub() { return stub_.get(); }
+
+  static void Deadline(grpc::ClientContext* ctx, int seconds = 30) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  }
+
+ private:
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+// Streams a job's events until it ends; returns the exit status for its final state.
+int Watch(Client& client, const std::string& id, bool json) {
+  v1::WatchJobRequest req;
+  req.set_id(id);
+  const bool tty = isatty(STDOUT_FILENO) && !json;
+  int64_t after = 0;
+  for (int attempt = 0; attempt < 30; ++attempt) {
+    grpc::ClientContext ctx;
+    req.set_after_sequence(after);
+    auto reader = client.stub()->WatchJob(&ctx, req);
+    v1::WatchJobResponse msg;
+    v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+    std::string last_line;
+    while (reader->Read(&msg)) {
+      after = std::max(after, msg.event().sequence());
+      last = msg.job().state();
+      if (json) {
+        printf("%s\n", ToJson(msg).c_str());
+      } else {
+        std::string line = ProgressLine(msg.job());
+        if (line != last_line) {
+          if (tty) printf("\r\033[K%s", line.c_str()); else printf("%s\n", line.c_str());
+          last_line = line;
+        }
+      }
+      fflush(stdout);
+    }
+    grpc::Status s = reader->Finish();
+    if (IsTerminal(last)) {
+      if (tty) printf("\n");
+      if (!json) {
+        grpc::ClientContext gctx;
+        Client::Deadline(&gctx);
+        v1::GetJobRequest g;
+        g.set_id(id);
+        v1::Job job;
+        if (client.stub()->GetJob(&gctx, g, &job).ok()) {
+          printf("%s %s: %s\n", job.id().c_str(), StateName(job.state()), job.state_message().c_str());
+        }
+      }
+      return last == v1::JOB_STATE_SUCCEEDED ? kOk : kJobFailed;
+    }
+    if (!s.ok() && s.error_code() != grpc::StatusCode::UNAVAILABLE) return ReportError(s);
+    if (!s.ok()) sleep(1);  // the coordinator restarted: resume after the last event seen
+  }
+  fprintf(stderr, "qloractl: lost the coordinator while watching %s\n", id.c_str());
+  return kUnavailable;
+}
+
+int Submit(Client& client, const ParsedArgs& a, bool json) {
+  if (a.positional.size() != 1) {
+    fprintf(stderr, "qloractl submit: expected one job file\n");
+    return kUsage;
+  }
+  absl::StatusOr<std::string> yaml = ReadFile(a.positional[0]);
+  if (!yaml.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(yaml.status().message()).c_str());
+    return kInvalid;
+  }
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(*yaml);
+  req.set_source_name(a.positional[0]);
+  // Relative dataset paths are the user's, not the coordinator's: make them absolute here.
+  auto absolute = [](const std::string& p) {
+    if (p.empty() || p[0] == '/') return p;
+    char cwd[4096];
+    return getcwd(cwd, sizeof(cwd)) ? absl::StrCat(cwd, "/", p) : p;
+  };
+  req.set_dataset(absolute(a.Get("--dataset")));
+  req.set_validation_dataset(absolute(a.Get("--validation-dataset")));
+  req.set_name(a.Get("--name"));
+  v1::SubmitJobResponse resp;
+  grpc::ClientContext ctx;
+  Client::Deadline(&ctx);
+  grpc::Status s = client.stub()->SubmitJob(&ctx, req, &resp);
+  if (!s.ok()) return ReportError(s);
+  if (json) printf("%s\n", ToJson(resp.job()).c_str()); else printf("%s\n", resp.job().id().c_str());
+  fflush(stdout);
+  return a.Has("--follow") ? Watch(client, resp.job().id(), json) : kOk;
+}
+
+int Validate(const ParsedArgs& a, bool json) {
+  if (a.positional.size() != 1) {
+    fprintf(stderr, "qloractl validate: expected one job file\n");
+    return kUsage;
+  }
+  absl::StatusOr<std::string> yaml = ReadFile(a.positional[0]);
+  if (!yaml.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(yaml.status().message()).c_str());
+    return kInvalid;
+  }
+  ParseOptions options;
+  options.source_name = a.positional[0];
+  options.dataset_override = a.Get("--dataset");
+  options.validation_dataset_override = a.Get("--validation-dataset");
+  absl::StatusOr<JobConfig> config = ParseJobConfig(*yaml, options);
+  if (!config.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(config.status().message()).c_str());
+    return config.status().code() == absl::StatusCode::kNotFound ||
+                   config.status().code() == absl::StatusCode::kInvalidArgument ||
+                   config.status().code() == absl::StatusCode::kFailedPrecondition
+               ? kInvalid
+               : kOther;
+  }
+  const std::string resolved = EmitResolvedJobYaml(*config);
+  if (json) {
+    v1::ValidateJobResponse r;
+    r.set_resolved_config_yaml(resolved);
+    printf("%s\n", ToJson(r).c_str());
+  } else {
+    printf("%s: valid\n%s", a.positional[0].c_str(), resolved.c_str());
+  }
+  return kOk;
+}
+
+int Logs(Client& client, const ParsedArgs& a) {
+  if (a.positional.size() != 1) {
+    fprintf(stderr, "qloractl logs: expected a job id\n");
+    return kUsage;
+  }
+  v1::StreamLogsRequest req;
+  req.set_id(a.positional[0]);
+  req.set_rank(a.values.count("--rank") ? std::atoi(a.Get("--rank").c_str()) : -1);
+  req.set_follow(a.Has("--follow"));
+  grpc::ClientContext ctx;
+  auto reader = client.stub()->StreamLogs(&ctx, req);
+  v1::LogChunk chunk;
+  const bool prefix = req.rank() < 0;
+  while (reader->Read(&chunk)) {
+    if (!prefix) {
+      fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
+    } else {
+      for (absl::string_view line : absl::StrSplit(chunk.data(), '\n', absl::SkipEmpty())) {
+        printf("rank %d | %.*s\n", chunk.rank(), static_cast<int>(line.size()), line.data());
+      }
+    }
+    fflush(stdout);
+  }
+  grpc::Status s = reader->Finish();
+  return s.ok() ? kOk : ReportError(s);
+}
+
+int Run(const std::vector<std::string>& argv) {
+  static const std::set<std::string> kValues = {"--address", "--output", "--dataset", "--validation-dataset",
+                                                "--name", "--rank", "--state"};
+  static const std::set<std::string> kSwitches = {"--follow", "--help"};
+  static const std::map<std::string, std::string> kAliases = {{"-f", "--follow"}, {"-o", "--output"},
+                                                              {"-h", "--help"}};
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(argv, kValues, kSwitches, kAliases);
+  if (!parsed.ok()) {
+    fprintf(stderr, "qloractl: %s\n\n%s", std::string(parsed.status().message()).c_str(), kUsageText);
+    return kUsage;
+  }
+  ParsedArgs a = *parsed;
+  if (a.Has("--help") || a.positional.empty()) {
+    printf("%s", kUsageText);
+    return a.positional.empty() && !a.Has("--help") ? kUsage : kOk;
+  }
+  const std::string command = a.positional[0];
+  a.positional.erase(a.positional.begin());
+  const std::string output = a.Get("--output", "text");
+  if (output != "text" && output != "json") {
+    fprintf(stderr, "qloractl: -o must be text or json\n");
+    return kUsage;
+  }
+  const bool json = output == "json";
+  if (command == "validate") return Validate(a, json);
+
+  const char* env = getenv("QLORA_ADDRESS");
+  Client client(a.Get("--address", env && *env ? env : "127.0.0.1:50051"));
+  if (command == "submit") return Submit(client, a, json);
+  if (command == "watch") {
+    if (a.positional.size() != 1) return fprintf(stderr, "qloractl watch: expected a job id\n"), kUsage;
+    return Watch(client, a.positional[0], json);
+  }
+  if (command == "logs") return Logs(client, a);
+  if (command == "get" || command == "cancel") {
+    if (a.positional.size() != 1) return fprintf(stderr, "qloractl %s: expected a job id\n", command.c_str()), kUsage;
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    v1::Job job;
+    grpc::Status s;
+    if (command == "get") {
+      v1::GetJobRequest req;
+      req.set_id(a.positional[0]);
+      s = client.stub()->GetJob(&ctx, req, &job);
+    } else {
+      v1::CancelJobRequest req;
+      req.set_id(a.positional[0]);
+      s = client.stub()->CancelJob(&ctx, req, &job);
+    }
+    if (!s.ok()) return ReportError(s);
+    PrintJob(job, json);
+    return kOk;
+  }
+  if (command == "list") {
+    v1::ListJobsRequest req;
+    for (absl::string_view st : absl::StrSplit(a.Get("--state"), ',', absl::SkipEmpty())) {
+      v1::JobState state;
+      if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", absl::AsciiStrToUpper(st)), &state)) {
+        fprintf(stderr, "qloractl list: unknown state '%.*s'\n", static_cast<int>(st.size()), st.data());
+        return kUsage;
+      }
+      req.add_states(state);
+    }
+    grpc::ClientContext ctx;
+    Client::Deadline(&ctx);
+    v1::ListJobsResponse resp;
+    grpc::Status s = client.stub()->ListJobs(&ctx, req, &resp);
+    if (!s.ok()) return ReportError(s);
+    if (json) {
+      printf("%s\n", ToJson(resp).c_str());
+    } else {
+      printf("%-12s %-10s %-24s %s\n", "ID", "STATE", "REASON", "NAME");
+      for (const v1::Job& j : resp.jobs()) {
+        printf("%-12s %-10s %-24s %s\n", j.id().c_str(), StateName(j.state()), j.state_reason_code().c_str(),
+               j.name().c_str());
+      }
+    }
+    return kOk;
+  }
+  fprintf(stderr, "qloractl: unknown command '%s'\n\n%s", command.c_str(), kUsageText);
+  return kUsage;
+}
+
+}  // namespace
+}  // namespace qlora::cli
+
+int main(int argc, char** argv) {
+  return qlora::cli::Run(std::vector<std::string>(argv + 1, argv + argc));
+}

@@ -1,0 +1,91 @@
+// Worker protocol struct <-> protobuf (see worker_protocol_convert.h).
+#include "common/rpc/worker_protocol_convert.h"
+
+namespace qlora {
+namespace {
+
+void ToProto(const data::ShardSpec& in, v1::DatasetShard* out) {
+  out->set_path(in.path);
+  out->set_begin(in.begin);
+  out->set_end(in.end);
+  out->set_first_line(in.first_line);
+}
+
+data::ShardSpec FromProto(const v1::DatasetShard& in) {
+  data::ShardSpec s;
+  s.path = in.path();
+  s.begin = in.begin();
+  s.end = in.end();
+  s.first_line = in.first_line();
+  return s;
+}
+
+}  // namespace
+
+void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
+  out->set_rank(in.rank);
+  out->set_step(in.step);
+  out->set_total_steps(in.total_steps);
+  out->set_epoch(in.epoch);
+  out->set_loss(in.loss);
+  out->set_learning_rate(in.learning_rate);
+  out->set_tokens_per_second(in.tokens_per_second);
+  out->set_eval_loss(in.eval_loss);
+  out->set_elapsed_seconds(in.elapsed_seconds);
+  v1::MemoryReport* m = out->mutable_memory();
+  m->set_device_allocated_bytes(in.memory.device_allocated_bytes);
+  m->set_device_peak_bytes(in.memory.device_peak_bytes);
+  m->set_master_weight_bytes(in.memory.master_weight_bytes);
+  m->set_optimizer_state_bytes(in.memory.optimizer_state_bytes);
+  m->set_gradient_bytes(in.memory.gradient_bytes);
+  m->set_comm_buffer_bytes(in.memory.comm_buffer_bytes);
+  m->set_host_rss_bytes(in.memory.host_rss_bytes);
+}
+
+ProgressSnapshot FromProto(const v1::Progress& in) {
+  ProgressSnapshot p;
+  p.rank = in.rank();
+  p.step = in.step();
+  p.total_steps = in.total_steps();
+  p.epoch = in.epoch();
+  p.loss = in.loss();
+  p.learning_rate = in.learning_rate();
+  p.tokens_per_second = in.tokens_per_second();
+  p.eval_loss = in.eval_loss();
+  p.elapsed_seconds = in.elapsed_seconds();
+  const v1::MemoryReport& m = in.memory();
+  p.memory = {m.device_allocated_bytes(), m.device_peak_bytes(), m.master_weight_bytes(),
+              m.optimizer_state_bytes(), m.gradient_bytes(), m.comm_buffer_bytes(),
+              m.host_rss_bytes()};
+  return p;
+}
+
+void ToProto(const WorkerAssignment& in, v1::Assignment* out) {
+  out->set_job_id(in.job_id);
+  out->set_rank(in.rank);
+  out->set_world_size(in.world_size);
+  out->set_device(in.device);
+  out->set_resolved_config_yaml(in.resolved_config_yaml);
+  for (const data::ShardSpec& s : in.train_shards) ToProto(s, out->add_train_shards());
+  for (const data::ShardSpec& s : in.validation_shards) ToProto(s, out->add_validation_shards());
+  out->set_nccl_unique_id(in.nccl_unique_id);
+  out->set_generation(in.generation);
+  out->set_output_dir(in.output_dir);
+}
+
+WorkerAssignment FromProto(const v1::Assignment& in) {
+  WorkerAssignment a;
+  a.job_id = in.job_id();
+  a.rank = in.rank();
+  a.world_size = in.world_size();
+  a.device = in.device();
+  a.resolved_config_yaml = in.resolved_config_yaml();
+  for (const v1::DatasetShard& s : in.train_shards()) a.train_shards.push_back(FromProto(s));
+  for (const v1::DatasetShard& s : in.validation_shards()) a.validation_shards.push_back(FromProto(s));
+  a.nccl_unique_id = in.nccl_unique_id();
+  a.generation = in.generation();
+  a.output_dir = in.output_dir();
+  return a;
+}
+
+}  // namespace qlora

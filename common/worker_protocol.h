@@ -1,0 +1,51 @@
+// Plain structs that travel between the coordinator and its workers (the gRPC layer maps them
+// to proto/qlora/v1/worker_service.proto): a rank's progress, and its assignment. No gRPC or
+// torch here, so both the coordinator core and the worker's engine side can use them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "worker/data/record.h"
+
+namespace qlora {
+
+struct MemorySnapshot {
+  int64_t device_allocated_bytes = 0;
+  int64_t device_peak_bytes = 0;
+  int64_t master_weight_bytes = 0;   // held by the ZeRO strategy on this rank
+  int64_t optimizer_state_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t comm_buffer_bytes = 0;
+  int64_t host_rss_bytes = 0;
+};
+
+struct ProgressSnapshot {
+  int rank = 0;
+  int64_t step = 0;                  // optimizer steps done
+  int64_t total_steps = 0;
+  int epoch = 0;
+  double loss = 0;
+  double learning_rate = 0;
+  double tokens_per_second = 0;      // this rank
+  double eval_loss = 0;              // NaN until evaluated
+  double elapsed_seconds = 0;
+  MemorySnapshot memory;
+};
+
+// What one worker needs to start training (WorkerService.GetAssignment).
+struct WorkerAssignment {
+  std::string job_id;
+  int rank = 0;
+  int world_size = 1;
+  std::string device;                // "cuda" or "cpu"
+  std::string resolved_config_yaml;
+  std::vector<data::ShardSpec> train_shards;
+  std::vector<data::ShardSpec> validation_shards;
+  std::string nccl_unique_id;        // bytes of ncclUniqueId (GPU jobs)
+  int64_t generation = 0;            // rendezvous generation: store keys are scoped to it
+  std::string output_dir;
+};
+
+}  // namespace qlora

@@ -1,0 +1,181 @@
+// qlora-coordinator: the daemon. Serves JobService, WorkerService, grpc.health.v1 and server
+// reflection on one address; keeps its state (SQLite job store, logs, outputs) in --state-dir.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/job_service.h"
+#include "coordinator/job_store.h"
+#include "coordinator/process_launcher.h"
+#include "coordinator/worker_service.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
+ABSL_FLAG(std::string, state_dir, "qlora-state", "folder for the job store, logs and outputs");
+ABSL_FLAG(int, cpu_workers, 0, "run jobs on this many CPU worker processes (machines without GPUs)");
+ABSL_FLAG(std::string, gpus, "auto", "GPU ids to use, e.g. 0,1,2,3; 'auto' = every GPU; 'none' = no GPU");
+ABSL_FLAG(std::string, worker_binary, "", "path of qlora-worker (default: beside this binary)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port here once serving");
+ABSL_FLAG(int, register_timeout_s, 300, "seconds for spawned workers to register");
+ABSL_FLAG(int, shutdown_grace_ms, 500, "NOT_SERVING period before the listener closes");
+ABSL_FLAG(int, heartbeat_timeout_s, 120, "seconds without a heartbeat before a worker counts as lost");
+
+namespace {
+
+std::vector<int> DetectGpus() {
+  std::vector<int> gpus;
+  std::error_code ec;
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    (void)entry;
+    gpus.push_back(n++);
+  }
+  return gpus;
+}
+
+absl::StatusOr<std::vector<int>> ParseGpus(const std::string& spec) {
+  if (spec == "auto") return DetectGpus();
+  if (spec == "none" || spec.empty()) return std::vector<int>{};
+  std::vector<int> gpus;
+  for (absl::string_view part : absl::StrSplit(spec, ',')) {
+    int id;
+    if (!absl::SimpleAtoi(part, &id) || id < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--gpus: '", part, "' is not a GPU id"));
+    }
+    gpus.push_back(id);
+  }
+  return gpus;
+}
+
+// Accepts --cpu-workers as well as absl's --cpu_workers.
+std::vector<char*> DashesToUnderscores(int argc, char** argv, std::vector<std::string>* storage) {
+  storage->assign(argv, argv + argc);
+  for (std::string& arg : *storage) {
+    if (arg.rfind("--", 0) != 0) continue;
+    for (size_t i = 2; i < arg.size() && arg[i] != '='; ++i) {
+      if (arg[i] == '-') arg[i] = '_';
+    }
+  }
+  std::vector<char*> out;
+  for (std::string& arg : *storage) out.push_back(arg.data());
+  return out;
+}
+
+std::string SelfDir() {
+  std::error_code ec;
+  return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "qlora-coordinator --address=HOST:PORT --state-dir=DIR [--cpu-workers=N | --gpus=0,1]\n"
+      "Queues QLoRA fine-tuning jobs and runs each on one worker process per GPU (or CPU slot).");
+  std::vector<std::string> arg_storage;
+  std::vector<char*> args = DashesToUnderscores(argc, argv, &arg_storage);
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+
+  // SIGINT/SIGTERM are taken by a waiting thread: block them before any thread starts.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::vector<int>> gpus = ParseGpus(absl::GetFlag(FLAGS_gpus));
+  if (!gpus.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(gpus.status().message()).c_str());
+    return 2;
+  }
+  qlora::coordinator::JobManagerOptions options;
+  options.state_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_state_dir)).string();
+  options.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
+  if (options.cpu_workers == 0) options.gpus = *gpus;
+  options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  if (options.worker_binary.empty()) options.worker_binary = SelfDir() + "/qlora-worker";
+  options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  options.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  if (options.gpus.empty() && options.cpu_workers == 0) {
+    options.cpu_workers = 1;
+    fprintf(stderr, "qlora-coordinator: no GPUs found; running jobs on 1 CPU worker (see --cpu-workers)\n");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.state_dir, ec);
+  if (ec) {
+    fprintf(stderr, "qlora-coordinator: cannot create %s: %s\n", options.state_dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  auto store = qlora::coordinator::JobStore::Open(options.state_dir + "/jobs.sqlite");
+  if (!store.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(store.status().message()).c_str());
+    return 1;
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  qlora::coordinator::PosixProcessLauncher launcher;
+  // Workers are only spawned by Start(), after the bound port is known.
+  qlora::coordinator::JobManager manager(options, store->get(), &launcher);
+  qlora::coordinator::JobServiceImpl job_service(&manager);
+  qlora::coordinator::WorkerServiceImpl worker_service(&manager);
+  const std::string address = absl::GetFlag(FLAGS_address);
+  const std::string host = address.substr(0, address.rfind(':'));
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&worker_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    fprintf(stderr, "qlora-coordinator: cannot listen on %s\n", address.c_str());
+    return 1;
+  }
+  const std::string bound = absl::StrCat(host.empty() ? "127.0.0.1" : host, ":", port);
+  manager.SetCoordinatorAddress(bound);
+  absl::Status started = manager.Start();
+  if (!started.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(started.message()).c_str());
+    return 1;
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  printf("qlora-coordinator listening on %s (state %s, %s)\n", bound.c_str(), options.state_dir.c_str(),
+         options.gpus.empty() ? absl::StrCat(options.cpu_workers, " CPU workers").c_str()
+                              : absl::StrCat(options.gpus.size(), " GPUs").c_str());
+  fflush(stdout);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
+    if (FILE* f = fopen(tmp.c_str(), "w")) {
+      fprintf(f, "%d\n", port);
+      fclose(f);
+      std::filesystem::rename(tmp, absl::GetFlag(FLAGS_port_file), ec);
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  fprintf(stderr, "qlora-coordinator: %s, shutting down\n", strsignal(signal_number));
+  server->GetHealthCheckService()->SetServingStatus(false);
+  // Health says NOT_SERVING for a moment before the listener closes, so probes can see it.
+  usleep(absl::GetFlag(FLAGS_shutdown_grace_ms) * 1000);
+  manager.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}

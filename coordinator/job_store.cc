@@ -1,0 +1,217 @@
+// SQLite persistence of jobs and their events (see job_store.h).
+#include "coordinator/job_store.h"
+
+#include <sqlite3.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace qlora::coordinator {
+namespace {
+
+constexpr const char* kSchema = R"sql(
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = NORMAL;
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY, name TEXT, state INTEGER, reason_code TEXT, message TEXT,
+  created REAL, started REAL, finished REAL, job_yaml TEXT, resolved_yaml TEXT,
+  num_workers INTEGER, zero_stage INTEGER, output_dir TEXT, adapter_path TEXT,
+  last_sequence INTEGER, ord INTEGER);
+CREATE TABLE IF NOT EXISTS events (
+  job_id TEXT, seq INTEGER, time REAL, state INTEGER, reason_code TEXT, message TEXT,
+  has_progress INTEGER, rank INTEGER, step INTEGER, total_steps INTEGER, epoch INTEGER,
+  loss REAL, lr REAL, tokens_per_second REAL, eval_loss REAL, elapsed REAL,
+  dev_alloc INTEGER, dev_peak INTEGER, master INTEGER, optim INTEGER, grads INTEGER,
+  comm INTEGER, rss INTEGER, PRIMARY KEY (job_id, seq));
+)sql";
+
+// RAII prepared statement with 1-based binding helpers.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  absl::Status status() const {
+    return rc_ == SQLITE_OK ? absl::OkStatus()
+                            : absl::InternalError(absl::StrCat("sqlite prepare: ", sqlite3_errmsg(db_)));
+  }
+  Statement& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Statement& Bind(int i, double v) { sqlite3_bind_double(stmt_, i, v); return *this; }
+  Statement& Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); return *this; }
+  Statement& Bind(int i, int v) { sqlite3_bind_int64(stmt_, i, v); return *this; }
+  // SQLITE_ROW -> true, SQLITE_DONE -> false.
+  absl::StatusOr<bool> Step() {
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db_)));
+  }
+  std::string Text(int col) const {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col)) : "";
+  }
+  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+JobEvent ReadEvent(const Statement& s) {
+  JobEvent e;
+  e.sequence = s.Int(1);
+  e.time_unix = s.Real(2);
+  e.state = static_cast<JobState>(s.Int(3));
+  e.reason_code = s.Text(4);
+  e.message = s.Text(5);
+  if (s.Int(6) != 0) {
+    ProgressSnapshot p;
+    p.rank = static_cast<int>(s.Int(7));
+    p.step = s.Int(8);
+    p.total_steps = s.Int(9);
+    p.epoch = static_cast<int>(s.Int(10));
+    p.loss = s.Real(11);
+    p.learning_rate = s.Real(12);
+    p.tokens_per_second = s.Real(13);
+    p.eval_loss = s.Real(14);
+    p.elapsed_seconds = s.Real(15);
+    p.memory = {s.Int(16), s.Int(17), s.Int(18), s.Int(19), s.Int(20), s.Int(21), s.Int(22)};
+    e.progress = p;
+  }
+  return e;
+}
+
+constexpr const char* kEventColumns =
+    "job_id, seq, time, state, reason_code, message, has_progress, rank, step, total_steps, "
+    "epoch, loss, lr, tokens_per_second, eval_loss, elapsed, dev_alloc, dev_peak, master, "
+    "optim, grads, comm, rss";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("cannot open job store ", path, ": ", msg));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  QLORA_RETURN_IF_ERROR(store->Exec(kSchema));
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("sqlite: ", msg));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutJob(const JobRecord& j) {
+  Statement s(db_,
+              "INSERT INTO jobs (id, name, state, reason_code, message, created, started, finished, "
+              "job_yaml, resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, "
+              "last_sequence, ord) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,"
+              "(SELECT COALESCE(MAX(ord), 0) + 1 FROM jobs)) ON CONFLICT(id) DO UPDATE SET "
+              "name=?2, state=?3, reason_code=?4, message=?5, created=?6, started=?7, finished=?8, "
+              "job_yaml=?9, resolved_yaml=?10, num_workers=?11, zero_stage=?12, output_dir=?13, "
+              "adapter_path=?14, last_sequence=?15");
+  QLORA_RETURN_IF_ERROR(s.status());
+  s.Bind(1, j.id).Bind(2, j.name).Bind(3, static_cast<int>(j.state)).Bind(4, j.reason_code)
+      .Bind(5, j.message).Bind(6, j.created_unix).Bind(7, j.started_unix).Bind(8, j.finished_unix)
+      .Bind(9, j.job_yaml).Bind(10, j.resolved_config_yaml).Bind(11, j.num_workers)
+      .Bind(12, j.zero_stage).Bind(13, j.output_dir).Bind(14, j.adapter_path)
+      .Bind(15, j.last_sequence);
+  return s.Step().status();
+}
+
+absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e) {
+  Statement s(db_, absl::StrCat("INSERT INTO events (", kEventColumns,
+                                ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,"
+                                "?16,?17,?18,?19,?20,?21,?22,?23)").c_str());
+  QLORA_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id).Bind(2, e.sequence).Bind(3, e.time_unix).Bind(4, static_cast<int>(e.state))
+      .Bind(5, e.reason_code).Bind(6, e.message).Bind(7, e.progress ? 1 : 0);
+  if (e.progress) {
+    const ProgressSnapshot& p = *e.progress;
+    s.Bind(8, p.rank).Bind(9, p.step).Bind(10, p.total_steps).Bind(11, p.epoch).Bind(12, p.loss)
+        .Bind(13, p.learning_rate).Bind(14, p.tokens_per_second).Bind(15, p.eval_loss)
+        .Bind(16, p.elapsed_seconds).Bind(17, p.memory.device_allocated_bytes)
+        .Bind(18, p.memory.device_peak_bytes).Bind(19, p.memory.master_weight_bytes)
+        .Bind(20, p.memory.optimizer_state_bytes).Bind(21, p.memory.gradient_bytes)
+        .Bind(22, p.memory.comm_buffer_bytes).Bind(23, p.memory.host_rss_bytes);
+  }
+  return s.Step().status();
+}
+
+absl::StatusOr<std::vector<JobEvent>> JobStore::LoadEvents(const std::string& job_id,
+                                                           int64_t after_sequence) {
+  Statement s(db_, absl::StrCat("SELECT ", kEventColumns,
+                                " FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq").c_str());
+  QLORA_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id).Bind(2, after_sequence);
+  std::vector<JobEvent> events;
+  while (true) {
+    QLORA_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    events.push_back(ReadEvent(s));
+  }
+  return events;
+}
+
+absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
+  Statement s(db_,
+              "SELECT id, name, state, reason_code, message, created, started, finished, job_yaml, "
+              "resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, last_sequence "
+              "FROM jobs ORDER BY ord");
+  QLORA_RETURN_IF_ERROR(s.status());
+  std::vector<JobRecord> jobs;
+  while (true) {
+    QLORA_ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    JobRecord j;
+    j.id = s.Text(0);
+    j.name = s.Text(1);
+    j.state = static_cast<JobState>(s.Int(2));
+    j.reason_code = s.Text(3);
+    j.message = s.Text(4);
+    j.created_unix = s.Real(5);
+    j.started_unix = s.Real(6);
+    j.finished_unix = s.Real(7);
+    j.job_yaml = s.Text(8);
+    j.resolved_config_yaml = s.Text(9);
+    j.num_workers = static_cast<int>(s.Int(10));
+    j.zero_stage = static_cast<int>(s.Int(11));
+    j.output_dir = s.Text(12);
+    j.adapter_path = s.Text(13);
+    j.last_sequence = s.Int(14);
+    jobs.push_back(std::move(j));
+  }
+  for (JobRecord& j : jobs) {
+    QLORA_ASSIGN_OR_RETURN(std::vector<JobEvent> events, LoadEvents(j.id, 0));
+    for (const JobEvent& e : events) {
+      if (!e.progress) continue;
+      const int rank = e.progress->rank;
+      if (rank < 0) continue;
+      if (static_cast<int>(j.progress.size()) <= rank) j.progress.resize(rank + 1);
+      j.progress[rank] = *e.progress;
+    }
+  }
+  return jobs;
+}
+
+}  // namespace qlora::coordinator

@@ -1,0 +1,22 @@
+// Names and predicates of job states (see job_types.h).
+#include "coordinator/job_types.h"
+
+namespace qlora::coordinator {
+
+bool IsTerminal(JobState state) {
+  return state == JobState::kSucceeded || state == JobState::kFailed || state == JobState::kCancelled;
+}
+
+const char* JobStateName(JobState state) {
+  switch (state) {
+    case JobState::kQueued: return "QUEUED";
+    case JobState::kStarting: return "STARTING";
+    case JobState::kRunning: return "RUNNING";
+    case JobState::kSucceeded: return "SUCCEEDED";
+    case JobState::kFailed: return "FAILED";
+    case JobState::kCancelled: return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace qlora::coordinator

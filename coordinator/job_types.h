@@ -1,0 +1,51 @@
+// Plain job records shared by the coordinator's store, manager and gRPC layer (no gRPC, no
+// SQLite, no torch here; coordinator/proto_convert.h maps them to the public API).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/worker_protocol.h"
+
+namespace qlora::coordinator {
+
+// Values equal the public proto's JobState numbers.
+enum class JobState { kQueued = 1, kStarting = 2, kRunning = 3, kSucceeded = 4, kFailed = 5, kCancelled = 6 };
+
+bool IsTerminal(JobState state);
+const char* JobStateName(JobState state);
+
+using qlora::MemorySnapshot;
+using qlora::ProgressSnapshot;
+
+struct JobEvent {
+  int64_t sequence = 0;
+  double time_unix = 0;
+  JobState state = JobState::kQueued;
+  std::string reason_code;
+  std::string message;
+  std::optional<ProgressSnapshot> progress;
+};
+
+struct JobRecord {
+  std::string id;
+  std::string name;
+  JobState state = JobState::kQueued;
+  std::string reason_code;
+  std::string message;
+  double created_unix = 0;
+  double started_unix = 0;
+  double finished_unix = 0;
+  std::string job_yaml;
+  std::string resolved_config_yaml;
+  int num_workers = 0;
+  int zero_stage = 0;
+  std::string output_dir;
+  std::string adapter_path;
+  int64_t last_sequence = 0;
+  std::vector<ProgressSnapshot> progress;  // latest per rank (index = rank)
+};
+
+}  // namespace qlora::coordinator

@@ -1,0 +1,44 @@
+// Record <-> protobuf mapping (see proto_convert.h).
+#include "coordinator/proto_convert.h"
+
+#include <string>
+
+#include "common/rpc/worker_protocol_convert.h"
+
+namespace qlora::coordinator {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl::StatusCode and grpc::StatusCode share google.rpc.Code numbering.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+void ToProto(const JobEvent& in, v1::JobEvent* out) {
+  out->set_sequence(in.sequence);
+  out->set_time_unix(in.time_unix);
+  out->set_state(static_cast<v1::JobState>(in.state));
+  out->set_reason_code(in.reason_code);
+  out->set_message(in.message);
+  if (in.progress) ToProto(*in.progress, out->mutable_progress());
+}
+
+void ToProto(const JobRecord& in, v1::Job* out) {
+  out->set_id(in.id);
+  out->set_name(in.name);
+  out->set_state(static_cast<v1::JobState>(in.state));
+  out->set_state_reason_code(in.reason_code);
+  out->set_state_message(in.message);
+  out->set_created_unix(in.created_unix);
+  out->set_started_unix(in.started_unix);
+  out->set_finished_unix(in.finished_unix);
+  out->set_job_yaml(in.job_yaml);
+  out->set_resolved_config_yaml(in.resolved_config_yaml);
+  out->set_num_workers(in.num_workers);
+  out->set_zero_stage(in.zero_stage);
+  out->set_output_dir(in.output_dir);
+  out->set_adapter_path(in.adapter_path);
+  out->set_last_sequence(in.last_sequence);
+  for (const ProgressSnapshot& p : in.progress) ToProto(p, out->add_progress());
+}
+
+}  // namespace qlora::coordinator

@@ -1,0 +1,20 @@
+// Splits a job's dataset into per-rank byte-range shards at record boundaries. The planning
+// itself is the data path's (worker/data/shard_planner.h); this adapts it to a job's fields.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data/record.h"
+
+namespace qlora::coordinator {
+
+
+// result[rank] = that rank's shards. `paths` is one file or a comma-separated list of files;
+// `format` is DataConfig::format.
+absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
+                                                                        const std::string& format,
+                                                                        int world_size);
+
+}  // namespace qlora::coordinator

@@ -1,0 +1,30 @@
+// One rank's whole training run, as the worker binary calls it: data -> engine -> strategy ->
+// adapter. Torch-free interface (the implementation is the engine side), so the gRPC side of
+// the worker never sees torch headers.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/config/job_config.h"
+#include "common/worker_protocol.h"
+#include "worker/comm/rendezvous_store.h"
+
+namespace qlora::worker {
+
+struct TrainingContext {
+  JobConfig config;
+  WorkerAssignment assignment;
+  comm::RendezvousStore* store = nullptr;                   // scoped to this job generation
+  std::function<bool()> should_stop = [] { return false; };  // cancelled or told to stop
+  std::function<void(const ProgressSnapshot&)> report_progress = [](const ProgressSnapshot&) {};
+};
+
+struct TrainingOutcome {
+  std::string adapter_path;     // rank 0: the PEFT adapter folder
+};
+
+absl::StatusOr<TrainingOutcome> RunTrainingJob(const TrainingContext& context);
+
+}  // namespace qlora::worker

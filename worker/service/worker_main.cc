@@ -1,0 +1,126 @@
+// qlora-worker: one rank of one job. Spawned by the coordinator with its rank and startup
+// token; registers, receives its assignment, heartbeats, trains, and reports the outcome.
+// Exit status: 0 success, 1 training failed, 2 bad arguments, 3 coordinator unreachable,
+// 4 stopped (cancelled).
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/config/job_config_parser.h"
+#include "worker/run/training_job.h"
+#include "worker/service/coordinator_client.h"
+#include "worker/service/grpc_rendezvous_store.h"
+#include "worker/service/nccl_id.h"
+
+ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
+ABSL_FLAG(std::string, job, "", "job id");
+ABSL_FLAG(int, rank, 0, "this worker's rank");
+ABSL_FLAG(std::string, token, "", "startup token given by the coordinator");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+
+namespace {
+
+std::atomic<bool> g_stop_requested{false};  // set from the signal handler only
+
+void OnTerm(int) { g_stop_requested.store(true); }
+
+void Log(const std::string& line) {
+  fprintf(stderr, "[rank %d] %s\n", absl::GetFlag(FLAGS_rank), line.c_str());
+  fflush(stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("qlora-worker is started by qlora-coordinator, not by hand.");
+  absl::ParseCommandLine(argc, argv);
+  qlora::worker::WorkerIdentity id;
+  id.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  id.job_id = absl::GetFlag(FLAGS_job);
+  id.startup_token = absl::GetFlag(FLAGS_token);
+  id.rank = absl::GetFlag(FLAGS_rank);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (id.coordinator_address.empty() || id.job_id.empty() || id.startup_token.empty()) {
+    fprintf(stderr, "qlora-worker: --coordinator, --job and --token are required\n");
+    return 2;
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = OnTerm;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  auto client = qlora::worker::CoordinatorClient::Connect(id);
+  absl::StatusOr<int64_t> generation = client->Register(device);
+  if (!generation.ok()) {
+    Log(absl::StrCat("cannot register: ", generation.status().ToString()));
+    return 3;
+  }
+  Log(absl::StrCat("registered with ", id.coordinator_address, " for ", id.job_id));
+  if (device == "cuda" && id.rank == 0) {
+    absl::StatusOr<std::string> nccl_id = qlora::worker::MakeNcclUniqueId();
+    absl::Status published = nccl_id.ok() ? client->PublishNcclId(*nccl_id) : nccl_id.status();
+    if (!published.ok()) {
+      Log(absl::StrCat("cannot publish the NCCL id: ", published.ToString()));
+      client->ReportCompletion(false, std::string(published.message()), "");
+      return 1;
+    }
+  }
+  absl::StatusOr<qlora::WorkerAssignment> assignment = client->GetAssignment(absl::Minutes(10));
+  if (!assignment.ok()) {
+    Log(absl::StrCat("no assignment: ", assignment.status().ToString()));
+    return 3;
+  }
+
+  // Heartbeats; a cancel from the coordinator (or SIGTERM) stops training at the next step.
+  std::atomic<bool> cancelled{false};
+  absl::Notification done;
+  std::thread heartbeat([&] {
+    while (!done.WaitForNotificationWithTimeout(absl::Seconds(2))) {
+      absl::StatusOr<bool> cancel = client->Heartbeat();
+      if (cancel.ok() && *cancel) cancelled.store(true);
+    }
+  });
+
+  qlora::ParseOptions parse;
+  parse.check_paths = false;
+  absl::StatusOr<qlora::JobConfig> config = qlora::ParseJobConfig(assignment->resolved_config_yaml, parse);
+  qlora::worker::GrpcRendezvousStore store(client.get(), assignment->generation);
+  absl::StatusOr<qlora::worker::TrainingOutcome> outcome = config.status();
+  if (config.ok()) {
+    qlora::worker::TrainingContext context;
+    context.config = *config;
+    context.assignment = *assignment;
+    context.store = &store;
+    context.should_stop = [&] { return cancelled.load() || g_stop_requested.load(); };
+    context.report_progress = [&](const qlora::ProgressSnapshot& p) {
+      absl::Status s = client->ReportProgress(p);
+      if (!s.ok()) Log(absl::StrCat("progress not delivered: ", s.ToString()));
+    };
+    outcome = qlora::worker::RunTrainingJob(context);
+  }
+  done.Notify();
+  heartbeat.join();
+  if (cancelled.load() || g_stop_requested.load()) {
+    Log("stopped");
+    return 4;
+  }
+  if (!outcome.ok()) {
+    Log(absl::StrCat("training failed: ", outcome.status().ToString()));
+    client->ReportCompletion(false, std::string(outcome.status().message()), "");
+    return 1;
+  }
+  absl::Status reported = client->ReportCompletion(true, "", outcome->adapter_path);
+  if (!reported.ok()) {
+    Log(absl::StrCat("completion not delivered: ", reported.ToString()));
+    return 3;
+  }
+  Log("done");
+  return 0;
+}
