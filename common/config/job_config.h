@@ -32,16 +32,19 @@ struct LoraConfig {
   double dropout = 0.05;
   // HF module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) or the
   // single entry "all-linear". Resolved: never empty after parsing (default q_proj, v_proj,
-  // as PEFT picks for LLaMA).
+  // as PEFT picks for LLaMA); "all-linear" is expanded to the 7 names above, in that order.
   std::vector<std::string> target_modules;
   bool use_rslora = false;                  // scale = alpha / sqrt(r) instead of alpha / r
-  bool merge_adapter_into_base_model = false;  // also write merged HF safetensors
+  // Also write merged HF safetensors. Allowed with 4-bit quantization (Ludwig refuses it)
+  // because the merge goes into a dequantized bf16 copy of the base weights, never into the
+  // 4-bit tensors.
+  bool merge_adapter_into_base_model = false;
 };
 
 struct StrategyConfig {
   std::string type = "deepspeed";           // deepspeed | ddp (ddp == stage 0)
   int zero_stage = 2;                       // resolved: 0, 1 or 2 (3 is refused with 4-bit)
-  std::string zero_stage_reason;            // why this stage: "from the job file" or the default's reason
+  std::string zero_stage_reason;            // why: "set in the job file" or the default's reason
   int64_t reduce_bucket_size = 500000000;   // elements
   int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = true;
@@ -78,8 +81,9 @@ struct TrainerConfig {
 };
 
 struct DataConfig {
-  std::string train_path;                   // dataset (or --dataset on the command line)
-  std::string validation_path;              // optional
+  std::string train_path;                   // dataset (or --dataset); absolute when paths
+                                            // were checked (ParseOptions::check_paths)
+  std::string validation_path;              // optional (validation_dataset)
   double validation_fraction = 0.0;         // split of train when no validation file
   std::string format = "auto";              // auto | jsonl | csv | text
   std::string prompt_template;              // empty = default for instruction/output data
@@ -103,5 +107,17 @@ struct JobConfig {
   DataConfig data;
   std::string output_dir;                   // empty = the coordinator's state folder
 };
+
+// Field-by-field equality (tests compare a parsed config with its re-parsed emission). Defined
+// in job_config_compare.cc; a field added above must be added there too.
+bool operator==(const FeatureConfig& a, const FeatureConfig& b);
+bool operator==(const QuantizationConfig& a, const QuantizationConfig& b);
+bool operator==(const LoraConfig& a, const LoraConfig& b);
+bool operator==(const StrategyConfig& a, const StrategyConfig& b);
+bool operator==(const BackendConfig& a, const BackendConfig& b);
+bool operator==(const TrainerConfig& a, const TrainerConfig& b);
+bool operator==(const DataConfig& a, const DataConfig& b);
+bool operator==(const JobConfig& a, const JobConfig& b);
+inline bool operator!=(const JobConfig& a, const JobConfig& b) { return !(a == b); }
 
 }  // namespace qlora

@@ -1,0 +1,78 @@
+// Field-by-field equality of JobConfig and its parts (declared in job_config.h).
+#include <tuple>
+
+#include "common/config/job_config.h"
+
+namespace qlora {
+
+// Tripwire: a field added to job_config.h changes these sizes. Then add it to operator== below,
+// to ParseJobConfig (with its default and checks), to EmitResolvedJobYaml and to the schema, and
+// update the size. (Sizes of x86-64 libstdc++, where the project builds.)
+#if defined(__x86_64__) && defined(__GLIBCXX__)
+static_assert(sizeof(FeatureConfig) == 64, "FeatureConfig changed: see the note above");
+static_assert(sizeof(QuantizationConfig) == 88, "QuantizationConfig changed: see the note above");
+static_assert(sizeof(LoraConfig) == 56, "LoraConfig changed: see the note above");
+static_assert(sizeof(StrategyConfig) == 96, "StrategyConfig changed: see the note above");
+static_assert(sizeof(BackendConfig) == 136, "BackendConfig changed: see the note above");
+static_assert(sizeof(TrainerConfig) == 216, "TrainerConfig changed: see the note above");
+static_assert(sizeof(DataConfig) == 176, "DataConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 912, "JobConfig changed: see the note above");
+#endif
+
+bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
+  return std::tie(a.name, a.type) == std::tie(b.name, b.type);
+}
+
+bool operator==(const QuantizationConfig& a, const QuantizationConfig& b) {
+  return std::tie(a.enabled, a.bits, a.quant_type, a.double_quant, a.compute_dtype,
+                  a.blocksize) ==
+         std::tie(b.enabled, b.bits, b.quant_type, b.double_quant, b.compute_dtype, b.blocksize);
+}
+
+bool operator==(const LoraConfig& a, const LoraConfig& b) {
+  return std::tie(a.r, a.alpha, a.dropout, a.target_modules, a.use_rslora,
+                  a.merge_adapter_into_base_model) ==
+         std::tie(b.r, b.alpha, b.dropout, b.target_modules, b.use_rslora,
+                  b.merge_adapter_into_base_model);
+}
+
+bool operator==(const StrategyConfig& a, const StrategyConfig& b) {
+  return std::tie(a.type, a.zero_stage, a.zero_stage_reason, a.reduce_bucket_size,
+                  a.allgather_bucket_size, a.overlap_comm, a.contiguous_gradients) ==
+         std::tie(b.type, b.zero_stage, b.zero_stage_reason, b.reduce_bucket_size,
+                  b.allgather_bucket_size, b.overlap_comm, b.contiguous_gradients);
+}
+
+bool operator==(const BackendConfig& a, const BackendConfig& b) {
+  return std::tie(a.type, a.use_gpu, a.num_workers, a.strategy) ==
+         std::tie(b.type, b.use_gpu, b.num_workers, b.strategy);
+}
+
+bool operator==(const TrainerConfig& a, const TrainerConfig& b) {
+  return std::tie(a.type, a.batch_size, a.gradient_accumulation_steps, a.eval_batch_size,
+                  a.learning_rate, a.epochs, a.train_steps, a.optimizer, a.weight_decay,
+                  a.beta1, a.beta2, a.eps, a.lr_scheduler, a.warmup_fraction, a.max_grad_norm,
+                  a.steps_per_checkpoint, a.eval_steps, a.gradient_checkpointing, a.seed) ==
+         std::tie(b.type, b.batch_size, b.gradient_accumulation_steps, b.eval_batch_size,
+                  b.learning_rate, b.epochs, b.train_steps, b.optimizer, b.weight_decay,
+                  b.beta1, b.beta2, b.eps, b.lr_scheduler, b.warmup_fraction, b.max_grad_norm,
+                  b.steps_per_checkpoint, b.eval_steps, b.gradient_checkpointing, b.seed);
+}
+
+bool operator==(const DataConfig& a, const DataConfig& b) {
+  return std::tie(a.train_path, a.validation_path, a.validation_fraction, a.format,
+                  a.prompt_template, a.max_sequence_length, a.packing, a.malformed_records) ==
+         std::tie(b.train_path, b.validation_path, b.validation_fraction, b.format,
+                  b.prompt_template, b.max_sequence_length, b.packing, b.malformed_records);
+}
+
+bool operator==(const JobConfig& a, const JobConfig& b) {
+  return std::tie(a.name, a.model_type, a.base_model, a.base_model_path, a.input_features,
+                  a.output_features, a.adapter_type, a.lora, a.quantization, a.backend,
+                  a.trainer, a.data, a.output_dir) ==
+         std::tie(b.name, b.model_type, b.base_model, b.base_model_path, b.input_features,
+                  b.output_features, b.adapter_type, b.lora, b.quantization, b.backend,
+                  b.trainer, b.data, b.output_dir);
+}
+
+}  // namespace qlora

@@ -1,0 +1,169 @@
+// The canonical YAML form of a resolved JobConfig.
+#include "common/config/job_config_emit.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "yaml-cpp/yaml.h"
+
+namespace qlora {
+namespace {
+
+// The shortest decimal form that reads back as exactly `value`.
+std::string ExactNumber(double value) {
+  char buffer[32];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
+    if (std::strtod(buffer, nullptr) == value) break;
+  }
+  return buffer;
+}
+
+// Helpers that keep the emitting code to one line per field.
+class Writer {
+ public:
+  Writer& Text(const char* key, const std::string& value) {
+    out_ << YAML::Key << key << YAML::Value << YAML::DoubleQuoted << value;
+    return *this;
+  }
+  Writer& Word(const char* key, const std::string& value) {  // enum-like values
+    out_ << YAML::Key << key << YAML::Value << value;
+    return *this;
+  }
+  Writer& Number(const char* key, double value) { return Word(key, ExactNumber(value)); }
+  template <typename Int>
+  Writer& Integer(const char* key, Int value) {
+    out_ << YAML::Key << key << YAML::Value << value;
+    return *this;
+  }
+  Writer& Bool(const char* key, bool value) {
+    out_ << YAML::Key << key << YAML::Value << YAML::TrueFalseBool << value;
+    return *this;
+  }
+  Writer& Begin(const char* key, bool flow = false) {
+    out_ << YAML::Key << key << YAML::Value;
+    if (flow) out_ << YAML::Flow;
+    out_ << YAML::BeginMap;
+    return *this;
+  }
+  Writer& End() {
+    out_ << YAML::EndMap;
+    return *this;
+  }
+  YAML::Emitter& raw() { return out_; }
+
+ private:
+  YAML::Emitter out_;
+};
+
+void WriteFeatures(Writer& w, const char* key, const std::vector<FeatureConfig>& features) {
+  w.raw() << YAML::Key << key << YAML::Value << YAML::BeginSeq;
+  for (const FeatureConfig& f : features) {
+    w.raw() << YAML::Flow << YAML::BeginMap;
+    w.Text("name", f.name).Word("type", f.type).End();
+  }
+  w.raw() << YAML::EndSeq;
+}
+
+void WriteStrategy(Writer& w, const StrategyConfig& s) {
+  w.Begin("strategy").Word("type", s.type);
+  if (s.type != "ddp") {
+    w.Begin("zero_optimization")
+        .Integer("stage", s.zero_stage)
+        .Integer("reduce_bucket_size", s.reduce_bucket_size)
+        .Integer("allgather_bucket_size", s.allgather_bucket_size)
+        .Bool("overlap_comm", s.overlap_comm)
+        .Bool("contiguous_gradients", s.contiguous_gradients)
+        .End();
+  }
+  w.Text("zero_stage_reason", s.zero_stage_reason).End();
+}
+
+void WriteTrainer(Writer& w, const TrainerConfig& t) {
+  w.Begin("trainer")
+      .Word("type", t.type)
+      .Integer("batch_size", t.batch_size)
+      .Integer("eval_batch_size", t.eval_batch_size)
+      .Integer("gradient_accumulation_steps", t.gradient_accumulation_steps)
+      .Number("learning_rate", t.learning_rate)
+      .Integer("epochs", t.epochs)
+      .Integer("train_steps", t.train_steps);
+  w.Begin("optimizer").Word("type", t.optimizer).Number("weight_decay", t.weight_decay);
+  w.raw() << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
+          << ExactNumber(t.beta1) << ExactNumber(t.beta2) << YAML::EndSeq;
+  w.Number("eps", t.eps).End();
+  w.Begin("learning_rate_scheduler")
+      .Word("decay", t.lr_scheduler == "constant" ? "none" : t.lr_scheduler)
+      .Number("warmup_fraction", t.warmup_fraction)
+      .End();
+  w.Begin("gradient_clipping").Number("clipglobalnorm", t.max_grad_norm).End();
+  w.Bool("enable_gradient_checkpointing", t.gradient_checkpointing)
+      .Integer("steps_per_checkpoint", t.steps_per_checkpoint)
+      .Integer("eval_steps", t.eval_steps)
+      .Integer("seed", t.seed)
+      .End();
+}
+
+}  // namespace
+
+std::string EmitResolvedJobYaml(const JobConfig& c) {
+  Writer w;
+  w.raw() << YAML::Comment("Resolved job configuration: every default filled in by the service.")
+          << YAML::Newline;
+  w.raw() << YAML::BeginMap;
+  w.Text("name", c.name)
+      .Word("model_type", c.model_type)
+      .Text("base_model", c.base_model)
+      .Text("base_model_path", c.base_model_path)
+      .Text("dataset", c.data.train_path)
+      .Text("validation_dataset", c.data.validation_path)
+      .Text("output_dir", c.output_dir);
+  WriteFeatures(w, "input_features", c.input_features);
+  WriteFeatures(w, "output_features", c.output_features);
+
+  w.Begin("adapter")
+      .Word("type", c.adapter_type)
+      .Integer("r", c.lora.r)
+      .Number("alpha", c.lora.alpha)
+      .Number("dropout", c.lora.dropout);
+  w.raw() << YAML::Key << "target_modules" << YAML::Value << YAML::Flow << c.lora.target_modules;
+  w.Bool("use_rslora", c.lora.use_rslora)
+      .Begin("postprocessor", /*flow=*/true)
+      .Bool("merge_adapter_into_base_model", c.lora.merge_adapter_into_base_model)
+      .End()
+      .End();
+
+  if (c.quantization.enabled) {
+    w.Begin("quantization")
+        .Integer("bits", c.quantization.bits)
+        .Word("bnb_4bit_quant_type", c.quantization.quant_type)
+        .Bool("bnb_4bit_use_double_quant", c.quantization.double_quant)
+        .Word("bnb_4bit_compute_dtype", c.quantization.compute_dtype)
+        .Integer("blocksize", c.quantization.blocksize)
+        .End();
+  } else {
+    w.raw() << YAML::Key << "quantization" << YAML::Value << YAML::Null;
+  }
+
+  w.Begin("backend").Word("type", c.backend.type);
+  w.Begin("trainer")
+      .Bool("use_gpu", c.backend.use_gpu)
+      .Integer("num_workers", c.backend.num_workers);
+  WriteStrategy(w, c.backend.strategy);
+  w.End().End();
+
+  WriteTrainer(w, c.trainer);
+
+  w.Begin("data")
+      .Word("format", c.data.format)
+      .Text("prompt_template", c.data.prompt_template)
+      .Integer("max_sequence_length", c.data.max_sequence_length)
+      .Bool("packing", c.data.packing)
+      .Word("malformed_records", c.data.malformed_records)
+      .Number("validation_fraction", c.data.validation_fraction)
+      .End();
+  w.raw() << YAML::EndMap;
+  return std::string(w.raw().c_str()) + "\n";
+}
+
+}  // namespace qlora

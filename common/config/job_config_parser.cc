@@ -1,0 +1,599 @@
+// ParseJobConfig: reads each section of the job file into JobConfig, then applies the rules that
+// span sections, then (check_paths) resolves the dataset and model paths. Defaults are the
+// JobConfig member initializers plus the choices made here (the ZeRO stage via
+// zero_stage_policy.h, target_modules, features).
+#include "common/config/job_config_parser.h"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config/hf_model_path.h"
+#include "common/config/job_config_schema.h"
+#include "common/config/yaml_map_reader.h"
+#include "common/config/zero_stage_policy.h"
+#include "common/status_macros.h"
+#include "yaml-cpp/depthguard.h"
+#include "yaml-cpp/yaml.h"
+
+namespace qlora {
+namespace {
+
+using config_internal::Bound;
+using config_internal::Describe;
+using config_internal::DecodeNumber;
+using config_internal::ErrorSite;
+using config_internal::IsPlainScalar;
+using config_internal::JobFileSchema;
+using config_internal::LevenshteinDistance;
+using config_internal::LineOf;
+using config_internal::MapReader;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
+// The linear layers of a LLaMA decoder block, in model order ("all-linear" expands to these).
+const std::vector<std::string>& LlamaLinearModules() {
+  static const auto* const kModules = new std::vector<std::string>{
+      "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return *kModules;
+}
+
+// Things the parser learns besides the config itself, for the rules that span sections.
+struct Presence {
+  bool adapter = false;
+  bool validation_fraction = false;
+};
+
+// Ludwig allows `auto` for some sizes; this service needs numbers.
+absl::Status RejectAuto(const MapReader& map, const std::string& key, const std::string& want) {
+  const YAML::Node value = map.Get(key);
+  if (value.IsDefined() && value.IsScalar() && value.Scalar() == "auto") {
+    return map.Error(key, absl::StrCat("'auto' is not supported; give ", want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFeatures(const MapReader& top, const std::string& key,
+                          std::vector<FeatureConfig>* out) {
+  if (!top.Has(key)) return absl::OkStatus();  // keep the default
+  const YAML::Node list = top.Get(key);
+  if (!list.IsSequence() || list.size() == 0) {
+    return top.Error(key, absl::StrCat("must be a non-empty list of {name, type} mappings, got ",
+                                       list.IsSequence() ? "an empty list" : Describe(list)));
+  }
+  std::vector<FeatureConfig> features;
+  std::set<std::string> names;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string path = absl::StrCat(key, "[", i, "]");
+    QLORA_ASSIGN_OR_RETURN(MapReader feature,
+                           MapReader::Open(top.site(), list[i], top.SchemaOf(key), path));
+    if (!list[i].IsMap()) {
+      return top.site()->Error(LineOf(list[i]), path,
+                               absl::StrCat("must be a mapping {name, type}, got ",
+                                            Describe(list[i])));
+    }
+    FeatureConfig f;
+    QLORA_RETURN_IF_ERROR(feature.ReadString("name", &f.name));
+    QLORA_RETURN_IF_ERROR(feature.ReadChoice("type", {"text"}, &f.type));
+    if (f.name.empty()) return feature.Error("name", "missing; name the dataset column");
+    if (!names.insert(f.name).second) {
+      return feature.Error("name", absl::StrCat("feature '", f.name, "' is listed twice"));
+    }
+    features.push_back(f);
+  }
+  *out = std::move(features);
+  return absl::OkStatus();
+}
+
+// A LLaMA module name, or the error for one that is not.
+absl::Status CheckModuleName(ErrorSite* site, const YAML::Node& node, const std::string& path,
+                             const std::string& name) {
+  const std::vector<std::string>& known = LlamaLinearModules();
+  for (const std::string& m : known) {
+    if (name == m) return absl::OkStatus();
+  }
+  std::string closest = known.front();
+  for (const std::string& m : known) {
+    if (LevenshteinDistance(name, m) < LevenshteinDistance(name, closest)) closest = m;
+  }
+  return site->Error(LineOf(node), path,
+                     absl::StrCat("unknown module '", name, "'; did you mean '", closest,
+                                  "'? (LLaMA linear layers: ", absl::StrJoin(known, ", "),
+                                  ", or all-linear)"));
+}
+
+absl::Status ReadTargetModules(const MapReader& adapter, std::vector<std::string>* out) {
+  const std::string key = "target_modules";
+  const std::string path = adapter.PathOf(key);
+  if (!adapter.Has(key)) return absl::OkStatus();
+  const YAML::Node value = adapter.Get(key);
+  std::vector<std::pair<YAML::Node, std::string>> names;
+  if (value.IsScalar()) {
+    names.emplace_back(value, value.Scalar());
+  } else if (value.IsSequence()) {
+    for (const YAML::Node& item : value) {
+      if (!item.IsScalar()) {
+        return adapter.site()->Error(LineOf(item), path,
+                                     absl::StrCat("entries must be module names, got ",
+                                                  Describe(item)));
+      }
+      names.emplace_back(item, item.Scalar());
+    }
+  } else {
+    return adapter.Error(key, absl::StrCat("must be a list of module names or \"all-linear\", "
+                                           "got ", Describe(value)));
+  }
+  if (names.empty()) {
+    return adapter.Error(key, "must name at least one module (or \"all-linear\")");
+  }
+  std::vector<std::string> modules;
+  for (const auto& [node, name] : names) {
+    if (name == "all-linear") {
+      if (names.size() != 1) {
+        return adapter.site()->Error(LineOf(node), path,
+                                     "\"all-linear\" must be the only entry");
+      }
+      *out = LlamaLinearModules();
+      return absl::OkStatus();
+    }
+    QLORA_RETURN_IF_ERROR(CheckModuleName(adapter.site(), node, path, name));
+    for (const std::string& seen : modules) {
+      if (seen == name) {
+        return adapter.site()->Error(LineOf(node), path,
+                                     absl::StrCat("module '", name, "' is listed twice"));
+      }
+    }
+    modules.push_back(name);
+  }
+  *out = std::move(modules);
+  return absl::OkStatus();
+}
+
+absl::Status ReadAdapter(const MapReader& top, JobConfig* c, Presence* presence) {
+  presence->adapter = top.Has("adapter");
+  if (!presence->adapter) return absl::OkStatus();
+  QLORA_ASSIGN_OR_RETURN(MapReader adapter, top.OpenMap("adapter"));
+  LoraConfig& lora = c->lora;
+  QLORA_RETURN_IF_ERROR(adapter.ReadChoice("type", {"lora"}, &c->adapter_type));
+  QLORA_RETURN_IF_ERROR(adapter.ReadInt("r", 1, kIntMax, &lora.r));
+  QLORA_RETURN_IF_ERROR(adapter.ReadNumber("alpha", {0, false}, {kInf, true}, &lora.alpha));
+  QLORA_RETURN_IF_ERROR(adapter.ReadNumber("dropout", {0, true}, {1, false}, &lora.dropout));
+  QLORA_RETURN_IF_ERROR(ReadTargetModules(adapter, &lora.target_modules));
+  QLORA_RETURN_IF_ERROR(adapter.ReadBool("use_rslora", &lora.use_rslora));
+  std::string bias_type = "none";
+  QLORA_RETURN_IF_ERROR(adapter.ReadChoice("bias_type", {"none"}, &bias_type));
+  QLORA_ASSIGN_OR_RETURN(MapReader post, adapter.OpenMap("postprocessor"));
+  QLORA_RETURN_IF_ERROR(
+      post.ReadBool("merge_adapter_into_base_model", &lora.merge_adapter_into_base_model));
+  bool progressbar = false;  // accepted for compatibility; the service logs progress anyway
+  QLORA_RETURN_IF_ERROR(post.ReadBool("progressbar", &progressbar));
+  return absl::OkStatus();
+}
+
+absl::Status ReadQuantization(const MapReader& top, QuantizationConfig* q) {
+  const YAML::Node node = top.Get("quantization");
+  if (node.IsDefined() && node.IsNull()) {  // `quantization: null` turns it off
+    q->enabled = false;
+    return absl::OkStatus();
+  }
+  QLORA_ASSIGN_OR_RETURN(MapReader quant, top.OpenMap("quantization"));
+  QLORA_RETURN_IF_ERROR(quant.ReadInt("bits", 1, 64, &q->bits));
+  if (q->bits == 8) {
+    return quant.Error("bits", "8-bit quantization is not supported; use bits: 4");
+  }
+  if (q->bits != 4) {
+    return quant.Error("bits", absl::StrCat("must be 4 (4-bit NF4/FP4), got ", q->bits));
+  }
+  QLORA_RETURN_IF_ERROR(quant.ReadChoice("bnb_4bit_quant_type", {"nf4", "fp4"}, &q->quant_type));
+  QLORA_RETURN_IF_ERROR(quant.ReadBool("bnb_4bit_use_double_quant", &q->double_quant));
+  QLORA_RETURN_IF_ERROR(quant.ReadChoice("bnb_4bit_compute_dtype",
+                                         {"bfloat16", "float16", "float32"}, &q->compute_dtype));
+  QLORA_RETURN_IF_ERROR(quant.ReadInt("blocksize", 1, kIntMax, &q->blocksize));
+  const int b = q->blocksize;
+  if (b < 32 || b > 4096 || (b & (b - 1)) != 0) {
+    return quant.Error("blocksize",
+                       absl::StrCat("must be a power of two between 32 and 4096, got ", b));
+  }
+  return absl::OkStatus();
+}
+
+// fp16: {enabled: ...} / bf16: {enabled: ...}; "auto" means off, as DeepSpeed drops auto keys.
+absl::Status ReadPrecisionSwitch(const MapReader& strategy, const std::string& key,
+                                 bool* enabled) {
+  QLORA_ASSIGN_OR_RETURN(MapReader section, strategy.OpenMap(key));
+  const YAML::Node value = section.Get("enabled");
+  if (value.IsDefined() && value.IsScalar() && value.Scalar() == "auto") return absl::OkStatus();
+  return section.ReadBool("enabled", enabled);
+}
+
+absl::Status ReadZeroOptimization(const MapReader& strategy, StrategyConfig* s,
+                                  std::optional<int>* written_stage, bool* written_auto) {
+  QLORA_ASSIGN_OR_RETURN(MapReader zero, strategy.OpenMap("zero_optimization"));
+  const YAML::Node stage = zero.Get("stage");
+  if (stage.IsDefined() && stage.IsScalar() && stage.Scalar() == "auto") {
+    *written_auto = true;
+  } else if (zero.Has("stage")) {
+    int value = 0;
+    QLORA_RETURN_IF_ERROR(zero.ReadInt("stage", 0, 3, &value));
+    *written_stage = value;
+  }
+  QLORA_RETURN_IF_ERROR(zero.ReadInt("reduce_bucket_size", 1, kInt64Max, &s->reduce_bucket_size));
+  QLORA_RETURN_IF_ERROR(
+      zero.ReadInt("allgather_bucket_size", 1, kInt64Max, &s->allgather_bucket_size));
+  if (s->allgather_bucket_size % 2 != 0) {
+    return zero.Error("allgather_bucket_size",
+                      absl::StrCat("must be even (DeepSpeed aligns partitions to 2 elements), "
+                                   "got ", s->allgather_bucket_size));
+  }
+  QLORA_RETURN_IF_ERROR(zero.ReadBool("overlap_comm", &s->overlap_comm));
+  QLORA_RETURN_IF_ERROR(zero.ReadBool("contiguous_gradients", &s->contiguous_gradients));
+  return absl::OkStatus();
+}
+
+absl::Status ReadStrategy(const MapReader& backend_trainer, const QuantizationConfig& quant,
+                          StrategyConfig* s) {
+  const std::string key = "strategy";
+  const std::vector<std::string> kTypes = {"deepspeed", "ddp"};
+  std::optional<int> written_stage;
+  bool written_auto = false;
+  bool reason_written = false;
+  std::string written_reason;
+  std::string stage_key_path = absl::StrCat(backend_trainer.PathOf(key), ".zero_optimization");
+  bool fp16 = false;
+  bool bf16 = false;
+  std::optional<MapReader> strategy;
+  if (backend_trainer.Has(key) && backend_trainer.Get(key).IsScalar()) {
+    QLORA_RETURN_IF_ERROR(backend_trainer.ReadChoice(key, kTypes, &s->type));
+  } else {
+    QLORA_ASSIGN_OR_RETURN(strategy, backend_trainer.OpenMap(key));
+    QLORA_RETURN_IF_ERROR(strategy->ReadChoice("type", kTypes, &s->type));
+    if (s->type == "ddp") {
+      for (const char* deepspeed_only : {"zero_optimization", "fp16", "bf16"}) {
+        if (strategy->Has(deepspeed_only)) {
+          return strategy->Error(deepspeed_only, "only applies to strategy type deepspeed");
+        }
+      }
+    }
+    QLORA_RETURN_IF_ERROR(ReadZeroOptimization(*strategy, s, &written_stage, &written_auto));
+    QLORA_RETURN_IF_ERROR(ReadPrecisionSwitch(*strategy, "fp16", &fp16));
+    QLORA_RETURN_IF_ERROR(ReadPrecisionSwitch(*strategy, "bf16", &bf16));
+    reason_written = strategy->Has("zero_stage_reason");
+    QLORA_RETURN_IF_ERROR(strategy->ReadString("zero_stage_reason", &written_reason));
+  }
+  absl::StatusOr<ZeroStageChoice> choice =
+      ChooseZeroStage(s->type, written_stage, written_auto, quant.enabled);
+  if (!choice.ok()) {
+    ErrorSite* site = backend_trainer.site();
+    const std::string stage_path = absl::StrCat(stage_key_path, ".stage");
+    return site->Error(site->Line(stage_path), stage_path, std::string(choice.status().message()));
+  }
+  s->zero_stage = choice->stage;
+  s->zero_stage_reason = reason_written ? written_reason : choice->reason;
+
+  if (fp16 && bf16) {
+    return strategy->Error("bf16", "fp16 and bf16 cannot both be enabled (DeepSpeed refuses "
+                                   "this too); the compute dtype is "
+                                   "quantization.bnb_4bit_compute_dtype");
+  }
+  const std::string wanted = fp16 ? "float16" : bf16 ? "bfloat16" : quant.compute_dtype;
+  if (wanted != quant.compute_dtype) {
+    const std::string which = fp16 ? "fp16" : "bf16";
+    return strategy->Error(
+        which, absl::StrCat(which, " is enabled but quantization.bnb_4bit_compute_dtype is ",
+                            quant.compute_dtype, "; the compute dtype is set there alone: set "
+                            "bnb_4bit_compute_dtype: ", wanted, " (or remove ", which, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadBackend(const MapReader& top, const QuantizationConfig& quant,
+                         BackendConfig* b) {
+  QLORA_ASSIGN_OR_RETURN(MapReader backend, top.OpenMap("backend"));
+  const YAML::Node type = backend.Get("type");
+  if (type.IsDefined() && type.IsScalar() && type.Scalar() == "deepspeed") {
+    return backend.Error("type", "backend type 'deepspeed' is not supported; use `type: ray` "
+                                 "(or local) with `trainer: {strategy: deepspeed}`");
+  }
+  QLORA_RETURN_IF_ERROR(backend.ReadChoice("type", {"local", "ray"}, &b->type));
+  QLORA_ASSIGN_OR_RETURN(MapReader trainer, backend.OpenMap("trainer"));
+  QLORA_RETURN_IF_ERROR(trainer.ReadBool("use_gpu", &b->use_gpu));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("num_workers", 0, kIntMax, &b->num_workers));
+  return ReadStrategy(trainer, quant, &b->strategy);
+}
+
+absl::Status CheckOptimizerType(const MapReader& map, const std::string& key,
+                                const std::string& type) {
+  if (type == "adamw" || type == "adam") return absl::OkStatus();
+  if (absl::StartsWith(type, "paged_") || absl::StrContains(type, "8bit")) {
+    return map.Error(key, absl::StrCat("optimizer '", type, "': paged and 8-bit optimizers are "
+                                       "not supported (DeepSpeed refuses them too); use adamw"));
+  }
+  return map.Error(key, absl::StrCat("must be one of adamw, adam; got '", type, "'"));
+}
+
+absl::Status ReadBetas(const MapReader& optimizer, TrainerConfig* t) {
+  if (!optimizer.Has("betas")) return absl::OkStatus();
+  const YAML::Node betas = optimizer.Get("betas");
+  const std::string problem = "must be a list of two numbers in [0, 1), e.g. [0.9, 0.999]";
+  if (!betas.IsSequence() || betas.size() != 2) {
+    return optimizer.Error("betas", absl::StrCat(problem, "; got ", Describe(betas)));
+  }
+  double values[2];
+  for (size_t i = 0; i < 2; ++i) {
+    if (!DecodeNumber(betas[i], &values[i]) || values[i] < 0 || values[i] >= 1) {
+      return optimizer.site()->Error(LineOf(betas[i]), optimizer.PathOf("betas"),
+                                     absl::StrCat(problem, "; got ", Describe(betas[i])));
+    }
+  }
+  t->beta1 = values[0];
+  t->beta2 = values[1];
+  return absl::OkStatus();
+}
+
+absl::Status ReadOptimizer(const MapReader& trainer, TrainerConfig* t) {
+  const std::string key = "optimizer";
+  if (trainer.Has(key) && trainer.Get(key).IsScalar()) {
+    QLORA_RETURN_IF_ERROR(trainer.ReadString(key, &t->optimizer));
+    return CheckOptimizerType(trainer, key, t->optimizer);
+  }
+  QLORA_ASSIGN_OR_RETURN(MapReader optimizer, trainer.OpenMap(key));
+  QLORA_RETURN_IF_ERROR(optimizer.ReadString("type", &t->optimizer));
+  QLORA_RETURN_IF_ERROR(CheckOptimizerType(optimizer, "type", t->optimizer));
+  QLORA_RETURN_IF_ERROR(
+      optimizer.ReadNumber("weight_decay", {0, true}, {kInf, true}, &t->weight_decay));
+  QLORA_RETURN_IF_ERROR(ReadBetas(optimizer, t));
+  return optimizer.ReadNumber("eps", {0, false}, {1, true}, &t->eps);
+}
+
+absl::Status ReadScheduler(const MapReader& trainer, TrainerConfig* t) {
+  QLORA_ASSIGN_OR_RETURN(MapReader scheduler, trainer.OpenMap("learning_rate_scheduler"));
+  const YAML::Node decay = scheduler.Get("decay");
+  if (decay.IsDefined() && decay.IsNull()) {
+    t->lr_scheduler = "constant";
+  } else if (scheduler.Has("decay")) {
+    std::string value;
+    QLORA_RETURN_IF_ERROR(scheduler.ReadChoice("decay", {"cosine", "linear", "none"}, &value));
+    t->lr_scheduler = value == "none" ? "constant" : value;
+  }
+  return scheduler.ReadNumber("warmup_fraction", {0, true}, {1, true}, &t->warmup_fraction);
+}
+
+absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
+  QLORA_ASSIGN_OR_RETURN(MapReader trainer, top.OpenMap("trainer"));
+  QLORA_RETURN_IF_ERROR(trainer.ReadChoice("type", {"finetune", "none"}, &t->type));
+  QLORA_RETURN_IF_ERROR(RejectAuto(trainer, "batch_size", "an integer >= 1"));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("batch_size", 1, kIntMax, &t->batch_size));
+  QLORA_RETURN_IF_ERROR(RejectAuto(trainer, "eval_batch_size", "an integer >= 1"));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_batch_size", 1, kIntMax, &t->eval_batch_size));
+  QLORA_RETURN_IF_ERROR(RejectAuto(trainer, "gradient_accumulation_steps", "an integer >= 1"));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("gradient_accumulation_steps", 1, kIntMax,
+                                        &t->gradient_accumulation_steps));
+  QLORA_RETURN_IF_ERROR(RejectAuto(trainer, "learning_rate", "a number > 0 and <= 1"));
+  QLORA_RETURN_IF_ERROR(
+      trainer.ReadNumber("learning_rate", {0, false}, {1, true}, &t->learning_rate));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("epochs", 0, kIntMax, &t->epochs));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("train_steps", 0, kInt64Max, &t->train_steps));
+  if (t->epochs < 1 && t->train_steps == 0) {
+    return trainer.Error("epochs", absl::StrCat("must be >= 1 unless trainer.train_steps > 0, "
+                                                "got ", t->epochs));
+  }
+  QLORA_RETURN_IF_ERROR(ReadOptimizer(trainer, t));
+  QLORA_RETURN_IF_ERROR(ReadScheduler(trainer, t));
+  QLORA_ASSIGN_OR_RETURN(MapReader clipping, trainer.OpenMap("gradient_clipping"));
+  const YAML::Node norm = clipping.Get("clipglobalnorm");
+  if (norm.IsDefined() && norm.IsNull()) t->max_grad_norm = 0;  // null: no clipping
+  QLORA_RETURN_IF_ERROR(
+      clipping.ReadNumber("clipglobalnorm", {0, true}, {kInf, true}, &t->max_grad_norm));
+  QLORA_RETURN_IF_ERROR(
+      trainer.ReadBool("enable_gradient_checkpointing", &t->gradient_checkpointing));
+  QLORA_RETURN_IF_ERROR(
+      trainer.ReadInt("steps_per_checkpoint", 0, kInt64Max, &t->steps_per_checkpoint));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_steps", 0, kInt64Max, &t->eval_steps));
+  return trainer.ReadUint("seed", &t->seed);
+}
+
+absl::Status ReadData(const MapReader& top, DataConfig* d, Presence* presence) {
+  QLORA_ASSIGN_OR_RETURN(MapReader data, top.OpenMap("data"));
+  QLORA_RETURN_IF_ERROR(data.ReadChoice("format", {"auto", "jsonl", "csv", "text"}, &d->format));
+  QLORA_RETURN_IF_ERROR(data.ReadString("prompt_template", &d->prompt_template));
+  QLORA_RETURN_IF_ERROR(
+      data.ReadInt("max_sequence_length", 8, 131072, &d->max_sequence_length));
+  QLORA_RETURN_IF_ERROR(data.ReadBool("packing", &d->packing));
+  QLORA_RETURN_IF_ERROR(data.ReadChoice("malformed_records", {"fail", "skip"},
+                                        &d->malformed_records));
+  presence->validation_fraction = data.Has("validation_fraction");
+  return data.ReadNumber("validation_fraction", {0, true}, {1, false}, &d->validation_fraction);
+}
+
+// The rules that span sections (Ludwig's config checks, restated for this service).
+absl::Status CheckCrossFieldRules(const ErrorSite& site, const JobConfig& c,
+                                  const Presence& presence) {
+  if (!presence.adapter) {
+    if (c.quantization.enabled) {
+      return site.ErrorAt(
+          "quantization",
+          "4-bit quantization requires a LoRA adapter (the quantized base weights are frozen "
+          "and only the adapter trains): add `adapter: {type: lora}`");
+    }
+    return site.Error(0, "adapter", "missing; this service trains LoRA adapters only: add "
+                                    "`adapter: {type: lora}`");
+  }
+  if (c.trainer.type != "finetune") {
+    return site.ErrorAt("trainer.type",
+                        absl::StrCat("adapter training requires trainer type 'finetune', got '",
+                                     c.trainer.type, "'"));
+  }
+  if (c.output_features.size() != 1) {
+    return site.ErrorAt("output_features",
+                        absl::StrCat("must list exactly one text output, got ",
+                                     c.output_features.size()));
+  }
+  for (const FeatureConfig& in : c.input_features) {
+    if (in.name == c.output_features[0].name) {
+      return site.ErrorAt("output_features",
+                          absl::StrCat("'", in.name, "' is both an input and the output"));
+    }
+  }
+  if (!c.data.validation_path.empty() && presence.validation_fraction &&
+      c.data.validation_fraction > 0) {
+    return site.ErrorAt("data.validation_fraction",
+                        "cannot be used together with validation_dataset; give one of them");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StatusWithCode(absl::StatusCode code, const absl::Status& formatted) {
+  return absl::Status(code, formatted.message());
+}
+
+// check_paths: datasets must exist (made absolute); base_model resolves to a local folder.
+absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
+                          bool base_model_path_written, JobConfig* c) {
+  namespace fs = std::filesystem;
+  struct DatasetField {
+    const char* key;
+    bool overridden;
+    std::string* path;
+  };
+  for (const DatasetField& field :
+       {DatasetField{"dataset", !options.dataset_override.empty(), &c->data.train_path},
+        DatasetField{"validation_dataset", !options.validation_dataset_override.empty(),
+                     &c->data.validation_path}}) {
+    if (field.path->empty()) continue;
+    std::error_code ec;
+    const fs::path absolute = fs::absolute(*field.path, ec).lexically_normal();
+    if (ec || !fs::exists(absolute, ec)) {
+      const std::string where =
+          field.overridden ? absl::StrCat(field.key, " (from the command line)") : field.key;
+      return StatusWithCode(
+          absl::StatusCode::kNotFound,
+          site.Error(field.overridden ? 0 : site.Line(field.key), where,
+                     absl::StrCat("file '", absolute.string(), "' does not exist")));
+    }
+    *field.path = absolute.string();
+  }
+  if (base_model_path_written) {
+    std::error_code ec;
+    if (!fs::is_regular_file(fs::path(c->base_model_path) / "config.json", ec)) {
+      return StatusWithCode(
+          absl::StatusCode::kFailedPrecondition,
+          site.ErrorAt("base_model_path", absl::StrCat("folder '", c->base_model_path,
+                                                       "' has no config.json")));
+    }
+    return absl::OkStatus();
+  }
+  const std::string cache =
+      options.hf_hub_cache.empty() ? DefaultHfHubCache() : options.hf_hub_cache;
+  absl::StatusOr<std::string> resolved = ResolveBaseModelPath(c->base_model, cache);
+  if (!resolved.ok()) {
+    return StatusWithCode(resolved.status().code(),
+                          site.Error(site.Line("base_model"), "",
+                                     std::string(resolved.status().message())));
+  }
+  c->base_model_path = *resolved;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<YAML::Node> LoadSingleDocument(const ErrorSite& site, const std::string& text,
+                                              size_t max_bytes) {
+  if (text.size() > max_bytes) {
+    return site.Error(0, "", absl::StrCat("the job file is ", text.size(),
+                                          " bytes, more than the limit of ", max_bytes));
+  }
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's guard against stack exhaustion
+    return site.Error(e.mark.line + 1, "",
+                      absl::StrCat("not valid YAML: nested more than ", e.depth() - 1,
+                                   " levels deep"));
+  } catch (const YAML::Exception& e) {
+    const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
+    return site.Error(line, "", absl::StrCat("not valid YAML: ", e.msg));
+  }
+  if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
+    return site.Error(0, "", "the job file is empty");
+  }
+  if (documents.size() > 1) {
+    return site.Error(LineOf(documents[1]), "",
+                      absl::StrCat("holds ", documents.size(), " YAML documents; a job file "
+                                   "holds one"));
+  }
+  if (!documents[0].IsMap()) {
+    return site.Error(LineOf(documents[0]), "",
+                      absl::StrCat("the job file must be a mapping of fields (key: value) at "
+                                   "the top level, got ", Describe(documents[0])));
+  }
+  return documents[0];
+}
+
+absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
+                                const ParseOptions& options) {
+  QLORA_ASSIGN_OR_RETURN(YAML::Node root, LoadSingleDocument(*site, text, options.max_bytes));
+  QLORA_ASSIGN_OR_RETURN(MapReader top, MapReader::Open(site, root, JobFileSchema(), ""));
+  JobConfig c;
+  c.input_features = {FeatureConfig{"instruction", "text"}};
+  c.output_features = {FeatureConfig{"output", "text"}};
+  c.lora.target_modules = {"q_proj", "v_proj"};  // what PEFT picks for LLaMA
+  Presence presence;
+
+  QLORA_RETURN_IF_ERROR(top.ReadString("name", &c.name));
+  QLORA_RETURN_IF_ERROR(top.ReadChoice("model_type", {"llm"}, &c.model_type));
+  QLORA_RETURN_IF_ERROR(top.ReadString("base_model", &c.base_model));
+  if (absl::StripAsciiWhitespace(c.base_model).empty()) {
+    return top.Error("base_model", "missing; name a local Hugging Face model folder or a hub "
+                                   "name such as meta-llama/Llama-2-7b-hf");
+  }
+  const bool base_model_path_written = top.Has("base_model_path");
+  QLORA_RETURN_IF_ERROR(top.ReadString("base_model_path", &c.base_model_path));
+  if (!base_model_path_written) c.base_model_path = c.base_model;
+  QLORA_RETURN_IF_ERROR(ReadFeatures(top, "input_features", &c.input_features));
+  QLORA_RETURN_IF_ERROR(ReadFeatures(top, "output_features", &c.output_features));
+  QLORA_RETURN_IF_ERROR(ReadAdapter(top, &c, &presence));
+  QLORA_RETURN_IF_ERROR(ReadQuantization(top, &c.quantization));
+  QLORA_RETURN_IF_ERROR(ReadBackend(top, c.quantization, &c.backend));
+  QLORA_RETURN_IF_ERROR(ReadTrainer(top, &c.trainer));
+  QLORA_RETURN_IF_ERROR(ReadData(top, &c.data, &presence));
+  QLORA_RETURN_IF_ERROR(top.ReadString("dataset", &c.data.train_path));
+  QLORA_RETURN_IF_ERROR(top.ReadString("validation_dataset", &c.data.validation_path));
+  QLORA_RETURN_IF_ERROR(top.ReadString("output_dir", &c.output_dir));
+  if (!options.dataset_override.empty()) c.data.train_path = options.dataset_override;
+  if (!options.validation_dataset_override.empty()) {
+    c.data.validation_path = options.validation_dataset_override;
+  }
+  if (c.data.train_path.empty()) {
+    return site->ErrorAt("dataset", "no training data: set `dataset:` in the job file or pass "
+                                    "--dataset");
+  }
+  QLORA_RETURN_IF_ERROR(CheckCrossFieldRules(*site, c, presence));
+  if (options.check_paths) {
+    QLORA_RETURN_IF_ERROR(ResolvePaths(*site, options, base_model_path_written, &c));
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ParseJobConfig(std::string_view yaml_text,
+                                         const ParseOptions& options) {
+  ErrorSite site(options.source_name);
+  try {
+    return Parse(&site, std::string(yaml_text), options);
+  } catch (const YAML::Exception& e) {
+    // Not expected (values are decoded without throwing), but yaml-cpp must not escape.
+    const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
+    return site.Error(line, "", absl::StrCat("could not read the job file: ", e.msg));
+  }
+}
+
+}  // namespace qlora

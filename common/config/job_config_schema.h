@@ -1,0 +1,40 @@
+// The key schema of the job file: every mapping key the parser accepts, at every level, in one
+// table. The parser checks each mapping it reads against its SchemaNode (unknown keys, keys that
+// are known but refused) and builds "did you mean" suggestions from the same table, so adding a
+// field means adding it here once.
+//
+// Value types and ranges are checked by the parser itself (job_config_parser.cc); this table
+// only knows names and nesting.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace qlora::config_internal {
+
+struct SchemaNode {
+  std::string key;
+  // Keys of the mapping this field holds (empty for scalars and lists of scalars). For a list
+  // of mappings (input_features) these are the keys of each element.
+  std::vector<SchemaNode> children;
+  // Non-empty: the key is known (Ludwig or DeepSpeed defines it) but this service refuses it;
+  // the text says why and what to use instead.
+  std::string refused_because;
+
+  const SchemaNode* Child(const std::string& name) const;
+};
+
+// The root: the top-level keys of a job file.
+const SchemaNode& JobFileSchema();
+
+// The problem text for an unknown `key` inside the mapping `node` (at `path`, "" for the top
+// level): "unknown field; did you mean 'batch_size'?" when a sibling is close, or the full path
+// when the key exists elsewhere in the schema ("... belongs under backend.trainer"), else the
+// list of valid keys.
+std::string UnknownKeyProblem(const SchemaNode& node, const std::string& path,
+                              const std::string& key);
+
+// Edit distance (insert, delete, substitute; each costs 1).
+int LevenshteinDistance(const std::string& a, const std::string& b);
+
+}  // namespace qlora::config_internal

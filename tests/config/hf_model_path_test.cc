@@ -1,0 +1,220 @@
+// base_model resolution, offline: local folders, the Hugging Face hub cache layout
+// (models--org--name/refs/main -> snapshots/<hash>), and the NOT_FOUND / FAILED_PRECONDITION
+// errors ParseJobConfig reports with check_paths.
+#include "common/config/hf_model_path.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/job_config_parser.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace qlora {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+void WriteFile(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path) << text;
+}
+
+class ConfigHfModelPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = fs::temp_directory_path() /
+            absl::StrCat("qlora-config-test-", ::getpid(), "-", info->name());
+    fs::remove_all(root_);
+    cache_ = root_ / "hub";
+    fs::create_directories(cache_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A cache entry laid out as huggingface_hub writes it.
+  fs::path AddSnapshot(const std::string& repo, const std::string& hash, bool with_config) {
+    std::string folder = "models--" + repo;
+    for (size_t i = folder.find('/'); i != std::string::npos; i = folder.find('/')) {
+      folder.replace(i, 1, "--");
+    }
+    const fs::path snapshot = cache_ / folder / "snapshots" / hash;
+    fs::create_directories(snapshot);
+    if (with_config) WriteFile(snapshot / "config.json", "{}");
+    return snapshot;
+  }
+  void SetMainRef(const std::string& folder, const std::string& hash) {
+    WriteFile(cache_ / folder / "refs" / "main", hash);
+  }
+
+  // A job file naming `base_model` and `dataset`.
+  absl::StatusOr<JobConfig> Parse(const std::string& base_model, const std::string& dataset) {
+    ParseOptions options;
+    options.hf_hub_cache = cache_.string();
+    return ParseJobConfig(absl::StrCat("base_model: '", base_model, "'\nadapter: {type: lora}\n",
+                                       "dataset: '", dataset, "'\n"),
+                          options);
+  }
+  std::string Dataset() {
+    const fs::path path = root_ / "train.jsonl";
+    WriteFile(path, "{\"instruction\": \"a\", \"output\": \"b\"}\n");
+    return path.string();
+  }
+
+  fs::path root_;
+  fs::path cache_;
+};
+
+TEST_F(ConfigHfModelPathTest, LocalFolderWithConfigJsonWins) {
+  const fs::path model = root_ / "my-model";
+  WriteFile(model / "config.json", "{}");
+  absl::StatusOr<std::string> path = ResolveBaseModelPath(model.string(), cache_.string());
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, model.string());
+}
+
+TEST_F(ConfigHfModelPathTest, HubNameResolvesThroughRefsMain) {
+  AddSnapshot("org/name", "aaaa", true);
+  const fs::path wanted = AddSnapshot("org/name", "bbbb", true);
+  SetMainRef("models--org--name", "bbbb\n");
+  absl::StatusOr<std::string> path = ResolveBaseModelPath("org/name", cache_.string());
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, wanted.string());
+}
+
+TEST_F(ConfigHfModelPathTest, SingleSegmentHubName) {
+  const fs::path wanted = AddSnapshot("gpt2", "cafe", true);
+  SetMainRef("models--gpt2", "cafe");
+  absl::StatusOr<std::string> path = ResolveBaseModelPath("gpt2", cache_.string());
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, wanted.string());
+}
+
+TEST_F(ConfigHfModelPathTest, WithoutRefsMainFallsBackToTheSnapshotWithConfig) {
+  AddSnapshot("org/name", "incomplete", false);
+  const fs::path wanted = AddSnapshot("org/name", "complete", true);
+  absl::StatusOr<std::string> path = ResolveBaseModelPath("org/name", cache_.string());
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, wanted.string());
+}
+
+TEST_F(ConfigHfModelPathTest, StaleRefsMainFallsBackToTheNewestCompleteSnapshot) {
+  const fs::path older = AddSnapshot("org/name", "older", true);
+  const fs::path newer = AddSnapshot("org/name", "newer", true);
+  fs::last_write_time(older / "config.json",
+                      fs::last_write_time(newer / "config.json") - std::chrono::hours(1));
+  SetMainRef("models--org--name", "missing-hash");
+  absl::StatusOr<std::string> path = ResolveBaseModelPath("org/name", cache_.string());
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, newer.string());
+}
+
+TEST_F(ConfigHfModelPathTest, HubNameMissingFromTheCacheSaysToDownloadIt) {
+  AddSnapshot("org/other", "h", true);
+  absl::StatusOr<std::string> path = ResolveBaseModelPath("org/name", cache_.string());
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(path.status().message(),
+              HasSubstr(absl::StrCat("base_model 'org/name' is neither a local folder nor in the "
+                                     "Hugging Face cache at ",
+                                     cache_.string(), "; download it first")));
+  EXPECT_THAT(path.status().message(), HasSubstr("huggingface-cli download org/name"));
+}
+
+TEST_F(ConfigHfModelPathTest, FolderWithoutConfigJsonIsAFailedPrecondition) {
+  fs::create_directories(root_ / "empty-model");
+  absl::StatusOr<std::string> path =
+      ResolveBaseModelPath((root_ / "empty-model").string(), cache_.string());
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(path.status().message(), HasSubstr("has no config.json"));
+}
+
+TEST_F(ConfigHfModelPathTest, MissingPathIsNotFound) {
+  absl::StatusOr<std::string> path =
+      ResolveBaseModelPath((root_ / "a" / "b" / "c").string(), cache_.string());
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(path.status().message(), HasSubstr("does not exist"));
+}
+
+TEST_F(ConfigHfModelPathTest, RepoIdShapes) {
+  EXPECT_TRUE(LooksLikeHubRepoId("meta-llama/Llama-2-7b-hf"));
+  EXPECT_TRUE(LooksLikeHubRepoId("gpt2"));
+  EXPECT_FALSE(LooksLikeHubRepoId("/abs/path"));
+  EXPECT_FALSE(LooksLikeHubRepoId("./rel"));
+  EXPECT_FALSE(LooksLikeHubRepoId("a/b/c"));
+  EXPECT_FALSE(LooksLikeHubRepoId("org/../x"));
+  EXPECT_FALSE(LooksLikeHubRepoId("org name/x"));
+}
+
+TEST_F(ConfigHfModelPathTest, ParseResolvesTheModelAndMakesTheDatasetAbsolute) {
+  const fs::path snapshot = AddSnapshot("meta-llama/Llama-2-7b-hf", "0123abcd", true);
+  SetMainRef("models--meta-llama--Llama-2-7b-hf", "0123abcd");
+  absl::StatusOr<JobConfig> c = Parse("meta-llama/Llama-2-7b-hf", Dataset());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->base_model, "meta-llama/Llama-2-7b-hf");
+  EXPECT_EQ(c->base_model_path, snapshot.string());
+  EXPECT_TRUE(fs::path(c->data.train_path).is_absolute());
+}
+
+TEST_F(ConfigHfModelPathTest, ParseMissingDatasetIsNotFoundNamingFieldAndPath) {
+  AddSnapshot("org/name", "h", true);
+  SetMainRef("models--org--name", "h");
+  const std::string missing = (root_ / "nope.jsonl").string();
+  absl::StatusOr<JobConfig> c = Parse("org/name", missing);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(), HasSubstr("job.yaml:3: dataset: file '" + missing +
+                                              "' does not exist"));
+}
+
+TEST_F(ConfigHfModelPathTest, ParseMissingDatasetOverrideNamesTheCommandLine) {
+  ParseOptions options;
+  options.hf_hub_cache = cache_.string();
+  options.dataset_override = (root_ / "cli.jsonl").string();
+  options.check_paths = true;
+  const fs::path model = root_ / "model";
+  WriteFile(model / "config.json", "{}");
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      absl::StrCat("base_model: ", model.string(), "\nadapter: {type: lora}\n"), options);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(), HasSubstr("dataset (from the command line): file"));
+}
+
+TEST_F(ConfigHfModelPathTest, ParseModelNotInCacheIsFailedPreconditionWithLine) {
+  absl::StatusOr<JobConfig> c = Parse("org/absent", Dataset());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(c.status().message(), HasSubstr("job.yaml:1: base_model 'org/absent' is neither"));
+  EXPECT_THAT(c.status().message(), HasSubstr("huggingface-cli download org/absent"));
+}
+
+TEST_F(ConfigHfModelPathTest, ParseWithoutCheckPathsKeepsPathsAsWritten) {
+  ParseOptions options;
+  options.check_paths = false;
+  options.hf_hub_cache = cache_.string();
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      "base_model: org/absent\nadapter: {type: lora}\ndataset: rel/train.jsonl\n", options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->base_model_path, "org/absent");
+  EXPECT_EQ(c->data.train_path, "rel/train.jsonl");
+}
+
+TEST_F(ConfigHfModelPathTest, WrittenBaseModelPathIsCheckedAndKept) {
+  const fs::path model = root_ / "resolved";
+  WriteFile(model / "config.json", "{}");
+  ParseOptions options;
+  options.hf_hub_cache = cache_.string();
+  options.dataset_override = Dataset();
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      absl::StrCat("base_model: org/absent\nbase_model_path: ", model.string(),
+                   "\nadapter: {type: lora}\n"),
+      options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->base_model_path, model.string());
+}
+
+}  // namespace
+}  // namespace qlora

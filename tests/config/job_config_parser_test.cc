@@ -1,0 +1,366 @@
+// ParseJobConfig on valid job files: the original Ludwig file verbatim, every default, every
+// form of the strategy, the shapes of optimizer/scheduler/target_modules, the dataset options.
+#include "common/config/job_config_parser.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/config/config_test_util.h"
+
+namespace qlora {
+namespace {
+
+using ::qlora::testing::kLudwigOriginal;
+using ::qlora::testing::ParseNoPaths;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A minimal valid file; tests append a section to it.
+constexpr char kMinimal[] = "base_model: org/model\nadapter: {type: lora}\n";
+
+JobConfig ParseOk(const std::string& yaml) {
+  absl::StatusOr<JobConfig> config = ParseNoPaths(yaml);
+  EXPECT_TRUE(config.ok()) << config.status() << "\n--- input ---\n" << yaml;
+  return config.ok() ? *config : JobConfig{};
+}
+
+TEST(ConfigParserTest, LudwigOriginalVerbatimParsesWithStage2FromTheFile) {
+  const JobConfig c = ParseOk(kLudwigOriginal);
+  EXPECT_EQ(c.model_type, "llm");
+  EXPECT_EQ(c.base_model, "meta-llama/Llama-2-7b-hf");
+  EXPECT_EQ(c.base_model_path, "meta-llama/Llama-2-7b-hf");  // check_paths=false: as written
+  ASSERT_EQ(c.input_features.size(), 1u);
+  EXPECT_EQ(c.input_features[0].name, "instruction");
+  ASSERT_EQ(c.output_features.size(), 1u);
+  EXPECT_EQ(c.output_features[0].name, "output");
+  EXPECT_EQ(c.adapter_type, "lora");
+  EXPECT_TRUE(c.quantization.enabled);
+  EXPECT_EQ(c.quantization.bits, 4);
+  EXPECT_EQ(c.backend.type, "ray");
+  EXPECT_TRUE(c.backend.use_gpu);
+  EXPECT_EQ(c.backend.strategy.type, "deepspeed");
+  EXPECT_EQ(c.backend.strategy.zero_stage, 2);
+  EXPECT_EQ(c.backend.strategy.zero_stage_reason, "set in the job file");
+  EXPECT_EQ(c.trainer.type, "finetune");
+  EXPECT_EQ(c.trainer.batch_size, 1);
+  EXPECT_EQ(c.trainer.gradient_accumulation_steps, 4);
+  EXPECT_EQ(c.data.train_path, "train.jsonl");  // from the override
+}
+
+TEST(ConfigParserTest, LudwigOriginalFixtureIsTheSameFile) {
+  EXPECT_EQ(testing::ReadFileOrDie(testing::JobFixturesDir() + "/good/ludwig_original.yaml"),
+            kLudwigOriginal);
+}
+
+TEST(ConfigParserTest, DefaultsAreResolved) {
+  const JobConfig c = ParseOk("base_model: org/model\nadapter: {type: lora}\n");
+  EXPECT_EQ(c.name, "");
+  EXPECT_EQ(c.model_type, "llm");
+  EXPECT_EQ(c.input_features.size(), 1u);
+  EXPECT_EQ(c.input_features[0].name, "instruction");
+  EXPECT_EQ(c.output_features[0].name, "output");
+  EXPECT_EQ(c.lora.r, 8);
+  EXPECT_EQ(c.lora.alpha, 16.0);
+  EXPECT_EQ(c.lora.dropout, 0.05);
+  EXPECT_THAT(c.lora.target_modules, ElementsAre("q_proj", "v_proj"));
+  EXPECT_FALSE(c.lora.use_rslora);
+  EXPECT_FALSE(c.lora.merge_adapter_into_base_model);
+  EXPECT_TRUE(c.quantization.enabled);  // absent quantization: 4-bit (a QLoRA service)
+  EXPECT_EQ(c.quantization.bits, 4);
+  EXPECT_EQ(c.quantization.quant_type, "nf4");
+  EXPECT_TRUE(c.quantization.double_quant);
+  EXPECT_EQ(c.quantization.compute_dtype, "bfloat16");
+  EXPECT_EQ(c.quantization.blocksize, 64);
+  EXPECT_EQ(c.backend.type, "local");
+  EXPECT_EQ(c.backend.num_workers, 0);
+  EXPECT_EQ(c.backend.strategy.type, "deepspeed");
+  EXPECT_EQ(c.backend.strategy.zero_stage, 2);
+  EXPECT_THAT(c.backend.strategy.zero_stage_reason, HasSubstr("not set in the job file"));
+  EXPECT_EQ(c.trainer.batch_size, 1);
+  EXPECT_EQ(c.trainer.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.trainer.learning_rate, 2e-4);
+  EXPECT_EQ(c.trainer.epochs, 3);
+  EXPECT_EQ(c.trainer.optimizer, "adamw");
+  EXPECT_EQ(c.trainer.lr_scheduler, "cosine");
+  EXPECT_EQ(c.trainer.warmup_fraction, 0.03);
+  EXPECT_EQ(c.trainer.max_grad_norm, 0.3);
+  EXPECT_TRUE(c.trainer.gradient_checkpointing);
+  EXPECT_EQ(c.trainer.seed, 42u);
+  EXPECT_EQ(c.data.format, "auto");
+  EXPECT_EQ(c.data.max_sequence_length, 512);
+  EXPECT_EQ(c.data.malformed_records, "fail");
+  EXPECT_EQ(c.output_dir, "");
+}
+
+// The default stage's reason must explain the choice, as the issue asks.
+TEST(ConfigParserTest, DefaultStageReasonExplainsTheOriginalDefault) {
+  const std::string reason = ParseOk(kMinimal).backend.strategy.zero_stage_reason;
+  EXPECT_THAT(reason, HasSubstr("stage 2"));
+  EXPECT_THAT(reason, HasSubstr("defaulted to stage 3"));
+  EXPECT_THAT(reason, HasSubstr("unquantized"));
+  EXPECT_THAT(reason, HasSubstr("4-bit"));
+}
+
+struct StrategyCase {
+  std::string backend_yaml;  // the backend section, or "" for none
+  std::string type;
+  int stage;
+  std::string reason_part;
+};
+
+class ConfigStrategyFormsTest : public ::testing::TestWithParam<StrategyCase> {};
+
+TEST_P(ConfigStrategyFormsTest, ResolvesTypeStageAndReason) {
+  const StrategyCase& p = GetParam();
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, p.backend_yaml));
+  EXPECT_EQ(c.backend.strategy.type, p.type);
+  EXPECT_EQ(c.backend.strategy.zero_stage, p.stage);
+  EXPECT_THAT(c.backend.strategy.zero_stage_reason, HasSubstr(p.reason_part));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllForms, ConfigStrategyFormsTest,
+    ::testing::Values(
+        StrategyCase{"", "deepspeed", 2, "not set in the job file"},
+        StrategyCase{"backend: {type: ray}\n", "deepspeed", 2, "not set in the job file"},
+        StrategyCase{"backend: {trainer: {strategy: deepspeed}}\n", "deepspeed", 2,
+                     "not set in the job file"},
+        StrategyCase{"backend: {trainer: {strategy: ddp}}\n", "ddp", 0, "ZeRO stage 0"},
+        StrategyCase{"backend: {trainer: {strategy: {type: ddp}}}\n", "ddp", 0, "stage 0"},
+        StrategyCase{"backend: {trainer: {strategy: {type: deepspeed}}}\n", "deepspeed", 2,
+                     "not set in the job file"},
+        StrategyCase{"backend: {trainer: {strategy: {zero_optimization: {overlap_comm: false}}}}\n",
+                     "deepspeed", 2, "not set in the job file"},
+        StrategyCase{"backend: {trainer: {strategy: {type: deepspeed, zero_optimization: "
+                     "{stage: auto}}}}\n",
+                     "deepspeed", 2, "'auto' in the job file"},
+        StrategyCase{"backend: {trainer: {strategy: {type: deepspeed, zero_optimization: "
+                     "{stage: 0}}}}\n",
+                     "deepspeed", 0, "set in the job file"},
+        StrategyCase{"backend: {trainer: {strategy: {type: deepspeed, zero_optimization: "
+                     "{stage: 1}}}}\n",
+                     "deepspeed", 1, "set in the job file"},
+        StrategyCase{"backend: {trainer: {strategy: {type: deepspeed, zero_optimization: "
+                     "{stage: 2}}}}\n",
+                     "deepspeed", 2, "set in the job file"},
+        StrategyCase{"quantization: null\n", "deepspeed", 2, "stage 3 is not built yet"}));
+
+TEST(ConfigParserTest, ZeroOptimizationKnobs) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(backend:
+  trainer:
+    num_workers: 4
+    use_gpu: false
+    strategy:
+      type: deepspeed
+      zero_optimization:
+        stage: 1
+        reduce_bucket_size: 2e8
+        allgather_bucket_size: 100000000
+        overlap_comm: false
+        contiguous_gradients: false
+      bf16: {enabled: true}
+      fp16: {enabled: auto}
+)"));
+  const StrategyConfig& s = c.backend.strategy;
+  EXPECT_EQ(c.backend.num_workers, 4);
+  EXPECT_FALSE(c.backend.use_gpu);
+  EXPECT_EQ(s.zero_stage, 1);
+  EXPECT_EQ(s.reduce_bucket_size, 200000000);
+  EXPECT_EQ(s.allgather_bucket_size, 100000000);
+  EXPECT_FALSE(s.overlap_comm);
+  EXPECT_FALSE(s.contiguous_gradients);
+}
+
+TEST(ConfigParserTest, AdapterFields) {
+  const JobConfig c = ParseOk(R"(base_model: org/model
+adapter:
+  type: lora
+  r: 16
+  alpha: 32
+  dropout: 0.1
+  target_modules: [q_proj, k_proj, v_proj, o_proj]
+  use_rslora: true
+  bias_type: none
+  postprocessor: {merge_adapter_into_base_model: true, progressbar: true}
+)");
+  EXPECT_EQ(c.lora.r, 16);
+  EXPECT_EQ(c.lora.alpha, 32.0);
+  EXPECT_EQ(c.lora.dropout, 0.1);
+  EXPECT_THAT(c.lora.target_modules, ElementsAre("q_proj", "k_proj", "v_proj", "o_proj"));
+  EXPECT_TRUE(c.lora.use_rslora);
+  // Allowed with 4-bit: the merge goes into a dequantized bf16 copy.
+  EXPECT_TRUE(c.quantization.enabled);
+  EXPECT_TRUE(c.lora.merge_adapter_into_base_model);
+}
+
+TEST(ConfigParserTest, AllLinearExpandsToTheSevenLlamaLayers) {
+  const auto expected = ElementsAre("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                    "up_proj", "down_proj");
+  EXPECT_THAT(ParseOk("base_model: m\nadapter: {type: lora, target_modules: all-linear}\n")
+                  .lora.target_modules,
+              expected);
+  EXPECT_THAT(ParseOk("base_model: m\nadapter: {type: lora, target_modules: [all-linear]}\n")
+                  .lora.target_modules,
+              expected);
+}
+
+TEST(ConfigParserTest, QuantizationFields) {
+  const JobConfig c = ParseOk(absl::StrCat(
+      "base_model: m\nadapter: {type: lora}\n",
+      "quantization: {bits: 4, bnb_4bit_quant_type: fp4, bnb_4bit_use_double_quant: false, "
+      "bnb_4bit_compute_dtype: float16, blocksize: 128}\n"));
+  EXPECT_EQ(c.quantization.quant_type, "fp4");
+  EXPECT_FALSE(c.quantization.double_quant);
+  EXPECT_EQ(c.quantization.compute_dtype, "float16");
+  EXPECT_EQ(c.quantization.blocksize, 128);
+}
+
+TEST(ConfigParserTest, QuantizationNullTurnsItOff) {
+  EXPECT_FALSE(ParseOk(absl::StrCat(kMinimal, "quantization: null\n")).quantization.enabled);
+  EXPECT_FALSE(ParseOk(absl::StrCat(kMinimal, "quantization: ~\n")).quantization.enabled);
+}
+
+TEST(ConfigParserTest, TrainerFieldsAndOptimizerMapping) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(trainer:
+  type: finetune
+  batch_size: 2
+  eval_batch_size: 4
+  gradient_accumulation_steps: 8
+  learning_rate: 1.0e-4
+  epochs: 0
+  train_steps: 100
+  optimizer: {type: adam, weight_decay: 0.01, betas: [0.8, 0.95], eps: 1.0e-6}
+  learning_rate_scheduler: {decay: linear, warmup_fraction: 0.1}
+  gradient_clipping: {clipglobalnorm: 1.0}
+  enable_gradient_checkpointing: false
+  steps_per_checkpoint: 50
+  eval_steps: 25
+  seed: 7
+)"));
+  const TrainerConfig& t = c.trainer;
+  EXPECT_EQ(t.batch_size, 2);
+  EXPECT_EQ(t.eval_batch_size, 4);
+  EXPECT_EQ(t.gradient_accumulation_steps, 8);
+  EXPECT_EQ(t.learning_rate, 1e-4);
+  EXPECT_EQ(t.epochs, 0);  // allowed because train_steps > 0
+  EXPECT_EQ(t.train_steps, 100);
+  EXPECT_EQ(t.optimizer, "adam");
+  EXPECT_EQ(t.weight_decay, 0.01);
+  EXPECT_EQ(t.beta1, 0.8);
+  EXPECT_EQ(t.beta2, 0.95);
+  EXPECT_EQ(t.eps, 1e-6);
+  EXPECT_EQ(t.lr_scheduler, "linear");
+  EXPECT_EQ(t.warmup_fraction, 0.1);
+  EXPECT_EQ(t.max_grad_norm, 1.0);
+  EXPECT_FALSE(t.gradient_checkpointing);
+  EXPECT_EQ(t.steps_per_checkpoint, 50);
+  EXPECT_EQ(t.eval_steps, 25);
+  EXPECT_EQ(t.seed, 7u);
+}
+
+TEST(ConfigParserTest, OptimizerAsBareNameAndSchedulerNone) {
+  const JobConfig c = ParseOk(absl::StrCat(
+      kMinimal, "trainer: {optimizer: adam, learning_rate_scheduler: {decay: none}, "
+                "gradient_clipping: {clipglobalnorm: null}}\n"));
+  EXPECT_EQ(c.trainer.optimizer, "adam");
+  EXPECT_EQ(c.trainer.lr_scheduler, "constant");
+  EXPECT_EQ(c.trainer.max_grad_norm, 0.0);  // null: no clipping
+}
+
+TEST(ConfigParserTest, ServiceFields) {
+  ParseOptions options;
+  options.check_paths = false;
+  absl::StatusOr<JobConfig> c = ParseJobConfig(absl::StrCat(kMinimal, R"(name: my-run
+dataset: data/train.jsonl
+validation_dataset: data/val.jsonl
+output_dir: /runs/my-run
+data:
+  format: jsonl
+  prompt_template: "### Instruction:\n{instruction}\n### Response:\n"
+  max_sequence_length: 1024
+  packing: true
+  malformed_records: skip
+)"),
+                                               options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->name, "my-run");
+  EXPECT_EQ(c->data.train_path, "data/train.jsonl");
+  EXPECT_EQ(c->data.validation_path, "data/val.jsonl");
+  EXPECT_EQ(c->output_dir, "/runs/my-run");
+  EXPECT_EQ(c->data.format, "jsonl");
+  EXPECT_EQ(c->data.prompt_template, "### Instruction:\n{instruction}\n### Response:\n");
+  EXPECT_EQ(c->data.max_sequence_length, 1024);
+  EXPECT_TRUE(c->data.packing);
+  EXPECT_EQ(c->data.malformed_records, "skip");
+}
+
+TEST(ConfigParserTest, OverridesReplaceTheFilesDatasets) {
+  ParseOptions options;
+  options.check_paths = false;
+  options.dataset_override = "cli-train.jsonl";
+  options.validation_dataset_override = "cli-val.jsonl";
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      absl::StrCat(kMinimal, "dataset: file.jsonl\nvalidation_dataset: file-val.jsonl\n"),
+      options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.train_path, "cli-train.jsonl");
+  EXPECT_EQ(c->data.validation_path, "cli-val.jsonl");
+}
+
+TEST(ConfigParserTest, MissingDatasetNamesTheFieldAndTheFlag) {
+  ParseOptions options;
+  options.check_paths = false;
+  absl::StatusOr<JobConfig> c = ParseJobConfig(kLudwigOriginal, options);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("dataset"));
+  EXPECT_THAT(c.status().message(), HasSubstr("--dataset"));
+}
+
+TEST(ConfigParserTest, FileLargerThanMaxBytesIsRefusedBeforeParsing) {
+  std::string huge = kMinimal;
+  while (huge.size() <= (1u << 20)) huge += "# padding padding padding padding padding padding\n";
+  absl::StatusOr<JobConfig> c = ParseNoPaths(huge);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("job.yaml: the job file is"));
+  EXPECT_THAT(c.status().message(), HasSubstr("1048576"));
+
+  ParseOptions small;
+  small.check_paths = false;
+  small.dataset_override = "x";
+  small.max_bytes = 16;
+  EXPECT_EQ(ParseJobConfig(kMinimal, small).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigParserTest, DeepNestingIsRefusedNotACrash) {
+  const std::string deep = "trainer: " + std::string(100000, '[') + std::string(100000, ']');
+  absl::StatusOr<JobConfig> c = ParseNoPaths(deep);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("job.yaml:1: not valid YAML: nested more than"));
+}
+
+TEST(ConfigParserTest, UnknownKeySuggestionsAtSeveralLevels) {
+  struct Case {
+    std::string yaml;
+    std::string message;
+  };
+  for (const Case& k : {
+           Case{"trainer:\n  batch_sise: 2\n",
+                "job.yaml:4: trainer.batch_sise: unknown field; did you mean 'batch_size'?"},
+           Case{"base_modle: x\n", "base_modle: unknown field; did you mean 'base_model'?"},
+           Case{"trainer: {zero_optimization: {stage: 2}}\n",
+                "did you mean 'backend.trainer.strategy.zero_optimization'?"},
+           Case{"backend: {trainer: {strategy: {zero_optimisation: {stage: 2}}}}\n",
+                "backend.trainer.strategy.zero_optimisation: unknown field; did you mean "
+                "'zero_optimization'?"},
+       }) {
+    absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(kMinimal, k.yaml));
+    ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << k.yaml;
+    EXPECT_THAT(c.status().message(), HasSubstr(k.message));
+  }
+}
+
+}  // namespace
+}  // namespace qlora
