@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The demo: sets up (once per machine), builds, makes a tiny LLaMA model with the example
+# tokenizer, starts a local coordinator on a free port (CPU workers when there is no GPU), and
+# runs the example job (examples/qlora-tiny.yaml on examples/data) to the end with
+# `qloractl submit --follow`. Prints where the PEFT adapter is.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+"$root/scripts/build.sh" qlora-coordinator qlora-worker qloractl qlora-make-tiny-model
+out=${DEMO_DIR:-$root/out/demo}
+rm -rf "$out" && mkdir -p "$out"
+"$build/worker/engine/qlora-make-tiny-model" "$out/tiny-llama" --vocab 512 --layers 2 --hidden 128 \
+  --intermediate 256 --heads 4 --kv_heads 2 >/dev/null
+cp "$root/examples/tokenizer/"* "$out/tiny-llama/"
+sed -e "s|BASE_MODEL_DIR|$out/tiny-llama|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
+  "$root/examples/qlora-tiny.yaml" > "$out/job.yaml"
+
+workers=(--cpu-workers 2)
+if [ -d /proc/driver/nvidia/gpus ] && [ -n "$(ls /proc/driver/nvidia/gpus 2>/dev/null)" ]; then workers=(--gpus auto); fi
+"$build/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$out/state" \
+  --port-file "$out/port" "${workers[@]}" > "$out/coordinator.log" 2>&1 &
+coordinator=$!
+trap 'kill $coordinator 2>/dev/null; wait $coordinator 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -s "$out/port" ] && break; sleep 0.1; done
+export QLORA_ADDRESS=127.0.0.1:$(cat "$out/port")
+echo "coordinator on $QLORA_ADDRESS (state in $out/state)"
+"$build/cli/qloractl" submit "$out/job.yaml" --dataset "$root/examples/data/train.jsonl" --name demo --follow
+"$build/cli/qloractl" get job-000001   # a fresh state folder: the demo's job is the first

@@ -1,0 +1,65 @@
+// Test harness for the service: starts the real qlora-coordinator binary on 127.0.0.1 port 0
+// with a temporary state folder, talks to it with a real gRPC client and the real qloractl,
+// and finds a job's worker processes by scanning /proc.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "qlora/v1/job_service.grpc.pb.h"
+
+namespace qlora::testing {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command and captures its output.
+CommandResult RunCommand(const std::string& command);
+
+std::string BinaryDir();    // the build folder (QLORA_BINARY_DIR)
+std::string SourceDir();    // the source folder (QLORA_SOURCE_DIR)
+std::string MakeTempDir(const std::string& prefix);
+
+// A tiny HF model folder (random weights, the example tokenizer) made once per test binary.
+std::string TinyModelDir();
+// A job file for the tiny model on the example data, with `extra` YAML appended.
+std::string TinyJobYaml(const std::string& extra = "");
+
+class CoordinatorProcess {
+ public:
+  // Starts the coordinator with `cpu_workers` slots on state folder `state_dir`.
+  CoordinatorProcess(const std::string& state_dir, int cpu_workers, const std::string& extra_flags = "");
+  ~CoordinatorProcess();
+
+  bool started() const { return port_ > 0; }
+  std::string address() const;
+  pid_t pid() const { return pid_; }
+  v1::JobService::Stub* jobs() { return stub_.get(); }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  // Sends `signal` and waits for the process to end; returns its wait status.
+  int Stop(int signal);
+  // Runs qloractl against this coordinator.
+  CommandResult Ctl(const std::string& args) const;
+
+  v1::Job GetJob(const std::string& id);
+  // Polls until the job is in one of `states` or `seconds` pass; returns the last state seen.
+  v1::Job WaitForState(const std::string& id, const std::vector<v1::JobState>& states, double seconds);
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+// PIDs of live qlora-worker processes started for `job_id`.
+std::vector<pid_t> WorkerPids(const std::string& job_id);
+
+}  // namespace qlora::testing

@@ -1,0 +1,304 @@
+// End-to-end tests of the service: the real coordinator binary on 127.0.0.1 port 0, real
+// qlora-worker processes on CPU, the real qloractl, and a C++ gRPC client.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include "grpc/health/v1/health.grpc.pb.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/service/service_harness.h"
+
+namespace qlora::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string TrainData() { return SourceDir() + "/examples/data/train.jsonl"; }
+
+// A few optimizer steps: quick on a CPU.
+std::string ShortJob() {
+  return TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 2, train_steps: 4, learning_rate: 0.001}
+data: {max_sequence_length: 48}
+)");
+}
+
+// Runs long enough to be cancelled or killed.
+std::string LongJob() {
+  return TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 100000, learning_rate: 0.001}
+data: {max_sequence_length: 48}
+)");
+}
+
+std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+v1::Job SubmitWithClient(CoordinatorProcess& c, const std::string& yaml, grpc::Status* status = nullptr) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(yaml);
+  req.set_dataset(TrainData());
+  v1::SubmitJobResponse resp;
+  grpc::Status s = c.jobs()->SubmitJob(&ctx, req, &resp);
+  if (status) *status = s;
+  return resp.job();
+}
+
+bool WaitUntil(const std::function<bool()>& done, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return done();
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(TinyModelDir().empty()) << "could not make the tiny model";
+    state_ = MakeTempDir("qlora-service-");
+  }
+  void TearDown() override { fs::remove_all(state_); }
+  std::string state_;
+};
+
+TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgress) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  const std::string job_file = WriteFile(state_, "job.yaml", ShortJob());
+  CommandResult submit = c.Ctl(absl::StrCat("submit ", job_file, " --dataset ", TrainData()));
+  ASSERT_EQ(submit.exit_code, 0) << submit.output;
+  const std::string cli_id(submit.output.substr(0, submit.output.find('\n')));
+  ASSERT_THAT(cli_id, ::testing::StartsWith("job-"));
+
+  CommandResult watch = c.Ctl("watch " + cli_id);
+  EXPECT_EQ(watch.exit_code, 0) << watch.output;
+  EXPECT_THAT(watch.output, HasSubstr("step 4/4"));
+  EXPECT_THAT(watch.output, HasSubstr("loss"));
+  EXPECT_THAT(watch.output, HasSubstr("SUCCEEDED"));
+  v1::Job cli_job = c.GetJob(cli_id);
+  EXPECT_EQ(cli_job.state(), v1::JOB_STATE_SUCCEEDED) << cli_job.state_message();
+  EXPECT_EQ(cli_job.num_workers(), 2);
+  EXPECT_TRUE(fs::exists(cli_job.adapter_path() + "/adapter_config.json")) << cli_job.adapter_path();
+  EXPECT_TRUE(fs::exists(cli_job.adapter_path() + "/adapter_model.safetensors"));
+
+  v1::Job client_job = SubmitWithClient(c, ShortJob());
+  ASSERT_FALSE(client_job.id().empty());
+  client_job = c.WaitForState(client_job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  EXPECT_EQ(client_job.state(), v1::JOB_STATE_SUCCEEDED) << client_job.state_message();
+  ASSERT_EQ(client_job.progress_size(), 2);
+  EXPECT_EQ(client_job.progress(0).step(), 4);
+  EXPECT_GT(client_job.progress(0).tokens_per_second(), 0);
+
+  // Logs of both ranks are there and streamable.
+  CommandResult logs = c.Ctl("logs " + client_job.id());
+  EXPECT_EQ(logs.exit_code, 0);
+  EXPECT_THAT(logs.output, HasSubstr("rank 0 |"));
+  EXPECT_THAT(logs.output, HasSubstr("rank 1 |"));
+}
+
+TEST_F(ServiceTest, SecondJobWaitsQueuedWithReasonThenRuns) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  v1::Job first = SubmitWithClient(c, LongJob());
+  ASSERT_FALSE(first.id().empty());
+  c.WaitForState(first.id(), {v1::JOB_STATE_RUNNING}, 120);
+  v1::Job second = SubmitWithClient(c, ShortJob());
+  ASSERT_FALSE(second.id().empty());
+  second = c.WaitForState(second.id(), {v1::JOB_STATE_QUEUED}, 10);
+  EXPECT_EQ(second.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(WaitUntil([&] { return c.GetJob(second.id()).state_reason_code() == "WAITING_FOR_WORKERS"; }, 10));
+  EXPECT_THAT(c.GetJob(second.id()).state_message(), HasSubstr(first.id()));
+  CommandResult cancel = c.Ctl("cancel " + first.id());
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
+  second = c.WaitForState(second.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  EXPECT_EQ(second.state(), v1::JOB_STATE_SUCCEEDED) << second.state_message();
+}
+
+TEST_F(ServiceTest, CancelStopsEveryWorker) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitWithClient(c, LongJob());
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.state_message();
+  ASSERT_TRUE(WaitUntil([&] { return WorkerPids(job.id()).size() == 2; }, 10));
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult cancel = c.Ctl("cancel " + job.id());
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
+  EXPECT_EQ(c.GetJob(job.id()).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(job.id()).empty(); }, 10)) << "workers left after cancel";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(c.Ctl("cancel " + job.id()).exit_code, 3) << "cancelling an ended job is refused";
+}
+
+TEST_F(ServiceTest, KilledWorkerFailsJobNamingRankAndSignal) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitWithClient(c, LongJob());
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  std::vector<pid_t> pids;
+  ASSERT_TRUE(WaitUntil([&] { return (pids = WorkerPids(job.id())).size() == 2; }, 10));
+  // Kill rank 1: find it by its command line.
+  pid_t victim = -1;
+  for (pid_t p : pids) {
+    std::ifstream in("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(std::string("--rank") + '\0' + "1") != std::string::npos) victim = p;
+  }
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_FAILED}, 30);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.state_reason_code(), "WORKER_EXITED");
+  EXPECT_THAT(job.state_message(), HasSubstr("rank 1"));
+  EXPECT_THAT(job.state_message(), HasSubstr("signal 9"));
+  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(job.id()).empty(); }, 10)) << "workers left after a failure";
+}
+
+TEST_F(ServiceTest, RestartedCoordinatorListsSameJobsStatesAndHistory) {
+  std::string before_list, before_history;
+  std::string done_id, cancelled_id;
+  {
+    CoordinatorProcess c(state_, 2);
+    ASSERT_TRUE(c.started());
+    v1::Job done = SubmitWithClient(c, ShortJob());
+    done = c.WaitForState(done.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+    ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.state_message();
+    v1::Job cancelled = SubmitWithClient(c, LongJob());
+    c.Ctl("cancel " + cancelled.id());
+    done_id = done.id();
+    cancelled_id = cancelled.id();
+    before_list = c.Ctl("list").output;
+    before_history = c.Ctl("watch " + done_id + " -o json").output;
+    c.Stop(SIGKILL);  // no goodbye: only what is on disk survives
+  }
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  EXPECT_EQ(c.Ctl("list").output, before_list);
+  EXPECT_EQ(c.GetJob(done_id).state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(c.GetJob(cancelled_id).state(), v1::JOB_STATE_CANCELLED);
+  // The whole event history of the finished job, replayed from sequence 1, is the same.
+  grpc::ClientContext ctx;
+  v1::WatchJobRequest req;
+  req.set_id(done_id);
+  req.set_after_sequence(-1);
+  auto reader = c.jobs()->WatchJob(&ctx, req);
+  v1::WatchJobResponse msg;
+  int events = 0;
+  int64_t last = 0;
+  while (reader->Read(&msg)) {
+    EXPECT_GT(msg.event().sequence(), last);
+    last = msg.event().sequence();
+    ++events;
+  }
+  EXPECT_GT(events, 4);
+  EXPECT_EQ(last, c.GetJob(done_id).last_sequence());
+}
+
+TEST_F(ServiceTest, BadJobFilesAreRefusedAndNothingIsStored) {
+  // base_model names used by the fixtures resolve in this fake Hugging Face cache, so that
+  // each file fails for the reason it was written for.
+  const std::string hub = state_ + "/hub";
+  for (const char* repo : {"models--org--model", "models--meta-llama--Llama-2-7b-hf"}) {
+    fs::create_directories(hub + "/" + repo + "/snapshots/abc");
+    std::ofstream(hub + "/" + repo + "/refs/main") << "abc";
+    std::ofstream(hub + "/" + repo + "/snapshots/abc/config.json") << "{}";
+  }
+  fs::create_directories(hub + "/models--org--model/refs");
+  std::ofstream(hub + "/models--org--model/refs/main") << "abc";
+  setenv("HF_HUB_CACHE", hub.c_str(), 1);
+  CoordinatorProcess c(state_ + "/coord", 2);
+  ASSERT_TRUE(c.started());
+  int files = 0;
+  const std::string dir = SourceDir() + "/tests/data/jobs/bad";
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string first_expect;
+    std::istringstream lines(text.str());
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("# expect: ", 0) == 0) {
+        first_expect = line.substr(10);
+        break;
+      }
+    }
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    req.set_job_yaml(text.str());
+    req.set_source_name(entry.path().filename().string());
+    req.set_dataset(TrainData());
+    v1::SubmitJobResponse resp;
+    grpc::Status s = c.jobs()->SubmitJob(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << entry.path() << ": " << s.error_message();
+    if (!first_expect.empty()) EXPECT_THAT(s.error_message(), HasSubstr(first_expect)) << entry.path();
+    CommandResult v = RunCommand(absl::StrCat("HF_HUB_CACHE=", hub, " ", BinaryDir(), "/cli/qloractl validate ",
+                                              entry.path().string(), " --dataset ", TrainData()));
+    EXPECT_NE(v.exit_code, 0) << entry.path();
+    EXPECT_FALSE(v.output.empty()) << entry.path();
+    ++files;
+  }
+  // A huge file too.
+  {
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    req.set_job_yaml(std::string(4 << 20, '#'));
+    v1::SubmitJobResponse resp;
+    EXPECT_EQ(c.jobs()->SubmitJob(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  unsetenv("HF_HUB_CACHE");
+  EXPECT_GE(files, 25);
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(c.jobs()->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0) << "a refused job was stored";
+}
+
+TEST_F(ServiceTest, MissingDatasetIsNotFoundAndUnknownJobIsNotFound) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  grpc::ClientContext ctx;
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(ShortJob());
+  req.set_dataset(state_ + "/no-such-file.jsonl");
+  v1::SubmitJobResponse resp;
+  grpc::Status s = c.jobs()->SubmitJob(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("no-such-file.jsonl"));
+  EXPECT_EQ(c.Ctl("get job-999999").exit_code, 4);
+}
+
+TEST_F(ServiceTest, HealthServingWhileUpAndNotServingDuringShutdown) {
+  CoordinatorProcess c(state_, 1, "--shutdown-grace-ms 3000");
+  ASSERT_TRUE(c.started());
+  auto health = grpc::health::v1::Health::NewStub(c.channel());
+  auto check = [&]() -> int {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = health->Check(&ctx, req, &resp);
+    return s.ok() ? resp.status() : -1;
+  };
+  EXPECT_EQ(check(), grpc::health::v1::HealthCheckResponse::SERVING);
+  kill(c.pid(), SIGTERM);
+  EXPECT_TRUE(WaitUntil([&] { return check() == grpc::health::v1::HealthCheckResponse::NOT_SERVING; }, 2.5));
+}
+
+}  // namespace
+}  // namespace qlora::testing
