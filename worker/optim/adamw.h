@@ -1,0 +1,42 @@
+// AdamW on one flat fp32 buffer, numerically the single-tensor path of torch.optim.AdamW
+// (decoupled weight decay, bias correction, no amsgrad): the strategies call it on the part of
+// the flattened parameters they own.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::optim {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // torch.optim.AdamW's default
+};
+
+// Holds the moments of `numel` elements. Not thread-safe.
+class AdamW {
+ public:
+  AdamW(const AdamWOptions& options, int64_t numel, const at::TensorOptions& device);
+
+  // One step with learning rate `lr`: updates `param` (fp32, numel elements, same device) in
+  // place from `grad` and increments step().
+  void Step(double lr, const at::Tensor& param, const at::Tensor& grad);
+
+  const AdamWOptions& options() const { return options_; }
+  int64_t step() const { return step_; }
+  void set_step(int64_t step) { step_ = step; }
+  at::Tensor& exp_avg() { return exp_avg_; }        // (numel,) fp32
+  at::Tensor& exp_avg_sq() { return exp_avg_sq_; }  // (numel,) fp32
+  int64_t StateBytes() const;
+
+ private:
+  AdamWOptions options_;
+  at::Tensor exp_avg_;
+  at::Tensor exp_avg_sq_;
+  int64_t step_ = 0;
+};
+
+}  // namespace qlora::optim

@@ -1,0 +1,50 @@
+// MakeStrategy (the only place that maps a ZeRO stage to a plan) and the shared
+// DistributedStrategy::TakeGradsFromParams.
+#include "worker/strategy/strategy.h"
+
+#include <utility>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/strategy/zero_strategy.h"
+
+namespace qlora::strategy {
+
+absl::Status DistributedStrategy::TakeGradsFromParams() {
+  const std::vector<TrainableParam>& all = params();
+  for (int i = static_cast<int>(all.size()) - 1; i >= 0; --i) {
+    at::Tensor& grad = all[i].tensor.mutable_grad();
+    if (!grad.defined()) continue;
+    QLORA_RETURN_IF_ERROR(OnGradientReady(i, grad));
+    grad.reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(
+    int stage, const StrategyOptions& options, comm::Communicator& communicator,
+    std::vector<TrainableParam> params) {
+  ZeroPlan plan;
+  plan.stage = stage;
+  switch (stage) {
+    case 0: break;
+    case 1: plan.partition_optimizer = true; break;
+    case 2: plan.partition_optimizer = plan.partition_gradients = true; break;
+    case 3:
+      return absl::UnimplementedError("ZeRO stage 3 (partitioned base weights) is not supported");
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", stage, " is not 0-3"));
+  }
+  auto strategy =
+      std::make_unique<ZeroStrategy>(plan, options, communicator, std::move(params));
+  try {
+    QLORA_RETURN_IF_ERROR(strategy->Init());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("strategy init: ", e.what_without_backtrace()));
+  }
+  return std::unique_ptr<DistributedStrategy>(std::move(strategy));
+}
+
+}  // namespace qlora::strategy

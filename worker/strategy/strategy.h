@@ -1,0 +1,130 @@
+// DistributedStrategy: how the trainable (LoRA) parameters of a data-parallel job are reduced,
+// optimised and checkpointed under a ZeRO stage. MakeStrategy turns the resolved stage into one;
+// nothing outside the strategies asks which stage a job runs (DESIGN.md principle 1).
+//
+// Contract with the training engine, per optimizer step (gradient accumulation of G micro-batches):
+//
+//   auto scale = strategy->LossScale(local_target_tokens_of_this_step);   // collective
+//   for each of the G micro-batches:
+//     loss = sum over the micro-batch's target tokens of token losses, times scale->scale
+//     loss.backward()   // from autograd hooks: OnGradientReady(i, grad) as gradients appear,
+//                       // or afterwards: TakeGradsFromParams()
+//     strategy->EndMicroBatch();                                           // collective (stage 2)
+//   auto report = strategy->Step(lr);                                      // collective
+//   // params now hold the updated weights on every rank
+//
+// Gradients are SUMMED over ranks and micro-batches; LossScale gives 1 / (target tokens of the
+// whole global batch), so the result is the gradient of the mean token loss of the global batch,
+// which is what one process with the same global batch computes.
+//
+// Every method except Memory() and the accessors is a collective: all ranks call it in the same
+// order. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/comm/communicator.h"
+#include "worker/optim/adamw.h"
+
+namespace qlora::strategy {
+
+// One trainable parameter, as the engine owns it (a leaf tensor, any floating dtype, on the
+// communicator's device). Order and names must be identical on every rank.
+struct TrainableParam {
+  std::string name;
+  at::Tensor tensor;
+};
+
+struct StrategyOptions {
+  optim::AdamWOptions adamw;
+  double max_grad_norm = 1.0;            // <= 0: no clipping
+  int64_t bucket_elements = 500000000;   // DeepSpeed's reduce_bucket_size default
+  absl::Duration collective_timeout = absl::Minutes(5);
+};
+
+// Bytes this rank holds for the trainable parameters (not the model itself).
+struct MemoryReport {
+  int64_t master_bytes = 0;       // fp32 master weights
+  int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq
+  int64_t gradient_bytes = 0;     // accumulated gradients kept between micro-batches
+  int64_t comm_buffer_bytes = 0;  // peak of transient communication buffers so far
+  int64_t total() const {
+    return master_bytes + optimizer_bytes + gradient_bytes + comm_buffer_bytes;
+  }
+};
+
+struct LossScale {
+  int64_t global_target_tokens = 0;
+  double scale = 0;  // 1 / global_target_tokens
+};
+
+struct StepReport {
+  int64_t step = 0;              // optimizer steps taken, this one included
+  double lr = 0;
+  double grad_norm = 0;          // global L2 norm before clipping
+  double clip_coefficient = 1;   // what the gradients were multiplied by
+};
+
+struct ResumeReport {
+  int64_t step = 0;           // optimizer steps the checkpoint had taken
+  int saved_world_size = 0;
+  int saved_stage = 0;
+  bool repartitioned = false;  // saved and current partitioning differ
+  std::string description;     // one line for the job log
+};
+
+class DistributedStrategy {
+ public:
+  virtual ~DistributedStrategy() = default;
+
+  // All-reduces the number of target tokens this rank trains on in the current optimizer step
+  // (all its micro-batches) and returns 1 / the global count. INVALID_ARGUMENT when that is 0.
+  virtual absl::StatusOr<LossScale> ComputeLossScale(int64_t local_target_tokens) = 0;
+
+  // `grad` is parameter `param_index`'s gradient from the current micro-batch (its shape). Call
+  // once per parameter and micro-batch, in any order; parameters never reported count as zero.
+  virtual absl::Status OnGradientReady(int param_index, const at::Tensor& grad) = 0;
+
+  // For engines that let autograd accumulate into .grad(): reports every defined .grad() (last
+  // parameter first, the order of backward) and resets it.
+  absl::Status TakeGradsFromParams();
+
+  // After each micro-batch's backward.
+  virtual absl::Status EndMicroBatch() = 0;
+
+  // At the accumulation boundary: reduce, clip by the global norm, AdamW with `lr`, write the
+  // updated values into the parameters on every rank, clear the gradients.
+  virtual absl::StatusOr<StepReport> Step(double lr) = 0;
+
+  virtual int64_t steps_taken() const = 0;
+  virtual MemoryReport Memory() const = 0;
+
+  // At an accumulation boundary. Every rank writes its partition of the fp32 master weights and
+  // AdamW state into `dir`; rank 0 then writes manifest.json, so a directory with a manifest is a
+  // complete checkpoint.
+  virtual absl::Status SaveCheckpoint(const std::string& dir) = 0;
+
+  // Restores a checkpoint written with any world size and stage (re-partitioning as needed);
+  // the parameters hold the restored weights afterwards.
+  virtual absl::StatusOr<ResumeReport> LoadCheckpoint(const std::string& dir) = 0;
+
+  // The fp32 master weights of every parameter, gathered (for the final adapter). Collective.
+  virtual absl::StatusOr<std::vector<at::Tensor>> GatherMasterWeights() = 0;
+
+  virtual const std::vector<TrainableParam>& params() const = 0;
+};
+
+// Stage 0, 1 or 2 (UNIMPLEMENTED for 3). Collective: broadcasts rank 0's parameter values so
+// that every rank starts from the same weights. `communicator` must outlive the strategy.
+absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(
+    int stage, const StrategyOptions& options, comm::Communicator& communicator,
+    std::vector<TrainableParam> params);
+
+}  // namespace qlora::strategy

@@ -1,0 +1,93 @@
+// ZeroStrategy implements DistributedStrategy for ZeRO stages 0-2 from one plan of what is
+// partitioned (the factory, make_strategy.cc, is the only place that maps a stage to a plan):
+//   stage 0: nothing      - replicated fp32 master + AdamW state; full gradients all-reduced in
+//                           buckets at the boundary.
+//   stage 1: optimizer    - fp32 master + AdamW state for this rank's partition only; full
+//                           gradients kept until the boundary, then reduce-scattered to owners.
+//   stage 2: + gradients  - gradients reduced to their owners bucket by bucket as backward
+//                           produces them; each rank keeps only its partition's sum.
+// Stages 1 and 2 all-gather the updated partitions into the parameters after each step.
+// Internal to worker/strategy.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "worker/comm/communicator.h"
+#include "worker/optim/adamw.h"
+#include "worker/strategy/flat_layout.h"
+#include "worker/strategy/strategy.h"
+
+namespace qlora::strategy {
+
+struct ZeroPlan {
+  int stage = 0;                     // for reports and manifests only
+  bool partition_optimizer = false;  // master + AdamW state for own partition only
+  bool partition_gradients = false;  // reduce during backward, keep own partition only
+};
+
+class ZeroStrategy final : public DistributedStrategy {
+ public:
+  // Use MakeStrategy; Init() must succeed before anything else.
+  ZeroStrategy(const ZeroPlan& plan, const StrategyOptions& options,
+               comm::Communicator& communicator, std::vector<TrainableParam> params);
+  absl::Status Init();
+
+  absl::StatusOr<LossScale> ComputeLossScale(int64_t local_target_tokens) override;
+  absl::Status OnGradientReady(int param_index, const at::Tensor& grad) override;
+  absl::Status EndMicroBatch() override;
+  absl::StatusOr<StepReport> Step(double lr) override;
+  int64_t steps_taken() const override { return adamw_->step(); }
+  MemoryReport Memory() const override;
+  absl::Status SaveCheckpoint(const std::string& dir) override;
+  absl::StatusOr<ResumeReport> LoadCheckpoint(const std::string& dir) override;
+  absl::StatusOr<std::vector<at::Tensor>> GatherMasterWeights() override;
+  const std::vector<TrainableParam>& params() const override { return params_; }
+
+ private:
+  // Stage 2: a run of consecutive parameters (contiguous in the flat buffer) reduced together.
+  struct Bucket {
+    FlatRange range;
+    int first_param = 0;
+    int last_param = 0;     // inclusive
+    int pending = 0;        // parameters not yet reported in this micro-batch
+    at::Tensor staging;     // (range.size(),) fp32 while filling, undefined otherwise
+  };
+
+  absl::Status Collective(const absl::Status& status);
+  at::TensorOptions Fp32() const;
+  FlatRange Owned() const;  // the flat range this rank keeps master + AdamW state for
+  void NoteCommBuffer(int64_t bytes);
+
+  // Stage 2 buckets.
+  void PlanBuckets();
+  absl::Status LaunchReadyBuckets(bool flush);
+
+  // Rebuilds the full flat fp32 parameter buffer from the owned masters (all-gather when
+  // partitioned) and copies it into the parameters.
+  absl::Status PublishMaster();
+  absl::StatusOr<at::Tensor> FullMaster();
+
+  ZeroPlan plan_;
+  StrategyOptions options_;
+  comm::Communicator& comm_;
+  std::vector<TrainableParam> params_;
+  FlatLayout layout_;
+
+  at::Tensor master_;         // (Owned().size(),) fp32
+  std::unique_ptr<optim::AdamW> adamw_;
+  at::Tensor grad_;           // (padded_numel,) fp32 for stages 0-1; (partition_numel,) for 2
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;
+  std::vector<bool> reported_;  // this micro-batch
+  int next_bucket_ = 0;
+  int64_t live_comm_bytes_ = 0;
+  int64_t peak_comm_bytes_ = 0;
+  absl::Status broken_;
+};
+
+}  // namespace qlora::strategy
