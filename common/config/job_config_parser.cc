@@ -51,6 +51,7 @@ const std::vector<std::string>& LlamaLinearModules() {
 // Things the parser learns besides the config itself, for the rules that span sections.
 struct Presence {
   bool adapter = false;
+  bool quantization_written = false;
   bool validation_fraction = false;
 };
 
@@ -419,13 +420,14 @@ absl::Status ReadData(const MapReader& top, DataConfig* d, Presence* presence) {
 absl::Status CheckCrossFieldRules(const ErrorSite& site, const JobConfig& c,
                                   const Presence& presence) {
   if (!presence.adapter) {
-    if (c.quantization.enabled) {
+    if (presence.quantization_written && c.quantization.enabled) {
       return site.ErrorAt(
           "quantization",
           "4-bit quantization requires a LoRA adapter (the quantized base weights are frozen "
           "and only the adapter trains): add `adapter: {type: lora}`");
     }
-    return site.Error(0, "adapter", "missing; this service trains LoRA adapters only: add "
+    return site.Error(0, "adapter", "missing; this service trains LoRA adapters (on a 4-bit "
+                                    "base unless `quantization: null`): add "
                                     "`adapter: {type: lora}`");
   }
   if (c.trainer.type != "finetune") {
@@ -560,6 +562,7 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   QLORA_RETURN_IF_ERROR(ReadFeatures(top, "input_features", &c.input_features));
   QLORA_RETURN_IF_ERROR(ReadFeatures(top, "output_features", &c.output_features));
   QLORA_RETURN_IF_ERROR(ReadAdapter(top, &c, &presence));
+  presence.quantization_written = top.Get("quantization").IsDefined();
   QLORA_RETURN_IF_ERROR(ReadQuantization(top, &c.quantization));
   QLORA_RETURN_IF_ERROR(ReadBackend(top, c.quantization, &c.backend));
   QLORA_RETURN_IF_ERROR(ReadTrainer(top, &c.trainer));

@@ -10,6 +10,13 @@
 //   data: {format: auto, prompt_template: "...", max_sequence_length: 512, packing: false,
 //          malformed_records: fail, validation_fraction: 0.0}
 //
+// Defaults that differ from Ludwig's (this is a QLoRA service; the JobConfig member initializers
+// hold the rest):
+//   quantization absent: 4-bit NF4 (`quantization: null` turns it off);
+//   input_features / output_features absent: [{name: instruction}] / [{name: output}];
+//   adapter: required (only LoRA is trained); target_modules absent: [q_proj, v_proj];
+//   backend.trainer.strategy absent: deepspeed with the stage chosen below.
+//
 // Shapes that Ludwig leaves open, as this parser reads them:
 //   trainer.optimizer: a mapping {type: adamw|adam, weight_decay: 0.0, betas: [0.9, 0.999],
 //       eps: 1e-8}, or the bare type name (`optimizer: adamw`). Paged and 8-bit optimizers are
