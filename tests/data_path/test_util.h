@@ -36,9 +36,14 @@ inline std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// $QLORA_PYTHON when it names an existing file, else "".
+// $QLORA_PYTHON, else the QLORA_PYTHON the build was configured with (tests/data/CMakeLists.txt
+// compiles it in because the shared test helper's ENVIRONMENT property currently passes only
+// its first variable); "" when neither names an existing file.
 inline std::string ReferencePython() {
   const char* python = std::getenv("QLORA_PYTHON");
+#ifdef QLORA_CONFIGURED_PYTHON
+  if (python == nullptr || *python == '\0') python = QLORA_CONFIGURED_PYTHON;
+#endif
   if (python == nullptr || *python == '\0' || !std::filesystem::exists(python)) return "";
   return python;
 }

@@ -1,0 +1,114 @@
+// Tokenizers against the reference: the Python libraries train small tokenizers (byte-level
+// BPE with the LLaMA-3 pre-tokenizer, GPT-2-style byte-level BPE, SentencePiece BPE and
+// unigram with byte fallback) and write the ids HF tokenizers/transformers/sentencepiece give
+// on a stress corpus; our ids must be identical.
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/data_path/test_util.h"
+#include "worker/data/tokenizer.h"
+
+namespace qlora::data {
+namespace {
+
+class DataTokenizerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    python_ = ReferencePython();
+    if (python_.empty()) return;
+    dir_ = new TempDir();
+    std::string script =
+        absl::StrCat(std::getenv("QLORA_SOURCE_DIR"), "/tests/data_path/make_tokenizers.py");
+    std::string command = absl::StrCat(python_, " ", script, " ", dir_->path());
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    expected_ = new nlohmann::json(
+        nlohmann::json::parse(ReadFile(dir_->path() + "/expected.json")));
+  }
+  static void TearDownTestSuite() {
+    delete expected_;
+    delete dir_;
+    expected_ = nullptr;
+    dir_ = nullptr;
+  }
+  void SetUp() override {
+    if (python_.empty()) GTEST_SKIP() << "QLORA_PYTHON is not set: no reference tokenizers";
+    ASSERT_NE(expected_, nullptr);
+  }
+
+  static std::string python_;
+  static TempDir* dir_;
+  static nlohmann::json* expected_;
+};
+std::string DataTokenizerTest::python_;
+TempDir* DataTokenizerTest::dir_ = nullptr;
+nlohmann::json* DataTokenizerTest::expected_ = nullptr;
+
+TEST_P(DataTokenizerTest, IdsEqualReferenceOnStressCorpus) {
+  const std::string name = GetParam();
+  const nlohmann::json& want = (*expected_)[name];
+  auto tokenizer = LoadTokenizer(dir_->path() + "/" + name);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const auto& texts = want["texts"];
+  ASSERT_GT(texts.size(), 30u);
+  int unigram_ties = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string text = texts[i].get<std::string>();
+    auto ids = (*tokenizer)->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    const auto reference = want["ids"][i].get<std::vector<int32_t>>();
+    if (name == "spm_unigram" && *ids != reference) {
+      // Known library difference: Debian's libsentencepiece 0.1.97 (linked here) and the
+      // Python wheel 0.2.x break ties between equally scored unigram segmentations of
+      // whitespace runs differently (e.g. "▁▁▁" "▁" vs "▁" "▁▁▁"). Accept only such ties:
+      // same piece count, same text.
+      ++unigram_ties;
+      EXPECT_EQ(ids->size(), reference.size()) << "text #" << i;
+      EXPECT_EQ(*(*tokenizer)->Decode(*ids), *(*tokenizer)->Decode(reference)) << "text #" << i;
+      continue;
+    }
+    EXPECT_EQ(*ids, reference) << name << " text #" << i;
+    EXPECT_EQ(*ids, want["transformers_ids"][i].get<std::vector<int32_t>>()) << name;
+    // What transformers adds around a sequence, from tokenizer_config / the post-processor.
+    std::vector<int32_t> full;
+    const SpecialTokens& special = (*tokenizer)->special();
+    if (special.add_bos) full.push_back(special.bos_id);
+    full.insert(full.end(), ids->begin(), ids->end());
+    if (special.add_eos) full.push_back(special.eos_id);
+    EXPECT_EQ(full, want["full"][i].get<std::vector<int32_t>>()) << name << " text #" << i;
+    auto decoded = (*tokenizer)->Decode(*ids);
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_EQ(*decoded, want["decoded"][i].get<std::string>()) << name << " text #" << i;
+  }
+  EXPECT_LE(unigram_ties, 4) << "more unigram tie differences than the known whitespace cases";
+  EXPECT_EQ((*tokenizer)->special().eos_id, want["eos_id"].get<int32_t>());
+  if (want["bos_id"].get<int32_t>() >= 0)
+    EXPECT_EQ((*tokenizer)->special().bos_id, want["bos_id"].get<int32_t>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Reference, DataTokenizerTest,
+                         ::testing::Values("bpe_llama3", "bpe_llama3_legacy_merges", "bpe_gpt2",
+                                           "spm_bpe", "spm_unigram"));
+
+TEST(DataTokenizerLoadTest, MissingFolderIsNotFound) {
+  auto tokenizer = LoadTokenizer("/nonexistent/model");
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(DataTokenizerLoadTest, UnsupportedTokenizerJsonIsRefusedClearly) {
+  TempDir dir;
+  WriteFile(dir.path() + "/tokenizer.json",
+            R"({"normalizer": null, "pre_tokenizer": {"type": "Metaspace"},
+                "model": {"type": "BPE", "vocab": {}, "merges": []}})");
+  auto tokenizer = LoadTokenizer(dir.path());
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(std::string(tokenizer.status().message()).find("Metaspace"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qlora::data

@@ -1,0 +1,285 @@
+// The Tokenizer for HF tokenizer.json files with a byte-level BPE model (LLaMA-3, Qwen-2,
+// GPT-2 style). What is supported is listed in tokenizer.h.
+#include <deque>
+#include <fstream>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "worker/data/added_tokens.h"
+#include "worker/data/bpe_model.h"
+#include "worker/data/byte_level.h"
+#include "worker/data/regex_splitter.h"
+#include "worker/data/tokenizer.h"
+#include "worker/data/tokenizer_config.h"
+
+namespace qlora::data {
+namespace {
+
+using Json = nlohmann::json;
+
+// One pre-tokenizer stage: prepend a space to pieces that lack one, and/or split them.
+struct PreTokenizeStep {
+  bool prefix_space = false;
+  std::optional<RegexSplitter> split;
+};
+
+std::string TypeOf(const Json& node) {
+  return node.is_object() && node.contains("type") && node["type"].is_string()
+             ? node["type"].get<std::string>()
+             : std::string();
+}
+
+absl::Status ParsePreTokenizer(const Json& node, std::vector<PreTokenizeStep>* steps,
+                               bool* byte_level) {
+  if (node.is_null()) return absl::OkStatus();
+  const std::string type = TypeOf(node);
+  if (type == "Sequence") {
+    for (const Json& child : node.value("pretokenizers", Json::array()))
+      QLORA_RETURN_IF_ERROR(ParsePreTokenizer(child, steps, byte_level));
+    return absl::OkStatus();
+  }
+  if (type == "Split") {
+    const Json& pattern = node.value("pattern", Json::object());
+    std::string regex;
+    if (pattern.contains("Regex")) {
+      regex = pattern["Regex"].get<std::string>();
+    } else if (pattern.contains("String")) {
+      regex = RegexSplitter::QuoteLiteral(pattern["String"].get<std::string>());
+    } else {
+      return absl::InvalidArgumentError("tokenizer.json: Split pre-tokenizer without a pattern");
+    }
+    const std::string behavior = node.value("behavior", std::string("Isolated"));
+    if (node.value("invert", false) || (behavior != "Isolated" && behavior != "Removed"))
+      return absl::UnimplementedError(absl::StrCat(
+          "tokenizer.json: Split behavior '", behavior, "' (or invert) is not supported"));
+    QLORA_ASSIGN_OR_RETURN(RegexSplitter splitter,
+                           RegexSplitter::Compile(regex, behavior == "Isolated"
+                                                             ? RegexSplitter::Behavior::kIsolated
+                                                             : RegexSplitter::Behavior::kRemoved));
+    steps->push_back({false, std::move(splitter)});
+    return absl::OkStatus();
+  }
+  if (type == "ByteLevel") {
+    *byte_level = true;
+    PreTokenizeStep step;
+    step.prefix_space = node.value("add_prefix_space", false);
+    if (node.value("use_regex", true)) {
+      QLORA_ASSIGN_OR_RETURN(RegexSplitter splitter,
+                             RegexSplitter::Compile(kGpt2SplitPattern,
+                                                    RegexSplitter::Behavior::kIsolated));
+      step.split = std::move(splitter);
+    }
+    if (step.prefix_space || step.split) steps->push_back(std::move(step));
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("tokenizer.json: pre_tokenizer '", type, "' is not supported"));
+}
+
+// BOS/EOS implied by a TemplateProcessing post-processor (possibly inside a Sequence).
+void ParsePostProcessor(const Json& node, SpecialTokens* special) {
+  const std::string type = TypeOf(node);
+  if (type == "Sequence") {
+    for (const Json& child : node.value("processors", Json::array()))
+      ParsePostProcessor(child, special);
+    return;
+  }
+  if (type != "TemplateProcessing") return;
+  const Json& specials = node.value("special_tokens", Json::object());
+  bool after_sequence = false;
+  for (const Json& item : node.value("single", Json::array())) {
+    if (item.contains("Sequence")) {
+      after_sequence = true;
+      continue;
+    }
+    if (!item.contains("SpecialToken")) continue;
+    const std::string name = item["SpecialToken"].value("id", std::string());
+    if (!specials.contains(name) || specials[name].value("ids", Json::array()).empty()) continue;
+    const int32_t id = specials[name]["ids"][0].get<int32_t>();
+    if (after_sequence) {
+      special->eos_id = id;
+      special->add_eos = true;
+    } else {
+      special->bos_id = id;
+      special->add_bos = true;
+    }
+  }
+}
+
+class HfBpeTokenizer : public Tokenizer {
+ public:
+  HfBpeTokenizer(AddedTokenSplitter added, std::vector<PreTokenizeStep> steps, BpeModel bpe,
+                 std::vector<std::string> id_to_bytes)
+      : added_(std::move(added)),
+        steps_(std::move(steps)),
+        bpe_(std::move(bpe)),
+        id_to_bytes_(std::move(id_to_bytes)) {}
+  SpecialTokens* mutable_special() { return &special_; }
+
+  absl::Status EncodeTo(absl::string_view text, std::vector<int32_t>* ids) const override {
+    std::vector<absl::string_view> pieces, next;
+    std::deque<std::string> owned;  // pieces that gained a prefix space
+    added_.Split(
+        text,
+        [&](absl::string_view segment) {
+          pieces.assign(1, segment);
+          for (const PreTokenizeStep& step : steps_) {
+            if (step.prefix_space) {
+              for (absl::string_view& piece : pieces) {
+                if (!piece.empty() && piece[0] == ' ') continue;
+                owned.push_back(absl::StrCat(" ", piece));
+                piece = owned.back();
+              }
+            }
+            if (step.split) {
+              next.clear();
+              for (absl::string_view piece : pieces) step.split->Split(piece, &next);
+              pieces.swap(next);
+            }
+          }
+          for (absl::string_view piece : pieces) bpe_.Encode(piece, ids);
+        },
+        [&](int32_t id) { ids->push_back(id); });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    std::string text;
+    for (int32_t id : ids) {
+      if (id < 0 || static_cast<size_t>(id) >= id_to_bytes_.size())
+        return absl::OutOfRangeError(absl::StrCat("token id ", id, " is outside the vocabulary"));
+      text += id_to_bytes_[id];
+    }
+    return text;
+  }
+
+  int32_t TokenToId(absl::string_view token) const override {
+    int32_t id = added_.Find(token);
+    if (id >= 0) return id;
+    std::string raw;
+    return ByteLevelDecode(token, &raw) ? bpe_.Find(raw) : -1;
+  }
+  int32_t vocab_size() const override { return static_cast<int32_t>(id_to_bytes_.size()); }
+  std::string kind() const override { return "tokenizer.json (byte-level BPE)"; }
+
+ private:
+  AddedTokenSplitter added_;
+  std::vector<PreTokenizeStep> steps_;
+  BpeModel bpe_;
+  std::vector<std::string> id_to_bytes_;  // what Decode prints for each id
+};
+
+absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> Build(const Json& root) {
+  const Json& normalizer = root.value("normalizer", Json());
+  if (!normalizer.is_null())
+    return absl::UnimplementedError(absl::StrCat("tokenizer.json: normalizer '",
+                                                 TypeOf(normalizer), "' is not supported"));
+  std::vector<PreTokenizeStep> steps;
+  bool byte_level = false;
+  QLORA_RETURN_IF_ERROR(ParsePreTokenizer(root.value("pre_tokenizer", Json()), &steps, &byte_level));
+  const Json& model = root.value("model", Json::object());
+  if (TypeOf(model) != "BPE" && !(model.contains("merges") && model.contains("vocab")))
+    return absl::UnimplementedError(absl::StrCat("tokenizer.json: model '", TypeOf(model),
+                                                 "' is not supported (byte-level BPE only)"));
+  if (!byte_level)
+    return absl::UnimplementedError(
+        "tokenizer.json: only byte-level BPE is supported (no ByteLevel pre-tokenizer found)");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(key) && !model[key].is_null() && !model[key].get<std::string>().empty())
+      return absl::UnimplementedError(absl::StrCat("tokenizer.json: BPE ", key, " is not supported"));
+
+  std::vector<std::string> id_to_bytes;
+  auto set_id = [&](int32_t id, std::string bytes) {
+    if (id < 0) return;
+    if (static_cast<size_t>(id) >= id_to_bytes.size()) id_to_bytes.resize(id + 1);
+    id_to_bytes[id] = std::move(bytes);
+  };
+  absl::flat_hash_map<std::string, int32_t> vocab;
+  const Json vocab_json = model.value("vocab", Json::object());  // items() needs a named owner
+  for (const auto& [spelled, id_json] : vocab_json.items()) {
+    const int32_t id = id_json.get<int32_t>();
+    std::string raw;
+    if (ByteLevelDecode(spelled, &raw)) {
+      vocab.emplace(raw, id);
+      set_id(id, std::move(raw));
+    } else {
+      set_id(id, spelled);  // unreachable by byte-level BPE; decoded as written
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> merges;
+  for (const Json& merge : model.value("merges", Json::array())) {
+    std::string left, right;
+    if (merge.is_string()) {  // legacy "a b"
+      const std::string text = merge.get<std::string>();
+      size_t space = text.find(' ');
+      if (space == std::string::npos)
+        return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: bad merge '", text, "'"));
+      left = text.substr(0, space);
+      right = text.substr(space + 1);
+    } else if (merge.is_array() && merge.size() == 2) {
+      left = merge[0].get<std::string>();
+      right = merge[1].get<std::string>();
+    } else {
+      return absl::InvalidArgumentError("tokenizer.json: a merge must be \"a b\" or [\"a\", \"b\"]");
+    }
+    std::string raw_left, raw_right;
+    if (!ByteLevelDecode(left, &raw_left) || !ByteLevelDecode(right, &raw_right))
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer.json: merge '", left, " ", right, "' is not byte-level"));
+    merges.emplace_back(std::move(raw_left), std::move(raw_right));
+  }
+  int32_t unk_id = -1;
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    std::string raw;
+    if (ByteLevelDecode(model["unk_token"].get<std::string>(), &raw)) {
+      auto it = vocab.find(raw);
+      if (it != vocab.end()) unk_id = it->second;
+    }
+  }
+  QLORA_ASSIGN_OR_RETURN(BpeModel bpe, BpeModel::Build(std::move(vocab), merges,
+                                                       model.value("ignore_merges", false), unk_id));
+  std::vector<AddedToken> added;
+  for (const Json& token : root.value("added_tokens", Json::array())) {
+    AddedToken t;
+    t.content = token.value("content", std::string());
+    t.id = token.value("id", -1);
+    t.lstrip = token.value("lstrip", false);
+    t.rstrip = token.value("rstrip", false);
+    t.single_word = token.value("single_word", false);
+    t.special = token.value("special", false);
+    if (t.content.empty() || t.id < 0) continue;
+    set_id(t.id, t.content);
+    added.push_back(std::move(t));
+  }
+  auto tokenizer = std::make_unique<HfBpeTokenizer>(AddedTokenSplitter(std::move(added)),
+                                                    std::move(steps), std::move(bpe),
+                                                    std::move(id_to_bytes));
+  ParsePostProcessor(root.value("post_processor", Json()), tokenizer->mutable_special());
+  return tokenizer;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfBpeTokenizer(const std::string& json_path,
+                                                              const std::string& config_path) {
+  std::ifstream in(json_path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", json_path));
+  std::unique_ptr<HfBpeTokenizer> tokenizer;
+  try {
+    Json root = Json::parse(in);
+    absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> built = Build(root);
+    if (!built.ok())
+      return absl::Status(built.status().code(),
+                          absl::StrCat(json_path, ": ", built.status().message()));
+    tokenizer = std::move(*built);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(json_path, ": ", e.what()));
+  }
+  QLORA_ASSIGN_OR_RETURN(TokenizerConfig config, ReadTokenizerConfig(config_path));
+  QLORA_RETURN_IF_ERROR(ApplyTokenizerConfig(config, *tokenizer, tokenizer->mutable_special()));
+  return std::unique_ptr<Tokenizer>(std::move(tokenizer));
+}
+
+}  // namespace qlora::data
