@@ -2,13 +2,28 @@
 // then the raw little-endian data at the header's data_offsets.
 #include "worker/strategy/partition_file.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 
 namespace qlora::strategy {
+
+absl::Status MakeDirectories(const std::string& dir) {
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/') continue;
+    const std::string prefix = dir.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrCat("creating ", prefix, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status WritePartitionFile(const std::string& path,
                                 const std::map<std::string, std::string>& metadata,

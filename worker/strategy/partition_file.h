@@ -21,6 +21,10 @@ struct NamedFloats {
   int64_t numel;
 };
 
+// Creates `dir` and its parents (POSIX mkdir: std::filesystem is unusable in processes that load
+// libtorch.so, which exports an incompatible copy of it).
+absl::Status MakeDirectories(const std::string& dir);
+
 // Writes atomically (temporary file, then rename).
 absl::Status WritePartitionFile(const std::string& path,
                                 const std::map<std::string, std::string>& metadata,

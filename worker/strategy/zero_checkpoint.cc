@@ -8,7 +8,6 @@
 // index space is the same for every world size, only the padding at its end differs
 // (DeepSpeed's universal checkpoint reaches the same end offline).
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -33,7 +32,7 @@ std::string PartitionName(int rank, int world) {
 }
 
 absl::StatusOr<nlohmann::json> ReadManifest(const std::string& dir) {
-  std::ifstream in(std::filesystem::path(dir) / kManifest);
+  std::ifstream in(dir + "/" + kManifest);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(dir, " has no ", kManifest, " (not a complete checkpoint)"));
   }
@@ -58,16 +57,12 @@ absl::Status ZeroStrategy::SaveCheckpoint(const std::string& dir) {
     state.push_back(t.slice(0, part.begin - owned.begin, part.end - owned.begin)
                         .to(at::kCPU).contiguous());
   }
-  absl::Status written;
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) {
-    written = absl::InternalError(absl::StrCat("creating ", dir, ": ", error.message()));
-  } else {
+  absl::Status written = MakeDirectories(dir);
+  if (written.ok()) {
     std::vector<NamedFloats> tensors;
     for (int i = 0; i < 3; ++i) tensors.push_back({kStateNames[i], state[i].data_ptr<float>(), part.size()});
     written = WritePartitionFile(
-        (std::filesystem::path(dir) / PartitionName(rank, world)).string(),
+        absl::StrCat(dir, "/", PartitionName(rank, world)),
         {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)},
          {"step", std::to_string(adamw_->step())}, {"begin", std::to_string(part.begin)},
          {"end", std::to_string(part.end)}},
@@ -103,14 +98,14 @@ absl::Status ZeroStrategy::SaveCheckpoint(const std::string& dir) {
                                     {"numel", layout_.Param(i).size()}});
     }
     for (int r = 0; r < world; ++r) manifest["partitions"].push_back(PartitionName(r, world));
-    const std::filesystem::path path = std::filesystem::path(dir) / kManifest;
+    const std::string path = absl::StrCat(dir, "/", kManifest);
     {
-      std::ofstream out(path.string() + ".tmp", std::ios::trunc);
+      std::ofstream out(path + ".tmp", std::ios::trunc);
       out << manifest.dump(2) << "\n";
-      if (!out) written = absl::InternalError(absl::StrCat("writing ", path.string(), " failed"));
+      if (!out) written = absl::InternalError(absl::StrCat("writing ", path, " failed"));
     }
-    if (written.ok() && std::rename((path.string() + ".tmp").c_str(), path.c_str()) != 0) {
-      written = absl::InternalError(absl::StrCat("renaming to ", path.string(), " failed"));
+    if (written.ok() && std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+      written = absl::InternalError(absl::StrCat("renaming to ", path, " failed"));
     }
   }
   QLORA_RETURN_IF_ERROR(Collective(comm_.Broadcast(failures.fill_(written.ok() ? 0.0 : 1.0), 0,
@@ -161,7 +156,7 @@ absl::StatusOr<ResumeReport> ZeroStrategy::LoadCheckpoint(const std::string& dir
       if (from.size() == 0) continue;
       QLORA_ASSIGN_OR_RETURN(
           PartitionFileReader file,
-          PartitionFileReader::Open((std::filesystem::path(dir) / files[q]).string()));
+          PartitionFileReader::Open(absl::StrCat(dir, "/", files[q])));
       if (file.metadata().count("step") == 0 ||
           file.metadata().at("step") != std::to_string(report.step)) {
         return absl::DataLossError(absl::StrCat(dir, "/", files[q], " is from another step"));

@@ -1,0 +1,193 @@
+// ZeRO strategies over Gloo with ranks as threads: every stage at every world size reproduces one
+// process with the same global batch; stages 1 and 2 hold 1/world of the optimizer state and
+// stage 2 1/world of the gradients; checkpoints resume exactly, also on another world size.
+//
+// Tolerance: the strategies sum the same fp32 gradients in another order than the reference
+// (per rank and micro-batch, then across ranks), a relative difference of a few fp32 ulps
+// (~1e-7) per gradient element. AdamW's update lr * m / (sqrt(v) + eps) is scale-invariant in
+// the gradient, so that difference reaches the weights as ~1e-7 x lr per step: after 6 steps at
+// lr <= 0.05 well under 1e-7 of a weight of size ~1. We assert 1e-6 relative (to max(1, |w|)),
+// and assert exact equality where the arithmetic is the same (resume vs. uninterrupted run).
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/zero/gloo_world.h"
+#include "tests/zero/synthetic_problem.h"
+#include "tests/zero/temp_dir.h"
+
+namespace qlora {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::SyntheticProblem;
+
+constexpr double kTolerance = 1e-6;
+constexpr int kSteps = 6;
+
+struct RunResult {
+  std::vector<std::vector<at::Tensor>> params;  // per rank
+  std::vector<strategy::MemoryReport> memory;   // per rank
+  std::vector<strategy::ResumeReport> resumed;  // per rank, when loading
+};
+
+struct RunSpec {
+  int stage = 0;
+  int world = 1;
+  int from = 0;
+  int to = kSteps;
+  std::string load;
+  std::string save;
+  int64_t bucket_elements = 40;  // several stage-2 buckets, one parameter larger than a bucket
+};
+
+RunResult RunWorld(const SyntheticProblem& p, const RunSpec& spec) {
+  RunResult result;
+  result.params.resize(spec.world);
+  result.memory.resize(spec.world);
+  result.resumed.resize(spec.world);
+  auto statuses = testing::RunGlooWorld(spec.world, [&](int rank, comm::Communicator& c) {
+    strategy::StrategyOptions options;
+    options.adamw = p.adamw;
+    options.max_grad_norm = p.max_grad_norm;
+    options.bucket_elements = spec.bucket_elements;
+    options.collective_timeout = absl::Seconds(30);
+    // Ranks other than 0 start from other values: the factory must broadcast rank 0's.
+    auto s = strategy::MakeStrategy(spec.stage, options, c,
+                                    p.MakeParams(spec.load.empty() ? rank : 7.0 + rank));
+    if (!s.ok()) return s.status();
+    if (!spec.load.empty()) {
+      auto resumed = (*s)->LoadCheckpoint(spec.load);
+      if (!resumed.ok()) return resumed.status();
+      result.resumed[rank] = *resumed;
+    }
+    absl::Status st = testing::TrainSteps(p, **s, spec.world, rank, spec.from, spec.to);
+    if (st.ok() && !spec.save.empty()) st = (*s)->SaveCheckpoint(spec.save);
+    for (const auto& param : (*s)->params()) result.params[rank].push_back(param.tensor.detach().clone());
+    result.memory[rank] = (*s)->Memory();
+    return st;
+  });
+  for (int r = 0; r < spec.world; ++r) EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+  return result;
+}
+
+TEST(ZeroStrategy, EveryStageAndWorldSizeMatchesOneProcess) {
+  SyntheticProblem p;
+  std::vector<double> clips;
+  const std::vector<at::Tensor> reference = testing::ReferenceTrain(p, kSteps, &clips);
+  // The run must exercise clipping and also steps without it.
+  EXPECT_THAT(clips, ::testing::Contains(::testing::Lt(1.0)));
+  EXPECT_THAT(clips, ::testing::Contains(1.0));
+  // And the weights must have moved, or equality would prove nothing.
+  EXPECT_GT(testing::MaxRelativeError(reference, testing::ReferenceTrain(p, 0)), 1e-2);
+  for (int stage : {0, 1, 2}) {
+    for (int world : {1, 2, 4}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + ", world " + std::to_string(world));
+      RunResult run = RunWorld(p, {stage, world});
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(run.params[r].size(), reference.size());
+        EXPECT_LE(testing::MaxRelativeError(run.params[r], reference), kTolerance) << "rank " << r;
+        EXPECT_EQ(testing::MaxRelativeError(run.params[r], run.params[0]), 0.0) << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST(ZeroStrategy, Stage1And2HoldTheirShareOfStateAndStage2OfGradients) {
+  SyntheticProblem p;
+  constexpr int kWorld = 4;
+  // 186 elements, padded to a multiple of 2 x 4 = 192, partitions of 48.
+  constexpr int64_t kPadded = 192, kPart = 48, kF = 4;
+  std::vector<strategy::MemoryReport> m;
+  for (int stage : {0, 1, 2}) {
+    RunResult run = RunWorld(p, {stage, kWorld, 0, 2});
+    for (int r = 1; r < kWorld; ++r) EXPECT_EQ(run.memory[r].total(), run.memory[0].total());
+    m.push_back(run.memory[0]);
+  }
+  EXPECT_EQ(m[0].master_bytes, kPadded * kF);
+  EXPECT_EQ(m[0].optimizer_bytes, 2 * kPadded * kF);
+  EXPECT_EQ(m[0].gradient_bytes, kPadded * kF);
+  for (int stage : {1, 2}) {
+    EXPECT_EQ(m[stage].master_bytes, kPart * kF) << stage;
+    EXPECT_EQ(m[stage].optimizer_bytes * kWorld, m[0].optimizer_bytes) << stage;
+  }
+  EXPECT_EQ(m[1].gradient_bytes, kPadded * kF);  // stage 1 keeps full gradients until the boundary
+  EXPECT_EQ(m[2].gradient_bytes * kWorld, m[0].gradient_bytes);
+  // Stage 2's transient buffers stay near one bucket, not the whole gradient.
+  EXPECT_LT(m[2].comm_buffer_bytes, kPadded * kF * 2);
+  EXPECT_GT(m[2].comm_buffer_bytes, 0);
+}
+
+TEST(ZeroStrategy, ResumeOnTheSameWorldSizeEqualsAnUninterruptedRun) {
+  SyntheticProblem p;
+  testing::TempDir tmp;
+  for (int stage : {0, 1, 2}) {
+    const std::string dir = tmp.Sub("stage" + std::to_string(stage));
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    RunResult whole = RunWorld(p, {stage, 2});
+    RunWorld(p, {stage, 2, 0, 3, "", dir});
+    ASSERT_TRUE(testing::FileExists(dir + "/manifest.json"));
+    RunResult resumed = RunWorld(p, {stage, 2, 3, kSteps, dir});
+    EXPECT_FALSE(resumed.resumed[0].repartitioned);
+    EXPECT_EQ(resumed.resumed[0].step, 3);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(testing::MaxRelativeError(resumed.params[r], whole.params[r]), 0.0) << "rank " << r;
+    }
+  }
+}
+
+TEST(ZeroStrategy, ResumeOnAnotherWorldSizeRepartitions) {
+  SyntheticProblem p;
+  const std::vector<at::Tensor> reference = testing::ReferenceTrain(p, kSteps);
+  struct Case { int stage_before, world_before, stage_after, world_after; };
+  testing::TempDir tmp;
+  int index = 0;
+  for (Case c : {Case{2, 4, 2, 2}, Case{1, 2, 1, 4}, Case{0, 2, 2, 4}, Case{2, 4, 0, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "stage " << c.stage_before << " x" << c.world_before
+                                      << " -> stage " << c.stage_after << " x" << c.world_after);
+    const std::string dir = tmp.Sub("case" + std::to_string(index++));
+    RunWorld(p, {c.stage_before, c.world_before, 0, 3, "", dir});
+    RunResult resumed = RunWorld(p, {c.stage_after, c.world_after, 3, kSteps, dir});
+    const strategy::ResumeReport& report = resumed.resumed[0];
+    EXPECT_TRUE(report.repartitioned);
+    EXPECT_EQ(report.saved_world_size, c.world_before);
+    EXPECT_EQ(report.saved_stage, c.stage_before);
+    EXPECT_THAT(report.description, HasSubstr("re-partitioned"));
+    for (int r = 0; r < c.world_after; ++r) {
+      EXPECT_LE(testing::MaxRelativeError(resumed.params[r], reference), kTolerance) << "rank " << r;
+    }
+  }
+}
+
+TEST(ZeroStrategy, RefusesACheckpointOfOtherParameters) {
+  SyntheticProblem p;
+  testing::TempDir tmp;
+  const std::string dir = tmp.Sub("ckpt");
+  RunWorld(p, {1, 2, 0, 1, "", dir});
+  auto statuses = testing::RunGlooWorld(2, [&](int, comm::Communicator& c) {
+    SyntheticProblem other;
+    other.shapes[2] = {11, 12};
+    auto s = strategy::MakeStrategy(1, {}, c, other.MakeParams());
+    if (!s.ok()) return s.status();
+    return (*s)->LoadCheckpoint(dir).status();
+  });
+  for (const absl::Status& s : statuses) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("lora_2.weight"));
+  }
+}
+
+TEST(ZeroStrategy, FactoryKnowsStagesZeroToTwo) {
+  auto statuses = testing::RunGlooWorld(1, [&](int, comm::Communicator& c) {
+    SyntheticProblem p;
+    EXPECT_EQ(strategy::MakeStrategy(3, {}, c, p.MakeParams()).status().code(),
+              absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(strategy::MakeStrategy(5, {}, c, p.MakeParams()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(statuses[0].ok());
+}
+
+}  // namespace
+}  // namespace qlora
