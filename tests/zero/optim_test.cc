@@ -1,0 +1,128 @@
+// AdamW against torch.optim.AdamW and the LR schedules against transformers'
+// get_*_schedule_with_warmup, both run by the reference Python ($QLORA_PYTHON); clipping against
+// torch's closed form.
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/zero/temp_dir.h"
+#include "worker/optim/adamw.h"
+#include "worker/optim/clip.h"
+#include "worker/optim/lr_schedule.h"
+
+namespace qlora {
+namespace {
+
+// $QLORA_PYTHON, else the configured one (qlora_add_gtest's ENVIRONMENT list loses all but its
+// first entry, so the variable does not reach tests run by ctest).
+std::string ReferencePython() {
+  const char* python = std::getenv("QLORA_PYTHON");
+  if (python != nullptr && *python != '\0') return python;
+  return QLORA_CONFIGURED_PYTHON;
+}
+
+// Runs `script` with the reference Python and parses its stdout as JSON; null when unavailable.
+nlohmann::json RunPython(const std::string& script) {
+  const std::string python = ReferencePython();
+  if (python.empty() || !testing::FileExists(python)) return nullptr;
+  testing::TempDir tmp;
+  const std::string path = tmp.Sub("script.py");
+  std::ofstream(path) << script;
+  FILE* pipe = ::popen((python + " " + path + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int rc = ::pclose(pipe);
+  EXPECT_EQ(rc, 0) << out;
+  return nlohmann::json::parse(out, nullptr, false);
+}
+
+constexpr int kN = 37;
+constexpr int kSteps = 12;
+
+// The same tensors in both languages, built from torch ops on float32.
+at::Tensor InitialParam() { return at::sin(at::arange(kN, at::kFloat) * 0.37).mul(0.5); }
+at::Tensor Grad(int k) {
+  return at::cos(at::arange(kN, at::kFloat) * (0.1 + 0.01 * k)).mul(0.3 * (k + 1));
+}
+double Lr(int k) { return 1e-2 * (1.0 + 0.1 * k); }
+
+TEST(ZeroOptim, AdamWMatchesTorch) {
+  const nlohmann::json expected = RunPython(R"(
+import json, torch
+p = (torch.sin(torch.arange(37, dtype=torch.float32) * 0.37) * 0.5).requires_grad_()
+opt = torch.optim.AdamW([p], lr=1e-2, betas=(0.85, 0.99), eps=1e-6, weight_decay=0.05, foreach=False)
+for k in range(12):
+    p.grad = torch.cos(torch.arange(37, dtype=torch.float32) * (0.1 + 0.01 * k)) * (0.3 * (k + 1))
+    opt.param_groups[0]["lr"] = 1e-2 * (1.0 + 0.1 * k)
+    opt.step()
+st = opt.state[p]
+print(json.dumps({"param": p.detach().tolist(), "exp_avg": st["exp_avg"].tolist(),
+                  "exp_avg_sq": st["exp_avg_sq"].tolist()}))
+)");
+  if (expected.is_null()) GTEST_SKIP() << "QLORA_PYTHON not set or not runnable";
+  ASSERT_TRUE(expected.is_object());
+  optim::AdamW adamw({0.85, 0.99, 1e-6, 0.05}, kN, at::TensorOptions());
+  at::Tensor param = InitialParam();
+  for (int k = 0; k < kSteps; ++k) adamw.Step(Lr(k), param, Grad(k));
+  EXPECT_EQ(adamw.step(), kSteps);
+  auto compare = [&](const at::Tensor& ours, const char* name) {
+    at::Tensor theirs = at::tensor(expected[name].get<std::vector<double>>(), at::kDouble);
+    const double diff = (ours.to(at::kDouble) - theirs).abs().max().item<double>();
+    // Same ops in the same order on fp32: equal up to the last bit or two.
+    EXPECT_LE(diff, 1e-7 * std::max(1.0, theirs.abs().max().item<double>())) << name;
+  };
+  compare(param, "param");
+  compare(adamw.exp_avg(), "exp_avg");
+  compare(adamw.exp_avg_sq(), "exp_avg_sq");
+}
+
+TEST(ZeroOptim, SchedulesMatchTransformers) {
+  const nlohmann::json expected = RunPython(R"(
+import json, torch
+from transformers import (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup,
+                          get_cosine_schedule_with_warmup)
+out = {}
+for name, make in [("constant", lambda o: get_constant_schedule_with_warmup(o, 3)),
+                   ("linear", lambda o: get_linear_schedule_with_warmup(o, 3, 10)),
+                   ("cosine", lambda o: get_cosine_schedule_with_warmup(o, 3, 10))]:
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=2e-4)
+    sched = make(opt)
+    lrs = []
+    for _ in range(13):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step(); sched.step()
+    out[name] = lrs
+print(json.dumps(out))
+)");
+  if (expected.is_null()) GTEST_SKIP() << "QLORA_PYTHON not set or not runnable";
+  ASSERT_TRUE(expected.is_object());
+  for (const char* name : {"constant", "linear", "cosine"}) {
+    auto kind = optim::ParseLrScheduleKind(name);
+    ASSERT_TRUE(kind.ok());
+    optim::LrScheduleOptions o{*kind, 2e-4, 3, 10, 0.5};
+    const std::vector<double> lrs = expected[name].get<std::vector<double>>();
+    ASSERT_EQ(lrs.size(), 13u);
+    for (int k = 0; k < 13; ++k) {
+      EXPECT_NEAR(optim::LearningRate(o, k), lrs[k], 1e-12 * 2e-4) << name << " step " << k;
+    }
+  }
+  EXPECT_FALSE(optim::ParseLrScheduleKind("polynomial").ok());
+}
+
+TEST(ZeroOptim, ClipCoefficientIsTorchs) {
+  EXPECT_DOUBLE_EQ(optim::ClipCoefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6));
+  EXPECT_DOUBLE_EQ(optim::ClipCoefficient(0.5, 1.0), 1.0);
+  EXPECT_DOUBLE_EQ(optim::ClipCoefficient(100.0, 0.0), 1.0);  // clipping off
+}
+
+}  // namespace
+}  // namespace qlora
