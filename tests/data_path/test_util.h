@@ -49,3 +49,46 @@ inline std::string ReferencePython() {
 }
 
 }  // namespace qlora::data
+
+namespace qlora::data {
+
+// Ids of the byte tokenizer that WriteByteTokenizer writes: byte b is id b, then these.
+constexpr int kByteBos = 256, kByteEos = 257, kByteStartHeader = 258, kByteEndHeader = 259,
+              kByteEot = 260;
+
+// Writes a tokenizer.json whose ids are the raw bytes (no merges) plus LLaMA-3's chat tokens,
+// and a tokenizer_config.json: deterministic ids for tests that need no reference Python.
+inline void WriteByteTokenizer(const std::string& dir) {
+  std::string vocab;
+  int next = 0x100;
+  for (int b = 0; b < 256; ++b) {
+    // GPT-2 byte-level spelling: printable bytes as themselves, the rest from U+0100 up.
+    bool itself = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    int cp = itself ? b : next++;
+    std::string utf8;
+    if (cp < 0x80) {
+      utf8 = std::string(1, static_cast<char>(cp));
+    } else {
+      utf8 += static_cast<char>(0xC0 | (cp >> 6));
+      utf8 += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    if (utf8 == "\"" || utf8 == "\\") utf8 = "\\" + utf8;
+    vocab += (b ? "," : "") + std::string("\"") + utf8 + "\":" + std::to_string(b);
+  }
+  std::string added;
+  const char* names[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                         "<|end_header_id|>", "<|eot_id|>"};
+  for (int i = 0; i < 5; ++i)
+    added += std::string(i ? "," : "") + "{\"id\":" + std::to_string(256 + i) +
+             ",\"content\":\"" + names[i] + "\",\"special\":true}";
+  WriteFile(dir + "/tokenizer.json",
+            "{\"added_tokens\":[" + added + "],\"normalizer\":null,"
+            "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+            "\"post_processor\":null,\"model\":{\"type\":\"BPE\",\"vocab\":{" + vocab +
+            "},\"merges\":[]}}");
+  WriteFile(dir + "/tokenizer_config.json",
+            "{\"bos_token\":\"<|begin_of_text|>\",\"eos_token\":\"<|end_of_text|>\","
+            "\"add_bos_token\":true}");
+}
+
+}  // namespace qlora::data

@@ -1,0 +1,82 @@
+// Padding and first-fit packing into fixed-shape micro-batches (see batcher.h).
+#include "worker/data/batcher.h"
+
+#include <algorithm>
+
+namespace qlora::data {
+
+Batcher::Batcher(const BatchOptions& options) : options_(options), rows_(options.rows) {}
+
+std::optional<MicroBatch> Batcher::Add(Example example) {
+  if (example.input_ids.size() > static_cast<size_t>(options_.seq_len)) {  // cut the tail
+    example.input_ids.resize(options_.seq_len);
+    example.labels.resize(options_.seq_len);
+  }
+  const int length = static_cast<int>(example.input_ids.size());
+  std::optional<MicroBatch> done;
+  auto place = [&]() -> bool {
+    if (!options_.packing) {
+      if (filled_rows_ == options_.rows) return false;
+      rows_[filled_rows_].used = length;
+      rows_[filled_rows_++].examples.push_back(std::move(example));
+      return true;
+    }
+    for (Row& row : rows_) {
+      if (row.used + length <= options_.seq_len) {
+        row.used += length;
+        row.examples.push_back(std::move(example));
+        return true;
+      }
+    }
+    return false;
+  };
+  if (!place()) {
+    done = Emit();
+    place();
+  }
+  if (!options_.packing && filled_rows_ == options_.rows) done = Emit();
+  return done;
+}
+
+std::optional<MicroBatch> Batcher::Flush() {
+  for (const Row& row : rows_)
+    if (!row.examples.empty()) return Emit();
+  return std::nullopt;
+}
+
+MicroBatch Batcher::Emit() {
+  MicroBatch batch;
+  batch.rows = options_.rows;
+  batch.seq_len = options_.seq_len;
+  const size_t size = static_cast<size_t>(options_.rows) * options_.seq_len;
+  batch.input_ids.assign(size, options_.pad_id);
+  batch.labels.assign(size, kIgnoreIndex);
+  batch.position_ids.assign(size, 0);
+  batch.sequence_lengths.resize(options_.rows);
+  for (int r = 0; r < options_.rows; ++r) {
+    Row& row = rows_[r];
+    size_t at = static_cast<size_t>(r) * options_.seq_len;
+    for (Example& example : row.examples) {
+      const size_t n = example.input_ids.size();
+      std::copy(example.input_ids.begin(), example.input_ids.end(), batch.input_ids.begin() + at);
+      std::copy(example.labels.begin(), example.labels.end(), batch.labels.begin() + at);
+      batch.labels[at] = kIgnoreIndex;  // nothing predicts an example's first token
+      for (size_t i = 0; i < n; ++i) {
+        batch.position_ids[at + i] = static_cast<int32_t>(i);
+        batch.num_label_tokens += batch.labels[at + i] != kIgnoreIndex;
+      }
+      batch.sequence_lengths[r].push_back(static_cast<int32_t>(n));
+      batch.num_tokens += static_cast<int64_t>(n);
+      ++batch.num_examples;
+      at += n;
+    }
+    const size_t row_end = static_cast<size_t>(r + 1) * options_.seq_len;
+    for (size_t i = at; i < row_end; ++i) batch.position_ids[i] = static_cast<int32_t>(i - at);
+    row.examples.clear();
+    row.used = 0;
+  }
+  filled_rows_ = 0;
+  return batch;
+}
+
+}  // namespace qlora::data

@@ -1,0 +1,226 @@
+// Prompt templates, chat layout, masking and truncation (see example_builder.h).
+#include "worker/data/example_builder.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace qlora::data {
+namespace {
+
+constexpr char kChatTemplateName[] = "llama3_chat";
+
+std::string Title(absl::string_view column) {
+  std::string title(column);
+  for (char& c : title)
+    if (c == '_') c = ' ';
+  if (!title.empty()) title[0] = absl::ascii_toupper(title[0]);
+  return title;
+}
+
+}  // namespace
+
+absl::StatusOr<ExampleOptions> ExampleBuilder::OptionsFor(
+    DataFormat format, const std::vector<std::string>& input_columns,
+    const std::vector<std::string>& output_columns, const std::string& prompt_template,
+    int max_sequence_length) {
+  ExampleOptions options;
+  options.max_sequence_length = max_sequence_length;
+  options.prompt_template = prompt_template;
+  options.input_columns = input_columns;
+  if (max_sequence_length < 2)
+    return absl::InvalidArgumentError("data.max_sequence_length must be at least 2");
+  if (format == DataFormat::kText) {
+    options.layout = ExampleLayout::kText;
+    options.input_columns = {"text"};
+  } else if (prompt_template == kChatTemplateName ||
+             (input_columns.size() == 1 && input_columns[0] == "messages")) {
+    options.layout = ExampleLayout::kChat;
+    options.input_columns = {"messages"};
+  } else if (output_columns.empty()) {
+    if (input_columns.empty())
+      return absl::InvalidArgumentError("input_features: at least one column is needed");
+    options.layout = ExampleLayout::kText;
+  } else {
+    if (output_columns.size() > 1)
+      return absl::InvalidArgumentError("output_features: exactly one text column is supported");
+    if (input_columns.empty())
+      return absl::InvalidArgumentError("input_features: at least one column is needed");
+    options.layout = ExampleLayout::kInstruction;
+    options.output_column = output_columns[0];
+  }
+  return options;
+}
+
+absl::StatusOr<ExampleBuilder> ExampleBuilder::Create(const ExampleOptions& options,
+                                                      const Tokenizer* tokenizer) {
+  if (tokenizer->special().eos_id < 0)
+    return absl::FailedPreconditionError(
+        "the tokenizer has no EOS token (set eos_token in tokenizer_config.json)");
+  ExampleBuilder builder(options, tokenizer);
+  if (options.layout == ExampleLayout::kChat) {
+    builder.start_header_id_ = tokenizer->TokenToId("<|start_header_id|>");
+    builder.end_header_id_ = tokenizer->TokenToId("<|end_header_id|>");
+    builder.eot_id_ = tokenizer->TokenToId("<|eot_id|>");
+    if (builder.start_header_id_ < 0 || builder.end_header_id_ < 0 || builder.eot_id_ < 0)
+      return absl::FailedPreconditionError(
+          "the messages (LLaMA-3 chat) layout needs <|start_header_id|>, <|end_header_id|> and "
+          "<|eot_id|> in the tokenizer");
+  }
+  if (options.layout != ExampleLayout::kInstruction) return builder;
+
+  if (options.prompt_template.empty()) {
+    for (size_t i = 0; i < options.input_columns.size(); ++i) {
+      const std::string& column = options.input_columns[i];
+      Section section;
+      section.pieces = {{false, absl::StrCat("### ", i == 0 ? "Instruction" : Title(column), ":\n")},
+                        {true, column},
+                        {false, "\n\n"}};
+      if (i > 0) section.optional_column = column;
+      builder.sections_.push_back(std::move(section));
+    }
+    builder.sections_.push_back({{{false, "### Response:\n"}}, ""});
+    return builder;
+  }
+  // A user template: one section of literal and {column} pieces.
+  Section section;
+  const std::string& text = options.prompt_template;
+  std::string literal;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if ((text[i] == '{' || text[i] == '}') && i + 1 < text.size() && text[i + 1] == text[i]) {
+      literal.push_back(text[i++]);
+    } else if (text[i] == '{') {
+      size_t close = text.find('}', i);
+      if (close == std::string::npos || close == i + 1)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.prompt_template: '{' at offset ", i, " does not open a {column} placeholder"));
+      if (!literal.empty()) section.pieces.push_back({false, std::move(literal)});
+      literal.clear();
+      section.pieces.push_back({true, text.substr(i + 1, close - i - 1)});
+      i = close;
+    } else if (text[i] == '}') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.prompt_template: unmatched '}' at offset ", i, " (write '}}')"));
+    } else {
+      literal.push_back(text[i]);
+    }
+  }
+  if (!literal.empty()) section.pieces.push_back({false, std::move(literal)});
+  builder.sections_.push_back(std::move(section));
+  return builder;
+}
+
+absl::Status ExampleBuilder::Append(absl::string_view text, bool train, Example* example) const {
+  const size_t before = example->input_ids.size();
+  QLORA_RETURN_IF_ERROR(tokenizer_->EncodeTo(text, &example->input_ids));
+  for (size_t i = before; i < example->input_ids.size(); ++i)
+    example->labels.push_back(train ? example->input_ids[i] : kIgnoreIndex);
+  return absl::OkStatus();
+}
+
+absl::Status ExampleBuilder::BuildInstruction(const Record& record, Example* example) const {
+  std::string prompt;
+  for (const Section& section : sections_) {
+    if (!section.optional_column.empty()) {
+      const std::string* value = record.Find(section.optional_column);
+      if (value == nullptr || value->empty()) continue;
+    }
+    for (const Piece& piece : section.pieces) {
+      if (!piece.is_column) {
+        prompt += piece.text;
+        continue;
+      }
+      const std::string* value = record.Find(piece.text);
+      if (value == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing column '", piece.text, "'"));
+      prompt += *value;
+    }
+  }
+  const std::string* target = record.Find(options_.output_column);
+  if (target == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("missing column '", options_.output_column, "'"));
+  const SpecialTokens& special = tokenizer_->special();
+  if (special.add_bos) {
+    example->input_ids.push_back(special.bos_id);
+    example->labels.push_back(kIgnoreIndex);
+  }
+  QLORA_RETURN_IF_ERROR(Append(prompt, false, example));
+  QLORA_RETURN_IF_ERROR(Append(*target, true, example));
+  example->input_ids.push_back(special.eos_id);
+  example->labels.push_back(special.eos_id);
+  return absl::OkStatus();
+}
+
+absl::Status ExampleBuilder::BuildChat(const Record& record, Example* example) const {
+  const std::string* messages_text = record.Find("messages");
+  if (messages_text == nullptr) return absl::InvalidArgumentError("missing column 'messages'");
+  nlohmann::json messages = nlohmann::json::parse(*messages_text, nullptr, false);
+  if (!messages.is_array())
+    return absl::InvalidArgumentError("'messages' must be a JSON array of {role, content}");
+  const SpecialTokens& special = tokenizer_->special();
+  if (special.bos_id >= 0) {  // the LLaMA-3 template writes bos_token itself
+    example->input_ids.push_back(special.bos_id);
+    example->labels.push_back(kIgnoreIndex);
+  }
+  auto push = [&](int32_t id, bool train) {
+    example->input_ids.push_back(id);
+    example->labels.push_back(train ? id : kIgnoreIndex);
+  };
+  for (const nlohmann::json& message : messages) {
+    if (!message.is_object() || !message.contains("role") || !message["role"].is_string() ||
+        !message.contains("content") || !message["content"].is_string())
+      return absl::InvalidArgumentError("each message must be {\"role\": str, \"content\": str}");
+    const std::string role = message["role"].get<std::string>();
+    const bool train = role == "assistant";
+    push(start_header_id_, false);
+    QLORA_RETURN_IF_ERROR(Append(role, false, example));
+    push(end_header_id_, false);
+    QLORA_RETURN_IF_ERROR(Append("\n\n", false, example));
+    QLORA_RETURN_IF_ERROR(Append(
+        absl::StripAsciiWhitespace(message["content"].get_ref<const std::string&>()), train,
+        example));
+    push(eot_id_, train);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExampleBuilder::BuildText(const Record& record, Example* example) const {
+  const std::string& column = options_.input_columns[0];
+  const std::string* text = record.Find(column);
+  if (text == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing column '", column, "'"));
+  const SpecialTokens& special = tokenizer_->special();
+  if (special.add_bos) {
+    example->input_ids.push_back(special.bos_id);
+    example->labels.push_back(kIgnoreIndex);
+  }
+  QLORA_RETURN_IF_ERROR(Append(*text, true, example));
+  example->input_ids.push_back(special.eos_id);
+  example->labels.push_back(special.eos_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ExampleBuilder::Build(const Record& record, Example* example) {
+  example->input_ids.clear();
+  example->labels.clear();
+  switch (options_.layout) {
+    case ExampleLayout::kInstruction: QLORA_RETURN_IF_ERROR(BuildInstruction(record, example)); break;
+    case ExampleLayout::kChat: QLORA_RETURN_IF_ERROR(BuildChat(record, example)); break;
+    case ExampleLayout::kText: QLORA_RETURN_IF_ERROR(BuildText(record, example)); break;
+  }
+  const size_t max = static_cast<size_t>(options_.max_sequence_length);
+  if (example->input_ids.size() > max) {
+    example->input_ids.resize(max);
+    example->labels.resize(max);
+    ++stats_.truncated;
+  }
+  bool any_label = false;
+  for (int32_t label : example->labels) any_label |= label != kIgnoreIndex;
+  if (!any_label) {
+    ++stats_.dropped_no_target;
+    return false;
+  }
+  ++stats_.examples;
+  return true;
+}
+
+}  // namespace qlora::data

@@ -1,0 +1,100 @@
+// Turns one record into one training example: token ids and labels (-100 where no loss).
+//
+// Layouts:
+//  - Instruction (default): prompt = the template filled from the record's columns; target =
+//    the output column. input_ids = [BOS if the tokenizer adds it] + enc(prompt) +
+//    enc(target) + [EOS]; labels = -100 over BOS and the prompt, the ids over target and EOS.
+//    Prompt and target are encoded separately (as the QLoRA collator does), so the boundary
+//    is never merged into one token. Template: text with {column} placeholders ("{{" and "}}"
+//    are literal braces). Default for input columns c1..cn: "### Instruction:\n{c1}\n\n" then
+//    "### <C>:\n{c}\n\n" for each further column c (a section whose value is empty is left
+//    out, as Alpaca does for an empty input), then "### Response:\n".
+//  - Chat (a "messages" column holding [{"role", "content"}, ...]; selected when it is the only
+//    input feature or the template is "llama3_chat"): the LLaMA-3 instruct layout, BOS, then
+//    per message "<|start_header_id|>" role "<|end_header_id|>\n\n" content.strip() "<|eot_id|>";
+//    loss only on assistant content and its <|eot_id|>. Needs a tokenizer with those tokens.
+//  - Text (format text, or no output column): [BOS] + enc(text) + [EOS], loss on every token.
+//
+// Truncation to max_sequence_length cuts the tail (the end of the target and its EOS go
+// first), as HF/TRL truncate. An example left without any label (the prompt filled the window)
+// is dropped and counted (stats().dropped_no_target), never trained on silently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data/record.h"
+#include "worker/data/tokenizer.h"
+
+namespace qlora::data {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+struct Example {
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> labels;  // same length; kIgnoreIndex where no loss
+};
+
+enum class ExampleLayout { kInstruction, kChat, kText };
+
+struct ExampleOptions {
+  ExampleLayout layout = ExampleLayout::kInstruction;
+  std::vector<std::string> input_columns;  // input_features names
+  std::string output_column;               // output_features[0].name (instruction layout)
+  std::string prompt_template;             // "" = the default above
+  int max_sequence_length = 512;
+};
+
+struct ExampleStats {
+  int64_t examples = 0;
+  int64_t truncated = 0;
+  int64_t dropped_no_target = 0;
+};
+
+class ExampleBuilder {
+ public:
+  // Chooses the layout from the job's data section and features (see the file comment).
+  static absl::StatusOr<ExampleOptions> OptionsFor(DataFormat format,
+                                                   const std::vector<std::string>& input_columns,
+                                                   const std::vector<std::string>& output_columns,
+                                                   const std::string& prompt_template,
+                                                   int max_sequence_length);
+
+  static absl::StatusOr<ExampleBuilder> Create(const ExampleOptions& options,
+                                               const Tokenizer* tokenizer);
+
+  // Builds the example of `record` into *example; false when it was dropped (no label left).
+  // An error is a malformed record (missing column, bad messages): its message is the reason,
+  // without file and line (the caller adds them and applies the malformed-record policy).
+  absl::StatusOr<bool> Build(const Record& record, Example* example);
+
+  const ExampleStats& stats() const { return stats_; }
+  void ResetStats() { stats_ = ExampleStats(); }
+
+ private:
+  struct Piece {
+    bool is_column;
+    std::string text;  // literal text or column name
+  };
+  struct Section {  // default template: a section disappears when its column is empty
+    std::vector<Piece> pieces;
+    std::string optional_column;
+  };
+
+  ExampleBuilder(ExampleOptions options, const Tokenizer* tokenizer)
+      : options_(std::move(options)), tokenizer_(tokenizer) {}
+  absl::Status BuildInstruction(const Record& record, Example* example) const;
+  absl::Status BuildChat(const Record& record, Example* example) const;
+  absl::Status BuildText(const Record& record, Example* example) const;
+  absl::Status Append(absl::string_view text, bool train, Example* example) const;
+
+  ExampleOptions options_;
+  const Tokenizer* tokenizer_;
+  std::vector<Section> sections_;
+  int32_t start_header_id_ = -1, end_header_id_ = -1, eot_id_ = -1;  // chat tokens
+  ExampleStats stats_;
+};
+
+}  // namespace qlora::data
