@@ -84,6 +84,8 @@ TEST(ZeroStrategy, EveryStageAndWorldSizeMatchesOneProcess) {
     for (int world : {1, 2, 4}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + ", world " + std::to_string(world));
       RunResult run = RunWorld(p, {stage, world});
+      std::printf("stage %d world %d: max relative deviation from one process %.3g\n", stage,
+                  world, testing::MaxRelativeError(run.params[0], reference));
       for (int r = 0; r < world; ++r) {
         ASSERT_EQ(run.params[r].size(), reference.size());
         EXPECT_LE(testing::MaxRelativeError(run.params[r], reference), kTolerance) << "rank " << r;
