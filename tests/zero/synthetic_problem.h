@@ -24,13 +24,14 @@ struct SyntheticProblem {
   optim::AdamWOptions adamw{0.9, 0.999, 1e-8, 0.01};
   double max_grad_norm = 0.5;
 
-  std::vector<strategy::TrainableParam> MakeParams(double phase = 0.0) const {
+  std::vector<strategy::TrainableParam> MakeParams(double phase = 0.0,
+                                                  at::Device device = at::kCPU) const {
     std::vector<strategy::TrainableParam> params;
     for (size_t k = 0; k < shapes.size(); ++k) {
       int64_t n = 1;
       for (int64_t d : shapes[k]) n *= d;
       at::Tensor t = at::sin(at::arange(n, at::kFloat) * 0.37 + static_cast<double>(k) + phase)
-                         .mul_(0.5).reshape(shapes[k]);
+                         .mul_(0.5).reshape(shapes[k]).to(device);
       t.set_requires_grad(true);
       params.push_back({"lora_" + std::to_string(k) + ".weight", t});
     }
@@ -42,12 +43,13 @@ struct SyntheticProblem {
   // Sum over the sample's target tokens of (tanh(sum_k <p_k, x_k>) - y)^2.
   at::Tensor SampleLoss(const std::vector<strategy::TrainableParam>& params, int step,
                         int sample) const {
-    at::Tensor total = at::zeros({}, at::kFloat);
+    const at::TensorOptions on = at::TensorOptions().dtype(at::kFloat).device(params[0].tensor.device());
+    at::Tensor total = at::zeros({}, on);
     for (int64_t t = 0; t < Tokens(step, sample); ++t) {
-      at::Tensor z = at::zeros({}, at::kFloat);
+      at::Tensor z = at::zeros({}, on);
       for (size_t k = 0; k < params.size(); ++k) {
         const double a = 0.11 + 0.013 * step + 0.029 * sample + 0.007 * t + 0.05 * k;
-        at::Tensor x = at::cos(at::arange(params[k].tensor.numel(), at::kFloat) * a + 0.3 * t)
+        at::Tensor x = at::cos(at::arange(params[k].tensor.numel(), on) * a + 0.3 * t)
                            .reshape(params[k].tensor.sizes());
         z = z + (params[k].tensor * x).sum();
       }
@@ -106,7 +108,7 @@ inline absl::Status TrainSteps(const SyntheticProblem& p, strategy::DistributedS
     std::vector<int> mine;
     for (int sample = rank; sample < p.samples_per_step; sample += world) mine.push_back(sample);
     for (int m = 0; m < p.micro_batches; ++m) {
-      at::Tensor loss = at::zeros({}, at::kFloat);
+      at::Tensor loss = at::zeros({}, s.params()[0].tensor.options());
       for (size_t i = m; i < mine.size(); i += p.micro_batches) {
         loss = loss + p.SampleLoss(s.params(), step, mine[i]);
       }
