@@ -117,6 +117,39 @@ def write_hf(tok, directory, config, legacy_merges=False):
     json.dump(config, open(os.path.join(directory, "tokenizer_config.json"), "w"))
 
 
+LLAMA3_CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+CHATS = [
+    [{"role": "user", "content": "Hello there!"},
+     {"role": "assistant", "content": " Hi! How can I help?  "}],
+    [{"role": "system", "content": "You are terse.\n"},
+     {"role": "user", "content": "Translate: 日本語のテキスト 🙂"},
+     {"role": "assistant", "content": "Japanese text 🙂"},
+     {"role": "user", "content": "def f(x):\n    return x ** 2"},
+     {"role": "assistant", "content": "It squares x.\n\n  Done."}],
+]
+
+
+def expected_chat(directory):
+    from transformers import PreTrainedTokenizerFast
+    fast = PreTrainedTokenizerFast(tokenizer_file=os.path.join(directory, "tokenizer.json"),
+                                   bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")
+    fast.chat_template = LLAMA3_CHAT_TEMPLATE
+    out = []
+    for chat in CHATS:
+        ids = fast.apply_chat_template(chat, tokenize=True, add_generation_prompt=False)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        out.append({"messages": json.dumps(chat, ensure_ascii=False), "ids": list(ids)})
+    return out
+
+
 def expected_hf(directory):
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
@@ -169,6 +202,7 @@ def main():
     write_hf(gpt2, os.path.join(out, "bpe_gpt2"), {"eos_token": "<|end_of_text|>"})
     for name in ["bpe_llama3", "bpe_llama3_legacy_merges", "bpe_gpt2"]:
         expected[name] = expected_hf(os.path.join(out, name))
+    expected["chat_llama3"] = expected_chat(os.path.join(out, "bpe_llama3"))
     expected["spm_bpe"] = train_spm(os.path.join(out, "spm_bpe"), "bpe")
     expected["spm_unigram"] = train_spm(os.path.join(out, "spm_unigram"), "unigram")
     json.dump(expected, open(os.path.join(out, "expected.json"), "w", encoding="utf-8"))

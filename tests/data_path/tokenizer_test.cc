@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/data_path/test_util.h"
+#include "worker/data/example_builder.h"
 #include "worker/data/tokenizer.h"
 
 namespace qlora::data {
@@ -87,6 +88,28 @@ TEST_P(DataTokenizerTest, IdsEqualReferenceOnStressCorpus) {
   EXPECT_EQ((*tokenizer)->special().eos_id, want["eos_id"].get<int32_t>());
   if (want["bos_id"].get<int32_t>() >= 0)
     EXPECT_EQ((*tokenizer)->special().bos_id, want["bos_id"].get<int32_t>());
+}
+
+// The LLaMA-3 chat layout of the example builder equals transformers' apply_chat_template
+// with the LLaMA-3 instruct template.
+TEST_P(DataTokenizerTest, Llama3ChatLayoutEqualsApplyChatTemplate) {
+  if (GetParam() != "bpe_llama3") GTEST_SKIP() << "the chat layout needs LLaMA-3's tokens";
+  auto tokenizer = LoadTokenizer(dir_->path() + "/bpe_llama3");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto options = ExampleBuilder::OptionsFor(DataFormat::kJsonl, {"messages"}, {}, "", 4096);
+  ASSERT_TRUE(options.ok());
+  auto builder = ExampleBuilder::Create(*options, tokenizer->get());
+  ASSERT_TRUE(builder.ok()) << builder.status();
+  const auto& chats = (*expected_)["chat_llama3"];
+  ASSERT_EQ(chats.size(), 2u);
+  for (const auto& chat : chats) {
+    Record record;
+    record.fields = {{"messages", chat["messages"].get<std::string>()}};
+    Example example;
+    auto built = builder->Build(record, &example);
+    ASSERT_TRUE(built.ok()) << built.status();
+    EXPECT_EQ(example.input_ids, chat["ids"].get<std::vector<int32_t>>());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Reference, DataTokenizerTest,
