@@ -110,7 +110,11 @@ int main(int argc, char** argv) {
   options.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
   if (options.cpu_workers == 0) options.gpus = *gpus;
   options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
-  if (options.worker_binary.empty()) options.worker_binary = SelfDir() + "/qlora-worker";
+  if (options.worker_binary.empty()) {
+    // Installed side by side, or in the build tree (coordinator/ and worker/).
+    options.worker_binary = SelfDir() + "/qlora-worker";
+    if (!std::filesystem::exists(options.worker_binary)) options.worker_binary = SelfDir() + "/../worker/qlora-worker";
+  }
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
   options.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   if (options.gpus.empty() && options.cpu_workers == 0) {

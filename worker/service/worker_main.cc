@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   parse.check_paths = false;
   absl::StatusOr<qlora::JobConfig> config = qlora::ParseJobConfig(assignment->resolved_config_yaml, parse);
   qlora::worker::GrpcRendezvousStore store(client.get(), assignment->generation);
-  absl::StatusOr<qlora::worker::TrainingOutcome> outcome = config.status();
+  absl::StatusOr<qlora::worker::TrainingOutcome> outcome =
+      config.ok() ? absl::UnknownError("not run") : config.status();
   if (config.ok()) {
     qlora::worker::TrainingContext context;
     context.config = *config;

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds everything here (CUDA kernels for sm_90 included) and packs the binaries, the test
+# binaries and the non-system libraries they need into .device-bundle/, to be carried to the GPU
+# machine (whose torch 2.11.0+cu130 is the same build as ours) and run there by run_on_gpu.sh.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build}
+out=$root/.device-bundle
+"$root/scripts/build.sh"
+rm -rf "$out" && mkdir -p "$out/tree/lib"
+cd "$build"
+mapfile -t bins < <(find . -type f -executable \( -name 'qlora-*' -o -name qloractl -o -name '*_test' -o -name '*_bench' \) -not -path '*/CMakeFiles/*')
+for b in "${bins[@]}"; do
+  mkdir -p "$out/tree/$(dirname "$b")"
+  cp "$b" "$out/tree/$b"
+  strip --strip-unneeded "$out/tree/$b" 2>/dev/null || true
+done
+# Libraries that the GPU machine's image lacks: everything outside torch, CUDA and glibc.
+for b in "${bins[@]}"; do ldd "$b" | awk '/=> \//{print $3}'; done | sort -u | while read -r lib; do
+  case "$lib" in
+    */libtorch*|*/libc10*|*/libcaffe2*|*/libgomp*|*/libshm*|*/nvidia/*|/usr/local/cuda*) continue ;;
+    */libc.so*|*/libm.so*|*/libdl.so*|*/librt.so*|*/libpthread.so*|*/ld-linux*|*/libstdc++*|*/libgcc_s*) continue ;;
+  esac
+  cp -L "$lib" "$out/tree/lib/"
+done
+cp /usr/lib/x86_64-linux-gnu/libsentencepiece.so.0 "$out/tree/lib/" 2>/dev/null || true
+find . -name 'libqlora_spm*.so*' -exec cp -L {} "$out/tree/lib/" \;
+tar -C "$out/tree" -cJf "$out/bundle.tar.xz" .
+rm -rf "$out/tree"
+du -sh "$out/bundle.tar.xz"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On the GPU machine (through the device tool): unpacks .device-bundle, points the loader at the
+# image's torch and NVIDIA libraries, and runs what it is asked to:
+#   scripts/device/run_on_gpu.sh tests            every test binary (CUDA tests included)
+#   scripts/device/run_on_gpu.sh fixtures         bitsandbytes NF4/FP4 fixtures -> $OUT/bnb
+#   scripts/device/run_on_gpu.sh train [gpus]     the example job through the real service on GPUs
+# Results and logs go to $OUT.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/qb
+tar -C /tmp/qb -xJf "$root/.device-bundle/bundle.tar.xz"
+torch_lib=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+nv=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia
+extra=$(ls -d "$nv"/*/lib 2>/dev/null | tr '\n' ':')
+export LD_LIBRARY_PATH=/tmp/qb/lib:$torch_lib:$extra${LD_LIBRARY_PATH:-}
+export QLORA_BINARY_DIR=/tmp/qb QLORA_SOURCE_DIR=$root QLORA_PYTHON=python3 NCCL_NVLS_ENABLE=0
+export PYTHONPATH=$root/.device-wheels/site:${PYTHONPATH:-}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+for what in "$@"; do
+  case "$what" in
+    tests)
+      for t in $(find /tmp/qb/tests -type f -name '*_test' | sort); do
+        echo "== $t"; "$t" --gtest_brief=1 2>&1 | tail -25
+      done 2>&1 | tee "$OUT/tests.txt" ;;
+    fixtures)
+      python3 "$root/tests/kernels/make_bnb_fixtures.py" --out "$OUT/bnb" 2>&1 | tail -20 | tee "$OUT/fixtures.txt" ;;
+    train*)
+      "$root/scripts/device/gpu_training_run.sh" 2>&1 | tee "$OUT/train.txt" ;;
+  esac
+done

@@ -1,0 +1,33 @@
+// Device and host memory figures (see device_memory.h).
+#include "worker/run/device_memory.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace qlora::worker {
+
+void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory) {
+#ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto& all = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    memory->device_allocated_bytes = all.current;
+    memory->device_peak_bytes = all.peak;
+  }
+#else
+  (void)device;
+#endif
+  long pages = 0, resident = 0;
+  if (FILE* f = fopen("/proc/self/statm", "r")) {
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    fclose(f);
+  }
+  memory->host_rss_bytes = static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace qlora::worker

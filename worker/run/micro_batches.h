@@ -1,0 +1,53 @@
+// The training loop's view of the data: this rank's shards as device tensors, one micro-batch
+// at a time, in a deterministic per-epoch order. Built on the data path (worker/data: readers,
+// tokenizer, example builder, batcher), which is torch-free; this is where ids become tensors.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "common/config/job_config.h"
+#include "worker/data/record.h"
+#include "worker/engine/llama_model.h"
+
+namespace qlora::worker {
+
+struct DeviceBatch {
+  at::Tensor input_ids;              // [rows, seq] int64
+  at::Tensor labels;                 // [rows, seq] int64, -100 = no loss
+  engine::ForwardOptions forward;    // position ids and block-diagonal attention when packed
+  int64_t target_tokens = 0;         // labels that count after the causal shift
+  int64_t input_tokens = 0;          // non-padding tokens
+};
+
+struct MicroBatchOptions {
+  const JobConfig* config = nullptr;
+  std::string model_dir;             // where the tokenizer is
+  at::Device device = at::kCPU;
+  int rank = 0;
+  int batch_size = 0;                // 0 = config->trainer.batch_size
+  bool shuffle = true;
+  // With data.validation_fraction and no validation file, the train shards hold both sets.
+  enum class Split { kAll, kTrain, kValidation } split = Split::kAll;
+};
+
+class MicroBatchSource {
+ public:
+  static absl::StatusOr<std::unique_ptr<MicroBatchSource>> Open(const std::vector<data::ShardSpec>& shards,
+                                                                const MicroBatchOptions& options);
+  virtual ~MicroBatchSource() = default;
+  // Starts epoch `epoch` (its own shuffle).
+  virtual absl::Status Restart(int epoch) = 0;
+  // The next micro-batch of the epoch; nullopt at its end.
+  virtual absl::StatusOr<std::optional<DeviceBatch>> Next() = 0;
+  // Micro-batches in epoch `epoch` (a streaming pass that keeps nothing); rewinds, so call
+  // Restart(epoch) afterwards.
+  virtual absl::StatusOr<int64_t> CountMicroBatches(int epoch) = 0;
+};
+
+}  // namespace qlora::worker
