@@ -6,6 +6,16 @@
 //   packed[j] = code(x[2j]) << 4 | code(x[2j+1])      (even element in the high nibble)
 //   absmax[b] = max |x| over block b (fp32), or, when double-quantized,
 //   absmax[b] = nested_code[qabsmax[b]] * nested_absmax[b / 256] + nested_offset.
+//
+// Numerics (what "equal to bitsandbytes" means): bitsandbytes' CUDA library is built with
+// --use_fast_math, so it scales by rcp.approx.ftz(absmax) and multiplies with subnormals flushed
+// to zero. Our CUDA kernels issue those same instructions and match it bit for bit. The CPU
+// implementation flushes subnormals the same way but uses the exact reciprocal 1.0f / absmax, so
+// its quantize may pick the neighbouring code where x * (1/absmax) lands within an ulp of a
+// decision threshold (rare; the fixture test counts them). Dequantization is exact on both: one
+// float32 multiply lut * absmax then a round-to-nearest-even cast; double-quantized absmax is
+// code * absmax2 then + offset, never fused. An all-zero block has absmax 0, scales to NaN and
+// gets code 0 (NF4 -> -0.0), as on CUDA bitsandbytes.
 #pragma once
 
 #include <cstdint>
@@ -50,5 +60,29 @@ at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.
 at::Tensor BlockAbsmax(const Quantized4bit& q);
+
+// The 16-entry quant_map bitsandbytes serializes for `type` (float32, CPU). Same values as the
+// dequantization LUT, except FP4 code 8 which is +0.0 here (the CUDA kernels produce -0.0).
+at::Tensor SerializedQuantMap(QuantType type);
+
+// bitsandbytes' 256-entry dynamic map (float32, CPU): the nested_quant_map of double quantization.
+at::Tensor DynamicMap();
+
+// The 8-bit blockwise step of double quantization, bitsandbytes' quantize_blockwise(x, code=
+// DynamicMap(), blocksize): float32 `x` (contiguous, CPU or CUDA) -> uint8 codes [numel] and
+// float32 absmax [ceil(numel / blocksize)]. Quantize4bit calls it on absmax - mean(absmax).
+struct Blockwise8bit {
+  at::Tensor codes;
+  at::Tensor absmax;
+};
+Blockwise8bit QuantizeBlockwise8bit(const at::Tensor& x, int64_t blocksize);
+
+// Its inverse plus the offset, as bitsandbytes computes it: code[q] * absmax[i / blocksize] in
+// float32, then + offset as a separate rounding step (never a fused multiply-add).
+at::Tensor DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
+                                   const at::Tensor& code, int64_t blocksize, float offset);
+
+// Whether this build holds the CUDA kernels (a CUDA input without them throws).
+bool HasCudaKernels();
 
 }  // namespace qlora::kernels

@@ -1,0 +1,263 @@
+// CUDA implementation of the 4-bit kernels, bit-exact with bitsandbytes' CUDA library: the same
+// decision trees (quantize_4bit_math.h), its fast-math reciprocal and flush-to-zero multiplies
+// issued explicitly, and double-dequantization fused into the 4-bit dequantize kernel with the
+// multiply and the offset add rounded separately. Built without --use_fast_math and with
+// --fmad=false, so nothing else is approximated or contracted.
+//
+// Kernels:
+//   Quantize4bitKernel          one warp per quantization block: absmax, then codes, packed pairs
+//   QuantizeBlockwise8bitKernel one warp per block of absmax values, dynamic map in shared memory
+//   Dequantize4bitKernel        one thread per 4 packed bytes (8 outputs), 16-byte stores
+//   DequantizeBlockwise8bitKernel  absmax = code[q] * absmax2 + offset, one thread per value
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "kernels/codebooks_4bit.h"
+#include "kernels/quantize_4bit_backend.h"
+#include "kernels/quantize_4bit_math.h"
+
+namespace qlora::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;
+constexpr int kPackedPerThread = 4;  // one 4-byte load of packed codes -> 8 outputs
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int Log2(int64_t power_of_two) {
+  int s = 0;
+  while ((int64_t{1} << s) < power_of_two) ++s;
+  return s;
+}
+
+// Max over the warp; every lane gets the result. fmaxf ignores NaN like bitsandbytes' reduction.
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+// Max |x| over [begin, end) by one warp, subnormals flushed (abs.ftz under fast math).
+template <typename T>
+__device__ __forceinline__ float WarpBlockMax(const T* x, int64_t begin, int64_t end, int lane) {
+  float m = 0.0f;
+  for (int64_t i = begin + lane; i < end; i += kWarp) {
+    m = fmaxf(m, fabsf(math::FlushSubnormal(static_cast<float>(x[i]))));
+  }
+  return WarpMax(m);
+}
+
+template <typename T, QuantType kType>
+__global__ void Quantize4bitKernel(const T* __restrict__ x, int64_t n, int64_t blocksize,
+                                   int64_t blocks, uint8_t* __restrict__ packed,
+                                   float* __restrict__ absmax, Nf4ThresholdTable nf4,
+                                   Fp4Pivots fp4) {
+  const int64_t block = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (block >= blocks) return;  // whole warps leave together
+  const int64_t begin = block * blocksize;
+  const int64_t end = min(n, begin + blocksize);
+  const float m = WarpBlockMax(x, begin, end, lane);
+  if (lane == 0) absmax[block] = m;
+  const float scale = math::Reciprocal(m);  // rcp.approx.ftz, inf for an all-zero block
+  for (int64_t pair = begin / 2 + lane; 2 * pair < end; pair += kWarp) {
+    const float hi = static_cast<float>(x[2 * pair]);
+    const float lo = 2 * pair + 1 < n ? static_cast<float>(x[2 * pair + 1]) : 0.0f;
+    const float shi = math::MulFtz(hi, scale);
+    const float slo = math::MulFtz(lo, scale);
+    const uint8_t chi = kType == QuantType::kNF4 ? math::Nf4Code(shi, nf4) : math::Fp4Code(shi, fp4);
+    const uint8_t clo = kType == QuantType::kNF4 ? math::Nf4Code(slo, nf4) : math::Fp4Code(slo, fp4);
+    packed[pair] = static_cast<uint8_t>(chi << 4 | clo);
+  }
+}
+
+__global__ void QuantizeBlockwise8bitKernel(const float* __restrict__ x, int64_t n,
+                                            int64_t blocksize, int64_t blocks,
+                                            uint8_t* __restrict__ codes,
+                                            float* __restrict__ absmax, Codebook256 table) {
+  __shared__ float code[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) code[i] = table.v[i];
+  __syncthreads();
+  const int64_t block = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (block >= blocks) return;
+  const int64_t begin = block * blocksize;
+  const int64_t end = min(n, begin + blocksize);
+  const float m = WarpBlockMax(x, begin, end, lane);
+  if (lane == 0) absmax[block] = m;
+  const float scale = math::Reciprocal(m);
+  for (int64_t i = begin + lane; i < end; i += kWarp) {
+    codes[i] = math::DynamicCode(code, math::MulFtz(x[i], scale));
+  }
+}
+
+// Per-block absmax: plain, or resolved from double quantization exactly as bitsandbytes'
+// dequantize_blockwise (ftz multiply) followed by torch's separate add of the offset.
+struct AbsmaxArgs {
+  const float* absmax;     // plain float32 absmax, or nullptr when nested
+  const uint8_t* qabsmax;
+  const float* absmax2;
+  const float* code;
+  float offset;
+  int log2_nested_blocksize;
+};
+
+__device__ __forceinline__ float LoadAbsmax(const AbsmaxArgs& a, int64_t block) {
+  if (a.absmax != nullptr) return __ldg(a.absmax + block);
+  const float scaled = math::MulFtz(__ldg(a.code + __ldg(a.qabsmax + block)),
+                                    __ldg(a.absmax2 + (block >> a.log2_nested_blocksize)));
+  return math::AddRn(scaled, a.offset);
+}
+
+template <typename T>
+__device__ __forceinline__ T ToOutput(float v) {
+  return static_cast<T>(v);  // c10::Half / c10::BFloat16 convert with round-to-nearest-even
+}
+
+// Thread t decodes packed bytes [4t, 4t+4) into outputs [8t, 8t+8). Blocksizes are powers of two
+// >= 32, so those 8 outputs share one absmax. Full, aligned chunks use one 4-byte load and
+// 16-byte stores (a warp writes 512 contiguous bytes of bf16 per instruction); the tail (and
+// unaligned views) take the byte-by-byte path.
+template <typename T>
+__global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
+                                     int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
+                                     bool vector_io, T* __restrict__ out) {
+  __shared__ float lut[16];
+  if (threadIdx.x < 16) lut[threadIdx.x] = table.v[threadIdx.x];
+  __syncthreads();
+  const int64_t chunk = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int64_t first = chunk * 2 * kPackedPerThread;
+  if (first >= n) return;
+  const float a = LoadAbsmax(absmax_args, first >> log2_blocksize);
+  if (vector_io && first + 2 * kPackedPerThread <= n) {
+    alignas(4) uint8_t bytes[kPackedPerThread];
+    *reinterpret_cast<unsigned int*>(bytes) =
+        __ldg(reinterpret_cast<const unsigned int*>(packed + chunk * kPackedPerThread));
+    alignas(16) T vals[2 * kPackedPerThread];
+#pragma unroll
+    for (int j = 0; j < kPackedPerThread; ++j) {
+      vals[2 * j] = ToOutput<T>(math::MulFtz(lut[bytes[j] >> 4], a));
+      vals[2 * j + 1] = ToOutput<T>(math::MulFtz(lut[bytes[j] & 0x0F], a));
+    }
+    constexpr int kStores = sizeof(vals) / sizeof(uint4);
+    uint4* dst = reinterpret_cast<uint4*>(out + first);
+#pragma unroll
+    for (int s = 0; s < kStores; ++s) dst[s] = reinterpret_cast<const uint4*>(vals)[s];
+    return;
+  }
+  const int64_t last = min(n, first + 2 * kPackedPerThread);
+  for (int64_t i = first; i < last; ++i) {
+    const uint8_t byte = packed[i / 2];
+    const uint8_t nibble = (i & 1) ? (byte & 0x0F) : (byte >> 4);
+    out[i] = ToOutput<T>(math::MulFtz(lut[nibble], a));
+  }
+}
+
+__global__ void DequantizeBlockwise8bitKernel(const uint8_t* __restrict__ codes,
+                                              const float* __restrict__ absmax,
+                                              const float* __restrict__ code, float offset,
+                                              int log2_blocksize, int64_t n,
+                                              float* __restrict__ out) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = math::AddRn(math::MulFtz(__ldg(code + codes[i]), __ldg(absmax + (i >> log2_blocksize))),
+                       offset);
+}
+
+template <typename F>
+void DispatchFloating(at::ScalarType type, F&& f) {
+  switch (type) {
+    case at::kFloat: return f(float{});
+    case at::kHalf: return f(c10::Half{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    default: TORCH_CHECK(false, "4-bit kernels support float32, float16 and bfloat16, not ", type);
+  }
+}
+
+unsigned Grid(int64_t threads) {
+  const int64_t grid = CeilDiv(threads, kThreads);
+  TORCH_CHECK(grid < (int64_t{1} << 31), "tensor too large for the 4-bit kernels");
+  return static_cast<unsigned>(grid);
+}
+
+}  // namespace
+
+void Quantize4bit(const at::Tensor& x, QuantType type, int64_t blocksize, at::Tensor& packed,
+                  at::Tensor& absmax) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t n = x.numel();
+  const int64_t blocks = CeilDiv(n, blocksize);
+  DispatchFloating(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    auto kernel = type == QuantType::kNF4 ? Quantize4bitKernel<T, QuantType::kNF4>
+                                          : Quantize4bitKernel<T, QuantType::kFP4>;
+    kernel<<<Grid(blocks * kWarp), kThreads, 0, stream>>>(
+        x.const_data_ptr<T>(), n, blocksize, blocks, packed.mutable_data_ptr<uint8_t>(),
+        absmax.mutable_data_ptr<float>(), kNf4Thresholds, kFp4Pivots);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+void QuantizeBlockwise8bit(const at::Tensor& x, int64_t blocksize, at::Tensor& codes,
+                           at::Tensor& absmax) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t n = x.numel();
+  const int64_t blocks = CeilDiv(n, blocksize);
+  QuantizeBlockwise8bitKernel<<<Grid(blocks * kWarp), kThreads, 0, stream>>>(
+      x.const_data_ptr<float>(), n, blocksize, blocks, codes.mutable_data_ptr<uint8_t>(),
+      absmax.mutable_data_ptr<float>(), kDynamicMap);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
+                             const at::Tensor& code, int64_t blocksize, float offset,
+                             at::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(codes.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t n = codes.numel();
+  DequantizeBlockwise8bitKernel<<<Grid(n), kThreads, 0, stream>>>(
+      codes.const_data_ptr<uint8_t>(), absmax.const_data_ptr<float>(),
+      code.const_data_ptr<float>(), offset, Log2(blocksize), n, out.mutable_data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantType type,
+                    int64_t blocksize, at::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(packed.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t n = out.numel();
+  AbsmaxArgs args{};
+  if (source.absmax != nullptr) {
+    args.absmax = source.absmax->const_data_ptr<float>();
+  } else {
+    args.qabsmax = source.qabsmax->const_data_ptr<uint8_t>();
+    args.absmax2 = source.absmax2->const_data_ptr<float>();
+    args.code = source.code->const_data_ptr<float>();
+    args.offset = source.offset;
+    args.log2_nested_blocksize = Log2(source.nested_blocksize);
+  }
+  const Codebook16 table = type == QuantType::kNF4 ? kNf4Values : kFp4Values;
+  const uint8_t* in = packed.const_data_ptr<uint8_t>();
+  DispatchFloating(out.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    T* dst = out.mutable_data_ptr<T>();
+    const bool vector_io = reinterpret_cast<uintptr_t>(in) % 4 == 0 &&
+                           reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+    Dequantize4bitKernel<T><<<Grid(CeilDiv(n, 2 * kPackedPerThread)), kThreads, 0, stream>>>(
+        in, n, Log2(blocksize), args, table, vector_io, dst);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace qlora::kernels::cuda

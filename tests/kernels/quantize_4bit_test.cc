@@ -1,0 +1,183 @@
+// Properties of the 4-bit quantizer that hold without bitsandbytes at hand: the packing layout,
+// round-trip error bounds, odd sizes and tail blocks, all-zero blocks, double-quantization
+// storage and accuracy, and argument checking. Runs on the CPU implementation.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "kernels/codebooks_4bit.h"
+#include "kernels/quantize_4bit.h"
+
+namespace qlora::kernels {
+namespace {
+
+Quantize4bitOptions Options(QuantType type, int64_t blocksize, bool double_quant) {
+  Quantize4bitOptions o;
+  o.type = type;
+  o.blocksize = blocksize;
+  o.double_quant = double_quant;
+  return o;
+}
+
+const float* Lut(QuantType type) {
+  return type == QuantType::kNF4 ? kNf4Values.v : kFp4Values.v;
+}
+
+// Largest gap between neighbouring values of the table: twice the worst rounding error.
+float MaxGap(QuantType type) {
+  std::vector<float> v(Lut(type), Lut(type) + 16);
+  std::sort(v.begin(), v.end());
+  float gap = 0;
+  for (size_t i = 0; i + 1 < v.size(); ++i) gap = std::max(gap, v[i + 1] - v[i]);
+  return gap;
+}
+
+TEST(KernelsQuantize4bit, PacksEvenElementInHighNibble) {
+  // Block absmax 1, so each value is its own scaled value: codes are exact table entries.
+  at::Tensor x = at::tensor({1.0f, -1.0f, 0.0f, 0.07958029955625534f, -0.5250730514526367f},
+                            at::kFloat);
+  Quantized4bit q = Quantize4bit(x, Options(QuantType::kNF4, 64, false));
+  ASSERT_EQ(q.packed.numel(), 3);
+  const uint8_t* p = q.packed.data_ptr<uint8_t>();
+  EXPECT_EQ(p[0], 0xF0);  // 1.0 -> 15 (high), -1.0 -> 0 (low)
+  EXPECT_EQ(p[1], 0x78);  // 0 -> 7, 0.0796 -> 8
+  EXPECT_EQ(p[2], 0x27);  // -0.525 -> 2, padding element 0 -> 7
+  EXPECT_EQ(q.absmax.item<float>(), 1.0f);
+  at::Tensor back = Dequantize4bit(q);
+  EXPECT_TRUE(at::equal(back, x));
+}
+
+TEST(KernelsQuantize4bit, RoundTripErrorIsBoundedForAllTypesAndSizes) {
+  at::manual_seed(7);
+  for (QuantType type : {QuantType::kNF4, QuantType::kFP4}) {
+    for (int64_t blocksize : {32, 64, 128, 4096}) {
+      for (int64_t n : {1, 2, 31, 63, 65, 1000, 4097, 10001}) {
+        at::Tensor x = at::randn({n}, at::kFloat);
+        Quantized4bit q = Quantize4bit(x, Options(type, blocksize, false));
+        ASSERT_EQ(q.packed.numel(), (n + 1) / 2);
+        ASSERT_EQ(q.absmax.numel(), (n + blocksize - 1) / blocksize);
+        at::Tensor back = Dequantize4bit(q);
+        ASSERT_EQ(back.sizes(), x.sizes());
+        // |x - deq| <= absmax * maxgap / 2 per block (plus float rounding).
+        at::Tensor absmax_per_elem =
+            q.absmax.repeat_interleave(blocksize).slice(0, 0, n);
+        at::Tensor bound = absmax_per_elem * (MaxGap(type) / 2) * (1 + 1e-5) + 1e-30;
+        EXPECT_TRUE(((x - back).abs() <= bound).all().item<bool>())
+            << "type " << static_cast<int>(type) << " bs " << blocksize << " n " << n;
+        // absmax is the exact max |x| of each block.
+        EXPECT_TRUE(at::equal(q.absmax, std::get<0>(at::max(
+            at::constant_pad_nd(x.abs(), {0, (blocksize - n % blocksize) % blocksize})
+                .view({-1, blocksize}), 1))));
+      }
+    }
+  }
+}
+
+TEST(KernelsQuantize4bit, HalfAndBFloat16ShareTheFloatPath) {
+  at::manual_seed(3);
+  for (at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+    at::Tensor x = at::randn({37, 29}, at::kFloat).to(dtype);
+    Quantized4bit q = Quantize4bit(x, Options(QuantType::kNF4, 64, true));
+    Quantized4bit q32 = Quantize4bit(x.to(at::kFloat), Options(QuantType::kNF4, 64, true));
+    EXPECT_TRUE(at::equal(q.packed, q32.packed));
+    EXPECT_TRUE(at::equal(q.absmax, q32.absmax));
+    at::Tensor back = Dequantize4bit(q);
+    EXPECT_EQ(back.scalar_type(), dtype);
+    EXPECT_EQ(back.sizes(), x.sizes());
+    // Dequantizing to another dtype is the float32 result cast once.
+    EXPECT_TRUE(at::equal(back, Dequantize4bit(q, at::kFloat).to(dtype)));
+  }
+}
+
+TEST(KernelsQuantize4bit, AllZeroBlockGivesCodeZeroAndNegativeZero) {
+  at::Tensor x = at::randn({3 * 64 + 5}, at::kBFloat16);
+  x.slice(0, 64, 128).zero_();
+  x.slice(0, 192).zero_();  // the tail block too
+  for (QuantType type : {QuantType::kNF4, QuantType::kFP4}) {
+    Quantized4bit q = Quantize4bit(x, Options(type, 64, false));
+    const float* absmax = q.absmax.data_ptr<float>();
+    EXPECT_EQ(absmax[1], 0.0f);
+    EXPECT_EQ(absmax[3], 0.0f);
+    const uint8_t* p = q.packed.data_ptr<uint8_t>();
+    for (int i = 32; i < 64; ++i) ASSERT_EQ(p[i], 0x00) << "0 * inf = NaN -> code 0";
+    for (int i = 96; i < 99; ++i) ASSERT_EQ(p[i], 0x00) << "tail byte " << i;
+    at::Tensor back = Dequantize4bit(q).view(at::kShort);
+    // NF4 code 0 is -1 -> -1 * 0 = -0.0; FP4 code 0 is +0.
+    const int16_t zero_bits = type == QuantType::kNF4 ? int16_t(0x8000) : int16_t(0);
+    EXPECT_TRUE((back.slice(0, 64, 128) == zero_bits).all().item<bool>());
+    EXPECT_TRUE((back.slice(0, 192) == zero_bits).all().item<bool>());
+  }
+}
+
+TEST(KernelsQuantize4bit, DoubleQuantStorageAndAccuracy) {
+  at::manual_seed(11);
+  const int64_t n = 4096 * 33;  // 2112 blocks of 64 -> 9 nested blocks, the last partial
+  at::Tensor x = at::randn({n}, at::kFloat) * 0.02;
+  Quantized4bit plain = Quantize4bit(x, Options(QuantType::kNF4, 64, false));
+  Quantized4bit q = Quantize4bit(x, Options(QuantType::kNF4, 64, true));
+  ASSERT_TRUE(q.double_quant);
+  EXPECT_EQ(q.absmax.scalar_type(), at::kByte);
+  EXPECT_EQ(q.absmax.numel(), n / 64);
+  EXPECT_EQ(q.nested_absmax.numel(), (n / 64 + 255) / 256);
+  EXPECT_EQ(q.nested_code.numel(), 256);
+  EXPECT_TRUE(at::equal(q.nested_code, DynamicMap()));
+  EXPECT_TRUE(at::equal(q.packed, plain.packed)) << "double quant only changes the absmax";
+  EXPECT_EQ(q.nested_offset, at::mean(plain.absmax).item<float>());
+  // Storage: 4 bits + 8/64 + 32/(64*256) bits per parameter (0.127 bit of statistics vs 0.5).
+  const double stat_bits = 8.0 * (q.absmax.numel() + 4.0 * q.nested_absmax.numel()) / n;
+  EXPECT_NEAR(stat_bits, 8.0 / 64 + 32.0 / (64 * 256), 1e-3);
+  EXPECT_LT(stat_bits, 0.13);
+  // The recovered absmax is within the dynamic map's resolution of the true one.
+  at::Tensor recovered = BlockAbsmax(q);
+  at::Tensor err = (recovered - plain.absmax).abs().max();
+  const float range = (plain.absmax - q.nested_offset).abs().max().item<float>();
+  EXPECT_LE(err.item<float>(), range * 0.01f);
+  // Dequantize == lut * BlockAbsmax, cast once.
+  at::Tensor expected = Dequantize4bit(
+      Quantized4bit{q.packed, recovered, {}, {}, 0.0f, false, q.type, 64, 256, q.shape, q.dtype});
+  EXPECT_TRUE(at::equal(Dequantize4bit(q), expected));
+}
+
+TEST(KernelsQuantize4bit, NestedAbsmaxIsMultiplyThenAdd) {
+  at::Tensor codes = at::arange(0, 256, at::kInt).to(at::kByte);
+  at::Tensor absmax2 = at::tensor({0.0123f}, at::kFloat);
+  const float offset = 0.0377f;
+  at::Tensor out = DequantizeBlockwise8bit(codes, absmax2, DynamicMap(), 256, offset);
+  for (int i = 0; i < 256; ++i) {
+    volatile float product = kDynamicMap.v[i] * 0.0123f;  // rounded on its own
+    const float expected = product + offset;
+    ASSERT_EQ(out[i].item<float>(), expected) << i;
+  }
+}
+
+TEST(KernelsQuantize4bit, ShapeAndDtypeAreKept) {
+  at::Tensor x = at::randn({3, 5, 7}, at::kBFloat16);
+  Quantized4bit q = Quantize4bit(x, Options(QuantType::kFP4, 32, true));
+  EXPECT_EQ(q.shape, (std::vector<int64_t>{3, 5, 7}));
+  EXPECT_EQ(q.dtype, at::kBFloat16);
+  at::Tensor back = Dequantize4bit(q);
+  EXPECT_EQ(back.sizes(), x.sizes());
+  EXPECT_EQ(back.scalar_type(), at::kBFloat16);
+  // Non-contiguous input quantizes its row-major values.
+  at::Tensor t = at::randn({64, 96}, at::kFloat).t();
+  EXPECT_TRUE(at::equal(Quantize4bit(t, Options(QuantType::kNF4, 64, false)).packed,
+                        Quantize4bit(t.contiguous(), Options(QuantType::kNF4, 64, false)).packed));
+}
+
+TEST(KernelsQuantize4bit, RejectsBadArguments) {
+  at::Tensor x = at::randn({128}, at::kFloat);
+  EXPECT_THROW(Quantize4bit(x, Options(QuantType::kNF4, 48, false)), c10::Error);
+  EXPECT_THROW(Quantize4bit(x, Options(QuantType::kNF4, 16, false)), c10::Error);
+  EXPECT_THROW(Quantize4bit(x, Options(QuantType::kNF4, 8192, false)), c10::Error);
+  EXPECT_THROW(Quantize4bit(x.to(at::kDouble), Options(QuantType::kNF4, 64, false)), c10::Error);
+  EXPECT_THROW(Quantize4bit(at::empty({0}), Options(QuantType::kNF4, 64, false)), c10::Error);
+  Quantized4bit q = Quantize4bit(x, Options(QuantType::kNF4, 64, false));
+  q.shape = {130};
+  EXPECT_THROW(Dequantize4bit(q), c10::Error);
+}
+
+}  // namespace
+}  // namespace qlora::kernels
