@@ -90,6 +90,7 @@ absl::StatusOr<int64_t> SpeculativeCsvStart(ByteRangeFile& file, int64_t offset,
     if (result != -1 || after - from > scan_limit) break;
   }
   QLORA_RETURN_IF_ERROR(file.status());
+  if (options.stats) options.stats->bytes_scanned += file.position() - from;
   if (file.position() >= file.size() && result == -1) {
     // End of file: a hypothesis inside quotes is dead; one without a record end cuts at EOF.
     for (Hypothesis& h : hyps) {
@@ -98,8 +99,14 @@ absl::StatusOr<int64_t> SpeculativeCsvStart(ByteRangeFile& file, int64_t offset,
     }
     result = decided();
   }
-  if (result >= 0) return result;
-  return SequentialCsvStart(file, known_start, offset);
+  if (result >= 0) {
+    if (options.stats) ++options.stats->speculative_cuts;
+    return result;
+  }
+  if (options.stats) ++options.stats->sequential_cuts;
+  QLORA_ASSIGN_OR_RETURN(int64_t start, SequentialCsvStart(file, known_start, offset));
+  if (options.stats) options.stats->bytes_scanned += file.position() - known_start;
+  return start;
 }
 
 }  // namespace
@@ -112,6 +119,7 @@ absl::StatusOr<int64_t> FindRecordStart(ByteRangeFile& file, DataFormat format, 
   if (format != DataFormat::kCsv) {
     int64_t start = NextLineStart(file, offset - 1);
     QLORA_RETURN_IF_ERROR(file.status());
+    if (options.stats) options.stats->bytes_scanned += start - (offset - 1);
     return start;
   }
   return SpeculativeCsvStart(file, offset, known_start, header_fields, options);

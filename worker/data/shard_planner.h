@@ -28,9 +28,17 @@
 
 namespace qlora::data {
 
+// What the cut search did (for tests and logs).
+struct CutStats {
+  int64_t speculative_cuts = 0;  // CSV cuts decided by the hypotheses
+  int64_t sequential_cuts = 0;   // CSV cuts that fell back to a parse from the previous cut
+  int64_t bytes_scanned = 0;     // bytes read by the search, all formats
+};
+
 struct ShardPlanOptions {
   std::string format = "auto";          // as DataConfig::format
   int64_t max_record_bytes = 1 << 20;   // CSV resync bound; the readers' record limit too
+  CutStats* stats = nullptr;            // optional, filled when set
 };
 
 // The first record start at or after `offset` (file size if none). `known_start` must be a
