@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/data_path/test_util.h"
 #include "worker/data/data_loader.h"
+#include "worker/data/job_data_options.h"
 #include "worker/data/shard_planner.h"
 
 namespace qlora::data {
@@ -196,6 +197,46 @@ TEST_F(DataLoaderTest, MalformedRecordsFailOrAreCountedThroughThePipeline) {
   EXPECT_EQ(Epoch(**skipping, 0).size(), 2u);
   EXPECT_EQ((*skipping)->stats().malformed_records, 2);
   EXPECT_EQ((*skipping)->stats().malformed_messages.size(), 2u);
+}
+
+TEST_F(DataLoaderTest, JobConfigBecomesLoaderOptions) {
+  JobConfig job;
+  job.input_features = {{"instruction", "text"}};
+  job.output_features = {{"output", "text"}};
+  job.data.train_path = "/data/train.csv";
+  job.data.validation_fraction = 0.05;
+  job.data.packing = true;
+  job.data.max_sequence_length = 1024;
+  job.data.malformed_records = "skip";
+  job.trainer.batch_size = 4;
+  job.trainer.eval_batch_size = 2;
+  job.trainer.seed = 9;
+  auto train = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kTrain, 3);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_EQ(train->reader.format, DataFormat::kCsv);
+  EXPECT_TRUE(train->reader.skip_malformed);
+  EXPECT_EQ(train->example.layout, ExampleLayout::kInstruction);
+  EXPECT_EQ(train->example.output_column, "output");
+  EXPECT_EQ(train->batch.rows, 4);
+  EXPECT_EQ(train->batch.seq_len, 1024);
+  EXPECT_TRUE(train->batch.packing);
+  EXPECT_EQ(train->batch.pad_id, kByteEos);  // no pad token: EOS pads
+  EXPECT_EQ(train->seed, 9u);
+  EXPECT_EQ(train->rank, 3);
+  EXPECT_TRUE(train->shuffle);
+  EXPECT_EQ(train->split, SplitRole::kTrain);
+  auto validation = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kValidation, 0);
+  ASSERT_TRUE(validation.ok());
+  EXPECT_EQ(validation->split, SplitRole::kValidation);
+  EXPECT_EQ(validation->batch.rows, 2);
+  EXPECT_FALSE(validation->shuffle);
+  job.data.validation_path = "/data/val.jsonl";
+  EXPECT_EQ(DatasetPathForRole(job, DatasetRole::kValidation), "/data/val.jsonl");
+  validation = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kValidation, 0);
+  EXPECT_EQ(validation->reader.format, DataFormat::kJsonl);
+  EXPECT_EQ(validation->split, SplitRole::kAll);
+  job.data.malformed_records = "ignore";
+  EXPECT_FALSE(LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kTrain, 0).ok());
 }
 
 // Peak RSS (KiB) of a child that streams `path` through the whole pipeline under an address
