@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -210,6 +211,31 @@ TEST(DataShardTest, TextLinesExactlyOnce) {
       }
     ASSERT_EQ(seen.size(), 300u);
     for (const auto& [line, count] : seen) EXPECT_EQ(count, 1) << line;
+  }
+}
+
+TEST(DataShardTest, ByteOrderMarksAreNotData) {
+  TempDir dir;
+  const std::string bom = "\xEF\xBB\xBF";
+  WriteFile(dir.path() + "/bom.csv", bom + "id,text\r\n1,x\r\n");
+  WriteFile(dir.path() + "/bom.jsonl", bom + "{\"id\": \"1\"}\n");
+  WriteFile(dir.path() + "/bom.txt", bom + "first line\n");
+  for (auto [name, format, column, value] :
+       {std::make_tuple("bom.csv", DataFormat::kCsv, "id", "1"),
+        std::make_tuple("bom.jsonl", DataFormat::kJsonl, "id", "1"),
+        std::make_tuple("bom.txt", DataFormat::kText, "text", "first line")}) {
+    auto shards = SplitFile(dir.path() + "/" + name, 1);
+    ASSERT_TRUE(shards.ok());
+    ReaderOptions options;
+    options.format = format;
+    auto reader = RecordReader::Open((*shards)[0], options);
+    ASSERT_TRUE(reader.ok());
+    Record r;
+    auto more = (*reader)->Next(&r);
+    ASSERT_TRUE(more.ok()) << name << ": " << more.status();
+    ASSERT_TRUE(*more);
+    ASSERT_NE(r.Find(column), nullptr) << name;
+    EXPECT_EQ(*r.Find(column), value) << name;
   }
 }
 

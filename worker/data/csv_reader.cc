@@ -123,6 +123,8 @@ absl::StatusOr<std::unique_ptr<RecordReader>> OpenCsvReader(const ShardSpec& sha
   }
   if (header.unterminated || header.violation || header.too_long)
     return absl::InvalidArgumentError(absl::StrCat(shard.path, ":1: malformed CSV header"));
+  // Spreadsheet exports often start with a UTF-8 byte order mark: not part of the first name.
+  if (header.fields[0].rfind("\xEF\xBB\xBF", 0) == 0) header.fields[0].erase(0, 3);
   int64_t data_start = file->position();
   return std::unique_ptr<RecordReader>(
       new CsvReader(shard, options, std::move(file), std::move(header.fields), data_start,

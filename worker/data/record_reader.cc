@@ -103,6 +103,7 @@ class TextReader : public LineReader {
                              ")");
       return true;
     }
+    if (record->offset == 0 && line_.rfind("\xEF\xBB\xBF", 0) == 0) line_.erase(0, 3);  // BOM
     record->fields.emplace_back("text", std::move(line_));
     return true;
   }
