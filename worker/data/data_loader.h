@@ -56,6 +56,8 @@ struct LoaderStats {
 
 class DataLoader {
  public:
+  // `tokenizer` must outlive the loader; one tokenizer may serve several loaders (its Encode
+  // is const and re-entrant).
   static absl::StatusOr<std::unique_ptr<DataLoader>> Create(std::vector<ShardSpec> shards,
                                                             const Tokenizer* tokenizer,
                                                             const LoaderOptions& options);
