@@ -74,8 +74,9 @@ absl::Status JobManager::Start() {
                    "the coordinator restarted while this job ran; it is queued again");
       }
     }
-    ScheduleQueued();
   }
+  // Only the monitor thread starts workers: PR_SET_PDEATHSIG fires when the *thread* that
+  // forked a worker ends, and gRPC's handler threads come and go.
   monitor_ = std::thread([this] { MonitorLoop(); });
   return absl::OkStatus();
 }
@@ -149,8 +150,8 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   jobs_[r.id] = std::move(job);
   Transition(ref, JobState::kQueued, "SUBMITTED",
              absl::StrCat("accepted; ", r.num_workers, " workers, ZeRO stage ", r.zero_stage));
-  ScheduleQueued();
-  return ref.record;
+  return ref.record;  // the monitor thread, woken by the event, schedules it
+
 }
 
 absl::StatusOr<JobRecord> JobManager::Get(const std::string& id) const {

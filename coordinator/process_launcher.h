@@ -32,6 +32,8 @@ class ProcessLauncher {
  public:
   virtual ~ProcessLauncher() = default;
   virtual absl::StatusOr<pid_t> Launch(const LaunchSpec& spec) = 0;
+  // Call Launch from one long-lived thread: the parent-death signal fires when the thread that
+  // forked the process ends, not only the process.
   // Non-blocking: the exit of `pid` if it has ended (and reaps it), nullopt while it runs.
   virtual std::optional<ExitInfo> Poll(pid_t pid) = 0;
   // Sends `signal` to the process group of `pid`.

@@ -15,7 +15,7 @@ nv=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 
 extra=$(ls -d "$nv"/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH=/tmp/qb/lib:$torch_lib:$extra${LD_LIBRARY_PATH:-}
 export QLORA_BINARY_DIR=/tmp/qb QLORA_SOURCE_DIR=$root QLORA_PYTHON=python3 NCCL_NVLS_ENABLE=0
-export PYTHONPATH=$root/.device-wheels/site:${PYTHONPATH:-}
+export PYTHONPATH=$root/.device-wheels/site:${PYTHONPATH:-} QLORA_SPM_MODULE=/tmp/qb/lib/libqlora_spm.so
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 for what in "$@"; do
   case "$what" in

@@ -257,7 +257,7 @@ TEST_F(ServiceTest, BadJobFilesAreRefusedAndNothingIsStored) {
   {
     grpc::ClientContext ctx;
     v1::SubmitJobRequest req;
-    req.set_job_yaml(std::string(4 << 20, '#'));
+    req.set_job_yaml(std::string(2 << 20, '#'));  // over the 1 MiB job-file limit, under gRPC's 4 MiB
     v1::SubmitJobResponse resp;
     EXPECT_EQ(c.jobs()->SubmitJob(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }

@@ -4,7 +4,6 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "worker/data/spm_module_api.h"
@@ -27,9 +26,15 @@ std::vector<std::string> ModuleCandidates() {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("QLORA_SPM_MODULE"); env != nullptr && *env != '\0')
     candidates.push_back(env);
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back((exe.parent_path() / "libqlora_spm.so").string());
+  // readlink, not std::filesystem: the worker loads libtorch.so, which exports an incompatible
+  // copy of std::filesystem.
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    candidates.push_back(dir + "/libqlora_spm.so");
+  }
 #ifdef QLORA_SPM_MODULE_BUILD_PATH
   candidates.push_back(QLORA_SPM_MODULE_BUILD_PATH);
 #endif
@@ -45,7 +50,7 @@ bool Bind(void* handle, const char* name, T* out) {
 absl::StatusOr<const SpmModel::Api*> LoadApiOnce() {
   std::string tried;
   for (const std::string& path : ModuleCandidates()) {
-    if (!std::filesystem::exists(path)) {
+    if (access(path.c_str(), F_OK) != 0) {
       absl::StrAppend(&tried, " ", path, " (missing)");
       continue;
     }

@@ -1,7 +1,8 @@
 // Reads tokenizer_config.json (see tokenizer_config.h).
+#include <unistd.h>
+
 #include "worker/data/tokenizer_config.h"
 
-#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +30,7 @@ std::optional<bool> Flag(const nlohmann::json& config, const char* key) {
 
 absl::StatusOr<TokenizerConfig> ReadTokenizerConfig(const std::string& path) {
   TokenizerConfig config;
-  if (!std::filesystem::exists(path)) return config;
+  if (access(path.c_str(), F_OK) != 0) return config;
   std::ifstream in(path);
   nlohmann::json json;
   try {
