@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU machine (called by run_on_gpu.sh with the bundle's environment): trains through the
+# real service on GPUs and benchmarks, writing figures to $OUT.
+#   1. the example job (tiny LLaMA, NF4, bf16) on 1 GPU and on 2 GPUs (ZeRO-2, NCCL): loss goes down
+#   2. the 7B-shaped benchmark job: ours at micro-batch 1 and 4 (1 GPU) and 4 (2 GPUs), ZeRO-2
+#   3. the anchors at micro-batch 4 and 1 (transformers + peft + bitsandbytes) and bf16-base LoRA
+# BENCH_PARTS selects: "tiny", "ours", "anchors" (default all).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+parts=${BENCH_PARTS:-tiny ours anchors}
+ngpu=$(nvidia-smi -L | wc -l)
+bin=$QLORA_BINARY_DIR
+if [[ $parts == *tiny* ]]; then
+  for gpus in 0 $( ((ngpu > 1)) && echo 0,1 ); do
+    w=$(mktemp -d)
+    "$bin/worker/engine/qlora-make-tiny-model" "$w/tiny" --vocab 512 --layers 2 --hidden 128 --intermediate 256 >/dev/null
+    cp "$root/examples/tokenizer/"* "$w/tiny/"
+    sed -e "s|BASE_MODEL_DIR|$w/tiny|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
+      "$root/examples/qlora-tiny.yaml" > "$w/job.yaml"
+    "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$w/state" --gpus "$gpus" --port-file "$w/port" > "$w/c.log" 2>&1 &
+    c=$!
+    for _ in $(seq 100); do [ -s "$w/port" ] && break; sleep 0.1; done
+    export QLORA_ADDRESS=127.0.0.1:$(cat "$w/port")
+    echo "== tiny job on GPUs $gpus"
+    "$bin/cli/qloractl" submit "$w/job.yaml" --dataset "$root/examples/data/train.jsonl" --follow | grep -E "step (1|20|40|60)/|SUCCEEDED|FAILED" | sort -u
+    "$bin/cli/qloractl" logs job-000001 --rank 0 | grep -E "evaluation|step 60/|error|failed" | tail -5
+    kill $c; wait $c 2>/dev/null
+  done
+fi
+if [[ $parts == *ours* || $parts == *anchors* ]]; then
+  model=/tmp/llama7b
+  [ -f $model/config.json ] || python3 "$root/bench/make_llama_folder.py" $model
+  python3 "$root/bench/make_text_data.py" /tmp/bench.txt --lines 200
+fi
+if [[ $parts == *ours* ]]; then
+  echo "== ours"
+  "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 4 2 10
+  "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 1 2 10
+  ((ngpu > 1)) && "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0,1 4 2 10
+fi
+if [[ $parts == *anchors* ]]; then
+  echo "== anchors"
+  python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 4
+  python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 1
+  python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 4 --bf16-base
+fi
