@@ -1,7 +1,8 @@
 // Resolves tensor names to (possibly sharded) safetensors files of a model folder.
 #include "common/safetensors/checkpoint_files.h"
 
-#include <filesystem>
+#include <unistd.h>
+
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -12,25 +13,34 @@
 #include "nlohmann/json.hpp"
 
 namespace qlora::safetensors {
-namespace fs = std::filesystem;
+namespace {
+
+// POSIX rather than std::filesystem: libtorch.so exports its own, partly broken, copies of
+// std::filesystem symbols, and this library is linked beside it.
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir.empty() ? name : dir + "/" + name;
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+}  // namespace
 
 absl::StatusOr<CheckpointFiles> CheckpointFiles::Open(const std::string& dir) {
-  const fs::path index_path = fs::path(dir) / kIndexFileName;
-  std::error_code ec;
-  if (!fs::exists(index_path, ec)) {
-    const fs::path single = fs::path(dir) / kSingleFileName;
-    if (!fs::exists(single, ec)) {
+  const std::string index_path = Join(dir, kIndexFileName);
+  if (!Exists(index_path)) {
+    const std::string single = Join(dir, kSingleFileName);
+    if (!Exists(single)) {
       return absl::NotFoundError(absl::StrCat("no ", kSingleFileName, " or ", kIndexFileName,
                                               " in ", dir));
     }
-    return OpenFile(single.string());
+    return OpenFile(single);
   }
 
   std::ifstream in(index_path);
   std::stringstream text;
   text << in.rdbuf();
   const auto json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  const std::string where = index_path.string();
+  const std::string& where = index_path;
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
   }
@@ -75,9 +85,9 @@ absl::StatusOr<CheckpointFiles> CheckpointFiles::Open(const std::string& dir) {
 absl::StatusOr<CheckpointFiles> CheckpointFiles::OpenFile(const std::string& path) {
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
   CheckpointFiles files;
-  const fs::path p(path);
-  files.dir_ = p.parent_path().string();
-  const std::string shard = p.filename().string();
+  const size_t slash = path.rfind('/');
+  files.dir_ = slash == std::string::npos ? "" : path.substr(0, slash);
+  const std::string shard = slash == std::string::npos ? path : path.substr(slash + 1);
   for (const auto& [name, info] : file->tensors()) files.shard_of_[name] = shard;
   files.open_[shard] = std::move(file);
   return files;
@@ -98,7 +108,7 @@ absl::StatusOr<SafetensorsFile*> CheckpointFiles::Shard(const std::string& name)
   auto open = open_.find(it->second);
   if (open == open_.end()) {
     QLORA_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                           SafetensorsFile::Open((fs::path(dir_) / it->second).string()));
+                           SafetensorsFile::Open(Join(dir_, it->second)));
     open = open_.emplace(it->second, std::move(file)).first;
   }
   return open->second.get();

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -102,9 +101,9 @@ absl::Status WriteSafetensors(const std::string& path, std::vector<TensorSpec> s
       return absl::ResourceExhaustedError(absl::StrCat("write to ", tmp, " failed (disk full?)"));
     }
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
   return absl::OkStatus();
 }
 

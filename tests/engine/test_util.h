@@ -2,8 +2,12 @@
 // tests/engine/ with $QLORA_PYTHON (tests skip when it is absent).
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <dirent.h>
 #include <string>
 #include <vector>
 
@@ -29,16 +33,38 @@ inline std::string ScriptPath(const std::string& script) {
   return std::string(src ? src : ".") + "/tests/engine/" + script;
 }
 
-// A fresh folder under the system temp dir, removed by the destructor.
+// Names in a directory (no "." or ".."). POSIX, not std::filesystem: libtorch.so exports
+// broken copies of some std::filesystem symbols.
+inline std::vector<std::string> ListDir(const std::string& path) {
+  std::vector<std::string> names;
+  if (DIR* dir = ::opendir(path.c_str())) {
+    while (const dirent* entry = ::readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(dir);
+  }
+  return names;
+}
+
+inline int64_t FileSize(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+// A fresh folder under $TMPDIR (or /tmp), removed with its contents by the destructor.
 class TempDir {
  public:
   TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "qlora-engine-XXXXXX").string();
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/qlora-engine-XXXXXX";
     path_ = ::mkdtemp(pattern.data()) ? pattern : "";
   }
   ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+    if (path_.empty()) return;
+    ::nftw(path_.c_str(),
+           [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+           FTW_DEPTH | FTW_PHYS);
   }
   const std::string& path() const { return path_; }
   std::string operator/(const std::string& name) const { return path_ + "/" + name; }

@@ -1,0 +1,67 @@
+"""Reference side of the engine tests: transformers' LlamaForCausalLM and peft, in float32.
+
+  logits MODEL INPUTS OUT
+      OUT["logits"] = LlamaForCausalLM(MODEL)(INPUTS["input_ids"]).logits
+  peft MODEL ADAPTER INPUTS OUT
+      Loads MODEL, then our ADAPTER with PeftModel.from_pretrained (exit 3 if any LoRA key is
+      missing or unexpected), and writes into OUT: logits, loss_sum (sum of token CE over the
+      shifted labels, ignore -100), grad.<peft name> for every LoRA parameter, and
+      merged.<name> for every tensor of merge_and_unload()'s state dict.
+"""
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaForCausalLM
+
+
+def load_base(model_dir):
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def logits(model_dir, inputs_path, out_path):
+    inputs = load_file(inputs_path)
+    with torch.no_grad():
+        out = load_base(model_dir)(input_ids=inputs["input_ids"]).logits
+    save_file({"logits": out.contiguous()}, out_path)
+
+
+def peft_check(model_dir, adapter_dir, inputs_path, out_path):
+    from peft import PeftModel
+    from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+    inputs = load_file(inputs_path)
+    model = PeftModel.from_pretrained(load_base(model_dir), adapter_dir, is_trainable=True)
+    result = set_peft_model_state_dict(model, load_peft_weights(adapter_dir))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        print("missing:", missing, "unexpected:", result.unexpected_keys)
+        sys.exit(3)
+    model.eval()  # no dropout: the C++ side runs with dropout 0 as well
+
+    out = model(input_ids=inputs["input_ids"]).logits
+    labels = inputs["labels"][:, 1:].reshape(-1)
+    loss_sum = torch.nn.functional.cross_entropy(
+        out[:, :-1].reshape(-1, out.size(-1)).float(), labels, ignore_index=-100, reduction="sum")
+    loss_sum.backward()
+    tensors = {"logits": out.detach().contiguous(), "loss_sum": loss_sum.detach()}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            tensors["grad." + name.replace(".default", "")] = p.grad.contiguous()
+
+    merged = model.merge_and_unload()
+    for name, t in merged.state_dict().items():
+        tensors["merged." + name] = t.detach().contiguous().clone()
+    save_file(tensors, out_path)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "logits":
+        logits(*sys.argv[2:5])
+    elif mode == "peft":
+        peft_check(*sys.argv[2:6])
+    else:
+        sys.exit(f"unknown mode {mode}")

@@ -1,0 +1,504 @@
+// The LLaMA engine against transformers and peft (float32, no quantization unless stated),
+// plus engine-internal equivalences: packed rows, activation checkpointing, chunked loss.
+//
+// Tolerance: 1e-4 absolute on logits and gradients of tiny models whose logits are O(1). The
+// engine mirrors transformers op by op, so on the CPU the logits come out bit-identical (measured
+// max difference 0); the margin allows other kernels or summation orders (~1e-6 relative in
+// float32), while any modelling error (rope pairing, norm order, GQA grouping, scaling) moves
+// the logits by 1e-2 or more.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+#include "tests/engine/torch_test_util.h"
+#include "common/status_macros.h"
+#include "worker/engine/causal_lm_loss.h"
+#include "worker/engine/file_util.h"
+#include "worker/engine/hf_loader.h"
+#include "worker/engine/llama_model.h"
+#include "worker/engine/peft_io.h"
+#include "worker/engine/tiny_model.h"
+
+namespace qlora::engine {
+namespace {
+
+using ::qlora::testing::LoadTensors;
+using ::qlora::testing::MaxAbsDiff;
+using ::qlora::testing::RunScript;
+using ::qlora::testing::SaveTensors;
+using ::qlora::testing::TempDir;
+
+constexpr double kTolerance = 1e-4;
+
+LoadOptions Fp32Dense() {
+  LoadOptions o;
+  o.quantize = false;
+  o.compute_dtype = at::kFloat;
+  return o;
+}
+
+std::unique_ptr<LlamaForCausalLM> MakeAndLoad(const std::string& dir, TinyModelOptions tiny,
+                                              const LoadOptions& load = Fp32Dense()) {
+  EXPECT_TRUE(MakeTinyModel(dir, tiny).ok());
+  auto model = LoadLlama(dir, load);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+at::Tensor RandomIds(const LlamaConfig& c, int64_t batch, int64_t seq, uint64_t seed = 1) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(c.vocab_size, {batch, seq}, gen, at::kLong);
+}
+
+struct ParityCase {
+  std::string name;
+  TinyModelOptions tiny;
+  int64_t seq = 12;
+};
+
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<ParityCase> ParityCases() {
+  std::vector<ParityCase> cases;
+  ParityCase gqa{"gqa_untied", {}};
+  gqa.tiny.init_std = 0.1;
+  cases.push_back(gqa);
+
+  ParityCase tied{"tied_mha", {}};
+  tied.tiny.init_std = 0.1;
+  tied.tiny.config.tie_word_embeddings = true;
+  tied.tiny.config.num_key_value_heads = tied.tiny.config.num_attention_heads;
+  cases.push_back(tied);
+
+  ParityCase odd{"odd_sizes", {}};
+  odd.tiny.init_std = 0.1;
+  odd.tiny.config.hidden_size = 45;
+  odd.tiny.config.intermediate_size = 97;
+  odd.tiny.config.num_attention_heads = 3;
+  odd.tiny.config.num_key_value_heads = 1;
+  odd.tiny.config.head_dim = 22;  // heads * head_dim != hidden
+  odd.tiny.config.vocab_size = 101;
+  cases.push_back(odd);
+
+  ParityCase llama3{"llama3_rope", {}};
+  llama3.tiny.init_std = 0.1;
+  llama3.tiny.config.rope = {RopeType::kLlama3, 500000.0, 8.0, 1.0, 4.0, 16};
+  llama3.seq = 40;  // beyond the original context, where the scaling matters
+  cases.push_back(llama3);
+
+  ParityCase params{"rope_parameters_form", llama3.tiny, 40};
+  params.tiny.rope_form = RopeJsonForm::kRopeParameters;
+  params.tiny.config.rope.theta = 1000.0;
+  cases.push_back(params);
+  return cases;
+}
+
+class EngineParity : public ::testing::TestWithParam<ParityCase> {};
+
+TEST_P(EngineParity, LogitsEqualTransformers) {
+  QLORA_PYTHON_OR_SKIP(python);
+  const ParityCase& c = GetParam();
+  TempDir dir;
+  auto model = MakeAndLoad(dir / "model", c.tiny);
+  ASSERT_NE(model, nullptr);
+  const at::Tensor ids = RandomIds(model->config(), 2, c.seq);
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = model->Logits(model->Forward(ids));
+
+  ASSERT_TRUE(SaveTensors(dir / "inputs.safetensors", {{"input_ids", ids}}).ok());
+  ASSERT_EQ(RunScript(python, "llama_ref.py",
+                      {"logits", dir / "model", dir / "inputs.safetensors", dir / "ref.safetensors"}),
+            0);
+  const at::Tensor ref = LoadTensors(dir / "ref.safetensors").at("logits");
+  ASSERT_EQ(ref.sizes(), logits.sizes());
+  EXPECT_GT(ref.abs().max().item<double>(), 0.1) << "logits too small to be a meaningful check";
+  const double diff = MaxAbsDiff(logits, ref);
+  std::cout << c.name << ": max |logits - transformers| = " << diff << "\n";
+  EXPECT_LT(diff, kTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, EngineParity, ::testing::ValuesIn(ParityCases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(EngineModel, PackedRowsEqualSeparateSequences) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  auto model = MakeAndLoad(dir / "model", tiny);
+  ASSERT_NE(model, nullptr);
+  const at::Tensor a = RandomIds(model->config(), 1, 5, 2);
+  const at::Tensor b = RandomIds(model->config(), 1, 7, 3);
+  at::NoGradGuard no_grad;
+  const at::Tensor packed_ids = at::cat({a, b}, 1);
+  ForwardOptions packed;
+  packed.position_ids = at::cat({at::arange(5), at::arange(7)}).unsqueeze(0);
+  packed.block_diagonal = true;
+  const at::Tensor together = model->Forward(packed_ids, packed);
+  const at::Tensor separate = at::cat({model->Forward(a), model->Forward(b)}, 1);
+  EXPECT_LT(MaxAbsDiff(together, separate), 1e-5);
+  // Without the block mask the second example would see the first.
+  packed.block_diagonal = false;
+  EXPECT_GT(MaxAbsDiff(model->Forward(packed_ids, packed), separate), 1e-3);
+}
+
+// Loss and LoRA gradients for one batch; dropout uses the global RNG, seeded by the caller.
+std::map<std::string, at::Tensor> Gradients(LlamaForCausalLM& model, const at::Tensor& ids,
+                                            const at::Tensor& labels) {
+  for (const auto& [name, p] : model.TrainableParameters()) p.mutable_grad() = at::Tensor();
+  const at::Tensor hidden = model.Forward(ids);
+  const CausalLmLoss loss = model.Loss(hidden, labels, {5});
+  loss.loss_sum.backward();
+  std::map<std::string, at::Tensor> grads{{"loss_sum", loss.loss_sum.detach()}};
+  for (const auto& [name, p] : model.TrainableParameters()) grads[name] = p.grad().clone();
+  return grads;
+}
+
+void RandomizeLoraB(LlamaForCausalLM& model) {
+  at::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  for (const auto& [name, p] : model.TrainableParameters()) {
+    if (name.find("lora_B") != std::string::npos) {
+      const_cast<at::Tensor&>(p).copy_(at::randn(p.sizes(), gen) * 0.1);
+    }
+  }
+}
+
+at::Tensor LabelsFor(const at::Tensor& ids) {
+  at::Tensor labels = ids.clone();
+  labels.index_put_({0, at::indexing::Slice(0, 3)}, kIgnoreIndex);  // a masked prompt
+  return labels;
+}
+
+TEST(EngineModel, ActivationCheckpointingGivesTheSameGradients) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  auto model = MakeAndLoad(dir / "model", tiny);
+  ASSERT_NE(model, nullptr);
+  LoraOptions lora;
+  lora.target_modules = {"all-linear"};
+  lora.dropout = 0.3;  // exercises the RNG replay in recomputation
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  model->SetTraining(true);
+  const at::Tensor ids = RandomIds(model->config(), 2, 9);
+  const at::Tensor labels = LabelsFor(ids);
+
+  model->SetGradientCheckpointing(false);
+  at::manual_seed(123);
+  const auto plain = Gradients(*model, ids, labels);
+  model->SetGradientCheckpointing(true);
+  at::manual_seed(123);
+  const auto checkpointed = Gradients(*model, ids, labels);
+
+  ASSERT_EQ(plain.size(), 1u + 2 * 7 * 2);
+  for (const auto& [name, g] : plain) {
+    EXPECT_LT(MaxAbsDiff(g, checkpointed.at(name)), 1e-6) << name;
+    if (name != "loss_sum") EXPECT_GT(g.abs().max().item<double>(), 0) << name;
+  }
+}
+
+TEST(EngineModel, ChunkedLossEqualsFullCrossEntropy) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor weight = at::randn({50, 16}, gen);
+  const at::Tensor hidden = at::randn({2, 11, 16}, gen).requires_grad_(true);
+  at::Tensor labels = at::randint(50, {2, 11}, gen, at::kLong);
+  labels.index_put_({1, at::indexing::Slice(0, 6)}, kIgnoreIndex);
+
+  const CausalLmLoss chunked = ComputeCausalLmLoss(hidden, weight, labels, {4});
+  const at::Tensor grad_chunked = torch::autograd::grad({chunked.loss_sum}, {hidden})[0];
+
+  const at::Tensor logits = at::linear(hidden, weight).narrow(1, 0, 10).reshape({-1, 50});
+  const at::Tensor full = at::cross_entropy_loss(
+      logits, labels.narrow(1, 1, 10).reshape({-1}), {}, at::Reduction::Sum, kIgnoreIndex);
+  const at::Tensor grad_full = torch::autograd::grad({full}, {hidden})[0];
+
+  EXPECT_EQ(chunked.num_tokens, 20 - 5);
+  EXPECT_NEAR(chunked.loss_sum.item<double>(), full.item<double>(), 1e-4);
+  EXPECT_LT(MaxAbsDiff(grad_chunked, grad_full), 1e-6);
+}
+
+TEST(EngineModel, LoraInitFollowsPeft) {
+  TempDir dir;
+  auto model = MakeAndLoad(dir / "model", {});
+  ASSERT_NE(model, nullptr);
+  LoraOptions lora;
+  lora.r = 4;
+  lora.alpha = 16;
+  lora.use_rslora = true;
+  lora.target_modules = {"q_proj", "down_proj"};
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  const auto params = model->TrainableParameters();
+  ASSERT_EQ(params.size(), 2u * 2 * 2);
+  EXPECT_EQ(params[0].first, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(params[3].first, "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight");
+  const double bound = 1.0 / std::sqrt(64.0);
+  EXPECT_LE(params[0].second.abs().max().item<double>(), bound);
+  EXPECT_GT(params[0].second.abs().max().item<double>(), 0.8 * bound);
+  EXPECT_EQ(params[1].second.abs().max().item<double>(), 0.0);
+  EXPECT_EQ(params[0].second.scalar_type(), at::kFloat);
+  EXPECT_TRUE(params[0].second.requires_grad());
+  EXPECT_DOUBLE_EQ(model->layers[0].q_proj.lora->scale, 16.0 / 2.0);  // alpha / sqrt(r)
+
+  auto bad = MakeAndLoad(dir / "model2", {});
+  LoraOptions unknown;
+  unknown.target_modules = {"qkv_proj"};
+  EXPECT_EQ(bad->AddLora(unknown).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EngineModel, LoraGradientsAdapterAndMergeMatchPeft) {
+  QLORA_PYTHON_OR_SKIP(python);
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  auto model = MakeAndLoad(dir / "model", tiny);
+  ASSERT_NE(model, nullptr);
+  LoraOptions lora;
+  lora.r = 4;
+  lora.alpha = 8;
+  lora.target_modules = {"q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"};
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  ASSERT_TRUE(SaveAdapter(*model, dir / "adapter", {"tiny"}).ok());
+  MergeOptions merge;
+  merge.dtype = at::kFloat;
+  ASSERT_TRUE(SaveMergedModel(*model, dir / "merged", merge).ok());
+
+  model->SetTraining(true);  // checkpointing on (the default), dropout 0
+  const at::Tensor ids = RandomIds(model->config(), 2, 10);
+  const at::Tensor labels = LabelsFor(ids);
+  const auto ours = Gradients(*model, ids, labels);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = model->Logits(model->Forward(ids));
+  }
+
+  ASSERT_TRUE(SaveTensors(dir / "inputs.safetensors", {{"input_ids", ids}, {"labels", labels}}).ok());
+  ASSERT_EQ(RunScript(python, "llama_ref.py",
+                      {"peft", dir / "model", dir / "adapter", dir / "inputs.safetensors",
+                       dir / "ref.safetensors"}),
+            0)
+      << "peft rejected the adapter or the script failed";
+  const auto ref = LoadTensors(dir / "ref.safetensors");
+
+  std::cout << "max |logits - peft| = " << MaxAbsDiff(logits, ref.at("logits")) << "\n";
+  EXPECT_LT(MaxAbsDiff(logits, ref.at("logits")), kTolerance);
+  EXPECT_NEAR(ours.at("loss_sum").item<double>(), ref.at("loss_sum").item<double>(), 1e-3);
+  for (const auto& [name, grad] : ours) {
+    if (name == "loss_sum") continue;
+    ASSERT_TRUE(ref.count("grad." + name)) << name << " has no peft counterpart";
+    EXPECT_LT(MaxAbsDiff(grad, ref.at("grad." + name)), kTolerance) << name;
+    EXPECT_GT(grad.abs().max().item<double>(), 1e-3) << name;
+  }
+
+  const auto merged = LoadTensors(dir / "merged/model.safetensors");
+  ASSERT_FALSE(merged.empty());
+  for (const auto& [name, tensor] : merged) {
+    ASSERT_TRUE(ref.count("merged." + name)) << name;
+    EXPECT_LT(MaxAbsDiff(tensor, ref.at("merged." + name)), 1e-6) << name;
+  }
+}
+
+TEST(EngineModel, AdapterRoundTripsThroughLoadAdapter) {
+  TempDir dir;
+  auto model = MakeAndLoad(dir / "model", {});
+  ASSERT_NE(model, nullptr);
+  LoraOptions lora;
+  lora.target_modules = {"all-linear"};
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  ASSERT_TRUE(SaveAdapter(*model, dir / "adapter").ok());
+  auto again = LoadLlama(dir / "model", Fp32Dense());
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(LoadAdapter(again->get(), dir / "adapter").ok());
+  const auto a = model->TrainableParameters();
+  const auto b = (*again)->TrainableParameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(at::equal(a[i].second, b[i].second)) << a[i].first;
+  }
+}
+
+TEST(EngineModel, Nf4PathEqualsTransformersOnDequantizedWeights) {
+  QLORA_PYTHON_OR_SKIP(python);
+  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  LoadOptions nf4 = Fp32Dense();
+  nf4.quantize = true;
+  auto model = MakeAndLoad(dir / "model", tiny, nf4);
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(model->layers[0].q_proj.base.quantized.has_value());
+  // The dequantized weights, written as a plain HF checkpoint, are what transformers runs.
+  MergeOptions merge;
+  merge.dtype = at::kFloat;
+  ASSERT_TRUE(SaveMergedModel(*model, dir / "dequantized", merge).ok());
+  const at::Tensor ids = RandomIds(model->config(), 2, 12);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = model->Logits(model->Forward(ids));
+  }
+  ASSERT_TRUE(SaveTensors(dir / "inputs.safetensors", {{"input_ids", ids}}).ok());
+  ASSERT_EQ(RunScript(python, "llama_ref.py",
+                      {"logits", dir / "dequantized", dir / "inputs.safetensors",
+                       dir / "ref.safetensors"}),
+            0);
+  EXPECT_LT(MaxAbsDiff(logits, LoadTensors(dir / "ref.safetensors").at("logits")), kTolerance);
+}
+
+TEST(EngineModel, Linear4bitBackwardMatchesDenseOnDequantizedWeight) {
+  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor w = at::randn({24, 64}, gen);
+  const kernels::Quantized4bit q = QuantizeWeight(w, {});
+  const at::Tensor dense = DequantizeWeight(q, at::kFloat);
+  const at::Tensor x = at::randn({3, 64}, gen).requires_grad_(true);
+  const at::Tensor y = Linear4bit(x, q);
+  EXPECT_LT(MaxAbsDiff(y, at::linear(x, dense)), 1e-5);
+  const at::Tensor gy = at::randn({3, 24}, gen);
+  const at::Tensor gx = torch::autograd::grad({y}, {x}, {gy})[0];
+  EXPECT_LT(MaxAbsDiff(gx, at::matmul(gy, dense)), 1e-5);
+}
+
+// Writes `model` (4-bit linears) as transformers + bitsandbytes save it (formats.md 1.5-1.6):
+// six keys per Linear, 16-bit others, and a quantization_config.
+absl::Status SaveAsBitsandbytes(const LlamaForCausalLM& model, const std::string& dir) {
+  QLORA_RETURN_IF_ERROR(MakeDirs(dir));
+  std::map<std::string, at::Tensor> tensors;
+  tensors["model.embed_tokens.weight"] = model.embed_tokens;
+  tensors["model.norm.weight"] = model.norm;
+  tensors["lm_head.weight"] = model.lm_head;
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    const DecoderLayer& layer = model.layers[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    tensors[p + "input_layernorm.weight"] = layer.input_layernorm;
+    tensors[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm;
+    for (const char* module : kLinearModuleNames) {
+      const kernels::Quantized4bit& q = *layer.Linear(module).base.quantized;
+      const std::string w = p + ModulePath(module) + ".weight";
+      tensors[w] = q.packed.reshape({-1, 1});
+      tensors[w + ".absmax"] = q.absmax;
+      tensors[w + ".quant_map"] = BitsandbytesQuantMap(q.type);
+      tensors[w + ".nested_absmax"] = q.nested_absmax;
+      tensors[w + ".nested_quant_map"] = q.nested_code;
+      char offset[64];
+      std::snprintf(offset, sizeof(offset), "%.9g", q.nested_offset);
+      const std::string state = std::string("{\"quant_type\": \"nf4\", \"blocksize\": ") +
+                                std::to_string(q.blocksize) + ", \"dtype\": \"float32\", \"shape\": [" +
+                                std::to_string(q.shape[0]) + ", " + std::to_string(q.shape[1]) +
+                                "], \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", "
+                                "\"nested_offset\": " + offset + "}";
+      tensors[w + ".quant_state.bitsandbytes__nf4"] =
+          at::from_blob(const_cast<char*>(state.data()), {static_cast<int64_t>(state.size())},
+                        at::kByte).clone();
+    }
+  }
+  std::string config = LlamaConfigToJson(model.config());
+  config.insert(config.rfind('}'), R"(, "quantization_config": {"quant_method": "bitsandbytes",
+    "load_in_4bit": true, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": true,
+    "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_storage": "uint8"})");
+  std::ofstream(dir + "/config.json") << config;
+  return SaveTensors(dir + "/model.safetensors", tensors);
+}
+
+TEST(EngineModel, LoadsBitsandbytesPrequantizedCheckpoints) {
+  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  LoadOptions nf4 = Fp32Dense();
+  nf4.quantize = true;
+  auto model = MakeAndLoad(dir / "model", tiny, nf4);
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(model->layers[0].q_proj.base.quantized->double_quant);
+  ASSERT_TRUE(SaveAsBitsandbytes(*model, dir / "bnb").ok());
+
+  auto loaded = LoadLlama(dir / "bnb", Fp32Dense());  // quantize=false: weights stay 4-bit
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE((*loaded)->config().bnb.has_value());
+  const at::Tensor ids = RandomIds(model->config(), 1, 8);
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(model->Logits(model->Forward(ids)),
+                        (*loaded)->Logits((*loaded)->Forward(ids))));
+}
+
+TEST(EngineModel, LoaderReportsMissingTensorsAndBadShapes) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  LlamaConfig wrong = tiny.config;
+  wrong.hidden_size = 32;
+  wrong.head_dim = 8;
+  {
+    std::ofstream(dir / "config.json") << LlamaConfigToJson(wrong);
+  }
+  auto model = LoadLlama(dir.path(), Fp32Dense());
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("model.embed_tokens.weight"), std::string::npos)
+      << model.status();
+  wrong = tiny.config;
+  wrong.num_hidden_layers = 3;
+  {
+    std::ofstream(dir / "config.json") << LlamaConfigToJson(wrong);
+  }
+  model = LoadLlama(dir.path(), Fp32Dense());
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("model.layers.2."), std::string::npos) << model.status();
+}
+
+}  // namespace
+}  // namespace qlora::engine
+
+namespace qlora::engine {
+namespace {
+
+// The engine on the GPU (bf16 compute, NF4 weights, checkpointing) against the same model on
+// the CPU: same loss and LoRA gradients within bf16 rounding.
+TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
+  if (!at::hasCUDA() || at::getNumGPUs() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.dtype = "bfloat16";
+  tiny.config.hidden_size = 256;
+  tiny.config.intermediate_size = 512;
+  tiny.config.head_dim = 64;
+  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  std::map<std::string, at::Tensor> results[2];
+  const at::Device devices[2] = {at::Device(at::kCPU), at::Device(at::kCUDA, 0)};
+  for (int d = 0; d < 2; ++d) {
+    LoadOptions options;
+    options.device = devices[d];
+    auto model = LoadLlama(dir.path(), options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    LoraOptions lora;
+    lora.target_modules = {"all-linear"};
+    ASSERT_TRUE((*model)->AddLora(lora).ok());
+    RandomizeLoraB(**model);
+    (*model)->SetTraining(true);
+    const at::Tensor ids = RandomIds((*model)->config(), 2, 64);
+    results[d] = Gradients(**model, ids, LabelsFor(ids));
+  }
+  const double loss = results[0].at("loss_sum").item<double>();
+  EXPECT_NEAR(results[1].at("loss_sum").item<double>(), loss, 2e-2 * std::abs(loss));
+  for (const auto& [name, g] : results[0]) {
+    const double scale = g.abs().max().item<double>();
+    EXPECT_LT(MaxAbsDiff(g, results[1].at(name)), 5e-2 * scale + 1e-6) << name;
+  }
+}
+
+}  // namespace
+}  // namespace qlora::engine

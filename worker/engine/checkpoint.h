@@ -1,0 +1,26 @@
+// Activation checkpointing for LibTorch C++ (which has none): run a block without keeping its
+// activations, and recompute it in backward.
+//
+// Checkpoint(fn, input, params) runs fn(input) under no-grad and records one autograd node
+// whose inputs are `input` and `params` (the block's trainable tensors). Its backward restores
+// the RNG state that forward saw (so dropout masks repeat), recomputes fn on a detached copy of
+// `input` with grad enabled, and returns the gradients for input and params through
+// torch::autograd::grad, so both loss.backward() and autograd::grad work. Only `input` and the
+// RNG states are kept between forward and backward.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::engine {
+
+using CheckpointedFn = std::function<at::Tensor(const at::Tensor& input)>;
+
+// `fn` must depend on trainable tensors only through `params` (other captured tensors are
+// treated as constants) and must stay callable until backward has run.
+at::Tensor Checkpoint(CheckpointedFn fn, const at::Tensor& input,
+                      const std::vector<at::Tensor>& params);
+
+}  // namespace qlora::engine

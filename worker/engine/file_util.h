@@ -1,0 +1,21 @@
+// Small POSIX file helpers for the engine's writers and readers. Not std::filesystem: libtorch.so
+// exports its own, partly broken, copies of std::filesystem symbols (remove_all calls a null
+// pointer), and every engine binary links it.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace qlora::engine {
+
+std::string JoinPath(const std::string& dir, const std::string& name);
+bool PathExists(const std::string& path);
+// mkdir -p.
+absl::Status MakeDirs(const std::string& path);
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+// Writes `path`.tmp, then renames it over `path`.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+}  // namespace qlora::engine

@@ -1,0 +1,65 @@
+// Frozen linear layers (dense or 4-bit) with an optional LoRA adapter.
+//
+// Linear4bit: y = x W^T where W is stored as NF4/FP4 (kernels/quantize_4bit.h). A custom
+// autograd function dequantizes W in forward, multiplies and drops it; backward dequantizes again
+// for grad_input = grad_output W. W never gets a gradient and the dequantized copy is never kept
+// between forward and backward (what bitsandbytes' MatMul4Bit does).
+//
+// LoRA (PEFT semantics): y = base(x) + B(A(dropout(x))) * scale, with A [r, in] and B [out, r]
+// trainable float32 parameters cast to the compute dtype (x's dtype) for the matmuls.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+
+#include "kernels/quantize_4bit.h"
+
+namespace qlora::engine {
+
+// Whether this build links the 4-bit kernels (qlora_kernels); without them quantized weights
+// cannot be created or used.
+bool HaveQuantizationKernels();
+
+// The kernels' entry points, raising c10::Error when the build has no kernels.
+kernels::Quantized4bit QuantizeWeight(const at::Tensor& weight,
+                                      const kernels::Quantize4bitOptions& options);
+at::Tensor DequantizeWeight(const kernels::Quantized4bit& q, at::ScalarType dtype);
+// The 16-entry code table bitsandbytes stores as `quant_map` (float32).
+at::Tensor BitsandbytesQuantMap(kernels::QuantType type);
+
+// y = x W^T with a 4-bit W, in x's dtype. Differentiable with respect to x only.
+at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight);
+
+// A frozen weight [out, in]: dense (in the compute dtype) or 4-bit.
+struct FrozenWeight {
+  at::Tensor dense;                                 // [out, in]; undefined when quantized
+  std::optional<kernels::Quantized4bit> quantized;  // set when 4-bit
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+
+  // The weight as a dense tensor of `dtype` (dequantized when 4-bit).
+  at::Tensor Materialize(at::ScalarType dtype) const;
+  // x W^T in x's dtype.
+  at::Tensor Apply(const at::Tensor& x) const;
+};
+
+struct LoraWeights {
+  at::Tensor a;  // [r, in], float32, requires_grad
+  at::Tensor b;  // [out, r], float32, requires_grad
+  double scale = 1.0;    // alpha / r, or alpha / sqrt(r) for rsLoRA
+  double dropout = 0.0;  // applied to the LoRA branch's input while training
+};
+
+struct LinearLayer {
+  FrozenWeight base;
+  std::optional<LoraWeights> lora;
+
+  // x: [..., in] in the compute dtype; returns [..., out] in the same dtype.
+  at::Tensor Forward(const at::Tensor& x, bool training) const;
+  // W + scale * B A as float32 [out, in] (the base weight when there is no adapter).
+  at::Tensor MergedWeight() const;
+};
+
+}  // namespace qlora::engine

@@ -1,0 +1,258 @@
+// LlamaForCausalLM: rotary tables, RMSNorm, attention, SwiGLU, LoRA set-up and names.
+#include "worker/engine/llama_model.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "worker/engine/checkpoint.h"
+
+namespace qlora::engine {
+namespace {
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor h = x.to(at::kFloat);
+  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+// cat(-x[..., d/2:], x[..., :d/2])
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + RotateHalf(x) * sin;
+}
+
+std::vector<at::Tensor> LayerParameters(const DecoderLayer& layer) {
+  std::vector<at::Tensor> params;
+  for (const char* name : kLinearModuleNames) {
+    const LinearLayer& linear = layer.Linear(name);
+    if (linear.lora) {
+      params.push_back(linear.lora->a);
+      params.push_back(linear.lora->b);
+    }
+  }
+  return params;
+}
+
+}  // namespace
+
+std::string ModulePath(const std::string& module_name) {
+  const bool attention = module_name == "q_proj" || module_name == "k_proj" ||
+                         module_name == "v_proj" || module_name == "o_proj";
+  return absl::StrCat(attention ? "self_attn." : "mlp.", module_name);
+}
+
+LinearLayer& DecoderLayer::Linear(const std::string& name) {
+  return const_cast<LinearLayer&>(static_cast<const DecoderLayer*>(this)->Linear(name));
+}
+
+const LinearLayer& DecoderLayer::Linear(const std::string& name) const {
+  if (name == "q_proj") return q_proj;
+  if (name == "k_proj") return k_proj;
+  if (name == "v_proj") return v_proj;
+  if (name == "o_proj") return o_proj;
+  if (name == "gate_proj") return gate_proj;
+  if (name == "up_proj") return up_proj;
+  TORCH_CHECK(name == "down_proj", "unknown linear module ", name);
+  return down_proj;
+}
+
+at::Tensor RopeInverseFrequencies(const LlamaConfig& config) {
+  // Mirrors transformers' _compute_default_rope_parameters / _compute_llama3_parameters op by
+  // op (float32), so the tables agree to the bit.
+  const int64_t dim = config.head_dim;
+  const RopeConfig& rope = config.rope;
+  at::Tensor exponent = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / dim;
+  at::Tensor inv_freq = at::pow(rope.theta, exponent).reciprocal() * 1.0;
+  if (rope.type == RopeType::kLinear) return inv_freq / rope.factor;
+  if (rope.type != RopeType::kLlama3) return inv_freq;
+
+  const double old_context = static_cast<double>(rope.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / rope.low_freq_factor;
+  const double high_freq_wavelen = old_context / rope.high_freq_factor;
+  const at::Tensor wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq);
+  const at::Tensor smooth = (wavelen.reciprocal() * old_context - rope.low_freq_factor) /
+                            (rope.high_freq_factor - rope.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
+  const at::Tensor medium = (wavelen < high_freq_wavelen).logical_not() *
+                            (wavelen > low_freq_wavelen).logical_not();
+  return at::where(medium, smoothed, scaled);
+}
+
+LlamaForCausalLM::LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dtype,
+                                   at::Device device)
+    : config_(std::move(config)),
+      compute_dtype_(compute_dtype),
+      device_(device),
+      inv_freq_(RopeInverseFrequencies(config_).to(device)) {
+  layers.resize(config_.num_hidden_layers);
+}
+
+absl::Status LlamaForCausalLM::AddLora(const LoraOptions& options) {
+  if (lora_) return absl::FailedPreconditionError("the model already has LoRA adapters");
+  if (options.r < 1) return absl::InvalidArgumentError("lora r must be at least 1");
+  if (options.dropout < 0 || options.dropout >= 1) {
+    return absl::InvalidArgumentError("lora dropout must be in [0, 1)");
+  }
+  const bool all_linear =
+      options.target_modules.size() == 1 && options.target_modules[0] == "all-linear";
+  auto matches = [&](const std::string& full_name) {
+    if (all_linear) return true;
+    for (const std::string& entry : options.target_modules) {
+      if (full_name == entry || absl::EndsWith(full_name, absl::StrCat(".", entry))) return true;
+    }
+    return false;
+  };
+  // Check every entry matches something before touching the model (PEFT raises likewise).
+  if (!all_linear) {
+    for (const std::string& entry : options.target_modules) {
+      bool found = false;
+      for (size_t i = 0; i < layers.size() && !found; ++i) {
+        for (const char* module : kLinearModuleNames) {
+          const std::string full = absl::StrCat("model.layers.", i, ".", ModulePath(module));
+          if (full == entry || absl::EndsWith(full, absl::StrCat(".", entry))) found = true;
+        }
+      }
+      if (!found) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lora target_modules: \"", entry, "\" matches no linear layer (q_proj, k_proj, "
+            "v_proj, o_proj, gate_proj, up_proj, down_proj or all-linear)"));
+      }
+    }
+  }
+
+  const double scale = options.use_rslora ? options.alpha / std::sqrt(static_cast<double>(options.r))
+                                          : options.alpha / static_cast<double>(options.r);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (const char* module : kLinearModuleNames) {
+      if (!matches(absl::StrCat("model.layers.", i, ".", ModulePath(module)))) continue;
+      LinearLayer& linear = layers[i].Linear(module);
+      const double bound = 1.0 / std::sqrt(static_cast<double>(linear.base.in_features));
+      LoraWeights lora;
+      lora.a = at::empty({options.r, linear.base.in_features}, at::kFloat)
+                   .uniform_(-bound, bound, gen)
+                   .to(device_)
+                   .requires_grad_(true);
+      lora.b = at::zeros({linear.base.out_features, options.r}, at::dtype(at::kFloat).device(device_))
+                   .requires_grad_(true);
+      lora.scale = scale;
+      lora.dropout = options.dropout;
+      linear.lora = std::move(lora);
+    }
+  }
+  lora_ = options;
+  return absl::OkStatus();
+}
+
+at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::Tensor& x,
+                                          const at::Tensor& cos, const at::Tensor& sin,
+                                          const at::Tensor& mask) const {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
+  const int64_t head_dim = config_.head_dim;
+  const double eps = config_.rms_norm_eps;
+
+  const at::Tensor n = RmsNorm(x, layer.input_layernorm, eps);
+  // [batch, seq, heads * head_dim] -> [batch, heads, seq, head_dim]
+  auto split = [&](const at::Tensor& t, int64_t h) {
+    return t.view({batch, seq, h, head_dim}).transpose(1, 2);
+  };
+  const at::Tensor q = ApplyRotary(split(layer.q_proj.Forward(n, training_), heads), cos, sin);
+  const at::Tensor k = ApplyRotary(split(layer.k_proj.Forward(n, training_), kv_heads), cos, sin);
+  const at::Tensor v = split(layer.v_proj.Forward(n, training_), kv_heads);
+  const bool gqa = kv_heads != heads;
+  const at::Tensor attn =
+      mask.defined()
+          ? at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, std::nullopt, gqa)
+          : at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+  const at::Tensor h =
+      x + layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}),
+                               training_);
+
+  const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
+  const at::Tensor gated =
+      at::silu(layer.gate_proj.Forward(m, training_)) * layer.up_proj.Forward(m, training_);
+  return h + layer.down_proj.Forward(gated, training_);
+}
+
+at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
+                                     const ForwardOptions& options) const {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
+  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  const at::Tensor ids = input_ids.to(device_, at::kLong);
+
+  at::Tensor positions;
+  if (options.position_ids.defined()) {
+    TORCH_CHECK(options.position_ids.sizes() == input_ids.sizes(),
+                "position_ids must have input_ids' shape");
+    positions = options.position_ids.to(device_, at::kLong);
+  } else {
+    TORCH_CHECK(!options.block_diagonal, "block_diagonal attention needs position_ids");
+    positions = at::arange(seq, at::dtype(at::kLong).device(device_)).expand({batch, seq});
+  }
+  // cos/sin [batch, 1, seq, head_dim], computed in float32 then cast (as HF does).
+  const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq_.view({1, 1, -1});
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos().to(compute_dtype_).unsqueeze(1);
+  const at::Tensor sin = emb.sin().to(compute_dtype_).unsqueeze(1);
+
+  at::Tensor mask;  // undefined: plain causal attention
+  if (options.block_diagonal) {
+    const at::Tensor run = positions.eq(0).cumsum(-1);  // [batch, seq]: which packed example
+    const at::Tensor same = run.unsqueeze(-1).eq(run.unsqueeze(-2));
+    const at::Tensor causal = at::ones({seq, seq}, at::dtype(at::kBool).device(device_)).tril();
+    mask = at::logical_and(same, causal).unsqueeze(1);  // [batch, 1, seq, seq], true = attend
+  }
+
+  at::Tensor x = at::embedding(embed_tokens, ids);
+  const bool checkpoint = training_ && checkpointing_ && at::GradMode::is_enabled();
+  for (const DecoderLayer& layer : layers) {
+    if (checkpoint) {
+      x = Checkpoint(
+          [this, &layer, cos, sin, mask](const at::Tensor& h) {
+            return LayerForward(layer, h, cos, sin, mask);
+          },
+          x, LayerParameters(layer));
+    } else {
+      x = LayerForward(layer, x, cos, sin, mask);
+    }
+  }
+  return RmsNorm(x, norm, config_.rms_norm_eps);
+}
+
+at::Tensor LlamaForCausalLM::Logits(const at::Tensor& hidden) const {
+  return at::linear(hidden.to(compute_dtype_), lm_head);
+}
+
+CausalLmLoss LlamaForCausalLM::Loss(const at::Tensor& hidden, const at::Tensor& labels,
+                                   const LossOptions& options) const {
+  return ComputeCausalLmLoss(hidden, lm_head, labels, options);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaForCausalLM::TrainableParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (const char* module : kLinearModuleNames) {
+      const LinearLayer& linear = layers[i].Linear(module);
+      if (!linear.lora) continue;
+      const std::string prefix =
+          absl::StrCat("base_model.model.model.layers.", i, ".", ModulePath(module));
+      params.emplace_back(absl::StrCat(prefix, ".lora_A.weight"), linear.lora->a);
+      params.emplace_back(absl::StrCat(prefix, ".lora_B.weight"), linear.lora->b);
+    }
+  }
+  return params;
+}
+
+}  // namespace qlora::engine

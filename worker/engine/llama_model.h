@@ -1,0 +1,127 @@
+// The LLaMA causal language model in LibTorch, with frozen (dense or 4-bit) base weights and
+// optional LoRA adapters: the HF `LlamaForCausalLM` computation (modeling_llama.py).
+//
+//   h   = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n)))      n = RMSNorm(x)
+//   out = h + down_proj(silu(gate_proj(m)) * up_proj(m))                     m = RMSNorm(h)
+//
+// RMSNorm computes in float32 and casts back before the weight; rotary embeddings pair dim i with
+// i + d/2 (HF convention) with default, linear or llama3 frequencies; attention is
+// at::scaled_dot_product_attention (causal, GQA), or with a block-diagonal causal mask for packed
+// rows. Each decoder layer is activation-checkpointed while training (on by default).
+//
+// Thread-safety: Forward may run concurrently with itself; setters and AddLora may not.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "worker/engine/causal_lm_loss.h"
+#include "worker/engine/linear4bit.h"
+#include "worker/engine/llama_config.h"
+
+namespace qlora::engine {
+
+// The seven projections of a decoder layer, by their HF module names.
+inline constexpr const char* kLinearModuleNames[] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj"};
+
+struct LoraOptions {
+  int64_t r = 8;
+  double alpha = 8.0;
+  double dropout = 0.0;
+  // HF module names (matched like PEFT: a name or its last component), or {"all-linear"}.
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  bool use_rslora = false;  // scale alpha / sqrt(r) instead of alpha / r
+  uint64_t seed = 0;        // A's kaiming-uniform draw (on CPU, so identical on every device)
+};
+
+struct ForwardOptions {
+  // [batch, seq] int64; default arange(seq) per row.
+  at::Tensor position_ids;
+  // Packed rows: attention is causal within the runs that start where position_ids == 0, and
+  // never crosses into another run (needs position_ids).
+  bool block_diagonal = false;
+};
+
+// One decoder layer's weights. Shapes: norms [hidden]; linears as in HF ([out, in]).
+struct DecoderLayer {
+  at::Tensor input_layernorm;           // [hidden]
+  at::Tensor post_attention_layernorm;  // [hidden]
+  LinearLayer q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+
+  LinearLayer& Linear(const std::string& name);
+  const LinearLayer& Linear(const std::string& name) const;
+};
+
+class LlamaForCausalLM {
+ public:
+  // An empty model of `config` whose weights the loader (hf_loader.h) fills in.
+  LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dtype, at::Device device);
+
+  const LlamaConfig& config() const { return config_; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  at::Device device() const { return device_; }
+
+  // Weights (filled by the loader).
+  at::Tensor embed_tokens;  // [vocab, hidden], compute dtype
+  std::vector<DecoderLayer> layers;
+  at::Tensor norm;          // [hidden]
+  at::Tensor lm_head;       // [vocab, hidden]; the same tensor as embed_tokens when tied
+
+  // Adds fresh adapters (PEFT init: A ~ kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)),
+  // B = 0) to the target modules. InvalidArgument for an unknown module name or r < 1;
+  // FailedPrecondition when adapters exist already.
+  absl::Status AddLora(const LoraOptions& options);
+  bool has_lora() const { return lora_.has_value(); }
+  const LoraOptions& lora_options() const { return *lora_; }
+
+  // Training mode enables LoRA dropout and activation checkpointing (if on).
+  void SetTraining(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  void SetGradientCheckpointing(bool on) { checkpointing_ = on; }
+  bool gradient_checkpointing() const { return checkpointing_; }
+
+  // input_ids [batch, seq] int64 -> final hidden states [batch, seq, hidden] (after the last
+  // RMSNorm), in the compute dtype. Throws c10::Error on bad shapes.
+  at::Tensor Forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) const;
+  // hidden [..., hidden] -> logits [..., vocab] in the compute dtype (all positions at once; for
+  // inference and tests; training uses CausalLmLoss).
+  at::Tensor Logits(const at::Tensor& hidden) const;
+  // Summed causal-LM cross-entropy of Forward's output against unshifted labels (-100 =
+  // ignored) and the number of target tokens; chunked, see causal_lm_loss.h.
+  CausalLmLoss Loss(const at::Tensor& hidden, const at::Tensor& labels,
+                    const LossOptions& options = {}) const;
+
+  // The LoRA parameters as (PEFT state-dict name, tensor) in a fixed order: layer, then module
+  // (q, k, v, o, gate, up, down), then lora_A before lora_B. E.g.
+  // "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight".
+  std::vector<std::pair<std::string, at::Tensor>> TrainableParameters() const;
+
+ private:
+  at::Tensor LayerForward(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
+                          const at::Tensor& sin, const at::Tensor& mask) const;
+
+  LlamaConfig config_;
+  at::ScalarType compute_dtype_;
+  at::Device device_;
+  at::Tensor inv_freq_;  // [head_dim / 2] float32, with the config's rope scaling
+  std::optional<LoraOptions> lora_;
+  bool training_ = false;
+  bool checkpointing_ = true;
+};
+
+// HF module path of a projection: "self_attn.q_proj" or "mlp.gate_proj".
+std::string ModulePath(const std::string& module_name);
+
+// Rotary inverse frequencies [head_dim / 2] (float32) for a config, as transformers'
+// ROPE_INIT_FUNCTIONS compute them.
+at::Tensor RopeInverseFrequencies(const LlamaConfig& config);
+
+}  // namespace qlora::engine

@@ -1,0 +1,161 @@
+// Random HF LLaMA folders: names and shapes from the config, values from a per-tensor seed.
+#include "worker/engine/tiny_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/safetensors/checkpoint_files.h"
+#include "common/safetensors/writer.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/file_util.h"
+
+namespace qlora::engine {
+namespace {
+
+using safetensors::Dtype;
+using safetensors::TensorSpec;
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+uint16_t RoundToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even (finite inputs)
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+uint16_t RoundToF16(float f) {
+  // IEEE half via the compiler's conversion (values here are small and normal).
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+std::vector<TensorSpec> Specs(const LlamaConfig& c, Dtype dtype) {
+  std::vector<TensorSpec> specs;
+  const int64_t q_out = c.num_attention_heads * c.head_dim;
+  const int64_t kv_out = c.num_key_value_heads * c.head_dim;
+  specs.push_back({"model.embed_tokens.weight", dtype, {c.vocab_size, c.hidden_size}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    specs.push_back({p + "input_layernorm.weight", dtype, {c.hidden_size}});
+    specs.push_back({p + "post_attention_layernorm.weight", dtype, {c.hidden_size}});
+    specs.push_back({p + "self_attn.q_proj.weight", dtype, {q_out, c.hidden_size}});
+    specs.push_back({p + "self_attn.k_proj.weight", dtype, {kv_out, c.hidden_size}});
+    specs.push_back({p + "self_attn.v_proj.weight", dtype, {kv_out, c.hidden_size}});
+    specs.push_back({p + "self_attn.o_proj.weight", dtype, {c.hidden_size, q_out}});
+    specs.push_back({p + "mlp.gate_proj.weight", dtype, {c.intermediate_size, c.hidden_size}});
+    specs.push_back({p + "mlp.up_proj.weight", dtype, {c.intermediate_size, c.hidden_size}});
+    specs.push_back({p + "mlp.down_proj.weight", dtype, {c.hidden_size, c.intermediate_size}});
+  }
+  specs.push_back({"model.norm.weight", dtype, {c.hidden_size}});
+  if (!c.tie_word_embeddings) {
+    specs.push_back({"lm_head.weight", dtype, {c.vocab_size, c.hidden_size}});
+  }
+  return specs;
+}
+
+uint64_t ByteSize(const TensorSpec& spec) {
+  uint64_t n = safetensors::DtypeBits(spec.dtype) / 8;
+  for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+}  // namespace
+
+LlamaConfig TinyLlamaConfig() {
+  LlamaConfig c;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 512;
+  c.rms_norm_eps = 1e-5;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  return c;
+}
+
+absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& options) {
+  Dtype dtype;
+  if (options.dtype == "float32") {
+    dtype = Dtype::kF32;
+  } else if (options.dtype == "bfloat16") {
+    dtype = Dtype::kBF16;
+  } else if (options.dtype == "float16") {
+    dtype = Dtype::kF16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tiny model dtype \"", options.dtype, "\": use float32, bfloat16 or float16"));
+  }
+  QLORA_RETURN_IF_ERROR(MakeDirs(dir));
+
+  LlamaConfig config = options.config;
+  config.torch_dtype = options.dtype;
+  config.bnb.reset();
+  QLORA_RETURN_IF_ERROR(
+      WriteFileAtomically(JoinPath(dir, "config.json"), LlamaConfigToJson(config, options.rope_form)));
+
+  auto produce = [&](const TensorSpec& spec, std::string* bytes) {
+    std::seed_seq seq{options.seed, Fnv1a(spec.name)};
+    std::mt19937_64 rng(seq);
+    const bool is_norm = spec.shape.size() == 1;
+    std::normal_distribution<float> normal(is_norm ? 1.0f : 0.0f,
+                                           is_norm ? 0.1f : static_cast<float>(options.init_std));
+    const uint64_t numel = ByteSize(spec) * 8 / safetensors::DtypeBits(spec.dtype);
+    bytes->resize(ByteSize(spec));
+    for (uint64_t i = 0; i < numel; ++i) {
+      const float v = normal(rng);
+      if (dtype == Dtype::kF32) {
+        std::memcpy(bytes->data() + 4 * i, &v, 4);
+      } else {
+        const uint16_t h = dtype == Dtype::kBF16 ? RoundToBf16(v) : RoundToF16(v);
+        std::memcpy(bytes->data() + 2 * i, &h, 2);
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  const std::vector<TensorSpec> specs = Specs(config, dtype);
+  if (options.max_shard_bytes == 0) {
+    return safetensors::WriteSafetensors(JoinPath(dir, safetensors::kSingleFileName),
+                                         specs, produce);
+  }
+  // Greedy shards in order, as huggingface_hub's split_torch_state_dict_into_shards does.
+  std::vector<std::vector<TensorSpec>> shards(1);
+  uint64_t shard_bytes = 0, total = 0;
+  for (const TensorSpec& spec : specs) {
+    if (!shards.back().empty() && shard_bytes + ByteSize(spec) > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(spec);
+    shard_bytes += ByteSize(spec);
+    total += ByteSize(spec);
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", total}}},
+                          {"weight_map", nlohmann::json::object()}};
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const std::string file =
+        absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, shards.size());
+    for (const TensorSpec& spec : shards[k]) index["weight_map"][spec.name] = file;
+    QLORA_RETURN_IF_ERROR(
+        safetensors::WriteSafetensors(JoinPath(dir, file), shards[k], produce));
+  }
+  return WriteFileAtomically(JoinPath(dir, safetensors::kIndexFileName), index.dump(2));
+}
+
+}  // namespace qlora::engine

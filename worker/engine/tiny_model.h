@@ -1,0 +1,29 @@
+// Makes small random LLaMA checkpoints as Hugging Face folders (config.json + model.safetensors,
+// or shards + model.safetensors.index.json), for demos and tests; torch-free. Each tensor's
+// values depend only on (seed, tensor name), so sharding does not change them. Tensors are
+// generated and written one at a time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/engine/llama_config.h"
+
+namespace qlora::engine {
+
+// vocab 256, hidden 64, intermediate 128, 2 layers, 4 heads, 2 kv heads, head_dim 16.
+LlamaConfig TinyLlamaConfig();
+
+struct TinyModelOptions {
+  LlamaConfig config = TinyLlamaConfig();
+  uint64_t seed = 0;
+  double init_std = 0.02;        // N(0, std) for embeddings and linears; norms are 1 + N(0, 0.1)
+  std::string dtype = "float32"; // float32 | bfloat16 | float16
+  RopeJsonForm rope_form = RopeJsonForm::kRopeScaling;
+  uint64_t max_shard_bytes = 0;  // 0: one model.safetensors; else shards of at most this size
+};
+
+absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& options);
+
+}  // namespace qlora::engine
