@@ -16,6 +16,7 @@
 #include <cmath>
 #include <fstream>
 #include <memory>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -138,6 +139,20 @@ absl::StatusOr<TrainingOutcome> Run(const TrainingContext& ctx) {
   const at::Device device = a.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   QLORA_ASSIGN_OR_RETURN(at::ScalarType dtype, ComputeDtype(cfg.quantization.compute_dtype));
   if (device.is_cpu() && dtype == at::kHalf) dtype = at::kFloat;  // fp16 matmuls on CPU are emulated
+
+  // Deterministic for a seed: libtorch seeds its default generators from the OS, and LoRA
+  // dropout draws from them. Each rank gets its own stream (different masks per rank).
+  const uint64_t seed = cfg.trainer.seed * 1000003u + static_cast<uint64_t>(rank);
+  {
+    at::Generator cpu = at::globalContext().defaultGenerator(at::kCPU);
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_current_seed(seed);
+  }
+  if (device.is_cuda()) {
+    at::Generator gpu = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gpu.mutex());
+    gpu.set_current_seed(seed);
+  }
 
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> communicator, Connect(ctx, 0));
   Log(rank, absl::StrCat("joined ", a.world_size, " ranks over ", a.device == "cuda" ? "NCCL" : "Gloo"));
