@@ -2,16 +2,18 @@
 // tests/engine/ with $QLORA_PYTHON (tests skip when it is absent).
 #pragma once
 
+#include <dirent.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ftw.h>
-#include <sys/stat.h>
-#include <dirent.h>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 namespace qlora::testing {
 
@@ -21,8 +23,19 @@ inline std::string ReferencePython() {
 #ifdef QLORA_DEFAULT_PYTHON
   if (python == nullptr) python = QLORA_DEFAULT_PYTHON;
 #endif
-  if (python == nullptr || *python == '\0' || ::access(python, X_OK) != 0) return "";
-  return python;
+  if (python == nullptr || *python == '\0') return "";
+  const std::string name = python;
+  if (name.find('/') != std::string::npos) return ::access(python, X_OK) == 0 ? name : "";
+  // A bare name ("python3"): look it up on PATH.
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  for (size_t start = 0; start <= dirs.size();) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string candidate = dirs.substr(start, end - start) + "/" + name;
+    if (end > start && ::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
 }
 
 inline std::string ScriptPath(const std::string& script) {

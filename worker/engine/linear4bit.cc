@@ -115,8 +115,12 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training) const {
   if (!lora) return y;
   const at::ScalarType dtype = x.scalar_type();
   const at::Tensor h = lora->dropout > 0 ? at::dropout(x, lora->dropout, training) : x;
-  const at::Tensor delta = at::linear(at::linear(h, lora->a.to(dtype)), lora->b.to(dtype));
-  return y + delta * lora->scale;
+  // y + scale * (h A^T) B^T as one GEMM that accumulates into y (beta = 1, alpha = scale): no
+  // separate scale and add passes over the [tokens, out] activations, forward or backward.
+  const int64_t r = lora->a.size(0);
+  const at::Tensor ha = at::linear(h, lora->a.to(dtype)).reshape({-1, r});
+  const at::Tensor out = at::addmm(y.reshape({-1, y.size(-1)}), ha, lora->b.to(dtype).t(), 1, lora->scale);
+  return out.view(y.sizes());
 }
 
 at::Tensor LinearLayer::MergedWeight() const {
