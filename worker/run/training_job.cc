@@ -164,6 +164,7 @@ absl::StatusOr<TrainingOutcome> Run(const TrainingContext& ctx) {
   load.blocksize = cfg.quantization.blocksize;
   load.compute_dtype = dtype;
   load.device = device;
+  engine::UseMmapForLargeHostAllocations();  // host memory stays near one tensor while loading
   const auto load_start = std::chrono::steady_clock::now();
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<engine::LlamaForCausalLM> model,
                          engine::LoadLlama(cfg.base_model_path, load));

@@ -77,10 +77,23 @@ absl::Status ZeroStrategy::Init() {
     Slice(flat, layout_.Param(i)).copy_(params_[i].tensor.detach().reshape({-1}));
   }
   QLORA_RETURN_IF_ERROR(Collective(comm_.Broadcast(flat, 0, options_.collective_timeout)));
+  const bool alias = std::all_of(params_.begin(), params_.end(), [](const TrainableParam& p) {
+    return p.tensor.scalar_type() == at::kFloat;
+  });
   for (int i = 0; i < layout_.num_params(); ++i) {
-    params_[i].tensor.detach().copy_(Slice(flat, layout_.Param(i)).view(params_[i].tensor.sizes()));
+    const at::Tensor view = Slice(flat, layout_.Param(i)).view(params_[i].tensor.sizes());
+    if (alias) {
+      params_[i].tensor.set_data(view);  // the engine's handle now reads and writes `flat`
+    } else {
+      params_[i].tensor.detach().copy_(view);
+    }
   }
-  master_ = Slice(flat, Owned()).clone();
+  if (alias) {
+    flat_ = flat;
+    master_ = Slice(flat_, Owned());
+  } else {
+    master_ = Slice(flat, Owned()).clone();
+  }
   adamw_ = std::make_unique<optim::AdamW>(options_.adamw, Owned().size(), Fp32());
   grad_ = at::zeros({plan_.partition_gradients ? layout_.partition_numel() : layout_.padded_numel()},
                     Fp32());
@@ -232,6 +245,7 @@ absl::StatusOr<StepReport> ZeroStrategy::Step(double lr) {
 }
 
 absl::StatusOr<at::Tensor> ZeroStrategy::FullMaster() {
+  if (flat_.defined()) return flat_;  // PublishMaster keeps it whole
   if (!plan_.partition_optimizer) return master_;
   at::Tensor full = at::empty({layout_.padded_numel()}, Fp32());
   NoteCommBuffer(full.nbytes());
@@ -242,6 +256,15 @@ absl::StatusOr<at::Tensor> ZeroStrategy::FullMaster() {
 }
 
 absl::Status ZeroStrategy::PublishMaster() {
+  if (flat_.defined()) {
+    // The parameters are `flat_`: only the other ranks' partitions need to arrive.
+    if (!plan_.partition_optimizer || comm_.world_size() == 1) return absl::OkStatus();
+    at::Tensor own = master_.clone();
+    NoteCommBuffer(own.nbytes());
+    absl::Status gathered = Collective(comm_.AllGather(own, flat_, options_.collective_timeout));
+    live_comm_bytes_ -= own.nbytes();
+    return gathered;
+  }
   QLORA_ASSIGN_OR_RETURN(at::Tensor full, FullMaster());
   for (int i = 0; i < layout_.num_params(); ++i) {
     params_[i].tensor.detach().copy_(Slice(full, layout_.Param(i)).view(params_[i].tensor.sizes()));

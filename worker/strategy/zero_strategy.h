@@ -78,6 +78,11 @@ class ZeroStrategy final : public DistributedStrategy {
   std::vector<TrainableParam> params_;
   FlatLayout layout_;
 
+  // When every parameter is fp32 (LoRA weights are), the parameters are views into `flat_` (as
+  // DeepSpeed's flattened groups) and master_ is the owned slice of it: the optimizer updates
+  // the parameters in place and no second fp32 copy of them exists. Otherwise master_ is a
+  // separate fp32 copy and flat_ is undefined.
+  at::Tensor flat_;           // (padded_numel,) fp32, aliased by the parameters
   at::Tensor master_;         // (Owned().size(),) fp32
   std::unique_ptr<optim::AdamW> adamw_;
   at::Tensor grad_;           // (padded_numel,) fp32 for stages 0-1; (partition_numel,) for 2
