@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.
 for what in "$@"; do
   case "$what" in
     tests)
-      for t in $(find /tmp/qb/tests -type f -name '*_test' | sort); do
+      for t in $(find /tmp/qb/tests -type f -name "${TESTS:-*}_test" | sort); do
         echo "== $t"; timeout 150 "$t" --gtest_brief=1 2>&1 | tail -25
       done 2>&1 | tee "$OUT/tests.txt" ;;
     fixtures)
