@@ -15,12 +15,12 @@ namespace qlora::engine {
 namespace {
 
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (x.is_cuda() && weight.scalar_type() == x.scalar_type()) {
-    // One fused kernel (float32 inside) instead of six passes over the activations, forward and
-    // backward. HF rounds the normalized value to the input dtype before the weight product;
-    // this rounds once, after it: within one ulp of the compute dtype.
-    return at::rms_norm(x, {x.size(-1)}, weight, eps);
-  }
+  // ATen's rms_norm: float32 inside, the weight product in float32 and one rounding to the
+  // compute dtype at the end (a fused kernel on CUDA: one pass instead of six, forward and
+  // backward). HF rounds the normalized value to the input dtype before the weight product, so
+  // in bf16 the two differ by at most one ulp; in float32 they are the same computation. The
+  // same formula on every device keeps CPU and CUDA results comparable.
+  if (weight.scalar_type() == x.scalar_type()) return at::rms_norm(x, {x.size(-1)}, weight, eps);
   at::Tensor h = x.to(at::kFloat);
   const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(variance + eps);
