@@ -4,7 +4,8 @@
 #   1. the example job (tiny LLaMA, NF4, bf16) on 1 GPU and on 2 GPUs (ZeRO-2, NCCL): loss goes down
 #   2. the 7B-shaped benchmark job: ours at micro-batch 1 and 4 (1 GPU) and 4 (2 GPUs), ZeRO-2
 #   3. the anchors at micro-batch 4 and 1 (transformers + peft + bitsandbytes) and bf16-base LoRA
-# BENCH_PARTS selects: "tiny", "ours", "anchors" (default all).
+# BENCH_PARTS selects: "tiny", "ours", "anchors", "deepspeed" (default: tiny ours anchors).
+#   4. deepspeed: the DeepSpeed ZeRO-2 anchor on every GPU (wheels carried in .device-wheels/ds)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 parts=${BENCH_PARTS:-tiny ours anchors}
@@ -27,12 +28,12 @@ if [[ $parts == *tiny* ]]; then
     kill $c; wait $c 2>/dev/null
   done
 fi
-if [[ $parts == *ours* || $parts == *anchors* ]]; then
+if [[ $parts == *ours* || $parts == *anchors* || $parts == *deepspeed* ]]; then
   model=/tmp/llama7b
   [ -f $model/config.json ] || python3 "$root/bench/make_llama_folder.py" $model
   python3 "$root/bench/make_text_data.py" /tmp/bench.txt --lines 200
 fi
-if [[ $parts == *ours* ]]; then
+if [[ $parts == *ours* && $parts != *ours2gpu* ]]; then
   echo "== ours"
   "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 4 2 10
   "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 1 2 10
@@ -43,4 +44,14 @@ if [[ $parts == *anchors* ]]; then
   python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 4
   python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 1
   python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 4 --bf16-base
+fi
+if [[ $parts == *ours2gpu* ]] && ((ngpu > 1)); then
+  "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0,1 4 2 10
+fi
+if [[ $parts == *deepspeed* ]] && ((ngpu > 1)); then
+  echo "== deepspeed anchor"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/dssite "$root"/.device-wheels/ds/*.whl
+  PYTHONPATH=/tmp/dssite:$PYTHONPATH PATH=/tmp/dssite/bin:$PATH DS_BUILD_OPS=0 \
+    torchrun --nproc_per_node "$ngpu" "$root/bench/anchor_deepspeed.py" /tmp/llama7b --micro-batch 4 2>&1 \
+    | grep -vE "Loading|^\s*$" | tail -15
 fi
