@@ -14,18 +14,6 @@
 namespace qlora::engine {
 namespace {
 
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  // ATen's rms_norm: float32 inside, the weight product in float32 and one rounding to the
-  // compute dtype at the end (a fused kernel on CUDA: one pass instead of six, forward and
-  // backward). HF rounds the normalized value to the input dtype before the weight product, so
-  // in bf16 the two differ by at most one ulp; in float32 they are the same computation. The
-  // same formula on every device keeps CPU and CUDA results comparable.
-  if (weight.scalar_type() == x.scalar_type()) return at::rms_norm(x, {x.size(-1)}, weight, eps);
-  at::Tensor h = x.to(at::kFloat);
-  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * at::rsqrt(variance + eps);
-  return weight * h.to(x.scalar_type());
-}
 
 // cat(-x[..., d/2:], x[..., :d/2])
 at::Tensor RotateHalf(const at::Tensor& x) {
@@ -50,6 +38,19 @@ std::vector<at::Tensor> LayerParameters(const DecoderLayer& layer) {
 }
 
 }  // namespace
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // ATen's rms_norm: float32 inside, the weight product in float32 and one rounding to the
+  // compute dtype at the end (a fused kernel on CUDA: one pass instead of six, forward and
+  // backward). HF rounds the normalized value to the input dtype before the weight product, so
+  // in bf16 the two differ by at most one ulp; in float32 they are the same computation. The
+  // same formula on every device keeps CPU and CUDA results comparable.
+  if (weight.scalar_type() == x.scalar_type()) return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  at::Tensor h = x.to(at::kFloat);
+  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
 
 std::string ModulePath(const std::string& module_name) {
   const bool attention = module_name == "q_proj" || module_name == "k_proj" ||

@@ -117,6 +117,11 @@ class LlamaForCausalLM {
   bool checkpointing_ = true;
 };
 
+// RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, computed in float32 with one rounding to x's
+// dtype at the end (ATen's rms_norm; a fused kernel on CUDA). HF rounds the normalized value to
+// the input dtype before the weight product: in bf16 the two agree within one ulp.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 // HF module path of a projection: "self_attn.q_proj" or "mlp.gate_proj".
 std::string ModulePath(const std::string& module_name);
 

@@ -1,0 +1,89 @@
+// The fused paths of the engine checked against the unfused formulas they replace, on CPU and,
+// when there is one, on a GPU: RMSNorm through ATen's rms_norm (a fused kernel on CUDA), and the
+// LoRA branch as one GEMM accumulating into the base output.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/engine/linear4bit.h"
+#include "worker/engine/llama_model.h"
+
+namespace qlora::engine {
+namespace {
+
+std::vector<at::Device> Devices() {
+  std::vector<at::Device> devices = {at::kCPU};
+  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
+  return devices;
+}
+
+// The HF LlamaRMSNorm formula: normalise in float32, round to the input dtype, then weight.
+at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  at::Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean(-1, true) + eps);
+  return w * h.to(x.scalar_type());
+}
+
+TEST(EngineFused, RmsNormEqualsTheHfFormulaInFloat32AndWithinOneUlpInBf16) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(0);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    at::Tensor x = at::randn({3, 37, 256}, f32) * 3;
+    at::Tensor w = 1 + 0.1 * at::randn({256}, f32);
+    // float32: the same computation (forward and gradients).
+    at::Tensor xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+    at::Tensor ours = RmsNorm(xa, w, 1e-5), ref = HfRmsNorm(xb, w, 1e-5);
+    EXPECT_LE((ours - ref).abs().max().item<double>(), 1e-6);
+    at::Tensor g = at::randn_like(ours);
+    const auto ga = torch::autograd::grad({ours}, {xa}, {g});
+    const auto gb = torch::autograd::grad({ref}, {xb}, {g});
+    EXPECT_LE((ga[0] - gb[0]).abs().max().item<double>(), 1e-5);
+    // bf16: one rounding instead of two; never more than one ulp (2^-7 relative) apart.
+    at::Tensor xh = x.to(at::kBFloat16), wh = w.to(at::kBFloat16);
+    at::Tensor fused = RmsNorm(xh, wh, 1e-5).to(at::kFloat), hf = HfRmsNorm(xh, wh, 1e-5).to(at::kFloat);
+    const at::Tensor excess = (fused - hf).abs() - hf.abs() * (1.0 / 128) - 1e-6;
+    EXPECT_LE(excess.max().item<double>(), 0.0);
+    EXPECT_GT((fused - hf).abs().max().item<double>(), 0.0) << "the comparison must see the rounding difference";
+  }
+}
+
+TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(1);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    LinearLayer layer;
+    layer.base.dense = at::randn({48, 32}, f32) * 0.1;
+    layer.base.out_features = 48;
+    layer.base.in_features = 32;
+    LoraWeights lora;
+    lora.a = (at::randn({4, 32}, f32) * 0.2).requires_grad_();
+    lora.b = (at::randn({48, 4}, f32) * 0.2).requires_grad_();
+    lora.scale = 2.5;
+    layer.lora = lora;
+    at::Tensor x = at::randn({2, 5, 32}, f32).requires_grad_();
+    at::Tensor ours = layer.Forward(x, /*training=*/false);
+    at::Tensor ref = at::linear(x, layer.base.dense) + at::linear(at::linear(x, lora.a), lora.b) * lora.scale;
+    EXPECT_LE((ours - ref).abs().max().item<double>(), 1e-5);
+    at::Tensor g = at::randn_like(ours);
+    const auto go = torch::autograd::grad({ours}, {x, lora.a, lora.b}, {g});
+    const auto gr = torch::autograd::grad({ref}, {x, lora.a, lora.b}, {g});
+    for (size_t i = 0; i < go.size(); ++i) {
+      EXPECT_LE((go[i] - gr[i]).abs().max().item<double>(), 1e-5) << "gradient " << i;
+    }
+    // bf16 compute: the fused GEMM rounds once, the unfused formula three times.
+    at::Tensor xh = x.detach().to(at::kBFloat16);
+    layer.base.dense = layer.base.dense.to(at::kBFloat16);
+    at::Tensor fused = layer.Forward(xh, false).to(at::kFloat);
+    at::Tensor unfused = (at::linear(xh, layer.base.dense) +
+                          at::linear(at::linear(xh, lora.a.to(at::kBFloat16)), lora.b.to(at::kBFloat16)) * lora.scale)
+                             .to(at::kFloat);
+    EXPECT_LE((fused - unfused).abs().max().item<double>(), 0.02 * unfused.abs().max().item<double>());
+  }
+}
+
+}  // namespace
+}  // namespace qlora::engine
