@@ -237,16 +237,6 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-absl::StatusOr<std::string> MakeNcclUniqueId() {
-  ncclUniqueId id;
-  const ncclResult_t result = ncclGetUniqueId(&id);
-  if (result != ncclSuccess) {
-    return absl::UnavailableError(
-        absl::StrCat("nccl: ncclGetUniqueId failed: ", ncclGetErrorString(result)));
-  }
-  return std::string(id.internal, sizeof(id.internal));
-}
-
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(const NcclOptions& options) {
   const std::string where =
       absl::StrCat("nccl rank ", options.rank, " of ", options.world_size, ": init");

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/nccl_unique_id.h"  // MakeNcclUniqueId
 #include "worker/comm/rendezvous_store.h"
 
 namespace qlora::comm {
@@ -28,8 +29,6 @@ struct NcclOptions {
   absl::Duration liveness_grace = absl::Seconds(2);
 };
 
-// A fresh NCCL unique id (rank 0 only), as bytes to relay.
-absl::StatusOr<std::string> MakeNcclUniqueId();
 
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(const NcclOptions& options);
 

@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/config/job_config_parser.h"
+#include "worker/comm/nccl_unique_id.h"
 #include "worker/run/training_job.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/grpc_rendezvous_store.h"
-#include "worker/service/nccl_id.h"
 
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
 ABSL_FLAG(std::string, job, "", "job id");
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   }
   Log(absl::StrCat("registered with ", id.coordinator_address, " for ", id.job_id));
   if (device == "cuda" && id.rank == 0) {
-    absl::StatusOr<std::string> nccl_id = qlora::worker::MakeNcclUniqueId();
+    absl::StatusOr<std::string> nccl_id = qlora::comm::MakeNcclUniqueId();
     absl::Status published = nccl_id.ok() ? client->PublishNcclId(*nccl_id) : nccl_id.status();
     if (!published.ok()) {
       Log(absl::StrCat("cannot publish the NCCL id: ", published.ToString()));
