@@ -100,6 +100,23 @@ std::string LatestCheckpoint(const std::string& dir) {
   return best;
 }
 
+// Deterministic for a seed: libtorch seeds its default generators from the OS, and LoRA dropout
+// draws from them. Seeding from (job seed, rank, step) at every step gives each rank its own
+// masks and makes a run resumed from a checkpoint draw exactly what an uninterrupted one does.
+void SeedGenerators(const at::Device& device, uint64_t job_seed, int rank, int64_t step) {
+  const uint64_t seed = (job_seed * 1000003u + static_cast<uint64_t>(rank)) * 1000003u + static_cast<uint64_t>(step);
+  {
+    at::Generator cpu = at::globalContext().defaultGenerator(at::kCPU);
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_current_seed(seed);
+  }
+  if (device.is_cuda()) {
+    at::Generator gpu = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gpu.mutex());
+    gpu.set_current_seed(seed);
+  }
+}
+
 // Sums a few doubles over all ranks.
 absl::StatusOr<std::vector<double>> SumOverRanks(comm::Communicator& comm, const std::vector<double>& values,
                                                  const at::Device& device) {
@@ -139,20 +156,6 @@ absl::StatusOr<TrainingOutcome> Run(const TrainingContext& ctx) {
   const at::Device device = a.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   QLORA_ASSIGN_OR_RETURN(at::ScalarType dtype, ComputeDtype(cfg.quantization.compute_dtype));
   if (device.is_cpu() && dtype == at::kHalf) dtype = at::kFloat;  // fp16 matmuls on CPU are emulated
-
-  // Deterministic for a seed: libtorch seeds its default generators from the OS, and LoRA
-  // dropout draws from them. Each rank gets its own stream (different masks per rank).
-  const uint64_t seed = cfg.trainer.seed * 1000003u + static_cast<uint64_t>(rank);
-  {
-    at::Generator cpu = at::globalContext().defaultGenerator(at::kCPU);
-    std::lock_guard<std::mutex> lock(cpu.mutex());
-    cpu.set_current_seed(seed);
-  }
-  if (device.is_cuda()) {
-    at::Generator gpu = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gpu.mutex());
-    gpu.set_current_seed(seed);
-  }
 
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> communicator, Connect(ctx, 0));
   Log(rank, absl::StrCat("joined ", a.world_size, " ranks over ", a.device == "cuda" ? "NCCL" : "Gloo"));
@@ -271,6 +274,7 @@ absl::StatusOr<TrainingOutcome> Run(const TrainingContext& ctx) {
   for (int64_t step = start_step; step < total_steps; ++step) {
     if (ctx.should_stop()) return absl::CancelledError("stopped on request");
     const auto step_start = std::chrono::steady_clock::now();
+    SeedGenerators(device, cfg.trainer.seed, rank, step);
     // One optimizer step's micro-batches; a new epoch starts when its planned steps are done.
     if (in_epoch == epoch_steps) {
       ++epoch;
