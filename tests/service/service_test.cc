@@ -149,49 +149,6 @@ TEST_F(ServiceTest, OriginalJobFileTrainsUnderStage2AndItsAdapterLoadsInPeft) {
   EXPECT_EQ(peft.exit_code, 0) << peft.output;
 }
 
-// The same job under ZeRO stage 0, 1 and 2 on 2 CPU workers (same data, same global batches)
-// gives the same LoRA weights: only the partitioning of the optimizer state and gradients
-// differs, and fp32 sums in another order differ by a few ulps.
-TEST_F(ServiceTest, StagesZeroOneTwoGiveTheSameAdapter) {
-  CoordinatorProcess c(state_, 2);
-  ASSERT_TRUE(c.started());
-  std::vector<std::map<std::string, std::vector<float>>> adapters;
-  for (int stage : {0, 1, 2}) {
-    std::string yaml = ShortJob();
-    const std::string from = "zero_optimization: {stage: 2}";
-    yaml.replace(yaml.find(from), from.size(), absl::StrCat("zero_optimization: {stage: ", stage, "}"));
-    v1::Job job = SubmitWithClient(c, yaml);
-    job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
-    ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << "stage " << stage << ": " << job.state_message();
-    EXPECT_EQ(job.zero_stage(), stage);
-    auto file = safetensors::SafetensorsFile::Open(job.adapter_path() + "/adapter_model.safetensors");
-    ASSERT_TRUE(file.ok()) << file.status();
-    std::map<std::string, std::vector<float>> weights;
-    for (const auto& [name, info] : (*file)->tensors()) {
-      auto view = (*file)->Get(name);
-      ASSERT_TRUE(view.ok());
-      ASSERT_EQ(view->dtype, safetensors::Dtype::kF32) << name;
-      const float* data = reinterpret_cast<const float*>(view->data);
-      weights[name].assign(data, data + view->nbytes / sizeof(float));
-    }
-    adapters.push_back(std::move(weights));
-  }
-  ASSERT_FALSE(adapters[0].empty());
-  for (int stage : {1, 2}) {
-    ASSERT_EQ(adapters[stage].size(), adapters[0].size());
-    double worst = 0;
-    for (const auto& [name, ref] : adapters[0]) {
-      const std::vector<float>& got = adapters[stage].at(name);
-      ASSERT_EQ(got.size(), ref.size()) << name;
-      for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - ref[i]));
-    }
-    // Weights are O(0.1) after 4 AdamW steps of lr 1e-3; a reduction-order difference moves
-    // them by ~1e-7, a wrong partition by ~1e-3 (one AdamW step).
-    EXPECT_LT(worst, 1e-5) << "stage " << stage << " differs from stage 0";
-    printf("stage %d vs stage 0: max |difference| of the LoRA weights %.3g\n", stage, worst);
-  }
-}
-
 std::map<std::string, std::vector<float>> ReadAdapter(const std::string& adapter_dir) {
   std::map<std::string, std::vector<float>> weights;
   auto file = safetensors::SafetensorsFile::Open(adapter_dir + "/adapter_model.safetensors");
@@ -203,6 +160,43 @@ std::map<std::string, std::vector<float>> ReadAdapter(const std::string& adapter
     weights[name].assign(data, data + view->nbytes / sizeof(float));
   }
   return weights;
+}
+
+// The same job under ZeRO stage 0, 1 and 2 on 2 and on 4 CPU workers (same data, same global
+// batches) gives the same LoRA weights: only the partitioning of the optimizer state and the
+// gradients differs, and the reductions add in the same order.
+TEST_F(ServiceTest, StagesZeroOneTwoGiveTheSameAdapter) {
+  for (int workers : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat(workers, " workers"));
+    CoordinatorProcess c(absl::StrCat(state_, "/w", workers), workers);
+    ASSERT_TRUE(c.started());
+    std::vector<std::map<std::string, std::vector<float>>> adapters;
+    for (int stage : {0, 1, 2}) {
+      std::string yaml = ShortJob();
+      const std::string from = "zero_optimization: {stage: 2}";
+      yaml.replace(yaml.find(from), from.size(), absl::StrCat("zero_optimization: {stage: ", stage, "}"));
+      v1::Job job = SubmitWithClient(c, yaml);
+      job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+      ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << "stage " << stage << ": " << job.state_message();
+      EXPECT_EQ(job.zero_stage(), stage);
+      EXPECT_EQ(job.num_workers(), workers);
+      adapters.push_back(ReadAdapter(job.adapter_path()));
+    }
+    ASSERT_FALSE(adapters[0].empty());
+    for (int stage : {1, 2}) {
+      ASSERT_EQ(adapters[stage].size(), adapters[0].size());
+      double worst = 0;
+      for (const auto& [name, ref] : adapters[0]) {
+        const std::vector<float>& got = adapters[stage].at(name);
+        ASSERT_EQ(got.size(), ref.size()) << name;
+        for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - ref[i]));
+      }
+      // Weights are O(0.1) after 4 AdamW steps of lr 1e-3; a reduction-order difference moves
+      // them by ~1e-7, a wrong partition by ~1e-3 (one AdamW step).
+      EXPECT_LT(worst, 1e-5) << "stage " << stage << " differs from stage 0";
+      printf("%d workers, stage %d vs stage 0: max |difference| of the LoRA weights %.3g\n", workers, stage, worst);
+    }
+  }
 }
 
 // A coordinator killed mid-job: the restarted one queues the job again, its workers resume from
