@@ -20,6 +20,7 @@ p.add_argument("--stage", type=int, default=2)
 a = p.parse_args()
 per_step = {}
 peak = {}
+reserved = {}
 state = None
 for line in open(a.events):
     m = json.loads(line)
@@ -31,6 +32,7 @@ for line in open(a.events):
     per_step.setdefault(step, {})[rank] = (prog.get("tokens_per_second", 0.0), prog.get("elapsed_seconds", 0.0))
     mem = prog.get("memory", {})
     peak[rank] = max(peak.get(rank, 0), int(mem.get("device_peak_bytes", 0)))
+    reserved[rank] = max(reserved.get(rank, 0), int(mem.get("device_reserved_peak_bytes", 0)))
 steps = sorted(s for s in per_step if s > 2) or sorted(per_step)
 tps = statistics.mean(statistics.mean(v[0] for v in per_step[s].values()) for s in steps)
 n = 6.74e9
@@ -41,6 +43,7 @@ gpus = len(a.gpus.split(","))
 out = {"state": state, "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": 2048,
        "tokens_per_s_per_gpu": round(tps, 1), "step_time_s": round(a.micro_batch * 2048 / tps, 3),
        "peak_allocated_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(peak.items())},
+       "peak_reserved_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(reserved.items())},
        "mfu_counting_recompute": round(tps * flop_with / 989e12, 4),
        "mfu_model_flops_only": round(tps * flop_without / 989e12, 4), "steps_measured": len(steps)}
 print(json.dumps(out))

@@ -19,6 +19,7 @@ struct MemorySnapshot {
   int64_t gradient_bytes = 0;
   int64_t comm_buffer_bytes = 0;
   int64_t host_rss_bytes = 0;
+  int64_t device_reserved_peak_bytes = 0;  // the caching allocator's peak reservation
 };
 
 struct ProgressSnapshot {

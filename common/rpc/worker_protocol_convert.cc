@@ -40,6 +40,7 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   m->set_gradient_bytes(in.memory.gradient_bytes);
   m->set_comm_buffer_bytes(in.memory.comm_buffer_bytes);
   m->set_host_rss_bytes(in.memory.host_rss_bytes);
+  m->set_device_reserved_peak_bytes(in.memory.device_reserved_peak_bytes);
 }
 
 ProgressSnapshot FromProto(const v1::Progress& in) {
@@ -56,7 +57,7 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   const v1::MemoryReport& m = in.memory();
   p.memory = {m.device_allocated_bytes(), m.device_peak_bytes(), m.master_weight_bytes(),
               m.optimizer_state_bytes(), m.gradient_bytes(), m.comm_buffer_bytes(),
-              m.host_rss_bytes()};
+              m.host_rss_bytes(), m.device_reserved_peak_bytes()};
   return p;
 }
 

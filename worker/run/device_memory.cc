@@ -18,6 +18,8 @@ void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory) {
     const auto& all = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
     memory->device_allocated_bytes = all.current;
     memory->device_peak_bytes = all.peak;
+    const auto& reserved = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    memory->device_reserved_peak_bytes = reserved.peak;
   }
 #else
   (void)device;
