@@ -33,7 +33,7 @@ if [[ $parts == *ours* || $parts == *anchors* || $parts == *deepspeed* ]]; then
   [ -f $model/config.json ] || python3 "$root/bench/make_llama_folder.py" $model
   python3 "$root/bench/make_text_data.py" /tmp/bench.txt --lines 200
 fi
-if [[ $parts == *ours* && $parts != *ours2gpu* ]]; then
+if [[ $parts == *ours* && $parts != *ours2gpu* && $parts != *ours1gpu* ]]; then
   echo "== ours"
   "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 4 2 10
   "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 1 2 10
@@ -44,6 +44,10 @@ if [[ $parts == *anchors* ]]; then
   python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 4
   python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 1
   python3 "$root/bench/anchor_hf.py" /tmp/llama7b --micro-batch 4 --bf16-base
+fi
+if [[ $parts == *ours1gpu* ]]; then
+  "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 1 2 10
+  "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 4 2 10
 fi
 if [[ $parts == *ours2gpu* ]] && ((ngpu > 1)); then
   "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0,1 4 2 10
