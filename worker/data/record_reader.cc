@@ -39,6 +39,29 @@ class LineReader : public RecordReader {
     }
   }
 
+  // One line, one record: reads it, reports an over-long line, and leaves the parsing of a
+  // complete line to ParseLine.
+  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
+                                 std::string* reason) final {
+    bool too_long = false;
+    if (!NextLine(&record->offset, lines_before, &too_long)) {
+      QLORA_RETURN_IF_ERROR(file_->status());
+      return false;
+    }
+    record->fields.clear();
+    if (too_long) {
+      *reason = absl::StrCat(Kind(), " longer than max_record_bytes (", options_.max_record_bytes, ")");
+      return true;
+    }
+    ParseLine(record, reason);
+    return true;
+  }
+
+  // Fills record->fields from line_, or sets *reason when the line is malformed.
+  virtual void ParseLine(Record* record, std::string* reason) = 0;
+  // What an over-long line is called in its message ("record", "line").
+  virtual const char* Kind() const = 0;
+
   std::string line_;
   int64_t lines_ = 0;
 };
@@ -48,29 +71,18 @@ class JsonlReader : public LineReader {
   using LineReader::LineReader;
 
  protected:
-  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
-                                 std::string* reason) override {
-    bool too_long = false;
-    if (!NextLine(&record->offset, lines_before, &too_long)) {
-      QLORA_RETURN_IF_ERROR(file_->status());
-      return false;
-    }
-    record->fields.clear();
-    if (too_long) {
-      *reason = absl::StrCat("record longer than max_record_bytes (", options_.max_record_bytes,
-                             ")");
-      return true;
-    }
+  const char* Kind() const override { return "record"; }
+  void ParseLine(Record* record, std::string* reason) override {
     nlohmann::ordered_json value;
     try {
       value = nlohmann::ordered_json::parse(line_);
     } catch (const nlohmann::json::parse_error& e) {
       *reason = absl::StrCat("invalid JSON: ", e.what());
-      return true;
+      return;
     }
     if (!value.is_object()) {
       *reason = absl::StrCat("a JSON Lines record must be an object, got ", value.type_name());
-      return true;
+      return;
     }
     for (auto& [key, item] : value.items()) {
       if (item.is_string()) {
@@ -81,7 +93,6 @@ class JsonlReader : public LineReader {
         record->fields.emplace_back(key, item.dump());
       }
     }
-    return true;
   }
 };
 
@@ -90,22 +101,10 @@ class TextReader : public LineReader {
   using LineReader::LineReader;
 
  protected:
-  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
-                                 std::string* reason) override {
-    bool too_long = false;
-    if (!NextLine(&record->offset, lines_before, &too_long)) {
-      QLORA_RETURN_IF_ERROR(file_->status());
-      return false;
-    }
-    record->fields.clear();
-    if (too_long) {
-      *reason = absl::StrCat("line longer than max_record_bytes (", options_.max_record_bytes,
-                             ")");
-      return true;
-    }
+  const char* Kind() const override { return "line"; }
+  void ParseLine(Record* record, std::string* /*reason*/) override {
     if (record->offset == 0 && line_.rfind("\xEF\xBB\xBF", 0) == 0) line_.erase(0, 3);  // BOM
     record->fields.emplace_back("text", std::move(line_));
-    return true;
   }
 };
 
