@@ -232,6 +232,10 @@ int Submit(Client& client, const ParsedArgs& a, bool json) {
   grpc::ClientContext ctx;
   Client::Deadline(&ctx);
   grpc::Status s = client.stub()->SubmitJob(&ctx, req, &resp);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {  // a dataset or model path, not a job
+    fprintf(stderr, "qloractl: %s\n", s.error_message().c_str());
+    return kInvalid;
+  }
   if (!s.ok()) return ReportError(s);
   if (json) printf("%s\n", ToJson(resp.job()).c_str()); else printf("%s\n", resp.job().id().c_str());
   fflush(stdout);

@@ -41,6 +41,14 @@ namespace {
 
 std::vector<int> DetectGpus() {
   std::vector<int> gpus;
+  // A restriction the coordinator was started with holds for its workers too.
+  if (const char* visible = getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
+    for (absl::string_view part : absl::StrSplit(visible, ',', absl::SkipEmpty())) {
+      int id;
+      if (absl::SimpleAtoi(part, &id) && id >= 0) gpus.push_back(id);
+    }
+    return gpus;
+  }
   std::error_code ec;
   int n = 0;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
@@ -136,8 +144,13 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   qlora::coordinator::PosixProcessLauncher launcher;
-  // Workers are only spawned by Start(), after the bound port is known.
+  // The stored jobs are loaded before the first request is served; workers are only spawned by
+  // the monitor, started once the bound port is known.
   qlora::coordinator::JobManager manager(options, store->get(), &launcher);
+  if (absl::Status loaded = manager.Load(); !loaded.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(loaded.message()).c_str());
+    return 1;
+  }
   qlora::coordinator::JobServiceImpl job_service(&manager);
   qlora::coordinator::WorkerServiceImpl worker_service(&manager);
   const std::string address = absl::GetFlag(FLAGS_address);
@@ -154,11 +167,7 @@ int main(int argc, char** argv) {
   }
   const std::string bound = absl::StrCat(host.empty() ? "127.0.0.1" : host, ":", port);
   manager.SetCoordinatorAddress(bound);
-  absl::Status started = manager.Start();
-  if (!started.ok()) {
-    fprintf(stderr, "qlora-coordinator: %s\n", std::string(started.message()).c_str());
-    return 1;
-  }
+  manager.StartMonitor();
   server->GetHealthCheckService()->SetServingStatus(true);
   printf("qlora-coordinator listening on %s (state %s, %s)\n", bound.c_str(), options.state_dir.c_str(),
          options.gpus.empty() ? absl::StrCat(options.cpu_workers, " CPU workers").c_str()

@@ -52,7 +52,7 @@ void JobManager::SetCoordinatorAddress(std::string address) {
   coordinator_address_ = std::move(address);
 }
 
-absl::Status JobManager::Start() {
+absl::Status JobManager::Load() {
   QLORA_RETURN_IF_ERROR(EnsureDir(options_.state_dir + "/jobs"));
   QLORA_ASSIGN_OR_RETURN(std::vector<JobRecord> stored, store_->LoadJobs());
   {
@@ -75,10 +75,13 @@ absl::Status JobManager::Start() {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+void JobManager::StartMonitor() {
   // Only the monitor thread starts workers: PR_SET_PDEATHSIG fires when the *thread* that
   // forked a worker ends, and gRPC's handler threads come and go.
   monitor_ = std::thread([this] { MonitorLoop(); });
-  return absl::OkStatus();
 }
 
 void JobManager::Shutdown() {
@@ -197,6 +200,9 @@ absl::StatusOr<std::vector<JobEvent>> JobManager::WaitEvents(const std::string& 
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
   *terminal = IsTerminal(job.record.state);
+  if (stop_ && job.record.last_sequence <= after_sequence) {
+    return absl::UnavailableError("the coordinator is shutting down; watch again to resume");
+  }
   if (job.record.last_sequence <= after_sequence) return std::vector<JobEvent>{};
   return store_->LoadEvents(id, after_sequence);
 }
@@ -233,12 +239,17 @@ void JobManager::ScheduleQueued() {
     LiveJob& job = *jobs_.at(id);
     if (job.record.state != JobState::kQueued) continue;
     const int need = job.record.num_workers;
+    if (need > total_slots()) {  // e.g. queued again after a restart with fewer GPUs
+      Fail(job, "NOT_ENOUGH_WORKERS",
+           absl::StrCat("the job needs ", need, " workers; this coordinator has ", total_slots()));
+      continue;
+    }
     std::vector<int> free = FreeSlots();
     if (static_cast<int>(free.size()) < need) {
-      std::vector<std::string> holders;
+      std::vector<std::string> holders;  // jobs with a live worker process
       for (const std::string& other : order_) {
-        const JobState s = jobs_.at(other)->record.state;
-        if (s == JobState::kStarting || s == JobState::kRunning || jobs_.at(other)->stopping) {
+        const auto& workers = jobs_.at(other)->workers;
+        if (std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; })) {
           holders.push_back(other);
         }
       }
@@ -267,6 +278,17 @@ absl::Status JobManager::StartJob(LiveJob& job, std::vector<int> slots) {
   if (!config.data.validation_path.empty()) {
     QLORA_ASSIGN_OR_RETURN(job.validation_shards,
                            PlanShardsForRanks(config.data.validation_path, config.data.format, world));
+  }
+  // Every rank runs the same collectives, so every rank needs data of each kind it uses.
+  for (int rank = 0; rank < world; ++rank) {
+    if (job.train_shards[rank].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the dataset is too small to give each of the ", world, " workers a part of it"));
+    }
+    if (!config.data.validation_path.empty() && job.validation_shards[rank].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the validation file has fewer records than the job's ", world, " workers"));
+    }
   }
   const std::string dir = JobDir(r.id);
   QLORA_RETURN_IF_ERROR(EnsureDir(dir + "/logs"));
@@ -443,6 +465,9 @@ absl::StatusOr<int64_t> JobManager::Register(const std::string& job_id, const st
   const bool all = std::all_of(job->workers.begin(), job->workers.end(),
                                [](const Worker& x) { return x.registered; });
   if (all && job->record.state == JobState::kStarting) {
+    // Ranks that registered early waited in GetAssignment without heartbeats: the clock of
+    // every rank starts now.
+    for (Worker& x : job->workers) x.last_heartbeat = options_.now();
     Transition(*job, JobState::kRunning, "ALL_WORKERS_REGISTERED",
                absl::StrCat(job->workers.size(), " workers registered"));
   }
@@ -478,6 +503,7 @@ absl::StatusOr<WorkerAssignment> JobManager::GetAssignment(const std::string& jo
         missing.empty() ? "rank 0 has not published the NCCL id"
                         : absl::StrCat("waiting for rank(s) ", absl::StrJoin(missing, ", ")));
   }
+  w->last_heartbeat = options_.now();  // the heartbeat thread starts after the assignment
   WorkerAssignment a;
   a.job_id = job_id;
   a.rank = w->rank;
@@ -546,6 +572,9 @@ absl::Status JobManager::ReportCompletion(const std::string& job_id, const std::
   const bool all = std::all_of(job->workers.begin(), job->workers.end(),
                                [](const Worker& x) { return x.completed; });
   if (all) {
+    // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
+    job->stopping = true;
+    job->kill_at = options_.now() + 10 * options_.stop_grace;
     Transition(*job, JobState::kSucceeded, "COMPLETED",
                job->record.adapter_path.empty() ? "training finished"
                                                 : absl::StrCat("adapter written to ", job->record.adapter_path));
@@ -580,6 +609,9 @@ absl::StatusOr<std::string> JobManager::StoreGet(const std::string& job_id, cons
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
   auto it = job->kv.find(key);
+  if (it == job->kv.end() && (stop_ || IsTerminal(job->record.state))) {
+    return absl::AbortedError(absl::StrCat("job ", job_id, " has ended"));
+  }
   if (it == job->kv.end()) {
     return absl::DeadlineExceededError(absl::StrCat("rendezvous key '", key, "' was not set in time"));
   }

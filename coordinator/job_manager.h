@@ -53,9 +53,11 @@ class JobManager {
   ~JobManager();
 
   // Loads the stored jobs (a job that was starting or running when the previous coordinator
-  // stopped is queued again), then starts the monitor thread.
-  absl::Status Start();
-  // The host:port workers dial; set once the server is bound, before Start().
+  // stopped is queued again). Call before serving requests.
+  absl::Status Load();
+  // Starts the monitor thread, which schedules and spawns workers. Call once the address is set.
+  void StartMonitor();
+  // The host:port workers dial; set once the server is bound, before StartMonitor().
   void SetCoordinatorAddress(std::string address);
   // Stops every worker and the monitor thread. Idempotent.
   void Shutdown();

@@ -3,6 +3,7 @@
 
 #include <sqlite3.h>
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -56,7 +57,10 @@ class Statement {
     const unsigned char* p = sqlite3_column_text(stmt_, col);
     return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col)) : "";
   }
-  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+  // SQLite stores a NaN as NULL: read it back as NaN (a diverged loss, no evaluation yet).
+  double Real(int col) const {
+    return sqlite3_column_type(stmt_, col) == SQLITE_NULL ? std::nan("") : sqlite3_column_double(stmt_, col);
+  }
   int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
 
  private:

@@ -42,6 +42,8 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec) {
   if (log_fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open log ", spec.log_path, ": ", strerror(errno)));
   }
+  sigset_t no_signals;  // the coordinator blocks SIGTERM/SIGINT in its threads; workers must not
+  sigemptyset(&no_signals);
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -49,6 +51,7 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec) {
     return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   }
   if (pid == 0) {
+    sigprocmask(SIG_SETMASK, &no_signals, nullptr);  // SIGTERM stops a worker gracefully
     setpgid(0, 0);                                  // own process group: killed as a unit
     prctl(PR_SET_PDEATHSIG, SIGKILL);               // never outlive the coordinator
     if (getppid() != parent) _exit(127);            // the parent died before prctl

@@ -216,7 +216,7 @@ data: {max_sequence_length: 48}
     v1::Job job = SubmitWithClient(c, yaml, &submitted);
     ASSERT_TRUE(submitted.ok()) << submitted.error_message();
     resumed_id = job.id();
-    const std::string first_checkpoint = job.output_dir() + "/checkpoints/step-40/manifest.json";
+    const std::string first_checkpoint = job.output_dir() + "/checkpoints/" + job.id() + "/step-40/manifest.json";
     ASSERT_TRUE(WaitUntil([&] { return fs::exists(first_checkpoint); }, 120)) << "no checkpoint";
     ASSERT_NE(c.GetJob(resumed_id).state(), v1::JOB_STATE_SUCCEEDED) << "finished before the kill";
     c.Stop(SIGKILL);

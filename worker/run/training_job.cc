@@ -246,8 +246,9 @@ absl::StatusOr<TrainingOutcome> Run(const TrainingContext& ctx) {
                             total_steps, steps_per_epoch, cfg.backend.strategy.zero_stage, accumulation,
                             cfg.trainer.batch_size));
 
-  // Resume from the newest complete checkpoint, if any.
-  const std::string checkpoints = a.output_dir + "/checkpoints";
+  // Resume from the newest complete checkpoint of this job, if any (scoped by job id: another job
+  // writing to the same output_dir never resumes from it).
+  const std::string checkpoints = absl::StrCat(a.output_dir, "/checkpoints/", a.job_id);
   int64_t start_step = 0;
   if (const std::string latest = LatestCheckpoint(checkpoints); !latest.empty()) {
     QLORA_ASSIGN_OR_RETURN(strategy::ResumeReport resumed, strat->LoadCheckpoint(latest));
