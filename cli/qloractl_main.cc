@@ -219,11 +219,12 @@ int Submit(Client& client, const ParsedArgs& a, bool json) {
   v1::SubmitJobRequest req;
   req.set_job_yaml(*yaml);
   req.set_source_name(a.positional[0]);
-  // Relative dataset paths are the user's, not the coordinator's: make them absolute here.
-  auto absolute = [](const std::string& p) {
-    if (p.empty() || p[0] == '/') return p;
-    char cwd[4096];
-    return getcwd(cwd, sizeof(cwd)) ? absl::StrCat(cwd, "/", p) : p;
+  // Relative paths, on the command line and in the file, are the user's, not the coordinator's.
+  char cwd_buffer[4096];
+  const std::string cwd = getcwd(cwd_buffer, sizeof(cwd_buffer)) ? cwd_buffer : "";
+  req.set_base_dir(cwd);
+  auto absolute = [&](const std::string& p) {
+    return p.empty() || p[0] == '/' || cwd.empty() ? p : absl::StrCat(cwd, "/", p);
   };
   req.set_dataset(absolute(a.Get("--dataset")));
   req.set_validation_dataset(absolute(a.Get("--validation-dataset")));

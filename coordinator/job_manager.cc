@@ -117,6 +117,7 @@ absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) c
   parse.dataset_override = request.dataset;
   parse.validation_dataset_override = request.validation_dataset;
   parse.hf_hub_cache = options_.hf_hub_cache;
+  parse.base_dir = request.base_dir;
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(request.job_yaml, parse));
   if (!request.name.empty()) config.name = request.name;
   const int slots = total_slots();

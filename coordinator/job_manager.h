@@ -43,6 +43,7 @@ struct SubmitRequest {
   std::string validation_dataset;
   std::string name;
   std::string source_name = "job.yaml";
+  std::string base_dir;              // relative paths in the file resolve here
 };
 
 using qlora::WorkerAssignment;

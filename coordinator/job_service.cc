@@ -19,6 +19,7 @@ SubmitRequest FromProto(const v1::SubmitJobRequest& r) {
   s.validation_dataset = r.validation_dataset();
   s.name = r.name();
   if (!r.source_name().empty()) s.source_name = r.source_name();
+  s.base_dir = r.base_dir();
   return s;
 }
 

@@ -467,13 +467,22 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
     bool overridden;
     std::string* path;
   };
+  // A relative path means relative to options.base_dir (the client's folder) when one is given.
+  auto from_base = [&](const std::string& path) -> fs::path {
+    if (options.base_dir.empty() || fs::path(path).is_absolute()) return fs::path(path);
+    return fs::path(options.base_dir) / path;
+  };
+  if (!c->output_dir.empty()) {
+    std::error_code ec;
+    c->output_dir = fs::absolute(from_base(c->output_dir), ec).lexically_normal().string();
+  }
   for (const DatasetField& field :
        {DatasetField{"dataset", !options.dataset_override.empty(), &c->data.train_path},
         DatasetField{"validation_dataset", !options.validation_dataset_override.empty(),
                      &c->data.validation_path}}) {
     if (field.path->empty()) continue;
     std::error_code ec;
-    const fs::path absolute = fs::absolute(*field.path, ec).lexically_normal();
+    const fs::path absolute = fs::absolute(from_base(*field.path), ec).lexically_normal();
     if (ec || !fs::exists(absolute, ec)) {
       const std::string where =
           field.overridden ? absl::StrCat(field.key, " (from the command line)") : field.key;
@@ -496,7 +505,15 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
   }
   const std::string cache =
       options.hf_hub_cache.empty() ? DefaultHfHubCache() : options.hf_hub_cache;
-  absl::StatusOr<std::string> resolved = ResolveBaseModelPath(c->base_model, cache);
+  std::string base_model = c->base_model;
+  {
+    std::error_code ec;
+    const fs::path local = from_base(base_model);
+    if (local != fs::path(base_model) && fs::is_regular_file(local / "config.json", ec)) {
+      base_model = local.string();
+    }
+  }
+  absl::StatusOr<std::string> resolved = ResolveBaseModelPath(base_model, cache);
   if (!resolved.ok()) {
     return StatusWithCode(resolved.status().code(),
                           site.Error(site.Line("base_model"), "",

@@ -69,6 +69,9 @@ struct ParseOptions {
   // The Hugging Face hub cache. Empty = $HF_HUB_CACHE, else $HF_HOME/hub, else
   // $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub.
   std::string hf_hub_cache;
+  // Relative paths in the file (dataset, validation_dataset, a local base_model, output_dir)
+  // resolve against this folder; empty = the process's working directory.
+  std::string base_dir;
   // Larger inputs are refused before parsing.
   size_t max_bytes = 1 << 20;
 };

@@ -236,6 +236,21 @@ data: {max_sequence_length: 48}
   EXPECT_EQ(a, b) << "the resumed run's adapter differs from the uninterrupted run's";
 }
 
+// Paths written in the job file are relative to where the user runs qloractl, not to the
+// coordinator's working directory.
+TEST_F(ServiceTest, RelativePathsInTheJobFileAreTheUsers) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  const std::string user = state_ + "/user";
+  fs::create_directories(user);
+  fs::copy_file(SourceDir() + "/examples/data/validation.jsonl", user + "/data.jsonl");
+  WriteFile(user, "job.yaml", ShortJob() + "dataset: data.jsonl\noutput_dir: runs/first\n");
+  CommandResult submit = RunCommand(absl::StrCat("cd ", user, " && ", BinaryDir(), "/cli/qloractl --address ",
+                                                 c.address(), " submit job.yaml --follow"));
+  ASSERT_EQ(submit.exit_code, 0) << submit.output;
+  EXPECT_TRUE(fs::exists(user + "/runs/first/adapter/adapter_model.safetensors")) << submit.output;
+}
+
 TEST_F(ServiceTest, SecondJobWaitsQueuedWithReasonThenRuns) {
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
