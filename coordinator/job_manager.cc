@@ -32,6 +32,14 @@ absl::Status EnsureDir(const std::string& path) {
 
 }  // namespace
 
+std::string JobManager::UnregisteredRanks(const LiveJob& job) {
+  std::vector<std::string> missing;
+  for (const Worker& w : job.workers) {
+    if (!w.registered) missing.push_back(std::to_string(w.rank));
+  }
+  return absl::StrJoin(missing, ", ");
+}
+
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* launcher)
     : options_(std::move(options)), store_(store), launcher_(launcher) {}
 
@@ -134,9 +142,7 @@ absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) c
 
 absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   QLORA_ASSIGN_OR_RETURN(std::string resolved, Validate(request));
-  ParseOptions reparse;
-  reparse.check_paths = false;
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(resolved, reparse));
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseResolvedJobConfig(resolved));
   absl::MutexLock lock(&mu_);
   auto job = std::make_unique<LiveJob>();
   JobRecord& r = job->record;
@@ -270,9 +276,7 @@ void JobManager::ScheduleQueued() {
 
 absl::Status JobManager::StartJob(LiveJob& job, std::vector<int> slots) {
   JobRecord& r = job.record;
-  ParseOptions reparse;
-  reparse.check_paths = false;
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(r.resolved_config_yaml, reparse));
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseResolvedJobConfig(r.resolved_config_yaml));
   const int world = r.num_workers;
   QLORA_ASSIGN_OR_RETURN(job.train_shards, PlanShardsForRanks(config.data.train_path, config.data.format, world));
   job.validation_shards.assign(world, {});
@@ -373,12 +377,8 @@ void JobManager::PollWorkers(LiveJob& job) {
     }
   }
   if (job.record.state == JobState::kStarting && now > job.start_deadline) {
-    std::vector<std::string> missing;
-    for (const Worker& w : job.workers) {
-      if (!w.registered) missing.push_back(std::to_string(w.rank));
-    }
     Fail(job, "WORKER_REGISTRATION_TIMEOUT",
-         absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "), " did not register within ",
+         absl::StrCat("rank(s) ", UnregisteredRanks(job), " did not register within ",
                       absl::FormatDuration(options_.register_timeout)));
   }
   if (job.record.state == JobState::kRunning) {
@@ -496,13 +496,9 @@ absl::StatusOr<WorkerAssignment> JobManager::GetAssignment(const std::string& jo
     return absl::AbortedError(absl::StrCat("job ", job_id, " has ended"));
   }
   if (!ready()) {
-    std::vector<std::string> missing;
-    for (const Worker& x : job->workers) {
-      if (!x.registered) missing.push_back(std::to_string(x.rank));
-    }
-    return absl::DeadlineExceededError(
-        missing.empty() ? "rank 0 has not published the NCCL id"
-                        : absl::StrCat("waiting for rank(s) ", absl::StrJoin(missing, ", ")));
+    const std::string missing = UnregisteredRanks(*job);
+    return absl::DeadlineExceededError(missing.empty() ? "rank 0 has not published the NCCL id"
+                                                       : absl::StrCat("waiting for rank(s) ", missing));
   }
   w->last_heartbeat = options_.now();  // the heartbeat thread starts after the assignment
   WorkerAssignment a;

@@ -134,6 +134,8 @@ class JobManager {
   absl::StatusOr<LiveJob*> FindForWorker(const std::string& job_id, const std::string& token,
                                          Worker** worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<int> FreeSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "1, 3": the ranks of `job` that have not registered.
+  static std::string UnregisteredRanks(const LiveJob& job);
   std::string JobDir(const std::string& id) const;
   double NowUnix() const;
 

@@ -616,4 +616,11 @@ absl::StatusOr<JobConfig> ParseJobConfig(std::string_view yaml_text,
   }
 }
 
+absl::StatusOr<JobConfig> ParseResolvedJobConfig(std::string_view resolved_yaml) {
+  ParseOptions options;
+  options.source_name = "resolved job";
+  options.check_paths = false;
+  return ParseJobConfig(resolved_yaml, options);
+}
+
 }  // namespace qlora

@@ -80,4 +80,8 @@ struct ParseOptions {
 // back absolute.
 absl::StatusOr<JobConfig> ParseJobConfig(std::string_view yaml_text, const ParseOptions& options);
 
+// Parses what EmitResolvedJobYaml wrote (the copy the coordinator stores and hands to its
+// workers): its paths were resolved at submission, so they are not checked again.
+absl::StatusOr<JobConfig> ParseResolvedJobConfig(std::string_view resolved_yaml);
+
 }  // namespace qlora

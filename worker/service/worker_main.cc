@@ -93,9 +93,7 @@ int main(int argc, char** argv) {
     }
   });
 
-  qlora::ParseOptions parse;
-  parse.check_paths = false;
-  absl::StatusOr<qlora::JobConfig> config = qlora::ParseJobConfig(assignment->resolved_config_yaml, parse);
+  absl::StatusOr<qlora::JobConfig> config = qlora::ParseResolvedJobConfig(assignment->resolved_config_yaml);
   qlora::worker::GrpcRendezvousStore store(client.get(), assignment->generation);
   absl::StatusOr<qlora::worker::TrainingOutcome> outcome =
       config.ok() ? absl::UnknownError("not run") : config.status();
