@@ -150,7 +150,7 @@ v1::Job CoordinatorProcess::WaitForState(const std::string& id, const std::vecto
   }
 }
 
-std::vector<pid_t> WorkerPids(const std::string& job_id) {
+std::vector<pid_t> WorkerPids(const std::string& coordinator_address, const std::string& job_id) {
   std::vector<pid_t> pids;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
@@ -162,6 +162,7 @@ std::vector<pid_t> WorkerPids(const std::string& job_id) {
     }
     if (cmdline.find("qlora-worker") == std::string::npos) continue;
     if (cmdline.find(absl::StrCat("--job ", job_id, " ")) == std::string::npos) continue;
+    if (cmdline.find(absl::StrCat("--coordinator ", coordinator_address, " ")) == std::string::npos) continue;
     // A zombie has an empty cmdline, so anything that matched is alive (or about to be reaped).
     std::ifstream stat(entry.path() / "stat");
     std::string line;

@@ -59,7 +59,8 @@ class CoordinatorProcess {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
-// PIDs of live qlora-worker processes started for `job_id`.
-std::vector<pid_t> WorkerPids(const std::string& job_id);
+// PIDs of live qlora-worker processes that the coordinator at `coordinator_address` started
+// for `job_id` (every coordinator numbers its jobs from job-000001, and tests run in parallel).
+std::vector<pid_t> WorkerPids(const std::string& coordinator_address, const std::string& job_id);
 
 }  // namespace qlora::testing

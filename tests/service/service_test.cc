@@ -208,7 +208,7 @@ data: {max_sequence_length: 48}
 )");
   const std::string adapter = "adapter: {type: lora}";
   yaml.replace(yaml.find(adapter), adapter.size(), "adapter: {type: lora, dropout: 0.1}");
-  std::string resumed_id;
+  std::string resumed_id, first_address;
   {
     CoordinatorProcess c(state_, 2);
     ASSERT_TRUE(c.started());
@@ -219,9 +219,10 @@ data: {max_sequence_length: 48}
     const std::string first_checkpoint = job.output_dir() + "/checkpoints/" + job.id() + "/step-40/manifest.json";
     ASSERT_TRUE(WaitUntil([&] { return fs::exists(first_checkpoint); }, 120)) << "no checkpoint";
     ASSERT_NE(c.GetJob(resumed_id).state(), v1::JOB_STATE_SUCCEEDED) << "finished before the kill";
+    first_address = c.address();
     c.Stop(SIGKILL);
   }
-  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(resumed_id).empty(); }, 10)) << "workers outlived the coordinator";
+  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(first_address, resumed_id).empty(); }, 10)) << "workers outlived the coordinator";
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
   v1::Job resumed = c.WaitForState(resumed_id, {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
@@ -275,12 +276,12 @@ TEST_F(ServiceTest, CancelStopsEveryWorker) {
   v1::Job job = SubmitWithClient(c, LongJob());
   job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.state_message();
-  ASSERT_TRUE(WaitUntil([&] { return WorkerPids(job.id()).size() == 2; }, 10));
+  ASSERT_TRUE(WaitUntil([&] { return WorkerPids(c.address(), job.id()).size() == 2; }, 10));
   const auto start = std::chrono::steady_clock::now();
   CommandResult cancel = c.Ctl("cancel " + job.id());
   ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
   EXPECT_EQ(c.GetJob(job.id()).state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(job.id()).empty(); }, 10)) << "workers left after cancel";
+  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(c.address(), job.id()).empty(); }, 10)) << "workers left after cancel";
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(c.Ctl("cancel " + job.id()).exit_code, 3) << "cancelling an ended job is refused";
 }
@@ -292,7 +293,7 @@ TEST_F(ServiceTest, KilledWorkerFailsJobNamingRankAndSignal) {
   job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   std::vector<pid_t> pids;
-  ASSERT_TRUE(WaitUntil([&] { return (pids = WorkerPids(job.id())).size() == 2; }, 10));
+  ASSERT_TRUE(WaitUntil([&] { return (pids = WorkerPids(c.address(), job.id())).size() == 2; }, 10));
   // Kill rank 1: find it by its command line.
   pid_t victim = -1;
   for (pid_t p : pids) {
@@ -307,7 +308,7 @@ TEST_F(ServiceTest, KilledWorkerFailsJobNamingRankAndSignal) {
   EXPECT_EQ(job.state_reason_code(), "WORKER_EXITED");
   EXPECT_THAT(job.state_message(), HasSubstr("rank 1"));
   EXPECT_THAT(job.state_message(), HasSubstr("signal 9"));
-  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(job.id()).empty(); }, 10)) << "workers left after a failure";
+  EXPECT_TRUE(WaitUntil([&] { return WorkerPids(c.address(), job.id()).empty(); }, 10)) << "workers left after a failure";
 }
 
 TEST_F(ServiceTest, RestartedCoordinatorListsSameJobsStatesAndHistory) {
