@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/worker_protocol_convert.h"
+#include "common/status_macros.h"
 #include "qlora/v1/worker_service.grpc.pb.h"
 
 namespace qlora::worker {
@@ -29,119 +30,95 @@ class GrpcCoordinatorClient : public CoordinatorClient {
 
   absl::StatusOr<int64_t> Register(const std::string& device) override {
     v1::RegisterRequest req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     req.set_rank(id_.rank);
     req.set_pid(getpid());
     req.set_device(device);
     v1::RegisterResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kCallDeadline);
-    ctx.set_wait_for_ready(true);
-    grpc::Status s = stub_->Register(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpc(s, "Register");
+    // The coordinator may still be binding: wait for the channel rather than fail at once.
+    QLORA_RETURN_IF_ERROR(Call(&Stub::Register, req, &resp, kCallDeadline, "Register", /*wait_for_ready=*/true));
     return resp.generation();
   }
 
   absl::StatusOr<WorkerAssignment> GetAssignment(absl::Duration timeout) override {
     v1::GetAssignmentRequest req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     req.set_rank(id_.rank);
     v1::Assignment resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout);
-    grpc::Status s = stub_->GetAssignment(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpc(s, "GetAssignment");
+    QLORA_RETURN_IF_ERROR(Call(&Stub::GetAssignment, req, &resp, timeout, "GetAssignment"));
     return FromProto(resp);
   }
 
   absl::Status PublishNcclId(const std::string& id) override {
     v1::PublishNcclIdRequest req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     req.set_nccl_unique_id(id);
     v1::Ack resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kCallDeadline);
-    return FromGrpc(stub_->PublishNcclId(&ctx, req, &resp), "PublishNcclId");
+    return Call(&Stub::PublishNcclId, req, &resp, kCallDeadline, "PublishNcclId");
   }
 
   absl::StatusOr<bool> Heartbeat() override {
     v1::HeartbeatRequest req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     req.set_rank(id_.rank);
     v1::HeartbeatResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(10));
-    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpc(s, "Heartbeat");
+    QLORA_RETURN_IF_ERROR(Call(&Stub::Heartbeat, req, &resp, absl::Seconds(10), "Heartbeat"));
     return resp.cancel();
   }
 
   absl::Status ReportProgress(const ProgressSnapshot& progress) override {
     v1::ProgressReport req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     ToProto(progress, req.mutable_progress());
     v1::Ack resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kCallDeadline);
-    return FromGrpc(stub_->ReportProgress(&ctx, req, &resp), "ReportProgress");
+    return Call(&Stub::ReportProgress, req, &resp, kCallDeadline, "ReportProgress");
   }
 
   absl::Status ReportCompletion(bool ok, const std::string& error,
                                 const std::string& adapter_path) override {
     v1::CompletionReport req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     req.set_rank(id_.rank);
     req.set_ok(ok);
     req.set_error(error);
     req.set_adapter_path(adapter_path);
     v1::Ack resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kCallDeadline);
-    return FromGrpc(stub_->ReportCompletion(&ctx, req, &resp), "ReportCompletion");
+    return Call(&Stub::ReportCompletion, req, &resp, kCallDeadline, "ReportCompletion");
   }
 
   absl::Status StoreSet(int64_t generation, const std::string& key, const std::string& value) override {
     v1::StoreSetRequest req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     req.set_generation(generation);
     req.set_key(key);
     req.set_value(value);
     v1::Ack resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, kCallDeadline);
-    return FromGrpc(stub_->StoreSet(&ctx, req, &resp), "StoreSet");
+    return Call(&Stub::StoreSet, req, &resp, kCallDeadline, "StoreSet");
   }
 
   absl::StatusOr<std::string> StoreGet(int64_t generation, const std::string& key,
                                        absl::Duration timeout) override {
     v1::StoreGetRequest req;
-    req.set_job_id(id_.job_id);
-    req.set_startup_token(id_.startup_token);
     req.set_generation(generation);
     req.set_key(key);
     req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
     v1::StoreGetResponse resp;
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout + absl::Seconds(5));
-    grpc::Status s = stub_->StoreGet(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpc(s, "StoreGet");
+    QLORA_RETURN_IF_ERROR(Call(&Stub::StoreGet, req, &resp, timeout + absl::Seconds(5), "StoreGet"));
     return resp.value();
   }
 
  private:
-  static void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+  using Stub = v1::WorkerService::Stub;
+
+  // Stamps this worker's job id and startup token on `req`, calls `method` with a deadline and
+  // maps the result to an absl::Status naming the call.
+  template <typename Request, typename Response>
+  absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    Request& req, Response* resp, absl::Duration deadline, const char* name,
+                    bool wait_for_ready = false) {
+    req.set_job_id(id_.job_id);
+    req.set_startup_token(id_.startup_token);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    ctx.set_wait_for_ready(wait_for_ready);
+    return FromGrpc((stub_.get()->*method)(&ctx, req, resp), name);
   }
 
   WorkerIdentity id_;
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::unique_ptr<Stub> stub_;
 };
 
 }  // namespace
