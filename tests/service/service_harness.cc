@@ -64,19 +64,22 @@ std::string TinyModelDir() {
   return dir;
 }
 
+std::string OriginalJobYaml() {
+  std::ifstream in(SourceDir() + "/tests/data/jobs/good/ludwig_original.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string yaml = text.str();
+  const std::string from = "base_model: meta-llama/Llama-2-7b-hf";
+  const size_t at = yaml.find(from);
+  if (at == std::string::npos) return "";
+  return yaml.replace(at, from.size(), "base_model: " + TinyModelDir());
+}
+
 std::string TinyJobYaml(const std::string& extra) {
-  return absl::StrCat(R"(model_type: llm
-base_model: )", TinyModelDir(), R"(
-input_features: [{name: instruction, type: text}]
-output_features: [{name: output, type: text}]
-adapter: {type: lora}
-quantization: {bits: 4}
-backend:
-  type: ray
-  trainer:
-    use_gpu: true
-    strategy: {type: deepspeed, zero_optimization: {stage: 2}}
-)", extra);
+  std::string yaml = OriginalJobYaml();
+  const size_t trainer = yaml.find("\ntrainer:");  // the last section: `extra` sets its own
+  if (trainer == std::string::npos) return "";
+  return absl::StrCat(yaml.substr(0, trainer + 1), extra);
 }
 
 CoordinatorProcess::CoordinatorProcess(const std::string& state_dir, int cpu_workers,

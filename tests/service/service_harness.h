@@ -29,7 +29,10 @@ std::string MakeTempDir(const std::string& prefix);
 
 // A tiny HF model folder (random weights, the example tokenizer) made once per test binary.
 std::string TinyModelDir();
-// A job file for the tiny model on the example data, with `extra` YAML appended.
+// The original Ludwig job file (tests/data/jobs/good/ludwig_original.yaml) with base_model
+// pointing at the tiny model.
+std::string OriginalJobYaml();
+// The same without its `trainer:` line, and `extra` YAML (a trainer section) appended.
 std::string TinyJobYaml(const std::string& extra = "");
 
 class CoordinatorProcess {

@@ -117,13 +117,8 @@ TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgres
 // The original job file verbatim (only base_model points at the tiny model) with ZeRO stage 2 on
 // 2 CPU workers: it trains its three epochs and writes a PEFT adapter that peft loads as is.
 TEST_F(ServiceTest, OriginalJobFileTrainsUnderStage2AndItsAdapterLoadsInPeft) {
-  std::ifstream in(SourceDir() + "/tests/data/jobs/good/ludwig_original.yaml");
-  std::stringstream original;
-  original << in.rdbuf();
-  std::string yaml = original.str();
-  const std::string from = "base_model: meta-llama/Llama-2-7b-hf";
-  ASSERT_NE(yaml.find(from), std::string::npos) << yaml;
-  yaml.replace(yaml.find(from), from.size(), "base_model: " + TinyModelDir());
+  const std::string yaml = OriginalJobYaml();
+  ASSERT_FALSE(yaml.empty()) << "the original job file fixture changed";
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
   const std::string job_file = WriteFile(state_, "original.yaml", yaml);
