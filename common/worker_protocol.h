@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/data/record.h"
+#include "common/dataset/record.h"
 
 namespace qlora {
 

@@ -2,7 +2,7 @@
 #include "coordinator/shard_plan.h"
 
 #include "absl/strings/str_split.h"
-#include "worker/data/shard_planner.h"
+#include "common/dataset/shard_planner.h"
 
 namespace qlora::coordinator {
 

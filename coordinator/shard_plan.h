@@ -1,12 +1,12 @@
 // Splits a job's dataset into per-rank byte-range shards at record boundaries. The planning
-// itself is the data path's (worker/data/shard_planner.h); this adapts it to a job's fields.
+// itself is the data path's (common/dataset/shard_planner.h); this adapts it to a job's fields.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/data/record.h"
+#include "common/dataset/record.h"
 
 namespace qlora::coordinator {
 

@@ -8,4 +8,5 @@ eval "$("$root/scripts/setup.sh" | grep -E '^(LIBTORCH|PYENV)=')"
 build=${BUILD_DIR:-$root/build}
 # What the tests need to find: the sources, the built binaries, the reference Python.
 export QLORA_SOURCE_DIR=$root QLORA_BINARY_DIR=$build QLORA_PYTHON=$PYENV/bin/python
-ctest --test-dir "$build" --output-on-failure -j "${QLORA_TEST_JOBS:-2}" "$@"
+# --timeout: the ceiling for any test without its own TIMEOUT property.
+ctest --test-dir "$build" --output-on-failure --timeout 900 -j "${QLORA_TEST_JOBS:-2}" "$@"

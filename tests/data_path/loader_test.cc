@@ -17,7 +17,7 @@
 #include "tests/data_path/test_util.h"
 #include "worker/data/data_loader.h"
 #include "worker/data/job_data_options.h"
-#include "worker/data/shard_planner.h"
+#include "common/dataset/shard_planner.h"
 
 namespace qlora::data {
 namespace {

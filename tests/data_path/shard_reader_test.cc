@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/data_path/test_util.h"
-#include "worker/data/record_reader.h"
-#include "worker/data/shard_planner.h"
+#include "common/dataset/record_reader.h"
+#include "common/dataset/shard_planner.h"
 
 namespace qlora::data {
 namespace {

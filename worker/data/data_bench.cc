@@ -11,7 +11,7 @@
 #include <string>
 
 #include "worker/data/data_loader.h"
-#include "worker/data/shard_planner.h"
+#include "common/dataset/shard_planner.h"
 #include "worker/data/shuffle.h"
 
 namespace qlora::data {

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "worker/data/batcher.h"
 #include "worker/data/example_builder.h"
-#include "worker/data/record_reader.h"
+#include "common/dataset/record_reader.h"
 #include "worker/data/shuffle.h"
 #include "worker/data/tokenizer.h"
 

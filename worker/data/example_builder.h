@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/data/record.h"
+#include "common/dataset/record.h"
 #include "worker/data/tokenizer.h"
 
 namespace qlora::data {

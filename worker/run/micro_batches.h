@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/config/job_config.h"
-#include "worker/data/record.h"
+#include "common/dataset/record.h"
 #include "worker/engine/llama_model.h"
 
 namespace qlora::worker {

@@ -1,5 +1,5 @@
 // Dataset format names and detection by file extension.
-#include "worker/data/record.h"
+#include "common/dataset/record.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/data/csv_syntax.h"
-#include "worker/data/record_reader.h"
+#include "common/dataset/csv_syntax.h"
+#include "common/dataset/record_reader.h"
 
 namespace qlora::data {
 namespace {

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/data/byte_range_file.h"
-#include "worker/data/record.h"
+#include "common/dataset/byte_range_file.h"
+#include "common/dataset/record.h"
 
 namespace qlora::data {
 

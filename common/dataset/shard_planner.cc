@@ -1,5 +1,5 @@
 // Record-boundary search and shard assignment (see shard_planner.h for the CSV approach).
-#include "worker/data/shard_planner.h"
+#include "common/dataset/shard_planner.h"
 
 #include <algorithm>
 #include <array>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/data/csv_syntax.h"
+#include "common/dataset/csv_syntax.h"
 
 namespace qlora::data {
 namespace {

@@ -1,5 +1,5 @@
 // The malformed-record policy shared by every reader, and the JSON Lines and text readers.
-#include "worker/data/record_reader.h"
+#include "common/dataset/record_reader.h"
 
 #include <utility>
 

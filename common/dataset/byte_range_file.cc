@@ -1,5 +1,5 @@
 // Buffered pread over a byte range (see byte_range_file.h).
-#include "worker/data/byte_range_file.h"
+#include "common/dataset/byte_range_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
