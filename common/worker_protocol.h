@@ -22,6 +22,17 @@ struct MemorySnapshot {
   int64_t device_reserved_peak_bytes = 0;  // the caching allocator's peak reservation
 };
 
+// The data-parallel strategy a rank actually runs (what its strategy object says of itself, not
+// what the job file asked for).
+struct StrategySnapshot {
+  int zero_stage = -1;               // -1: not reported
+  int world_size = 0;
+  int64_t trainable_elements = 0;    // every trainable (LoRA) parameter element
+  int64_t partition_elements = 0;    // elements this rank keeps fp32 master + AdamW state for
+  bool partitioned_optimizer = false;
+  bool partitioned_gradients = false;
+};
+
 struct ProgressSnapshot {
   int rank = 0;
   int64_t step = 0;                  // optimizer steps done
@@ -33,6 +44,7 @@ struct ProgressSnapshot {
   double eval_loss = 0;              // NaN until evaluated
   double elapsed_seconds = 0;
   MemorySnapshot memory;
+  StrategySnapshot strategy;
 };
 
 // What one worker needs to start training (WorkerService.GetAssignment).

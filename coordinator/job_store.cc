@@ -25,7 +25,10 @@ CREATE TABLE IF NOT EXISTS events (
   has_progress INTEGER, rank INTEGER, step INTEGER, total_steps INTEGER, epoch INTEGER,
   loss REAL, lr REAL, tokens_per_second REAL, eval_loss REAL, elapsed REAL,
   dev_alloc INTEGER, dev_peak INTEGER, master INTEGER, optim INTEGER, grads INTEGER,
-  comm INTEGER, rss INTEGER, dev_reserved INTEGER DEFAULT 0, PRIMARY KEY (job_id, seq));
+  comm INTEGER, rss INTEGER, dev_reserved INTEGER DEFAULT 0, strategy_stage INTEGER DEFAULT -1,
+  strategy_world INTEGER DEFAULT 0, strategy_trainable INTEGER DEFAULT 0,
+  strategy_partition INTEGER DEFAULT 0, strategy_flags INTEGER DEFAULT 0,
+  PRIMARY KEY (job_id, seq));
 )sql";
 
 // RAII prepared statement with 1-based binding helpers.
@@ -88,6 +91,12 @@ JobEvent ReadEvent(const Statement& s) {
     p.eval_loss = s.Real(14);
     p.elapsed_seconds = s.Real(15);
     p.memory = {s.Int(16), s.Int(17), s.Int(18), s.Int(19), s.Int(20), s.Int(21), s.Int(22), s.Int(23)};
+    p.strategy.zero_stage = static_cast<int>(s.Int(24));
+    p.strategy.world_size = static_cast<int>(s.Int(25));
+    p.strategy.trainable_elements = s.Int(26);
+    p.strategy.partition_elements = s.Int(27);
+    p.strategy.partitioned_optimizer = (s.Int(28) & 1) != 0;
+    p.strategy.partitioned_gradients = (s.Int(28) & 2) != 0;
     e.progress = p;
   }
   return e;
@@ -96,7 +105,8 @@ JobEvent ReadEvent(const Statement& s) {
 constexpr const char* kEventColumns =
     "job_id, seq, time, state, reason_code, message, has_progress, rank, step, total_steps, "
     "epoch, loss, lr, tokens_per_second, eval_loss, elapsed, dev_alloc, dev_peak, master, "
-    "optim, grads, comm, rss, dev_reserved";
+    "optim, grads, comm, rss, dev_reserved, strategy_stage, strategy_world, strategy_trainable, "
+    "strategy_partition, strategy_flags";
 
 }  // namespace
 
@@ -110,8 +120,12 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   sqlite3_busy_timeout(db, 5000);
   std::unique_ptr<JobStore> store(new JobStore(db));
   QLORA_RETURN_IF_ERROR(store->Exec(kSchema));
-  // Stores made before the column existed gain it (an error only means it is there already).
-  (void)store->Exec("ALTER TABLE events ADD COLUMN dev_reserved INTEGER DEFAULT 0");
+  // Stores made before a column existed gain it (an error only means it is there already).
+  for (const char* column : {"dev_reserved INTEGER DEFAULT 0", "strategy_stage INTEGER DEFAULT -1",
+                             "strategy_world INTEGER DEFAULT 0", "strategy_trainable INTEGER DEFAULT 0",
+                             "strategy_partition INTEGER DEFAULT 0", "strategy_flags INTEGER DEFAULT 0"}) {
+    (void)store->Exec(absl::StrCat("ALTER TABLE events ADD COLUMN ", column).c_str());
+  }
   return store;
 }
 
@@ -148,7 +162,7 @@ absl::Status JobStore::PutJob(const JobRecord& j) {
 absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e) {
   Statement s(db_, absl::StrCat("INSERT INTO events (", kEventColumns,
                                 ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,"
-                                "?16,?17,?18,?19,?20,?21,?22,?23,?24)").c_str());
+                                "?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29)").c_str());
   QLORA_RETURN_IF_ERROR(s.status());
   s.Bind(1, job_id).Bind(2, e.sequence).Bind(3, e.time_unix).Bind(4, static_cast<int>(e.state))
       .Bind(5, e.reason_code).Bind(6, e.message).Bind(7, e.progress ? 1 : 0);
@@ -160,7 +174,10 @@ absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e)
         .Bind(18, p.memory.device_peak_bytes).Bind(19, p.memory.master_weight_bytes)
         .Bind(20, p.memory.optimizer_state_bytes).Bind(21, p.memory.gradient_bytes)
         .Bind(22, p.memory.comm_buffer_bytes).Bind(23, p.memory.host_rss_bytes)
-        .Bind(24, p.memory.device_reserved_peak_bytes);
+        .Bind(24, p.memory.device_reserved_peak_bytes).Bind(25, p.strategy.zero_stage)
+        .Bind(26, p.strategy.world_size).Bind(27, p.strategy.trainable_elements)
+        .Bind(28, p.strategy.partition_elements)
+        .Bind(29, (p.strategy.partitioned_optimizer ? 1 : 0) | (p.strategy.partitioned_gradients ? 2 : 0));
   }
   return s.Step().status();
 }

@@ -11,7 +11,7 @@ namespace qlora::coordinator {
 constexpr int kShardsPerRank = 4;
 
 absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
-                                                                        const std::string& format,
+                                                                        DatasetFormat format,
                                                                         int world_size) {
   std::vector<std::string> files = absl::StrSplit(paths, ',', absl::SkipEmpty());
   data::ShardPlanOptions options;

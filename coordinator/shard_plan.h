@@ -14,7 +14,7 @@ namespace qlora::coordinator {
 // result[rank] = that rank's shards. `paths` is one file or a comma-separated list of files;
 // `format` is DataConfig::format.
 absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
-                                                                        const std::string& format,
+                                                                        DatasetFormat format,
                                                                         int world_size);
 
 }  // namespace qlora::coordinator

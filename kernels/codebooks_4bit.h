@@ -1,7 +1,8 @@
 // The one copy of every 4-bit code table: NF4 and FP4 values, their CUDA decision thresholds, and
 // bitsandbytes' 256-entry dynamic map used to double-quantize absmax. The CPU and CUDA kernels
 // (and the checkpoint code that writes quant_map / nested_quant_map) read these; nothing else may
-// hold a copy. Sources and derivations: shared/reference/formats.md section 1.
+// hold a copy. Sources: bitsandbytes (functional.get_4bit_type, create_dynamic_map and the
+// CUDA kernels' dQuantizeNF4 / dQuantizeFP4 decision trees), QLoRA paper appendix E.
 #pragma once
 
 namespace qlora::kernels {

@@ -2,7 +2,7 @@
 // quantization of the absmax values. One entry point per direction; it dispatches to the CPU
 // implementation (multi-threaded, also the test oracle) or the CUDA one by the input's device.
 //
-// Layout (byte-for-byte bitsandbytes, see shared/reference/formats.md section 1):
+// Layout (byte-for-byte bitsandbytes: functional.quantize_4bit / kQuantizeBlockwise):
 //   packed[j] = code(x[2j]) << 4 | code(x[2j+1])      (even element in the high nibble)
 //   absmax[b] = max |x| over block b (fp32), or, when double-quantized,
 //   absmax[b] = nested_code[qabsmax[b]] * nested_absmax[b / 256] + nested_offset.

@@ -47,15 +47,22 @@ if [ ! -f "$LIBTORCH/.complete" ]; then
   touch "$LIBTORCH/.complete"
 fi
 
-if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ ! -f "$PYENV/.complete" ]; then
+# The environment records the hash of the pinned list it was synced to (.complete); a changed
+# list re-syncs the packages in place (pip installs only what differs).
+requirements="$(cd "$(dirname "$0")" && pwd)/requirements-test.txt"
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ ! -x "$PYENV/bin/python" ]; then
   echo "setup: creating the Python reference environment (tests only)"
   rm -rf "$PYENV"
   $PY -m venv "$PYENV"
   "$PYENV/bin/pip" install -q --upgrade pip
   # torch without its nvidia-* wheels: the CUDA libraries come from the system toolkit.
   "$PYENV/bin/pip" install -q --no-deps "$LIBTORCH"/torch-*.whl "$LIBTORCH"/nvidia_*.whl
-  "$PYENV/bin/pip" install -q -r "$(dirname "$0")/requirements-test.txt"
-  touch "$PYENV/.complete"
+fi
+if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$PYENV/.complete" 2>/dev/null)" != "$want" ]; then
+  echo "setup: syncing the Python reference environment to $(basename "$requirements")"
+  "$PYENV/bin/pip" install -q -r "$requirements"
+  echo "$want" > "$PYENV/.complete"
 fi
 echo "LIBTORCH=$LIBTORCH/torch"
 echo "PYENV=$PYENV"

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/config/config_enums.h"
+
 namespace qlora {
 
 struct FeatureConfig {
@@ -20,9 +22,9 @@ struct FeatureConfig {
 struct QuantizationConfig {
   bool enabled = true;                      // `quantization: null` disables it
   int bits = 4;                             // 4 only (8-bit is refused with a clear error)
-  std::string quant_type = "nf4";           // nf4 | fp4
+  QuantType quant_type = QuantType::kNF4;
   bool double_quant = true;                 // bnb_4bit_use_double_quant
-  std::string compute_dtype = "bfloat16";   // bnb_4bit_compute_dtype: bfloat16|float16|float32
+  ComputeDtype compute_dtype = ComputeDtype::kBFloat16;  // bnb_4bit_compute_dtype
   int blocksize = 64;                       // 32..4096, power of two
 };
 
@@ -42,7 +44,7 @@ struct LoraConfig {
 };
 
 struct StrategyConfig {
-  std::string type = "deepspeed";           // deepspeed | ddp (ddp == stage 0)
+  StrategyType type = StrategyType::kDeepSpeed;  // ddp == stage 0
   int zero_stage = 2;                       // resolved: 0, 1 or 2 (3 is refused with 4-bit)
   std::string zero_stage_reason;            // why: "set in the job file" or the default's reason
   int64_t reduce_bucket_size = 500000000;   // elements
@@ -52,7 +54,7 @@ struct StrategyConfig {
 };
 
 struct BackendConfig {
-  std::string type = "local";               // local | ray (accepted for compatibility; same meaning)
+  BackendType type = BackendType::kLocal;   // ray: accepted for compatibility; same meaning
   bool use_gpu = true;                      // false: CPU workers
   int num_workers = 0;                      // 0 = every GPU of the machine (or --cpu-workers)
   StrategyConfig strategy;
@@ -66,12 +68,12 @@ struct TrainerConfig {
   double learning_rate = 2e-4;
   int epochs = 3;
   int64_t train_steps = 0;                  // 0 = from epochs
-  std::string optimizer = "adamw";          // adamw | adam
+  OptimizerType optimizer = OptimizerType::kAdamW;
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  std::string lr_scheduler = "cosine";      // constant | linear | cosine
+  LrScheduler lr_scheduler = LrScheduler::kCosine;
   double warmup_fraction = 0.03;
   double max_grad_norm = 0.3;               // gradient_clipping.clipglobalnorm; 0 = off
   int64_t steps_per_checkpoint = 0;         // 0 = only at the end
@@ -85,11 +87,11 @@ struct DataConfig {
                                             // were checked (ParseOptions::check_paths)
   std::string validation_path;              // optional (validation_dataset)
   double validation_fraction = 0.0;         // split of train when no validation file
-  std::string format = "auto";              // auto | jsonl | csv | text
+  DatasetFormat format = DatasetFormat::kAuto;
   std::string prompt_template;              // empty = default for instruction/output data
   int max_sequence_length = 512;
   bool packing = false;
-  std::string malformed_records = "fail";   // fail | skip
+  MalformedRecords malformed_records = MalformedRecords::kFail;
 };
 
 struct JobConfig {

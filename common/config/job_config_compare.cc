@@ -10,13 +10,13 @@ namespace qlora {
 // update the size. (Sizes of x86-64 libstdc++, where the project builds.)
 #if defined(__x86_64__) && defined(__GLIBCXX__)
 static_assert(sizeof(FeatureConfig) == 64, "FeatureConfig changed: see the note above");
-static_assert(sizeof(QuantizationConfig) == 88, "QuantizationConfig changed: see the note above");
+static_assert(sizeof(QuantizationConfig) == 24, "QuantizationConfig changed: see the note above");
 static_assert(sizeof(LoraConfig) == 56, "LoraConfig changed: see the note above");
-static_assert(sizeof(StrategyConfig) == 96, "StrategyConfig changed: see the note above");
-static_assert(sizeof(BackendConfig) == 136, "BackendConfig changed: see the note above");
-static_assert(sizeof(TrainerConfig) == 216, "TrainerConfig changed: see the note above");
-static_assert(sizeof(DataConfig) == 176, "DataConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 912, "JobConfig changed: see the note above");
+static_assert(sizeof(StrategyConfig) == 64, "StrategyConfig changed: see the note above");
+static_assert(sizeof(BackendConfig) == 80, "BackendConfig changed: see the note above");
+static_assert(sizeof(TrainerConfig) == 168, "TrainerConfig changed: see the note above");
+static_assert(sizeof(DataConfig) == 128, "DataConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 696, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {

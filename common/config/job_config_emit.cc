@@ -66,15 +66,21 @@ void WriteFeatures(Writer& w, const char* key, const std::vector<FeatureConfig>&
 }
 
 void WriteStrategy(Writer& w, const StrategyConfig& s) {
-  w.Begin("strategy").Word("type", s.type);
-  if (s.type != "ddp") {
+  w.Begin("strategy").Word("type", EnumName(s.type));
+  if (s.type != StrategyType::kDdp) {
+    // Accepted so that DeepSpeed job files run unchanged, but nothing reads them: the resolved
+    // copy says so next to each.
+    constexpr char kNoEffect[] = "accepted for DeepSpeed compatibility; no effect here";
     w.Begin("zero_optimization")
         .Integer("stage", s.zero_stage)
         .Integer("reduce_bucket_size", s.reduce_bucket_size)
-        .Integer("allgather_bucket_size", s.allgather_bucket_size)
-        .Bool("overlap_comm", s.overlap_comm)
-        .Bool("contiguous_gradients", s.contiguous_gradients)
-        .End();
+        .Integer("allgather_bucket_size", s.allgather_bucket_size);
+    w.raw() << YAML::Comment(kNoEffect);
+    w.Bool("overlap_comm", s.overlap_comm);
+    w.raw() << YAML::Comment(kNoEffect);
+    w.Bool("contiguous_gradients", s.contiguous_gradients);
+    w.raw() << YAML::Comment(kNoEffect);
+    w.End();
   }
   w.Text("zero_stage_reason", s.zero_stage_reason).End();
 }
@@ -88,12 +94,12 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
       .Number("learning_rate", t.learning_rate)
       .Integer("epochs", t.epochs)
       .Integer("train_steps", t.train_steps);
-  w.Begin("optimizer").Word("type", t.optimizer).Number("weight_decay", t.weight_decay);
+  w.Begin("optimizer").Word("type", EnumName(t.optimizer)).Number("weight_decay", t.weight_decay);
   w.raw() << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
           << ExactNumber(t.beta1) << ExactNumber(t.beta2) << YAML::EndSeq;
   w.Number("eps", t.eps).End();
   w.Begin("learning_rate_scheduler")
-      .Word("decay", t.lr_scheduler == "constant" ? "none" : t.lr_scheduler)
+      .Word("decay", EnumName(t.lr_scheduler))
       .Number("warmup_fraction", t.warmup_fraction)
       .End();
   w.Begin("gradient_clipping").Number("clipglobalnorm", t.max_grad_norm).End();
@@ -136,16 +142,16 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
   if (c.quantization.enabled) {
     w.Begin("quantization")
         .Integer("bits", c.quantization.bits)
-        .Word("bnb_4bit_quant_type", c.quantization.quant_type)
+        .Word("bnb_4bit_quant_type", EnumName(c.quantization.quant_type))
         .Bool("bnb_4bit_use_double_quant", c.quantization.double_quant)
-        .Word("bnb_4bit_compute_dtype", c.quantization.compute_dtype)
+        .Word("bnb_4bit_compute_dtype", EnumName(c.quantization.compute_dtype))
         .Integer("blocksize", c.quantization.blocksize)
         .End();
   } else {
     w.raw() << YAML::Key << "quantization" << YAML::Value << YAML::Null;
   }
 
-  w.Begin("backend").Word("type", c.backend.type);
+  w.Begin("backend").Word("type", EnumName(c.backend.type));
   w.Begin("trainer")
       .Bool("use_gpu", c.backend.use_gpu)
       .Integer("num_workers", c.backend.num_workers);
@@ -155,11 +161,11 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
   WriteTrainer(w, c.trainer);
 
   w.Begin("data")
-      .Word("format", c.data.format)
+      .Word("format", EnumName(c.data.format))
       .Text("prompt_template", c.data.prompt_template)
       .Integer("max_sequence_length", c.data.max_sequence_length)
       .Bool("packing", c.data.packing)
-      .Word("malformed_records", c.data.malformed_records)
+      .Word("malformed_records", EnumName(c.data.malformed_records))
       .Number("validation_fraction", c.data.validation_fraction)
       .End();
   w.raw() << YAML::EndMap;

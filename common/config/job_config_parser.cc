@@ -195,10 +195,9 @@ absl::Status ReadQuantization(const MapReader& top, QuantizationConfig* q) {
   if (q->bits != 4) {
     return quant.Error("bits", absl::StrCat("must be 4 (4-bit NF4/FP4), got ", q->bits));
   }
-  QLORA_RETURN_IF_ERROR(quant.ReadChoice("bnb_4bit_quant_type", {"nf4", "fp4"}, &q->quant_type));
+  QLORA_RETURN_IF_ERROR(quant.ReadEnum("bnb_4bit_quant_type", &q->quant_type));
   QLORA_RETURN_IF_ERROR(quant.ReadBool("bnb_4bit_use_double_quant", &q->double_quant));
-  QLORA_RETURN_IF_ERROR(quant.ReadChoice("bnb_4bit_compute_dtype",
-                                         {"bfloat16", "float16", "float32"}, &q->compute_dtype));
+  QLORA_RETURN_IF_ERROR(quant.ReadEnum("bnb_4bit_compute_dtype", &q->compute_dtype));
   QLORA_RETURN_IF_ERROR(quant.ReadInt("blocksize", 1, kIntMax, &q->blocksize));
   const int b = q->blocksize;
   if (b < 32 || b > 4096 || (b & (b - 1)) != 0) {
@@ -244,7 +243,6 @@ absl::Status ReadZeroOptimization(const MapReader& strategy, StrategyConfig* s,
 absl::Status ReadStrategy(const MapReader& backend_trainer, const QuantizationConfig& quant,
                           StrategyConfig* s) {
   const std::string key = "strategy";
-  const std::vector<std::string> kTypes = {"deepspeed", "ddp"};
   std::optional<int> written_stage;
   bool written_auto = false;
   bool reason_written = false;
@@ -254,11 +252,11 @@ absl::Status ReadStrategy(const MapReader& backend_trainer, const QuantizationCo
   bool bf16 = false;
   std::optional<MapReader> strategy;
   if (backend_trainer.Has(key) && backend_trainer.Get(key).IsScalar()) {
-    QLORA_RETURN_IF_ERROR(backend_trainer.ReadChoice(key, kTypes, &s->type));
+    QLORA_RETURN_IF_ERROR(backend_trainer.ReadEnum(key, &s->type));
   } else {
     QLORA_ASSIGN_OR_RETURN(strategy, backend_trainer.OpenMap(key));
-    QLORA_RETURN_IF_ERROR(strategy->ReadChoice("type", kTypes, &s->type));
-    if (s->type == "ddp") {
+    QLORA_RETURN_IF_ERROR(strategy->ReadEnum("type", &s->type));
+    if (s->type == StrategyType::kDdp) {
       for (const char* deepspeed_only : {"zero_optimization", "fp16", "bf16"}) {
         if (strategy->Has(deepspeed_only)) {
           return strategy->Error(deepspeed_only, "only applies to strategy type deepspeed");
@@ -286,13 +284,16 @@ absl::Status ReadStrategy(const MapReader& backend_trainer, const QuantizationCo
                                    "this too); the compute dtype is "
                                    "quantization.bnb_4bit_compute_dtype");
   }
-  const std::string wanted = fp16 ? "float16" : bf16 ? "bfloat16" : quant.compute_dtype;
+  const ComputeDtype wanted = fp16 ? ComputeDtype::kFloat16
+                               : bf16 ? ComputeDtype::kBFloat16
+                                      : quant.compute_dtype;
   if (wanted != quant.compute_dtype) {
     const std::string which = fp16 ? "fp16" : "bf16";
     return strategy->Error(
         which, absl::StrCat(which, " is enabled but quantization.bnb_4bit_compute_dtype is ",
-                            quant.compute_dtype, "; the compute dtype is set there alone: set "
-                            "bnb_4bit_compute_dtype: ", wanted, " (or remove ", which, ")"));
+                            EnumName(quant.compute_dtype), "; the compute dtype is set there "
+                            "alone: set bnb_4bit_compute_dtype: ", EnumName(wanted),
+                            " (or remove ", which, ")"));
   }
   return absl::OkStatus();
 }
@@ -305,16 +306,21 @@ absl::Status ReadBackend(const MapReader& top, const QuantizationConfig& quant,
     return backend.Error("type", "backend type 'deepspeed' is not supported; use `type: ray` "
                                  "(or local) with `trainer: {strategy: deepspeed}`");
   }
-  QLORA_RETURN_IF_ERROR(backend.ReadChoice("type", {"local", "ray"}, &b->type));
+  QLORA_RETURN_IF_ERROR(backend.ReadEnum("type", &b->type));
   QLORA_ASSIGN_OR_RETURN(MapReader trainer, backend.OpenMap("trainer"));
   QLORA_RETURN_IF_ERROR(trainer.ReadBool("use_gpu", &b->use_gpu));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("num_workers", 0, kIntMax, &b->num_workers));
   return ReadStrategy(trainer, quant, &b->strategy);
 }
 
-absl::Status CheckOptimizerType(const MapReader& map, const std::string& key,
-                                const std::string& type) {
-  if (type == "adamw" || type == "adam") return absl::OkStatus();
+absl::Status ReadOptimizerType(const MapReader& map, const std::string& key,
+                               OptimizerType* out) {
+  std::string type = EnumName(*out);
+  QLORA_RETURN_IF_ERROR(map.ReadString(key, &type));
+  if (std::optional<OptimizerType> known = ParseEnumName<OptimizerType>(type)) {
+    *out = *known;
+    return absl::OkStatus();
+  }
   if (absl::StartsWith(type, "paged_") || absl::StrContains(type, "8bit")) {
     return map.Error(key, absl::StrCat("optimizer '", type, "': paged and 8-bit optimizers are "
                                        "not supported (DeepSpeed refuses them too); use adamw"));
@@ -344,12 +350,10 @@ absl::Status ReadBetas(const MapReader& optimizer, TrainerConfig* t) {
 absl::Status ReadOptimizer(const MapReader& trainer, TrainerConfig* t) {
   const std::string key = "optimizer";
   if (trainer.Has(key) && trainer.Get(key).IsScalar()) {
-    QLORA_RETURN_IF_ERROR(trainer.ReadString(key, &t->optimizer));
-    return CheckOptimizerType(trainer, key, t->optimizer);
+    return ReadOptimizerType(trainer, key, &t->optimizer);
   }
   QLORA_ASSIGN_OR_RETURN(MapReader optimizer, trainer.OpenMap(key));
-  QLORA_RETURN_IF_ERROR(optimizer.ReadString("type", &t->optimizer));
-  QLORA_RETURN_IF_ERROR(CheckOptimizerType(optimizer, "type", t->optimizer));
+  QLORA_RETURN_IF_ERROR(ReadOptimizerType(optimizer, "type", &t->optimizer));
   QLORA_RETURN_IF_ERROR(
       optimizer.ReadNumber("weight_decay", {0, true}, {kInf, true}, &t->weight_decay));
   QLORA_RETURN_IF_ERROR(ReadBetas(optimizer, t));
@@ -360,11 +364,9 @@ absl::Status ReadScheduler(const MapReader& trainer, TrainerConfig* t) {
   QLORA_ASSIGN_OR_RETURN(MapReader scheduler, trainer.OpenMap("learning_rate_scheduler"));
   const YAML::Node decay = scheduler.Get("decay");
   if (decay.IsDefined() && decay.IsNull()) {
-    t->lr_scheduler = "constant";
-  } else if (scheduler.Has("decay")) {
-    std::string value;
-    QLORA_RETURN_IF_ERROR(scheduler.ReadChoice("decay", {"cosine", "linear", "none"}, &value));
-    t->lr_scheduler = value == "none" ? "constant" : value;
+    t->lr_scheduler = LrScheduler::kConstant;
+  } else {
+    QLORA_RETURN_IF_ERROR(scheduler.ReadEnum("decay", &t->lr_scheduler));
   }
   return scheduler.ReadNumber("warmup_fraction", {0, true}, {1, true}, &t->warmup_fraction);
 }
@@ -405,13 +407,12 @@ absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
 
 absl::Status ReadData(const MapReader& top, DataConfig* d, Presence* presence) {
   QLORA_ASSIGN_OR_RETURN(MapReader data, top.OpenMap("data"));
-  QLORA_RETURN_IF_ERROR(data.ReadChoice("format", {"auto", "jsonl", "csv", "text"}, &d->format));
+  QLORA_RETURN_IF_ERROR(data.ReadEnum("format", &d->format));
   QLORA_RETURN_IF_ERROR(data.ReadString("prompt_template", &d->prompt_template));
   QLORA_RETURN_IF_ERROR(
       data.ReadInt("max_sequence_length", 8, 131072, &d->max_sequence_length));
   QLORA_RETURN_IF_ERROR(data.ReadBool("packing", &d->packing));
-  QLORA_RETURN_IF_ERROR(data.ReadChoice("malformed_records", {"fail", "skip"},
-                                        &d->malformed_records));
+  QLORA_RETURN_IF_ERROR(data.ReadEnum("malformed_records", &d->malformed_records));
   presence->validation_fraction = data.Has("validation_fraction");
   return data.ReadNumber("validation_fraction", {0, true}, {1, false}, &d->validation_fraction);
 }

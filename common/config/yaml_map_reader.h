@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/config/config_enums.h"
 #include "common/config/job_config_schema.h"
 #include "yaml-cpp/yaml.h"
 
@@ -73,6 +74,14 @@ class MapReader {
   // One of `choices`; the message lists them.
   absl::Status ReadChoice(const std::string& key, const std::vector<std::string>& choices,
                           std::string* out) const;
+  // One of the names of enum E (config_enums.h); `*out` is kept when the key is absent.
+  template <typename E>
+  absl::Status ReadEnum(const std::string& key, E* out) const {
+    std::string name = EnumName(*out);
+    absl::Status status = ReadChoice(key, EnumNames<E>(), &name);
+    if (status.ok()) *out = *ParseEnumName<E>(name);
+    return status;
+  }
   // An integer (integral floats such as 5e8 are accepted) in [min, max].
   absl::Status ReadInt(const std::string& key, int64_t min, int64_t max, int64_t* out) const;
   absl::Status ReadInt(const std::string& key, int min, int max, int* out) const;

@@ -6,10 +6,10 @@
 
 namespace qlora {
 
-absl::StatusOr<ZeroStageChoice> ChooseZeroStage(const std::string& strategy_type,
+absl::StatusOr<ZeroStageChoice> ChooseZeroStage(StrategyType strategy_type,
                                                 std::optional<int> written_stage,
                                                 bool written_auto, bool quantized_4bit) {
-  if (strategy_type == "ddp") {
+  if (strategy_type == StrategyType::kDdp) {
     return ZeroStageChoice{0, "strategy 'ddp' is plain data parallelism, which is ZeRO stage 0 "
                               "(replicated optimizer state, all-reduced gradients)"};
   }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/config/config_enums.h"
 
 namespace qlora {
 
@@ -23,10 +24,10 @@ struct ZeroStageChoice {
 
 inline constexpr char kZeroStageFromJobFile[] = "set in the job file";
 
-// `strategy_type` is "deepspeed" or "ddp"; `written_stage` is the stage the file gives (nullopt
+// `strategy_type`: deepspeed or ddp; `written_stage` is the stage the file gives (nullopt
 // when absent or "auto"), already checked to be in 0..3. Errors are INVALID_ARGUMENT whose
 // message is the problem only (the caller adds file, line and field).
-absl::StatusOr<ZeroStageChoice> ChooseZeroStage(const std::string& strategy_type,
+absl::StatusOr<ZeroStageChoice> ChooseZeroStage(StrategyType strategy_type,
                                                 std::optional<int> written_stage,
                                                 bool written_auto, bool quantized_4bit);
 

@@ -5,15 +5,25 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
+#include <optional>
+
 namespace qlora::data {
 
 absl::StatusOr<DataFormat> ResolveFormat(absl::string_view format, absl::string_view path) {
-  if (format == "jsonl") return DataFormat::kJsonl;
-  if (format == "csv") return DataFormat::kCsv;
-  if (format == "text") return DataFormat::kText;
-  if (format != "auto" && !format.empty())
+  std::optional<DatasetFormat> known = ParseEnumName<DatasetFormat>(format.empty() ? "auto" : format);
+  if (!known)
     return absl::InvalidArgumentError(
         absl::StrCat("data.format: unknown format '", format, "' (jsonl, csv, text or auto)"));
+  return ResolveFormat(*known, path);
+}
+
+absl::StatusOr<DataFormat> ResolveFormat(DatasetFormat format, absl::string_view path) {
+  switch (format) {
+    case DatasetFormat::kJsonl: return DataFormat::kJsonl;
+    case DatasetFormat::kCsv: return DataFormat::kCsv;
+    case DatasetFormat::kText: return DataFormat::kText;
+    case DatasetFormat::kAuto: break;
+  }
   std::string lower = absl::AsciiStrToLower(path);
   for (const char* ext : {".jsonl", ".ndjson", ".json"})
     if (absl::EndsWith(lower, ext)) return DataFormat::kJsonl;

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/config/config_enums.h"
 
 namespace qlora::data {
 
@@ -26,6 +27,9 @@ struct ShardSpec {
 enum class DataFormat { kJsonl, kCsv, kText };
 
 // "jsonl" | "csv" | "text", or "auto" (by extension: .jsonl/.ndjson/.json, .csv, .txt/.text).
+// The format of `path`: `format` itself, or for kAuto the one its extension names.
+absl::StatusOr<DataFormat> ResolveFormat(DatasetFormat format, absl::string_view path);
+// The same for a format's name ("auto", "jsonl", "csv", "text"), e.g. a command-line flag.
 absl::StatusOr<DataFormat> ResolveFormat(absl::string_view format, absl::string_view path);
 absl::string_view FormatName(DataFormat format);
 

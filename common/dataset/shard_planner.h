@@ -36,7 +36,7 @@ struct CutStats {
 };
 
 struct ShardPlanOptions {
-  std::string format = "auto";          // as DataConfig::format
+  DatasetFormat format = DatasetFormat::kAuto;  // as DataConfig::format
   int64_t max_record_bytes = 1 << 20;   // CSV resync bound; the readers' record limit too
   CutStats* stats = nullptr;            // optional, filled when set
 };

@@ -41,6 +41,13 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   m->set_comm_buffer_bytes(in.memory.comm_buffer_bytes);
   m->set_host_rss_bytes(in.memory.host_rss_bytes);
   m->set_device_reserved_peak_bytes(in.memory.device_reserved_peak_bytes);
+  v1::StrategyReport* s = out->mutable_strategy();
+  s->set_zero_stage(in.strategy.zero_stage);
+  s->set_world_size(in.strategy.world_size);
+  s->set_trainable_elements(in.strategy.trainable_elements);
+  s->set_partition_elements(in.strategy.partition_elements);
+  s->set_partitioned_optimizer(in.strategy.partitioned_optimizer);
+  s->set_partitioned_gradients(in.strategy.partitioned_gradients);
 }
 
 ProgressSnapshot FromProto(const v1::Progress& in) {
@@ -58,6 +65,9 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   p.memory = {m.device_allocated_bytes(), m.device_peak_bytes(), m.master_weight_bytes(),
               m.optimizer_state_bytes(), m.gradient_bytes(), m.comm_buffer_bytes(),
               m.host_rss_bytes(), m.device_reserved_peak_bytes()};
+  const v1::StrategyReport& s = in.strategy();
+  p.strategy = {s.zero_stage(), s.world_size(), s.trainable_elements(), s.partition_elements(),
+                s.partitioned_optimizer(), s.partitioned_gradients()};
   return p;
 }
 

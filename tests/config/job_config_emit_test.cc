@@ -83,11 +83,11 @@ TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {
   c.lora.target_modules = {"gate_proj", "up_proj"};
   c.lora.use_rslora = true;
   c.lora.merge_adapter_into_base_model = true;
-  c.quantization.quant_type = "fp4";
+  c.quantization.quant_type = QuantType::kFP4;
   c.quantization.double_quant = false;
-  c.quantization.compute_dtype = "float32";
+  c.quantization.compute_dtype = ComputeDtype::kFloat32;
   c.quantization.blocksize = 4096;
-  c.backend.type = "ray";
+  c.backend.type = BackendType::kRay;
   c.backend.use_gpu = false;
   c.backend.num_workers = 3;
   c.backend.strategy.zero_stage = 1;
@@ -102,12 +102,12 @@ TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {
   c.trainer.learning_rate = 1.0 / 3.0;
   c.trainer.epochs = 0;
   c.trainer.train_steps = 1000;
-  c.trainer.optimizer = "adam";
+  c.trainer.optimizer = OptimizerType::kAdam;
   c.trainer.weight_decay = 1e-300;
   c.trainer.beta1 = 0.0;
   c.trainer.beta2 = 0.9999999999999999;
   c.trainer.eps = 1e-12;
-  c.trainer.lr_scheduler = "constant";
+  c.trainer.lr_scheduler = LrScheduler::kConstant;
   c.trainer.warmup_fraction = 1.0;
   c.trainer.max_grad_norm = 0;
   c.trainer.steps_per_checkpoint = 10;
@@ -117,11 +117,11 @@ TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {
   c.data.train_path = "/data/train: \"quoted\".jsonl";
   c.data.validation_path = "";
   c.data.validation_fraction = 0.25;
-  c.data.format = "csv";
+  c.data.format = DatasetFormat::kCsv;
   c.data.prompt_template = "Q: {question}\n\tC: {context}\nA: ";
   c.data.max_sequence_length = 131072;
   c.data.packing = true;
-  c.data.malformed_records = "skip";
+  c.data.malformed_records = MalformedRecords::kSkip;
   c.output_dir = "~/out";
   ExpectRoundTrip(c);
 }
@@ -133,6 +133,19 @@ TEST(ConfigEmitTest, DdpAndNoQuantizationRoundTrip) {
   ASSERT_TRUE(c.ok()) << c.status();
   ExpectRoundTrip(*c);
   EXPECT_THAT(EmitResolvedJobYaml(*c), HasSubstr("quantization: ~"));
+}
+
+TEST(ConfigEmit, DeepSpeedKeysWithoutEffectAreMarkedSo) {
+  const std::string yaml = EmitResolvedJobYaml(JobConfig{});
+  for (const char* key : {"allgather_bucket_size", "overlap_comm", "contiguous_gradients"}) {
+    const size_t at = yaml.find(key);
+    ASSERT_NE(at, std::string::npos) << key;
+    const std::string line = yaml.substr(at, yaml.find('\n', at) - at);
+    EXPECT_NE(line.find("# accepted for DeepSpeed compatibility; no effect here"), std::string::npos)
+        << line;
+  }
+  EXPECT_EQ(yaml.find("reduce_bucket_size: 500000000  #"), std::string::npos)
+      << "reduce_bucket_size is used (the strategy's bucket size)";
 }
 
 }  // namespace

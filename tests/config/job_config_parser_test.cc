@@ -38,9 +38,9 @@ TEST(ConfigParserTest, LudwigOriginalVerbatimParsesWithStage2FromTheFile) {
   EXPECT_EQ(c.adapter_type, "lora");
   EXPECT_TRUE(c.quantization.enabled);
   EXPECT_EQ(c.quantization.bits, 4);
-  EXPECT_EQ(c.backend.type, "ray");
+  EXPECT_EQ(c.backend.type, BackendType::kRay);
   EXPECT_TRUE(c.backend.use_gpu);
-  EXPECT_EQ(c.backend.strategy.type, "deepspeed");
+  EXPECT_EQ(c.backend.strategy.type, StrategyType::kDeepSpeed);
   EXPECT_EQ(c.backend.strategy.zero_stage, 2);
   EXPECT_EQ(c.backend.strategy.zero_stage_reason, "set in the job file");
   EXPECT_EQ(c.trainer.type, "finetune");
@@ -69,28 +69,28 @@ TEST(ConfigParserTest, DefaultsAreResolved) {
   EXPECT_FALSE(c.lora.merge_adapter_into_base_model);
   EXPECT_TRUE(c.quantization.enabled);  // absent quantization: 4-bit (a QLoRA service)
   EXPECT_EQ(c.quantization.bits, 4);
-  EXPECT_EQ(c.quantization.quant_type, "nf4");
+  EXPECT_EQ(c.quantization.quant_type, QuantType::kNF4);
   EXPECT_TRUE(c.quantization.double_quant);
-  EXPECT_EQ(c.quantization.compute_dtype, "bfloat16");
+  EXPECT_EQ(c.quantization.compute_dtype, ComputeDtype::kBFloat16);
   EXPECT_EQ(c.quantization.blocksize, 64);
-  EXPECT_EQ(c.backend.type, "local");
+  EXPECT_EQ(c.backend.type, BackendType::kLocal);
   EXPECT_EQ(c.backend.num_workers, 0);
-  EXPECT_EQ(c.backend.strategy.type, "deepspeed");
+  EXPECT_EQ(c.backend.strategy.type, StrategyType::kDeepSpeed);
   EXPECT_EQ(c.backend.strategy.zero_stage, 2);
   EXPECT_THAT(c.backend.strategy.zero_stage_reason, HasSubstr("not set in the job file"));
   EXPECT_EQ(c.trainer.batch_size, 1);
   EXPECT_EQ(c.trainer.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.trainer.learning_rate, 2e-4);
   EXPECT_EQ(c.trainer.epochs, 3);
-  EXPECT_EQ(c.trainer.optimizer, "adamw");
-  EXPECT_EQ(c.trainer.lr_scheduler, "cosine");
+  EXPECT_EQ(c.trainer.optimizer, OptimizerType::kAdamW);
+  EXPECT_EQ(c.trainer.lr_scheduler, LrScheduler::kCosine);
   EXPECT_EQ(c.trainer.warmup_fraction, 0.03);
   EXPECT_EQ(c.trainer.max_grad_norm, 0.3);
   EXPECT_TRUE(c.trainer.gradient_checkpointing);
   EXPECT_EQ(c.trainer.seed, 42u);
-  EXPECT_EQ(c.data.format, "auto");
+  EXPECT_EQ(c.data.format, DatasetFormat::kAuto);
   EXPECT_EQ(c.data.max_sequence_length, 512);
-  EXPECT_EQ(c.data.malformed_records, "fail");
+  EXPECT_EQ(c.data.malformed_records, MalformedRecords::kFail);
   EXPECT_EQ(c.output_dir, "");
 }
 
@@ -115,7 +115,7 @@ class ConfigStrategyFormsTest : public ::testing::TestWithParam<StrategyCase> {}
 TEST_P(ConfigStrategyFormsTest, ResolvesTypeStageAndReason) {
   const StrategyCase& p = GetParam();
   const JobConfig c = ParseOk(absl::StrCat(kMinimal, p.backend_yaml));
-  EXPECT_EQ(c.backend.strategy.type, p.type);
+  EXPECT_EQ(EnumName(c.backend.strategy.type), p.type);
   EXPECT_EQ(c.backend.strategy.zero_stage, p.stage);
   EXPECT_THAT(c.backend.strategy.zero_stage_reason, HasSubstr(p.reason_part));
 }
@@ -211,9 +211,9 @@ TEST(ConfigParserTest, QuantizationFields) {
       "base_model: m\nadapter: {type: lora}\n",
       "quantization: {bits: 4, bnb_4bit_quant_type: fp4, bnb_4bit_use_double_quant: false, "
       "bnb_4bit_compute_dtype: float16, blocksize: 128}\n"));
-  EXPECT_EQ(c.quantization.quant_type, "fp4");
+  EXPECT_EQ(c.quantization.quant_type, QuantType::kFP4);
   EXPECT_FALSE(c.quantization.double_quant);
-  EXPECT_EQ(c.quantization.compute_dtype, "float16");
+  EXPECT_EQ(c.quantization.compute_dtype, ComputeDtype::kFloat16);
   EXPECT_EQ(c.quantization.blocksize, 128);
 }
 
@@ -246,12 +246,12 @@ TEST(ConfigParserTest, TrainerFieldsAndOptimizerMapping) {
   EXPECT_EQ(t.learning_rate, 1e-4);
   EXPECT_EQ(t.epochs, 0);  // allowed because train_steps > 0
   EXPECT_EQ(t.train_steps, 100);
-  EXPECT_EQ(t.optimizer, "adam");
+  EXPECT_EQ(t.optimizer, OptimizerType::kAdam);
   EXPECT_EQ(t.weight_decay, 0.01);
   EXPECT_EQ(t.beta1, 0.8);
   EXPECT_EQ(t.beta2, 0.95);
   EXPECT_EQ(t.eps, 1e-6);
-  EXPECT_EQ(t.lr_scheduler, "linear");
+  EXPECT_EQ(t.lr_scheduler, LrScheduler::kLinear);
   EXPECT_EQ(t.warmup_fraction, 0.1);
   EXPECT_EQ(t.max_grad_norm, 1.0);
   EXPECT_FALSE(t.gradient_checkpointing);
@@ -264,8 +264,8 @@ TEST(ConfigParserTest, OptimizerAsBareNameAndSchedulerNone) {
   const JobConfig c = ParseOk(absl::StrCat(
       kMinimal, "trainer: {optimizer: adam, learning_rate_scheduler: {decay: none}, "
                 "gradient_clipping: {clipglobalnorm: null}}\n"));
-  EXPECT_EQ(c.trainer.optimizer, "adam");
-  EXPECT_EQ(c.trainer.lr_scheduler, "constant");
+  EXPECT_EQ(c.trainer.optimizer, OptimizerType::kAdam);
+  EXPECT_EQ(c.trainer.lr_scheduler, LrScheduler::kConstant);
   EXPECT_EQ(c.trainer.max_grad_norm, 0.0);  // null: no clipping
 }
 
@@ -289,11 +289,11 @@ data:
   EXPECT_EQ(c->data.train_path, "data/train.jsonl");
   EXPECT_EQ(c->data.validation_path, "data/val.jsonl");
   EXPECT_EQ(c->output_dir, "/runs/my-run");
-  EXPECT_EQ(c->data.format, "jsonl");
+  EXPECT_EQ(c->data.format, DatasetFormat::kJsonl);
   EXPECT_EQ(c->data.prompt_template, "### Instruction:\n{instruction}\n### Response:\n");
   EXPECT_EQ(c->data.max_sequence_length, 1024);
   EXPECT_TRUE(c->data.packing);
-  EXPECT_EQ(c->data.malformed_records, "skip");
+  EXPECT_EQ(c->data.malformed_records, MalformedRecords::kSkip);
 }
 
 TEST(ConfigParserTest, OverridesReplaceTheFilesDatasets) {

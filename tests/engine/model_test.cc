@@ -22,7 +22,7 @@
 #include "tests/engine/torch_test_util.h"
 #include "common/status_macros.h"
 #include "worker/engine/causal_lm_loss.h"
-#include "worker/engine/file_util.h"
+#include "common/posix_files.h"
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/peft_io.h"
@@ -361,7 +361,6 @@ TEST(EngineModel, AdapterRoundTripsThroughLoadAdapter) {
 
 TEST(EngineModel, Nf4PathEqualsTransformersOnDequantizedWeights) {
   QLORA_PYTHON_OR_SKIP(python);
-  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
   TempDir dir;
   TinyModelOptions tiny;
   tiny.init_std = 0.1;
@@ -389,7 +388,6 @@ TEST(EngineModel, Nf4PathEqualsTransformersOnDequantizedWeights) {
 }
 
 TEST(EngineModel, Linear4bitBackwardMatchesDenseOnDequantizedWeight) {
-  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
   auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
   const at::Tensor w = at::randn({24, 64}, gen);
   const kernels::Quantized4bit q = QuantizeWeight(w, {});
@@ -402,7 +400,7 @@ TEST(EngineModel, Linear4bitBackwardMatchesDenseOnDequantizedWeight) {
   EXPECT_LT(MaxAbsDiff(gx, at::matmul(gy, dense)), 1e-5);
 }
 
-// Writes `model` (4-bit linears) as transformers + bitsandbytes save it (formats.md 1.5-1.6):
+// Writes `model` (4-bit linears) as transformers + bitsandbytes save it (Params4bit state):
 // six keys per Linear, 16-bit others, and a quantization_config.
 absl::Status SaveAsBitsandbytes(const LlamaForCausalLM& model, const std::string& dir) {
   QLORA_RETURN_IF_ERROR(MakeDirs(dir));
@@ -444,7 +442,6 @@ absl::Status SaveAsBitsandbytes(const LlamaForCausalLM& model, const std::string
 }
 
 TEST(EngineModel, LoadsBitsandbytesPrequantizedCheckpoints) {
-  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
   TempDir dir;
   TinyModelOptions tiny;
   tiny.init_std = 0.1;
@@ -499,7 +496,6 @@ namespace {
 // the CPU: same loss and LoRA gradients within bf16 rounding.
 TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
   if (!at::hasCUDA() || at::getNumGPUs() == 0) GTEST_SKIP() << "no CUDA device";
-  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
   TempDir dir;
   TinyModelOptions tiny;
   tiny.init_std = 0.1;

@@ -20,7 +20,6 @@ int64_t PeakRssBytes() {
 }
 
 TEST(EngineStreaming, QuantizeOnLoadKeepsPeakMemoryNearOneTensor) {
-  if (!HaveQuantizationKernels()) GTEST_SKIP() << "this build has no 4-bit kernels";
   UseMmapForLargeHostAllocations();  // as the worker's main() does
   ::qlora::testing::TempDir dir;
   TinyModelOptions tiny;

@@ -175,6 +175,20 @@ TEST_F(ServiceTest, StagesZeroOneTwoGiveTheSameAdapter) {
       ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << "stage " << stage << ": " << job.state_message();
       EXPECT_EQ(job.zero_stage(), stage);
       EXPECT_EQ(job.num_workers(), workers);
+      // What every worker ran, as its strategy reports it: the stage, and under stages 1-2 a
+      // 1/workers share of the optimizer state (the flat buffer is padded to a multiple of
+      // 2 x workers; stage 0 keeps all of it on every rank).
+      ASSERT_EQ(job.progress_size(), workers);
+      for (const v1::Progress& p : job.progress()) {
+        const v1::StrategyReport& s = p.strategy();
+        EXPECT_EQ(s.zero_stage(), stage) << "rank " << p.rank();
+        EXPECT_EQ(s.world_size(), workers);
+        ASSERT_GT(s.trainable_elements(), 0);
+        const int64_t padded = (s.trainable_elements() + 2 * workers - 1) / (2 * workers) * (2 * workers);
+        EXPECT_EQ(s.partition_elements(), stage == 0 ? padded : padded / workers);
+        EXPECT_EQ(s.partitioned_optimizer(), stage >= 1);
+        EXPECT_EQ(s.partitioned_gradients(), stage == 2);
+      }
       adapters.push_back(ReadAdapter(job.adapter_path()));
     }
     ASSERT_FALSE(adapters[0].empty());

@@ -74,7 +74,7 @@ int Run(const Args& args) {
   }
   auto format = ResolveFormat(args.format, path);
   ShardPlanOptions plan_options;
-  plan_options.format = args.format;
+  plan_options.format = ParseEnumName<DatasetFormat>(args.format).value_or(DatasetFormat::kAuto);
   auto shards = SplitFile(path, 1, plan_options);
   if (!format.ok() || !shards.ok()) {
     std::fprintf(stderr, "cannot plan %s\n", path.c_str());

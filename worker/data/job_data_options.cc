@@ -15,13 +15,10 @@ const std::string& DatasetPathForRole(const JobConfig& job, DatasetRole role) {
 absl::StatusOr<LoaderOptions> LoaderOptionsForJob(const JobConfig& job, const Tokenizer& tokenizer,
                                                   DatasetRole role, int rank) {
   const DataConfig& data = job.data;
-  if (data.malformed_records != "fail" && data.malformed_records != "skip")
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.malformed_records: '", data.malformed_records, "' (fail or skip)"));
   const std::string& path = DatasetPathForRole(job, role);
   LoaderOptions options;
   QLORA_ASSIGN_OR_RETURN(options.reader.format, ResolveFormat(data.format, path));
-  options.reader.skip_malformed = data.malformed_records == "skip";
+  options.reader.skip_malformed = data.malformed_records == MalformedRecords::kSkip;
   std::vector<std::string> inputs, outputs;
   for (const FeatureConfig& feature : job.input_features) inputs.push_back(feature.name);
   for (const FeatureConfig& feature : job.output_features) outputs.push_back(feature.name);
@@ -33,7 +30,9 @@ absl::StatusOr<LoaderOptions> LoaderOptionsForJob(const JobConfig& job, const To
   options.batch.rows = role == DatasetRole::kTrain ? job.trainer.batch_size : job.trainer.eval_batch_size;
   options.batch.seq_len = data.max_sequence_length;
   options.batch.packing = data.packing;
-  options.batch.pad_id = special.pad_id >= 0 ? special.pad_id : special.eos_id;
+  // Padding is never a target (labels are -100 there), so any valid id does: the pad token,
+  // else EOS, else 0.
+  options.batch.pad_id = special.pad_id >= 0 ? special.pad_id : special.eos_id >= 0 ? special.eos_id : 0;
   options.seed = job.trainer.seed;
   options.rank = rank;
   options.shuffle = role == DatasetRole::kTrain;

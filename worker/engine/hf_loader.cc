@@ -117,7 +117,7 @@ class Loader {
     return w;
   }
 
-  // The six bitsandbytes keys of one Linear (formats.md 1.5).
+  // The six bitsandbytes keys of one Linear (Params4bit / QuantState.as_dict(packed=True)).
   absl::StatusOr<kernels::Quantized4bit> PreQuantized(const std::string& module, int64_t out,
                                                       int64_t in) {
     const std::string w = module + ".weight";
@@ -190,10 +190,6 @@ class Loader {
 absl::StatusOr<std::unique_ptr<LlamaForCausalLM>> LoadLlama(const std::string& dir,
                                                              const LoadOptions& options) {
   QLORA_ASSIGN_OR_RETURN(LlamaConfig config, LoadLlamaConfig(dir));
-  if ((config.bnb || options.quantize) && !HaveQuantizationKernels()) {
-    return absl::FailedPreconditionError(
-        "4-bit weights need the qlora_kernels library, which this build lacks");
-  }
   QLORA_ASSIGN_OR_RETURN(CheckpointFiles files, CheckpointFiles::Open(dir));
   try {
     auto model = std::make_unique<LlamaForCausalLM>(std::move(config), options.compute_dtype,

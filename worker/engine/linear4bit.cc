@@ -68,9 +68,6 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
 
 }  // namespace
 
-#ifdef QLORA_ENGINE_HAVE_KERNELS
-bool HaveQuantizationKernels() { return true; }
-
 kernels::Quantized4bit QuantizeWeight(const at::Tensor& weight,
                                       const kernels::Quantize4bitOptions& options) {
   return kernels::Quantize4bit(weight, options);
@@ -81,21 +78,6 @@ at::Tensor DequantizeWeight(const kernels::Quantized4bit& q, at::ScalarType dtyp
 }
 
 at::Tensor BitsandbytesQuantMap(kernels::QuantType type) { return kernels::SerializedQuantMap(type); }
-#else
-bool HaveQuantizationKernels() { return false; }
-
-kernels::Quantized4bit QuantizeWeight(const at::Tensor&, const kernels::Quantize4bitOptions&) {
-  TORCH_CHECK(false, "this build has no 4-bit kernels (qlora_kernels): load with quantize=false");
-}
-
-at::Tensor DequantizeWeight(const kernels::Quantized4bit&, at::ScalarType) {
-  TORCH_CHECK(false, "this build has no 4-bit kernels (qlora_kernels)");
-}
-
-at::Tensor BitsandbytesQuantMap(kernels::QuantType) {
-  TORCH_CHECK(false, "this build has no 4-bit kernels (qlora_kernels)");
-}
-#endif
 
 at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight) {
   return Linear4bitFunction::apply(x, &weight);

@@ -18,10 +18,6 @@
 
 namespace qlora::engine {
 
-// Whether this build links the 4-bit kernels (qlora_kernels); without them quantized weights
-// cannot be created or used.
-bool HaveQuantizationKernels();
-
 // The kernels' entry points, raising c10::Error when the build has no kernels.
 kernels::Quantized4bit QuantizeWeight(const at::Tensor& weight,
                                       const kernels::Quantize4bitOptions& options);

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/file_util.h"
+#include "common/posix_files.h"
 
 namespace qlora::engine {
 namespace {

@@ -13,7 +13,7 @@
 #include "common/safetensors/writer.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/file_util.h"
+#include "common/posix_files.h"
 #include "worker/engine/tensor_io.h"
 
 namespace qlora::engine {

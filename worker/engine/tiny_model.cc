@@ -12,7 +12,7 @@
 #include "common/safetensors/writer.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/file_util.h"
+#include "common/posix_files.h"
 
 namespace qlora::engine {
 namespace {

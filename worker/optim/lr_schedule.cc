@@ -4,17 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
 
 namespace qlora::optim {
-
-absl::StatusOr<LrScheduleKind> ParseLrScheduleKind(const std::string& name) {
-  if (name == "constant") return LrScheduleKind::kConstant;
-  if (name == "linear") return LrScheduleKind::kLinear;
-  if (name == "cosine") return LrScheduleKind::kCosine;
-  return absl::InvalidArgumentError(
-      absl::StrCat("learning-rate schedule '", name, "': expected constant, linear or cosine"));
-}
 
 double LearningRate(const LrScheduleOptions& o, int64_t step) {
   const double s = static_cast<double>(step);

@@ -4,19 +4,16 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
-#include "absl/status/statusor.h"
+#include "common/config/config_enums.h"
 
 namespace qlora::optim {
 
-enum class LrScheduleKind { kConstant, kLinear, kCosine };
-
-// "constant", "linear" or "cosine"; INVALID_ARGUMENT otherwise.
-absl::StatusOr<LrScheduleKind> ParseLrScheduleKind(const std::string& name);
+// The job file's learning_rate_scheduler.decay (config_enums.h).
+using LrScheduleKind = LrScheduler;
 
 struct LrScheduleOptions {
-  LrScheduleKind kind = LrScheduleKind::kConstant;
+  LrScheduleKind kind = LrScheduler::kConstant;
   double base_lr = 1e-4;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;   // num_training_steps (linear, cosine)

@@ -60,27 +60,8 @@ absl::StatusOr<std::unique_ptr<MicroBatchSource>> MicroBatchSource::Open(const s
   const JobConfig& cfg = *options.config;
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<data::Tokenizer> tokenizer, data::LoadTokenizer(options.model_dir));
   if (shards.empty()) return absl::FailedPreconditionError("this rank has no data shard (fewer records than ranks?)");
-  QLORA_ASSIGN_OR_RETURN(data::DataFormat format, data::ResolveFormat(cfg.data.format, shards.front().path));
-  std::vector<std::string> inputs, outputs;
-  for (const FeatureConfig& f : cfg.input_features) inputs.push_back(f.name);
-  for (const FeatureConfig& f : cfg.output_features) outputs.push_back(f.name);
-  data::LoaderOptions lo;
-  lo.reader.format = format;
-  lo.reader.skip_malformed = cfg.data.malformed_records == "skip";
-  QLORA_ASSIGN_OR_RETURN(lo.example, data::ExampleBuilder::OptionsFor(format, inputs, outputs, cfg.data.prompt_template,
-                                                                      cfg.data.max_sequence_length));
-  lo.batch.rows = options.batch_size > 0 ? options.batch_size : cfg.trainer.batch_size;
-  lo.batch.seq_len = cfg.data.max_sequence_length;
-  lo.batch.packing = cfg.data.packing;
-  const data::SpecialTokens& special = tokenizer->special();
-  lo.batch.pad_id = special.pad_id >= 0 ? special.pad_id : (special.eos_id >= 0 ? special.eos_id : 0);
-  lo.seed = cfg.trainer.seed;
-  lo.rank = options.rank;
-  lo.shuffle = options.shuffle;
-  lo.split = options.split == MicroBatchOptions::Split::kTrain        ? data::SplitRole::kTrain
-             : options.split == MicroBatchOptions::Split::kValidation ? data::SplitRole::kValidation
-                                                                      : data::SplitRole::kAll;
-  lo.validation_fraction = cfg.data.validation_fraction;
+  QLORA_ASSIGN_OR_RETURN(data::LoaderOptions lo,
+                         data::LoaderOptionsForJob(cfg, *tokenizer, options.role, options.rank));
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<data::DataLoader> loader, data::DataLoader::Create(shards, tokenizer.get(), lo));
   return std::unique_ptr<MicroBatchSource>(
       new LoaderSource(std::move(tokenizer), std::move(loader), cfg.data.packing, options.device));

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/config/job_config.h"
 #include "common/dataset/record.h"
+#include "worker/data/job_data_options.h"
 #include "worker/engine/llama_model.h"
 
 namespace qlora::worker {
@@ -30,10 +31,9 @@ struct MicroBatchOptions {
   std::string model_dir;             // where the tokenizer is
   at::Device device = at::kCPU;
   int rank = 0;
-  int batch_size = 0;                // 0 = config->trainer.batch_size
-  bool shuffle = true;
-  // With data.validation_fraction and no validation file, the train shards hold both sets.
-  enum class Split { kAll, kTrain, kValidation } split = Split::kAll;
+  // Training data (shuffled, trainer.batch_size rows) or validation data (in order,
+  // eval_batch_size rows; the validation file, or the validation fraction of the train shards).
+  data::DatasetRole role = data::DatasetRole::kTrain;
 };
 
 class MicroBatchSource {

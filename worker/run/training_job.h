@@ -13,12 +13,15 @@
 
 namespace qlora::worker {
 
+class TrainingObserver;  // training_observer.h (torch side)
+
 struct TrainingContext {
   JobConfig config;
   WorkerAssignment assignment;
   comm::RendezvousStore* store = nullptr;                   // scoped to this job generation
   std::function<bool()> should_stop = [] { return false; };  // cancelled or told to stop
   std::function<void(const ProgressSnapshot&)> report_progress = [](const ProgressSnapshot&) {};
+  TrainingObserver* observer = nullptr;                     // optional; tests watch the run here
 };
 
 struct TrainingOutcome {

@@ -1,10 +1,11 @@
 // DistributedStrategy: how the trainable (LoRA) parameters of a data-parallel job are reduced,
 // optimised and checkpointed under a ZeRO stage. MakeStrategy turns the resolved stage into one;
-// nothing outside the strategies asks which stage a job runs (DESIGN.md principle 1).
+// nothing outside the strategies asks which stage a job runs: callers ask the strategy what to
+// reduce, what it owns and how to save.
 //
 // Contract with the training engine, per optimizer step (gradient accumulation of G micro-batches):
 //
-//   auto scale = strategy->LossScale(local_target_tokens_of_this_step);   // collective
+//   auto scale = strategy->ComputeLossScale(local_target_tokens_of_this_step);   // collective
 //   for each of the G micro-batches:
 //     loss = sum over the micro-batch's target tokens of token losses, times scale->scale
 //     loss.backward()   // from autograd hooks: OnGradientReady(i, grad) as gradients appear,
@@ -72,6 +73,16 @@ struct StepReport {
   double clip_coefficient = 1;   // what the gradients were multiplied by
 };
 
+// What a strategy is, for the job's reports: the stage it runs and this rank's share.
+struct StrategyDescription {
+  int stage = 0;
+  int world_size = 1;
+  int64_t trainable_elements = 0;    // all trainable parameters (unpadded)
+  int64_t partition_elements = 0;    // elements this rank keeps fp32 master + AdamW state for
+  bool partitions_optimizer_state = false;
+  bool partitions_gradients = false;
+};
+
 struct ResumeReport {
   int64_t step = 0;           // optimizer steps the checkpoint had taken
   int saved_world_size = 0;
@@ -105,6 +116,7 @@ class DistributedStrategy {
 
   virtual int64_t steps_taken() const = 0;
   virtual MemoryReport Memory() const = 0;
+  virtual StrategyDescription Describe() const = 0;
 
   // At an accumulation boundary. Every rank writes its partition of the fp32 master weights and
   // AdamW state into `dir`; rank 0 then writes manifest.json, so a directory with a manifest is a

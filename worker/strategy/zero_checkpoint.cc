@@ -8,6 +8,7 @@
 // index space is the same for every world size, only the padding at its end differs
 // (DeepSpeed's universal checkpoint reaches the same end offline).
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 
@@ -16,8 +17,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/posix_files.h"
+#include "common/safetensors/reader.h"
+#include "common/safetensors/writer.h"
 #include "common/status_macros.h"
-#include "worker/strategy/partition_file.h"
 #include "worker/strategy/zero_strategy.h"
 
 namespace qlora::strategy {
@@ -43,6 +46,21 @@ absl::StatusOr<nlohmann::json> ReadManifest(const std::string& dir) {
   return manifest;
 }
 
+// Copies `count` float32 elements of 1-D tensor `name` from element `offset` on.
+absl::Status ReadFloats(const safetensors::SafetensorsFile& file, const std::string& name,
+                        int64_t offset, int64_t count, float* out) {
+  QLORA_ASSIGN_OR_RETURN(safetensors::TensorView view, file.Get(name));
+  const int64_t numel = static_cast<int64_t>(view.nbytes / sizeof(float));
+  if (view.dtype != safetensors::Dtype::kF32 || view.shape.size() != 1 || offset < 0 ||
+      count < 0 || offset + count > numel) {
+    return absl::DataLossError(absl::StrCat(file.path(), ": '", name, "' is not F32 [>= ",
+                                            offset + count, "]"));
+  }
+  std::memcpy(out, view.data + offset * sizeof(float), count * sizeof(float));
+  file.Evict(view);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ZeroStrategy::SaveCheckpoint(const std::string& dir) {
@@ -57,16 +75,19 @@ absl::Status ZeroStrategy::SaveCheckpoint(const std::string& dir) {
     state.push_back(t.slice(0, part.begin - owned.begin, part.end - owned.begin)
                         .to(at::kCPU).contiguous());
   }
-  absl::Status written = MakeDirectories(dir);
+  absl::Status written = MakeDirs(dir);
   if (written.ok()) {
-    std::vector<NamedFloats> tensors;
-    for (int i = 0; i < 3; ++i) tensors.push_back({kStateNames[i], state[i].data_ptr<float>(), part.size()});
-    written = WritePartitionFile(
-        absl::StrCat(dir, "/", PartitionName(rank, world)),
+    std::vector<safetensors::TensorBytes> tensors;
+    for (int i = 0; i < 3; ++i) {
+      tensors.push_back({{kStateNames[i], safetensors::Dtype::kF32, {part.size()}},
+                         state[i].data_ptr<float>(),
+                         static_cast<size_t>(part.size()) * sizeof(float)});
+    }
+    written = safetensors::WriteSafetensors(
+        absl::StrCat(dir, "/", PartitionName(rank, world)), tensors,
         {{"format", kFormat}, {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)},
          {"step", std::to_string(adamw_->step())}, {"begin", std::to_string(part.begin)},
-         {"end", std::to_string(part.end)}},
-        tensors);
+         {"end", std::to_string(part.end)}});
   }
   // Agree on success before the manifest marks the checkpoint complete.
   at::Tensor failures = at::full({1}, written.ok() ? 0.0 : 1.0, Fp32().dtype(at::kDouble));
@@ -154,16 +175,16 @@ absl::StatusOr<ResumeReport> ZeroStrategy::LoadCheckpoint(const std::string& dir
     for (int q = 0; q < report.saved_world_size; ++q) {
       const FlatRange from = Intersect(wanted, {q * saved_part, (q + 1) * saved_part});
       if (from.size() == 0) continue;
-      QLORA_ASSIGN_OR_RETURN(
-          PartitionFileReader file,
-          PartitionFileReader::Open(absl::StrCat(dir, "/", files[q])));
-      if (file.metadata().count("step") == 0 ||
-          file.metadata().at("step") != std::to_string(report.step)) {
+      QLORA_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::SafetensorsFile> file,
+                             safetensors::SafetensorsFile::Open(absl::StrCat(dir, "/", files[q])));
+      if (file->metadata().count("step") == 0 ||
+          file->metadata().at("step") != std::to_string(report.step)) {
         return absl::DataLossError(absl::StrCat(dir, "/", files[q], " is from another step"));
       }
       for (int i = 0; i < 3; ++i) {
-        QLORA_RETURN_IF_ERROR(file.Read(kStateNames[i], from.begin - q * saved_part, from.size(),
-                                        state[i].data_ptr<float>() + (from.begin - owned.begin)));
+        QLORA_RETURN_IF_ERROR(ReadFloats(*file, kStateNames[i], from.begin - q * saved_part,
+                                         from.size(),
+                                         state[i].data_ptr<float>() + (from.begin - owned.begin)));
       }
     }
     return absl::OkStatus();

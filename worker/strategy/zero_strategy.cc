@@ -282,6 +282,17 @@ absl::StatusOr<std::vector<at::Tensor>> ZeroStrategy::GatherMasterWeights() {
   return weights;
 }
 
+StrategyDescription ZeroStrategy::Describe() const {
+  StrategyDescription d;
+  d.stage = plan_.stage;
+  d.world_size = comm_.world_size();
+  d.trainable_elements = layout_.numel();
+  d.partition_elements = Owned().size();
+  d.partitions_optimizer_state = plan_.partition_optimizer;
+  d.partitions_gradients = plan_.partition_gradients;
+  return d;
+}
+
 MemoryReport ZeroStrategy::Memory() const {
   MemoryReport m;
   m.master_bytes = static_cast<int64_t>(master_.nbytes());

@@ -1,5 +1,5 @@
 // ZeroStrategy implements DistributedStrategy for ZeRO stages 0-2 from one plan of what is
-// partitioned (the factory, make_strategy.cc, is the only place that maps a stage to a plan):
+// partitioned (the factory, MakeStrategy in strategy.cc, is the only place that maps a stage to a plan):
 //   stage 0: nothing      - replicated fp32 master + AdamW state; full gradients all-reduced in
 //                           buckets at the boundary.
 //   stage 1: optimizer    - fp32 master + AdamW state for this rank's partition only; full
@@ -43,6 +43,7 @@ class ZeroStrategy final : public DistributedStrategy {
   absl::StatusOr<StepReport> Step(double lr) override;
   int64_t steps_taken() const override { return adamw_->step(); }
   MemoryReport Memory() const override;
+  StrategyDescription Describe() const override;
   absl::Status SaveCheckpoint(const std::string& dir) override;
   absl::StatusOr<ResumeReport> LoadCheckpoint(const std::string& dir) override;
   absl::StatusOr<std::vector<at::Tensor>> GatherMasterWeights() override;

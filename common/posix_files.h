@@ -1,6 +1,6 @@
-// Small POSIX file helpers for the engine's writers and readers. Not std::filesystem: libtorch.so
+// Small POSIX file helpers (join, exists, mkdir -p, read, atomic write). Not std::filesystem: libtorch.so
 // exports its own, partly broken, copies of std::filesystem symbols (remove_all calls a null
-// pointer), and every engine binary links it.
+// pointer), and every worker-side binary links it. Torch-free.
 #pragma once
 
 #include <string>
@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace qlora::engine {
+namespace qlora {
 
 std::string JoinPath(const std::string& dir, const std::string& name);
 bool PathExists(const std::string& path);
@@ -18,4 +18,4 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // Writes `path`.tmp, then renames it over `path`.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
 
-}  // namespace qlora::engine
+}  // namespace qlora

@@ -1,5 +1,5 @@
-// POSIX implementations of the engine's file helpers.
-#include "worker/engine/file_util.h"
+// POSIX file helpers (see posix_files.h).
+#include "common/posix_files.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace qlora::engine {
+namespace qlora {
 
 std::string JoinPath(const std::string& dir, const std::string& name) {
   if (dir.empty()) return name;
@@ -59,4 +59,4 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
   return absl::OkStatus();
 }
 
-}  // namespace qlora::engine
+}  // namespace qlora

@@ -1,0 +1,81 @@
+// The closed choices of a job file as enums, with one name table each (the spelling the job file
+// and the resolved YAML use). The parser turns names into these once; every consumer switches on
+// the enum and never compares strings. Header-only and torch-free.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace qlora {
+
+enum class QuantType { kNF4, kFP4 };                      // bnb_4bit_quant_type
+enum class ComputeDtype { kBFloat16, kFloat16, kFloat32 };  // bnb_4bit_compute_dtype
+enum class LrScheduler { kConstant, kLinear, kCosine };   // learning_rate_scheduler.decay
+enum class OptimizerType { kAdamW, kAdam };               // trainer.optimizer.type
+enum class StrategyType { kDeepSpeed, kDdp };             // backend.trainer.strategy.type
+enum class BackendType { kLocal, kRay };                  // backend.type
+enum class DatasetFormat { kAuto, kJsonl, kCsv, kText };  // data.format
+enum class MalformedRecords { kFail, kSkip };             // data.malformed_records
+
+template <typename E>
+struct EnumEntry {
+  E value;
+  const char* name;
+};
+
+// EnumTable<E>::kEntries: every value of E with its name, in the order messages list them.
+template <typename E>
+struct EnumTable;
+
+#define QLORA_ENUM_TABLE(E, ...)                                  \
+  template <>                                                     \
+  struct EnumTable<E> {                                           \
+    static constexpr EnumEntry<E> kEntries[] = {__VA_ARGS__};     \
+  }
+
+QLORA_ENUM_TABLE(QuantType, {QuantType::kNF4, "nf4"}, {QuantType::kFP4, "fp4"});
+QLORA_ENUM_TABLE(ComputeDtype, {ComputeDtype::kBFloat16, "bfloat16"},
+                 {ComputeDtype::kFloat16, "float16"}, {ComputeDtype::kFloat32, "float32"});
+// "none" in the job file is kConstant (see the parser); the resolved YAML writes "none" too.
+QLORA_ENUM_TABLE(LrScheduler, {LrScheduler::kCosine, "cosine"}, {LrScheduler::kLinear, "linear"},
+                 {LrScheduler::kConstant, "none"});
+QLORA_ENUM_TABLE(OptimizerType, {OptimizerType::kAdamW, "adamw"}, {OptimizerType::kAdam, "adam"});
+QLORA_ENUM_TABLE(StrategyType, {StrategyType::kDeepSpeed, "deepspeed"}, {StrategyType::kDdp, "ddp"});
+QLORA_ENUM_TABLE(BackendType, {BackendType::kLocal, "local"}, {BackendType::kRay, "ray"});
+QLORA_ENUM_TABLE(DatasetFormat, {DatasetFormat::kAuto, "auto"}, {DatasetFormat::kJsonl, "jsonl"},
+                 {DatasetFormat::kCsv, "csv"}, {DatasetFormat::kText, "text"});
+QLORA_ENUM_TABLE(MalformedRecords, {MalformedRecords::kFail, "fail"},
+                 {MalformedRecords::kSkip, "skip"});
+
+#undef QLORA_ENUM_TABLE
+
+// The job file's name of `value`.
+template <typename E>
+const char* EnumName(E value) {
+  for (const EnumEntry<E>& e : EnumTable<E>::kEntries) {
+    if (e.value == value) return e.name;
+  }
+  return "?";
+}
+
+// The value named `name`; nullopt when no value has that name.
+template <typename E>
+std::optional<E> ParseEnumName(absl::string_view name) {
+  for (const EnumEntry<E>& e : EnumTable<E>::kEntries) {
+    if (name == e.name) return e.value;
+  }
+  return std::nullopt;
+}
+
+// Every name of E, for "expected one of ..." messages.
+template <typename E>
+std::vector<std::string> EnumNames() {
+  std::vector<std::string> names;
+  for (const EnumEntry<E>& e : EnumTable<E>::kEntries) names.emplace_back(e.name);
+  return names;
+}
+
+}  // namespace qlora

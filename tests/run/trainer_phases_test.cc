@@ -1,0 +1,248 @@
+// The trainer's phases one by one: the JobConfig -> options mapping, the step planner over
+// epochs (with replay for resume), checkpoint discovery, and a world-1 Trainer driven phase by
+// phase, whose resumed run must end bit-identical to an uninterrupted one.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "common/config/job_config_parser.h"
+#include "common/dataset/shard_planner.h"
+#include "common/posix_files.h"
+#include "tests/engine/test_util.h"
+#include "tests/engine/torch_test_util.h"
+#include "tests/zero/gloo_world.h"
+#include "worker/comm/in_memory_store.h"
+#include "worker/engine/tiny_model.h"
+#include "worker/run/checkpoint_dirs.h"
+#include "worker/run/run_options.h"
+#include "worker/run/step_batches.h"
+#include "worker/run/trainer.h"
+
+namespace qlora::worker {
+namespace {
+
+TEST(TrainerOptions, JobConfigBecomesEngineStrategyAndScheduleOptions) {
+  JobConfig c;
+  c.quantization.quant_type = QuantType::kFP4;
+  c.quantization.compute_dtype = ComputeDtype::kFloat16;
+  c.quantization.blocksize = 128;
+  c.lora.r = 16;
+  c.lora.alpha = 32;
+  c.trainer.seed = 9;
+  c.trainer.beta2 = 0.95;
+  c.trainer.weight_decay = 0.1;
+  c.trainer.max_grad_norm = 0.7;
+  c.trainer.lr_scheduler = LrScheduler::kLinear;
+  c.trainer.warmup_fraction = 0.1;
+  c.backend.strategy.reduce_bucket_size = 1234;
+  const engine::LoadOptions load = LoadOptionsFor(c, at::Device(at::kCPU));
+  EXPECT_EQ(load.quant_type, kernels::QuantType::kFP4);
+  EXPECT_EQ(load.blocksize, 128);
+  EXPECT_EQ(load.compute_dtype, at::kFloat);  // fp16 on a CPU runs in fp32
+  EXPECT_EQ(ComputeScalarType(ComputeDtype::kFloat16, at::Device(at::kCUDA, 0)), at::kHalf);
+  EXPECT_EQ(ComputeScalarType(ComputeDtype::kBFloat16, at::Device(at::kCPU)), at::kBFloat16);
+  const engine::LoraOptions lora = LoraOptionsFor(c);
+  EXPECT_EQ(lora.r, 16);
+  EXPECT_EQ(lora.alpha, 32);
+  EXPECT_EQ(lora.seed, 9u);
+  const strategy::StrategyOptions s = StrategyOptionsFor(c);
+  EXPECT_EQ(s.adamw.beta2, 0.95);
+  EXPECT_EQ(s.adamw.weight_decay, 0.1);
+  EXPECT_EQ(s.max_grad_norm, 0.7);
+  EXPECT_EQ(s.bucket_elements, 1234);
+  const optim::LrScheduleOptions schedule = LrScheduleFor(c, 25);
+  EXPECT_EQ(schedule.kind, LrScheduler::kLinear);
+  EXPECT_EQ(schedule.warmup_steps, 3);  // ceil(0.1 x 25)
+  EXPECT_EQ(schedule.total_steps, 25);
+}
+
+// Micro-batches numbered in order; epoch e has counts[e] of them; ids hold (epoch, index).
+class CountingSource final : public MicroBatchSource {
+ public:
+  explicit CountingSource(std::vector<int64_t> counts) : counts_(std::move(counts)) {}
+  absl::Status Restart(int epoch) override {
+    epoch_ = epoch;
+    next_ = 0;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<DeviceBatch>> Next() override {
+    if (next_ == counts_[epoch_]) return std::optional<DeviceBatch>();
+    DeviceBatch b;
+    b.input_ids = at::tensor({static_cast<int64_t>(epoch_), next_++}).reshape({1, 2});
+    return std::optional<DeviceBatch>(std::move(b));
+  }
+  absl::StatusOr<int64_t> CountMicroBatches(int epoch) override { return counts_[epoch]; }
+
+ private:
+  std::vector<int64_t> counts_;
+  int epoch_ = 0;
+  int64_t next_ = 0;
+};
+
+std::vector<std::pair<int64_t, int64_t>> Ids(const std::vector<DeviceBatch>& batches) {
+  std::vector<std::pair<int64_t, int64_t>> ids;
+  for (const DeviceBatch& b : batches) ids.emplace_back(b.input_ids[0][0].item<int64_t>(), b.input_ids[0][1].item<int64_t>());
+  return ids;
+}
+
+TEST(TrainerStepBatches, EpochsOfWholeStepsAndAnExactReplay) {
+  auto results = testing::RunGlooWorld(1, [](int, comm::Communicator& comm) -> absl::Status {
+    CountingSource source({5, 4, 6});  // accumulation 2: 2, 2 and 3 steps; the 5th of epoch 0 is left
+    auto steps = StepBatches::Start(&source, &comm, at::Device(at::kCPU), 2, 1);
+    if (!steps.ok()) return steps.status();
+    EXPECT_EQ(steps->steps_per_first_epoch(), 2);
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> seen;
+    for (int i = 0; i < 7; ++i) {
+      auto batches = steps->Next();
+      if (!batches.ok()) return batches.status();
+      seen.push_back(Ids(*batches));
+    }
+    using P = std::vector<std::pair<int64_t, int64_t>>;
+    EXPECT_EQ(seen[0], (P{{0, 0}, {0, 1}}));
+    EXPECT_EQ(seen[1], (P{{0, 2}, {0, 3}}));
+    EXPECT_EQ(seen[2], (P{{1, 0}, {1, 1}}));  // epoch 1 starts; micro-batch (0, 4) was left
+    EXPECT_EQ(seen[4], (P{{2, 0}, {2, 1}}));
+    EXPECT_EQ(steps->epoch(), 2);
+    // A resumed run skips 5 steps and then sees what the uninterrupted run saw at step 6.
+    CountingSource again({5, 4, 6});
+    auto replay = StepBatches::Start(&again, &comm, at::Device(at::kCPU), 2, 1);
+    if (!replay.ok()) return replay.status();
+    EXPECT_TRUE(replay->Skip(5).ok());
+    auto sixth = replay->Next();
+    if (!sixth.ok()) return sixth.status();
+    EXPECT_EQ(Ids(*sixth), seen[5]);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(results[0].ok()) << results[0];
+}
+
+TEST(TrainerStepBatches, TooLittleDataForOneStepIsAClearError) {
+  auto results = testing::RunGlooWorld(1, [](int, comm::Communicator& comm) -> absl::Status {
+    CountingSource source({1});
+    return StepBatches::Start(&source, &comm, at::Device(at::kCPU), 4, 8).status();
+  });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(results[0].message().find("gradient_accumulation_steps"), std::string::npos) << results[0];
+}
+
+TEST(TrainerCheckpointDirs, TheNewestCompleteCheckpointIsResumed) {
+  testing::TempDir tmp;
+  const std::string dir = CheckpointsDir(tmp.path(), "job-000007");
+  EXPECT_EQ(dir, tmp.path() + "/checkpoints/job-000007");
+  EXPECT_EQ(LatestCheckpoint(dir), "");  // no folder yet
+  for (int step : {4, 12, 20}) ASSERT_TRUE(MakeDirs(CheckpointDir(dir, step)).ok());
+  ASSERT_TRUE(MakeDirs(dir + "/step-30x").ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/step-30x/manifest.json", "{}").ok());
+  ASSERT_TRUE(WriteFileAtomically(CheckpointDir(dir, 4) + "/manifest.json", "{}").ok());
+  ASSERT_TRUE(WriteFileAtomically(CheckpointDir(dir, 12) + "/manifest.json", "{}").ok());
+  // step-20 has no manifest (a save that did not finish): step-12 is the newest complete one.
+  EXPECT_EQ(LatestCheckpoint(dir), CheckpointDir(dir, 12));
+}
+
+// A world-1 run of the tiny model, driven phase by phase.
+class TrainerPhases : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine::TinyModelOptions model;
+    model.config.vocab_size = 512;
+    ASSERT_TRUE(engine::MakeTinyModel(tmp_ / "model", model).ok());
+    const char* src = std::getenv("QLORA_SOURCE_DIR");
+    const std::string source = src ? src : QLORA_DEFAULT_SOURCE_DIR;
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      auto bytes = ReadFile(source + "/examples/tokenizer/" + name);
+      ASSERT_TRUE(bytes.ok()) << bytes.status();
+      ASSERT_TRUE(WriteFileAtomically(tmp_ / ("model/" + std::string(name)), *bytes).ok());
+    }
+    const std::string yaml = "base_model: " + tmp_ / "model" +
+        "\ninput_features: [{name: instruction}]\noutput_features: [{name: output}]\n"
+        "adapter: {type: lora, r: 4, dropout: 0.1}\nquantization: null\n"
+        "trainer: {batch_size: 2, gradient_accumulation_steps: 2, train_steps: 6, "
+        "steps_per_checkpoint: 3, learning_rate: 0.01}\n"
+        "dataset: " + source + "/examples/data/validation.jsonl\ndata: {max_sequence_length: 48}\n";
+    auto config = ParseJobConfig(yaml, {});
+    ASSERT_TRUE(config.ok()) << config.status();
+    config_ = *config;
+    auto shards = data::PlanShards({config_.data.train_path}, 1, 4);
+    ASSERT_TRUE(shards.ok());
+    shards_ = (*shards)[0];
+  }
+
+  TrainingContext Context(const std::string& output_dir) {
+    TrainingContext c;
+    c.config = config_;
+    c.assignment.job_id = "job-phases";
+    c.assignment.device = "cpu";
+    c.assignment.train_shards = shards_;
+    c.assignment.output_dir = output_dir;
+    c.store = &store_;
+    return c;
+  }
+
+  testing::TempDir tmp_;
+  JobConfig config_;
+  std::vector<data::ShardSpec> shards_;
+  comm::InMemoryRendezvousStore store_;
+};
+
+TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical) {
+  // Uninterrupted: phase by phase.
+  TrainingContext context = Context(tmp_ / "whole");
+  context.assignment.generation = 1;
+  auto trainer = Trainer::Create(context);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ((*trainer)->total_steps(), 6);
+  EXPECT_EQ((*trainer)->strategy().Describe().stage, 2);  // the parser's default
+  auto start = (*trainer)->Resume();
+  ASSERT_TRUE(start.ok());
+  EXPECT_EQ(*start, 0);
+  std::vector<ProgressSnapshot> reports;
+  context.report_progress = [&](const ProgressSnapshot& p) { reports.push_back(p); };
+  for (int64_t step = 0; step < 6; ++step) {
+    auto result = (*trainer)->Step(step);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->step, step + 1);
+    EXPECT_TRUE(std::isfinite(result->loss) && result->loss > 0);
+    EXPECT_GT(result->global_target_tokens, 0);
+    ASSERT_TRUE((*trainer)->After(*result).ok());
+  }
+  ASSERT_EQ(reports.size(), 6u);
+  EXPECT_EQ(reports.back().strategy.zero_stage, 2);
+  EXPECT_EQ(reports.back().strategy.world_size, 1);
+  EXPECT_GT(reports.back().strategy.trainable_elements, 0);
+  auto whole = (*trainer)->Finish();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  // The checkpoint at step 3 was written (step 6 is the end: no checkpoint there).
+  EXPECT_EQ(LatestCheckpoint(CheckpointsDir(tmp_ / "whole", "job-phases")),
+            CheckpointDir(CheckpointsDir(tmp_ / "whole", "job-phases"), 3));
+
+  // Resumed: a fresh trainer on the same output folder starts at step 3 and ends the same.
+  TrainingContext again = Context(tmp_ / "whole");
+  again.assignment.generation = 2;
+  auto resumed = Trainer::Create(again);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  auto from = (*resumed)->Resume();
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, 3);
+  const auto first = testing::LoadTensors(tmp_ / "whole/adapter/adapter_model.safetensors");
+  for (int64_t step = *from; step < 6; ++step) {
+    auto result = (*resumed)->Step(step);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_TRUE((*resumed)->After(*result).ok());
+  }
+  ASSERT_TRUE((*resumed)->Finish().ok());
+  const auto second = testing::LoadTensors(tmp_ / "whole/adapter/adapter_model.safetensors");
+  ASSERT_EQ(first.size(), second.size());
+  ASSERT_FALSE(first.empty());
+  for (const auto& [name, tensor] : first) {
+    EXPECT_TRUE(at::equal(tensor, second.at(name))) << name;
+  }
+}
+
+}  // namespace
+}  // namespace qlora::worker

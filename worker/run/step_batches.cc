@@ -1,0 +1,60 @@
+// StepBatches (see step_batches.h).
+#include "worker/run/step_batches.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/data/data_loader.h"
+#include "worker/run/rank_sums.h"
+
+namespace qlora::worker {
+
+absl::StatusOr<StepBatches> StepBatches::Start(MicroBatchSource* source, comm::Communicator* comm,
+                                               const at::Device& device, int accumulation,
+                                               int micro_batch_rows) {
+  StepBatches steps(source, comm, device, accumulation, micro_batch_rows);
+  QLORA_ASSIGN_OR_RETURN(steps.epoch_steps_, steps.PlanEpoch(0));
+  steps.first_epoch_steps_ = steps.epoch_steps_;
+  return steps;
+}
+
+absl::StatusOr<int64_t> StepBatches::PlanEpoch(int epoch) {
+  QLORA_ASSIGN_OR_RETURN(int64_t local, source_->CountMicroBatches(epoch));
+  std::vector<double> one_hot(comm_->world_size(), 0.0);
+  one_hot[comm_->rank()] = static_cast<double>(local);
+  QLORA_ASSIGN_OR_RETURN(std::vector<double> counts, SumOverRanks(*comm_, one_hot, device_));
+  std::vector<int64_t> per_rank(counts.begin(), counts.end());
+  QLORA_ASSIGN_OR_RETURN(data::EpochPlan plan, data::PlanEpoch(per_rank, accumulation_));
+  if (plan.optimizer_steps == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the dataset is too small: a rank has ", *std::min_element(per_rank.begin(), per_rank.end()),
+        " micro-batches of ", rows_, " but one optimizer step needs ", accumulation_,
+        " per rank (gradient_accumulation_steps)"));
+  }
+  QLORA_RETURN_IF_ERROR(source_->Restart(epoch));
+  return plan.optimizer_steps;
+}
+
+absl::StatusOr<std::vector<DeviceBatch>> StepBatches::Next() {
+  if (in_epoch_ == epoch_steps_) {
+    ++epoch_;
+    in_epoch_ = 0;
+    QLORA_ASSIGN_OR_RETURN(epoch_steps_, PlanEpoch(epoch_));
+  }
+  std::vector<DeviceBatch> batches;
+  for (int i = 0; i < accumulation_; ++i) {
+    QLORA_ASSIGN_OR_RETURN(std::optional<DeviceBatch> batch, source_->Next());
+    if (!batch) return absl::InternalError("the data ran out before the epoch's planned steps");
+    batches.push_back(std::move(*batch));
+  }
+  ++in_epoch_;
+  return batches;
+}
+
+absl::Status StepBatches::Skip(int64_t steps) {
+  for (int64_t s = 0; s < steps; ++s) QLORA_RETURN_IF_ERROR(Next().status());
+  return absl::OkStatus();
+}
+
+}  // namespace qlora::worker

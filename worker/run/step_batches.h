@@ -1,0 +1,54 @@
+// The training data as optimizer steps: each Next() is one step's gradient_accumulation_steps
+// micro-batches of this rank, in epochs of the same number of steps on every rank (the rank with
+// the fewest micro-batches sets an epoch's length: data::PlanEpoch; the others leave the rest of
+// their share for that epoch, a different tail each epoch as the shuffle changes). Skip(n)
+// replays the first n steps exactly, so a resumed run sees what an uninterrupted one would.
+// Collective (planning an epoch counts every rank's micro-batches). Torch side.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/run/micro_batches.h"
+
+namespace qlora::worker {
+
+class StepBatches {
+ public:
+  // Plans epoch 0. `source` and `comm` must outlive this object.
+  static absl::StatusOr<StepBatches> Start(MicroBatchSource* source, comm::Communicator* comm,
+                                           const at::Device& device, int accumulation,
+                                           int micro_batch_rows);
+
+  int64_t steps_per_first_epoch() const { return first_epoch_steps_; }
+  int epoch() const { return epoch_; }  // of the step Next() returned last
+
+  // The next step's micro-batches (a new epoch starts when the current one's steps are done).
+  absl::StatusOr<std::vector<DeviceBatch>> Next();
+  // Draws and drops the next `steps` steps.
+  absl::Status Skip(int64_t steps);
+
+ private:
+  StepBatches(MicroBatchSource* source, comm::Communicator* comm, const at::Device& device,
+              int accumulation, int micro_batch_rows)
+      : source_(source), comm_(comm), device_(device), accumulation_(accumulation),
+        rows_(micro_batch_rows) {}
+  // Optimizer steps of `epoch` (the same on every rank), and rewinds the source to its start.
+  absl::StatusOr<int64_t> PlanEpoch(int epoch);
+
+  MicroBatchSource* source_;
+  comm::Communicator* comm_;
+  at::Device device_;
+  int accumulation_;
+  int rows_;
+  int epoch_ = 0;
+  int64_t epoch_steps_ = 0;     // planned steps of the current epoch
+  int64_t in_epoch_ = 0;        // steps taken in it
+  int64_t first_epoch_steps_ = 0;
+};
+
+}  // namespace qlora::worker

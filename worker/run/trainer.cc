@@ -1,0 +1,278 @@
+// Trainer: one rank's training run as phases (see trainer.h).
+#include "worker/run/trainer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/engine/causal_lm_loss.h"
+#include "worker/engine/hf_loader.h"
+#include "worker/engine/peft_io.h"
+#include "worker/run/checkpoint_dirs.h"
+#include "worker/run/device_memory.h"
+#include "worker/run/evaluation.h"
+#include "worker/run/generator_seeds.h"
+#include "worker/run/rank_sums.h"
+#include "worker/run/run_options.h"
+#include "worker/run/training_observer.h"
+#ifdef QLORA_HAVE_NCCL
+#include "worker/comm/nccl_communicator.h"
+#endif
+
+namespace qlora::worker {
+namespace {
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Wraps a borrowed store for APIs that take shared ownership.
+std::shared_ptr<comm::RendezvousStore> Borrow(comm::RendezvousStore* store) {
+  return std::shared_ptr<comm::RendezvousStore>(store, [](comm::RendezvousStore*) {});
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainingContext& context)
+    : context_(context),
+      config_(context.config),
+      assignment_(context.assignment),
+      device_(context.assignment.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU)),
+      eval_loss_(NAN) {}
+
+void Trainer::Log(const std::string& line) const {
+  fprintf(stderr, "[rank %d] %s\n", assignment_.rank, line.c_str());
+  fflush(stderr);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingContext& context) {
+  std::unique_ptr<Trainer> trainer(new Trainer(context));
+  QLORA_RETURN_IF_ERROR(trainer->Connect());
+  QLORA_RETURN_IF_ERROR(trainer->LoadModel());
+  QLORA_RETURN_IF_ERROR(trainer->BuildStrategy());
+  QLORA_RETURN_IF_ERROR(trainer->OpenData());
+  QLORA_RETURN_IF_ERROR(trainer->PlanSchedule());
+  return trainer;
+}
+
+absl::Status Trainer::Connect() {
+  const WorkerAssignment& a = assignment_;
+  const std::string prefix = absl::StrCat(a.job_id, "/gen-", a.generation);
+#ifdef QLORA_HAVE_NCCL
+  if (device_.is_cuda()) {
+    comm::NcclOptions o;
+    o.rank = a.rank;
+    o.world_size = a.world_size;
+    o.device = 0;
+    o.unique_id = a.nccl_unique_id;
+    o.store = Borrow(context_.store);
+    o.prefix = prefix;
+    QLORA_ASSIGN_OR_RETURN(communicator_, comm::ConnectNccl(o));
+    Log(absl::StrCat("joined ", a.world_size, " ranks over NCCL"));
+    return absl::OkStatus();
+  }
+#endif
+  comm::GlooOptions o;
+  o.rank = a.rank;
+  o.world_size = a.world_size;
+  o.prefix = prefix;
+  QLORA_ASSIGN_OR_RETURN(communicator_, comm::ConnectGloo(o, Borrow(context_.store)));
+  Log(absl::StrCat("joined ", a.world_size, " ranks over Gloo"));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadModel() {
+  engine::UseMmapForLargeHostAllocations();  // host memory stays near one tensor while loading
+  const double start = SteadySeconds();
+  QLORA_ASSIGN_OR_RETURN(model_, engine::LoadLlama(config_.base_model_path, LoadOptionsFor(config_, device_)));
+  const QuantizationConfig& q = config_.quantization;
+  Log(absl::StrFormat("loaded %s (%d layers, %s) in %.1fs", config_.base_model_path,
+                      model_->config().num_hidden_layers, q.enabled ? EnumName(q.quant_type) : "unquantized",
+                      SteadySeconds() - start));
+  QLORA_RETURN_IF_ERROR(model_->AddLora(LoraOptionsFor(config_)));
+  model_->SetTraining(true);
+  model_->SetGradientCheckpointing(config_.trainer.gradient_checkpointing);
+  if (context_.observer != nullptr) context_.observer->OnLoraReady(*model_);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::BuildStrategy() {
+  for (auto& [name, tensor] : model_->TrainableParameters()) params_.push_back({name, tensor});
+  QLORA_ASSIGN_OR_RETURN(strategy_, strategy::MakeStrategy(config_.backend.strategy.zero_stage,
+                                                           StrategyOptionsFor(config_),
+                                                           *communicator_, params_));
+  const strategy::StrategyDescription d = strategy_->Describe();
+  Log(absl::StrFormat("ZeRO stage %d over %d rank(s): %d trainable elements, %d kept here%s%s", d.stage,
+                      d.world_size, d.trainable_elements, d.partition_elements,
+                      d.partitions_optimizer_state ? ", optimizer state partitioned" : "",
+                      d.partitions_gradients ? ", gradients partitioned" : ""));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::OpenData() {
+  const WorkerAssignment& a = assignment_;
+  MicroBatchOptions options;
+  options.config = &config_;
+  options.model_dir = config_.base_model_path;
+  options.device = device_;
+  options.rank = a.rank;
+  options.role = data::DatasetRole::kTrain;
+  QLORA_ASSIGN_OR_RETURN(train_, MicroBatchSource::Open(a.train_shards, options));
+  // Validation: its own file's shards, or the validation fraction of the train shards.
+  const bool split_train = a.validation_shards.empty() && config_.data.validation_fraction > 0;
+  if (!a.validation_shards.empty() || split_train) {
+    options.role = data::DatasetRole::kValidation;
+    QLORA_ASSIGN_OR_RETURN(validation_,
+                           MicroBatchSource::Open(split_train ? a.train_shards : a.validation_shards, options));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::PlanSchedule() {
+  const TrainerConfig& t = config_.trainer;
+  QLORA_ASSIGN_OR_RETURN(StepBatches steps, StepBatches::Start(train_.get(), communicator_.get(), device_,
+                                                               t.gradient_accumulation_steps, t.batch_size));
+  steps_ = std::make_unique<StepBatches>(std::move(steps));
+  const int64_t per_epoch = steps_->steps_per_first_epoch();
+  total_steps_ = t.train_steps > 0 ? t.train_steps : per_epoch * t.epochs;
+  schedule_ = LrScheduleFor(config_, total_steps_);
+  Log(absl::StrFormat("%d optimizer steps (%d per epoch), %d micro-batches of %d per step", total_steps_,
+                      per_epoch, t.gradient_accumulation_steps, t.batch_size));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Trainer::Resume() {
+  const std::string latest = LatestCheckpoint(CheckpointsDir(assignment_.output_dir, assignment_.job_id));
+  if (latest.empty()) return 0;
+  QLORA_ASSIGN_OR_RETURN(strategy::ResumeReport resumed, strategy_->LoadCheckpoint(latest));
+  Log(absl::StrCat("resumed from ", latest, ": ", resumed.description));
+  QLORA_RETURN_IF_ERROR(steps_->Skip(resumed.step));  // the data order up to the resumed step
+  return resumed.step;
+}
+
+absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
+  const double start = SteadySeconds();
+  if (started_ == 0) started_ = start;
+  SeedGeneratorsForStep(device_, config_.trainer.seed, assignment_.rank, step);
+  QLORA_ASSIGN_OR_RETURN(std::vector<DeviceBatch> batches, steps_->Next());
+  StepResult result;
+  int64_t local_target_tokens = 0;
+  for (const DeviceBatch& b : batches) {
+    local_target_tokens += b.target_tokens;
+    result.local_input_tokens += b.input_tokens;
+  }
+  // The mean over the global batch: every rank's token losses divided by all ranks' tokens.
+  QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_target_tokens));
+  double local_loss = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const DeviceBatch& b = batches[i];
+    if (context_.observer != nullptr) context_.observer->OnMicroBatch(step, static_cast<int>(i), b);
+    at::Tensor hidden = model_->Forward(b.input_ids, b.forward);
+    engine::CausalLmLoss loss = engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels);
+    local_loss += loss.loss_sum.item<double>();
+    (loss.loss_sum * scale.scale).backward();
+    QLORA_RETURN_IF_ERROR(strategy_->TakeGradsFromParams());
+    QLORA_RETURN_IF_ERROR(strategy_->EndMicroBatch());
+  }
+  const double lr = optim::LearningRate(schedule_, strategy_->steps_taken());
+  QLORA_ASSIGN_OR_RETURN(result.report, strategy_->Step(lr));
+  QLORA_ASSIGN_OR_RETURN(std::vector<double> global_loss, SumOverRanks(*communicator_, {local_loss}, device_));
+  result.step = step + 1;
+  result.loss = global_loss[0] * scale.scale;
+  result.global_target_tokens = scale.global_target_tokens;
+  result.seconds = SteadySeconds() - start;
+  return result;
+}
+
+absl::Status Trainer::After(const StepResult& result) {
+  const TrainerConfig& t = config_.trainer;
+  const int64_t done = result.step;
+  if (validation_ && t.eval_steps > 0 && done % t.eval_steps == 0) {
+    QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
+  }
+  if (t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0 && done < total_steps_) {
+    const std::string dir = CheckpointDir(CheckpointsDir(assignment_.output_dir, assignment_.job_id), done);
+    QLORA_RETURN_IF_ERROR(strategy_->SaveCheckpoint(dir));
+    Log(absl::StrCat("checkpoint ", dir));
+  }
+  const ProgressSnapshot p = Progress(result);
+  context_.report_progress(p);
+  if (assignment_.rank == 0) {
+    Log(absl::StrFormat("step %d/%d loss %.4f lr %.3g grad-norm %.3f tok/s %.0f", done, total_steps_, p.loss,
+                        result.report.lr, result.report.grad_norm, p.tokens_per_second));
+  }
+  return absl::OkStatus();
+}
+
+ProgressSnapshot Trainer::Progress(const StepResult& result) const {
+  ProgressSnapshot p;
+  p.rank = assignment_.rank;
+  p.step = result.step;
+  p.total_steps = total_steps_;
+  p.epoch = steps_->epoch();
+  p.loss = result.loss;
+  p.learning_rate = result.report.lr;
+  p.tokens_per_second = result.seconds > 0 ? static_cast<double>(result.local_input_tokens) / result.seconds : 0;
+  p.eval_loss = eval_loss_;
+  p.elapsed_seconds = SteadySeconds() - started_;
+  const strategy::MemoryReport m = strategy_->Memory();
+  p.memory.master_weight_bytes = m.master_bytes;
+  p.memory.optimizer_state_bytes = m.optimizer_bytes;
+  p.memory.gradient_bytes = m.gradient_bytes;
+  p.memory.comm_buffer_bytes = m.comm_buffer_bytes;
+  FillDeviceMemory(device_, &p.memory);
+  const strategy::StrategyDescription d = strategy_->Describe();
+  p.strategy.zero_stage = d.stage;
+  p.strategy.world_size = d.world_size;
+  p.strategy.trainable_elements = d.trainable_elements;
+  p.strategy.partition_elements = d.partition_elements;
+  p.strategy.partitioned_optimizer = d.partitions_optimizer_state;
+  p.strategy.partitioned_gradients = d.partitions_gradients;
+  return p;
+}
+
+absl::StatusOr<TrainingOutcome> Trainer::Finish() {
+  const int64_t eval_steps = config_.trainer.eval_steps;
+  if (validation_ && !(eval_steps > 0 && total_steps_ % eval_steps == 0)) {
+    QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
+    Log(absl::StrFormat("evaluation loss %.4f", eval_loss_));
+  }
+  // The final adapter: the full fp32 weights gathered, written by rank 0.
+  QLORA_ASSIGN_OR_RETURN(std::vector<at::Tensor> weights, strategy_->GatherMasterWeights());
+  {
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].tensor.copy_(weights[i]);
+  }
+  TrainingOutcome outcome;
+  if (assignment_.rank == 0) {
+    outcome.adapter_path = assignment_.output_dir + "/adapter";
+    engine::AdapterSaveOptions save;
+    save.base_model_name_or_path = config_.base_model;
+    QLORA_RETURN_IF_ERROR(engine::SaveAdapter(*model_, outcome.adapter_path, save));
+    Log(absl::StrCat("adapter written to ", outcome.adapter_path));
+    if (config_.lora.merge_adapter_into_base_model) {
+      QLORA_RETURN_IF_ERROR(engine::SaveMergedModel(*model_, assignment_.output_dir + "/merged"));
+      Log(absl::StrCat("merged model written to ", assignment_.output_dir, "/merged"));
+    }
+  }
+  QLORA_RETURN_IF_ERROR(communicator_->Barrier(absl::Minutes(5)));
+  return outcome;
+}
+
+absl::StatusOr<TrainingOutcome> Trainer::Run() {
+  QLORA_ASSIGN_OR_RETURN(int64_t start_step, Resume());
+  for (int64_t step = start_step; step < total_steps_; ++step) {
+    if (context_.should_stop()) return absl::CancelledError("stopped on request");
+    QLORA_ASSIGN_OR_RETURN(StepResult result, Step(step));
+    QLORA_RETURN_IF_ERROR(After(result));
+  }
+  return Finish();
+}
+
+}  // namespace qlora::worker

@@ -1,0 +1,83 @@
+// One rank's training run as named phases:
+//
+//   Create   join the other ranks (Gloo on CPU, NCCL on GPU), load the model (NF4 base + LoRA),
+//            build the ZeRO strategy, open this rank's data, plan the steps and the LR schedule
+//   Resume   restore the newest complete checkpoint of this job and replay the data order to it
+//   Step     one optimizer step: accumulate the step's micro-batches, reduce, clip, AdamW
+//   After    evaluate, checkpoint and report progress as the job's settings ask
+//   Finish   final evaluation, gather the weights, write the PEFT adapter (rank 0)
+//
+// Run() is all of them in order; each is public so that tests can drive them one by one. Every
+// phase but the accessors is collective: all ranks call them in the same order. Torch side.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/llama_model.h"
+#include "worker/optim/lr_schedule.h"
+#include "worker/run/micro_batches.h"
+#include "worker/run/step_batches.h"
+#include "worker/run/training_job.h"
+#include "worker/strategy/strategy.h"
+
+namespace qlora::worker {
+
+// What one optimizer step did.
+struct StepResult {
+  int64_t step = 0;                 // 1-based: optimizer steps done
+  double loss = 0;                  // mean token loss of the global batch (all ranks)
+  int64_t global_target_tokens = 0;
+  int64_t local_input_tokens = 0;   // this rank's non-padding tokens
+  double seconds = 0;
+  strategy::StepReport report;      // lr, grad norm, clip coefficient
+};
+
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainingContext& context);
+
+  absl::StatusOr<TrainingOutcome> Run();
+
+  // Phases.
+  absl::StatusOr<int64_t> Resume();            // the step to start at (0 without a checkpoint)
+  absl::StatusOr<StepResult> Step(int64_t step);  // `step` is 0-based
+  absl::Status After(const StepResult& result);
+  absl::StatusOr<TrainingOutcome> Finish();
+
+  int64_t total_steps() const { return total_steps_; }
+  const strategy::DistributedStrategy& strategy() const { return *strategy_; }
+
+ private:
+  explicit Trainer(const TrainingContext& context);
+  absl::Status Connect();
+  absl::Status LoadModel();
+  absl::Status BuildStrategy();
+  absl::Status OpenData();
+  absl::Status PlanSchedule();
+  void Log(const std::string& line) const;
+  ProgressSnapshot Progress(const StepResult& result) const;
+
+  const TrainingContext& context_;
+  const JobConfig& config_;
+  const WorkerAssignment& assignment_;
+  const at::Device device_;
+  std::unique_ptr<comm::Communicator> communicator_;
+  std::unique_ptr<engine::LlamaForCausalLM> model_;
+  std::vector<strategy::TrainableParam> params_;
+  std::unique_ptr<strategy::DistributedStrategy> strategy_;
+  std::unique_ptr<MicroBatchSource> train_;
+  std::unique_ptr<MicroBatchSource> validation_;   // null without validation data
+  std::unique_ptr<StepBatches> steps_;
+  optim::LrScheduleOptions schedule_;
+  int64_t total_steps_ = 0;
+  double eval_loss_;                                // NaN until evaluated
+  double started_ = 0;                              // steady-clock seconds at the first step
+};
+
+}  // namespace qlora::worker
