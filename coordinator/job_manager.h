@@ -1,10 +1,15 @@
-// The coordinator's core, with no gRPC in it: accepts jobs, keeps the FIFO queue and the worker
-// accounting, spawns one worker per slot, runs the rendezvous (registration, assignment, NCCL id
-// relay, Gloo key/value store), follows progress and worker exits, cancels, and persists every
-// state change in the JobStore. The gRPC services (job_service.h, worker_service.h) forward here.
+// The coordinator's core, with no gRPC in it: accepts jobs, keeps the strict-FIFO queue, starts a
+// job's workers when enough slots are free, follows registration, heartbeats, progress and worker
+// exits, cancels, and persists every state change in the JobStore. It composes the pieces that
+// each do one thing: SlotPool (which slots are busy), WorkerGroup (a job's processes), the
+// worker launch spec (worker_launch.h), shard planning (shard_plan.h) and one Rendezvous per job
+// start (registration wait, NCCL id relay, Gloo store). The gRPC services (job_service.h,
+// worker_service.h) forward here.
+//
+// Thread-safe. One lock (mu_) guards every job; calls that wait (WaitEvents, GetAssignment,
+// StoreGet) never hold it while waiting on a Rendezvous. Worker processes are launched only from
+// the monitor thread (StartMonitor), or from the caller of PollOnce in tests.
 #pragma once
-
-#include <sys/types.h>
 
 #include <functional>
 #include <map>
@@ -20,7 +25,10 @@
 #include "coordinator/job_store.h"
 #include "coordinator/job_types.h"
 #include "coordinator/process_launcher.h"
+#include "coordinator/rendezvous.h"
 #include "coordinator/shard_plan.h"
+#include "coordinator/slot_pool.h"
+#include "coordinator/worker_group.h"
 
 namespace qlora::coordinator {
 
@@ -62,6 +70,10 @@ class JobManager {
   void SetCoordinatorAddress(std::string address);
   // Stops every worker and the monitor thread. Idempotent.
   void Shutdown();
+  // One pass of what the monitor thread does every poll_interval: reaps exited workers, enforces
+  // the stop grace and the registration and heartbeat deadlines, starts queued jobs. For tests
+  // that drive the manager without StartMonitor (with a fake launcher and clock).
+  void PollOnce();
 
   // Clients.
   absl::StatusOr<std::string> Validate(const SubmitRequest& request) const;
@@ -93,61 +105,61 @@ class JobManager {
                                        int64_t generation, const std::string& key,
                                        absl::Time deadline);
 
-  int total_slots() const;
+  int total_slots() const { return total_slots_; }
 
  private:
-  struct Worker {
-    int rank = 0;
-    std::string token;
-    pid_t pid = 0;
-    bool registered = false;
-    bool completed = false;          // reported success
-    bool exited = false;
-    absl::Time last_heartbeat;
-    std::vector<int> slots;          // GPU ids (or CPU slot numbers)
-  };
   struct LiveJob {
+    explicit LiveJob(ProcessLauncher* launcher) : workers(launcher) {}
     JobRecord record;
-    std::vector<Worker> workers;
-    std::vector<std::vector<data::ShardSpec>> train_shards, validation_shards;
-    std::string nccl_unique_id;
-    int64_t generation = 0;
-    absl::Time start_deadline;
-    bool stopping = false;           // workers are being stopped
-    absl::Time kill_at;              // SIGKILL the stragglers after this
-    std::map<std::string, std::string> kv;  // rendezvous store of the current generation
-    bool use_gpu = false;
+    WorkerGroup workers;               // of the current start; empty before the first
+    std::shared_ptr<Rendezvous> rendezvous;  // of the current start; null before the first
+    JobShards shards;
+    absl::Time start_deadline;         // every rank registers by then
+  };
+  // A worker's call, authenticated: its job and its process entry.
+  struct WorkerCall {
+    LiveJob* job;
+    WorkerProcess* worker;
+  };
+  // What a worker waits on without the lock: its job's rendezvous, and its rank there.
+  struct RendezvousSeat {
+    std::shared_ptr<Rendezvous> rendezvous;
+    int rank = 0;
   };
 
   void MonitorLoop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WaitForSlots(LiveJob& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartJob(LiveJob& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PollWorkers(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a state change (persisted, sequence-numbered, wakes watchers).
+  void CheckDeadlines(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a state change (persisted, sequence-numbered, wakes watchers; a terminal state
+  // also closes the job's rendezvous).
   void Transition(LiveJob& job, JobState state, const std::string& reason_code,
                   const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AppendEvent(LiveJob& job, JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopWorkers(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(LiveJob& job, const std::string& reason_code, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<LiveJob*> FindForWorker(const std::string& job_id, const std::string& token,
-                                         Worker** worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<int> FreeSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "1, 3": the ranks of `job` that have not registered.
-  static std::string UnregisteredRanks(const LiveJob& job);
+  absl::StatusOr<LiveJob*> Find(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<WorkerCall> FindForWorker(const std::string& job_id, const std::string& token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's rendezvous, looked up under the lock, for a wait made without it.
+  absl::StatusOr<RendezvousSeat> SeatFor(const std::string& job_id, const std::string& token)
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::string JobDir(const std::string& id) const;
   double NowUnix() const;
 
   const JobManagerOptions options_;
   JobStore* const store_;
   ProcessLauncher* const launcher_;
+  const int total_slots_;
 
   mutable absl::Mutex mu_;
-  mutable absl::CondVar changed_;    // any event, registration, store write
+  mutable absl::CondVar changed_;    // any event; the monitor and WaitEvents wait on it
   std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);   // submission order (FIFO)
-  std::set<int> busy_slots_ ABSL_GUARDED_BY(mu_);
+  SlotPool slots_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
