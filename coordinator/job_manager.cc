@@ -70,13 +70,23 @@ absl::Status JobManager::Load() {
     LiveJob& ref = *job;
     order_.push_back(id);
     jobs_[id] = std::move(job);
-    if (ref.record.state == JobState::kStarting || ref.record.state == JobState::kRunning) {
-      ref.record.progress.clear();
-      Transition(ref, JobState::kQueued, "REQUEUED_AFTER_RESTART",
-                 "the coordinator restarted while this job ran; it is queued again");
-    }
+    if (!IsTerminal(ref.record.state)) Restore(ref);
   }
   return absl::OkStatus();
+}
+
+void JobManager::Restore(LiveJob& job) {
+  absl::StatusOr<JobConfig> config = ParseResolvedJobConfig(job.record.resolved_config_yaml);
+  if (!config.ok()) {
+    Fail(job, "START_FAILED", std::string(config.status().message()));
+    return;
+  }
+  job.config = *std::move(config);
+  if (job.record.state == JobState::kStarting || job.record.state == JobState::kRunning) {
+    job.record.progress.clear();
+    Transition(job, JobState::kQueued, "REQUEUED_AFTER_RESTART",
+               "the coordinator restarted while this job ran; it is queued again");
+  }
 }
 
 void JobManager::StartMonitor() {
@@ -104,7 +114,7 @@ void JobManager::Shutdown() {
 // ---------------------------------------------------------------------------------------------
 // Clients
 
-absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
+absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& request) const {
   ParseOptions parse;
   parse.source_name = request.source_name;
   parse.dataset_override = request.dataset;
@@ -121,12 +131,17 @@ absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) c
         "backend.trainer.num_workers: the job asks for ", config.backend.num_workers,
         " workers but this coordinator has only ", total_slots_));
   }
+  return config;
+}
+
+absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
   return EmitResolvedJobYaml(config);
 }
 
 absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
-  QLORA_ASSIGN_OR_RETURN(std::string resolved, Validate(request));
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseResolvedJobConfig(resolved));
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
+  std::string resolved = EmitResolvedJobYaml(config);
   absl::MutexLock lock(&mu_);
   auto job = std::make_unique<LiveJob>(launcher_);
   JobRecord& r = job->record;
@@ -139,6 +154,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   r.zero_stage = config.backend.strategy.zero_stage;
   r.output_dir = config.output_dir.empty() ? JobDir(r.id) + "/output" : config.output_dir;
+  job->config = std::move(config);
   LiveJob& ref = *job;
   order_.push_back(r.id);
   jobs_[r.id] = std::move(job);
@@ -250,8 +266,7 @@ void JobManager::WaitForSlots(LiveJob& job, int free) {
 absl::Status JobManager::StartJob(LiveJob& job, std::vector<int> slots) {
   JobRecord& r = job.record;
   const int world = r.num_workers;
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseResolvedJobConfig(r.resolved_config_yaml));
-  QLORA_ASSIGN_OR_RETURN(job.shards, PlanJobShards(config.data, world));
+  QLORA_ASSIGN_OR_RETURN(job.shards, PlanJobShards(job.config.data, world));
   const std::string dir = JobDir(r.id);
   QLORA_RETURN_IF_ERROR(EnsureDir(dir + "/logs"));
   QLORA_RETURN_IF_ERROR(EnsureDir(r.output_dir));

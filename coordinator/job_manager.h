@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/config/job_config.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_types.h"
 #include "coordinator/process_launcher.h"
@@ -111,6 +112,7 @@ class JobManager {
   struct LiveJob {
     explicit LiveJob(ProcessLauncher* launcher) : workers(launcher) {}
     JobRecord record;
+    JobConfig config;                  // parsed once: at Submit, or at Load for a job that may run
     WorkerGroup workers;               // of the current start; empty before the first
     std::shared_ptr<Rendezvous> rendezvous;  // of the current start; null before the first
     JobShards shards;
@@ -127,6 +129,8 @@ class JobManager {
     int rank = 0;
   };
 
+  // A stored job that may still run: parses its config, queues it again if it was running.
+  void Restore(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MonitorLoop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -147,6 +151,8 @@ class JobManager {
   // The worker's rendezvous, looked up under the lock, for a wait made without it.
   absl::StatusOr<RendezvousSeat> SeatFor(const std::string& job_id, const std::string& token)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Parses and checks a submission against this coordinator's slots.
+  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const;
   std::string JobDir(const std::string& id) const;
   double NowUnix() const;
 
