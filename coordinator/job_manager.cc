@@ -408,8 +408,8 @@ absl::StatusOr<JobManager::RendezvousSeat> JobManager::SeatFor(const std::string
   return RendezvousSeat{call.job->rendezvous, call.worker->rank};
 }
 
-absl::StatusOr<int64_t> JobManager::Register(const std::string& job_id, const std::string& token,
-                                             int rank, int64_t pid) {
+absl::Status JobManager::Register(const std::string& job_id, const std::string& token, int rank,
+                                  int64_t pid) {
   (void)pid;  // the launcher knows the pid; the worker's own is only informative
   absl::MutexLock lock(&mu_);
   QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
@@ -430,7 +430,7 @@ absl::StatusOr<int64_t> JobManager::Register(const std::string& job_id, const st
     Transition(job, JobState::kRunning, "ALL_WORKERS_REGISTERED",
                absl::StrCat(job.workers.size(), " workers registered"));
   }
-  return job.rendezvous->generation();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<WorkerAssignment> JobManager::GetAssignment(const std::string& job_id,

@@ -89,8 +89,7 @@ class JobManager {
   absl::StatusOr<std::string> LogPath(const std::string& id, int rank) const;
 
   // Workers. Every call is authenticated by (job id, startup token).
-  absl::StatusOr<int64_t> Register(const std::string& job_id, const std::string& token, int rank,
-                                   int64_t pid);
+  absl::Status Register(const std::string& job_id, const std::string& token, int rank, int64_t pid);
   absl::StatusOr<WorkerAssignment> GetAssignment(const std::string& job_id,
                                                  const std::string& token, absl::Time deadline);
   absl::Status PublishNcclId(const std::string& job_id, const std::string& token,
