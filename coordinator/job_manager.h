@@ -33,13 +33,16 @@
 
 namespace qlora::coordinator {
 
+// The defaults here are also the defaults of qlora-coordinator's flags.
 struct JobManagerOptions {
   std::string state_dir;                       // jobs/<id>/{logs,output} live here
   std::string worker_binary;                   // path of qlora-worker
   int cpu_workers = 0;                         // CPU slots (used when `gpus` is empty)
   std::vector<int> gpus;                       // GPU ids; one worker per GPU
-  absl::Duration register_timeout = absl::Seconds(120);
-  absl::Duration heartbeat_timeout = absl::Seconds(60);
+  // Spawned workers must all register within this (a cold start loads the model first).
+  absl::Duration register_timeout = absl::Seconds(300);
+  // A registered worker silent this long counts as lost (it heartbeats every 2 s).
+  absl::Duration heartbeat_timeout = absl::Seconds(120);
   absl::Duration stop_grace = absl::Seconds(3);  // SIGTERM, then SIGKILL after this
   absl::Duration poll_interval = absl::Milliseconds(50);
   std::string hf_hub_cache;                    // empty: the usual environment lookup
