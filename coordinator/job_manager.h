@@ -1,14 +1,13 @@
-// The coordinator's core, with no gRPC in it: accepts jobs, keeps the strict-FIFO queue, starts a
-// job's workers when enough slots are free, follows registration, heartbeats, progress and worker
-// exits, cancels, and persists every state change in the JobStore. It composes the pieces that
-// each do one thing: SlotPool (which slots are busy), WorkerGroup (a job's processes), the
-// worker launch spec (worker_launch.h), shard planning (shard_plan.h) and one Rendezvous per job
-// start (registration wait, NCCL id relay, Gloo store). The gRPC services (job_service.h,
-// worker_service.h) forward here.
+// The coordinator's core, with no gRPC in it: accepts jobs, keeps them in a strict-FIFO queue,
+// starts a job when enough worker slots are free, runs the monitor thread that reaps workers and
+// enforces deadlines, and authenticates the workers' calls before handing them to their Job.
+// One Job (job.h) carries out each job's state machine; SlotPool says which slots are busy. The
+// gRPC services (job_service.h, worker_service.h) forward here.
 //
-// Thread-safe. One lock (mu_) guards every job; calls that wait (WaitEvents, GetAssignment,
-// StoreGet) never hold it while waiting on a Rendezvous. Worker processes are launched only from
-// the monitor thread (StartMonitor), or from the caller of PollOnce in tests.
+// Thread-safe. One lock (mu_) guards every job. Calls that wait (WaitEvents, GetAssignment,
+// StoreGet) wait on a condition variable or on the job's Rendezvous, never holding mu_ while a
+// Rendezvous waits. Worker processes are launched only from the monitor thread (StartMonitor),
+// or from the caller of PollOnce in tests.
 #pragma once
 
 #include <functional>
@@ -23,13 +22,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/config/job_config.h"
+#include "coordinator/job.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_types.h"
 #include "coordinator/process_launcher.h"
-#include "coordinator/rendezvous.h"
-#include "coordinator/shard_plan.h"
 #include "coordinator/slot_pool.h"
-#include "coordinator/worker_group.h"
 
 namespace qlora::coordinator {
 
@@ -111,18 +108,9 @@ class JobManager {
   int total_slots() const { return total_slots_; }
 
  private:
-  struct LiveJob {
-    explicit LiveJob(ProcessLauncher* launcher) : workers(launcher) {}
-    JobRecord record;
-    JobConfig config;                  // parsed once: at Submit, or at Load for a job that may run
-    WorkerGroup workers;               // of the current start; empty before the first
-    std::shared_ptr<Rendezvous> rendezvous;  // of the current start; null before the first
-    JobShards shards;
-    absl::Time start_deadline;         // every rank registers by then
-  };
   // A worker's call, authenticated: its job and its process entry.
   struct WorkerCall {
-    LiveJob* job;
+    Job* job;
     WorkerProcess* worker;
   };
   // What a worker waits on without the lock: its job's rendezvous, and its rank there.
@@ -131,23 +119,14 @@ class JobManager {
     int rank = 0;
   };
 
-  // A stored job that may still run: parses its config, queues it again if it was running.
-  void Restore(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MonitorLoop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WaitForSlots(LiveJob& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status StartJob(LiveJob& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PollWorkers(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CheckDeadlines(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a state change (persisted, sequence-numbered, wakes watchers; a terminal state
-  // also closes the job's rendezvous).
-  void Transition(LiveJob& job, JobState state, const std::string& reason_code,
-                  const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AppendEvent(LiveJob& job, JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Fail(LiveJob& job, const std::string& reason_code, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<LiveJob*> Find(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Says (once per change) what a queued job waits for and who holds the slots.
+  void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartJob(Job& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Job& Add(std::unique_ptr<Job> job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> Find(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WorkerCall> FindForWorker(const std::string& job_id, const std::string& token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's rendezvous, looked up under the lock, for a wait made without it.
@@ -156,16 +135,14 @@ class JobManager {
   // Parses and checks a submission against this coordinator's slots.
   absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const;
   std::string JobDir(const std::string& id) const;
-  double NowUnix() const;
 
   const JobManagerOptions options_;
-  JobStore* const store_;
-  ProcessLauncher* const launcher_;
   const int total_slots_;
+  const JobEnv env_;                 // what every Job shares; outlives them
 
   mutable absl::Mutex mu_;
-  mutable absl::CondVar changed_;    // any event; the monitor and WaitEvents wait on it
-  std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
+  mutable absl::CondVar changed_;    // a job recorded an event; the monitor and WaitEvents wait
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);   // submission order (FIFO)
   SlotPool slots_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
