@@ -33,9 +33,14 @@ ABSL_FLAG(int, cpu_workers, 0, "run jobs on this many CPU worker processes (mach
 ABSL_FLAG(std::string, gpus, "auto", "GPU ids to use, e.g. 0,1,2,3; 'auto' = every GPU; 'none' = no GPU");
 ABSL_FLAG(std::string, worker_binary, "", "path of qlora-worker (default: beside this binary)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port here once serving");
-ABSL_FLAG(int, register_timeout_s, 300, "seconds for spawned workers to register");
 ABSL_FLAG(int, shutdown_grace_ms, 500, "NOT_SERVING period before the listener closes");
-ABSL_FLAG(int, heartbeat_timeout_s, 120, "seconds without a heartbeat before a worker counts as lost");
+// The job manager's own defaults are the flags' defaults (one source of truth).
+ABSL_FLAG(int, register_timeout_s,
+          static_cast<int>(absl::ToInt64Seconds(qlora::coordinator::JobManagerOptions().register_timeout)),
+          "seconds for spawned workers to register");
+ABSL_FLAG(int, heartbeat_timeout_s,
+          static_cast<int>(absl::ToInt64Seconds(qlora::coordinator::JobManagerOptions().heartbeat_timeout)),
+          "seconds without a heartbeat before a worker counts as lost");
 
 namespace {
 

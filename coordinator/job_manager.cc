@@ -1,12 +1,13 @@
-// The coordinator's core (see job_manager.h).
+// The coordinator's core: the jobs, the queue, the monitor thread and the authentication of
+// worker calls (see job_manager.h).
 #include "coordinator/job_manager.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
-#include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,14 +15,10 @@
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
 #include "common/status_macros.h"
+#include "coordinator/worker_launch.h"
 
 namespace qlora::coordinator {
 namespace {
-
-std::string RandomToken() {
-  std::random_device rd;
-  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
-}
 
 absl::Status EnsureDir(const std::string& path) {
   std::error_code ec;
@@ -32,24 +29,19 @@ absl::Status EnsureDir(const std::string& path) {
 
 }  // namespace
 
-std::string JobManager::UnregisteredRanks(const LiveJob& job) {
-  std::vector<std::string> missing;
-  for (const Worker& w : job.workers) {
-    if (!w.registered) missing.push_back(std::to_string(w.rank));
-  }
-  return absl::StrJoin(missing, ", ");
-}
-
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* launcher)
-    : options_(std::move(options)), store_(store), launcher_(launcher) {}
+    : options_(std::move(options)),
+      total_slots_(SlotPool(options_.gpus, options_.cpu_workers).total()),
+      env_{store,
+           launcher,
+           options_.now,
+           options_.register_timeout,
+           options_.heartbeat_timeout,
+           options_.stop_grace,
+           [this] { changed_.SignalAll(); }},
+      slots_(options_.gpus, options_.cpu_workers) {}
 
 JobManager::~JobManager() { Shutdown(); }
-
-int JobManager::total_slots() const {
-  return options_.gpus.empty() ? options_.cpu_workers : static_cast<int>(options_.gpus.size());
-}
-
-double JobManager::NowUnix() const { return absl::ToDoubleSeconds(options_.now() - absl::UnixEpoch()); }
 
 std::string JobManager::JobDir(const std::string& id) const {
   return absl::StrCat(options_.state_dir, "/jobs/", id);
@@ -60,27 +52,31 @@ void JobManager::SetCoordinatorAddress(std::string address) {
   coordinator_address_ = std::move(address);
 }
 
+Job& JobManager::Add(std::unique_ptr<Job> job) {
+  int number = 0;  // new ids continue after the stored ones
+  if (sscanf(job->id().c_str(), "job-%d", &number) == 1) {
+    next_job_number_ = std::max<int64_t>(next_job_number_, number + 1);
+  }
+  Job& ref = *job;
+  order_.push_back(job->id());
+  jobs_[job->id()] = std::move(job);
+  return ref;
+}
+
 absl::Status JobManager::Load() {
   QLORA_RETURN_IF_ERROR(EnsureDir(options_.state_dir + "/jobs"));
-  QLORA_ASSIGN_OR_RETURN(std::vector<JobRecord> stored, store_->LoadJobs());
-  {
-    absl::MutexLock lock(&mu_);
-    for (JobRecord& record : stored) {
-      auto job = std::make_unique<LiveJob>();
-      job->record = std::move(record);
-      int number = 0;
-      if (sscanf(job->record.id.c_str(), "job-%d", &number) == 1) {
-        next_job_number_ = std::max<int64_t>(next_job_number_, number + 1);
-      }
-      const std::string id = job->record.id;
-      order_.push_back(id);
-      LiveJob& ref = *job;
-      jobs_[id] = std::move(job);
-      if (ref.record.state == JobState::kStarting || ref.record.state == JobState::kRunning) {
-        ref.record.progress.clear();
-        Transition(ref, JobState::kQueued, "REQUEUED_AFTER_RESTART",
-                   "the coordinator restarted while this job ran; it is queued again");
-      }
+  QLORA_ASSIGN_OR_RETURN(std::vector<JobRecord> stored, env_.store->LoadJobs());
+  absl::MutexLock lock(&mu_);
+  for (JobRecord& record : stored) {
+    // Only a job that may still run needs its config: it is parsed once, here.
+    absl::StatusOr<JobConfig> config = IsTerminal(record.state)
+                                           ? JobConfig{}
+                                           : ParseResolvedJobConfig(record.resolved_config_yaml);
+    Job& job = Add(std::make_unique<Job>(std::move(record), config.ok() ? *config : JobConfig{}, &env_));
+    if (!config.ok()) {
+      job.Fail("START_FAILED", std::string(config.status().message()));
+    } else if (job.state() == JobState::kStarting || job.state() == JobState::kRunning) {
+      job.Requeue();
     }
   }
   return absl::OkStatus();
@@ -97,29 +93,18 @@ void JobManager::Shutdown() {
     absl::MutexLock lock(&mu_);
     if (stop_) return;
     stop_ = true;
-    for (auto& [id, job] : jobs_) {
-      for (Worker& w : job->workers) {
-        if (!w.exited) launcher_->Signal(w.pid, SIGKILL);
-      }
-    }
+    for (auto& [id, job] : jobs_) job->Kill();
     changed_.SignalAll();
   }
   if (monitor_.joinable()) monitor_.join();
   absl::MutexLock lock(&mu_);
-  for (auto& [id, job] : jobs_) {
-    for (Worker& w : job->workers) {
-      // Reap what we killed so nothing is left as a zombie.
-      for (int i = 0; i < 100 && !w.exited; ++i) {
-        if (launcher_->Poll(w.pid)) w.exited = true; else usleep(10000);
-      }
-    }
-  }
+  for (auto& [id, job] : jobs_) job->ReapKilled();  // nothing is left as a zombie
 }
 
 // ---------------------------------------------------------------------------------------------
 // Clients
 
-absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
+absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& request) const {
   ParseOptions parse;
   parse.source_name = request.source_name;
   parse.dataset_override = request.dataset;
@@ -128,54 +113,59 @@ absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) c
   parse.base_dir = request.base_dir;
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(request.job_yaml, parse));
   if (!request.name.empty()) config.name = request.name;
-  const int slots = total_slots();
-  if (slots == 0) {
+  if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
   }
-  if (config.backend.num_workers > slots) {
+  if (config.backend.num_workers > total_slots_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "backend.trainer.num_workers: the job asks for ", config.backend.num_workers,
-        " workers but this coordinator has only ", slots));
+        " workers but this coordinator has only ", total_slots_));
   }
+  return config;
+}
+
+absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
   return EmitResolvedJobYaml(config);
 }
 
 absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
-  QLORA_ASSIGN_OR_RETURN(std::string resolved, Validate(request));
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseResolvedJobConfig(resolved));
-  absl::MutexLock lock(&mu_);
-  auto job = std::make_unique<LiveJob>();
-  JobRecord& r = job->record;
-  r.id = absl::StrFormat("job-%06d", next_job_number_++);
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
+  JobRecord r;
   r.name = config.name;
-  r.state = JobState::kQueued;
-  r.created_unix = NowUnix();
   r.job_yaml = request.job_yaml;
-  r.resolved_config_yaml = resolved;
-  r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots();
+  r.resolved_config_yaml = EmitResolvedJobYaml(config);
+  r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   r.zero_stage = config.backend.strategy.zero_stage;
+  absl::MutexLock lock(&mu_);
+  r.id = absl::StrFormat("job-%06d", next_job_number_++);
+  r.state = JobState::kQueued;
+  r.created_unix = absl::ToDoubleSeconds(options_.now() - absl::UnixEpoch());
   r.output_dir = config.output_dir.empty() ? JobDir(r.id) + "/output" : config.output_dir;
-  LiveJob& ref = *job;
-  order_.push_back(r.id);
-  jobs_[r.id] = std::move(job);
-  Transition(ref, JobState::kQueued, "SUBMITTED",
-             absl::StrCat("accepted; ", r.num_workers, " workers, ZeRO stage ", r.zero_stage));
-  return ref.record;  // the monitor thread, woken by the event, schedules it
+  Job& job = Add(std::make_unique<Job>(std::move(r), std::move(config), &env_));
+  job.Transition(JobState::kQueued, "SUBMITTED",
+                 absl::StrCat("accepted; ", job.record().num_workers, " workers, ZeRO stage ",
+                              job.record().zero_stage));
+  return job.record();  // the monitor thread, woken by the event, schedules it
+}
 
+absl::StatusOr<Job*> JobManager::Find(const std::string& id) const {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return it->second.get();
 }
 
 absl::StatusOr<JobRecord> JobManager::Get(const std::string& id) const {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  return it->second->record;
+  QLORA_ASSIGN_OR_RETURN(const Job* job, Find(id));
+  return job->record();
 }
 
 std::vector<JobRecord> JobManager::List(const std::set<JobState>& states) const {
   absl::MutexLock lock(&mu_);
   std::vector<JobRecord> out;
   for (const std::string& id : order_) {
-    const JobRecord& r = jobs_.at(id)->record;
+    const JobRecord& r = jobs_.at(id)->record();
     if (states.empty() || states.count(r.state)) out.push_back(r);
   }
   return out;
@@ -183,16 +173,13 @@ std::vector<JobRecord> JobManager::List(const std::set<JobState>& states) const 
 
 absl::StatusOr<JobRecord> JobManager::Cancel(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  LiveJob& job = *it->second;
-  if (IsTerminal(job.record.state)) {
+  QLORA_ASSIGN_OR_RETURN(Job * job, Find(id));
+  if (job->ended()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", id, " has already ended (", JobStateName(job.record.state), ")"));
+        "job ", id, " has already ended (", JobStateName(job->state()), ")"));
   }
-  StopWorkers(job);
-  Transition(job, JobState::kCancelled, "CANCELLED_BY_USER", "cancelled by a client");
-  return job.record;
+  job->Cancel();
+  return job->record();
 }
 
 absl::StatusOr<std::vector<JobEvent>> JobManager::WaitEvents(const std::string& id,
@@ -200,205 +187,92 @@ absl::StatusOr<std::vector<JobEvent>> JobManager::WaitEvents(const std::string& 
                                                              absl::Time deadline,
                                                              bool* terminal) const {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  const LiveJob& job = *it->second;
-  while (job.record.last_sequence <= after_sequence && !IsTerminal(job.record.state) && !stop_) {
+  QLORA_ASSIGN_OR_RETURN(const Job* job, Find(id));
+  const JobRecord& r = job->record();
+  while (r.last_sequence <= after_sequence && !job->ended() && !stop_) {
     if (changed_.WaitWithDeadline(&mu_, deadline)) break;
   }
-  *terminal = IsTerminal(job.record.state);
-  if (stop_ && job.record.last_sequence <= after_sequence) {
+  *terminal = job->ended();
+  if (stop_ && r.last_sequence <= after_sequence) {
     return absl::UnavailableError("the coordinator is shutting down; watch again to resume");
   }
-  if (job.record.last_sequence <= after_sequence) return std::vector<JobEvent>{};
-  return store_->LoadEvents(id, after_sequence);
+  if (r.last_sequence <= after_sequence) return std::vector<JobEvent>{};
+  return env_.store->LoadEvents(id, after_sequence);
 }
 
 absl::StatusOr<std::string> JobManager::LogPath(const std::string& id, int rank) const {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
-  if (rank < 0 || rank >= it->second->record.num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in job ", id, " (",
-                                                   it->second->record.num_workers, " workers)"));
+  QLORA_ASSIGN_OR_RETURN(const Job* job, Find(id));
+  const int workers = job->record().num_workers;
+  if (rank < 0 || rank >= workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is not in job ", id, " (", workers, " workers)"));
   }
-  return absl::StrCat(JobDir(id), "/logs/rank-", rank, ".log");
+  return WorkerLogPath(JobDir(id), rank);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scheduling and the worker lifecycle
-
-std::vector<int> JobManager::FreeSlots() const {
-  std::vector<int> all = options_.gpus;
-  if (all.empty()) {
-    for (int i = 0; i < options_.cpu_workers; ++i) all.push_back(i);
-  }
-  std::vector<int> free;
-  for (int s : all) {
-    if (!busy_slots_.count(s)) free.push_back(s);
-  }
-  return free;
-}
+// Scheduling and the monitor
 
 void JobManager::ScheduleQueued() {
   // Strict FIFO: the oldest queued job starts first; later ones wait behind it.
   for (const std::string& id : order_) {
-    LiveJob& job = *jobs_.at(id);
-    if (job.record.state != JobState::kQueued) continue;
-    const int need = job.record.num_workers;
-    if (need > total_slots()) {  // e.g. queued again after a restart with fewer GPUs
-      Fail(job, "NOT_ENOUGH_WORKERS",
-           absl::StrCat("the job needs ", need, " workers; this coordinator has ", total_slots()));
+    Job& job = *jobs_.at(id);
+    if (job.state() != JobState::kQueued) continue;
+    const int need = job.record().num_workers;
+    if (need > total_slots_) {  // e.g. queued again after a restart with fewer GPUs
+      job.Fail("NOT_ENOUGH_WORKERS",
+               absl::StrCat("the job needs ", need, " workers; this coordinator has ", total_slots_));
       continue;
     }
-    std::vector<int> free = FreeSlots();
+    std::vector<int> free = slots_.Free();
     if (static_cast<int>(free.size()) < need) {
-      std::vector<std::string> holders;  // jobs with a live worker process
-      for (const std::string& other : order_) {
-        const auto& workers = jobs_.at(other)->workers;
-        if (std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; })) {
-          holders.push_back(other);
-        }
-      }
-      const std::string message = absl::StrCat(
-          "waiting for workers: needs ", need, ", ", free.size(), " of ", total_slots(),
-          " free", holders.empty() ? "" : absl::StrCat(" (held by ", absl::StrJoin(holders, ", "), ")"));
-      if (job.record.reason_code != "WAITING_FOR_WORKERS" || job.record.message != message) {
-        Transition(job, JobState::kQueued, "WAITING_FOR_WORKERS", message);
-      }
+      WaitForSlots(job, static_cast<int>(free.size()));
       return;
     }
     free.resize(need);
-    absl::Status started = StartJob(job, free);
-    if (!started.ok()) Fail(job, "START_FAILED", std::string(started.message()));
+    StartJob(job, std::move(free));
   }
 }
 
-absl::Status JobManager::StartJob(LiveJob& job, std::vector<int> slots) {
-  JobRecord& r = job.record;
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseResolvedJobConfig(r.resolved_config_yaml));
-  const int world = r.num_workers;
-  QLORA_ASSIGN_OR_RETURN(job.train_shards, PlanShardsForRanks(config.data.train_path, config.data.format, world));
-  job.validation_shards.assign(world, {});
-  if (!config.data.validation_path.empty()) {
-    QLORA_ASSIGN_OR_RETURN(job.validation_shards,
-                           PlanShardsForRanks(config.data.validation_path, config.data.format, world));
+void JobManager::WaitForSlots(Job& job, int free) {
+  std::vector<std::string> holders;  // jobs with a live worker process
+  for (const std::string& other : order_) {
+    if (jobs_.at(other)->workers().AnyAlive()) holders.push_back(other);
   }
-  // Every rank runs the same collectives, so every rank needs data of each kind it uses.
-  for (int rank = 0; rank < world; ++rank) {
-    if (job.train_shards[rank].empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the dataset is too small to give each of the ", world, " workers a part of it"));
-    }
-    if (!config.data.validation_path.empty() && job.validation_shards[rank].empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the validation file has fewer records than the job's ", world, " workers"));
-    }
-  }
-  const std::string dir = JobDir(r.id);
-  QLORA_RETURN_IF_ERROR(EnsureDir(dir + "/logs"));
-  QLORA_RETURN_IF_ERROR(EnsureDir(r.output_dir));
-  job.use_gpu = !options_.gpus.empty();
-  job.generation = absl::ToUnixMicros(options_.now());
-  job.nccl_unique_id.clear();
-  job.kv.clear();
-  job.workers.clear();
-  job.stopping = false;
-  job.start_deadline = options_.now() + options_.register_timeout;
-  r.started_unix = NowUnix();
-  r.progress.assign(world, ProgressSnapshot{});
-  for (int rank = 0; rank < world; ++rank) {
-    Worker w;
-    w.rank = rank;
-    w.token = RandomToken();
-    w.slots = {slots[rank]};
-    LaunchSpec spec;
-    spec.argv = {options_.worker_binary, "--coordinator", coordinator_address_, "--job",
-                 r.id, "--rank", std::to_string(rank), "--token", w.token};
-    if (job.use_gpu) {
-      spec.env["CUDA_VISIBLE_DEVICES"] = std::to_string(slots[rank]);
-      spec.argv.push_back("--device=cuda");
-    } else {
-      spec.env["CUDA_VISIBLE_DEVICES"] = "";
-      const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN) / world);
-      spec.env["OMP_NUM_THREADS"] = std::to_string(cores);
-      spec.argv.push_back("--device=cpu");
-    }
-    spec.log_path = absl::StrCat(dir, "/logs/rank-", rank, ".log");
-    absl::StatusOr<pid_t> pid = launcher_->Launch(spec);
-    if (!pid.ok()) {
-      StopWorkers(job);
-      return absl::InternalError(absl::StrCat("could not start rank ", rank, ": ", pid.status().message()));
-    }
-    w.pid = *pid;
-    w.last_heartbeat = options_.now();
-    for (int s : w.slots) busy_slots_.insert(s);
-    job.workers.push_back(std::move(w));
-  }
-  Transition(job, JobState::kStarting, "WORKERS_STARTING",
-             absl::StrCat("started ", world, job.use_gpu ? " GPU" : " CPU", " workers; waiting for them to register"));
-  return absl::OkStatus();
-}
-
-void JobManager::StopWorkers(LiveJob& job) {
-  if (job.stopping) return;
-  job.stopping = true;
-  job.kill_at = options_.now() + options_.stop_grace;
-  for (Worker& w : job.workers) {
-    if (!w.exited) launcher_->Signal(w.pid, SIGTERM);
+  const std::string message = absl::StrCat(
+      "waiting for workers: needs ", job.record().num_workers, ", ", free, " of ", total_slots_,
+      " free", holders.empty() ? "" : absl::StrCat(" (held by ", absl::StrJoin(holders, ", "), ")"));
+  if (job.record().reason_code != "WAITING_FOR_WORKERS" || job.record().message != message) {
+    job.Transition(JobState::kQueued, "WAITING_FOR_WORKERS", message);
   }
 }
 
-void JobManager::Fail(LiveJob& job, const std::string& reason_code, const std::string& message) {
-  if (IsTerminal(job.record.state)) return;
-  StopWorkers(job);
-  Transition(job, JobState::kFailed, reason_code, message);
-}
-
-void JobManager::PollWorkers(LiveJob& job) {
-  const absl::Time now = options_.now();
-  for (Worker& w : job.workers) {
-    if (w.exited) continue;
-    std::optional<ExitInfo> exit = launcher_->Poll(w.pid);
-    if (!exit) continue;
-    w.exited = true;
-    for (int s : w.slots) busy_slots_.erase(s);
-    const bool clean = !exit->signaled && exit->code == 0;
-    if (!job.stopping && !(clean && w.completed)) {
-      Fail(job, "WORKER_EXITED",
-           absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") ended with ", exit->Describe(),
-                        w.completed ? "" : " before finishing", "; see `qloractl logs ",
-                        job.record.id, " --rank ", w.rank, "`"));
-    }
-  }
-  if (job.stopping && now >= job.kill_at) {
-    for (Worker& w : job.workers) {
-      if (!w.exited) launcher_->Signal(w.pid, SIGKILL);
-    }
-  }
-  if (job.record.state == JobState::kStarting && now > job.start_deadline) {
-    Fail(job, "WORKER_REGISTRATION_TIMEOUT",
-         absl::StrCat("rank(s) ", UnregisteredRanks(job), " did not register within ",
-                      absl::FormatDuration(options_.register_timeout)));
-  }
-  if (job.record.state == JobState::kRunning) {
-    for (const Worker& w : job.workers) {
-      if (!w.completed && !w.exited && now - w.last_heartbeat > options_.heartbeat_timeout) {
-        Fail(job, "WORKER_HEARTBEAT_LOST",
-             absl::StrCat("rank ", w.rank, " (pid ", w.pid, ") sent no heartbeat for ",
-                          absl::FormatDuration(now - w.last_heartbeat)));
-        break;
-      }
-    }
-  }
+void JobManager::StartJob(Job& job, std::vector<int> slots) {
+  WorkerLaunchRequest launch;
+  launch.worker_binary = options_.worker_binary;
+  launch.coordinator_address = coordinator_address_;
+  launch.job_dir = JobDir(job.id());
+  launch.use_gpu = slots_.gpu();
+  launch.host_cores = sysconf(_SC_NPROCESSORS_ONLN);
+  absl::Status started = job.Start(slots, std::move(launch));
+  // Every launched worker holds its slot until it is reaped, even when the start failed.
+  for (const WorkerProcess& w : job.workers().workers()) slots_.Take(w.slot);
+  if (!started.ok()) job.Fail("START_FAILED", std::string(started.message()));
 }
 
 void JobManager::Tick() {
   for (const std::string& id : order_) {
-    LiveJob& job = *jobs_.at(id);
-    if (!job.workers.empty()) PollWorkers(job);
+    Job& job = *jobs_.at(id);
+    if (job.workers().empty()) continue;
+    for (int slot : job.Poll()) slots_.Release(slot);
   }
   ScheduleQueued();
+}
+
+void JobManager::PollOnce() {
+  absl::MutexLock lock(&mu_);
+  if (!stop_) Tick();
 }
 
 void JobManager::MonitorLoop() {
@@ -409,147 +283,64 @@ void JobManager::MonitorLoop() {
   }
 }
 
-void JobManager::AppendEvent(LiveJob& job, JobEvent event) {
-  event.sequence = ++job.record.last_sequence;
-  event.time_unix = NowUnix();
-  absl::Status s = store_->AppendEvent(job.record.id, event);
-  if (s.ok()) s = store_->PutJob(job.record);
-  if (!s.ok()) fprintf(stderr, "qlora-coordinator: job store: %s\n", std::string(s.message()).c_str());
-  changed_.SignalAll();
-}
-
-void JobManager::Transition(LiveJob& job, JobState state, const std::string& reason_code,
-                            const std::string& message) {
-  JobRecord& r = job.record;
-  r.state = state;
-  r.reason_code = reason_code;
-  r.message = message;
-  if (IsTerminal(state)) r.finished_unix = NowUnix();
-  JobEvent e;
-  e.state = state;
-  e.reason_code = reason_code;
-  e.message = message;
-  AppendEvent(job, std::move(e));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Workers
 
-absl::StatusOr<JobManager::LiveJob*> JobManager::FindForWorker(const std::string& job_id,
-                                                               const std::string& token,
-                                                               Worker** worker) {
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
-  for (Worker& w : it->second->workers) {
-    if (w.token == token) {
-      *worker = &w;
-      return it->second.get();
-    }
-  }
-  return absl::PermissionDeniedError("unknown startup token for this job");
+absl::StatusOr<JobManager::WorkerCall> JobManager::FindForWorker(const std::string& job_id,
+                                                                 const std::string& token) {
+  QLORA_ASSIGN_OR_RETURN(Job * job, Find(job_id));
+  WorkerProcess* worker = job->FindWorker(token);
+  if (worker == nullptr) return absl::PermissionDeniedError("unknown startup token for this job");
+  return WorkerCall{job, worker};  // a job with workers has its rendezvous (Job::Start)
 }
 
-absl::StatusOr<int64_t> JobManager::Register(const std::string& job_id, const std::string& token,
-                                             int rank, int64_t pid) {
+absl::StatusOr<JobManager::RendezvousSeat> JobManager::SeatFor(const std::string& job_id,
+                                                               const std::string& token) {
   absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  if (w->rank != rank) {
-    return absl::InvalidArgumentError(absl::StrCat("token belongs to rank ", w->rank, ", not ", rank));
-  }
-  if (IsTerminal(job->record.state)) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has ended"));
-  }
-  w->registered = true;
-  w->last_heartbeat = options_.now();
-  (void)pid;
-  const bool all = std::all_of(job->workers.begin(), job->workers.end(),
-                               [](const Worker& x) { return x.registered; });
-  if (all && job->record.state == JobState::kStarting) {
-    // Ranks that registered early waited in GetAssignment without heartbeats: the clock of
-    // every rank starts now.
-    for (Worker& x : job->workers) x.last_heartbeat = options_.now();
-    Transition(*job, JobState::kRunning, "ALL_WORKERS_REGISTERED",
-               absl::StrCat(job->workers.size(), " workers registered"));
-  }
-  changed_.SignalAll();
-  return job->generation;
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  return RendezvousSeat{call.job->rendezvous(), call.worker->rank};
+}
+
+absl::Status JobManager::Register(const std::string& job_id, const std::string& token, int rank,
+                                  int64_t pid) {
+  (void)pid;  // the launcher knows the pid; the worker's own is only informative
+  absl::MutexLock lock(&mu_);
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  return call.job->Register(*call.worker, rank);
 }
 
 absl::StatusOr<WorkerAssignment> JobManager::GetAssignment(const std::string& job_id,
                                                            const std::string& token,
                                                            absl::Time deadline) {
+  QLORA_ASSIGN_OR_RETURN(RendezvousSeat seat, SeatFor(job_id, token));
+  // Waits without the manager's lock: the other ranks register meanwhile.
+  QLORA_ASSIGN_OR_RETURN(std::string nccl_id, seat.rendezvous->AwaitPeers(seat.rank, deadline));
   absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  auto ready = [&] {
-    if (IsTerminal(job->record.state) || stop_) return true;
-    for (const Worker& x : job->workers) {
-      if (!x.registered) return false;
-    }
-    return !job->use_gpu || !job->nccl_unique_id.empty() || w->rank == 0;
-  };
-  while (!ready()) {
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
-  }
-  if (IsTerminal(job->record.state) || stop_) {
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  if (stop_ || call.job->rendezvous() != seat.rendezvous) {
     return absl::AbortedError(absl::StrCat("job ", job_id, " has ended"));
   }
-  if (!ready()) {
-    const std::string missing = UnregisteredRanks(*job);
-    return absl::DeadlineExceededError(missing.empty() ? "rank 0 has not published the NCCL id"
-                                                       : absl::StrCat("waiting for rank(s) ", missing));
-  }
-  w->last_heartbeat = options_.now();  // the heartbeat thread starts after the assignment
-  WorkerAssignment a;
-  a.job_id = job_id;
-  a.rank = w->rank;
-  a.world_size = static_cast<int>(job->workers.size());
-  a.device = job->use_gpu ? "cuda" : "cpu";
-  a.resolved_config_yaml = job->record.resolved_config_yaml;
-  a.train_shards = job->train_shards[w->rank];
-  a.validation_shards = job->validation_shards[w->rank];
-  a.nccl_unique_id = job->nccl_unique_id;
-  a.generation = job->generation;
-  a.output_dir = job->record.output_dir;
-  return a;
+  return call.job->Assignment(*call.worker, std::move(nccl_id));
 }
 
 absl::Status JobManager::PublishNcclId(const std::string& job_id, const std::string& token,
                                        const std::string& id) {
   absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  if (w->rank != 0) return absl::PermissionDeniedError("only rank 0 publishes the NCCL id");
-  job->nccl_unique_id = id;
-  changed_.SignalAll();
-  return absl::OkStatus();
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  return call.job->rendezvous()->PublishNcclId(call.worker->rank, id);
 }
 
 absl::StatusOr<bool> JobManager::Heartbeat(const std::string& job_id, const std::string& token) {
   absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  w->last_heartbeat = options_.now();
-  return IsTerminal(job->record.state) || job->stopping;
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  return call.job->Heartbeat(*call.worker);
 }
 
 absl::Status JobManager::ReportProgress(const std::string& job_id, const std::string& token,
                                         const ProgressSnapshot& progress) {
   absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  if (IsTerminal(job->record.state)) return absl::OkStatus();
-  w->last_heartbeat = options_.now();
-  ProgressSnapshot p = progress;
-  p.rank = w->rank;
-  if (static_cast<int>(job->record.progress.size()) <= p.rank) job->record.progress.resize(p.rank + 1);
-  job->record.progress[p.rank] = p;
-  JobEvent e;
-  e.state = job->record.state;
-  e.reason_code = "PROGRESS";
-  e.progress = p;
-  AppendEvent(*job, std::move(e));
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  call.job->ReportProgress(*call.worker, progress);
   return absl::OkStatus();
 }
 
@@ -557,25 +348,8 @@ absl::Status JobManager::ReportCompletion(const std::string& job_id, const std::
                                           bool ok, const std::string& error,
                                           const std::string& adapter_path) {
   absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  if (IsTerminal(job->record.state)) return absl::OkStatus();
-  if (!ok) {
-    Fail(*job, "WORKER_FAILED", absl::StrCat("rank ", w->rank, ": ", error));
-    return absl::OkStatus();
-  }
-  w->completed = true;
-  if (w->rank == 0 && !adapter_path.empty()) job->record.adapter_path = adapter_path;
-  const bool all = std::all_of(job->workers.begin(), job->workers.end(),
-                               [](const Worker& x) { return x.completed; });
-  if (all) {
-    // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
-    job->stopping = true;
-    job->kill_at = options_.now() + 10 * options_.stop_grace;
-    Transition(*job, JobState::kSucceeded, "COMPLETED",
-               job->record.adapter_path.empty() ? "training finished"
-                                                : absl::StrCat("adapter written to ", job->record.adapter_path));
-  }
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  call.job->ReportCompletion(*call.worker, ok, error, adapter_path);
   return absl::OkStatus();
 }
 
@@ -583,36 +357,15 @@ absl::Status JobManager::StoreSet(const std::string& job_id, const std::string& 
                                   int64_t generation, const std::string& key,
                                   const std::string& value) {
   absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  if (generation != job->generation) {
-    return absl::FailedPreconditionError(absl::StrCat("stale rendezvous generation ", generation));
-  }
-  job->kv[key] = value;
-  changed_.SignalAll();
-  return absl::OkStatus();
+  QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
+  return call.job->rendezvous()->Set(generation, key, value);
 }
 
 absl::StatusOr<std::string> JobManager::StoreGet(const std::string& job_id, const std::string& token,
                                                  int64_t generation, const std::string& key,
                                                  absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  Worker* w = nullptr;
-  QLORA_ASSIGN_OR_RETURN(LiveJob * job, FindForWorker(job_id, token, &w));
-  if (generation != job->generation) {
-    return absl::FailedPreconditionError(absl::StrCat("stale rendezvous generation ", generation));
-  }
-  while (!job->kv.count(key) && !stop_ && !IsTerminal(job->record.state)) {
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
-  }
-  auto it = job->kv.find(key);
-  if (it == job->kv.end() && (stop_ || IsTerminal(job->record.state))) {
-    return absl::AbortedError(absl::StrCat("job ", job_id, " has ended"));
-  }
-  if (it == job->kv.end()) {
-    return absl::DeadlineExceededError(absl::StrCat("rendezvous key '", key, "' was not set in time"));
-  }
-  return it->second;
+  QLORA_ASSIGN_OR_RETURN(RendezvousSeat seat, SeatFor(job_id, token));
+  return seat.rendezvous->Get(generation, key, deadline);  // waits without the manager's lock
 }
 
 }  // namespace qlora::coordinator

@@ -1,10 +1,14 @@
-// The coordinator's core, with no gRPC in it: accepts jobs, keeps the FIFO queue and the worker
-// accounting, spawns one worker per slot, runs the rendezvous (registration, assignment, NCCL id
-// relay, Gloo key/value store), follows progress and worker exits, cancels, and persists every
-// state change in the JobStore. The gRPC services (job_service.h, worker_service.h) forward here.
+// The coordinator's core, with no gRPC in it: accepts jobs, keeps them in a strict-FIFO queue,
+// starts a job when enough worker slots are free, runs the monitor thread that reaps workers and
+// enforces deadlines, and authenticates the workers' calls before handing them to their Job.
+// One Job (job.h) carries out each job's state machine; SlotPool says which slots are busy. The
+// gRPC services (job_service.h, worker_service.h) forward here.
+//
+// Thread-safe. One lock (mu_) guards every job. Calls that wait (WaitEvents, GetAssignment,
+// StoreGet) wait on a condition variable or on the job's Rendezvous, never holding mu_ while a
+// Rendezvous waits. Worker processes are launched only from the monitor thread (StartMonitor),
+// or from the caller of PollOnce in tests.
 #pragma once
-
-#include <sys/types.h>
 
 #include <functional>
 #include <map>
@@ -17,20 +21,25 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/config/job_config.h"
+#include "coordinator/job.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_types.h"
 #include "coordinator/process_launcher.h"
-#include "coordinator/shard_plan.h"
+#include "coordinator/slot_pool.h"
 
 namespace qlora::coordinator {
 
+// The defaults here are also the defaults of qlora-coordinator's flags.
 struct JobManagerOptions {
   std::string state_dir;                       // jobs/<id>/{logs,output} live here
   std::string worker_binary;                   // path of qlora-worker
   int cpu_workers = 0;                         // CPU slots (used when `gpus` is empty)
   std::vector<int> gpus;                       // GPU ids; one worker per GPU
-  absl::Duration register_timeout = absl::Seconds(120);
-  absl::Duration heartbeat_timeout = absl::Seconds(60);
+  // Spawned workers must all register within this (a cold start loads the model first).
+  absl::Duration register_timeout = absl::Seconds(300);
+  // A registered worker silent this long counts as lost (it heartbeats every 2 s).
+  absl::Duration heartbeat_timeout = absl::Seconds(120);
   absl::Duration stop_grace = absl::Seconds(3);  // SIGTERM, then SIGKILL after this
   absl::Duration poll_interval = absl::Milliseconds(50);
   std::string hf_hub_cache;                    // empty: the usual environment lookup
@@ -62,6 +71,10 @@ class JobManager {
   void SetCoordinatorAddress(std::string address);
   // Stops every worker and the monitor thread. Idempotent.
   void Shutdown();
+  // One pass of what the monitor thread does every poll_interval: reaps exited workers, enforces
+  // the stop grace and the registration and heartbeat deadlines, starts queued jobs. For tests
+  // that drive the manager without StartMonitor (with a fake launcher and clock).
+  void PollOnce();
 
   // Clients.
   absl::StatusOr<std::string> Validate(const SubmitRequest& request) const;
@@ -76,8 +89,7 @@ class JobManager {
   absl::StatusOr<std::string> LogPath(const std::string& id, int rank) const;
 
   // Workers. Every call is authenticated by (job id, startup token).
-  absl::StatusOr<int64_t> Register(const std::string& job_id, const std::string& token, int rank,
-                                   int64_t pid);
+  absl::Status Register(const std::string& job_id, const std::string& token, int rank, int64_t pid);
   absl::StatusOr<WorkerAssignment> GetAssignment(const std::string& job_id,
                                                  const std::string& token, absl::Time deadline);
   absl::Status PublishNcclId(const std::string& job_id, const std::string& token,
@@ -93,61 +105,46 @@ class JobManager {
                                        int64_t generation, const std::string& key,
                                        absl::Time deadline);
 
-  int total_slots() const;
+  int total_slots() const { return total_slots_; }
 
  private:
-  struct Worker {
-    int rank = 0;
-    std::string token;
-    pid_t pid = 0;
-    bool registered = false;
-    bool completed = false;          // reported success
-    bool exited = false;
-    absl::Time last_heartbeat;
-    std::vector<int> slots;          // GPU ids (or CPU slot numbers)
+  // A worker's call, authenticated: its job and its process entry.
+  struct WorkerCall {
+    Job* job;
+    WorkerProcess* worker;
   };
-  struct LiveJob {
-    JobRecord record;
-    std::vector<Worker> workers;
-    std::vector<std::vector<data::ShardSpec>> train_shards, validation_shards;
-    std::string nccl_unique_id;
-    int64_t generation = 0;
-    absl::Time start_deadline;
-    bool stopping = false;           // workers are being stopped
-    absl::Time kill_at;              // SIGKILL the stragglers after this
-    std::map<std::string, std::string> kv;  // rendezvous store of the current generation
-    bool use_gpu = false;
+  // What a worker waits on without the lock: its job's rendezvous, and its rank there.
+  struct RendezvousSeat {
+    std::shared_ptr<Rendezvous> rendezvous;
+    int rank = 0;
   };
 
   void MonitorLoop();
   void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status StartJob(LiveJob& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PollWorkers(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records a state change (persisted, sequence-numbered, wakes watchers).
-  void Transition(LiveJob& job, JobState state, const std::string& reason_code,
-                  const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AppendEvent(LiveJob& job, JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StopWorkers(LiveJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Fail(LiveJob& job, const std::string& reason_code, const std::string& message)
+  // Says (once per change) what a queued job waits for and who holds the slots.
+  void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartJob(Job& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Job& Add(std::unique_ptr<Job> job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> Find(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<WorkerCall> FindForWorker(const std::string& job_id, const std::string& token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<LiveJob*> FindForWorker(const std::string& job_id, const std::string& token,
-                                         Worker** worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<int> FreeSlots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "1, 3": the ranks of `job` that have not registered.
-  static std::string UnregisteredRanks(const LiveJob& job);
+  // The worker's rendezvous, looked up under the lock, for a wait made without it.
+  absl::StatusOr<RendezvousSeat> SeatFor(const std::string& job_id, const std::string& token)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Parses and checks a submission against this coordinator's slots.
+  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const;
   std::string JobDir(const std::string& id) const;
-  double NowUnix() const;
 
   const JobManagerOptions options_;
-  JobStore* const store_;
-  ProcessLauncher* const launcher_;
+  const int total_slots_;
+  const JobEnv env_;                 // what every Job shares; outlives them
 
   mutable absl::Mutex mu_;
-  mutable absl::CondVar changed_;    // any event, registration, store write
-  std::map<std::string, std::unique_ptr<LiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
+  mutable absl::CondVar changed_;    // a job recorded an event; the monitor and WaitEvents wait
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);   // submission order (FIFO)
-  std::set<int> busy_slots_ ABSL_GUARDED_BY(mu_);
+  SlotPool slots_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

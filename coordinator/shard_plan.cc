@@ -1,8 +1,10 @@
 // Per-rank shard planning for a job (see shard_plan.h).
 #include "coordinator/shard_plan.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/dataset/shard_planner.h"
+#include "common/status_macros.h"
 
 namespace qlora::coordinator {
 
@@ -17,6 +19,28 @@ absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(con
   data::ShardPlanOptions options;
   options.format = format;
   return data::PlanShards(files, world_size, kShardsPerRank, options);
+}
+
+absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size) {
+  JobShards shards;
+  QLORA_ASSIGN_OR_RETURN(shards.train, PlanShardsForRanks(data.train_path, data.format, world_size));
+  shards.validation.assign(world_size, {});
+  const bool validate = !data.validation_path.empty();
+  if (validate) {
+    QLORA_ASSIGN_OR_RETURN(shards.validation,
+                           PlanShardsForRanks(data.validation_path, data.format, world_size));
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    if (shards.train[rank].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the dataset is too small to give each of the ", world_size, " workers a part of it"));
+    }
+    if (validate && shards.validation[rank].empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the validation file has fewer records than the job's ", world_size, " workers"));
+    }
+  }
+  return shards;
 }
 
 }  // namespace qlora::coordinator

@@ -1,4 +1,4 @@
-// Splits a job's dataset into per-rank byte-range shards at record boundaries. The planning
+// Splits a job's datasets into per-rank byte-range shards at record boundaries. The planning
 // itself is the data path's (common/dataset/shard_planner.h); this adapts it to a job's fields.
 #pragma once
 
@@ -6,15 +6,27 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config/job_config.h"
 #include "common/dataset/record.h"
 
 namespace qlora::coordinator {
-
 
 // result[rank] = that rank's shards. `paths` is one file or a comma-separated list of files;
 // `format` is DataConfig::format.
 absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
                                                                         DatasetFormat format,
                                                                         int world_size);
+
+// Every rank's shards of one job: train[rank], validation[rank] (empty lists when the job has no
+// validation file).
+struct JobShards {
+  std::vector<std::vector<data::ShardSpec>> train;
+  std::vector<std::vector<data::ShardSpec>> validation;
+};
+
+// Plans the training and validation files of `data` for `world_size` ranks. Every rank runs the
+// same collectives, so every rank needs data of each kind the job uses: FAILED_PRECONDITION when
+// a file is too small to give each rank a part of it.
+absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size);
 
 }  // namespace qlora::coordinator

@@ -17,11 +17,8 @@ absl::Time WaitDeadline(const grpc::ServerContext* context, absl::Duration cap) 
 }  // namespace
 
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* r,
-                                         v1::RegisterResponse* response) {
-  absl::StatusOr<int64_t> generation = manager_->Register(r->job_id(), r->startup_token(), r->rank(), r->pid());
-  if (!generation.ok()) return ToGrpc(generation.status());
-  response->set_generation(*generation);
-  return grpc::Status::OK;
+                                         v1::RegisterResponse*) {
+  return ToGrpc(manager_->Register(r->job_id(), r->startup_token(), r->rank(), r->pid()));
 }
 
 grpc::Status WorkerServiceImpl::GetAssignment(grpc::ServerContext* context, const v1::GetAssignmentRequest* r,

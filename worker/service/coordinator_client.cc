@@ -28,15 +28,13 @@ class GrpcCoordinatorClient : public CoordinatorClient {
         stub_(v1::WorkerService::NewStub(
             grpc::CreateChannel(id.coordinator_address, grpc::InsecureChannelCredentials()))) {}
 
-  absl::StatusOr<int64_t> Register(const std::string& device) override {
+  absl::Status Register() override {
     v1::RegisterRequest req;
     req.set_rank(id_.rank);
     req.set_pid(getpid());
-    req.set_device(device);
     v1::RegisterResponse resp;
     // The coordinator may still be binding: wait for the channel rather than fail at once.
-    QLORA_RETURN_IF_ERROR(Call(&Stub::Register, req, &resp, kCallDeadline, "Register", /*wait_for_ready=*/true));
-    return resp.generation();
+    return Call(&Stub::Register, req, &resp, kCallDeadline, "Register", /*wait_for_ready=*/true);
   }
 
   absl::StatusOr<WorkerAssignment> GetAssignment(absl::Duration timeout) override {

@@ -23,8 +23,8 @@ class CoordinatorClient {
   static std::unique_ptr<CoordinatorClient> Connect(const WorkerIdentity& identity);
   virtual ~CoordinatorClient() = default;
 
-  // Returns the rendezvous generation.
-  virtual absl::StatusOr<int64_t> Register(const std::string& device) = 0;
+  // Introduces this worker (its rank and pid); the assignment says what it runs and where.
+  virtual absl::Status Register() = 0;
   // Blocks until every rank registered (and the NCCL id is known), at most `timeout`.
   virtual absl::StatusOr<WorkerAssignment> GetAssignment(absl::Duration timeout) = 0;
   virtual absl::Status PublishNcclId(const std::string& id) = 0;

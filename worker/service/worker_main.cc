@@ -62,9 +62,8 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
 
   auto client = qlora::worker::CoordinatorClient::Connect(id);
-  absl::StatusOr<int64_t> generation = client->Register(device);
-  if (!generation.ok()) {
-    Log(absl::StrCat("cannot register: ", generation.status().ToString()));
+  if (absl::Status registered = client->Register(); !registered.ok()) {
+    Log(absl::StrCat("cannot register: ", registered.ToString()));
     return 3;
   }
   Log(absl::StrCat("registered with ", id.coordinator_address, " for ", id.job_id));

@@ -1,0 +1,230 @@
+// One job's state machine and its current start (see job.h).
+#include "coordinator/job.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace qlora::coordinator {
+namespace {
+
+absl::Status EnsureDir(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
+}
+
+}  // namespace
+
+Job::Job(JobRecord record, JobConfig config, const JobEnv* env)
+    : env_(env), record_(std::move(record)), config_(std::move(config)), workers_(env->launcher) {}
+
+double Job::NowUnix() const { return absl::ToDoubleSeconds(env_->now() - absl::UnixEpoch()); }
+
+// ---------------------------------------------------------------------------------------------
+// State changes
+
+void Job::Record(JobEvent event) {
+  event.sequence = ++record_.last_sequence;
+  event.time_unix = NowUnix();
+  absl::Status s = env_->store->AppendEvent(record_.id, event);
+  if (s.ok()) s = env_->store->PutJob(record_);
+  if (!s.ok()) fprintf(stderr, "qlora-coordinator: job store: %s\n", std::string(s.message()).c_str());
+  env_->changed();
+}
+
+void Job::Transition(JobState state, const std::string& reason_code, const std::string& message) {
+  record_.state = state;
+  record_.reason_code = reason_code;
+  record_.message = message;
+  if (IsTerminal(state)) {
+    record_.finished_unix = NowUnix();
+    if (rendezvous_) rendezvous_->Close(absl::StrCat("job ", record_.id, " has ended"));
+  }
+  JobEvent e;
+  e.state = state;
+  e.reason_code = reason_code;
+  e.message = message;
+  Record(std::move(e));
+}
+
+void Job::Fail(const std::string& reason_code, const std::string& message) {
+  if (ended()) return;
+  workers_.Stop(env_->now() + env_->stop_grace);
+  Transition(JobState::kFailed, reason_code, message);
+}
+
+void Job::Cancel() {
+  workers_.Stop(env_->now() + env_->stop_grace);
+  Transition(JobState::kCancelled, "CANCELLED_BY_USER", "cancelled by a client");
+}
+
+void Job::Requeue() {
+  record_.progress.clear();
+  Transition(JobState::kQueued, "REQUEUED_AFTER_RESTART",
+             "the coordinator restarted while this job ran; it is queued again");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Starting and watching the workers
+
+absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch) {
+  const int world = record_.num_workers;
+  QLORA_ASSIGN_OR_RETURN(shards_, PlanJobShards(config_.data, world));
+  QLORA_RETURN_IF_ERROR(EnsureDir(launch.job_dir + "/logs"));
+  QLORA_RETURN_IF_ERROR(EnsureDir(record_.output_dir));
+  const absl::Time now = env_->now();
+  use_gpu_ = launch.use_gpu;
+  RendezvousOptions rendezvous;
+  rendezvous.generation = absl::ToUnixMicros(now);
+  rendezvous.world_size = world;
+  rendezvous.relay_nccl_id = use_gpu_;
+  rendezvous_ = std::make_shared<Rendezvous>(rendezvous);
+  workers_ = WorkerGroup(env_->launcher);
+  start_deadline_ = now + env_->register_timeout;
+  record_.started_unix = NowUnix();
+  record_.progress.assign(world, ProgressSnapshot{});
+  launch.job_id = record_.id;
+  launch.world_size = world;
+  for (int rank = 0; rank < world; ++rank) {
+    launch.rank = rank;
+    launch.slot = slots[rank];
+    launch.startup_token = RandomToken();
+    absl::Status launched =
+        workers_.Launch(rank, launch.slot, launch.startup_token, BuildWorkerLaunchSpec(launch), now);
+    if (!launched.ok()) {
+      workers_.Stop(now + env_->stop_grace);
+      return absl::InternalError(absl::StrCat("could not start rank ", rank, ": ", launched.message()));
+    }
+  }
+  Transition(JobState::kStarting, "WORKERS_STARTING",
+             absl::StrCat("started ", world, use_gpu_ ? " GPU" : " CPU",
+                          " workers; waiting for them to register"));
+  return absl::OkStatus();
+}
+
+void Job::FailOnExit(const WorkerExit& exit) {
+  const bool clean = !exit.info.signaled && exit.info.code == 0;
+  if (workers_.stopping() || (clean && exit.completed)) return;
+  Fail("WORKER_EXITED",
+       absl::StrCat("rank ", exit.rank, " (pid ", exit.pid, ") ended with ", exit.info.Describe(),
+                    exit.completed ? "" : " before finishing", "; see `qloractl logs ", record_.id,
+                    " --rank ", exit.rank, "`"));
+}
+
+std::vector<int> Job::Poll() {
+  std::vector<int> freed;
+  for (const WorkerExit& exit : workers_.Reap()) {
+    freed.push_back(exit.slot);
+    FailOnExit(exit);
+  }
+  workers_.KillOverdue(env_->now());
+  CheckDeadlines();
+  return freed;
+}
+
+void Job::CheckDeadlines() {
+  const absl::Time now = env_->now();
+  if (state() == JobState::kStarting && now > start_deadline_) {
+    Fail("WORKER_REGISTRATION_TIMEOUT",
+         absl::StrCat("rank(s) ", rendezvous_->UnregisteredRanks(), " did not register within ",
+                      absl::FormatDuration(env_->register_timeout)));
+  }
+  if (state() == JobState::kRunning) {
+    if (const WorkerProcess* w = workers_.SilentSince(now - env_->heartbeat_timeout)) {
+      Fail("WORKER_HEARTBEAT_LOST",
+           absl::StrCat("rank ", w->rank, " (pid ", w->pid, ") sent no heartbeat for ",
+                        absl::FormatDuration(now - w->last_heartbeat)));
+    }
+  }
+}
+
+void Job::Kill() {
+  workers_.KillAll();
+  if (rendezvous_) rendezvous_->Close("the coordinator is shutting down");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker calls
+
+absl::Status Job::Register(WorkerProcess& worker, int rank) {
+  if (worker.rank != rank) {
+    return absl::InvalidArgumentError(absl::StrCat("token belongs to rank ", worker.rank, ", not ", rank));
+  }
+  if (ended()) return absl::FailedPreconditionError(absl::StrCat("job ", record_.id, " has ended"));
+  QLORA_RETURN_IF_ERROR(rendezvous_->Register(rank));
+  worker.last_heartbeat = env_->now();
+  if (state() == JobState::kStarting && rendezvous_->AllRegistered()) {
+    // Ranks that registered early waited in GetAssignment without heartbeats: the clock of
+    // every rank starts now.
+    workers_.TouchAll(env_->now());
+    Transition(JobState::kRunning, "ALL_WORKERS_REGISTERED",
+               absl::StrCat(workers_.size(), " workers registered"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerAssignment> Job::Assignment(WorkerProcess& worker, std::string nccl_unique_id) {
+  if (ended()) return absl::AbortedError(absl::StrCat("job ", record_.id, " has ended"));
+  worker.last_heartbeat = env_->now();  // the heartbeat thread starts after the assignment
+  WorkerAssignment a;
+  a.job_id = record_.id;
+  a.rank = worker.rank;
+  a.world_size = workers_.size();
+  a.device = use_gpu_ ? "cuda" : "cpu";
+  a.resolved_config_yaml = record_.resolved_config_yaml;
+  a.train_shards = shards_.train[worker.rank];
+  a.validation_shards = shards_.validation[worker.rank];
+  a.nccl_unique_id = std::move(nccl_unique_id);
+  a.generation = rendezvous_->generation();
+  a.output_dir = record_.output_dir;
+  return a;
+}
+
+bool Job::Heartbeat(WorkerProcess& worker) {
+  worker.last_heartbeat = env_->now();
+  return ended() || workers_.stopping();
+}
+
+void Job::ReportProgress(WorkerProcess& worker, ProgressSnapshot progress) {
+  if (ended()) return;
+  worker.last_heartbeat = env_->now();
+  progress.rank = worker.rank;
+  if (static_cast<int>(record_.progress.size()) <= progress.rank) record_.progress.resize(progress.rank + 1);
+  record_.progress[progress.rank] = progress;
+  JobEvent e;
+  e.state = record_.state;
+  e.reason_code = "PROGRESS";
+  e.progress = progress;
+  Record(std::move(e));
+}
+
+void Job::ReportCompletion(WorkerProcess& worker, bool ok, const std::string& error,
+                           const std::string& adapter_path) {
+  if (ended()) return;
+  if (!ok) {
+    Fail("WORKER_FAILED", absl::StrCat("rank ", worker.rank, ": ", error));
+    return;
+  }
+  worker.completed = true;
+  if (worker.rank == 0 && !adapter_path.empty()) record_.adapter_path = adapter_path;
+  if (!workers_.AllCompleted()) return;
+  // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
+  workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);
+  Transition(JobState::kSucceeded, "COMPLETED",
+             record_.adapter_path.empty() ? "training finished"
+                                          : absl::StrCat("adapter written to ", record_.adapter_path));
+}
+
+}  // namespace qlora::coordinator

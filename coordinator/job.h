@@ -1,0 +1,114 @@
+// One job in the coordinator: its record (what clients see and the store keeps), its parsed
+// config, and its current start (the WorkerGroup, the Rendezvous and the shards). It carries out
+// the job's state machine:
+//
+//   QUEUED -> STARTING (Start: workers launched) -> RUNNING (every rank registered)
+//          -> SUCCEEDED (every rank reported success)
+//   not yet ended -> FAILED (a rank failed, exited, went silent or never registered; the start
+//                    failed) | CANCELLED (Cancel)
+//   STARTING, RUNNING -> QUEUED (Requeue: the coordinator restarted)
+//
+// Every state change and progress report is recorded: sequence-numbered, persisted in the
+// JobStore and announced through JobEnv::changed. Ending the job stops its workers (SIGTERM,
+// then SIGKILL after the grace) and closes its rendezvous.
+//
+// Not thread-safe: JobManager calls every method under its lock. Only the Rendezvous, which has
+// its own lock, is waited on without it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/config/job_config.h"
+#include "common/worker_protocol.h"
+#include "coordinator/job_store.h"
+#include "coordinator/job_types.h"
+#include "coordinator/process_launcher.h"
+#include "coordinator/rendezvous.h"
+#include "coordinator/shard_plan.h"
+#include "coordinator/worker_group.h"
+#include "coordinator/worker_launch.h"
+
+namespace qlora::coordinator {
+
+// What every job of one JobManager shares (it outlives them).
+struct JobEnv {
+  JobStore* store = nullptr;
+  ProcessLauncher* launcher = nullptr;
+  std::function<absl::Time()> now;
+  absl::Duration register_timeout;   // every rank registers within this of the start
+  absl::Duration heartbeat_timeout;  // a running rank silent this long is lost
+  absl::Duration stop_grace;         // SIGTERM, then SIGKILL after this
+  std::function<void()> changed;     // a job recorded something: wake watchers and the monitor
+};
+
+class Job {
+ public:
+  Job(JobRecord record, JobConfig config, const JobEnv* env);
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const JobRecord& record() const { return record_; }
+  const JobConfig& config() const { return config_; }
+  const std::string& id() const { return record_.id; }
+  JobState state() const { return record_.state; }
+  bool ended() const { return IsTerminal(record_.state); }
+  const WorkerGroup& workers() const { return workers_; }
+  // The current start's rendezvous; null before the first start.
+  const std::shared_ptr<Rendezvous>& rendezvous() const { return rendezvous_; }
+
+  // Records a state change.
+  void Transition(JobState state, const std::string& reason_code, const std::string& message);
+  // FAILED (nothing once the job has ended); stops the workers.
+  void Fail(const std::string& reason_code, const std::string& message);
+  // CANCELLED; stops the workers. The job must not have ended.
+  void Cancel();
+  // QUEUED again, without progress: the coordinator restarted while the job started or ran.
+  void Requeue();
+
+  // Plans the shards, creates the log and output folders, opens a new rendezvous generation and
+  // launches rank r on slots[r] with `launch` (its per-job and per-rank fields are filled in
+  // here); then STARTING. On an error the workers
+  // launched so far are being stopped; they hold their slots until they are reaped.
+  absl::Status Start(const std::vector<int>& slots, WorkerLaunchRequest launch);
+  // Reaps the workers that ended (a failure unless the job is stopping or the rank completed
+  // and exited cleanly), SIGKILLs stragglers after the grace, and enforces the registration and
+  // heartbeat deadlines. Returns the slots of the workers reaped.
+  std::vector<int> Poll();
+  // The coordinator stops: SIGKILL to every worker, the rendezvous closed; then ReapKilled.
+  void Kill();
+  void ReapKilled() { workers_.ReapKilled(); }
+
+  // Worker calls, once FindWorker has authenticated the token.
+  WorkerProcess* FindWorker(const std::string& token) { return workers_.FindByToken(token); }
+  absl::Status Register(WorkerProcess& worker, int rank);
+  // ABORTED once the job has ended.
+  absl::StatusOr<WorkerAssignment> Assignment(WorkerProcess& worker, std::string nccl_unique_id);
+  // Returns whether the worker should stop now.
+  bool Heartbeat(WorkerProcess& worker);
+  void ReportProgress(WorkerProcess& worker, ProgressSnapshot progress);
+  void ReportCompletion(WorkerProcess& worker, bool ok, const std::string& error,
+                        const std::string& adapter_path);
+
+ private:
+  void Record(JobEvent event);
+  void FailOnExit(const WorkerExit& exit);
+  void CheckDeadlines();
+  double NowUnix() const;
+
+  const JobEnv* const env_;
+  JobRecord record_;
+  JobConfig config_;                 // parsed once: at Submit, or at Load for a job that may run
+  bool use_gpu_ = false;             // of the current start
+  WorkerGroup workers_;
+  std::shared_ptr<Rendezvous> rendezvous_;
+  JobShards shards_;
+  absl::Time start_deadline_;        // every rank registers by then
+};
+
+}  // namespace qlora::coordinator

@@ -1,0 +1,32 @@
+// How one rank of a job is started: the qlora-worker command line, its environment (the GPU it
+// sees, or its share of the CPU cores) and its log file. A pure function of its inputs, so the
+// launch of every rank can be checked without starting a process.
+#pragma once
+
+#include <string>
+
+#include "coordinator/process_launcher.h"
+
+namespace qlora::coordinator {
+
+struct WorkerLaunchRequest {
+  std::string worker_binary;         // path of qlora-worker
+  std::string coordinator_address;   // host:port the worker dials
+  std::string job_id;
+  std::string job_dir;               // <state_dir>/jobs/<id>; logs go to <job_dir>/logs
+  std::string startup_token;         // authenticates the worker's calls
+  int rank = 0;
+  int world_size = 1;
+  bool use_gpu = false;
+  int slot = 0;                      // the GPU id (use_gpu), else the CPU slot number
+  long host_cores = 1;               // CPU workers share these cores evenly
+};
+
+// The log file of `rank` under `job_dir` (what `qloractl logs` reads).
+std::string WorkerLogPath(const std::string& job_dir, int rank);
+
+// A GPU worker sees only its GPU (CUDA_VISIBLE_DEVICES=<slot>, --device=cuda); a CPU worker sees
+// none (CUDA_VISIBLE_DEVICES="") and gets OMP_NUM_THREADS = host_cores / world_size (at least 1).
+LaunchSpec BuildWorkerLaunchSpec(const WorkerLaunchRequest& request);
+
+}  // namespace qlora::coordinator

@@ -1,0 +1,515 @@
+// JobManager driven by hand: a real SQLite store and real job files and datasets, with a fake
+// launcher (the test decides when and how each worker process ends) and a fake clock (deadlines
+// pass without waiting). PollOnce stands in for the monitor thread.
+#include "coordinator/job_manager.h"
+
+#include <signal.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/test_util.h"
+
+namespace qlora::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using testing::TempDir;
+using testing::WriteFile;
+
+// Worker processes as table entries. SIGKILL ends one at once (nothing can ignore it); other
+// signals are only recorded, and End() decides how a process ends.
+class FakeLauncher : public ProcessLauncher {
+ public:
+  struct Launched {
+    pid_t pid;
+    LaunchSpec spec;
+  };
+
+  absl::StatusOr<pid_t> Launch(const LaunchSpec& spec) override {
+    absl::MutexLock lock(&mu_);
+    if (fail_launches_) return absl::ResourceExhaustedError("fork: no more processes");
+    const pid_t pid = next_pid_++;
+    launched_.push_back({pid, spec});
+    return pid;
+  }
+  std::optional<ExitInfo> Poll(pid_t pid) override {
+    absl::MutexLock lock(&mu_);
+    if (reaped_.count(pid)) return ExitInfo{false, -1};  // as waitpid: no such child
+    auto it = ended_.find(pid);
+    if (it == ended_.end()) return std::nullopt;
+    reaped_.insert(pid);
+    return it->second;
+  }
+  void Signal(pid_t pid, int signal) override {
+    absl::MutexLock lock(&mu_);
+    signals_[pid].push_back(signal);
+    if (signal == SIGKILL) ended_.emplace(pid, ExitInfo{true, SIGKILL});
+  }
+
+  void End(pid_t pid, ExitInfo info) {
+    absl::MutexLock lock(&mu_);
+    ended_.emplace(pid, info);
+  }
+  void FailLaunches() {
+    absl::MutexLock lock(&mu_);
+    fail_launches_ = true;
+  }
+  std::vector<Launched> launched() const {
+    absl::MutexLock lock(&mu_);
+    return launched_;
+  }
+  std::vector<int> SignalsTo(pid_t pid) const {
+    absl::MutexLock lock(&mu_);
+    auto it = signals_.find(pid);
+    return it == signals_.end() ? std::vector<int>{} : it->second;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  pid_t next_pid_ = 1000;
+  bool fail_launches_ = false;
+  std::vector<Launched> launched_;
+  std::map<pid_t, ExitInfo> ended_;
+  std::set<pid_t> reaped_;
+  std::map<pid_t, std::vector<int>> signals_;
+};
+
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1700000000);
+};
+
+// One launched worker, read back from its command line.
+struct WorkerHandle {
+  pid_t pid = 0;
+  int rank = -1;
+  std::string token;
+  LaunchSpec spec;
+};
+
+std::string ArgAfter(const std::vector<std::string>& argv, const std::string& flag) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == flag) return argv[i + 1];
+  }
+  return "";
+}
+
+class CoordinatorJobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WriteFile(dir_.path() + "/model/config.json", "{}\n");
+    std::string records;
+    for (int i = 0; i < 40; ++i) {
+      records += absl::StrCat(R"({"instruction": "Add )", i, R"( and 1.", "output": ")", i + 1, "\"}\n");
+    }
+    train_path_ = WriteFile(dir_.path() + "/train.jsonl", records);
+    std::filesystem::create_directories(state_dir());
+  }
+
+  std::string state_dir() const { return dir_.path() + "/state"; }
+
+  JobManagerOptions Options(int cpu_workers, std::vector<int> gpus = {}) {
+    JobManagerOptions o;
+    o.state_dir = state_dir();
+    o.worker_binary = "/opt/qlora/qlora-worker";
+    o.cpu_workers = cpu_workers;
+    o.gpus = std::move(gpus);
+    o.register_timeout = absl::Minutes(5);
+    o.heartbeat_timeout = absl::Minutes(2);
+    o.stop_grace = absl::Seconds(3);
+    o.now = [this] { return clock_.Now(); };
+    return o;
+  }
+
+  // A manager on the store in state_dir(), loaded, driven by PollOnce.
+  void Start(JobManagerOptions options) {
+    manager_.reset();
+    store_.reset();
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir() + "/jobs.sqlite");
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    manager_ = std::make_unique<JobManager>(std::move(options), store_.get(), &launcher_);
+    ASSERT_TRUE(manager_->Load().ok());
+    manager_->SetCoordinatorAddress("127.0.0.1:7777");
+  }
+
+  SubmitRequest Job(int workers, const std::string& dataset = "") {
+    SubmitRequest r;
+    r.job_yaml = absl::StrCat(R"(model_type: llm
+base_model: )", dir_.path(), R"(/model
+input_features: [{name: instruction, type: text}]
+output_features: [{name: output, type: text}]
+adapter: {type: lora}
+backend: {type: local, trainer: {num_workers: )", workers, R"(}}
+trainer: {type: finetune, batch_size: 1}
+)");
+    r.dataset = dataset.empty() ? train_path_ : dataset;
+    return r;
+  }
+
+  std::string Submit(int workers) {
+    absl::StatusOr<JobRecord> job = manager_->Submit(Job(workers));
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id : "";
+  }
+
+  JobRecord Record(const std::string& id) {
+    absl::StatusOr<JobRecord> job = manager_->Get(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : JobRecord{};
+  }
+
+  // The workers launched for `job_id`, in launch order.
+  std::vector<WorkerHandle> Workers(const std::string& job_id) const {
+    std::vector<WorkerHandle> out;
+    for (const FakeLauncher::Launched& l : launcher_.launched()) {
+      if (ArgAfter(l.spec.argv, "--job") != job_id) continue;
+      out.push_back({l.pid, std::stoi(ArgAfter(l.spec.argv, "--rank")), ArgAfter(l.spec.argv, "--token"), l.spec});
+    }
+    return out;
+  }
+
+  void RegisterAll(const std::string& job_id) {
+    for (const WorkerHandle& w : Workers(job_id)) {
+      ASSERT_TRUE(manager_->Register(job_id, w.token, w.rank, w.pid).ok());
+    }
+  }
+
+  // Submits a job of `workers` CPU workers and takes it to RUNNING.
+  std::string RunningJob(int workers) {
+    const std::string id = Submit(workers);
+    manager_->PollOnce();
+    RegisterAll(id);
+    EXPECT_EQ(Record(id).state, JobState::kRunning);
+    return id;
+  }
+
+  TempDir dir_;
+  std::string train_path_;
+  FakeClock clock_;
+  FakeLauncher launcher_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<JobManager> manager_;  // destroyed first: it stops its workers
+};
+
+TEST_F(CoordinatorJobManagerTest, JobStartsOneWorkerPerSlotAndRunsOnceAllRegister) {
+  Start(Options(2));
+  const std::string id = Submit(2);
+  EXPECT_EQ(id, "job-000001");
+  EXPECT_EQ(Record(id).state, JobState::kQueued);
+  EXPECT_EQ(Record(id).reason_code, "SUBMITTED");
+  EXPECT_THAT(Workers(id), IsEmpty());  // only a scheduling pass starts workers
+
+  manager_->PollOnce();
+  std::vector<WorkerHandle> workers = Workers(id);
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0].rank, 0);
+  EXPECT_EQ(workers[1].rank, 1);
+  EXPECT_NE(workers[0].token, workers[1].token);
+  EXPECT_EQ(ArgAfter(workers[0].spec.argv, "--coordinator"), "127.0.0.1:7777");
+  EXPECT_EQ(workers[1].spec.log_path, state_dir() + "/jobs/job-000001/logs/rank-1.log");
+  EXPECT_EQ(*manager_->LogPath(id, 1), workers[1].spec.log_path);
+  EXPECT_EQ(Record(id).state, JobState::kStarting);
+
+  // Authentication: the job, the token and the rank must match.
+  EXPECT_EQ(manager_->Register("job-000099", workers[0].token, 0, 1).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Register(id, "forged", 0, 1).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(manager_->Register(id, workers[0].token, 1, 1).code(), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(manager_->Register(id, workers[0].token, 0, workers[0].pid).ok());
+  EXPECT_EQ(Record(id).state, JobState::kStarting);
+  ASSERT_TRUE(manager_->Register(id, workers[1].token, 1, workers[1].pid).ok());
+  EXPECT_EQ(Record(id).state, JobState::kRunning);
+  EXPECT_EQ(Record(id).reason_code, "ALL_WORKERS_REGISTERED");
+
+  absl::StatusOr<WorkerAssignment> a = manager_->GetAssignment(id, workers[1].token, absl::Now());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->job_id, id);
+  EXPECT_EQ(a->rank, 1);
+  EXPECT_EQ(a->world_size, 2);
+  EXPECT_EQ(a->device, "cpu");
+  EXPECT_EQ(a->resolved_config_yaml, Record(id).resolved_config_yaml);
+  EXPECT_EQ(a->output_dir, state_dir() + "/jobs/job-000001/output");
+  EXPECT_FALSE(a->train_shards.empty());
+  EXPECT_EQ(a->train_shards[0].path, train_path_);
+  EXPECT_TRUE(a->nccl_unique_id.empty());
+  // The store of this generation works; another generation is refused.
+  ASSERT_TRUE(manager_->StoreSet(id, workers[0].token, a->generation, "k", "v").ok());
+  EXPECT_EQ(*manager_->StoreGet(id, workers[1].token, a->generation, "k", absl::Now()), "v");
+  EXPECT_EQ(manager_->StoreSet(id, workers[0].token, a->generation + 1, "k", "v").code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorJobManagerTest, JobAskingForMoreWorkersThanSlotsIsRefusedAndNotStored) {
+  Start(Options(2));
+  absl::StatusOr<std::string> resolved = manager_->Validate(Job(2));
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_THAT(*resolved, HasSubstr(train_path_));
+  absl::StatusOr<JobRecord> job = manager_->Submit(Job(3));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("backend.trainer.num_workers"));
+  EXPECT_THAT(manager_->List({}), IsEmpty());
+  EXPECT_THAT(*store_->LoadJobs(), IsEmpty());
+}
+
+TEST_F(CoordinatorJobManagerTest, QueueIsStrictFifoAndWorkersAreFreeOnlyOnceTheirProcessEnds) {
+  Start(Options(2));
+  const std::string a = Submit(1);
+  manager_->PollOnce();
+  const std::string b = Submit(2);
+  const std::string c = Submit(1);  // would fit in the free slot, but b is older
+  manager_->PollOnce();
+  EXPECT_EQ(Record(a).state, JobState::kStarting);
+  EXPECT_EQ(Record(b).state, JobState::kQueued);
+  EXPECT_EQ(Record(b).reason_code, "WAITING_FOR_WORKERS");
+  EXPECT_EQ(Record(b).message, "waiting for workers: needs 2, 1 of 2 free (held by job-000001)");
+  EXPECT_EQ(Record(c).state, JobState::kQueued);
+  EXPECT_THAT(Workers(c), IsEmpty());
+  EXPECT_EQ(launcher_.launched().size(), 1u);
+
+  // a succeeds, but its worker process has not ended: it still holds its slot.
+  RegisterAll(a);
+  const WorkerHandle wa = Workers(a)[0];
+  ASSERT_TRUE(manager_->ReportCompletion(a, wa.token, true, "", "/out/adapter").ok());
+  EXPECT_EQ(Record(a).state, JobState::kSucceeded);
+  EXPECT_EQ(Record(a).adapter_path, "/out/adapter");
+  manager_->PollOnce();
+  EXPECT_EQ(Record(b).state, JobState::kQueued);
+  EXPECT_THAT(Workers(b), IsEmpty());
+
+  launcher_.End(wa.pid, ExitInfo{false, 0});
+  manager_->PollOnce();
+  EXPECT_EQ(Record(a).state, JobState::kSucceeded);  // a clean exit after completing
+  EXPECT_EQ(Record(b).state, JobState::kStarting);
+  EXPECT_EQ(Workers(b).size(), 2u);
+  EXPECT_EQ(Record(c).state, JobState::kQueued);
+  EXPECT_EQ(Record(c).message, "waiting for workers: needs 1, 0 of 2 free (held by job-000002)");
+}
+
+TEST_F(CoordinatorJobManagerTest, WorkerExitFailsTheJobNamingTheRankAndStopsTheOthers) {
+  Start(Options(2));
+  const std::string id = RunningJob(2);
+  std::vector<WorkerHandle> workers = Workers(id);
+  absl::StatusOr<WorkerAssignment> a = manager_->GetAssignment(id, workers[0].token, absl::Now());
+  ASSERT_TRUE(a.ok()) << a.status();
+  launcher_.End(workers[1].pid, ExitInfo{true, SIGSEGV});
+  manager_->PollOnce();
+  const JobRecord job = Record(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason_code, "WORKER_EXITED");
+  EXPECT_THAT(job.message, HasSubstr(absl::StrCat("rank 1 (pid ", workers[1].pid, ") ended with signal 11")));
+  EXPECT_THAT(job.message, HasSubstr("qloractl logs job-000001 --rank 1"));
+  EXPECT_THAT(launcher_.SignalsTo(workers[0].pid), ElementsAre(SIGTERM));
+  EXPECT_THAT(launcher_.SignalsTo(workers[1].pid), IsEmpty());  // it had ended already
+  // The surviving rank hears it at its next heartbeat; a store wait ends at once.
+  EXPECT_TRUE(*manager_->Heartbeat(id, workers[0].token));
+  absl::StatusOr<std::string> got =
+      manager_->StoreGet(id, workers[0].token, a->generation, "never-set", absl::Now() + absl::Seconds(60));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(got.status().message(), "job job-000001 has ended");
+}
+
+TEST_F(CoordinatorJobManagerTest, CleanExitBeforeCompletingIsAFailure) {
+  Start(Options(1));
+  const std::string id = RunningJob(1);
+  launcher_.End(Workers(id)[0].pid, ExitInfo{false, 0});
+  manager_->PollOnce();
+  EXPECT_EQ(Record(id).state, JobState::kFailed);
+  EXPECT_THAT(Record(id).message, HasSubstr("rank 0"));
+  EXPECT_THAT(Record(id).message, HasSubstr("exit status 0 before finishing"));
+}
+
+TEST_F(CoordinatorJobManagerTest, SilentWorkerFailsTheJobOnceTheHeartbeatTimeoutPasses) {
+  Start(Options(2));
+  const std::string id = RunningJob(2);
+  std::vector<WorkerHandle> workers = Workers(id);
+  clock_.Advance(absl::Seconds(100));
+  ASSERT_TRUE(manager_->Heartbeat(id, workers[0].token).ok());
+  manager_->PollOnce();
+  EXPECT_EQ(Record(id).state, JobState::kRunning);
+  clock_.Advance(absl::Seconds(30));  // rank 1: 130 s silent; rank 0: 30 s
+  manager_->PollOnce();
+  const JobRecord job = Record(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason_code, "WORKER_HEARTBEAT_LOST");
+  EXPECT_THAT(job.message, HasSubstr("rank 1"));
+  EXPECT_THAT(job.message, HasSubstr("no heartbeat for 2m10s"));
+}
+
+TEST_F(CoordinatorJobManagerTest, RegistrationTimeoutNamesTheRanksThatNeverRegistered) {
+  Start(Options(3));
+  const std::string id = Submit(3);
+  manager_->PollOnce();
+  std::vector<WorkerHandle> workers = Workers(id);
+  ASSERT_EQ(workers.size(), 3u);
+  ASSERT_TRUE(manager_->Register(id, workers[1].token, 1, workers[1].pid).ok());
+  clock_.Advance(absl::Minutes(5));
+  manager_->PollOnce();
+  EXPECT_EQ(Record(id).state, JobState::kStarting);  // not before the deadline has passed
+  clock_.Advance(absl::Seconds(1));
+  manager_->PollOnce();
+  const JobRecord job = Record(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_EQ(job.reason_code, "WORKER_REGISTRATION_TIMEOUT");
+  EXPECT_EQ(job.message, "rank(s) 0, 2 did not register within 5m");
+  for (const WorkerHandle& w : workers) EXPECT_THAT(launcher_.SignalsTo(w.pid), ElementsAre(SIGTERM));
+}
+
+TEST_F(CoordinatorJobManagerTest, CancelEndsWaitsAndSendsSigtermThenSigkillAfterTheGrace) {
+  Start(Options(2));
+  const std::string id = Submit(2);
+  manager_->PollOnce();
+  std::vector<WorkerHandle> workers = Workers(id);
+  ASSERT_TRUE(manager_->Register(id, workers[0].token, 0, workers[0].pid).ok());
+  // Rank 0 waits for rank 1 in GetAssignment (without holding the manager).
+  absl::StatusOr<WorkerAssignment> waited = absl::UnknownError("not returned");
+  absl::Notification returned;
+  std::thread waiter([&] {
+    waited = manager_->GetAssignment(id, workers[0].token, absl::Now() + absl::Seconds(60));
+    returned.Notify();
+  });
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  EXPECT_TRUE(manager_->Get(id).ok());  // the manager answers while rank 0 waits
+
+  absl::StatusOr<JobRecord> cancelled = manager_->Cancel(id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state, JobState::kCancelled);
+  EXPECT_EQ(cancelled->reason_code, "CANCELLED_BY_USER");
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  waiter.join();
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(waited.status().message(), HasSubstr("has ended"));
+  for (const WorkerHandle& w : workers) EXPECT_THAT(launcher_.SignalsTo(w.pid), ElementsAre(SIGTERM));
+
+  launcher_.End(workers[0].pid, ExitInfo{false, 0});  // rank 0 stops gracefully; rank 1 hangs
+  clock_.Advance(absl::Seconds(2));
+  manager_->PollOnce();
+  EXPECT_THAT(launcher_.SignalsTo(workers[1].pid), ElementsAre(SIGTERM));
+  clock_.Advance(absl::Seconds(1));
+  manager_->PollOnce();
+  EXPECT_THAT(launcher_.SignalsTo(workers[0].pid), ElementsAre(SIGTERM));
+  EXPECT_THAT(launcher_.SignalsTo(workers[1].pid), ElementsAre(SIGTERM, SIGKILL));
+  EXPECT_EQ(Record(id).state, JobState::kCancelled);  // the exits do not change the outcome
+  EXPECT_EQ(manager_->Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorJobManagerTest, GpuJobPinsEachWorkerToItsGpuAndRelaysTheNcclId) {
+  Start(Options(0, {4, 6}));
+  const std::string id = Submit(2);
+  manager_->PollOnce();
+  std::vector<WorkerHandle> workers = Workers(id);
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[0].spec.env.at("CUDA_VISIBLE_DEVICES"), "4");
+  EXPECT_EQ(workers[1].spec.env.at("CUDA_VISIBLE_DEVICES"), "6");
+  RegisterAll(id);
+  EXPECT_EQ(manager_->PublishNcclId(id, workers[1].token, "x").code(), absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<WorkerAssignment> early = manager_->GetAssignment(id, workers[1].token, absl::Now());
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(early.status().message(), HasSubstr("NCCL id"));
+
+  absl::StatusOr<WorkerAssignment> rank1 = absl::UnknownError("not returned");
+  std::thread waiter([&] {
+    rank1 = manager_->GetAssignment(id, workers[1].token, absl::Now() + absl::Seconds(60));
+  });
+  EXPECT_TRUE(manager_->PublishNcclId(id, workers[0].token, "nccl-id-bytes").ok());
+  waiter.join();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  EXPECT_EQ(rank1->device, "cuda");
+  EXPECT_EQ(rank1->nccl_unique_id, "nccl-id-bytes");
+}
+
+TEST_F(CoordinatorJobManagerTest, RunningJobIsQueuedAgainAfterARestart) {
+  Start(Options(2));
+  const std::string id = RunningJob(2);
+  std::vector<WorkerHandle> before = Workers(id);
+  ProgressSnapshot p;
+  p.step = 3;
+  ASSERT_TRUE(manager_->ReportProgress(id, before[0].token, p).ok());
+  const int64_t old_generation = manager_->GetAssignment(id, before[0].token, absl::Now())->generation;
+
+  // The coordinator stops (its workers are killed): the store still says RUNNING.
+  manager_.reset();
+  {
+    absl::StatusOr<std::vector<JobRecord>> stored = store_->LoadJobs();
+    ASSERT_TRUE(stored.ok());
+    ASSERT_EQ(stored->size(), 1u);
+    EXPECT_EQ((*stored)[0].state, JobState::kRunning);
+    ASSERT_EQ((*stored)[0].progress.size(), 1u);  // rank 0's report
+    EXPECT_EQ((*stored)[0].progress[0].step, 3);
+  }
+  clock_.Advance(absl::Minutes(1));
+  Start(Options(2));
+  JobRecord job = Record(id);
+  EXPECT_EQ(job.state, JobState::kQueued);
+  EXPECT_EQ(job.reason_code, "REQUEUED_AFTER_RESTART");
+  EXPECT_THAT(job.progress, IsEmpty());
+  EXPECT_EQ(Submit(1), "job-000002");  // numbering goes on after the stored jobs
+
+  manager_->PollOnce();
+  std::vector<WorkerHandle> after = Workers(id);
+  ASSERT_EQ(after.size(), 4u);  // two before the restart, two now
+  EXPECT_EQ(Record(id).state, JobState::kStarting);
+  EXPECT_EQ(manager_->Heartbeat(id, before[0].token).status().code(), absl::StatusCode::kPermissionDenied);
+  for (int i = 2; i < 4; ++i) {
+    ASSERT_TRUE(manager_->Register(id, after[i].token, after[i].rank, after[i].pid).ok());
+  }
+  EXPECT_EQ(Record(id).state, JobState::kRunning);
+  absl::StatusOr<WorkerAssignment> a = manager_->GetAssignment(id, after[2].token, absl::Now());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_NE(a->generation, old_generation);
+  EXPECT_EQ(manager_->StoreSet(id, after[2].token, old_generation, "k", "v").code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Every state change is in the store, sequence-numbered in order.
+  bool terminal = true;
+  absl::StatusOr<std::vector<JobEvent>> events = manager_->WaitEvents(id, 0, absl::Now(), &terminal);
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_FALSE(terminal);
+  std::vector<std::string> reasons;
+  for (size_t i = 0; i < events->size(); ++i) {
+    EXPECT_EQ((*events)[i].sequence, static_cast<int64_t>(i + 1));
+    reasons.push_back((*events)[i].reason_code);
+  }
+  EXPECT_THAT(reasons, ElementsAre("SUBMITTED", "WORKERS_STARTING", "ALL_WORKERS_REGISTERED", "PROGRESS",
+                                   "REQUEUED_AFTER_RESTART", "WORKERS_STARTING", "ALL_WORKERS_REGISTERED"));
+  EXPECT_EQ(Record(id).last_sequence, static_cast<int64_t>(events->size()));
+}
+
+TEST_F(CoordinatorJobManagerTest, JobThatCannotStartFailsWithTheReason) {
+  Start(Options(2));
+  const std::string one_record = WriteFile(dir_.path() + "/one.jsonl",
+                                           "{\"instruction\": \"a\", \"output\": \"b\"}\n");
+  absl::StatusOr<JobRecord> small = manager_->Submit(Job(2, one_record));
+  ASSERT_TRUE(small.ok()) << small.status();
+  manager_->PollOnce();
+  EXPECT_EQ(Record(small->id).state, JobState::kFailed);
+  EXPECT_EQ(Record(small->id).reason_code, "START_FAILED");
+  EXPECT_THAT(Record(small->id).message, HasSubstr("too small"));
+  EXPECT_THAT(launcher_.launched(), IsEmpty());
+
+  launcher_.FailLaunches();
+  const std::string id = Submit(2);
+  manager_->PollOnce();
+  EXPECT_EQ(Record(id).state, JobState::kFailed);
+  EXPECT_THAT(Record(id).message, HasSubstr("could not start rank 0"));
+}
+
+}  // namespace
+}  // namespace qlora::coordinator

@@ -1,0 +1,196 @@
+// JobStore on a real SQLite file: jobs and events round-trip, keep their order and survive a
+// reopen (what a restarted coordinator reads back).
+#include "coordinator/job_store.h"
+
+#include <cmath>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/test_util.h"
+
+namespace qlora::coordinator {
+namespace {
+
+using testing::TempDir;
+
+JobRecord Job(const std::string& id, JobState state) {
+  JobRecord j;
+  j.id = id;
+  j.name = "name of " + id;
+  j.state = state;
+  j.reason_code = "SUBMITTED";
+  j.message = "accepted; 2 workers";
+  j.created_unix = 1700000000.25;
+  j.started_unix = 1700000001.5;
+  j.finished_unix = 0;
+  j.job_yaml = "model_type: llm\n# a comment\n";
+  j.resolved_config_yaml = "resolved: true\n";
+  j.num_workers = 2;
+  j.zero_stage = 1;
+  j.output_dir = "/out/" + id;
+  j.adapter_path = "/out/" + id + "/adapter";
+  j.last_sequence = 0;
+  return j;
+}
+
+JobEvent StateEvent(int64_t seq, JobState state, const std::string& reason) {
+  JobEvent e;
+  e.sequence = seq;
+  e.time_unix = 1700000000 + seq;
+  e.state = state;
+  e.reason_code = reason;
+  e.message = "message " + std::to_string(seq);
+  return e;
+}
+
+JobEvent ProgressEvent(int64_t seq, int rank, int64_t step, double loss) {
+  JobEvent e = StateEvent(seq, JobState::kRunning, "PROGRESS");
+  ProgressSnapshot p;
+  p.rank = rank;
+  p.step = step;
+  p.total_steps = 10;
+  p.epoch = 1;
+  p.loss = loss;
+  p.learning_rate = 1e-4;
+  p.tokens_per_second = 123.5;
+  p.eval_loss = std::nan("");  // not evaluated yet
+  p.elapsed_seconds = 7.25;
+  p.memory.device_allocated_bytes = 1 << 20;
+  p.memory.device_reserved_peak_bytes = 3 << 20;
+  p.memory.host_rss_bytes = 5 << 20;
+  e.progress = p;
+  return e;
+}
+
+class CoordinatorJobStoreTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<JobStore> Open() {
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(dir_.path() + "/jobs.sqlite");
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(*store) : nullptr;
+  }
+  TempDir dir_;
+};
+
+TEST_F(CoordinatorJobStoreTest, JobsRoundTripInSubmissionOrder) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  const JobRecord a = Job("job-000002", JobState::kQueued);
+  const JobRecord b = Job("job-000001", JobState::kRunning);
+  ASSERT_TRUE(store->PutJob(a).ok());
+  ASSERT_TRUE(store->PutJob(b).ok());
+  absl::StatusOr<std::vector<JobRecord>> jobs = store->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  // Order of first insertion, not of ids.
+  EXPECT_EQ((*jobs)[0].id, "job-000002");
+  EXPECT_EQ((*jobs)[1].id, "job-000001");
+  const JobRecord& got = (*jobs)[1];
+  EXPECT_EQ(got.name, b.name);
+  EXPECT_EQ(got.state, JobState::kRunning);
+  EXPECT_EQ(got.reason_code, b.reason_code);
+  EXPECT_EQ(got.message, b.message);
+  EXPECT_DOUBLE_EQ(got.created_unix, b.created_unix);
+  EXPECT_DOUBLE_EQ(got.started_unix, b.started_unix);
+  EXPECT_EQ(got.job_yaml, b.job_yaml);
+  EXPECT_EQ(got.resolved_config_yaml, b.resolved_config_yaml);
+  EXPECT_EQ(got.num_workers, 2);
+  EXPECT_EQ(got.zero_stage, 1);
+  EXPECT_EQ(got.output_dir, b.output_dir);
+  EXPECT_EQ(got.adapter_path, b.adapter_path);
+}
+
+TEST_F(CoordinatorJobStoreTest, PutJobUpdatesInPlaceAndKeepsTheOrder) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  JobRecord a = Job("job-000001", JobState::kQueued);
+  ASSERT_TRUE(store->PutJob(a).ok());
+  ASSERT_TRUE(store->PutJob(Job("job-000002", JobState::kQueued)).ok());
+  a.state = JobState::kFailed;
+  a.reason_code = "WORKER_EXITED";
+  a.finished_unix = 1700000100;
+  a.last_sequence = 9;
+  ASSERT_TRUE(store->PutJob(a).ok());
+  absl::StatusOr<std::vector<JobRecord>> jobs = store->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].id, "job-000001");
+  EXPECT_EQ((*jobs)[0].state, JobState::kFailed);
+  EXPECT_EQ((*jobs)[0].reason_code, "WORKER_EXITED");
+  EXPECT_EQ((*jobs)[0].last_sequence, 9);
+  EXPECT_DOUBLE_EQ((*jobs)[0].finished_unix, 1700000100);
+}
+
+TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->PutJob(Job("job-000001", JobState::kRunning)).ok());
+  ASSERT_TRUE(store->AppendEvent("job-000001", StateEvent(1, JobState::kQueued, "SUBMITTED")).ok());
+  ASSERT_TRUE(store->AppendEvent("job-000001", StateEvent(2, JobState::kStarting, "WORKERS_STARTING")).ok());
+  ASSERT_TRUE(store->AppendEvent("job-000001", ProgressEvent(3, 1, 4, 2.5)).ok());
+  ASSERT_TRUE(store->AppendEvent("job-000002", StateEvent(1, JobState::kQueued, "OTHER_JOB")).ok());
+  // A sequence number is used once per job.
+  EXPECT_FALSE(store->AppendEvent("job-000001", StateEvent(3, JobState::kFailed, "DUPLICATE")).ok());
+
+  absl::StatusOr<std::vector<JobEvent>> all = store->LoadEvents("job-000001", 0);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].reason_code, "SUBMITTED");
+  EXPECT_EQ((*all)[1].reason_code, "WORKERS_STARTING");
+  EXPECT_EQ((*all)[1].state, JobState::kStarting);
+  EXPECT_EQ((*all)[1].message, "message 2");
+  EXPECT_FALSE((*all)[1].progress.has_value());
+  ASSERT_TRUE((*all)[2].progress.has_value());
+  const ProgressSnapshot& p = *(*all)[2].progress;
+  EXPECT_EQ(p.rank, 1);
+  EXPECT_EQ(p.step, 4);
+  EXPECT_DOUBLE_EQ(p.loss, 2.5);
+  EXPECT_TRUE(std::isnan(p.eval_loss));
+  EXPECT_DOUBLE_EQ(p.tokens_per_second, 123.5);
+  EXPECT_EQ(p.memory.device_allocated_bytes, 1 << 20);
+  EXPECT_EQ(p.memory.device_reserved_peak_bytes, 3 << 20);
+  EXPECT_EQ(p.memory.host_rss_bytes, 5 << 20);
+
+  absl::StatusOr<std::vector<JobEvent>> after = store->LoadEvents("job-000001", 2);
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->size(), 1u);
+  EXPECT_EQ((*after)[0].sequence, 3);
+}
+
+TEST_F(CoordinatorJobStoreTest, ReopenedStoreHasTheJobsEventsAndLatestProgressPerRank) {
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    JobRecord j = Job("job-000001", JobState::kRunning);
+    j.last_sequence = 4;
+    ASSERT_TRUE(store->PutJob(j).ok());
+    ASSERT_TRUE(store->AppendEvent(j.id, StateEvent(1, JobState::kRunning, "ALL_WORKERS_REGISTERED")).ok());
+    ASSERT_TRUE(store->AppendEvent(j.id, ProgressEvent(2, 0, 1, 3.0)).ok());
+    ASSERT_TRUE(store->AppendEvent(j.id, ProgressEvent(3, 1, 1, 3.1)).ok());
+    ASSERT_TRUE(store->AppendEvent(j.id, ProgressEvent(4, 0, 2, 2.0)).ok());
+  }
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::vector<JobRecord>> jobs = store->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  const JobRecord& j = (*jobs)[0];
+  EXPECT_EQ(j.state, JobState::kRunning);
+  EXPECT_EQ(j.last_sequence, 4);
+  ASSERT_EQ(j.progress.size(), 2u);
+  EXPECT_EQ(j.progress[0].step, 2);  // the latest of rank 0
+  EXPECT_DOUBLE_EQ(j.progress[0].loss, 2.0);
+  EXPECT_EQ(j.progress[1].step, 1);
+  absl::StatusOr<std::vector<JobEvent>> events = store->LoadEvents("job-000001", 0);
+  ASSERT_TRUE(events.ok());
+  EXPECT_EQ(events->size(), 4u);
+}
+
+TEST_F(CoordinatorJobStoreTest, OpeningInAMissingFolderIsUnavailable) {
+  absl::StatusOr<std::unique_ptr<JobStore>> store =
+      JobStore::Open(dir_.path() + "/no/such/folder/jobs.sqlite");
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace qlora::coordinator
