@@ -47,12 +47,15 @@ struct ProgressSnapshot {
   StrategySnapshot strategy;
 };
 
+// Where a worker computes. On the wire (Assignment.device): "cuda" or "cpu".
+enum class DeviceKind { kCpu, kCuda };
+
 // What one worker needs to start training (WorkerService.GetAssignment).
 struct WorkerAssignment {
   std::string job_id;
   int rank = 0;
   int world_size = 1;
-  std::string device;                // "cuda" or "cpu"
+  DeviceKind device = DeviceKind::kCpu;
   std::string resolved_config_yaml;
   std::vector<data::ShardSpec> train_shards;
   std::vector<data::ShardSpec> validation_shards;

@@ -182,7 +182,7 @@ absl::StatusOr<WorkerAssignment> Job::Assignment(WorkerProcess& worker, std::str
   a.job_id = record_.id;
   a.rank = worker.rank;
   a.world_size = workers_.size();
-  a.device = use_gpu_ ? "cuda" : "cpu";
+  a.device = use_gpu_ ? DeviceKind::kCuda : DeviceKind::kCpu;
   a.resolved_config_yaml = record_.resolved_config_yaml;
   a.train_shards = shards_.train[worker.rank];
   a.validation_shards = shards_.validation[worker.rank];

@@ -75,7 +75,7 @@ void ToProto(const WorkerAssignment& in, v1::Assignment* out) {
   out->set_job_id(in.job_id);
   out->set_rank(in.rank);
   out->set_world_size(in.world_size);
-  out->set_device(in.device);
+  out->set_device(in.device == DeviceKind::kCuda ? "cuda" : "cpu");
   out->set_resolved_config_yaml(in.resolved_config_yaml);
   for (const data::ShardSpec& s : in.train_shards) ToProto(s, out->add_train_shards());
   for (const data::ShardSpec& s : in.validation_shards) ToProto(s, out->add_validation_shards());
@@ -89,7 +89,7 @@ WorkerAssignment FromProto(const v1::Assignment& in) {
   a.job_id = in.job_id();
   a.rank = in.rank();
   a.world_size = in.world_size();
-  a.device = in.device();
+  a.device = in.device() == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   a.resolved_config_yaml = in.resolved_config_yaml();
   for (const v1::DatasetShard& s : in.train_shards()) a.train_shards.push_back(FromProto(s));
   for (const v1::DatasetShard& s : in.validation_shards()) a.validation_shards.push_back(FromProto(s));

@@ -244,7 +244,7 @@ TEST_F(CoordinatorJobManagerTest, JobStartsOneWorkerPerSlotAndRunsOnceAllRegiste
   EXPECT_EQ(a->job_id, id);
   EXPECT_EQ(a->rank, 1);
   EXPECT_EQ(a->world_size, 2);
-  EXPECT_EQ(a->device, "cpu");
+  EXPECT_EQ(a->device, DeviceKind::kCpu);
   EXPECT_EQ(a->resolved_config_yaml, Record(id).resolved_config_yaml);
   EXPECT_EQ(a->output_dir, state_dir() + "/jobs/job-000001/output");
   EXPECT_FALSE(a->train_shards.empty());
@@ -431,7 +431,7 @@ TEST_F(CoordinatorJobManagerTest, GpuJobPinsEachWorkerToItsGpuAndRelaysTheNcclId
   EXPECT_TRUE(manager_->PublishNcclId(id, workers[0].token, "nccl-id-bytes").ok());
   waiter.join();
   ASSERT_TRUE(rank1.ok()) << rank1.status();
-  EXPECT_EQ(rank1->device, "cuda");
+  EXPECT_EQ(rank1->device, DeviceKind::kCuda);
   EXPECT_EQ(rank1->nccl_unique_id, "nccl-id-bytes");
 }
 

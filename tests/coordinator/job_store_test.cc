@@ -57,6 +57,7 @@ JobEvent ProgressEvent(int64_t seq, int rank, int64_t step, double loss) {
   p.elapsed_seconds = 7.25;
   p.memory.device_allocated_bytes = 1 << 20;
   p.memory.device_reserved_peak_bytes = 3 << 20;
+  p.strategy = {1, 4, 1792, 448, true, false};
   p.memory.host_rss_bytes = 5 << 20;
   e.progress = p;
   return e;
@@ -149,6 +150,12 @@ TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence
   EXPECT_DOUBLE_EQ(p.tokens_per_second, 123.5);
   EXPECT_EQ(p.memory.device_allocated_bytes, 1 << 20);
   EXPECT_EQ(p.memory.device_reserved_peak_bytes, 3 << 20);
+  EXPECT_EQ(p.strategy.zero_stage, 1);
+  EXPECT_EQ(p.strategy.world_size, 4);
+  EXPECT_EQ(p.strategy.trainable_elements, 1792);
+  EXPECT_EQ(p.strategy.partition_elements, 448);
+  EXPECT_TRUE(p.strategy.partitioned_optimizer);
+  EXPECT_FALSE(p.strategy.partitioned_gradients);
   EXPECT_EQ(p.memory.host_rss_bytes, 5 << 20);
 
   absl::StatusOr<std::vector<JobEvent>> after = store->LoadEvents("job-000001", 2);

@@ -177,7 +177,7 @@ class TrainerPhases : public ::testing::Test {
     TrainingContext c;
     c.config = config_;
     c.assignment.job_id = "job-phases";
-    c.assignment.device = "cpu";
+    c.assignment.device = DeviceKind::kCpu;
     c.assignment.train_shards = shards_;
     c.assignment.output_dir = output_dir;
     c.store = &store_;

@@ -141,7 +141,7 @@ TEST(TrainerReferenceChild, Rank) {
   context.assignment.job_id = "job-reference";
   context.assignment.rank = rank;
   context.assignment.world_size = world;
-  context.assignment.device = "cpu";
+  context.assignment.device = DeviceKind::kCpu;
   context.assignment.train_shards = (*shards)[rank];
   context.assignment.generation = 1;
   context.assignment.output_dir = dir + "/out";

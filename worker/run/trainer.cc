@@ -43,7 +43,7 @@ Trainer::Trainer(const TrainingContext& context)
     : context_(context),
       config_(context.config),
       assignment_(context.assignment),
-      device_(context.assignment.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU)),
+      device_(context.assignment.device == DeviceKind::kCuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU)),
       eval_loss_(NAN) {}
 
 void Trainer::Log(const std::string& line) const {

@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "qlora-worker: --coordinator, --job and --token are required\n");
     return 2;
   }
+  if (device != "cpu" && device != "cuda") {
+    fprintf(stderr, "qlora-worker: --device must be cpu or cuda, not '%s'\n", device.c_str());
+    return 2;
+  }
   // Less fragmentation in the CUDA caching allocator (dequantized weights are short-lived
   // tensors of many sizes): its peak reservation stays close to what is allocated. A setting the
   // user made wins.
