@@ -367,11 +367,18 @@ int Run(const std::vector<std::string>& argv) {
       }
       req.add_states(state);
     }
-    grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
+    // Every page, each with its own deadline.
     v1::ListJobsResponse resp;
-    grpc::Status s = client.stub()->ListJobs(&ctx, req, &resp);
-    if (!s.ok()) return ReportError(s);
+    req.set_page_size(500);
+    do {
+      grpc::ClientContext ctx;
+      Client::Deadline(&ctx);
+      v1::ListJobsResponse page;
+      grpc::Status s = client.stub()->ListJobs(&ctx, req, &page);
+      if (!s.ok()) return ReportError(s);
+      for (v1::Job& j : *page.mutable_jobs()) resp.add_jobs()->Swap(&j);
+      req.set_page_token(page.next_page_token());
+    } while (!req.page_token().empty());
     if (json) {
       printf("%s\n", ToJson(resp).c_str());
     } else {

@@ -11,6 +11,11 @@
 
 namespace qlora {
 
+// The environment variable through which the coordinator hands a worker its startup token (never
+// argv: /proc/PID/cmdline is world-readable, /proc/PID/environ only by the owner). Single-use:
+// the coordinator refuses a second Register with it.
+inline constexpr char kWorkerTokenVariable[] = "QLORA_WORKER_TOKEN";
+
 struct MemorySnapshot {
   int64_t device_allocated_bytes = 0;
   int64_t device_peak_bytes = 0;

@@ -2,23 +2,16 @@
 #include "coordinator/job.h"
 
 #include <cstdio>
-#include <filesystem>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/posix_files.h"
 #include "common/status_macros.h"
 
 namespace qlora::coordinator {
 namespace {
-
-absl::Status EnsureDir(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
-  return absl::OkStatus();
-}
 
 std::string RandomToken() {
   std::random_device rd;
@@ -82,8 +75,8 @@ void Job::Requeue() {
 absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch) {
   const int world = record_.num_workers;
   QLORA_ASSIGN_OR_RETURN(shards_, PlanJobShards(config_.data, world));
-  QLORA_RETURN_IF_ERROR(EnsureDir(launch.job_dir + "/logs"));
-  QLORA_RETURN_IF_ERROR(EnsureDir(record_.output_dir));
+  QLORA_RETURN_IF_ERROR(MakeDirs(launch.job_dir + "/logs"));
+  QLORA_RETURN_IF_ERROR(MakeDirs(record_.output_dir));
   const absl::Time now = env_->now();
   use_gpu_ = launch.use_gpu;
   RendezvousOptions rendezvous;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,20 +13,11 @@
 #include "absl/strings/str_join.h"
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
+#include "common/posix_files.h"
 #include "common/status_macros.h"
 #include "coordinator/worker_launch.h"
 
 namespace qlora::coordinator {
-namespace {
-
-absl::Status EnsureDir(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* launcher)
     : options_(std::move(options)),
@@ -64,7 +54,7 @@ Job& JobManager::Add(std::unique_ptr<Job> job) {
 }
 
 absl::Status JobManager::Load() {
-  QLORA_RETURN_IF_ERROR(EnsureDir(options_.state_dir + "/jobs"));
+  QLORA_RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));
   QLORA_ASSIGN_OR_RETURN(std::vector<JobRecord> stored, env_.store->LoadJobs());
   absl::MutexLock lock(&mu_);
   for (JobRecord& record : stored) {
@@ -111,8 +101,8 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   parse.validation_dataset_override = request.validation_dataset;
   parse.hf_hub_cache = options_.hf_hub_cache;
   parse.base_dir = request.base_dir;
+  parse.name_override = request.name;
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(request.job_yaml, parse));
-  if (!request.name.empty()) config.name = request.name;
   if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
   }
@@ -161,12 +151,26 @@ absl::StatusOr<JobRecord> JobManager::Get(const std::string& id) const {
   return job->record();
 }
 
-std::vector<JobRecord> JobManager::List(const std::set<JobState>& states) const {
+absl::StatusOr<std::vector<JobRecord>> JobManager::List(const std::set<JobState>& states,
+                                                        int page_size, const std::string& after_id,
+                                                        std::string* next_id) const {
   absl::MutexLock lock(&mu_);
+  size_t start = 0;
+  if (!after_id.empty()) {
+    auto at = std::find(order_.begin(), order_.end(), after_id);
+    if (at == order_.end()) return absl::NotFoundError(absl::StrCat("page token names no job (", after_id, ")"));
+    start = static_cast<size_t>(at - order_.begin()) + 1;
+  }
   std::vector<JobRecord> out;
-  for (const std::string& id : order_) {
-    const JobRecord& r = jobs_.at(id)->record();
-    if (states.empty() || states.count(r.state)) out.push_back(r);
+  next_id->clear();
+  for (size_t i = start; i < order_.size(); ++i) {
+    const JobRecord& r = jobs_.at(order_[i])->record();
+    if (!states.empty() && !states.count(r.state)) continue;
+    if (static_cast<int>(out.size()) == page_size) {
+      *next_id = out.back().id;  // more follow
+      break;
+    }
+    out.push_back(r);
   }
   return out;
 }

@@ -80,7 +80,12 @@ class JobManager {
   absl::StatusOr<std::string> Validate(const SubmitRequest& request) const;
   absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   absl::StatusOr<JobRecord> Get(const std::string& id) const;
-  std::vector<JobRecord> List(const std::set<JobState>& states) const;
+  // Jobs in submission order whose state is in `states` (empty = all): at most `page_size`
+  // after the job `after_id` ("" = from the first). `*next_id` is the id to pass as `after_id`
+  // for the next page, "" after the last. NOT_FOUND for an `after_id` that names no job.
+  absl::StatusOr<std::vector<JobRecord>> List(const std::set<JobState>& states, int page_size,
+                                              const std::string& after_id,
+                                              std::string* next_id) const;
   absl::StatusOr<JobRecord> Cancel(const std::string& id);
   // Events after `after_sequence`, waiting up to `deadline` for the first one. Empty when none
   // came in time; `*terminal` tells whether the job has ended.

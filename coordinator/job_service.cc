@@ -71,7 +71,24 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
     if (s < 1 || s > 6) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("unknown state ", s));
     states.insert(static_cast<JobState>(s));
   }
-  for (const JobRecord& job : manager_->List(states)) ToProto(job, response->add_jobs());
+  constexpr int kDefaultPageSize = 100, kMaxPageSize = 1000;
+  if (request->page_size() < 0 || request->page_size() > kMaxPageSize) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("page_size must be 0 to ", kMaxPageSize));
+  }
+  const int page_size = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
+  std::string next;
+  absl::StatusOr<std::vector<JobRecord>> jobs =
+      manager_->List(states, page_size, request->page_token(), &next);
+  if (!jobs.ok()) return ToGrpc(absl::InvalidArgumentError(jobs.status().message()));
+  for (JobRecord& job : *jobs) {
+    if (!request->include_job_yaml()) {
+      job.job_yaml.clear();
+      job.resolved_config_yaml.clear();
+    }
+    ToProto(job, response->add_jobs());
+  }
+  response->set_next_page_token(next);
   return grpc::Status::OK;
 }
 

@@ -18,6 +18,11 @@ absl::Status Rendezvous::Register(int rank) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside the job's ", registered_.size(), " workers"));
   }
+  if (registered_[rank]) {
+    // A startup token is single-use: a second Register with it is someone else.
+    return absl::PermissionDeniedError(
+        absl::StrCat("rank ", rank, " has registered already; a startup token is used once"));
+  }
   registered_[rank] = true;
   changed_.SignalAll();
   return absl::OkStatus();

@@ -14,7 +14,10 @@ std::string WorkerLogPath(const std::string& job_dir, int rank) {
 LaunchSpec BuildWorkerLaunchSpec(const WorkerLaunchRequest& r) {
   LaunchSpec spec;
   spec.argv = {r.worker_binary, "--coordinator", r.coordinator_address, "--job", r.job_id,
-               "--rank", std::to_string(r.rank), "--token", r.startup_token};
+               "--rank", std::to_string(r.rank)};
+  // A secret never goes in argv (/proc/PID/cmdline is world-readable); the environment of a
+  // process is readable by its owner alone.
+  spec.env[kWorkerTokenVariable] = r.startup_token;
   if (r.use_gpu) {
     spec.env["CUDA_VISIBLE_DEVICES"] = std::to_string(r.slot);
     spec.argv.push_back("--device=cuda");

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/worker_protocol.h"
 #include "coordinator/process_launcher.h"
 
 namespace qlora::coordinator {
@@ -25,6 +26,7 @@ struct WorkerLaunchRequest {
 // The log file of `rank` under `job_dir` (what `qloractl logs` reads).
 std::string WorkerLogPath(const std::string& job_dir, int rank);
 
+// The startup token travels in the environment (kWorkerTokenVariable), never in argv.
 // A GPU worker sees only its GPU (CUDA_VISIBLE_DEVICES=<slot>, --device=cuda); a CPU worker sees
 // none (CUDA_VISIBLE_DEVICES="") and gets OMP_NUM_THREADS = host_cores / world_size (at least 1).
 LaunchSpec BuildWorkerLaunchSpec(const WorkerLaunchRequest& request);

@@ -313,6 +313,25 @@ absl::Status ReadBackend(const MapReader& top, const QuantizationConfig& quant,
   return ReadStrategy(trainer, quant, &b->strategy);
 }
 
+// Why `name` cannot name a job ("" when it can): it is shown in terminals and tables, so no
+// control characters (C0, DEL, C1: terminal escapes could forge rows) and at most 128 bytes.
+std::string JobNameProblem(const std::string& name) {
+  constexpr size_t kMaxNameBytes = 128;
+  if (name.size() > kMaxNameBytes) {
+    return absl::StrCat("at most ", kMaxNameBytes, " bytes, got ", name.size());
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    const bool c1 = c == 0xC2 && i + 1 < name.size() &&
+                    static_cast<unsigned char>(name[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(name[i + 1]) <= 0x9F;
+    if (c < 0x20 || c == 0x7F || c1) {
+      return absl::StrCat("control character at byte ", i, " (names must be printable)");
+    }
+  }
+  return "";
+}
+
 absl::Status ReadOptimizerType(const MapReader& map, const std::string& key,
                                OptimizerType* out) {
   std::string type = EnumName(*out);
@@ -568,6 +587,10 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   Presence presence;
 
   QLORA_RETURN_IF_ERROR(top.ReadString("name", &c.name));
+  if (!options.name_override.empty()) c.name = options.name_override;
+  if (std::string problem = JobNameProblem(c.name); !problem.empty()) {
+    return top.Error("name", problem);
+  }
   QLORA_RETURN_IF_ERROR(top.ReadChoice("model_type", {"llm"}, &c.model_type));
   QLORA_RETURN_IF_ERROR(top.ReadString("base_model", &c.base_model));
   if (absl::StripAsciiWhitespace(c.base_model).empty()) {

@@ -72,6 +72,8 @@ struct ParseOptions {
   // Relative paths in the file (dataset, validation_dataset, a local base_model, output_dir)
   // resolve against this folder; empty = the process's working directory.
   std::string base_dir;
+  // Non-empty: replaces the file's `name` (the CLI's --name), with the same checks.
+  std::string name_override;
   // Larger inputs are refused before parsing.
   size_t max_bytes = 1 << 20;
 };

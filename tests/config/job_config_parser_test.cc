@@ -54,6 +54,24 @@ TEST(ConfigParserTest, LudwigOriginalFixtureIsTheSameFile) {
             kLudwigOriginal);
 }
 
+TEST(ConfigParserTest, JobNamesArePrintable) {
+  const std::string base = "base_model: /m\n";
+  EXPECT_TRUE(ParseNoPaths(base + "name: \"r\u00e9sum\u00e9 run 7\"\n").ok());
+  for (const std::string& bad :
+       {std::string("name: \"job\\e[2Kforged\"\n"), std::string("name: \"a\\tb\"\n"),
+        std::string("name: \"csi\\u009b\"\n"), "name: " + std::string(129, 'x') + "\n"}) {
+    absl::StatusOr<JobConfig> c = ParseNoPaths(base + bad);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("name:")) << c.status();
+  }
+  ParseOptions options;
+  options.check_paths = false;
+  options.dataset_override = "train.jsonl";
+  options.name_override = "from\x1b[31mthe CLI";
+  EXPECT_FALSE(ParseJobConfig(base, options).ok()) << "the --name override is checked too";
+}
+
 TEST(ConfigParserTest, DefaultsAreResolved) {
   const JobConfig c = ParseOk("base_model: org/model\nadapter: {type: lora}\n");
   EXPECT_EQ(c.name, "");

@@ -181,7 +181,7 @@ trainer: {type: finetune, batch_size: 1}
     std::vector<WorkerHandle> out;
     for (const FakeLauncher::Launched& l : launcher_.launched()) {
       if (ArgAfter(l.spec.argv, "--job") != job_id) continue;
-      out.push_back({l.pid, std::stoi(ArgAfter(l.spec.argv, "--rank")), ArgAfter(l.spec.argv, "--token"), l.spec});
+      out.push_back({l.pid, std::stoi(ArgAfter(l.spec.argv, "--rank")), l.spec.env.at(kWorkerTokenVariable), l.spec});
     }
     return out;
   }
@@ -234,6 +234,8 @@ TEST_F(CoordinatorJobManagerTest, JobStartsOneWorkerPerSlotAndRunsOnceAllRegiste
   EXPECT_EQ(manager_->Register(id, workers[0].token, 1, 1).code(), absl::StatusCode::kInvalidArgument);
 
   ASSERT_TRUE(manager_->Register(id, workers[0].token, 0, workers[0].pid).ok());
+  EXPECT_EQ(manager_->Register(id, workers[0].token, 0, workers[0].pid).code(),
+            absl::StatusCode::kPermissionDenied) << "a startup token is single-use";
   EXPECT_EQ(Record(id).state, JobState::kStarting);
   ASSERT_TRUE(manager_->Register(id, workers[1].token, 1, workers[1].pid).ok());
   EXPECT_EQ(Record(id).state, JobState::kRunning);
@@ -257,6 +259,33 @@ TEST_F(CoordinatorJobManagerTest, JobStartsOneWorkerPerSlotAndRunsOnceAllRegiste
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(CoordinatorJobManagerTest, ListPagesInSubmissionOrderAndFiltersByState) {
+  Start(Options(1));
+  std::vector<std::string> ids;
+  for (int i = 0; i < 7; ++i) ids.push_back(Submit(1));
+  manager_->PollOnce();  // the first starts; the others wait
+  std::vector<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    std::string next;
+    auto page = manager_->List({}, 3, token, &next);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->size(), 3u);
+    for (const JobRecord& r : *page) seen.push_back(r.id);
+    token = next;
+    ++pages;
+  } while (!token.empty());
+  EXPECT_EQ(seen, ids);
+  EXPECT_EQ(pages, 3);
+  std::string next;
+  auto queued = manager_->List({JobState::kQueued}, 100, "", &next);
+  ASSERT_TRUE(queued.ok());
+  EXPECT_EQ(queued->size(), 6u);
+  EXPECT_EQ(next, "");
+  EXPECT_EQ(manager_->List({}, 3, "job-999999", &next).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(CoordinatorJobManagerTest, JobAskingForMoreWorkersThanSlotsIsRefusedAndNotStored) {
   Start(Options(2));
   absl::StatusOr<std::string> resolved = manager_->Validate(Job(2));
@@ -265,7 +294,8 @@ TEST_F(CoordinatorJobManagerTest, JobAskingForMoreWorkersThanSlotsIsRefusedAndNo
   absl::StatusOr<JobRecord> job = manager_->Submit(Job(3));
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("backend.trainer.num_workers"));
-  EXPECT_THAT(manager_->List({}), IsEmpty());
+  std::string next;
+  EXPECT_THAT(*manager_->List({}, 100, "", &next), IsEmpty());
   EXPECT_THAT(*store_->LoadJobs(), IsEmpty());
 }
 

@@ -56,6 +56,14 @@ TEST(CoordinatorRendezvousTest, AwaitPeersReturnsOnceTheLastRankRegisters) {
   EXPECT_EQ(r.UnregisteredRanks(), "");
 }
 
+TEST(CoordinatorRendezvousTest, AStartupTokenRegistersOnce) {
+  Rendezvous r(Options(2));
+  ASSERT_TRUE(r.Register(1).ok());
+  const absl::Status again = r.Register(1);
+  EXPECT_EQ(again.code(), absl::StatusCode::kPermissionDenied) << again;
+  EXPECT_THAT(std::string(again.message()), ::testing::HasSubstr("used once"));
+}
+
 TEST(CoordinatorRendezvousTest, RegisteringARankOutsideTheWorldIsRefused) {
   Rendezvous r(Options(2));
   EXPECT_EQ(r.Register(2).code(), absl::StatusCode::kInvalidArgument);

@@ -11,24 +11,11 @@
 #include <string>
 #include <thread>
 
+#include "tests/util/temp_dir.h"
+
 namespace qlora::coordinator::testing {
 
-// A fresh folder under /tmp, removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    char templ[] = "/tmp/coordinator-test-XXXXXX";
-    path_ = ::mkdtemp(templ);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDir = ::qlora::testing::TempDir;  // tests/util/temp_dir.h
 
 inline std::string WriteFile(const std::string& path, const std::string& text) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());

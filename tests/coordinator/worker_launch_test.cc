@@ -28,8 +28,10 @@ TEST(CoordinatorWorkerLaunchTest, GpuWorkerSeesOnlyItsGpu) {
   r.slot = 6;
   LaunchSpec spec = BuildWorkerLaunchSpec(r);
   EXPECT_THAT(spec.argv, ElementsAre("/opt/qlora/qlora-worker", "--coordinator", "127.0.0.1:7000",
-                                     "--job", "job-000003", "--rank", "1", "--token",
-                                     "secret-token", "--device=cuda"));
+                                     "--job", "job-000003", "--rank", "1", "--device=cuda"));
+  // The token is in the worker's environment (owner-readable), never in its argv.
+  EXPECT_EQ(spec.env.at(kWorkerTokenVariable), "secret-token");
+  for (const std::string& arg : spec.argv) EXPECT_EQ(arg.find("secret-token"), std::string::npos);
   EXPECT_EQ(spec.env.at("CUDA_VISIBLE_DEVICES"), "6");
   EXPECT_EQ(spec.env.count("OMP_NUM_THREADS"), 0u);
   EXPECT_EQ(spec.log_path, "/state/jobs/job-000003/logs/rank-1.log");

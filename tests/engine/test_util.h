@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/util/temp_dir.h"
+
 namespace qlora::testing {
 
 // The reference interpreter, or "" when QLORA_PYTHON is unset or not executable.
@@ -65,26 +67,6 @@ inline int64_t FileSize(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
-// A fresh folder under $TMPDIR (or /tmp), removed with its contents by the destructor.
-class TempDir {
- public:
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/qlora-engine-XXXXXX";
-    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
-  }
-  ~TempDir() {
-    if (path_.empty()) return;
-    ::nftw(path_.c_str(),
-           [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-           FTW_DEPTH | FTW_PHYS);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Runs `python script args...`; returns the exit status (0 = success).
 inline int RunScript(const std::string& python, const std::string& script,

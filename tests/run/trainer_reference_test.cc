@@ -187,7 +187,9 @@ TEST_P(TrainerReference, AdapterAndLossesEqualTransformersPeftAdamW) {
 
   const std::vector<std::string> problems = testing::RunRankProcesses(
       c.world, "TrainerReferenceChild.Rank", kRankEnv,
-      {{kDirEnv, dir}, {kWorldEnv, std::to_string(c.world)}}, absl::Seconds(240));
+      // One thread per rank, as the coordinator gives CPU workers their share of the cores.
+      {{kDirEnv, dir}, {kWorldEnv, std::to_string(c.world)}, {"OMP_NUM_THREADS", "1"}},
+      absl::Seconds(240));
   ASSERT_TRUE(problems.empty()) << absl::StrJoin(problems, "; ");
 
   const nlohmann::json reference = {

@@ -1,8 +1,10 @@
 // End-to-end tests of the service: the real coordinator binary on 127.0.0.1 port 0, real
 // qlora-worker processes on CPU, the real qloractl, and a C++ gRPC client.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cmath>
@@ -13,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "qlora/v1/worker_service.grpc.pb.h"
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -293,6 +296,87 @@ TEST_F(ServiceTest, CancelStopsEveryWorker) {
   EXPECT_TRUE(WaitUntil([&] { return WorkerPids(c.address(), job.id()).empty(); }, 10)) << "workers left after cancel";
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(c.Ctl("cancel " + job.id()).exit_code, 3) << "cancelling an ended job is refused";
+}
+
+// `qloractl list` with thousands of jobs and with job files of 1 MB each: pages come without the
+// job files, so no response nears gRPC's 4 MB message limit.
+TEST_F(ServiceTest, ListWorksWithTwoThousandJobsAndMegabyteJobFiles) {
+  CoordinatorProcess c(state_, 1);
+  ASSERT_TRUE(c.started());
+  ASSERT_FALSE(SubmitWithClient(c, LongJob()).id().empty());  // holds the only worker
+  const std::string padding = "# " + std::string(1000000, 'x') + "\n";
+  for (int i = 0; i < 5; ++i) {
+    grpc::Status s;
+    ASSERT_FALSE(SubmitWithClient(c, padding + ShortJob(), &s).id().empty()) << s.error_message();
+  }
+  for (int i = 6; i < 2000; ++i) {
+    grpc::Status s;
+    ASSERT_FALSE(SubmitWithClient(c, ShortJob(), &s).id().empty()) << i << ": " << s.error_message();
+  }
+  const CommandResult list = c.Ctl("list");
+  ASSERT_EQ(list.exit_code, 0) << list.output.substr(0, 2000);
+  EXPECT_EQ(std::count(list.output.begin(), list.output.end(), '\n'), 2001) << "a header and 2000 rows";
+  EXPECT_THAT(list.output, HasSubstr("job-002000"));
+  // One page of the API: the default size, no job files unless asked.
+  grpc::ClientContext ctx;
+  v1::ListJobsRequest req;
+  v1::ListJobsResponse resp;
+  ASSERT_TRUE(c.jobs()->ListJobs(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.jobs_size(), 100);
+  EXPECT_EQ(resp.next_page_token(), "job-000100");
+  EXPECT_TRUE(resp.jobs(1).job_yaml().empty());
+}
+
+// A local user who reads a worker's command line (ps, /proc/PID/cmdline: world-readable) finds no
+// startup token there; and even the token itself (in the worker's environment, readable by its
+// owner alone) is useless once the worker has registered with it.
+TEST_F(ServiceTest, AStolenStartupTokenIsUseless) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitWithClient(c, LongJob());
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.state_message();
+  std::vector<pid_t> pids;
+  ASSERT_TRUE(WaitUntil([&] { return (pids = WorkerPids(c.address(), job.id())).size() == 2; }, 10));
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  auto worker = v1::WorkerService::NewStub(c.channel());
+  for (pid_t pid : pids) {
+    const std::string proc = "/proc/" + std::to_string(pid);
+    const std::string cmdline = slurp(proc + "/cmdline");
+    const std::string environ = slurp(proc + "/environ");
+    const std::string key = "QLORA_WORKER_TOKEN=";
+    const size_t at = environ.find(key);
+    ASSERT_NE(at, std::string::npos) << "the token is handed over in the environment";
+    const std::string token = environ.substr(at + key.size(), environ.find('\0', at) - at - key.size());
+    ASSERT_GE(token.size(), 16u);
+    EXPECT_EQ(cmdline.find(token), std::string::npos) << "the token is in argv";
+    struct stat st {};
+    ASSERT_EQ(::stat((proc + "/environ").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0077, 0u) << "environ must be readable by its owner alone";
+    const size_t rank_at = cmdline.find(std::string("--rank\0"));
+    ASSERT_NE(rank_at, std::string::npos);
+    const int rank = std::atoi(cmdline.c_str() + rank_at + 7);
+    // Replaying it: a second Register is refused, and so is a token for another rank.
+    for (int claimed : {rank, 1 - rank}) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::RegisterRequest req;
+      req.set_job_id(job.id());
+      req.set_startup_token(token);
+      req.set_rank(claimed);
+      v1::RegisterResponse resp;
+      const grpc::Status s = worker->Register(&ctx, req, &resp);
+      EXPECT_FALSE(s.ok()) << "rank " << claimed << ": a replayed token registered";
+      EXPECT_TRUE(s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
+                  s.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+          << s.error_code() << " " << s.error_message();
+    }
+  }
+  EXPECT_EQ(c.GetJob(job.id()).state(), v1::JOB_STATE_RUNNING) << "the job goes on";
+  ASSERT_EQ(c.Ctl("cancel " + job.id()).exit_code, 0);
 }
 
 TEST_F(ServiceTest, KilledWorkerFailsJobNamingRankAndSignal) {

@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "tests/zero/gloo_world.h"
+#include "worker/comm/collective_failure.h"
 
 namespace qlora {
 namespace {
@@ -127,6 +128,28 @@ TEST(ZeroComm, CollectiveThatNeverCompletesNamesTheMissingRank) {
     return absl::OkStatus();
   });
   for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ZeroComm, CollectiveFailuresAreWordedOnceForEveryBackend) {
+  comm::CollectiveFailure f;
+  f.where = "nccl all_reduce (rank 0 of 4)";
+  f.sequence = 17;
+  f.tensor = at::zeros({12});
+  f.timed_out = true;
+  f.timeout = absl::Seconds(30);
+  f.absent = std::vector<int>{1, 3};
+  f.detail = "nccl: watchdog";
+  absl::Status s = comm::CollectiveFailureStatus(f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(), "nccl all_reduce (rank 0 of 4) #17 of 12 Float did not complete within 30s; "
+                         "missing ranks 1, 3 (never entered it or died) [nccl: watchdog]");
+  f.timed_out = false;
+  f.tensor = at::Tensor();  // a barrier carries no tensor
+  f.absent.reset();
+  s = comm::CollectiveFailureStatus(f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "nccl all_reduce (rank 0 of 4) #17 failed; no store to tell which rank is "
+                         "missing [nccl: watchdog]");
 }
 
 }  // namespace

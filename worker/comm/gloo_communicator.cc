@@ -26,6 +26,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "worker/comm/gloo_store.h"
+#include "worker/comm/collective_failure.h"
 #include "worker/comm/liveness.h"
 
 namespace qlora::comm {
@@ -196,18 +197,8 @@ class GlooCommunicator final : public Communicator {
       const std::string what = e.what();
       const bool timed_out = what.find("Timed out") != std::string::npos ||
                              what.find("timed out") != std::string::npos;
-      std::string message = absl::StrCat(
-          Where(op), " #", seq,
-          tensor.defined() ? absl::StrCat(" of ", tensor.numel(), " ",
-                                          c10::toString(tensor.scalar_type()))
-                           : std::string(),
-          timed_out ? absl::StrCat(" did not complete within ", absl::FormatDuration(timeout))
-                    : " failed",
-          absent.empty() ? std::string("; every rank had entered it")
-                         : absl::StrCat("; missing ", DescribeRanks(absent),
-                                        " (never entered it or died)"),
-          " [gloo: ", what, "]");
-      broken_ = timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+      broken_ = CollectiveFailureStatus({Where(op), seq, tensor, timed_out, timeout, absent,
+                                         absl::StrCat("gloo: ", what)});
       return broken_;
     }
   }

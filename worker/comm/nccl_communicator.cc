@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/comm/collective_failure.h"
 #include "worker/comm/liveness.h"
 
 namespace qlora::comm {
@@ -169,21 +170,9 @@ class NcclCommunicator final : public Communicator {
                     absl::Duration timeout, absl::Duration grace, const std::string& detail) {
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    std::vector<int> absent;
+    std::optional<std::vector<int>> absent;  // nullopt: no store to ask
     if (board_ != nullptr) absent = board_->RanksAbsentFrom(absl::StrCat("op/", seq), grace);
-    std::string message = absl::StrCat(
-        Where(op), " #", seq,
-        tensor.defined() ? absl::StrCat(" of ", tensor.numel(), " ",
-                                        c10::toString(tensor.scalar_type()))
-                         : std::string(),
-        timed_out ? absl::StrCat(" did not complete within ", absl::FormatDuration(timeout))
-                  : " failed",
-        board_ == nullptr ? std::string("; no store to tell which rank is missing")
-        : absent.empty()  ? std::string("; every rank had entered it")
-                          : absl::StrCat("; missing ", DescribeRanks(absent),
-                                         " (never entered it or died)"),
-        " [", detail, "]");
-    broken_ = timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+    broken_ = CollectiveFailureStatus({Where(op), seq, tensor, timed_out, timeout, absent, detail});
     return broken_;
   }
 

@@ -23,7 +23,6 @@
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
 ABSL_FLAG(std::string, job, "", "job id");
 ABSL_FLAG(int, rank, 0, "this worker's rank");
-ABSL_FLAG(std::string, token, "", "startup token given by the coordinator");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 
 namespace {
@@ -45,11 +44,14 @@ int main(int argc, char** argv) {
   qlora::worker::WorkerIdentity id;
   id.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   id.job_id = absl::GetFlag(FLAGS_job);
-  id.startup_token = absl::GetFlag(FLAGS_token);
+  // The startup token comes in the environment, never in argv; it is not passed on to any child.
+  if (const char* token = std::getenv(qlora::kWorkerTokenVariable)) id.startup_token = token;
+  unsetenv(qlora::kWorkerTokenVariable);
   id.rank = absl::GetFlag(FLAGS_rank);
   const std::string device = absl::GetFlag(FLAGS_device);
   if (id.coordinator_address.empty() || id.job_id.empty() || id.startup_token.empty()) {
-    fprintf(stderr, "qlora-worker: --coordinator, --job and --token are required\n");
+    fprintf(stderr, "qlora-worker: --coordinator, --job and $%s (the startup token) are required\n",
+            qlora::kWorkerTokenVariable);
     return 2;
   }
   if (device != "cpu" && device != "cuda") {
