@@ -60,6 +60,18 @@ v1::Job SubmitWithClient(CoordinatorProcess& c, const std::string& yaml, grpc::S
   return resp.job();
 }
 
+// grpc.health's overall status, or -1 when the call fails within `seconds`.
+int HealthOf(CoordinatorProcess& c, double seconds = 2) {
+  auto health = grpc::health::v1::Health::NewStub(c.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          std::chrono::duration<double>(seconds)));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = health->Check(&ctx, req, &resp);
+  return s.ok() ? resp.status() : -1;
+}
+
 bool WaitUntil(const std::function<bool()>& done, double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {
@@ -436,18 +448,35 @@ TEST_F(ServiceTest, MissingDatasetIsNotFoundAndUnknownJobIsNotFound) {
 TEST_F(ServiceTest, HealthServingWhileUpAndNotServingDuringShutdown) {
   CoordinatorProcess c(state_, 1, "--shutdown-grace-ms 3000");
   ASSERT_TRUE(c.started());
-  auto health = grpc::health::v1::Health::NewStub(c.channel());
-  auto check = [&]() -> int {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    grpc::health::v1::HealthCheckRequest req;
-    grpc::health::v1::HealthCheckResponse resp;
-    grpc::Status s = health->Check(&ctx, req, &resp);
-    return s.ok() ? resp.status() : -1;
-  };
+  auto check = [&] { return HealthOf(c); };
   EXPECT_EQ(check(), grpc::health::v1::HealthCheckResponse::SERVING);
   kill(c.pid(), SIGTERM);
   EXPECT_TRUE(WaitUntil([&] { return check() == grpc::health::v1::HealthCheckResponse::NOT_SERVING; }, 2.5));
+}
+
+// Two coordinators on one state folder would number jobs from one store and lose records: the
+// second refuses to start, naming the folder and the pid that holds it; the first goes on.
+TEST_F(ServiceTest, SecondCoordinatorOnTheSameStateFolderExitsNamingTheHolder) {
+  CoordinatorProcess first(state_, 1);
+  ASSERT_TRUE(first.started());
+  const auto begin = std::chrono::steady_clock::now();
+  CommandResult second = RunCommand(absl::StrCat(
+      "timeout 20 ", BinaryDir(), "/coordinator/qlora-coordinator --address 127.0.0.1:0 --state-dir ",
+      state_, " --cpu-workers 1"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.exit_code, 124) << "the second coordinator was still running after 20 s";
+  EXPECT_LT(seconds, 5);
+  EXPECT_THAT(second.output, HasSubstr(absl::StrCat("pid ", first.pid())));
+  EXPECT_THAT(second.output, HasSubstr(state_));
+
+  EXPECT_EQ(HealthOf(first), grpc::health::v1::HealthCheckResponse::SERVING);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListJobsResponse list;
+  EXPECT_TRUE(first.jobs()->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(first.Ctl("get job-000001").exit_code, 4);  // it answers; no job was made
 }
 
 }  // namespace
