@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
@@ -138,6 +139,28 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
   return options;
 }
 
+// grpc.health's overall status: SERVING once Serve() is called, NOT_SERVING for good after
+// Fail() (the job manager turned unhealthy, or the coordinator is stopping), whichever order
+// they come in. Thread-safe.
+class HealthSwitch {
+ public:
+  void Serve(grpc::HealthCheckServiceInterface* service) {
+    absl::MutexLock lock(&mu_);
+    service_ = service;
+    service_->SetServingStatus(!failed_);
+  }
+  void Fail() {
+    absl::MutexLock lock(&mu_);
+    failed_ = true;
+    if (service_ != nullptr) service_->SetServingStatus(false);
+  }
+
+ private:
+  absl::Mutex mu_;
+  grpc::HealthCheckServiceInterface* service_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 void WritePortFile(const std::string& path, int port) {
   if (path.empty()) return;
   const std::string tmp = path + ".tmp";
@@ -172,6 +195,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   qlora::coordinator::JobManagerOptions options = *std::move(flags);
+  HealthSwitch health;
+  options.on_unhealthy = [&health](const absl::Status&) { health.Fail(); };
   absl::StatusOr<StateDir> state = OpenStateDir(options.state_dir);
   if (!state.ok()) {
     fprintf(stderr, "qlora-coordinator: %s\n", std::string(state.status().message()).c_str());
@@ -205,7 +230,7 @@ int main(int argc, char** argv) {
   const std::string bound = absl::StrCat(host.empty() ? "127.0.0.1" : host, ":", port);
   manager.SetCoordinatorAddress(bound);
   manager.StartMonitor();
-  server->GetHealthCheckService()->SetServingStatus(true);
+  health.Serve(server->GetHealthCheckService());  // NOT_SERVING if already unhealthy (Load)
   printf("qlora-coordinator listening on %s (state %s, %s)\n", bound.c_str(), options.state_dir.c_str(),
          options.gpus.empty() ? absl::StrCat(options.cpu_workers, " CPU workers").c_str()
                               : absl::StrCat(options.gpus.size(), " GPUs").c_str());
@@ -215,7 +240,7 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   fprintf(stderr, "qlora-coordinator: %s, shutting down\n", strsignal(signal_number));
-  server->GetHealthCheckService()->SetServingStatus(false);
+  health.Fail();
   // Health says NOT_SERVING for a moment before the listener closes, so probes can see it.
   usleep(absl::GetFlag(FLAGS_shutdown_grace_ms) * 1000);
   manager.Shutdown();

@@ -38,7 +38,8 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLaunch
            options_.register_timeout,
            options_.heartbeat_timeout,
            options_.stop_grace,
-           [this] { changed_.SignalAll(); }},
+           [this] { changed_.SignalAll(); },
+           [this](const absl::Status& status) { StoreFailed(status); }},
       slots_(options_.gpus, options_.cpu_workers) {}
 
 JobManager::~JobManager() { Shutdown(); }
@@ -80,6 +81,23 @@ absl::Status JobManager::Load() {
     }
   }
   return absl::OkStatus();
+}
+
+void JobManager::StoreFailed(const absl::Status& status) {
+  mu_.AssertHeld();
+  fprintf(stderr, "qlora-coordinator: job store: %s\n", std::string(status.message()).c_str());
+  if (!store_error_.ok()) return;
+  store_error_ = status;
+  fprintf(stderr,
+          "qlora-coordinator: UNHEALTHY until restarted (health NOT_SERVING): the job store no "
+          "longer holds every state change; new jobs are refused and queued jobs wait. Free the "
+          "store's disk and restart the coordinator.\n");
+  if (options_.on_unhealthy) options_.on_unhealthy(status);
+}
+
+absl::Status JobManager::Health() const {
+  absl::MutexLock lock(&mu_);
+  return store_error_;
 }
 
 void JobManager::StartMonitor() {
@@ -137,16 +155,23 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   r.resolved_config_yaml = EmitResolvedJobYaml(config);
   r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   r.zero_stage = config.backend.strategy.zero_stage;
+  const std::string accepted =
+      absl::StrCat("accepted; ", r.num_workers, " workers, ZeRO stage ", r.zero_stage);
   absl::MutexLock lock(&mu_);
-  r.id = absl::StrFormat("job-%06d", next_job_number_++);
-  r.state = JobState::kQueued;
+  if (!store_error_.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator is unhealthy and accepts no job until it is restarted: ",
+        store_error_.message()));
+  }
+  r.id = absl::StrFormat("job-%06d", next_job_number_);  // taken by Add once recorded
   r.created_unix = absl::ToDoubleSeconds(options_.now() - absl::UnixEpoch());
   r.output_dir = config.output_dir.empty() ? JobDir(r.id) + "/output" : config.output_dir;
-  Job& job = Add(std::make_unique<Job>(std::move(r), std::move(config), &env_));
-  job.Transition(JobState::kQueued, "SUBMITTED",
-                 absl::StrCat("accepted; ", job.record().num_workers, " workers, ZeRO stage ",
-                              job.record().zero_stage));
-  return job.record();  // the monitor thread, woken by the event, schedules it
+  auto job = std::make_unique<Job>(std::move(r), std::move(config), &env_);
+  if (absl::Status recorded = job->RecordSubmission(accepted); !recorded.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the job store could not record the new job: ", recorded.message()));
+  }
+  return Add(std::move(job)).record();  // the monitor thread, woken by the event, schedules it
 }
 
 absl::StatusOr<Job*> JobManager::Find(const std::string& id) const {
@@ -197,7 +222,13 @@ absl::StatusOr<std::vector<JobEvent>> JobManager::WaitEvents(const std::string& 
     return absl::UnavailableError("the coordinator is shutting down; watch again to resume");
   }
   if (r.last_sequence <= after_sequence) return std::vector<JobEvent>{};
-  return env_.store->LoadEvents(id, after_sequence);
+  QLORA_ASSIGN_OR_RETURN(std::vector<JobEvent> events, env_.store->LoadEvents(id, after_sequence));
+  if (events.empty() || events.back().sequence < r.last_sequence) {
+    // The latest events could not be stored (the coordinator is unhealthy): the job's current
+    // state stands in for them, so that a watcher moves on instead of asking again at once.
+    events.push_back(StateEventOf(r));
+  }
+  return events;
 }
 
 absl::StatusOr<std::string> JobManager::LogPath(const std::string& id, int rank) const {
@@ -215,6 +246,8 @@ absl::StatusOr<std::string> JobManager::LogPath(const std::string& id, int rank)
 // Scheduling and the monitor
 
 void JobManager::ScheduleQueued() {
+  // Unhealthy: a start and its outcome might not be recorded; queued jobs wait for a restart.
+  if (!store_error_.ok()) return;
   // Strict FIFO: the oldest queued job starts first; later ones wait behind it.
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);

@@ -44,6 +44,9 @@ struct JobManagerOptions {
   absl::Duration poll_interval = absl::Milliseconds(50);
   std::string hf_hub_cache;                    // empty: the usual environment lookup
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // Called once, when the coordinator turns unhealthy (a state change could not be written to
+  // the store; see Health()). Runs under the manager's lock: it must not call the manager.
+  std::function<void(const absl::Status&)> on_unhealthy;
 };
 
 struct SubmitRequest {
@@ -76,8 +79,15 @@ class JobManager {
   // that drive the manager without StartMonitor (with a fake launcher and clock).
   void PollOnce();
 
+  // OK until a state change could not be written to the store; then, until the process ends,
+  // that first failure: the store no longer says what memory holds. While unhealthy, Submit is
+  // refused (UNAVAILABLE) and no queued job is started; started jobs go on, and each later
+  // successful write of a job brings its stored row up to date.
+  absl::Status Health() const;
+
   // Clients.
   absl::StatusOr<std::string> Validate(const SubmitRequest& request) const;
+  // UNAVAILABLE, keeping nothing, when the store cannot record the new job.
   absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   absl::StatusOr<JobRecord> Get(const std::string& id) const;
   std::vector<JobRecord> List(const std::set<JobState>& states) const;
@@ -126,6 +136,9 @@ class JobManager {
   void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartJob(Job& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job& Add(std::unique_ptr<Job> job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JobEnv::store_failed: logs, and turns the coordinator unhealthy on the first failure. Called
+  // by a Job, under mu_.
+  void StoreFailed(const absl::Status& status);
   absl::StatusOr<Job*> Find(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WorkerCall> FindForWorker(const std::string& job_id, const std::string& token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -148,6 +161,7 @@ class JobManager {
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status store_error_ ABSL_GUARDED_BY(mu_);  // the first failed state-change write
   std::thread monitor_;
 };
 
