@@ -1,7 +1,6 @@
 // One job's state machine and its current start (see job.h).
 #include "coordinator/job.h"
 
-#include <filesystem>
 #include <random>
 #include <utility>
 
@@ -11,13 +10,6 @@
 
 namespace qlora::coordinator {
 namespace {
-
-absl::Status EnsureDir(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
-  return absl::OkStatus();
-}
 
 std::string RandomToken() {
   std::random_device rd;
@@ -88,11 +80,9 @@ void Job::Requeue() {
 // ---------------------------------------------------------------------------------------------
 // Starting and watching the workers
 
-absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch) {
+absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch, JobShards shards) {
   const int world = record_.num_workers;
-  QLORA_ASSIGN_OR_RETURN(shards_, PlanJobShards(config_.data, world));
-  QLORA_RETURN_IF_ERROR(EnsureDir(launch.job_dir + "/logs"));
-  QLORA_RETURN_IF_ERROR(EnsureDir(record_.output_dir));
+  shards_ = std::move(shards);
   const absl::Time now = env_->now();
   use_gpu_ = launch.use_gpu;
   RendezvousOptions rendezvous;

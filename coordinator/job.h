@@ -77,11 +77,12 @@ class Job {
   // QUEUED again, without progress: the coordinator restarted while the job started or ran.
   void Requeue();
 
-  // Plans the shards, creates the log and output folders, opens a new rendezvous generation and
-  // launches rank r on slots[r] with `launch` (its per-job and per-rank fields are filled in
-  // here); then STARTING. On an error the workers
-  // launched so far are being stopped; they hold their slots until they are reaped.
-  absl::Status Start(const std::vector<int>& slots, WorkerLaunchRequest launch);
+  // Opens a new rendezvous generation and launches rank r on slots[r] with `launch` (its
+  // per-job and per-rank fields are filled in here), to read `shards`; then STARTING. The
+  // shards were planned and the folders made beforehand, without the manager's lock
+  // (start_prep.h): nothing here reads a dataset. On an error the workers launched so far are
+  // being stopped; they hold their slots until they are reaped.
+  absl::Status Start(const std::vector<int>& slots, WorkerLaunchRequest launch, JobShards shards);
   // Reaps the workers that ended (a failure unless the job is stopping or the rank completed
   // and exited cleanly), SIGKILLs stragglers after the grace, and enforces the registration and
   // heartbeat deadlines. Returns the slots of the workers reaped.

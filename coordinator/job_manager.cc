@@ -15,6 +15,7 @@
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
 #include "common/status_macros.h"
+#include "coordinator/dataset_check.h"
 #include "coordinator/worker_launch.h"
 
 namespace qlora::coordinator {
@@ -130,6 +131,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   parse.hf_hub_cache = options_.hf_hub_cache;
   parse.base_dir = request.base_dir;
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(request.job_yaml, parse));
+  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data));  // before the lock: it may be slow
   if (!request.name.empty()) config.name = request.name;
   if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
@@ -245,9 +247,9 @@ absl::StatusOr<std::string> JobManager::LogPath(const std::string& id, int rank)
 // ---------------------------------------------------------------------------------------------
 // Scheduling and the monitor
 
-void JobManager::ScheduleQueued() {
+std::optional<StartRequest> JobManager::NextStart() {
   // Unhealthy: a start and its outcome might not be recorded; queued jobs wait for a restart.
-  if (!store_error_.ok()) return;
+  if (!store_error_.ok()) return std::nullopt;
   // Strict FIFO: the oldest queued job starts first; later ones wait behind it.
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
@@ -261,11 +263,25 @@ void JobManager::ScheduleQueued() {
     std::vector<int> free = slots_.Free();
     if (static_cast<int>(free.size()) < need) {
       WaitForSlots(job, static_cast<int>(free.size()));
-      return;
+      return std::nullopt;
     }
     free.resize(need);
-    StartJob(job, std::move(free));
+    return StartRequest{id, std::move(free), job.config().data, need, JobDir(id) + "/logs",
+                        job.record().output_dir};
   }
+  return std::nullopt;
+}
+
+void JobManager::StartPrepared(const StartRequest& request, absl::StatusOr<JobShards> prepared) {
+  // While mu_ was released the job may have been cancelled, or slots freed: ask the FIFO again.
+  std::optional<StartRequest> now = NextStart();
+  if (!now || now->job_id != request.job_id) return;  // the next Tick prepares what it calls for
+  Job& job = *jobs_.at(request.job_id);
+  if (!prepared.ok()) {
+    job.Fail("START_FAILED", std::string(prepared.status().message()));
+    return;
+  }
+  StartJob(job, std::move(now->slots), *std::move(prepared));
 }
 
 void JobManager::WaitForSlots(Job& job, int free) {
@@ -281,37 +297,47 @@ void JobManager::WaitForSlots(Job& job, int free) {
   }
 }
 
-void JobManager::StartJob(Job& job, std::vector<int> slots) {
+void JobManager::StartJob(Job& job, std::vector<int> slots, JobShards shards) {
   WorkerLaunchRequest launch;
   launch.worker_binary = options_.worker_binary;
   launch.coordinator_address = coordinator_address_;
   launch.job_dir = JobDir(job.id());
   launch.use_gpu = slots_.gpu();
   launch.host_cores = sysconf(_SC_NPROCESSORS_ONLN);
-  absl::Status started = job.Start(slots, std::move(launch));
+  absl::Status started = job.Start(slots, std::move(launch), std::move(shards));
   // Every launched worker holds its slot until it is reaped, even when the start failed.
   for (const WorkerProcess& w : job.workers().workers()) slots_.Take(w.slot);
   if (!started.ok()) job.Fail("START_FAILED", std::string(started.message()));
 }
 
-void JobManager::Tick() {
+bool JobManager::Tick() {
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.workers().empty()) continue;
     for (int slot : job.Poll()) slots_.Release(slot);
   }
-  ScheduleQueued();
+  std::optional<StartRequest> next = NextStart();
+  if (!next) return false;
+  // Planning reads the job's datasets and the folders may be anywhere the job names: either
+  // may block, so neither runs under the lock that every client call needs.
+  mu_.Unlock();
+  absl::StatusOr<JobShards> prepared = PrepareStart(*next);
+  mu_.Lock();
+  if (stop_) return false;
+  StartPrepared(*next, std::move(prepared));
+  return true;
 }
 
 void JobManager::PollOnce() {
   absl::MutexLock lock(&mu_);
-  if (!stop_) Tick();
+  while (!stop_ && Tick()) {
+  }
 }
 
 void JobManager::MonitorLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    Tick();
+    if (Tick()) continue;  // a start was tried: the next queued job may fit at once
     changed_.WaitWithTimeout(&mu_, options_.poll_interval);
   }
 }

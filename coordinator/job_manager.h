@@ -6,13 +6,16 @@
 //
 // Thread-safe. One lock (mu_) guards every job. Calls that wait (WaitEvents, GetAssignment,
 // StoreGet) wait on a condition variable or on the job's Rendezvous, never holding mu_ while a
-// Rendezvous waits. Worker processes are launched only from the monitor thread (StartMonitor),
-// or from the caller of PollOnce in tests.
+// Rendezvous waits. Nothing that touches a path a job names runs under mu_: Submit and Validate
+// check the datasets (stat only) before taking it, and the monitor plans a start's shards and
+// makes its folders with it released (start_prep.h). Worker processes are launched only from
+// the monitor thread (StartMonitor), or from the caller of PollOnce in tests.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -27,6 +30,7 @@
 #include "coordinator/job_types.h"
 #include "coordinator/process_launcher.h"
 #include "coordinator/slot_pool.h"
+#include "coordinator/start_prep.h"
 
 namespace qlora::coordinator {
 
@@ -130,11 +134,21 @@ class JobManager {
   };
 
   void MonitorLoop();
-  void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One pass: reaps, enforces deadlines, and starts the FIFO's next job if it fits, preparing
+  // it with mu_ released (so mu_ is not held throughout). Returns whether it tried a start:
+  // then the next queued job may be startable at once.
+  bool Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The start the strict FIFO calls for now: the oldest queued job, when enough slots are free
+  // (a job that can never fit fails; one that must wait says so). nullopt when there is none,
+  // or while the coordinator is unhealthy.
+  std::optional<StartRequest> NextStart() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts `request`'s job with what PrepareStart gave, if the FIFO still calls for it (the
+  // queue may have changed while mu_ was released); otherwise drops the preparation.
+  void StartPrepared(const StartRequest& request, absl::StatusOr<JobShards> prepared)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Says (once per change) what a queued job waits for and who holds the slots.
   void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartJob(Job& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartJob(Job& job, std::vector<int> slots, JobShards shards) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job& Add(std::unique_ptr<Job> job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JobEnv::store_failed: logs, and turns the coordinator unhealthy on the first failure. Called
   // by a Job, under mu_.
@@ -145,8 +159,9 @@ class JobManager {
   // The worker's rendezvous, looked up under the lock, for a wait made without it.
   absl::StatusOr<RendezvousSeat> SeatFor(const std::string& job_id, const std::string& token)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Parses and checks a submission against this coordinator's slots.
-  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const;
+  // Parses and checks a submission: its datasets (stat only) and this coordinator's slots.
+  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::string JobDir(const std::string& id) const;
 
   const JobManagerOptions options_;

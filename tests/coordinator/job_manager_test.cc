@@ -3,7 +3,9 @@
 // pass without waiting). PollOnce stands in for the monitor thread.
 #include "coordinator/job_manager.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <thread>
 
@@ -578,6 +580,79 @@ TEST_F(CoordinatorJobManagerTest, FailedWriteOfAStateChangeMakesTheCoordinatorUn
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ(events->back().sequence, job.last_sequence);
   EXPECT_EQ(events->back().state, JobState::kRunning);
+}
+
+// A dataset that is a FIFO, a device, a folder or an empty file is refused at Submit and
+// Validate, naming the field and the reason, at once (stat only: a FIFO with no writer would
+// block an open forever), and nothing is kept.
+TEST_F(CoordinatorJobManagerTest, DatasetsThatAreNotRegularNonEmptyFilesAreRefusedAtSubmit) {
+  Start(Options(1));
+  const std::string fifo = dir_.path() + "/pipe.jsonl";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const std::string folder = dir_.path() + "/folder.jsonl";
+  std::filesystem::create_directories(folder);
+  const std::string empty = WriteFile(dir_.path() + "/empty.jsonl", "");
+  const std::string device = dir_.path() + "/device.jsonl";
+  std::filesystem::create_symlink("/dev/null", device);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fifo, "is a FIFO (named pipe), not a regular file"},
+      {folder, "is a folder, not a regular file"},
+      {empty, "is empty"},
+      {device, "is a character device, not a regular file"}};
+  for (const auto& [path, reason] : cases) {
+    const auto start = absl::Now();
+    absl::StatusOr<JobRecord> job = manager_->Submit(Job(1, path));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(job.status().message(), HasSubstr(absl::StrCat("dataset: '", path, "' ", reason)));
+    EXPECT_EQ(manager_->Validate(Job(1, path)).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  SubmitRequest validation = Job(1);
+  validation.validation_dataset = fifo;
+  absl::StatusOr<JobRecord> job = manager_->Submit(validation);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("validation_dataset: '" + fifo + "' is a FIFO"));
+  EXPECT_THAT(manager_->List({}), IsEmpty());
+  EXPECT_THAT(*store_->LoadJobs(), IsEmpty());
+}
+
+// A dataset swapped for a FIFO after Submit: the start is prepared without the manager's lock
+// and the FIFO is opened without blocking, so other calls are answered meanwhile and the start
+// fails with the reason instead of hanging the monitor (before: open() blocked under the lock).
+TEST_F(CoordinatorJobManagerTest, DatasetSwappedForAFifoAfterSubmitFailsTheStartWithoutBlocking) {
+  Start(Options(1));
+  const std::string dataset = WriteFile(dir_.path() + "/swapped.jsonl", testing::ReadFile(train_path_));
+  absl::StatusOr<JobRecord> job = manager_->Submit(Job(1, dataset));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(std::filesystem::remove(dataset));
+  ASSERT_EQ(mkfifo(dataset.c_str(), 0644), 0);
+
+  absl::Notification polled, answered;
+  std::thread poller([&] {
+    manager_->PollOnce();
+    polled.Notify();
+  });
+  std::thread client([&] {
+    (void)manager_->Get(job->id);
+    (void)manager_->List({});
+    answered.Notify();
+  });
+  const bool answered_in_time = answered.WaitForNotificationWithTimeout(absl::Seconds(1));
+  const bool polled_in_time = polled.WaitForNotificationWithTimeout(absl::Seconds(5));
+  if (!polled_in_time) {  // a writer lets a blocked open() return, so that the test can end
+    const int writer = open(dataset.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) close(writer);
+  }
+  poller.join();
+  client.join();
+  EXPECT_TRUE(answered_in_time) << "Get/List waited for the start";
+  EXPECT_TRUE(polled_in_time) << "the start blocked on the FIFO";
+  const JobRecord failed = Record(job->id);
+  EXPECT_EQ(failed.state, JobState::kFailed);
+  EXPECT_EQ(failed.reason_code, "START_FAILED");
+  EXPECT_THAT(failed.message, HasSubstr(dataset));
+  EXPECT_THAT(failed.message, HasSubstr("not a regular file"));
+  EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // End-to-end tests of the service: the real coordinator binary on 127.0.0.1 port 0, real
 // qlora-worker processes on CPU, the real qloractl, and a C++ gRPC client.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -477,6 +479,48 @@ TEST_F(ServiceTest, SecondCoordinatorOnTheSameStateFolderExitsNamingTheHolder) {
   v1::ListJobsResponse list;
   EXPECT_TRUE(first.jobs()->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
   EXPECT_EQ(first.Ctl("get job-000001").exit_code, 4);  // it answers; no job was made
+}
+
+// A FIFO as dataset froze the whole coordinator: the scheduler blocked in open() while holding
+// the job manager's lock, every RPC timed out and health still said SERVING. It is refused at
+// submit, at once, and the coordinator keeps answering.
+TEST_F(ServiceTest, FifoAsDatasetIsRefusedAtOnceAndTheCoordinatorKeepsAnswering) {
+  CoordinatorProcess c(state_, 1);
+  ASSERT_TRUE(c.started());
+  const std::string fifo = state_ + "/pipe.jsonl";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  auto within = [](double seconds) {
+    return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+  };
+  grpc::ClientContext submit_ctx;
+  submit_ctx.set_deadline(within(1));
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(ShortJob());
+  req.set_dataset(fifo);
+  v1::SubmitJobResponse resp;
+  grpc::Status s = c.jobs()->SubmitJob(&submit_ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("dataset: '" + fifo + "' is a FIFO (named pipe), not a regular file"));
+
+  for (int i = 0; i < 3; ++i) {  // the monitor's passes come and go; every call stays fast
+    grpc::ClientContext list_ctx;
+    list_ctx.set_deadline(within(1));
+    v1::ListJobsResponse list;
+    grpc::Status listed = c.jobs()->ListJobs(&list_ctx, v1::ListJobsRequest(), &list);
+    EXPECT_TRUE(listed.ok()) << listed.error_message();
+    EXPECT_EQ(list.jobs_size(), 0);
+    grpc::ClientContext get_ctx;
+    get_ctx.set_deadline(within(1));
+    v1::GetJobRequest get;
+    get.set_id("job-000001");
+    v1::Job job;
+    EXPECT_EQ(c.jobs()->GetJob(&get_ctx, get, &job).error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(HealthOf(c, 1), grpc::health::v1::HealthCheckResponse::SERVING);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // A coordinator stuck in open() on the FIFO could not stop: a writer would release it.
+  const int writer = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  if (writer >= 0) close(writer);
 }
 
 }  // namespace
