@@ -21,10 +21,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
 #include "coordinator/process_launcher.h"
+#include "coordinator/state_lock.h"
 #include "coordinator/worker_service.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
@@ -96,6 +98,80 @@ std::string SelfDir() {
   return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
 }
 
+// The state folder, locked for this process (one coordinator per folder), and its job store.
+struct StateDir {
+  qlora::coordinator::StateDirLock lock;
+  std::unique_ptr<qlora::coordinator::JobStore> store;
+};
+
+absl::StatusOr<StateDir> OpenStateDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  absl::StatusOr<qlora::coordinator::StateDirLock> lock = qlora::coordinator::StateDirLock::Acquire(dir);
+  if (!lock.ok()) return lock.status();
+  absl::StatusOr<std::unique_ptr<qlora::coordinator::JobStore>> store =
+      qlora::coordinator::JobStore::Open(dir + "/jobs.sqlite");
+  if (!store.ok()) return store.status();
+  return StateDir{std::move(*lock), std::move(*store)};
+}
+
+// The job manager's options from the flags.
+absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
+  absl::StatusOr<std::vector<int>> gpus = ParseGpus(absl::GetFlag(FLAGS_gpus));
+  if (!gpus.ok()) return gpus.status();
+  qlora::coordinator::JobManagerOptions options;
+  options.state_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_state_dir)).string();
+  options.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
+  if (options.cpu_workers == 0) options.gpus = *gpus;
+  options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
+  if (options.worker_binary.empty()) {
+    // Installed side by side, or in the build tree (coordinator/ and worker/).
+    options.worker_binary = SelfDir() + "/qlora-worker";
+    if (!std::filesystem::exists(options.worker_binary)) options.worker_binary = SelfDir() + "/../worker/qlora-worker";
+  }
+  options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
+  options.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  if (options.gpus.empty() && options.cpu_workers == 0) {
+    options.cpu_workers = 1;
+    fprintf(stderr, "qlora-coordinator: no GPUs found; running jobs on 1 CPU worker (see --cpu-workers)\n");
+  }
+  return options;
+}
+
+// grpc.health's overall status: SERVING once Serve() is called, NOT_SERVING for good after
+// Fail() (the job manager turned unhealthy, or the coordinator is stopping), whichever order
+// they come in. Thread-safe.
+class HealthSwitch {
+ public:
+  void Serve(grpc::HealthCheckServiceInterface* service) {
+    absl::MutexLock lock(&mu_);
+    service_ = service;
+    service_->SetServingStatus(!failed_);
+  }
+  void Fail() {
+    absl::MutexLock lock(&mu_);
+    failed_ = true;
+    if (service_ != nullptr) service_->SetServingStatus(false);
+  }
+
+ private:
+  absl::Mutex mu_;
+  grpc::HealthCheckServiceInterface* service_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  if (FILE* f = fopen(tmp.c_str(), "w")) {
+    fprintf(f, "%d\n", port);
+    fclose(f);
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,36 +189,17 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  absl::StatusOr<std::vector<int>> gpus = ParseGpus(absl::GetFlag(FLAGS_gpus));
-  if (!gpus.ok()) {
-    fprintf(stderr, "qlora-coordinator: %s\n", std::string(gpus.status().message()).c_str());
+  absl::StatusOr<qlora::coordinator::JobManagerOptions> flags = OptionsFromFlags();
+  if (!flags.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(flags.status().message()).c_str());
     return 2;
   }
-  qlora::coordinator::JobManagerOptions options;
-  options.state_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_state_dir)).string();
-  options.cpu_workers = absl::GetFlag(FLAGS_cpu_workers);
-  if (options.cpu_workers == 0) options.gpus = *gpus;
-  options.worker_binary = absl::GetFlag(FLAGS_worker_binary);
-  if (options.worker_binary.empty()) {
-    // Installed side by side, or in the build tree (coordinator/ and worker/).
-    options.worker_binary = SelfDir() + "/qlora-worker";
-    if (!std::filesystem::exists(options.worker_binary)) options.worker_binary = SelfDir() + "/../worker/qlora-worker";
-  }
-  options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
-  options.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
-  if (options.gpus.empty() && options.cpu_workers == 0) {
-    options.cpu_workers = 1;
-    fprintf(stderr, "qlora-coordinator: no GPUs found; running jobs on 1 CPU worker (see --cpu-workers)\n");
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(options.state_dir, ec);
-  if (ec) {
-    fprintf(stderr, "qlora-coordinator: cannot create %s: %s\n", options.state_dir.c_str(), ec.message().c_str());
-    return 1;
-  }
-  auto store = qlora::coordinator::JobStore::Open(options.state_dir + "/jobs.sqlite");
-  if (!store.ok()) {
-    fprintf(stderr, "qlora-coordinator: %s\n", std::string(store.status().message()).c_str());
+  qlora::coordinator::JobManagerOptions options = *std::move(flags);
+  HealthSwitch health;
+  options.on_unhealthy = [&health](const absl::Status&) { health.Fail(); };
+  absl::StatusOr<StateDir> state = OpenStateDir(options.state_dir);
+  if (!state.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(state.status().message()).c_str());
     return 1;
   }
 
@@ -151,7 +208,7 @@ int main(int argc, char** argv) {
   qlora::coordinator::PosixProcessLauncher launcher;
   // The stored jobs are loaded before the first request is served; workers are only spawned by
   // the monitor, started once the bound port is known.
-  qlora::coordinator::JobManager manager(options, store->get(), &launcher);
+  qlora::coordinator::JobManager manager(options, state->store.get(), &launcher);
   if (absl::Status loaded = manager.Load(); !loaded.ok()) {
     fprintf(stderr, "qlora-coordinator: %s\n", std::string(loaded.message()).c_str());
     return 1;
@@ -173,24 +230,17 @@ int main(int argc, char** argv) {
   const std::string bound = absl::StrCat(host.empty() ? "127.0.0.1" : host, ":", port);
   manager.SetCoordinatorAddress(bound);
   manager.StartMonitor();
-  server->GetHealthCheckService()->SetServingStatus(true);
+  health.Serve(server->GetHealthCheckService());  // NOT_SERVING if already unhealthy (Load)
   printf("qlora-coordinator listening on %s (state %s, %s)\n", bound.c_str(), options.state_dir.c_str(),
          options.gpus.empty() ? absl::StrCat(options.cpu_workers, " CPU workers").c_str()
                               : absl::StrCat(options.gpus.size(), " GPUs").c_str());
   fflush(stdout);
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    const std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
-    if (FILE* f = fopen(tmp.c_str(), "w")) {
-      fprintf(f, "%d\n", port);
-      fclose(f);
-      std::filesystem::rename(tmp, absl::GetFlag(FLAGS_port_file), ec);
-    }
-  }
+  WritePortFile(absl::GetFlag(FLAGS_port_file), port);
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   fprintf(stderr, "qlora-coordinator: %s, shutting down\n", strsignal(signal_number));
-  server->GetHealthCheckService()->SetServingStatus(false);
+  health.Fail();
   // Health says NOT_SERVING for a moment before the listener closes, so probes can see it.
   usleep(absl::GetFlag(FLAGS_shutdown_grace_ms) * 1000);
   manager.Shutdown();

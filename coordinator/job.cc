@@ -28,13 +28,27 @@ double Job::NowUnix() const { return absl::ToDoubleSeconds(env_->now() - absl::U
 // ---------------------------------------------------------------------------------------------
 // State changes
 
-void Job::Record(JobEvent event) {
+absl::Status Job::Write(JobEvent event) {
   event.sequence = ++record_.last_sequence;
   event.time_unix = NowUnix();
-  absl::Status s = env_->store->AppendEvent(record_.id, event);
-  if (s.ok()) s = env_->store->PutJob(record_);
-  if (!s.ok()) fprintf(stderr, "qlora-coordinator: job store: %s\n", std::string(s.message()).c_str());
+  return env_->store->Record(record_, event);
+}
+
+void Job::Record(JobEvent event) {
+  const std::string what = absl::StrCat(event.reason_code, " of job ", record_.id);
+  if (absl::Status s = Write(std::move(event)); !s.ok()) {
+    env_->store_failed(absl::Status(s.code(), absl::StrCat("could not record ", what, ": ", s.message())));
+  }
   env_->changed();
+}
+
+absl::Status Job::RecordSubmission(const std::string& message) {
+  record_.state = JobState::kQueued;
+  record_.reason_code = "SUBMITTED";
+  record_.message = message;
+  QLORA_RETURN_IF_ERROR(Write(StateEventOf(record_)));
+  env_->changed();
+  return absl::OkStatus();
 }
 
 void Job::Transition(JobState state, const std::string& reason_code, const std::string& message) {
@@ -45,11 +59,7 @@ void Job::Transition(JobState state, const std::string& reason_code, const std::
     record_.finished_unix = NowUnix();
     if (rendezvous_) rendezvous_->Close(absl::StrCat("job ", record_.id, " has ended"));
   }
-  JobEvent e;
-  e.state = state;
-  e.reason_code = reason_code;
-  e.message = message;
-  Record(std::move(e));
+  Record(StateEventOf(record_));
 }
 
 void Job::Fail(const std::string& reason_code, const std::string& message) {
@@ -72,11 +82,9 @@ void Job::Requeue() {
 // ---------------------------------------------------------------------------------------------
 // Starting and watching the workers
 
-absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch) {
+absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch, JobShards shards) {
   const int world = record_.num_workers;
-  QLORA_ASSIGN_OR_RETURN(shards_, PlanJobShards(config_.data, world));
-  QLORA_RETURN_IF_ERROR(MakeDirs(launch.job_dir + "/logs"));
-  QLORA_RETURN_IF_ERROR(MakeDirs(record_.output_dir));
+  shards_ = std::move(shards);
   const absl::Time now = env_->now();
   use_gpu_ = launch.use_gpu;
   RendezvousOptions rendezvous;

@@ -9,7 +9,9 @@
 //   STARTING, RUNNING -> QUEUED (Requeue: the coordinator restarted)
 //
 // Every state change and progress report is recorded: sequence-numbered, persisted in the
-// JobStore and announced through JobEnv::changed. Ending the job stops its workers (SIGTERM,
+// JobStore (the event and the job row in one transaction) and announced through
+// JobEnv::changed. A failed write is reported to JobEnv::store_failed; the change stands in
+// memory. Only the submission's write is checked by the caller (RecordSubmission). Ending the job stops its workers (SIGTERM,
 // then SIGKILL after the grace) and closes its rendezvous.
 //
 // Not thread-safe: JobManager calls every method under its lock. Only the Rendezvous, which has
@@ -45,6 +47,7 @@ struct JobEnv {
   absl::Duration heartbeat_timeout;  // a running rank silent this long is lost
   absl::Duration stop_grace;         // SIGTERM, then SIGKILL after this
   std::function<void()> changed;     // a job recorded something: wake watchers and the monitor
+  std::function<void(const absl::Status&)> store_failed;  // a state change was not persisted
 };
 
 class Job {
@@ -62,6 +65,9 @@ class Job {
   // The current start's rendezvous; null before the first start.
   const std::shared_ptr<Rendezvous>& rendezvous() const { return rendezvous_; }
 
+  // QUEUED (SUBMITTED): the new job's first record. The store's error when it could not be
+  // written (the caller then drops the job); store_failed is not called.
+  absl::Status RecordSubmission(const std::string& message);
   // Records a state change.
   void Transition(JobState state, const std::string& reason_code, const std::string& message);
   // FAILED (nothing once the job has ended); stops the workers.
@@ -71,11 +77,12 @@ class Job {
   // QUEUED again, without progress: the coordinator restarted while the job started or ran.
   void Requeue();
 
-  // Plans the shards, creates the log and output folders, opens a new rendezvous generation and
-  // launches rank r on slots[r] with `launch` (its per-job and per-rank fields are filled in
-  // here); then STARTING. On an error the workers
-  // launched so far are being stopped; they hold their slots until they are reaped.
-  absl::Status Start(const std::vector<int>& slots, WorkerLaunchRequest launch);
+  // Opens a new rendezvous generation and launches rank r on slots[r] with `launch` (its
+  // per-job and per-rank fields are filled in here), to read `shards`; then STARTING. The
+  // shards were planned and the folders made beforehand, without the manager's lock
+  // (start_prep.h): nothing here reads a dataset. On an error the workers launched so far are
+  // being stopped; they hold their slots until they are reaped.
+  absl::Status Start(const std::vector<int>& slots, WorkerLaunchRequest launch, JobShards shards);
   // Reaps the workers that ended (a failure unless the job is stopping or the rank completed
   // and exited cleanly), SIGKILLs stragglers after the grace, and enforces the registration and
   // heartbeat deadlines. Returns the slots of the workers reaped.
@@ -96,6 +103,9 @@ class Job {
                         const std::string& adapter_path);
 
  private:
+  // Numbers, stamps and writes `event` with the job row.
+  absl::Status Write(JobEvent event);
+  // Write; a failure goes to store_failed. Wakes watchers either way.
   void Record(JobEvent event);
   void FailOnExit(const WorkerExit& exit);
   void CheckDeadlines();

@@ -15,6 +15,7 @@
 #include "common/config/job_config_parser.h"
 #include "common/posix_files.h"
 #include "common/status_macros.h"
+#include "coordinator/dataset_check.h"
 #include "coordinator/worker_launch.h"
 
 namespace qlora::coordinator {
@@ -28,7 +29,8 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLaunch
            options_.register_timeout,
            options_.heartbeat_timeout,
            options_.stop_grace,
-           [this] { changed_.SignalAll(); }},
+           [this] { changed_.SignalAll(); },
+           [this](const absl::Status& status) { StoreFailed(status); }},
       slots_(options_.gpus, options_.cpu_workers) {}
 
 JobManager::~JobManager() { Shutdown(); }
@@ -72,6 +74,23 @@ absl::Status JobManager::Load() {
   return absl::OkStatus();
 }
 
+void JobManager::StoreFailed(const absl::Status& status) {
+  mu_.AssertHeld();
+  fprintf(stderr, "qlora-coordinator: job store: %s\n", std::string(status.message()).c_str());
+  if (!store_error_.ok()) return;
+  store_error_ = status;
+  fprintf(stderr,
+          "qlora-coordinator: UNHEALTHY until restarted (health NOT_SERVING): the job store no "
+          "longer holds every state change; new jobs are refused and queued jobs wait. Free the "
+          "store's disk and restart the coordinator.\n");
+  if (options_.on_unhealthy) options_.on_unhealthy(status);
+}
+
+absl::Status JobManager::Health() const {
+  absl::MutexLock lock(&mu_);
+  return store_error_;
+}
+
 void JobManager::StartMonitor() {
   // Only the monitor thread starts workers: PR_SET_PDEATHSIG fires when the *thread* that
   // forked a worker ends, and gRPC's handler threads come and go.
@@ -103,6 +122,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   parse.base_dir = request.base_dir;
   parse.name_override = request.name;
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(request.job_yaml, parse));
+  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data));  // before the lock: it may be slow
   if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
   }
@@ -127,16 +147,23 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   r.resolved_config_yaml = EmitResolvedJobYaml(config);
   r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   r.zero_stage = config.backend.strategy.zero_stage;
+  const std::string accepted =
+      absl::StrCat("accepted; ", r.num_workers, " workers, ZeRO stage ", r.zero_stage);
   absl::MutexLock lock(&mu_);
-  r.id = absl::StrFormat("job-%06d", next_job_number_++);
-  r.state = JobState::kQueued;
+  if (!store_error_.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator is unhealthy and accepts no job until it is restarted: ",
+        store_error_.message()));
+  }
+  r.id = absl::StrFormat("job-%06d", next_job_number_);  // taken by Add once recorded
   r.created_unix = absl::ToDoubleSeconds(options_.now() - absl::UnixEpoch());
   r.output_dir = config.output_dir.empty() ? JobDir(r.id) + "/output" : config.output_dir;
-  Job& job = Add(std::make_unique<Job>(std::move(r), std::move(config), &env_));
-  job.Transition(JobState::kQueued, "SUBMITTED",
-                 absl::StrCat("accepted; ", job.record().num_workers, " workers, ZeRO stage ",
-                              job.record().zero_stage));
-  return job.record();  // the monitor thread, woken by the event, schedules it
+  auto job = std::make_unique<Job>(std::move(r), std::move(config), &env_);
+  if (absl::Status recorded = job->RecordSubmission(accepted); !recorded.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the job store could not record the new job: ", recorded.message()));
+  }
+  return Add(std::move(job)).record();  // the monitor thread, woken by the event, schedules it
 }
 
 absl::StatusOr<Job*> JobManager::Find(const std::string& id) const {
@@ -201,7 +228,13 @@ absl::StatusOr<std::vector<JobEvent>> JobManager::WaitEvents(const std::string& 
     return absl::UnavailableError("the coordinator is shutting down; watch again to resume");
   }
   if (r.last_sequence <= after_sequence) return std::vector<JobEvent>{};
-  return env_.store->LoadEvents(id, after_sequence);
+  QLORA_ASSIGN_OR_RETURN(std::vector<JobEvent> events, env_.store->LoadEvents(id, after_sequence));
+  if (events.empty() || events.back().sequence < r.last_sequence) {
+    // The latest events could not be stored (the coordinator is unhealthy): the job's current
+    // state stands in for them, so that a watcher moves on instead of asking again at once.
+    events.push_back(StateEventOf(r));
+  }
+  return events;
 }
 
 absl::StatusOr<std::string> JobManager::LogPath(const std::string& id, int rank) const {
@@ -218,7 +251,9 @@ absl::StatusOr<std::string> JobManager::LogPath(const std::string& id, int rank)
 // ---------------------------------------------------------------------------------------------
 // Scheduling and the monitor
 
-void JobManager::ScheduleQueued() {
+std::optional<StartRequest> JobManager::NextStart() {
+  // Unhealthy: a start and its outcome might not be recorded; queued jobs wait for a restart.
+  if (!store_error_.ok()) return std::nullopt;
   // Strict FIFO: the oldest queued job starts first; later ones wait behind it.
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
@@ -232,11 +267,25 @@ void JobManager::ScheduleQueued() {
     std::vector<int> free = slots_.Free();
     if (static_cast<int>(free.size()) < need) {
       WaitForSlots(job, static_cast<int>(free.size()));
-      return;
+      return std::nullopt;
     }
     free.resize(need);
-    StartJob(job, std::move(free));
+    return StartRequest{id, std::move(free), job.config().data, need, JobDir(id) + "/logs",
+                        job.record().output_dir};
   }
+  return std::nullopt;
+}
+
+void JobManager::StartPrepared(const StartRequest& request, absl::StatusOr<JobShards> prepared) {
+  // While mu_ was released the job may have been cancelled, or slots freed: ask the FIFO again.
+  std::optional<StartRequest> now = NextStart();
+  if (!now || now->job_id != request.job_id) return;  // the next Tick prepares what it calls for
+  Job& job = *jobs_.at(request.job_id);
+  if (!prepared.ok()) {
+    job.Fail("START_FAILED", std::string(prepared.status().message()));
+    return;
+  }
+  StartJob(job, std::move(now->slots), *std::move(prepared));
 }
 
 void JobManager::WaitForSlots(Job& job, int free) {
@@ -252,37 +301,47 @@ void JobManager::WaitForSlots(Job& job, int free) {
   }
 }
 
-void JobManager::StartJob(Job& job, std::vector<int> slots) {
+void JobManager::StartJob(Job& job, std::vector<int> slots, JobShards shards) {
   WorkerLaunchRequest launch;
   launch.worker_binary = options_.worker_binary;
   launch.coordinator_address = coordinator_address_;
   launch.job_dir = JobDir(job.id());
   launch.use_gpu = slots_.gpu();
   launch.host_cores = sysconf(_SC_NPROCESSORS_ONLN);
-  absl::Status started = job.Start(slots, std::move(launch));
+  absl::Status started = job.Start(slots, std::move(launch), std::move(shards));
   // Every launched worker holds its slot until it is reaped, even when the start failed.
   for (const WorkerProcess& w : job.workers().workers()) slots_.Take(w.slot);
   if (!started.ok()) job.Fail("START_FAILED", std::string(started.message()));
 }
 
-void JobManager::Tick() {
+bool JobManager::Tick() {
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.workers().empty()) continue;
     for (int slot : job.Poll()) slots_.Release(slot);
   }
-  ScheduleQueued();
+  std::optional<StartRequest> next = NextStart();
+  if (!next) return false;
+  // Planning reads the job's datasets and the folders may be anywhere the job names: either
+  // may block, so neither runs under the lock that every client call needs.
+  mu_.Unlock();
+  absl::StatusOr<JobShards> prepared = PrepareStart(*next);
+  mu_.Lock();
+  if (stop_) return false;
+  StartPrepared(*next, std::move(prepared));
+  return true;
 }
 
 void JobManager::PollOnce() {
   absl::MutexLock lock(&mu_);
-  if (!stop_) Tick();
+  while (!stop_ && Tick()) {
+  }
 }
 
 void JobManager::MonitorLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    Tick();
+    if (Tick()) continue;  // a start was tried: the next queued job may fit at once
     changed_.WaitWithTimeout(&mu_, options_.poll_interval);
   }
 }

@@ -6,13 +6,16 @@
 //
 // Thread-safe. One lock (mu_) guards every job. Calls that wait (WaitEvents, GetAssignment,
 // StoreGet) wait on a condition variable or on the job's Rendezvous, never holding mu_ while a
-// Rendezvous waits. Worker processes are launched only from the monitor thread (StartMonitor),
-// or from the caller of PollOnce in tests.
+// Rendezvous waits. Nothing that touches a path a job names runs under mu_: Submit and Validate
+// check the datasets (stat only) before taking it, and the monitor plans a start's shards and
+// makes its folders with it released (start_prep.h). Worker processes are launched only from
+// the monitor thread (StartMonitor), or from the caller of PollOnce in tests.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -27,6 +30,7 @@
 #include "coordinator/job_types.h"
 #include "coordinator/process_launcher.h"
 #include "coordinator/slot_pool.h"
+#include "coordinator/start_prep.h"
 
 namespace qlora::coordinator {
 
@@ -44,6 +48,9 @@ struct JobManagerOptions {
   absl::Duration poll_interval = absl::Milliseconds(50);
   std::string hf_hub_cache;                    // empty: the usual environment lookup
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // Called once, when the coordinator turns unhealthy (a state change could not be written to
+  // the store; see Health()). Runs under the manager's lock: it must not call the manager.
+  std::function<void(const absl::Status&)> on_unhealthy;
 };
 
 struct SubmitRequest {
@@ -76,8 +83,15 @@ class JobManager {
   // that drive the manager without StartMonitor (with a fake launcher and clock).
   void PollOnce();
 
+  // OK until a state change could not be written to the store; then, until the process ends,
+  // that first failure: the store no longer says what memory holds. While unhealthy, Submit is
+  // refused (UNAVAILABLE) and no queued job is started; started jobs go on, and each later
+  // successful write of a job brings its stored row up to date.
+  absl::Status Health() const;
+
   // Clients.
   absl::StatusOr<std::string> Validate(const SubmitRequest& request) const;
+  // UNAVAILABLE, keeping nothing, when the store cannot record the new job.
   absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   absl::StatusOr<JobRecord> Get(const std::string& id) const;
   // Jobs in submission order whose state is in `states` (empty = all): at most `page_size`
@@ -125,20 +139,34 @@ class JobManager {
   };
 
   void MonitorLoop();
-  void Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ScheduleQueued() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One pass: reaps, enforces deadlines, and starts the FIFO's next job if it fits, preparing
+  // it with mu_ released (so mu_ is not held throughout). Returns whether it tried a start:
+  // then the next queued job may be startable at once.
+  bool Tick() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The start the strict FIFO calls for now: the oldest queued job, when enough slots are free
+  // (a job that can never fit fails; one that must wait says so). nullopt when there is none,
+  // or while the coordinator is unhealthy.
+  std::optional<StartRequest> NextStart() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts `request`'s job with what PrepareStart gave, if the FIFO still calls for it (the
+  // queue may have changed while mu_ was released); otherwise drops the preparation.
+  void StartPrepared(const StartRequest& request, absl::StatusOr<JobShards> prepared)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Says (once per change) what a queued job waits for and who holds the slots.
   void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartJob(Job& job, std::vector<int> slots) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartJob(Job& job, std::vector<int> slots, JobShards shards) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job& Add(std::unique_ptr<Job> job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JobEnv::store_failed: logs, and turns the coordinator unhealthy on the first failure. Called
+  // by a Job, under mu_.
+  void StoreFailed(const absl::Status& status);
   absl::StatusOr<Job*> Find(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<WorkerCall> FindForWorker(const std::string& job_id, const std::string& token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The worker's rendezvous, looked up under the lock, for a wait made without it.
   absl::StatusOr<RendezvousSeat> SeatFor(const std::string& job_id, const std::string& token)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Parses and checks a submission against this coordinator's slots.
-  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const;
+  // Parses and checks a submission: its datasets (stat only) and this coordinator's slots.
+  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::string JobDir(const std::string& id) const;
 
   const JobManagerOptions options_;
@@ -153,6 +181,7 @@ class JobManager {
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status store_error_ ABSL_GUARDED_BY(mu_);  // the first failed state-change write
   std::thread monitor_;
 };
 

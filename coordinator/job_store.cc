@@ -4,9 +4,11 @@
 #include <sqlite3.h>
 
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
 namespace qlora::coordinator {
@@ -31,6 +33,42 @@ CREATE TABLE IF NOT EXISTS events (
   PRIMARY KEY (job_id, seq));
 )sql";
 
+// The name of SQLite's primary result code, for messages an operator can search for.
+const char* SqliteCodeName(int rc) {
+  switch (rc & 0xff) {
+    case SQLITE_FULL: return "SQLITE_FULL";
+    case SQLITE_IOERR: return "SQLITE_IOERR";
+    case SQLITE_BUSY: return "SQLITE_BUSY";
+    case SQLITE_LOCKED: return "SQLITE_LOCKED";
+    case SQLITE_READONLY: return "SQLITE_READONLY";
+    case SQLITE_CANTOPEN: return "SQLITE_CANTOPEN";
+    case SQLITE_NOMEM: return "SQLITE_NOMEM";
+    case SQLITE_CORRUPT: return "SQLITE_CORRUPT";
+    case SQLITE_CONSTRAINT: return "SQLITE_CONSTRAINT";
+    default: return "SQLITE_ERROR";
+  }
+}
+
+// "<what>: <SQLite's message> (SQLITE_FULL, ENOSPC: No space left on device)". UNAVAILABLE for
+// conditions of the disk or the file that an operator can fix; INTERNAL for the rest.
+absl::Status SqliteError(sqlite3* db, int rc, absl::string_view what) {
+  // Only these come from the OS; otherwise the errno may be left from an earlier failure.
+  const int primary = rc & 0xff;
+  const bool from_os = primary == SQLITE_FULL || primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN;
+  const int os_errno = from_os ? sqlite3_system_errno(db) : 0;
+  const std::string os = os_errno == 0 ? "" : absl::StrCat(", ", strerrorname_np(os_errno), ": ",
+                                                           strerror(os_errno));
+  const std::string message =
+      absl::StrCat(what, ": ", sqlite3_errmsg(db), " (", SqliteCodeName(rc), os, ")");
+  switch (primary) {
+    case SQLITE_FULL: case SQLITE_IOERR: case SQLITE_BUSY: case SQLITE_LOCKED:
+    case SQLITE_READONLY: case SQLITE_CANTOPEN: case SQLITE_NOMEM:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
 // RAII prepared statement with 1-based binding helpers.
 class Statement {
  public:
@@ -39,8 +77,7 @@ class Statement {
   }
   ~Statement() { sqlite3_finalize(stmt_); }
   absl::Status status() const {
-    return rc_ == SQLITE_OK ? absl::OkStatus()
-                            : absl::InternalError(absl::StrCat("sqlite prepare: ", sqlite3_errmsg(db_)));
+    return rc_ == SQLITE_OK ? absl::OkStatus() : SqliteError(db_, rc_, "sqlite prepare");
   }
   Statement& Bind(int i, const std::string& v) {
     sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
@@ -54,7 +91,7 @@ class Statement {
     int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db_)));
+    return SqliteError(db_, rc, "sqlite step");
   }
   std::string Text(int col) const {
     const unsigned char* p = sqlite3_column_text(stmt_, col);
@@ -110,7 +147,8 @@ constexpr const char* kEventColumns =
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
+                                                          const JobStoreOptions& options) {
   sqlite3* db = nullptr;
   if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
@@ -126,19 +164,28 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                              "strategy_partition INTEGER DEFAULT 0", "strategy_flags INTEGER DEFAULT 0"}) {
     (void)store->Exec(absl::StrCat("ALTER TABLE events ADD COLUMN ", column).c_str());
   }
+  if (options.max_pages > 0) {
+    QLORA_RETURN_IF_ERROR(
+        store->Exec(absl::StrCat("PRAGMA max_page_count = ", options.max_pages).c_str()));
+  }
   return store;
 }
 
 JobStore::~JobStore() { sqlite3_close(db_); }
 
 absl::Status JobStore::Exec(const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown";
-    sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("sqlite: ", msg));
-  }
-  return absl::OkStatus();
+  const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
+  return rc == SQLITE_OK ? absl::OkStatus() : SqliteError(db_, rc, "sqlite");
+}
+
+absl::Status JobStore::Record(const JobRecord& job, const JobEvent& event) {
+  QLORA_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status written = AppendEvent(job.id, event);
+  if (written.ok()) written = PutJob(job);
+  if (written.ok()) written = Exec("COMMIT");
+  // After SQLITE_FULL SQLite may have rolled back already; then this only reports that.
+  if (!written.ok()) (void)Exec("ROLLBACK");
+  return written;
 }
 
 absl::Status JobStore::PutJob(const JobRecord& j) {

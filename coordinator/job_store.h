@@ -2,6 +2,7 @@
 // event with its sequence number. A restarted coordinator reads everything back from here.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,10 +15,21 @@ struct sqlite3;
 
 namespace qlora::coordinator {
 
+struct JobStoreOptions {
+  // SQLite's max_page_count for this connection; 0 keeps SQLite's. A value below the file's
+  // size means "no room to grow": every write that needs a new page fails with SQLITE_FULL, as
+  // on a full disk (tests force the fault this way).
+  int64_t max_pages = 0;
+};
+
+// Every write returns its error: UNAVAILABLE when SQLite reports a condition of the disk or the
+// file (SQLITE_FULL, IOERR, BUSY, READONLY, ...), INTERNAL otherwise; the message names the SQLite
+// code and, when the OS reported one, the errno (e.g. "SQLITE_FULL, ENOSPC"). Not thread-safe.
 class JobStore {
  public:
   // Opens (creating if needed) the database at `path` (":memory:" for a private one).
-  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                        const JobStoreOptions& options = {});
   ~JobStore();
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
@@ -25,6 +37,8 @@ class JobStore {
   // Inserts a new job or replaces the stored fields of an existing one (progress excluded).
   absl::Status PutJob(const JobRecord& job);
   absl::Status AppendEvent(const std::string& job_id, const JobEvent& event);
+  // AppendEvent(job.id, event) and PutJob(job) in one transaction: both are kept or neither.
+  absl::Status Record(const JobRecord& job, const JobEvent& event);
   // Every job, oldest first, with `progress` rebuilt from its latest progress events.
   absl::StatusOr<std::vector<JobRecord>> LoadJobs();
   absl::StatusOr<std::vector<JobEvent>> LoadEvents(const std::string& job_id, int64_t after_sequence);

@@ -19,4 +19,13 @@ const char* JobStateName(JobState state) {
   return "UNKNOWN";
 }
 
+JobEvent StateEventOf(const JobRecord& job) {
+  JobEvent e;
+  e.sequence = job.last_sequence;
+  e.state = job.state;
+  e.reason_code = job.reason_code;
+  e.message = job.message;
+  return e;
+}
+
 }  // namespace qlora::coordinator

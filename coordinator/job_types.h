@@ -48,4 +48,8 @@ struct JobRecord {
   std::vector<ProgressSnapshot> progress;  // latest per rank (index = rank)
 };
 
+// The job's state as an event: its state, reason and message, numbered last_sequence, with the
+// time of its last state change unknown (0) and no progress.
+JobEvent StateEventOf(const JobRecord& job);
+
 }  // namespace qlora::coordinator

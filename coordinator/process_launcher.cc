@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,9 +39,18 @@ absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
 
-  int log_fd = open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // Runs under the job manager's lock: a FIFO or a link in the log's place must not block it
+  // (O_NONBLOCK), nor send the log elsewhere (O_NOFOLLOW); only a regular file is used.
+  int log_fd = open(spec.log_path.c_str(),
+                    O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (log_fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open log ", spec.log_path, ": ", strerror(errno)));
+  }
+  struct stat log_stat;
+  if (fstat(log_fd, &log_stat) != 0 || !S_ISREG(log_stat.st_mode) ||
+      fcntl(log_fd, F_SETFL, O_APPEND) != 0) {  // blocking writes again
+    close(log_fd);
+    return absl::InternalError(absl::StrCat("cannot use log ", spec.log_path, ": not a regular file"));
   }
   sigset_t no_signals;  // the coordinator blocks SIGTERM/SIGINT in its threads; workers must not
   sigemptyset(&no_signals);

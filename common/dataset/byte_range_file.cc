@@ -15,7 +15,9 @@ namespace qlora::data {
 
 absl::StatusOr<std::unique_ptr<ByteRangeFile>> ByteRangeFile::Open(const std::string& path,
                                                                   size_t buffer_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO or a device put in a dataset's place must not block the open (it has no
+  // effect on a regular file's reads); the type is checked right after.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));

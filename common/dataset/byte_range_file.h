@@ -14,6 +14,8 @@ namespace qlora::data {
 
 class ByteRangeFile {
  public:
+  // INVALID_ARGUMENT when `path` is not a regular file (a FIFO or a device is opened without
+  // blocking, then refused).
   static absl::StatusOr<std::unique_ptr<ByteRangeFile>> Open(const std::string& path,
                                                             size_t buffer_bytes = 1 << 16);
   ~ByteRangeFile();

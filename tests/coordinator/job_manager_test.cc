@@ -3,7 +3,9 @@
 // pass without waiting). PollOnce stands in for the monitor thread.
 #include "coordinator/job_manager.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <thread>
 
@@ -139,10 +141,11 @@ class CoordinatorJobManagerTest : public ::testing::Test {
   }
 
   // A manager on the store in state_dir(), loaded, driven by PollOnce.
-  void Start(JobManagerOptions options) {
+  void Start(JobManagerOptions options, const JobStoreOptions& store_options = {}) {
     manager_.reset();
     store_.reset();
-    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir() + "/jobs.sqlite");
+    absl::StatusOr<std::unique_ptr<JobStore>> store =
+        JobStore::Open(state_dir() + "/jobs.sqlite", store_options);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
     manager_ = std::make_unique<JobManager>(std::move(options), store_.get(), &launcher_);
@@ -539,6 +542,147 @@ TEST_F(CoordinatorJobManagerTest, JobThatCannotStartFailsWithTheReason) {
   manager_->PollOnce();
   EXPECT_EQ(Record(id).state, JobState::kFailed);
   EXPECT_THAT(Record(id).message, HasSubstr("could not start rank 0"));
+}
+
+// A store with no room to grow (max_page_count at its size: SQLite then fails as on a full
+// disk, with SQLITE_FULL) cannot record a new job: Submit says so and nothing of it is kept.
+TEST_F(CoordinatorJobManagerTest, SubmitThatTheStoreCannotRecordFailsAndKeepsNothing) {
+  JobStoreOptions full;
+  full.max_pages = 1;  // clamped by SQLite to the pages the schema already has
+  Start(Options(1), full);
+  SubmitRequest big = Job(1);
+  big.job_yaml += absl::StrCat("# ", std::string(64 << 10, 'x'), "\n");  // needs new pages
+  absl::StatusOr<JobRecord> job = manager_->Submit(big);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(job.status().message(), HasSubstr("could not record the new job"));
+  EXPECT_THAT(job.status().message(), HasSubstr("SQLITE_FULL"));
+  EXPECT_THAT(manager_->List({}), IsEmpty());
+  EXPECT_EQ(manager_->Get("job-000001").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager_->Health().ok());  // a refused submission changes nothing stored
+  manager_->PollOnce();
+  EXPECT_THAT(launcher_.launched(), IsEmpty());
+
+  Start(Options(1));  // the same file, reopened without the limit
+  EXPECT_THAT(*store_->LoadJobs(), IsEmpty());
+  EXPECT_THAT(*store_->LoadEvents("job-000001", 0), IsEmpty());  // no half-written record
+  EXPECT_THAT(manager_->List({}), IsEmpty());
+  EXPECT_EQ(Submit(1), "job-000001");  // the number was not used up
+}
+
+// A state change that cannot be written turns the coordinator unhealthy, once, with the cause:
+// new jobs are refused, and a watcher is not left asking for the event the store lacks.
+TEST_F(CoordinatorJobManagerTest, FailedWriteOfAStateChangeMakesTheCoordinatorUnhealthy) {
+  Start(Options(2));
+  const std::string id = Submit(1);
+  std::vector<absl::Status> reported;
+  JobManagerOptions options = Options(2);
+  options.on_unhealthy = [&](const absl::Status& s) { reported.push_back(s); };
+  Start(options, JobStoreOptions{1});  // restarted on a store that cannot grow
+  manager_->PollOnce();
+  RegisterAll(id);
+  const WorkerHandle w = Workers(id).back();
+  ProgressSnapshot p;
+  for (int step = 1; step <= 1000 && manager_->Health().ok(); ++step) {
+    p.step = step;
+    ASSERT_TRUE(manager_->ReportProgress(id, w.token, p).ok());
+  }
+  const absl::Status health = manager_->Health();
+  ASSERT_FALSE(health.ok()) << "1000 progress events fitted in a store that cannot grow";
+  EXPECT_THAT(health.message(), HasSubstr("SQLITE_FULL"));
+  EXPECT_THAT(health.message(), HasSubstr(id));
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_EQ(reported[0], health);
+  ASSERT_TRUE(manager_->ReportProgress(id, w.token, p).ok());  // later writes: not reported again
+  EXPECT_EQ(reported.size(), 1u);
+
+  absl::StatusOr<JobRecord> refused = manager_->Submit(Job(1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("unhealthy"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("SQLITE_FULL"));
+  EXPECT_EQ(manager_->List({}).size(), 1u);
+
+  // The last event is not in the store: the job's state stands in for it, with its number.
+  const JobRecord job = Record(id);
+  bool terminal = true;
+  absl::StatusOr<std::vector<JobEvent>> events =
+      manager_->WaitEvents(id, job.last_sequence - 1, absl::Now() + absl::Seconds(10), &terminal);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ(events->back().sequence, job.last_sequence);
+  EXPECT_EQ(events->back().state, JobState::kRunning);
+}
+
+// A dataset that is a FIFO, a device, a folder or an empty file is refused at Submit and
+// Validate, naming the field and the reason, at once (stat only: a FIFO with no writer would
+// block an open forever), and nothing is kept.
+TEST_F(CoordinatorJobManagerTest, DatasetsThatAreNotRegularNonEmptyFilesAreRefusedAtSubmit) {
+  Start(Options(1));
+  const std::string fifo = dir_.path() + "/pipe.jsonl";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const std::string folder = dir_.path() + "/folder.jsonl";
+  std::filesystem::create_directories(folder);
+  const std::string empty = WriteFile(dir_.path() + "/empty.jsonl", "");
+  const std::string device = dir_.path() + "/device.jsonl";
+  std::filesystem::create_symlink("/dev/null", device);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fifo, "is a FIFO (named pipe), not a regular file"},
+      {folder, "is a folder, not a regular file"},
+      {empty, "is empty"},
+      {device, "is a character device, not a regular file"}};
+  for (const auto& [path, reason] : cases) {
+    const auto start = absl::Now();
+    absl::StatusOr<JobRecord> job = manager_->Submit(Job(1, path));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(job.status().message(), HasSubstr(absl::StrCat("dataset: '", path, "' ", reason)));
+    EXPECT_EQ(manager_->Validate(Job(1, path)).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  SubmitRequest validation = Job(1);
+  validation.validation_dataset = fifo;
+  absl::StatusOr<JobRecord> job = manager_->Submit(validation);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("validation_dataset: '" + fifo + "' is a FIFO"));
+  EXPECT_THAT(manager_->List({}), IsEmpty());
+  EXPECT_THAT(*store_->LoadJobs(), IsEmpty());
+}
+
+// A dataset swapped for a FIFO after Submit: the start is prepared without the manager's lock
+// and the FIFO is opened without blocking, so other calls are answered meanwhile and the start
+// fails with the reason instead of hanging the monitor (before: open() blocked under the lock).
+TEST_F(CoordinatorJobManagerTest, DatasetSwappedForAFifoAfterSubmitFailsTheStartWithoutBlocking) {
+  Start(Options(1));
+  const std::string dataset = WriteFile(dir_.path() + "/swapped.jsonl", testing::ReadFile(train_path_));
+  absl::StatusOr<JobRecord> job = manager_->Submit(Job(1, dataset));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(std::filesystem::remove(dataset));
+  ASSERT_EQ(mkfifo(dataset.c_str(), 0644), 0);
+
+  absl::Notification polled, answered;
+  std::thread poller([&] {
+    manager_->PollOnce();
+    polled.Notify();
+  });
+  std::thread client([&] {
+    (void)manager_->Get(job->id);
+    (void)manager_->List({});
+    answered.Notify();
+  });
+  const bool answered_in_time = answered.WaitForNotificationWithTimeout(absl::Seconds(1));
+  const bool polled_in_time = polled.WaitForNotificationWithTimeout(absl::Seconds(5));
+  if (!polled_in_time) {  // a writer lets a blocked open() return, so that the test can end
+    const int writer = open(dataset.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) close(writer);
+  }
+  poller.join();
+  client.join();
+  EXPECT_TRUE(answered_in_time) << "Get/List waited for the start";
+  EXPECT_TRUE(polled_in_time) << "the start blocked on the FIFO";
+  const JobRecord failed = Record(job->id);
+  EXPECT_EQ(failed.state, JobState::kFailed);
+  EXPECT_EQ(failed.reason_code, "START_FAILED");
+  EXPECT_THAT(failed.message, HasSubstr(dataset));
+  EXPECT_THAT(failed.message, HasSubstr("not a regular file"));
+  EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 
 }  // namespace

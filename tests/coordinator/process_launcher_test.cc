@@ -2,12 +2,16 @@
 // environment and the process group a worker runs in.
 #include "coordinator/process_launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/test_util.h"
@@ -143,6 +147,28 @@ TEST_F(CoordinatorProcessLauncherTest, RefusesAnEmptyCommandAndAnUnwritableLog) 
   absl::StatusOr<pid_t> pid = launcher_.Launch(bad_log);
   EXPECT_EQ(pid.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(pid.status().message(), HasSubstr("no/such/folder/x.log"));
+}
+
+// The launcher runs under the job manager's lock: a FIFO in the log's place (no reader: a plain
+// open for writing would wait for one) is refused at once, and nothing is started.
+TEST_F(CoordinatorProcessLauncherTest, LogThatIsAFifoIsRefusedWithoutBlocking) {
+  LaunchSpec spec = Shell("exit 0", "fifo.log");
+  ASSERT_EQ(mkfifo(spec.log_path.c_str(), 0644), 0);
+  absl::StatusOr<pid_t> pid = absl::UnknownError("not returned");
+  absl::Notification returned;
+  std::thread launch([&] {
+    pid = launcher_.Launch(spec);
+    returned.Notify();
+  });
+  const bool in_time = returned.WaitForNotificationWithTimeout(absl::Seconds(1));
+  int reader = -1;
+  if (!in_time) reader = open(spec.log_path.c_str(), O_RDONLY | O_NONBLOCK);  // lets it go on
+  launch.join();
+  if (reader >= 0) close(reader);
+  if (pid.ok()) WaitExit(*pid);
+  EXPECT_TRUE(in_time) << "Launch blocked opening a FIFO as the log";
+  EXPECT_EQ(pid.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(pid.status().message(), HasSubstr("fifo.log"));
 }
 
 }  // namespace

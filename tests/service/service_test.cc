@@ -1,5 +1,6 @@
 // End-to-end tests of the service: the real coordinator binary on 127.0.0.1 port 0, real
 // qlora-worker processes on CPU, the real qloractl, and a C++ gRPC client.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -61,6 +62,18 @@ v1::Job SubmitWithClient(CoordinatorProcess& c, const std::string& yaml, grpc::S
   grpc::Status s = c.jobs()->SubmitJob(&ctx, req, &resp);
   if (status) *status = s;
   return resp.job();
+}
+
+// grpc.health's overall status, or -1 when the call fails within `seconds`.
+int HealthOf(CoordinatorProcess& c, double seconds = 2) {
+  auto health = grpc::health::v1::Health::NewStub(c.channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                          std::chrono::duration<double>(seconds)));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = health->Check(&ctx, req, &resp);
+  return s.ok() ? resp.status() : -1;
 }
 
 bool WaitUntil(const std::function<bool()>& done, double seconds) {
@@ -520,18 +533,77 @@ TEST_F(ServiceTest, MissingDatasetIsNotFoundAndUnknownJobIsNotFound) {
 TEST_F(ServiceTest, HealthServingWhileUpAndNotServingDuringShutdown) {
   CoordinatorProcess c(state_, 1, "--shutdown-grace-ms 3000");
   ASSERT_TRUE(c.started());
-  auto health = grpc::health::v1::Health::NewStub(c.channel());
-  auto check = [&]() -> int {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    grpc::health::v1::HealthCheckRequest req;
-    grpc::health::v1::HealthCheckResponse resp;
-    grpc::Status s = health->Check(&ctx, req, &resp);
-    return s.ok() ? resp.status() : -1;
-  };
+  auto check = [&] { return HealthOf(c); };
   EXPECT_EQ(check(), grpc::health::v1::HealthCheckResponse::SERVING);
   kill(c.pid(), SIGTERM);
   EXPECT_TRUE(WaitUntil([&] { return check() == grpc::health::v1::HealthCheckResponse::NOT_SERVING; }, 2.5));
+}
+
+// Two coordinators on one state folder would number jobs from one store and lose records: the
+// second refuses to start, naming the folder and the pid that holds it; the first goes on.
+TEST_F(ServiceTest, SecondCoordinatorOnTheSameStateFolderExitsNamingTheHolder) {
+  CoordinatorProcess first(state_, 1);
+  ASSERT_TRUE(first.started());
+  const auto begin = std::chrono::steady_clock::now();
+  CommandResult second = RunCommand(absl::StrCat(
+      "timeout 20 ", BinaryDir(), "/coordinator/qlora-coordinator --address 127.0.0.1:0 --state-dir ",
+      state_, " --cpu-workers 1"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_NE(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.exit_code, 124) << "the second coordinator was still running after 20 s";
+  EXPECT_LT(seconds, 5);
+  EXPECT_THAT(second.output, HasSubstr(absl::StrCat("pid ", first.pid())));
+  EXPECT_THAT(second.output, HasSubstr(state_));
+
+  EXPECT_EQ(HealthOf(first), grpc::health::v1::HealthCheckResponse::SERVING);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListJobsResponse list;
+  EXPECT_TRUE(first.jobs()->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(first.Ctl("get job-000001").exit_code, 4);  // it answers; no job was made
+}
+
+// A FIFO as dataset froze the whole coordinator: the scheduler blocked in open() while holding
+// the job manager's lock, every RPC timed out and health still said SERVING. It is refused at
+// submit, at once, and the coordinator keeps answering.
+TEST_F(ServiceTest, FifoAsDatasetIsRefusedAtOnceAndTheCoordinatorKeepsAnswering) {
+  CoordinatorProcess c(state_, 1);
+  ASSERT_TRUE(c.started());
+  const std::string fifo = state_ + "/pipe.jsonl";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  auto within = [](double seconds) {
+    return std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int>(seconds * 1000));
+  };
+  grpc::ClientContext submit_ctx;
+  submit_ctx.set_deadline(within(1));
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(ShortJob());
+  req.set_dataset(fifo);
+  v1::SubmitJobResponse resp;
+  grpc::Status s = c.jobs()->SubmitJob(&submit_ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("dataset: '" + fifo + "' is a FIFO (named pipe), not a regular file"));
+
+  for (int i = 0; i < 3; ++i) {  // the monitor's passes come and go; every call stays fast
+    grpc::ClientContext list_ctx;
+    list_ctx.set_deadline(within(1));
+    v1::ListJobsResponse list;
+    grpc::Status listed = c.jobs()->ListJobs(&list_ctx, v1::ListJobsRequest(), &list);
+    EXPECT_TRUE(listed.ok()) << listed.error_message();
+    EXPECT_EQ(list.jobs_size(), 0);
+    grpc::ClientContext get_ctx;
+    get_ctx.set_deadline(within(1));
+    v1::GetJobRequest get;
+    get.set_id("job-000001");
+    v1::Job job;
+    EXPECT_EQ(c.jobs()->GetJob(&get_ctx, get, &job).error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(HealthOf(c, 1), grpc::health::v1::HealthCheckResponse::SERVING);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // A coordinator stuck in open() on the FIFO could not stop: a writer would release it.
+  const int writer = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  if (writer >= 0) close(writer);
 }
 
 }  // namespace

@@ -1,0 +1,39 @@
+// CheckDatasetFiles: every file of the training and validation lists must be a regular,
+// non-empty file; stat only.
+#include "coordinator/dataset_check.h"
+
+#include <sys/stat.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/test_util.h"
+
+namespace qlora::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+using testing::WriteFile;
+
+TEST(CoordinatorDatasetCheckTest, EveryFileOfACommaSeparatedListIsChecked) {
+  TempDir dir;
+  const std::string a = WriteFile(dir.path() + "/a.jsonl", "{}\n");
+  const std::string b = WriteFile(dir.path() + "/b.jsonl", "{}\n");
+  const std::string fifo = dir.path() + "/c.jsonl";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  DataConfig data;
+  data.train_path = a + "," + b;
+  EXPECT_TRUE(CheckDatasetFiles(data).ok());
+  data.validation_path = b + "," + fifo;
+  absl::Status status = CheckDatasetFiles(data);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("validation_dataset: '" + fifo + "' is a FIFO"));
+  data.validation_path.clear();
+  data.train_path = a + "," + dir.path() + "/missing.jsonl";
+  status = CheckDatasetFiles(data);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr("dataset: cannot stat '" + dir.path() + "/missing.jsonl'"));
+}
+
+}  // namespace
+}  // namespace qlora::coordinator
