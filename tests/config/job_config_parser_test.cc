@@ -55,7 +55,7 @@ TEST(ConfigParserTest, LudwigOriginalFixtureIsTheSameFile) {
 }
 
 TEST(ConfigParserTest, JobNamesArePrintable) {
-  const std::string base = "base_model: /m\n";
+  const std::string base = "base_model: /m\nadapter: {type: lora}\n";
   EXPECT_TRUE(ParseNoPaths(base + "name: \"r\u00e9sum\u00e9 run 7\"\n").ok());
   for (const std::string& bad :
        {std::string("name: \"job\\e[2Kforged\"\n"), std::string("name: \"a\\tb\"\n"),
