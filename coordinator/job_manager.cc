@@ -16,6 +16,7 @@
 #include "common/posix_files.h"
 #include "common/status_macros.h"
 #include "coordinator/dataset_check.h"
+#include "coordinator/output_dir_check.h"
 #include "coordinator/worker_launch.h"
 
 namespace qlora::coordinator {
@@ -123,6 +124,9 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   parse.name_override = request.name;
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(request.job_yaml, parse));
   QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data));  // before the lock: it may be slow
+  if (!config.output_dir.empty()) {  // also file-system work: before the lock
+    QLORA_ASSIGN_OR_RETURN(config.output_dir, ResolveOutputDir(config.output_dir, options_.state_dir));
+  }
   if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
   }
@@ -154,6 +158,11 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
     return absl::UnavailableError(absl::StrCat(
         "the coordinator is unhealthy and accepts no job until it is restarted: ",
         store_error_.message()));
+  }
+  if (!config.output_dir.empty()) {
+    std::vector<std::string> taken;
+    for (const std::string& id : order_) taken.push_back(jobs_.at(id)->record().output_dir);
+    QLORA_RETURN_IF_ERROR(CheckOutputDirIsFree(config.output_dir, taken));
   }
   r.id = absl::StrFormat("job-%06d", next_job_number_);  // taken by Add once recorded
   r.created_unix = absl::ToDoubleSeconds(options_.now() - absl::UnixEpoch());

@@ -297,6 +297,38 @@ TEST_F(CoordinatorJobManagerTest, ListPagesInSubmissionOrderAndFiltersByState) {
   EXPECT_EQ(manager_->List({}, 3, "job-999999", &next).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(CoordinatorJobManagerTest, AJobsOutputFolderIsItsOwn) {
+  Start(Options(1));
+  auto with_output = [&](const std::string& dir) {
+    SubmitRequest r = Job(1);
+    r.job_yaml += "output_dir: " + dir + "\n";
+    return manager_->Submit(r);
+  };
+  auto refused = [&](const std::string& dir, const std::string& why) {
+    absl::StatusOr<JobRecord> job = with_output(dir);
+    ASSERT_FALSE(job.ok()) << dir << " was accepted";
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    EXPECT_THAT(std::string(job.status().message()), HasSubstr("output_dir")) << job.status();
+    EXPECT_THAT(std::string(job.status().message()), HasSubstr(why)) << job.status();
+  };
+  refused(state_dir(), "state folder");
+  refused(state_dir() + "/jobs/job-000001/output", "state folder");  // another job's default
+  refused(dir_.path(), "state folder");                                // holds the state folder
+  std::filesystem::create_directory_symlink(state_dir() + "/jobs", dir_.path() + "/link");
+  refused(dir_.path() + "/link/x", "state folder");  // a symbolic link does not hide it
+  std::filesystem::create_directories(dir_.path() + "/full");
+  std::ofstream(dir_.path() + "/full/someone-elses.txt") << "precious";
+  refused(dir_.path() + "/full", "not empty");
+  absl::StatusOr<JobRecord> first = with_output(dir_.path() + "/runs/a");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->output_dir, dir_.path() + "/runs/a");
+  refused(dir_.path() + "/runs/a", "another job");
+  refused(dir_.path() + "/runs/a/inner", "another job");
+  refused(dir_.path() + "/runs", "another job");
+  EXPECT_TRUE(with_output(dir_.path() + "/runs/b").ok());
+  EXPECT_EQ(AllJobs().size(), 2u) << "nothing refused was stored";
+}
+
 TEST_F(CoordinatorJobManagerTest, JobAskingForMoreWorkersThanSlotsIsRefusedAndNotStored) {
   Start(Options(2));
   absl::StatusOr<std::string> resolved = manager_->Validate(Job(2));

@@ -267,14 +267,20 @@ data: {max_sequence_length: 48}
 TEST_F(ServiceTest, RelativePathsInTheJobFileAreTheUsers) {
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
-  const std::string user = state_ + "/user";
-  fs::create_directories(user);
+  const std::string user = MakeTempDir("qlora-user-");  // the user's folder, not the state folder
   fs::copy_file(SourceDir() + "/examples/data/validation.jsonl", user + "/data.jsonl");
   WriteFile(user, "job.yaml", ShortJob() + "dataset: data.jsonl\noutput_dir: runs/first\n");
   CommandResult submit = RunCommand(absl::StrCat("cd ", user, " && ", BinaryDir(), "/cli/qloractl --address ",
                                                  c.address(), " submit job.yaml --follow"));
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
   EXPECT_TRUE(fs::exists(user + "/runs/first/adapter/adapter_model.safetensors")) << submit.output;
+  // The same folder again is another job's: refused at submit, the first job's files untouched.
+  CommandResult again = RunCommand(absl::StrCat("cd ", user, " && ", BinaryDir(), "/cli/qloractl --address ",
+                                                c.address(), " submit job.yaml"));
+  EXPECT_NE(again.exit_code, 0) << again.output;
+  EXPECT_THAT(again.output, HasSubstr("output_dir"));
+  EXPECT_TRUE(fs::exists(user + "/runs/first/adapter/adapter_model.safetensors"));
+  fs::remove_all(user);
 }
 
 TEST_F(ServiceTest, SecondJobWaitsQueuedWithReasonThenRuns) {

@@ -1,0 +1,91 @@
+// Output-folder checks at submission (see output_dir_check.h).
+#include "coordinator/output_dir_check.h"
+
+#include <dirent.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "common/status_macros.h"
+
+namespace qlora::coordinator {
+namespace {
+
+absl::Status Refuse(const std::string& path, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("output_dir: ", path, " ", why));
+}
+
+// realpath() of the deepest existing ancestor of `path`, with the rest appended as written.
+absl::StatusOr<std::string> RealPathOfExistingPart(const std::string& path) {
+  std::string head = path, tail;
+  while (true) {
+    char buffer[PATH_MAX];
+    if (::realpath(head.c_str(), buffer) != nullptr) {
+      std::string real = buffer;
+      if (!tail.empty()) real = real == "/" ? "/" + tail : real + "/" + tail;
+      return real;
+    }
+    if (errno != ENOENT && errno != ENOTDIR) {
+      return absl::InvalidArgumentError(absl::StrCat("output_dir: ", path, ": ", std::strerror(errno)));
+    }
+    const size_t slash = head.find_last_of('/');
+    if (slash == std::string::npos || head == "/") return absl::InvalidArgumentError(
+        absl::StrCat("output_dir: ", path, " is not an absolute path"));
+    tail = tail.empty() ? head.substr(slash + 1) : head.substr(slash + 1) + "/" + tail;
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
+}
+
+bool Within(const std::string& path, const std::string& folder) {
+  return path == folder || absl::StartsWith(path, folder == "/" ? "/" : folder + "/");
+}
+
+bool IsNonEmptyFolder(const std::string& path) {
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return false;
+  bool empty = true;
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  }
+  ::closedir(d);
+  return !empty;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveOutputDir(const std::string& output_dir,
+                                             const std::string& state_dir) {
+  QLORA_ASSIGN_OR_RETURN(std::string resolved, RealPathOfExistingPart(output_dir));
+  QLORA_ASSIGN_OR_RETURN(std::string state, RealPathOfExistingPart(state_dir));
+  if (Within(resolved, state) || Within(state, resolved)) {
+    return Refuse(output_dir, absl::StrCat("is the coordinator's state folder (", state,
+                                           ") or overlaps it; choose a folder of your own"));
+  }
+  struct stat st {};
+  if (::lstat(resolved.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return Refuse(output_dir, "exists and is not a folder");
+    if (IsNonEmptyFolder(resolved)) {
+      return Refuse(output_dir, "exists and is not empty; a job writes into a folder of its own");
+    }
+  }
+  return resolved;
+}
+
+absl::Status CheckOutputDirIsFree(const std::string& resolved, const std::vector<std::string>& taken) {
+  for (const std::string& other : taken) {
+    if (Within(resolved, other) || Within(other, resolved)) {
+      return Refuse(resolved, absl::StrCat("overlaps the output folder of another job (", other, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace qlora::coordinator
