@@ -25,11 +25,14 @@
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
+#include "coordinator/listen_policy.h"
 #include "coordinator/process_launcher.h"
 #include "coordinator/state_lock.h"
 #include "coordinator/worker_service.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
+ABSL_FLAG(bool, insecure, false,
+          "allow a non-loopback --address although the API has no TLS or authentication yet");
 ABSL_FLAG(std::string, state_dir, "qlora-state", "folder for the job store, logs and outputs");
 ABSL_FLAG(int, cpu_workers, 0, "run jobs on this many CPU worker processes (machines without GPUs)");
 ABSL_FLAG(std::string, gpus, "auto", "GPU ids to use, e.g. 0,1,2,3; 'auto' = every GPU; 'none' = no GPU");
@@ -189,6 +192,17 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  const std::string address = absl::GetFlag(FLAGS_address);
+  if (absl::Status allowed = qlora::coordinator::CheckListenAddress(address, absl::GetFlag(FLAGS_insecure));
+      !allowed.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(allowed.message()).c_str());
+    return 2;
+  }
+  if (!qlora::coordinator::IsLoopbackAddress(address)) {
+    fprintf(stderr, "qlora-coordinator: INSECURE: listening on %s without TLS or client "
+            "authentication (--insecure): anyone who reaches it can submit, read and cancel jobs\n",
+            address.c_str());
+  }
   absl::StatusOr<qlora::coordinator::JobManagerOptions> flags = OptionsFromFlags();
   if (!flags.ok()) {
     fprintf(stderr, "qlora-coordinator: %s\n", std::string(flags.status().message()).c_str());
@@ -215,7 +229,6 @@ int main(int argc, char** argv) {
   }
   qlora::coordinator::JobServiceImpl job_service(&manager);
   qlora::coordinator::WorkerServiceImpl worker_service(&manager);
-  const std::string address = absl::GetFlag(FLAGS_address);
   const std::string host = address.substr(0, address.rfind(':'));
   int port = 0;
   grpc::ServerBuilder builder;

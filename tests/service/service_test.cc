@@ -317,6 +317,18 @@ TEST_F(ServiceTest, CancelStopsEveryWorker) {
   EXPECT_EQ(c.Ctl("cancel " + job.id()).exit_code, 3) << "cancelling an ended job is refused";
 }
 
+// Without TLS or authentication, listening beyond loopback needs the operator's --insecure.
+TEST_F(ServiceTest, NonLoopbackAddressNeedsInsecure) {
+  const CommandResult refused = RunCommand(absl::StrCat(
+      "timeout 20 ", BinaryDir(), "/coordinator/qlora-coordinator --address 0.0.0.0:0 --state-dir ",
+      state_, "/exposed --cpu-workers 1"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("--insecure"));
+  CoordinatorProcess c(state_, 1, "--address 0.0.0.0:0 --insecure");
+  ASSERT_TRUE(c.started());
+  EXPECT_EQ(c.Ctl("list").exit_code, 0);
+}
+
 // `qloractl list` with thousands of jobs and with job files of 1 MB each: pages come without the
 // job files, so no response nears gRPC's 4 MB message limit.
 TEST_F(ServiceTest, ListWorksWithTwoThousandJobsAndMegabyteJobFiles) {
