@@ -33,6 +33,9 @@
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
 ABSL_FLAG(bool, insecure, false,
           "allow a non-loopback --address although the API has no TLS or authentication yet");
+ABSL_FLAG(int, max_queued_jobs, qlora::coordinator::JobManagerOptions{}.max_queued_jobs,
+          "refuse submissions (RESOURCE_EXHAUSTED) while this many jobs are queued");
+ABSL_FLAG(int, max_streams, 256, "at most this many watch and log streams open at once");
 ABSL_FLAG(std::string, state_dir, "qlora-state", "folder for the job store, logs and outputs");
 ABSL_FLAG(int, cpu_workers, 0, "run jobs on this many CPU worker processes (machines without GPUs)");
 ABSL_FLAG(std::string, gpus, "auto", "GPU ids to use, e.g. 0,1,2,3; 'auto' = every GPU; 'none' = no GPU");
@@ -135,6 +138,7 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
   }
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
   options.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
   if (options.gpus.empty() && options.cpu_workers == 0) {
     options.cpu_workers = 1;
     fprintf(stderr, "qlora-coordinator: no GPUs found; running jobs on 1 CPU worker (see --cpu-workers)\n");
@@ -227,7 +231,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "qlora-coordinator: %s\n", std::string(loaded.message()).c_str());
     return 1;
   }
-  qlora::coordinator::JobServiceImpl job_service(&manager);
+  qlora::coordinator::JobServiceImpl job_service(&manager, absl::GetFlag(FLAGS_max_streams));
   qlora::coordinator::WorkerServiceImpl worker_service(&manager);
   const std::string host = address.substr(0, address.rfind(':'));
   int port = 0;

@@ -159,6 +159,14 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
         "the coordinator is unhealthy and accepts no job until it is restarted: ",
         store_error_.message()));
   }
+  const int64_t queued = std::count_if(order_.begin(), order_.end(), [&](const std::string& id) {
+    return jobs_.at(id)->record().state == JobState::kQueued;
+  });
+  if (queued >= options_.max_queued_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        queued, " jobs are queued, the coordinator's limit (--max-queued-jobs); try again once some "
+        "have started"));
+  }
   if (!config.output_dir.empty()) {
     std::vector<std::string> taken;
     for (const std::string& id : order_) taken.push_back(jobs_.at(id)->record().output_dir);

@@ -47,6 +47,9 @@ struct JobManagerOptions {
   absl::Duration stop_grace = absl::Seconds(3);  // SIGTERM, then SIGKILL after this
   absl::Duration poll_interval = absl::Milliseconds(50);
   std::string hf_hub_cache;                    // empty: the usual environment lookup
+  // Submit answers RESOURCE_EXHAUSTED while this many jobs are queued (a flood of submissions
+  // would otherwise grow the queue, the store and every scheduling pass without bound).
+  int max_queued_jobs = 10000;
   std::function<absl::Time()> now = [] { return absl::Now(); };
   // Called once, when the coordinator turns unhealthy (a state change could not be written to
   // the store; see Health()). Runs under the manager's lock: it must not call the manager.

@@ -100,8 +100,18 @@ grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJob
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::OpenStream(std::optional<StreamLimit::Slot>* slot) {
+  *slot = streams_.TryOpen();
+  if (slot->has_value()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("too many open watch and log streams (the coordinator's limit is ",
+                                   streams_.limit(), "); close some or try again later"));
+}
+
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::WatchJobResponse>* writer) {
+  std::optional<StreamLimit::Slot> slot;
+  if (grpc::Status open = OpenStream(&slot); !open.ok()) return open;
   absl::StatusOr<JobRecord> job = manager_->Get(request->id());
   if (!job.ok()) return ToGrpc(job.status());
   int64_t seen = request->after_sequence();
@@ -139,6 +149,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
 
 grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* context, const v1::StreamLogsRequest* request,
                                         grpc::ServerWriter<v1::LogChunk>* writer) {
+  std::optional<StreamLimit::Slot> slot;
+  if (grpc::Status open = OpenStream(&slot); !open.ok()) return open;
   absl::StatusOr<JobRecord> job = manager_->Get(request->id());
   if (!job.ok()) return ToGrpc(job.status());
   std::map<int, int64_t> offsets;  // rank -> bytes sent

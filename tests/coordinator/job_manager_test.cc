@@ -297,6 +297,20 @@ TEST_F(CoordinatorJobManagerTest, ListPagesInSubmissionOrderAndFiltersByState) {
   EXPECT_EQ(manager_->List({}, 3, "job-999999", &next).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(CoordinatorJobManagerTest, SubmissionsPastTheQueueLimitAreRefusedAndNotStored) {
+  JobManagerOptions options = Options(1);
+  options.max_queued_jobs = 3;
+  Start(options);
+  for (int i = 0; i < 3; ++i) Submit(1);
+  absl::StatusOr<JobRecord> fourth = manager_->Submit(Job(1));
+  ASSERT_FALSE(fourth.ok());
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted) << fourth.status();
+  EXPECT_THAT(std::string(fourth.status().message()), HasSubstr("--max-queued-jobs"));
+  EXPECT_EQ(AllJobs().size(), 3u);
+  manager_->PollOnce();  // the first job starts: the queue has room again
+  EXPECT_TRUE(manager_->Submit(Job(1)).ok());
+}
+
 TEST_F(CoordinatorJobManagerTest, AJobsOutputFolderIsItsOwn) {
   Start(Options(1));
   auto with_output = [&](const std::string& dir) {

@@ -317,6 +317,47 @@ TEST_F(ServiceTest, CancelStopsEveryWorker) {
   EXPECT_EQ(c.Ctl("cancel " + job.id()).exit_code, 3) << "cancelling an ended job is refused";
 }
 
+// Watch and log streams each hold a server thread: past --max-streams a new one is refused with
+// RESOURCE_EXHAUSTED, and a closed one frees its place.
+TEST_F(ServiceTest, OpenStreamsAreCapped) {
+  CoordinatorProcess c(state_, 1, "--max-streams 2");
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitWithClient(c, LongJob());
+  ASSERT_FALSE(job.id().empty());
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader;
+  };
+  auto open = [&](Stream& s) {
+    v1::WatchJobRequest req;
+    req.set_id(job.id());
+    s.reader = c.jobs()->WatchJob(&s.ctx, req);
+    v1::WatchJobResponse first;
+    return s.reader->Read(&first);  // the first message is the current state
+  };
+  Stream a, b, refused;
+  ASSERT_TRUE(open(a));
+  ASSERT_TRUE(open(b));
+  EXPECT_FALSE(open(refused));
+  const grpc::Status status = refused.reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("limit is 2"));
+  a.ctx.TryCancel();
+  (void)a.reader->Finish();
+  bool reopened = false;  // the server notices the cancel within its 0.5 s wait
+  for (int i = 0; i < 50 && !reopened; ++i) {
+    Stream again;
+    reopened = open(again);
+    if (reopened) again.ctx.TryCancel();
+    (void)again.reader->Finish();
+    if (!reopened) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(reopened) << "a closed stream did not free its place";
+  b.ctx.TryCancel();
+  (void)b.reader->Finish();
+  ASSERT_EQ(c.Ctl("cancel " + job.id()).exit_code, 0);
+}
+
 // Without TLS or authentication, listening beyond loopback needs the operator's --insecure.
 TEST_F(ServiceTest, NonLoopbackAddressNeedsInsecure) {
   const CommandResult refused = RunCommand(absl::StrCat(
