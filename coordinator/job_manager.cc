@@ -2,7 +2,10 @@
 // worker calls (see job_manager.h).
 #include "coordinator/job_manager.h"
 
+#include <dirent.h>
 #include <unistd.h>
+
+#include <cinttypes>
 
 #include <algorithm>
 #include <cstdio>
@@ -56,10 +59,32 @@ Job& JobManager::Add(std::unique_ptr<Job> job) {
   return ref;
 }
 
+namespace {
+
+// 1 + the highest N of the job-NNNNNN folders in `jobs_dir` (1 when there are none).
+int64_t NextJobNumberAfterFolders(const std::string& jobs_dir) {
+  int64_t next = 1;
+  DIR* d = ::opendir(jobs_dir.c_str());
+  if (d == nullptr) return next;
+  while (const dirent* e = ::readdir(d)) {
+    int64_t number = 0;
+    char tail = 0;
+    if (sscanf(e->d_name, "job-%" SCNd64 "%c", &number, &tail) == 1) next = std::max(next, number + 1);
+  }
+  ::closedir(d);
+  return next;
+}
+
+}  // namespace
+
 absl::Status JobManager::Load() {
   QLORA_RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));
   QLORA_ASSIGN_OR_RETURN(std::vector<JobRecord> stored, env_.store->LoadJobs());
+  // Job folders the store does not know (a lost or replaced store) keep their numbers: a new job
+  // never gets an old job's id, so never its folder, outputs or checkpoints to resume.
+  const int64_t after_folders = NextJobNumberAfterFolders(options_.state_dir + "/jobs");
   absl::MutexLock lock(&mu_);
+  next_job_number_ = std::max(next_job_number_, after_folders);
   for (JobRecord& record : stored) {
     // Only a job that may still run needs its config: it is parsed once, here.
     absl::StatusOr<JobConfig> config = IsTerminal(record.state)

@@ -297,6 +297,16 @@ TEST_F(CoordinatorJobManagerTest, ListPagesInSubmissionOrderAndFiltersByState) {
   EXPECT_EQ(manager_->List({}, 3, "job-999999", &next).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A store lost (or replaced) while the jobs' folders stay: the next job must not take an old
+// job's id, hence its folder, and resume its checkpoints or overwrite its adapter.
+TEST_F(CoordinatorJobManagerTest, JobIdsNeverReuseTheFolderOfAJobTheStoreForgot) {
+  std::filesystem::create_directories(state_dir() + "/jobs/job-000007/output/checkpoints");
+  std::filesystem::create_directories(state_dir() + "/jobs/job-000003");
+  std::filesystem::create_directories(state_dir() + "/jobs/job-00009x");  // not a job folder
+  Start(Options(1));  // an empty store
+  EXPECT_EQ(Submit(1), "job-000008");
+}
+
 TEST_F(CoordinatorJobManagerTest, SubmissionsPastTheQueueLimitAreRefusedAndNotStored) {
   JobManagerOptions options = Options(1);
   options.max_queued_jobs = 3;
