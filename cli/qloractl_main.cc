@@ -7,9 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
@@ -21,6 +19,7 @@
 #include "cli/cli_args.h"
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
+#include "common/posix_files.h"
 #include "qlora/v1/job_service.grpc.pb.h"
 
 namespace qlora::cli {
@@ -88,14 +87,6 @@ std::string ToJson(const google::protobuf::Message& m) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, options);
   return out;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string FormatDuration(double seconds) {

@@ -1,13 +1,11 @@
 // One job's state machine and its current start (see job.h).
 #include "coordinator/job.h"
 
-#include <cstdio>
 #include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/posix_files.h"
 #include "common/status_macros.h"
 
 namespace qlora::coordinator {

@@ -5,10 +5,10 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include <cinttypes>
-
 #include <algorithm>
+#include <cinttypes>
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +23,29 @@
 #include "coordinator/worker_launch.h"
 
 namespace qlora::coordinator {
+namespace {
+
+// N of a job id or folder name "job-N"; nullopt for anything else.
+std::optional<int64_t> JobNumber(const char* name) {
+  int64_t number = 0;
+  char tail = 0;
+  if (sscanf(name, "job-%" SCNd64 "%c", &number, &tail) != 1) return std::nullopt;
+  return number;
+}
+
+// 1 + the highest N of the job-N folders in `jobs_dir` (1 when there are none).
+int64_t NextJobNumberAfterFolders(const std::string& jobs_dir) {
+  int64_t next = 1;
+  DIR* d = ::opendir(jobs_dir.c_str());
+  if (d == nullptr) return next;
+  while (const dirent* e = ::readdir(d)) {
+    if (std::optional<int64_t> number = JobNumber(e->d_name)) next = std::max(next, *number + 1);
+  }
+  ::closedir(d);
+  return next;
+}
+
+}  // namespace
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* launcher)
     : options_(std::move(options)),
@@ -49,33 +72,15 @@ void JobManager::SetCoordinatorAddress(std::string address) {
 }
 
 Job& JobManager::Add(std::unique_ptr<Job> job) {
-  int number = 0;  // new ids continue after the stored ones
-  if (sscanf(job->id().c_str(), "job-%d", &number) == 1) {
-    next_job_number_ = std::max<int64_t>(next_job_number_, number + 1);
+  // New ids continue after the stored ones.
+  if (std::optional<int64_t> number = JobNumber(job->id().c_str())) {
+    next_job_number_ = std::max(next_job_number_, *number + 1);
   }
   Job& ref = *job;
   order_.push_back(job->id());
   jobs_[job->id()] = std::move(job);
   return ref;
 }
-
-namespace {
-
-// 1 + the highest N of the job-NNNNNN folders in `jobs_dir` (1 when there are none).
-int64_t NextJobNumberAfterFolders(const std::string& jobs_dir) {
-  int64_t next = 1;
-  DIR* d = ::opendir(jobs_dir.c_str());
-  if (d == nullptr) return next;
-  while (const dirent* e = ::readdir(d)) {
-    int64_t number = 0;
-    char tail = 0;
-    if (sscanf(e->d_name, "job-%" SCNd64 "%c", &number, &tail) == 1) next = std::max(next, number + 1);
-  }
-  ::closedir(d);
-  return next;
-}
-
-}  // namespace
 
 absl::Status JobManager::Load() {
   QLORA_RETURN_IF_ERROR(MakeDirs(options_.state_dir + "/jobs"));

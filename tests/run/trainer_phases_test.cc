@@ -18,7 +18,7 @@
 #include "tests/engine/torch_test_util.h"
 #include "tests/zero/gloo_world.h"
 #include "worker/comm/in_memory_store.h"
-#include "worker/engine/tiny_model.h"
+#include "tests/run/tiny_model_dir.h"
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/run_options.h"
 #include "worker/run/step_batches.h"
@@ -149,16 +149,9 @@ TEST(TrainerCheckpointDirs, TheNewestCompleteCheckpointIsResumed) {
 class TrainerPhases : public ::testing::Test {
  protected:
   void SetUp() override {
-    engine::TinyModelOptions model;
-    model.config.vocab_size = 512;
-    ASSERT_TRUE(engine::MakeTinyModel(tmp_ / "model", model).ok());
-    const char* src = std::getenv("QLORA_SOURCE_DIR");
-    const std::string source = src ? src : QLORA_DEFAULT_SOURCE_DIR;
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
-      auto bytes = ReadFile(source + "/examples/tokenizer/" + name);
-      ASSERT_TRUE(bytes.ok()) << bytes.status();
-      ASSERT_TRUE(WriteFileAtomically(tmp_ / ("model/" + std::string(name)), *bytes).ok());
-    }
+    const absl::Status made = testing::MakeTinyModelWithExampleTokenizer(tmp_ / "model");
+    ASSERT_TRUE(made.ok()) << made;
+    const std::string source = testing::SourceDir();
     const std::string yaml = "base_model: " + tmp_ / "model" +
         "\ninput_features: [{name: instruction}]\noutput_features: [{name: output}]\n"
         "adapter: {type: lora, r: 4, dropout: 0.1}\nquantization: null\n"

@@ -31,7 +31,7 @@
 #include "tests/engine/torch_test_util.h"
 #include "tests/util/rank_processes.h"
 #include "worker/engine/peft_io.h"
-#include "worker/engine/tiny_model.h"
+#include "tests/run/tiny_model_dir.h"
 #include "worker/run/training_job.h"
 #include "worker/run/training_observer.h"
 
@@ -43,11 +43,6 @@ constexpr char kDirEnv[] = "TRAINER_REF_DIR";
 constexpr char kWorldEnv[] = "TRAINER_REF_WORLD";
 constexpr int kAccumulation = 2;
 constexpr int kSteps = 5;
-
-std::string SourceDir() {
-  const char* src = std::getenv("QLORA_SOURCE_DIR");
-  return src ? src : QLORA_DEFAULT_SOURCE_DIR;
-}
 
 // A job whose hyperparameters exercise every part of the update: warm-up then cosine decay,
 // weight decay, clipping that engages, gradient accumulation.
@@ -173,14 +168,8 @@ TEST_P(TrainerReference, AdapterAndLossesEqualTransformersPeftAdamW) {
   const Case c = GetParam();
   testing::TempDir tmp;
   const std::string dir = tmp.path();
-  engine::TinyModelOptions model;
-  model.config.vocab_size = 512;  // the example tokenizer's
-  ASSERT_TRUE(engine::MakeTinyModel(dir + "/model", model).ok());
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
-    auto bytes = ReadFile(absl::StrCat(SourceDir(), "/examples/tokenizer/", name));
-    ASSERT_TRUE(bytes.ok()) << bytes.status();
-    ASSERT_TRUE(WriteFileAtomically(absl::StrCat(dir, "/model/", name), *bytes).ok());
-  }
+  const absl::Status made = testing::MakeTinyModelWithExampleTokenizer(dir + "/model");
+  ASSERT_TRUE(made.ok()) << made;
   ASSERT_TRUE(MakeDirs(dir + "/store").ok());
   ASSERT_TRUE(WriteFileAtomically(dir + "/train.jsonl", MakeDataset()).ok());
   ASSERT_TRUE(WriteFileAtomically(dir + "/job.yaml", JobYaml(dir, c.world, c.stage)).ok());
@@ -197,7 +186,7 @@ TEST_P(TrainerReference, AdapterAndLossesEqualTransformersPeftAdamW) {
       {"max_grad_norm", 0.05}, {"total_steps", kSteps}, {"warmup_steps", 1},  // ceil(0.2 x 5)
       {"schedule", "cosine"}, {"world", c.world}, {"accumulation", kAccumulation}};
   ASSERT_TRUE(WriteFileAtomically(dir + "/reference.json", reference.dump()).ok());
-  const std::string script = SourceDir() + "/tests/run/reference_training.py";
+  const std::string script = testing::SourceDir() + "/tests/run/reference_training.py";
   const std::string command = absl::StrCat("'", python, "' '", script, "' '", dir, "'");
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
 
