@@ -2,7 +2,8 @@
 // `validate`, which checks a job file offline.
 //
 // Exit status: 0 ok; 1 the followed job FAILED or was CANCELLED; 2 usage error; 3 invalid job
-// file or input; 4 no such job; 5 coordinator unavailable or deadline exceeded; 6 other errors.
+// file or input; 4 no such job; 5 coordinator unavailable or deadline exceeded; 6 other errors;
+// 7 not authenticated (UNAUTHENTICATED) or not allowed (PERMISSION_DENIED).
 #include <unistd.h>
 
 #include <cmath>
@@ -17,6 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/ascii.h"
 #include "cli/cli_args.h"
+#include "cli/client.h"
+#include "common/auth/token_hash.h"
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
 #include "common/posix_files.h"
@@ -35,17 +38,27 @@ Usage:
   qloractl logs JOB_ID [-f] [--rank N]
   qloractl cancel JOB_ID
   qloractl validate JOB.yaml [--dataset PATH]   offline: prints the resolved job
+  qloractl hash-token [--user NAME [--role user|admin]] < TOKEN
+                                   the token's hash, or its line of the coordinator's tokens file
 
 Options for every command:
   --address HOST:PORT   the coordinator (default: $QLORA_ADDRESS, else 127.0.0.1:50051)
+  --token-file FILE     bearer token (default: $QLORA_TOKEN_FILE, else $QLORA_TOKEN)
+  --tls                 TLS with the system's CA roots
+  --tls-ca FILE         TLS, checking the coordinator against this CA ($QLORA_TLS_CA)
+  --tls-cert FILE --tls-key FILE   a client certificate (mTLS; $QLORA_TLS_CERT, $QLORA_TLS_KEY)
+  --tls-server-name NAME           the name the certificate must carry ($QLORA_TLS_SERVER_NAME)
+  --timeout SECONDS     deadline of each call (default 30; followed streams have none)
   -o, --output text|json
   -h, --help
 
 Exit status: 0 ok, 1 job failed or cancelled, 2 usage, 3 invalid job, 4 no such job,
-5 coordinator unavailable, 6 other error.
+5 coordinator unavailable, 6 other error, 7 not authenticated or not allowed.
 )";
 
-enum Exit { kOk = 0, kJobFailed = 1, kUsage = 2, kInvalid = 3, kNotFound = 4, kUnavailable = 5, kOther = 6 };
+enum Exit {
+  kOk = 0, kJobFailed = 1, kUsage = 2, kInvalid = 3, kNotFound = 4, kUnavailable = 5, kOther = 6, kDenied = 7
+};
 
 int ExitFor(grpc::StatusCode code) {
   switch (code) {
@@ -56,6 +69,8 @@ int ExitFor(grpc::StatusCode code) {
     case grpc::StatusCode::NOT_FOUND: return kNotFound;
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED: return kUnavailable;
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED: return kDenied;
     default: return kOther;
   }
 }
@@ -125,6 +140,7 @@ void PrintJob(const v1::Job& job, bool json) {
   }
   printf("id:          %s\n", job.id().c_str());
   if (!job.name().empty()) printf("name:        %s\n", job.name().c_str());
+  if (!job.owner().empty()) printf("owner:       %s\n", job.owner().c_str());
   printf("state:       %s (%s)\n", StateName(job.state()), job.state_reason_code().c_str());
   if (!job.state_message().empty()) printf("message:     %s\n", job.state_message().c_str());
   printf("workers:     %d\nzero stage:  %d\n", job.num_workers(), job.zero_stage());
@@ -132,21 +148,6 @@ void PrintJob(const v1::Job& job, bool json) {
   if (!job.adapter_path().empty()) printf("adapter:     %s\n", job.adapter_path().c_str());
   printf("progress:    %s\n", ProgressLine(job).c_str());
 }
-
-class Client {
- public:
-  explicit Client(const std::string& address)
-      : stub_(v1::JobService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
-
-  v1::JobService::Stub* stub() { return stub_.get(); }
-
-  static void Deadline(grpc::ClientContext* ctx, int seconds = 30) {
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
-  }
-
- private:
-  std::unique_ptr<v1::JobService::Stub> stub_;
-};
 
 // Streams a job's events until it ends; returns the exit status for its final state.
 int Watch(Client& client, const std::string& id, bool json) {
@@ -156,6 +157,7 @@ int Watch(Client& client, const std::string& id, bool json) {
   int64_t after = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
     grpc::ClientContext ctx;
+    client.Prepare(&ctx, /*with_deadline=*/false);
     req.set_after_sequence(after);
     auto reader = client.stub()->WatchJob(&ctx, req);
     v1::WatchJobResponse msg;
@@ -180,7 +182,7 @@ int Watch(Client& client, const std::string& id, bool json) {
       if (tty) printf("\n");
       if (!json) {
         grpc::ClientContext gctx;
-        Client::Deadline(&gctx);
+        client.Prepare(&gctx);
         v1::GetJobRequest g;
         g.set_id(id);
         v1::Job job;
@@ -222,7 +224,7 @@ int Submit(Client& client, const ParsedArgs& a, bool json) {
   req.set_name(a.Get("--name"));
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
-  Client::Deadline(&ctx);
+  client.Prepare(&ctx);
   grpc::Status s = client.stub()->SubmitJob(&ctx, req, &resp);
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {  // a dataset or model path, not a job
     fprintf(stderr, "qloractl: %s\n", s.error_message().c_str());
@@ -278,6 +280,7 @@ int Logs(Client& client, const ParsedArgs& a) {
   req.set_rank(a.values.count("--rank") ? std::atoi(a.Get("--rank").c_str()) : -1);
   req.set_follow(a.Has("--follow"));
   grpc::ClientContext ctx;
+  client.Prepare(&ctx, /*with_deadline=*/!req.follow());
   auto reader = client.stub()->StreamLogs(&ctx, req);
   v1::LogChunk chunk;
   const bool prefix = req.rank() < 0;
@@ -295,10 +298,35 @@ int Logs(Client& client, const ParsedArgs& a) {
   return s.ok() ? kOk : ReportError(s);
 }
 
+// Reads a token from stdin and prints its hash, or with --user the whole tokens-file line
+// (the coordinator's --auth-tokens): "sha256:<hex> USER ROLE".
+int HashToken(const ParsedArgs& a) {
+  std::string token;
+  std::getline(std::cin, token);
+  token = std::string(absl::StripAsciiWhitespace(token));
+  if (token.size() < 16) {
+    fprintf(stderr, "qloractl hash-token: give a token of at least 16 characters on stdin, e.g.\n"
+                    "  head -c 32 /dev/urandom | base64 | tee alice.token | qloractl hash-token --user alice\n");
+    return kUsage;
+  }
+  const std::string role = a.Get("--role", "user");
+  if (role != "user" && role != "admin") {
+    fprintf(stderr, "qloractl hash-token: --role is user or admin\n");
+    return kUsage;
+  }
+  if (a.values.count("--user")) {
+    printf("%s %s %s\n", TokenHash(token).c_str(), a.Get("--user").c_str(), role.c_str());
+  } else {
+    printf("%s\n", TokenHash(token).c_str());
+  }
+  return kOk;
+}
+
 int Run(const std::vector<std::string>& argv) {
-  static const std::set<std::string> kValues = {"--address", "--output", "--dataset", "--validation-dataset",
-                                                "--name", "--rank", "--state"};
-  static const std::set<std::string> kSwitches = {"--follow", "--help"};
+  static const std::set<std::string> kValues = {
+      "--address", "--output", "--dataset", "--validation-dataset", "--name", "--rank", "--state",
+      "--timeout", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name", "--user", "--role"};
+  static const std::set<std::string> kSwitches = {"--follow", "--help", "--tls"};
   static const std::map<std::string, std::string> kAliases = {{"-f", "--follow"}, {"-o", "--output"},
                                                               {"-h", "--help"}};
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argv, kValues, kSwitches, kAliases);
@@ -320,9 +348,14 @@ int Run(const std::vector<std::string>& argv) {
   }
   const bool json = output == "json";
   if (command == "validate") return Validate(a, json);
+  if (command == "hash-token") return HashToken(a);
 
-  const char* env = getenv("QLORA_ADDRESS");
-  Client client(a.Get("--address", env && *env ? env : "127.0.0.1:50051"));
+  absl::StatusOr<std::unique_ptr<Client>> connected = Client::FromArgs(a);
+  if (!connected.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(connected.status().message()).c_str());
+    return kUsage;
+  }
+  Client& client = **connected;
   if (command == "submit") return Submit(client, a, json);
   if (command == "watch") {
     if (a.positional.size() != 1) return fprintf(stderr, "qloractl watch: expected a job id\n"), kUsage;
@@ -332,7 +365,7 @@ int Run(const std::vector<std::string>& argv) {
   if (command == "get" || command == "cancel") {
     if (a.positional.size() != 1) return fprintf(stderr, "qloractl %s: expected a job id\n", command.c_str()), kUsage;
     grpc::ClientContext ctx;
-    Client::Deadline(&ctx);
+    client.Prepare(&ctx);
     v1::Job job;
     grpc::Status s;
     if (command == "get") {
@@ -363,7 +396,7 @@ int Run(const std::vector<std::string>& argv) {
     req.set_page_size(500);
     do {
       grpc::ClientContext ctx;
-      Client::Deadline(&ctx);
+      client.Prepare(&ctx);
       v1::ListJobsResponse page;
       grpc::Status s = client.stub()->ListJobs(&ctx, req, &page);
       if (!s.ok()) return ReportError(s);
@@ -373,10 +406,10 @@ int Run(const std::vector<std::string>& argv) {
     if (json) {
       printf("%s\n", ToJson(resp).c_str());
     } else {
-      printf("%-12s %-10s %-24s %s\n", "ID", "STATE", "REASON", "NAME");
+      printf("%-12s %-10s %-12s %-24s %s\n", "ID", "STATE", "OWNER", "REASON", "NAME");
       for (const v1::Job& j : resp.jobs()) {
-        printf("%-12s %-10s %-24s %s\n", j.id().c_str(), StateName(j.state()), j.state_reason_code().c_str(),
-               j.name().c_str());
+        printf("%-12s %-10s %-12s %-24s %s\n", j.id().c_str(), StateName(j.state()), j.owner().c_str(),
+               j.state_reason_code().c_str(), j.name().c_str());
       }
     }
     return kOk;

@@ -20,22 +20,46 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
+#include "common/rpc/coordinator_channel.h"
+#include "coordinator/authenticator.h"
 #include "coordinator/listen_policy.h"
 #include "coordinator/process_launcher.h"
+#include "coordinator/server_tls.h"
 #include "coordinator/state_lock.h"
 #include "coordinator/worker_service.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
 ABSL_FLAG(bool, insecure, false,
-          "allow a non-loopback --address although the API has no TLS or authentication yet");
+          "allow a non-loopback --address without TLS and client authentication");
+ABSL_FLAG(std::string, tls_cert, "", "TLS: this server's certificate chain (PEM; re-read when it changes)");
+ABSL_FLAG(std::string, tls_key, "", "TLS: the certificate's private key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "mTLS: CA bundle (PEM) for client certificates; a verified certificate's common name is its user");
+ABSL_FLAG(std::string, tls_ca, "",
+          "the CA (PEM) that signed --tls-cert, handed to workers to verify this coordinator "
+          "(default: the system roots)");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name workers check the certificate against (default: the host they dial, 127.0.0.1 "
+          "for a wildcard --address)");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "tokens file: lines 'sha256:<hex> USER ROLE' (qloractl hash-token); re-read on SIGHUP");
+ABSL_FLAG(std::string, read_roots, "",
+          "comma-separated folders jobs may read datasets and models from (default: anywhere)");
+ABSL_FLAG(std::string, output_root, "", "the folder jobs' output_dir must lie in (default: anywhere)");
 ABSL_FLAG(int, max_queued_jobs, qlora::coordinator::JobManagerOptions{}.max_queued_jobs,
           "refuse submissions (RESOURCE_EXHAUSTED) while this many jobs are queued");
+ABSL_FLAG(int, max_queued_jobs_per_user, 0, "the same per user (0 = no per-user cap)");
 ABSL_FLAG(int, max_streams, 256, "at most this many watch and log streams open at once");
+ABSL_FLAG(int, max_streams_per_user, 0, "at most this many per user (0 = no per-user cap)");
+ABSL_FLAG(std::string, health_address, "",
+          "also serve grpc.health.v1 alone, in plaintext, on this host:port (for probes that cannot "
+          "speak TLS, e.g. Kubernetes' grpc probe): only grpc.health (and its reflection) is served there");
 ABSL_FLAG(std::string, state_dir, "qlora-state", "folder for the job store, logs and outputs");
 ABSL_FLAG(int, cpu_workers, 0, "run jobs on this many CPU worker processes (machines without GPUs)");
 ABSL_FLAG(std::string, gpus, "auto", "GPU ids to use, e.g. 0,1,2,3; 'auto' = every GPU; 'none' = no GPU");
@@ -139,6 +163,18 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
   options.register_timeout = absl::Seconds(absl::GetFlag(FLAGS_register_timeout_s));
   options.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   options.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+  absl::StatusOr<qlora::coordinator::PathRoots> roots =
+      qlora::coordinator::ResolvePathRoots(absl::GetFlag(FLAGS_read_roots), absl::GetFlag(FLAGS_output_root));
+  if (!roots.ok()) return roots.status();
+  options.roots = *std::move(roots);
+  options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
+  if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+    // Workers dial over TLS too; the CA and name are not secrets.
+    options.worker_env[qlora::kTlsVariable] = "1";
+    const std::string ca = absl::GetFlag(FLAGS_tls_ca);
+    options.worker_env[qlora::kTlsCaVariable] = ca.empty() ? "" : std::filesystem::absolute(ca).string();
+    options.worker_env[qlora::kTlsServerNameVariable] = absl::GetFlag(FLAGS_tls_server_name);
+  }
   if (options.gpus.empty() && options.cpu_workers == 0) {
     options.cpu_workers = 1;
     fprintf(stderr, "qlora-coordinator: no GPUs found; running jobs on 1 CPU worker (see --cpu-workers)\n");
@@ -151,20 +187,21 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
 // they come in. Thread-safe.
 class HealthSwitch {
  public:
+  // `service` (one per server: the API's and the plain health port's) follows from now on.
   void Serve(grpc::HealthCheckServiceInterface* service) {
     absl::MutexLock lock(&mu_);
-    service_ = service;
-    service_->SetServingStatus(!failed_);
+    services_.push_back(service);
+    service->SetServingStatus(!failed_);
   }
   void Fail() {
     absl::MutexLock lock(&mu_);
     failed_ = true;
-    if (service_ != nullptr) service_->SetServingStatus(false);
+    for (grpc::HealthCheckServiceInterface* service : services_) service->SetServingStatus(false);
   }
 
  private:
   absl::Mutex mu_;
-  grpc::HealthCheckServiceInterface* service_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<grpc::HealthCheckServiceInterface*> services_ ABSL_GUARDED_BY(mu_);
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -194,18 +231,41 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   const std::string address = absl::GetFlag(FLAGS_address);
-  if (absl::Status allowed = qlora::coordinator::CheckListenAddress(address, absl::GetFlag(FLAGS_insecure));
-      !allowed.ok()) {
+  qlora::coordinator::ServerTlsOptions tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  qlora::coordinator::AuthOptions auth_options;
+  auth_options.tokens_file = absl::GetFlag(FLAGS_auth_tokens);
+  auth_options.client_certificates = !tls.client_ca_file.empty();
+  const qlora::coordinator::ListenSecurity security{
+      .tls = !tls.cert_file.empty(),
+      .authentication = !auth_options.tokens_file.empty() || auth_options.client_certificates,
+      .insecure = absl::GetFlag(FLAGS_insecure)};
+  if (absl::Status allowed = qlora::coordinator::CheckListenAddress(address, security); !allowed.ok()) {
     fprintf(stderr, "qlora-coordinator: %s\n", std::string(allowed.message()).c_str());
     return 2;
   }
-  if (!qlora::coordinator::IsLoopbackAddress(address)) {
-    fprintf(stderr, "qlora-coordinator: INSECURE: listening on %s without TLS or client "
-            "authentication (--insecure): anyone who reaches it can submit, read and cancel jobs\n",
-            address.c_str());
+  if (qlora::coordinator::IsExposedInsecurely(address, security)) {
+    fprintf(stderr, "qlora-coordinator: INSECURE: listening on %s without %s (--insecure): anyone "
+            "who reaches it can submit, read and cancel jobs\n",
+            address.c_str(), security.tls ? "client authentication" : "TLS and client authentication");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      qlora::coordinator::MakeServerCredentials(tls);
+  if (!credentials.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(credentials.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<qlora::coordinator::Authenticator>> auth =
+      qlora::coordinator::Authenticator::Create(auth_options);
+  if (!auth.ok()) {
+    fprintf(stderr, "qlora-coordinator: %s\n", std::string(auth.status().message()).c_str());
+    return 2;
   }
   absl::StatusOr<qlora::coordinator::JobManagerOptions> flags = OptionsFromFlags();
   if (!flags.ok()) {
@@ -231,12 +291,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "qlora-coordinator: %s\n", std::string(loaded.message()).c_str());
     return 1;
   }
-  qlora::coordinator::JobServiceImpl job_service(&manager, absl::GetFlag(FLAGS_max_streams));
+  qlora::coordinator::JobServiceOptions service_options;
+  service_options.max_streams = absl::GetFlag(FLAGS_max_streams);
+  service_options.max_streams_per_user = absl::GetFlag(FLAGS_max_streams_per_user);
+  qlora::coordinator::JobServiceImpl job_service(&manager, auth->get(), service_options);
   qlora::coordinator::WorkerServiceImpl worker_service(&manager);
   const std::string host = address.substr(0, address.rfind(':'));
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, *credentials, &port);
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -244,23 +307,51 @@ int main(int argc, char** argv) {
     fprintf(stderr, "qlora-coordinator: cannot listen on %s\n", address.c_str());
     return 1;
   }
-  const std::string bound = absl::StrCat(host.empty() ? "127.0.0.1" : host, ":", port);
+  // Workers run on this host: a wildcard address is dialled as 127.0.0.1.
+  const bool wildcard = host.empty() || host == "0.0.0.0" || host == "[::]";
+  const std::string bound = absl::StrCat(wildcard ? "127.0.0.1" : host, ":", port);
   manager.SetCoordinatorAddress(bound);
   manager.StartMonitor();
   health.Serve(server->GetHealthCheckService());  // NOT_SERVING if already unhealthy (Load)
-  printf("qlora-coordinator listening on %s (state %s, %s)\n", bound.c_str(), options.state_dir.c_str(),
+  std::unique_ptr<grpc::Server> health_server;
+  if (const std::string health_address = absl::GetFlag(FLAGS_health_address); !health_address.empty()) {
+    int health_port = 0;
+    grpc::ServerBuilder health_builder;  // the default health service only
+    health_builder.AddListeningPort(health_address, grpc::InsecureServerCredentials(), &health_port);
+    health_server = health_builder.BuildAndStart();
+    if (!health_server || health_port == 0) {
+      fprintf(stderr, "qlora-coordinator: cannot listen on --health-address %s\n", health_address.c_str());
+      return 1;
+    }
+    health.Serve(health_server->GetHealthCheckService());
+    printf("qlora-coordinator: health (plaintext) on %s:%d\n",
+           health_address.substr(0, health_address.rfind(':')).c_str(), health_port);
+  }
+  printf("qlora-coordinator listening on %s (state %s, %s; %s, %s)\n", bound.c_str(),
+         options.state_dir.c_str(),
          options.gpus.empty() ? absl::StrCat(options.cpu_workers, " CPU workers").c_str()
-                              : absl::StrCat(options.gpus.size(), " GPUs").c_str());
+                              : absl::StrCat(options.gpus.size(), " GPUs").c_str(),
+         security.tls ? (tls.client_ca_file.empty() ? "TLS" : "TLS with client certificates") : "plaintext",
+         security.authentication ? "authentication on" : "authentication off");
+  printf("qlora-coordinator: jobs read from %s and write to %s\n",
+         options.roots.read.empty() ? "any path (no --read-roots)" : absl::StrJoin(options.roots.read, ",").c_str(),
+         options.roots.output.empty() ? "any path (no --output-root)" : options.roots.output.c_str());
   fflush(stdout);
   WritePortFile(absl::GetFlag(FLAGS_port_file), port);
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  // SIGHUP re-reads the tokens file; SIGINT / SIGTERM stop.
+  while (sigwait(&stop_signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    const absl::Status reloaded = (*auth)->Reload();
+    fprintf(stderr, "qlora-coordinator: SIGHUP: %s\n",
+            reloaded.ok() ? "tokens file re-read" : absl::StrCat("kept the previous tokens: ", reloaded.message()).c_str());
+  }
   fprintf(stderr, "qlora-coordinator: %s, shutting down\n", strsignal(signal_number));
   health.Fail();
   // Health says NOT_SERVING for a moment before the listener closes, so probes can see it.
   usleep(absl::GetFlag(FLAGS_shutdown_grace_ms) * 1000);
   manager.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   return 0;
 }

@@ -157,6 +157,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   if (!config.output_dir.empty()) {  // also file-system work: before the lock
     QLORA_ASSIGN_OR_RETURN(config.output_dir, ResolveOutputDir(config.output_dir, options_.state_dir));
   }
+  QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));  // also before the lock
   if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
   }
@@ -177,6 +178,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
   JobRecord r;
   r.name = config.name;
+  r.owner = request.owner;
   r.job_yaml = request.job_yaml;
   r.resolved_config_yaml = EmitResolvedJobYaml(config);
   r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
@@ -189,13 +191,22 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
         "the coordinator is unhealthy and accepts no job until it is restarted: ",
         store_error_.message()));
   }
-  const int64_t queued = std::count_if(order_.begin(), order_.end(), [&](const std::string& id) {
-    return jobs_.at(id)->record().state == JobState::kQueued;
-  });
+  int64_t queued = 0, queued_by_owner = 0;
+  for (const std::string& id : order_) {
+    const JobRecord& other = jobs_.at(id)->record();
+    if (other.state != JobState::kQueued) continue;
+    ++queued;
+    if (other.owner == request.owner) ++queued_by_owner;
+  }
   if (queued >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError(absl::StrCat(
         queued, " jobs are queued, the coordinator's limit (--max-queued-jobs); try again once some "
         "have started"));
+  }
+  if (options_.max_queued_jobs_per_user > 0 && queued_by_owner >= options_.max_queued_jobs_per_user) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        request.owner, " has ", queued_by_owner, " jobs queued, the limit per user "
+        "(--max-queued-jobs-per-user); try again once some have started"));
   }
   if (!config.output_dir.empty()) {
     std::vector<std::string> taken;
@@ -226,13 +237,16 @@ absl::StatusOr<JobRecord> JobManager::Get(const std::string& id) const {
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobManager::List(const std::set<JobState>& states,
+                                                        const std::optional<std::string>& owner,
                                                         int page_size, const std::string& after_id,
                                                         std::string* next_id) const {
   absl::MutexLock lock(&mu_);
   size_t start = 0;
   if (!after_id.empty()) {
     auto at = std::find(order_.begin(), order_.end(), after_id);
-    if (at == order_.end()) return absl::NotFoundError(absl::StrCat("page token names no job (", after_id, ")"));
+    if (at == order_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("page token names no job (", after_id, ")"));
+    }
     start = static_cast<size_t>(at - order_.begin()) + 1;
   }
   std::vector<JobRecord> out;
@@ -240,6 +254,7 @@ absl::StatusOr<std::vector<JobRecord>> JobManager::List(const std::set<JobState>
   for (size_t i = start; i < order_.size(); ++i) {
     const JobRecord& r = jobs_.at(order_[i])->record();
     if (!states.empty() && !states.count(r.state)) continue;
+    if (owner.has_value() && r.owner != *owner) continue;
     if (static_cast<int>(out.size()) == page_size) {
       *next_id = out.back().id;  // more follow
       break;
@@ -352,6 +367,7 @@ void JobManager::StartJob(Job& job, std::vector<int> slots, JobShards shards) {
   WorkerLaunchRequest launch;
   launch.worker_binary = options_.worker_binary;
   launch.coordinator_address = coordinator_address_;
+  launch.extra_env = options_.worker_env;
   launch.job_dir = JobDir(job.id());
   launch.use_gpu = slots_.gpu();
   launch.host_cores = sysconf(_SC_NPROCESSORS_ONLN);

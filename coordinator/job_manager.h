@@ -28,6 +28,7 @@
 #include "coordinator/job.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_types.h"
+#include "coordinator/path_confinement.h"
 #include "coordinator/process_launcher.h"
 #include "coordinator/slot_pool.h"
 #include "coordinator/start_prep.h"
@@ -47,9 +48,15 @@ struct JobManagerOptions {
   absl::Duration stop_grace = absl::Seconds(3);  // SIGTERM, then SIGKILL after this
   absl::Duration poll_interval = absl::Milliseconds(50);
   std::string hf_hub_cache;                    // empty: the usual environment lookup
+  // The folders jobs may read from and write to (path_confinement.h); empty = anywhere.
+  PathRoots roots;
+  // Added to every worker's environment (how to dial the coordinator over TLS).
+  std::map<std::string, std::string> worker_env;
   // Submit answers RESOURCE_EXHAUSTED while this many jobs are queued (a flood of submissions
   // would otherwise grow the queue, the store and every scheduling pass without bound).
   int max_queued_jobs = 10000;
+  // The same for one user's queued jobs (0 = no per-user cap), so one user cannot fill the queue.
+  int max_queued_jobs_per_user = 0;
   std::function<absl::Time()> now = [] { return absl::Now(); };
   // Called once, when the coordinator turns unhealthy (a state change could not be written to
   // the store; see Health()). Runs under the manager's lock: it must not call the manager.
@@ -63,6 +70,7 @@ struct SubmitRequest {
   std::string name;
   std::string source_name = "job.yaml";
   std::string base_dir;              // relative paths in the file resolve here
+  std::string owner;                 // the authenticated user submitting it
 };
 
 using qlora::WorkerAssignment;
@@ -97,10 +105,12 @@ class JobManager {
   // UNAVAILABLE, keeping nothing, when the store cannot record the new job.
   absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
   absl::StatusOr<JobRecord> Get(const std::string& id) const;
-  // Jobs in submission order whose state is in `states` (empty = all): at most `page_size`
-  // after the job `after_id` ("" = from the first). `*next_id` is the id to pass as `after_id`
-  // for the next page, "" after the last. NOT_FOUND for an `after_id` that names no job.
-  absl::StatusOr<std::vector<JobRecord>> List(const std::set<JobState>& states, int page_size,
+  // Jobs in submission order whose state is in `states` (empty = all) and whose owner is
+  // `owner` (nullopt = anyone's): at most `page_size` after the job `after_id` ("" = from the
+  // first). `*next_id` is the id to pass as `after_id` for the next page, "" after the last.
+  // INVALID_ARGUMENT for an `after_id` that names no job.
+  absl::StatusOr<std::vector<JobRecord>> List(const std::set<JobState>& states,
+                                              const std::optional<std::string>& owner, int page_size,
                                               const std::string& after_id,
                                               std::string* next_id) const;
   absl::StatusOr<JobRecord> Cancel(const std::string& id);

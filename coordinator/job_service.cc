@@ -7,6 +7,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "coordinator/caller_credentials.h"
 #include "coordinator/proto_convert.h"
 
 namespace qlora::coordinator {
@@ -41,31 +43,54 @@ std::string ReadFrom(const std::string& path, int64_t* offset) {
 
 }  // namespace
 
-grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+// Returns the gRPC status of a failed absl::StatusOr / absl::Status expression.
+#define QLORA_GRPC_ASSIGN_OR_RETURN(lhs, expr)          \
+  auto QLORA_STATUS_CONCAT(grpc_or_, __LINE__) = (expr); \
+  if (!QLORA_STATUS_CONCAT(grpc_or_, __LINE__).ok())      \
+    return ToGrpc(QLORA_STATUS_CONCAT(grpc_or_, __LINE__).status()); \
+  lhs = *std::move(QLORA_STATUS_CONCAT(grpc_or_, __LINE__))
+
+absl::StatusOr<Caller> JobServiceImpl::CallerOf(const grpc::ServerContext& context) const {
+  return auth_->Authenticate(CredentialsOf(context));
+}
+
+absl::StatusOr<JobRecord> JobServiceImpl::AccessibleJob(const Caller& caller, const std::string& id) const {
+  QLORA_ASSIGN_OR_RETURN(JobRecord job, manager_->Get(id));
+  QLORA_RETURN_IF_ERROR(CheckMayAccess(caller, job.owner, job.id));
+  return job;
+}
+
+grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
-  absl::StatusOr<JobRecord> job = manager_->Submit(FromProto(*request));
+  QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
+  SubmitRequest submit = FromProto(*request);
+  submit.owner = caller.user;
+  absl::StatusOr<JobRecord> job = manager_->Submit(submit);
   if (!job.ok()) return ToGrpc(job.status());
   ToProto(*job, response->mutable_job());
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ValidateJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+grpc::Status JobServiceImpl::ValidateJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                          v1::ValidateJobResponse* response) {
+  if (absl::StatusOr<Caller> caller = CallerOf(*context); !caller.ok()) return ToGrpc(caller.status());
   absl::StatusOr<std::string> resolved = manager_->Validate(FromProto(*request));
   if (!resolved.ok()) return ToGrpc(resolved.status());
   response->set_resolved_config_yaml(*resolved);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request, v1::Job* response) {
-  absl::StatusOr<JobRecord> job = manager_->Get(request->id());
-  if (!job.ok()) return ToGrpc(job.status());
-  ToProto(*job, response);
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                                    v1::Job* response) {
+  QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
+  QLORA_GRPC_ASSIGN_OR_RETURN(const JobRecord job, AccessibleJob(caller, request->id()));
+  ToProto(job, response);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
+  QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
   std::set<JobState> states;
   for (int s : request->states()) {
     if (s < 1 || s > 6) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("unknown state ", s));
@@ -78,9 +103,11 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
   }
   const int page_size = request->page_size() == 0 ? kDefaultPageSize : request->page_size();
   std::string next;
+  const std::optional<std::string> owner =
+      caller.admin ? std::nullopt : std::optional<std::string>(caller.user);
   absl::StatusOr<std::vector<JobRecord>> jobs =
-      manager_->List(states, page_size, request->page_token(), &next);
-  if (!jobs.ok()) return ToGrpc(absl::InvalidArgumentError(jobs.status().message()));
+      manager_->List(states, owner, page_size, request->page_token(), &next);
+  if (!jobs.ok()) return ToGrpc(jobs.status());
   for (JobRecord& job : *jobs) {
     if (!request->include_job_yaml()) {
       job.job_yaml.clear();
@@ -92,28 +119,37 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRe
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+grpc::Status JobServiceImpl::CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                                        v1::Job* response) {
+  QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
+  if (absl::Status may = AccessibleJob(caller, request->id()).status(); !may.ok()) return ToGrpc(may);
   absl::StatusOr<JobRecord> job = manager_->Cancel(request->id());
   if (!job.ok()) return ToGrpc(job.status());
   ToProto(*job, response);
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::OpenStream(std::optional<StreamLimit::Slot>* slot) {
-  *slot = streams_.TryOpen();
+grpc::Status JobServiceImpl::OpenStream(const std::string& user, std::optional<StreamLimit::Slot>* slot) {
+  StreamLimit::Refusal refusal;
+  *slot = streams_.TryOpen(user, &refusal);
   if (slot->has_value()) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                      absl::StrCat("too many open watch and log streams (the coordinator's limit is ",
-                                   streams_.limit(), "); close some or try again later"));
+  return grpc::Status(
+      grpc::StatusCode::RESOURCE_EXHAUSTED,
+      refusal == StreamLimit::Refusal::kTotal
+          ? absl::StrCat("too many open watch and log streams (the coordinator's limit is ",
+                         streams_.limit(), "); close some or try again later")
+          : absl::StrCat(user, " has ", streams_.per_user_limit(),
+                         " watch and log streams open, the limit per user (--max-streams-per-user); "
+                         "close some or try again later"));
 }
 
 grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                                       grpc::ServerWriter<v1::WatchJobResponse>* writer) {
-  std::optional<StreamLimit::Slot> slot;
-  if (grpc::Status open = OpenStream(&slot); !open.ok()) return open;
-  absl::StatusOr<JobRecord> job = manager_->Get(request->id());
+  QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
+  absl::StatusOr<JobRecord> job = AccessibleJob(caller, request->id());
   if (!job.ok()) return ToGrpc(job.status());
+  std::optional<StreamLimit::Slot> slot;
+  if (grpc::Status open = OpenStream(caller.user, &slot); !open.ok()) return open;
   int64_t seen = request->after_sequence();
   if (seen == 0) {
     // The first message is the full current state.
@@ -149,10 +185,11 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
 
 grpc::Status JobServiceImpl::StreamLogs(grpc::ServerContext* context, const v1::StreamLogsRequest* request,
                                         grpc::ServerWriter<v1::LogChunk>* writer) {
-  std::optional<StreamLimit::Slot> slot;
-  if (grpc::Status open = OpenStream(&slot); !open.ok()) return open;
-  absl::StatusOr<JobRecord> job = manager_->Get(request->id());
+  QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
+  absl::StatusOr<JobRecord> job = AccessibleJob(caller, request->id());
   if (!job.ok()) return ToGrpc(job.status());
+  std::optional<StreamLimit::Slot> slot;
+  if (grpc::Status open = OpenStream(caller.user, &slot); !open.ok()) return open;
   std::map<int, int64_t> offsets;  // rank -> bytes sent
   if (request->rank() >= 0) {
     offsets[request->rank()] = request->offset();

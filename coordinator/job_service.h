@@ -1,17 +1,26 @@
-// gRPC JobService: the client API, forwarding to JobManager.
+// gRPC JobService: the client API, forwarding to JobManager. Every call is authenticated first
+// (authenticator.h): UNAUTHENTICATED without valid credentials; a user's calls on another
+// user's job are PERMISSION_DENIED, and their list holds only their own jobs.
 #pragma once
 
+#include "coordinator/authenticator.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/stream_limit.h"
 #include "qlora/v1/job_service.grpc.pb.h"
 
 namespace qlora::coordinator {
 
+struct JobServiceOptions {
+  // At most this many WatchJob / StreamLogs streams at once, and per user (0 = no per-user
+  // cap); RESOURCE_EXHAUSTED past either.
+  int max_streams = 256;
+  int max_streams_per_user = 0;
+};
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  // At most `max_streams` WatchJob / StreamLogs streams at once (RESOURCE_EXHAUSTED past it).
-  explicit JobServiceImpl(JobManager* manager, int max_streams = 256)
-      : manager_(manager), streams_(max_streams) {}
+  JobServiceImpl(JobManager* manager, const Authenticator* auth, const JobServiceOptions& options = {})
+      : manager_(manager), auth_(auth), streams_(options.max_streams, options.max_streams_per_user) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   grpc::Status ValidateJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::ValidateJobResponse*) override;
@@ -24,10 +33,15 @@ class JobServiceImpl final : public v1::JobService::Service {
                           grpc::ServerWriter<v1::LogChunk>*) override;
 
  private:
-  // A stream slot, or RESOURCE_EXHAUSTED naming the limit.
-  grpc::Status OpenStream(std::optional<StreamLimit::Slot>* slot);
+  // The authenticated caller of `context`'s call.
+  absl::StatusOr<Caller> CallerOf(const grpc::ServerContext& context) const;
+  // Job `id` if `caller` may see it: NOT_FOUND, or PERMISSION_DENIED for another user's job.
+  absl::StatusOr<JobRecord> AccessibleJob(const Caller& caller, const std::string& id) const;
+  // A stream slot for `user`, or RESOURCE_EXHAUSTED naming the limit.
+  grpc::Status OpenStream(const std::string& user, std::optional<StreamLimit::Slot>* slot);
 
   JobManager* const manager_;
+  const Authenticator* const auth_;
   StreamLimit streams_;
 };
 

@@ -32,6 +32,7 @@ struct JobEvent {
 struct JobRecord {
   std::string id;
   std::string name;
+  std::string owner;                 // the user who submitted it ("" for jobs stored before owners)
   JobState state = JobState::kQueued;
   std::string reason_code;
   std::string message;

@@ -1,6 +1,6 @@
-// Where the coordinator may listen. The API has no TLS and no client authentication yet, so
-// anyone who reaches the port can submit, read and cancel every job: a non-loopback address is
-// refused unless the operator says --insecure (and then the first log line says so).
+// Where the coordinator may listen. Without TLS and client authentication anyone who reaches
+// the port could submit, read and cancel every job, so a non-loopback address needs both (or
+// the operator says --insecure, and then the first log line says so).
 #pragma once
 
 #include <string>
@@ -12,8 +12,18 @@ namespace qlora::coordinator {
 // True for 127.0.0.0/8, ::1 and "localhost" (host part of "host:port" or "[v6]:port").
 bool IsLoopbackAddress(const std::string& address);
 
-// OK for a loopback address, or any address when `insecure`; FAILED_PRECONDITION otherwise,
-// saying what to do.
-absl::Status CheckListenAddress(const std::string& address, bool insecure);
+struct ListenSecurity {
+  bool tls = false;             // --tls-cert and --tls-key
+  bool authentication = false;  // --auth-tokens or --tls-client-ca
+  bool insecure = false;        // --insecure
+};
+
+// OK for a loopback address, for any address with TLS and authentication, or with --insecure;
+// FAILED_PRECONDITION otherwise, saying what is missing and what to do.
+absl::Status CheckListenAddress(const std::string& address, const ListenSecurity& security);
+
+// True when `address` is reachable from elsewhere without TLS and authentication (what the
+// first log line must warn about).
+bool IsExposedInsecurely(const std::string& address, const ListenSecurity& security);
 
 }  // namespace qlora::coordinator

@@ -2,8 +2,6 @@
 #include "coordinator/output_dir_check.h"
 
 #include <dirent.h>
-#include <limits.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -12,37 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "common/status_macros.h"
+#include "coordinator/path_confinement.h"
 
 namespace qlora::coordinator {
 namespace {
 
 absl::Status Refuse(const std::string& path, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("output_dir: ", path, " ", why));
-}
-
-// realpath() of the deepest existing ancestor of `path`, with the rest appended as written.
-absl::StatusOr<std::string> RealPathOfExistingPart(const std::string& path) {
-  std::string head = path, tail;
-  while (true) {
-    char buffer[PATH_MAX];
-    if (::realpath(head.c_str(), buffer) != nullptr) {
-      std::string real = buffer;
-      if (!tail.empty()) real = real == "/" ? "/" + tail : real + "/" + tail;
-      return real;
-    }
-    if (errno != ENOENT && errno != ENOTDIR) {
-      return absl::InvalidArgumentError(absl::StrCat("output_dir: ", path, ": ", std::strerror(errno)));
-    }
-    const size_t slash = head.find_last_of('/');
-    if (slash == std::string::npos || head == "/") return absl::InvalidArgumentError(
-        absl::StrCat("output_dir: ", path, " is not an absolute path"));
-    tail = tail.empty() ? head.substr(slash + 1) : head.substr(slash + 1) + "/" + tail;
-    head = slash == 0 ? "/" : head.substr(0, slash);
-  }
-}
-
-bool Within(const std::string& path, const std::string& folder) {
-  return path == folder || absl::StartsWith(path, folder == "/" ? "/" : folder + "/");
 }
 
 bool IsNonEmptyFolder(const std::string& path) {
@@ -63,9 +37,9 @@ bool IsNonEmptyFolder(const std::string& path) {
 
 absl::StatusOr<std::string> ResolveOutputDir(const std::string& output_dir,
                                              const std::string& state_dir) {
-  QLORA_ASSIGN_OR_RETURN(std::string resolved, RealPathOfExistingPart(output_dir));
-  QLORA_ASSIGN_OR_RETURN(std::string state, RealPathOfExistingPart(state_dir));
-  if (Within(resolved, state) || Within(state, resolved)) {
+  QLORA_ASSIGN_OR_RETURN(std::string resolved, RealPathOfExistingPart(output_dir, "output_dir"));
+  QLORA_ASSIGN_OR_RETURN(std::string state, RealPathOfExistingPart(state_dir, "state folder"));
+  if (IsWithin(resolved, state) || IsWithin(state, resolved)) {
     return Refuse(output_dir, absl::StrCat("is the coordinator's state folder (", state,
                                            ") or overlaps it; choose a folder of your own"));
   }
@@ -81,7 +55,7 @@ absl::StatusOr<std::string> ResolveOutputDir(const std::string& output_dir,
 
 absl::Status CheckOutputDirIsFree(const std::string& resolved, const std::vector<std::string>& taken) {
   for (const std::string& other : taken) {
-    if (Within(resolved, other) || Within(other, resolved)) {
+    if (IsWithin(resolved, other) || IsWithin(other, resolved)) {
       return Refuse(resolved, absl::StrCat("overlaps the output folder of another job (", other, ")"));
     }
   }

@@ -38,6 +38,7 @@ void ToProto(const JobRecord& in, v1::Job* out) {
   out->set_output_dir(in.output_dir);
   out->set_adapter_path(in.adapter_path);
   out->set_last_sequence(in.last_sequence);
+  out->set_owner(in.owner);
   for (const ProgressSnapshot& p : in.progress) ToProto(p, out->add_progress());
 }
 

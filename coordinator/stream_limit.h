@@ -1,28 +1,34 @@
-// A cap on the server streams open at once (WatchJob, StreamLogs): each holds a gRPC thread for
+// Caps on the server streams open at once (WatchJob, StreamLogs): each holds a gRPC thread for
 // as long as its client keeps it, so without a cap a client could exhaust the server's threads.
-// TryOpen() gives a slot, closed when the slot is destroyed; none past the limit. Thread-safe.
+// One cap for everyone and one per user (so one user cannot take every place). TryOpen() gives
+// a slot, closed when the slot is destroyed; none past either cap. Thread-safe.
 #pragma once
 
-#include <atomic>
+#include <map>
 #include <optional>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
 
 namespace qlora::coordinator {
 
 class StreamLimit {
  public:
-  explicit StreamLimit(int limit) : limit_(limit) {}
+  // `per_user_limit` 0 = no per-user cap.
+  explicit StreamLimit(int limit, int per_user_limit = 0) : limit_(limit), per_user_limit_(per_user_limit) {}
 
   class Slot {
    public:
-    explicit Slot(std::atomic<int>* open) : open_(open) {}
-    Slot(Slot&& other) noexcept : open_(other.open_) { other.open_ = nullptr; }
+    Slot(StreamLimit* owner, std::string user) : owner_(owner), user_(std::move(user)) {}
+    Slot(Slot&& other) noexcept : owner_(other.owner_), user_(std::move(other.user_)) { other.owner_ = nullptr; }
     Slot(const Slot&) = delete;
     Slot& operator=(const Slot&) = delete;
     Slot& operator=(Slot&& other) noexcept {
       if (this != &other) {
         Release();
-        open_ = other.open_;
-        other.open_ = nullptr;
+        owner_ = other.owner_;
+        user_ = std::move(other.user_);
+        other.owner_ = nullptr;
       }
       return *this;
     }
@@ -30,25 +36,46 @@ class StreamLimit {
 
    private:
     void Release() {
-      if (open_ != nullptr) open_->fetch_sub(1);
-      open_ = nullptr;
+      if (owner_ != nullptr) owner_->Close(user_);
+      owner_ = nullptr;
     }
-    std::atomic<int>* open_;
+    StreamLimit* owner_;
+    std::string user_;
   };
 
-  // A slot, or nullopt when `limit` streams are open.
-  std::optional<Slot> TryOpen() {
-    if (open_.fetch_add(1) >= limit_) {
-      open_.fetch_sub(1);
+  enum class Refusal { kTotal, kPerUser };
+
+  // A slot for `user`, or which cap refused it.
+  std::optional<Slot> TryOpen(const std::string& user, Refusal* refusal) {
+    absl::MutexLock lock(&mu_);
+    if (open_ >= limit_) {
+      *refusal = Refusal::kTotal;
       return std::nullopt;
     }
-    return Slot(&open_);
+    int& mine = open_by_user_[user];
+    if (per_user_limit_ > 0 && mine >= per_user_limit_) {
+      *refusal = Refusal::kPerUser;
+      return std::nullopt;
+    }
+    ++open_;
+    ++mine;
+    return std::optional<Slot>(std::in_place, this, user);
   }
   int limit() const { return limit_; }
+  int per_user_limit() const { return per_user_limit_; }
 
  private:
+  void Close(const std::string& user) {
+    absl::MutexLock lock(&mu_);
+    --open_;
+    if (--open_by_user_[user] == 0) open_by_user_.erase(user);
+  }
+
   const int limit_;
-  std::atomic<int> open_{0};
+  const int per_user_limit_;
+  absl::Mutex mu_;
+  int open_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int> open_by_user_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace qlora::coordinator

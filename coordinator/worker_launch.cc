@@ -17,6 +17,7 @@ LaunchSpec BuildWorkerLaunchSpec(const WorkerLaunchRequest& r) {
                "--rank", std::to_string(r.rank)};
   // A secret never goes in argv (/proc/PID/cmdline is world-readable); the environment of a
   // process is readable by its owner alone.
+  spec.env = r.extra_env;
   spec.env[kWorkerTokenVariable] = r.startup_token;
   if (r.use_gpu) {
     spec.env["CUDA_VISIBLE_DEVICES"] = std::to_string(r.slot);

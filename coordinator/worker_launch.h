@@ -3,6 +3,7 @@
 // launch of every rank can be checked without starting a process.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "common/worker_protocol.h"
@@ -21,6 +22,9 @@ struct WorkerLaunchRequest {
   bool use_gpu = false;
   int slot = 0;                      // the GPU id (use_gpu), else the CPU slot number
   long host_cores = 1;               // CPU workers share these cores evenly
+  // Passed to every worker as is: how to dial the coordinator over TLS (QLORA_TLS_CA,
+  // QLORA_TLS_SERVER_NAME; see common/rpc/coordinator_channel.h). Never a secret.
+  std::map<std::string, std::string> extra_env;
 };
 
 // The log file of `rank` under `job_dir` (what `qloractl logs` reads).

@@ -16,7 +16,7 @@ mkdir -p "$CACHE"
 debian_packages=(build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev libgloo-dev
-  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev unzip python3-venv python3-pip)
+  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libssl-dev openssl unzip python3-venv python3-pip)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -176,7 +176,7 @@ trainer: {type: finetune, batch_size: 1}
   // Every job (one page of up to 1000).
   std::vector<JobRecord> AllJobs() {
     std::string next;
-    absl::StatusOr<std::vector<JobRecord>> jobs = manager_->List({}, 1000, "", &next);
+    absl::StatusOr<std::vector<JobRecord>> jobs = manager_->List({}, std::nullopt, 1000, "", &next);
     EXPECT_TRUE(jobs.ok()) << jobs.status();
     return jobs.ok() ? *jobs : std::vector<JobRecord>{};
   }
@@ -280,7 +280,7 @@ TEST_F(CoordinatorJobManagerTest, ListPagesInSubmissionOrderAndFiltersByState) {
   int pages = 0;
   do {
     std::string next;
-    auto page = manager_->List({}, 3, token, &next);
+    auto page = manager_->List({}, std::nullopt, 3, token, &next);
     ASSERT_TRUE(page.ok()) << page.status();
     EXPECT_LE(page->size(), 3u);
     for (const JobRecord& r : *page) seen.push_back(r.id);
@@ -290,11 +290,64 @@ TEST_F(CoordinatorJobManagerTest, ListPagesInSubmissionOrderAndFiltersByState) {
   EXPECT_EQ(seen, ids);
   EXPECT_EQ(pages, 3);
   std::string next;
-  auto queued = manager_->List({JobState::kQueued}, 100, "", &next);
+  auto queued = manager_->List({JobState::kQueued}, std::nullopt, 100, "", &next);
   ASSERT_TRUE(queued.ok());
   EXPECT_EQ(queued->size(), 6u);
   EXPECT_EQ(next, "");
-  EXPECT_EQ(manager_->List({}, 3, "job-999999", &next).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->List({}, std::nullopt, 3, "job-999999", &next).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorJobManagerTest, JobsRecordTheirOwnerAndListFiltersByOwner) {
+  Start(Options(1));
+  for (const char* owner : {"alice", "bob", "alice"}) {
+    SubmitRequest r = Job(1);
+    r.owner = owner;
+    ASSERT_TRUE(manager_->Submit(r).ok());
+  }
+  std::string next;
+  absl::StatusOr<std::vector<JobRecord>> mine = manager_->List({}, "alice", 100, "", &next);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  ASSERT_EQ(mine->size(), 2u);
+  EXPECT_EQ((*mine)[0].owner, "alice");
+  EXPECT_EQ((*mine)[1].id, "job-000003");
+  EXPECT_EQ(manager_->List({}, "carol", 100, "", &next)->size(), 0u);
+  // The owner survives a restart (it is in the store).
+  Start(Options(1));
+  EXPECT_EQ(manager_->Get("job-000002")->owner, "bob");
+}
+
+TEST_F(CoordinatorJobManagerTest, PathsOutsideTheConfiguredRootsAreRefusedAtSubmit) {
+  JobManagerOptions options = Options(1);
+  absl::StatusOr<PathRoots> roots = ResolvePathRoots(dir_.path() + "/model", "");
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  options.roots = *roots;  // the model may be read, the dataset beside it not
+  Start(options);
+  absl::StatusOr<JobRecord> job = manager_->Submit(Job(1));
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("dataset: " + train_path_));
+  EXPECT_THAT(AllJobs(), IsEmpty());
+  options.roots.read.push_back(dir_.path());
+  Start(options);
+  EXPECT_TRUE(manager_->Submit(Job(1)).ok());
+}
+
+TEST_F(CoordinatorJobManagerTest, PerUserQueueCapRefusesOnlyThatUser) {
+  JobManagerOptions options = Options(1);
+  options.max_queued_jobs_per_user = 2;
+  Start(options);
+  auto submit_as = [&](const char* owner) {
+    SubmitRequest r = Job(1);
+    r.owner = owner;
+    return manager_->Submit(r);
+  };
+  ASSERT_TRUE(submit_as("alice").ok());
+  ASSERT_TRUE(submit_as("alice").ok());
+  absl::StatusOr<JobRecord> third = submit_as("alice");
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.status().message()), HasSubstr("--max-queued-jobs-per-user"));
+  EXPECT_TRUE(submit_as("bob").ok()) << "another user's jobs are not counted against alice";
+  manager_->PollOnce();  // alice's first job starts: she may queue one more
+  EXPECT_TRUE(submit_as("alice").ok());
 }
 
 // A store lost (or replaced) while the jobs' folders stay: the next job must not take an old
@@ -362,7 +415,7 @@ TEST_F(CoordinatorJobManagerTest, JobAskingForMoreWorkersThanSlotsIsRefusedAndNo
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("backend.trainer.num_workers"));
   std::string next;
-  EXPECT_THAT(*manager_->List({}, 100, "", &next), IsEmpty());
+  EXPECT_THAT(*manager_->List({}, std::nullopt, 100, "", &next), IsEmpty());
   EXPECT_THAT(*store_->LoadJobs(), IsEmpty());
 }
 

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/coordinator_channel.h"
 #include "common/rpc/worker_protocol_convert.h"
 #include "common/status_macros.h"
 #include "qlora/v1/worker_service.grpc.pb.h"
@@ -23,10 +24,8 @@ absl::Status FromGrpc(const grpc::Status& s, const char* call) {
 
 class GrpcCoordinatorClient : public CoordinatorClient {
  public:
-  explicit GrpcCoordinatorClient(const WorkerIdentity& id)
-      : id_(id),
-        stub_(v1::WorkerService::NewStub(
-            grpc::CreateChannel(id.coordinator_address, grpc::InsecureChannelCredentials()))) {}
+  GrpcCoordinatorClient(const WorkerIdentity& id, std::shared_ptr<grpc::Channel> channel)
+      : id_(id), stub_(v1::WorkerService::NewStub(std::move(channel))) {}
 
   absl::Status Register() override {
     v1::RegisterRequest req;
@@ -121,8 +120,11 @@ class GrpcCoordinatorClient : public CoordinatorClient {
 
 }  // namespace
 
-std::unique_ptr<CoordinatorClient> CoordinatorClient::Connect(const WorkerIdentity& identity) {
-  return std::make_unique<GrpcCoordinatorClient>(identity);
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(const WorkerIdentity& identity) {
+  // The coordinator that started this worker put its TLS settings in the environment.
+  QLORA_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                         DialCoordinator(identity.coordinator_address, ClientTlsFromEnvironment()));
+  return std::make_unique<GrpcCoordinatorClient>(identity, std::move(channel));
 }
 
 }  // namespace qlora::worker

@@ -20,7 +20,9 @@ struct WorkerIdentity {
 
 class CoordinatorClient {
  public:
-  static std::unique_ptr<CoordinatorClient> Connect(const WorkerIdentity& identity);
+  // A client dialling the coordinator in plaintext or TLS, as the environment says
+  // (common/rpc/coordinator_channel.h); INVALID_ARGUMENT when a TLS file cannot be read.
+  static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Connect(const WorkerIdentity& identity);
   virtual ~CoordinatorClient() = default;
 
   // Introduces this worker (its rank and pid); the assignment says what it runs and where.

@@ -67,7 +67,13 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 
-  auto client = qlora::worker::CoordinatorClient::Connect(id);
+  absl::StatusOr<std::unique_ptr<qlora::worker::CoordinatorClient>> connected =
+      qlora::worker::CoordinatorClient::Connect(id);
+  if (!connected.ok()) {
+    Log(absl::StrCat("cannot dial the coordinator: ", connected.status().ToString()));
+    return 3;
+  }
+  std::unique_ptr<qlora::worker::CoordinatorClient> client = *std::move(connected);
   if (absl::Status registered = client->Register(); !registered.ok()) {
     Log(absl::StrCat("cannot register: ", registered.ToString()));
     return 3;

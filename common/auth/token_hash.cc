@@ -1,0 +1,25 @@
+// SHA-256 token hashes through OpenSSL (see token_hash.h).
+#include "common/auth/token_hash.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+namespace qlora {
+
+std::string TokenHash(absl::string_view token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (unsigned char byte : digest) {
+    out.push_back(kHex[byte >> 4]);
+    out.push_back(kHex[byte & 15]);
+  }
+  return out;
+}
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace qlora
