@@ -15,7 +15,8 @@ bool PathExists(const std::string& path);
 // mkdir -p.
 absl::Status MakeDirs(const std::string& path);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
-// Writes `path`.tmp, then renames it over `path`.
+// Writes `path`.tmp, syncs it and renames it over `path` (AtomicFileWriter, atomic_file.h);
+// failures name the errno (ENOSPC...) and leave no temporary file.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
 
 }  // namespace qlora

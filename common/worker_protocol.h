@@ -58,6 +58,9 @@ enum class DeviceKind { kCpu, kCuda };
 // What one worker needs to start training (WorkerService.GetAssignment).
 struct WorkerAssignment {
   std::string job_id;
+  // Random, unique per job and never reused (job ids can be, when a state folder is lost):
+  // a checkpoint is resumed only by the job whose uid it carries. "" for jobs stored before.
+  std::string job_uid;
   int rank = 0;
   int world_size = 1;
   DeviceKind device = DeviceKind::kCpu;

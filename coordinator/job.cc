@@ -188,6 +188,7 @@ absl::StatusOr<WorkerAssignment> Job::Assignment(WorkerProcess& worker, std::str
   a.nccl_unique_id = std::move(nccl_unique_id);
   a.generation = rendezvous_->generation();
   a.output_dir = record_.output_dir;
+  a.job_uid = record_.uid;
   return a;
 }
 

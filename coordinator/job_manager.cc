@@ -11,6 +11,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +25,12 @@
 
 namespace qlora::coordinator {
 namespace {
+
+// 128 random bits in hex: a job's identity that no other job ever shares.
+std::string NewJobUid() {
+  absl::BitGen random;  // seeded from the OS's entropy
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(random), absl::Uniform<uint64_t>(random));
+}
 
 // N of a job id or folder name "job-N"; nullopt for anything else.
 std::optional<int64_t> JobNumber(const char* name) {
@@ -183,6 +190,7 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   r.resolved_config_yaml = EmitResolvedJobYaml(config);
   r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   r.zero_stage = config.backend.strategy.zero_stage;
+  r.uid = NewJobUid();  // before the lock: it draws on the OS's entropy
   const std::string accepted =
       absl::StrCat("accepted; ", r.num_workers, " workers, ZeRO stage ", r.zero_stage);
   absl::MutexLock lock(&mu_);

@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   id TEXT PRIMARY KEY, name TEXT, state INTEGER, reason_code TEXT, message TEXT,
   created REAL, started REAL, finished REAL, job_yaml TEXT, resolved_yaml TEXT,
   num_workers INTEGER, zero_stage INTEGER, output_dir TEXT, adapter_path TEXT,
-  last_sequence INTEGER, ord INTEGER, owner TEXT DEFAULT '');
+  last_sequence INTEGER, ord INTEGER, owner TEXT DEFAULT '', uid TEXT DEFAULT '');
 CREATE TABLE IF NOT EXISTS events (
   job_id TEXT, seq INTEGER, time REAL, state INTEGER, reason_code TEXT, message TEXT,
   has_progress INTEGER, rank INTEGER, step INTEGER, total_steps INTEGER, epoch INTEGER,
@@ -165,6 +165,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
     (void)store->Exec(absl::StrCat("ALTER TABLE events ADD COLUMN ", column).c_str());
   }
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN owner TEXT DEFAULT ''");
+  (void)store->Exec("ALTER TABLE jobs ADD COLUMN uid TEXT DEFAULT ''");
   if (options.max_pages > 0) {
     QLORA_RETURN_IF_ERROR(
         store->Exec(absl::StrCat("PRAGMA max_page_count = ", options.max_pages).c_str()));
@@ -193,17 +194,17 @@ absl::Status JobStore::PutJob(const JobRecord& j) {
   Statement s(db_,
               "INSERT INTO jobs (id, name, state, reason_code, message, created, started, finished, "
               "job_yaml, resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, "
-              "last_sequence, owner, ord) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,"
+              "last_sequence, owner, uid, ord) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,"
               "(SELECT COALESCE(MAX(ord), 0) + 1 FROM jobs)) ON CONFLICT(id) DO UPDATE SET "
               "name=?2, state=?3, reason_code=?4, message=?5, created=?6, started=?7, finished=?8, "
               "job_yaml=?9, resolved_yaml=?10, num_workers=?11, zero_stage=?12, output_dir=?13, "
-              "adapter_path=?14, last_sequence=?15, owner=?16");
+              "adapter_path=?14, last_sequence=?15, owner=?16, uid=?17");
   QLORA_RETURN_IF_ERROR(s.status());
   s.Bind(1, j.id).Bind(2, j.name).Bind(3, static_cast<int>(j.state)).Bind(4, j.reason_code)
       .Bind(5, j.message).Bind(6, j.created_unix).Bind(7, j.started_unix).Bind(8, j.finished_unix)
       .Bind(9, j.job_yaml).Bind(10, j.resolved_config_yaml).Bind(11, j.num_workers)
       .Bind(12, j.zero_stage).Bind(13, j.output_dir).Bind(14, j.adapter_path)
-      .Bind(15, j.last_sequence).Bind(16, j.owner);
+      .Bind(15, j.last_sequence).Bind(16, j.owner).Bind(17, j.uid);
   return s.Step().status();
 }
 
@@ -248,7 +249,7 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::LoadEvents(const std::string& jo
 absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
   Statement s(db_,
               "SELECT id, name, state, reason_code, message, created, started, finished, job_yaml, "
-              "resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, last_sequence, owner "
+              "resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, last_sequence, owner, uid "
               "FROM jobs ORDER BY ord");
   QLORA_RETURN_IF_ERROR(s.status());
   std::vector<JobRecord> jobs;
@@ -272,6 +273,7 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
     j.adapter_path = s.Text(13);
     j.last_sequence = s.Int(14);
     j.owner = s.Text(15);
+    j.uid = s.Text(16);
     jobs.push_back(std::move(j));
   }
   for (JobRecord& j : jobs) {

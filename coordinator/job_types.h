@@ -33,6 +33,7 @@ struct JobRecord {
   std::string id;
   std::string name;
   std::string owner;                 // the user who submitted it ("" for jobs stored before owners)
+  std::string uid;                   // random, unique per job (WorkerAssignment::job_uid)
   JobState state = JobState::kQueued;
   std::string reason_code;
   std::string message;

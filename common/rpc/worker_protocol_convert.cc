@@ -82,6 +82,7 @@ void ToProto(const WorkerAssignment& in, v1::Assignment* out) {
   out->set_nccl_unique_id(in.nccl_unique_id);
   out->set_generation(in.generation);
   out->set_output_dir(in.output_dir);
+  out->set_job_uid(in.job_uid);
 }
 
 WorkerAssignment FromProto(const v1::Assignment& in) {
@@ -96,6 +97,7 @@ WorkerAssignment FromProto(const v1::Assignment& in) {
   a.nccl_unique_id = in.nccl_unique_id();
   a.generation = in.generation();
   a.output_dir = in.output_dir();
+  a.job_uid = in.job_uid();
   return a;
 }
 

@@ -2,11 +2,10 @@
 #include "common/safetensors/writer.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -70,41 +69,25 @@ absl::Status WriteSafetensors(const std::string& path, std::vector<TensorSpec> s
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-    char length[8];
-    uint64_t n = header.size();
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    out.write(length, 8);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    std::string bytes;
-    for (const TensorSpec& spec : specs) {
-      bytes.clear();
-      absl::Status status = produce(spec, &bytes);
-      if (status.ok() && bytes.size() != ByteSize(spec)) {
-        status = absl::InternalError(absl::StrCat("safetensors writer: producer gave ",
-                                                  bytes.size(), " bytes for \"", spec.name,
-                                                  "\", expected ", ByteSize(spec)));
-      }
-      if (!status.ok()) {
-        out.close();
-        std::remove(tmp.c_str());
-        return status;
-      }
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  // Readers see the old file or the whole new one; a failure leaves no temporary file.
+  AtomicFileWriter out(path);
+  char length[8];
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out.Append(absl::string_view(length, 8));
+  out.Append(header);
+  std::string bytes;
+  for (const TensorSpec& spec : specs) {
+    if (!out.status().ok()) break;
+    bytes.clear();
+    QLORA_RETURN_IF_ERROR(produce(spec, &bytes));
+    if (bytes.size() != ByteSize(spec)) {
+      return absl::InternalError(absl::StrCat("safetensors writer: producer gave ", bytes.size(),
+                                              " bytes for \"", spec.name, "\", expected ", ByteSize(spec)));
     }
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::ResourceExhaustedError(absl::StrCat("write to ", tmp, " failed (disk full?)"));
-    }
+    out.Append(bytes);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
+  return out.Commit();
 }
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorBytes>& tensors,

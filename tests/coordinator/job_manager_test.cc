@@ -260,6 +260,8 @@ TEST_F(CoordinatorJobManagerTest, JobStartsOneWorkerPerSlotAndRunsOnceAllRegiste
   EXPECT_EQ(a->device, DeviceKind::kCpu);
   EXPECT_EQ(a->resolved_config_yaml, Record(id).resolved_config_yaml);
   EXPECT_EQ(a->output_dir, state_dir() + "/jobs/job-000001/output");
+  EXPECT_EQ(a->job_uid, Record(id).uid);
+  EXPECT_EQ(a->job_uid.size(), 32u);
   EXPECT_FALSE(a->train_shards.empty());
   EXPECT_EQ(a->train_shards[0].path, train_path_);
   EXPECT_TRUE(a->nccl_unique_id.empty());
@@ -329,6 +331,16 @@ TEST_F(CoordinatorJobManagerTest, PathsOutsideTheConfiguredRootsAreRefusedAtSubm
   options.roots.read.push_back(dir_.path());
   Start(options);
   EXPECT_TRUE(manager_->Submit(Job(1)).ok());
+}
+
+TEST_F(CoordinatorJobManagerTest, EveryJobHasItsOwnUidKeptAcrossRestarts) {
+  Start(Options(1));
+  const std::string first = Submit(1), second = Submit(1);
+  const std::string uid = Record(first).uid;
+  EXPECT_EQ(uid.size(), 32u);
+  EXPECT_NE(uid, Record(second).uid);
+  Start(Options(1));
+  EXPECT_EQ(Record(first).uid, uid);
 }
 
 TEST_F(CoordinatorJobManagerTest, PerUserQueueCapRefusesOnlyThatUser) {

@@ -133,7 +133,7 @@ TEST(TrainerStepBatches, TooLittleDataForOneStepIsAClearError) {
 
 TEST(TrainerCheckpointDirs, TheNewestCompleteCheckpointIsResumed) {
   testing::TempDir tmp;
-  const std::string dir = CheckpointsDir(tmp.path(), "job-000007");
+  const std::string dir = CheckpointsDir(tmp.path(), "job-000007", "");
   EXPECT_EQ(dir, tmp.path() + "/checkpoints/job-000007");
   EXPECT_EQ(LatestCheckpoint(dir), "");  // no folder yet
   for (int step : {4, 12, 20}) ASSERT_TRUE(MakeDirs(CheckpointDir(dir, step)).ok());
@@ -143,6 +143,18 @@ TEST(TrainerCheckpointDirs, TheNewestCompleteCheckpointIsResumed) {
   ASSERT_TRUE(WriteFileAtomically(CheckpointDir(dir, 12) + "/manifest.json", "{}").ok());
   // step-20 has no manifest (a save that did not finish): step-12 is the newest complete one.
   EXPECT_EQ(LatestCheckpoint(dir), CheckpointDir(dir, 12));
+}
+
+TEST(TrainerCheckpointDirs, AnotherJobWithTheSameIdNeverFindsTheCheckpoints) {
+  testing::TempDir tmp;
+  const std::string mine = CheckpointsDir(tmp.path(), "job-000001", "0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(mine, tmp.path() + "/checkpoints/job-000001-0123456789abcdef0123456789abcdef");
+  ASSERT_TRUE(MakeDirs(CheckpointDir(mine, 250)).ok());
+  ASSERT_TRUE(WriteFileAtomically(CheckpointDir(mine, 250) + "/manifest.json", "{}").ok());
+  // A job numbered job-000001 again (its store was lost) has another uid: nothing to resume.
+  EXPECT_EQ(LatestCheckpoint(CheckpointsDir(tmp.path(), "job-000001", "fedcba9876543210fedcba9876543210")), "");
+  EXPECT_EQ(LatestCheckpoint(CheckpointsDir(tmp.path(), "job-000001", "")), "");
+  EXPECT_EQ(LatestCheckpoint(mine), CheckpointDir(mine, 250));
 }
 
 // A world-1 run of the tiny model, driven phase by phase.
@@ -211,8 +223,8 @@ TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical)
   auto whole = (*trainer)->Finish();
   ASSERT_TRUE(whole.ok()) << whole.status();
   // The checkpoint at step 3 was written (step 6 is the end: no checkpoint there).
-  EXPECT_EQ(LatestCheckpoint(CheckpointsDir(tmp_ / "whole", "job-phases")),
-            CheckpointDir(CheckpointsDir(tmp_ / "whole", "job-phases"), 3));
+  EXPECT_EQ(LatestCheckpoint(CheckpointsDir(tmp_ / "whole", "job-phases", "")),
+            CheckpointDir(CheckpointsDir(tmp_ / "whole", "job-phases", ""), 3));
 
   // Resumed: a fresh trainer on the same output folder starts at step 3 and ends the same.
   TrainingContext again = Context(tmp_ / "whole");

@@ -241,8 +241,18 @@ data: {max_sequence_length: 48}
     v1::Job job = SubmitWithClient(c, yaml, &submitted);
     ASSERT_TRUE(submitted.ok()) << submitted.error_message();
     resumed_id = job.id();
-    const std::string first_checkpoint = job.output_dir() + "/checkpoints/" + job.id() + "/step-40/manifest.json";
-    ASSERT_TRUE(WaitUntil([&] { return fs::exists(first_checkpoint); }, 120)) << "no checkpoint";
+    // The job's checkpoints: <output>/checkpoints/<id>-<its uid>/step-N.
+    auto first_checkpoint_written = [&] {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(job.output_dir() + "/checkpoints", ec)) {
+        if (e.path().filename().string().rfind(job.id() + "-", 0) == 0 &&
+            fs::exists(e.path() / "step-40/manifest.json")) {
+          return true;
+        }
+      }
+      return false;
+    };
+    ASSERT_TRUE(WaitUntil(first_checkpoint_written, 120)) << "no checkpoint";
     ASSERT_NE(c.GetJob(resumed_id).state(), v1::JOB_STATE_SUCCEEDED) << "finished before the kill";
     first_address = c.address();
     c.Stop(SIGKILL);

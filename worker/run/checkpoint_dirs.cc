@@ -11,8 +11,9 @@
 
 namespace qlora::worker {
 
-std::string CheckpointsDir(const std::string& output_dir, const std::string& job_id) {
-  return absl::StrCat(output_dir, "/checkpoints/", job_id);
+std::string CheckpointsDir(const std::string& output_dir, const std::string& job_id, const std::string& job_uid) {
+  return job_uid.empty() ? absl::StrCat(output_dir, "/checkpoints/", job_id)
+                         : absl::StrCat(output_dir, "/checkpoints/", job_id, "-", job_uid);
 }
 
 std::string CheckpointDir(const std::string& checkpoints_dir, int64_t step) {

@@ -1,7 +1,8 @@
 // Where a job's checkpoints live and which one a run resumes from. A checkpoint is the folder
-// <output_dir>/checkpoints/<job id>/step-<N>; it is complete once the strategy wrote its
-// manifest.json (written last). Scoped by job id: another job writing to the same output_dir
-// never resumes from it. POSIX only (no std::filesystem beside libtorch). Torch-free.
+// <output_dir>/checkpoints/<job id>-<job uid>/step-<N>; it is complete once the strategy wrote
+// its manifest.json (written last). Scoped by the job's id and its random uid: another job, even
+// one given the same id after a state folder was lost, never resumes from it. POSIX only (no
+// std::filesystem beside libtorch). Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,8 @@
 
 namespace qlora::worker {
 
-// <output_dir>/checkpoints/<job_id>
-std::string CheckpointsDir(const std::string& output_dir, const std::string& job_id);
+// <output_dir>/checkpoints/<job_id>-<job_uid> (<job_id> alone for jobs stored before uids).
+std::string CheckpointsDir(const std::string& output_dir, const std::string& job_id, const std::string& job_uid);
 // <checkpoints_dir>/step-<step>
 std::string CheckpointDir(const std::string& checkpoints_dir, int64_t step);
 // The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.

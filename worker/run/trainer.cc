@@ -148,7 +148,7 @@ absl::Status Trainer::PlanSchedule() {
 }
 
 absl::StatusOr<int64_t> Trainer::Resume() {
-  const std::string latest = LatestCheckpoint(CheckpointsDir(assignment_.output_dir, assignment_.job_id));
+  const std::string latest = LatestCheckpoint(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid));
   if (latest.empty()) return 0;
   QLORA_ASSIGN_OR_RETURN(strategy::ResumeReport resumed, strategy_->LoadCheckpoint(latest));
   Log(absl::StrCat("resumed from ", latest, ": ", resumed.description));
@@ -197,7 +197,7 @@ absl::Status Trainer::After(const StepResult& result) {
     QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
   }
   if (t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0 && done < total_steps_) {
-    const std::string dir = CheckpointDir(CheckpointsDir(assignment_.output_dir, assignment_.job_id), done);
+    const std::string dir = CheckpointDir(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid), done);
     QLORA_RETURN_IF_ERROR(strategy_->SaveCheckpoint(dir));
     Log(absl::StrCat("checkpoint ", dir));
   }

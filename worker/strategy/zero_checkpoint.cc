@@ -120,14 +120,8 @@ absl::Status ZeroStrategy::SaveCheckpoint(const std::string& dir) {
     }
     for (int r = 0; r < world; ++r) manifest["partitions"].push_back(PartitionName(r, world));
     const std::string path = absl::StrCat(dir, "/", kManifest);
-    {
-      std::ofstream out(path + ".tmp", std::ios::trunc);
-      out << manifest.dump(2) << "\n";
-      if (!out) written = absl::InternalError(absl::StrCat("writing ", path, " failed"));
-    }
-    if (written.ok() && std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
-      written = absl::InternalError(absl::StrCat("renaming to ", path, " failed"));
-    }
+    // Written last and atomically: a checkpoint with a manifest is complete.
+    if (written.ok()) written = WriteFileAtomically(path, manifest.dump(2) + "\n");
   }
   QLORA_RETURN_IF_ERROR(Collective(comm_.Broadcast(failures.fill_(written.ok() ? 0.0 : 1.0), 0,
                                                    options_.collective_timeout)));
