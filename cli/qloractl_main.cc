@@ -145,6 +145,10 @@ void PrintJob(const v1::Job& job, bool json) {
   if (!job.state_message().empty()) printf("message:     %s\n", job.state_message().c_str());
   printf("workers:     %d\nzero stage:  %d\n", job.num_workers(), job.zero_stage());
   printf("output:      %s\n", job.output_dir().c_str());
+  if (job.restarts() > 0) {
+    printf("restarts:    %d (%s)\n", job.restarts(),
+           job.restart_causes_size() > 0 ? job.restart_causes(job.restart_causes_size() - 1).c_str() : "");
+  }
   if (!job.adapter_path().empty()) printf("adapter:     %s\n", job.adapter_path().c_str());
   printf("progress:    %s\n", ProgressLine(job).c_str());
 }

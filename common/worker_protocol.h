@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/dataset/record.h"
 
 namespace qlora {
@@ -15,6 +16,35 @@ namespace qlora {
 // argv: /proc/PID/cmdline is world-readable, /proc/PID/environ only by the owner). Single-use:
 // the coordinator refuses a second Register with it.
 inline constexpr char kWorkerTokenVariable[] = "QLORA_WORKER_TOKEN";
+
+// How a rank's run ended, as the rank reports it.
+struct WorkerCompletion {
+  bool ok = false;
+  std::string error;                 // when !ok
+  // When !ok: whether running again from the last checkpoint may succeed (a collective that
+  // failed or timed out, a lost peer, out of memory, an I/O error) as opposed to a mistake in
+  // the job (a bad file or setting) that would fail the same way again.
+  bool retryable = false;
+  std::string adapter_path;          // rank 0, when ok
+};
+
+// The completion a rank reports for a run that ended with `status` (not OK). Retryable unless
+// the code says the job itself is wrong (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
+// PERMISSION_DENIED, OUT_OF_RANGE, UNIMPLEMENTED): those would fail the same way again.
+inline WorkerCompletion FailedCompletion(const absl::Status& status) {
+  WorkerCompletion c;
+  c.error = std::string(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented: c.retryable = false; break;
+    default: c.retryable = true;
+  }
+  return c;
+}
 
 struct MemorySnapshot {
   int64_t device_allocated_bytes = 0;

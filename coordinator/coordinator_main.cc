@@ -54,6 +54,12 @@ ABSL_FLAG(std::string, read_roots, "",
 ABSL_FLAG(std::string, output_root, "", "the folder jobs' output_dir must lie in (default: anywhere)");
 ABSL_FLAG(int, max_queued_jobs, qlora::coordinator::JobManagerOptions{}.max_queued_jobs,
           "refuse submissions (RESOURCE_EXHAUSTED) while this many jobs are queued");
+ABSL_FLAG(int, max_restarts, qlora::coordinator::JobManagerOptions{}.default_max_restarts,
+          "automatic restarts from the last checkpoint after a worker fails, for jobs whose file "
+          "does not set trainer.max_restarts (0 = fail at once)");
+ABSL_FLAG(double, restart_backoff_s,
+          absl::ToDoubleSeconds(qlora::coordinator::JobManagerOptions{}.restart_backoff),
+          "seconds before the first restart; each next one waits twice as long (at most 5 min)");
 ABSL_FLAG(int, max_queued_jobs_per_user, 0, "the same per user (0 = no per-user cap)");
 ABSL_FLAG(int, max_streams, 256, "at most this many watch and log streams open at once");
 ABSL_FLAG(int, max_streams_per_user, 0, "at most this many per user (0 = no per-user cap)");
@@ -168,6 +174,8 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
   if (!roots.ok()) return roots.status();
   options.roots = *std::move(roots);
   options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
+  options.default_max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  options.restart_backoff = absl::Seconds(absl::GetFlag(FLAGS_restart_backoff_s));
   if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
     // Workers dial over TLS too; the CA and name are not secrets.
     options.worker_env[qlora::kTlsVariable] = "1";

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
 namespace qlora::coordinator {
@@ -66,6 +67,37 @@ void Job::Fail(const std::string& reason_code, const std::string& message) {
   Transition(JobState::kFailed, reason_code, message);
 }
 
+int Job::max_restarts() const {
+  return config_.trainer.max_restarts >= 0 ? static_cast<int>(config_.trainer.max_restarts)
+                                           : env_->default_max_restarts;
+}
+
+void Job::FailOrRestart(const std::string& reason_code, const std::string& message, bool retryable) {
+  if (ended() || state() == JobState::kQueued) return;
+  const int allowed = max_restarts();
+  if (!retryable || record_.restarts >= allowed) {
+    std::string why = message;
+    if (!retryable && record_.restarts < allowed) absl::StrAppend(&why, " (not retried: a restart would fail the same way)");
+    if (!record_.restart_causes.empty()) {
+      absl::StrAppend(&why, "; gave up after ", record_.restarts, " restart(s), earlier failures: ",
+                      absl::StrJoin(record_.restart_causes, "; "));
+    }
+    Fail(reason_code, why);
+    return;
+  }
+  workers_.Stop(env_->now() + env_->stop_grace);
+  if (rendezvous_) rendezvous_->Close("the job is restarting");
+  ++record_.restarts;
+  record_.restart_causes.push_back(message);
+  record_.progress.clear();
+  const absl::Duration backoff = std::min(env_->restart_backoff * (1 << std::min(record_.restarts - 1, 10)),
+                                          absl::Minutes(5));
+  not_before_ = env_->now() + backoff;
+  Transition(JobState::kQueued, "RESTARTING",
+             absl::StrCat("restart ", record_.restarts, " of ", allowed, " in ", absl::FormatDuration(backoff),
+                          ", from the last checkpoint, after: ", message));
+}
+
 void Job::Cancel() {
   workers_.Stop(env_->now() + env_->stop_grace);
   Transition(JobState::kCancelled, "CANCELLED_BY_USER", "cancelled by a client");
@@ -116,10 +148,10 @@ absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launc
 void Job::FailOnExit(const WorkerExit& exit) {
   const bool clean = !exit.info.signaled && exit.info.code == 0;
   if (workers_.stopping() || (clean && exit.completed)) return;
-  Fail("WORKER_EXITED",
-       absl::StrCat("rank ", exit.rank, " (pid ", exit.pid, ") ended with ", exit.info.Describe(),
-                    exit.completed ? "" : " before finishing", "; see `qloractl logs ", record_.id,
-                    " --rank ", exit.rank, "`"));
+  FailOrRestart("WORKER_EXITED",
+                absl::StrCat("rank ", exit.rank, " (pid ", exit.pid, ") ended with ", exit.info.Describe(),
+                             exit.completed ? "" : " before finishing", "; see `qloractl logs ", record_.id,
+                             " --rank ", exit.rank, "`"));
 }
 
 std::vector<int> Job::Poll() {
@@ -136,13 +168,13 @@ std::vector<int> Job::Poll() {
 void Job::CheckDeadlines() {
   const absl::Time now = env_->now();
   if (state() == JobState::kStarting && now > start_deadline_) {
-    Fail("WORKER_REGISTRATION_TIMEOUT",
+    FailOrRestart("WORKER_REGISTRATION_TIMEOUT",
          absl::StrCat("rank(s) ", rendezvous_->UnregisteredRanks(), " did not register within ",
                       absl::FormatDuration(env_->register_timeout)));
   }
   if (state() == JobState::kRunning) {
     if (const WorkerProcess* w = workers_.SilentSince(now - env_->heartbeat_timeout)) {
-      Fail("WORKER_HEARTBEAT_LOST",
+      FailOrRestart("WORKER_HEARTBEAT_LOST",
            absl::StrCat("rank ", w->rank, " (pid ", w->pid, ") sent no heartbeat for ",
                         absl::FormatDuration(now - w->last_heartbeat)));
     }
@@ -210,15 +242,15 @@ void Job::ReportProgress(WorkerProcess& worker, ProgressSnapshot progress) {
   Record(std::move(e));
 }
 
-void Job::ReportCompletion(WorkerProcess& worker, bool ok, const std::string& error,
-                           const std::string& adapter_path) {
-  if (ended()) return;
-  if (!ok) {
-    Fail("WORKER_FAILED", absl::StrCat("rank ", worker.rank, ": ", error));
+void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion) {
+  if (ended() || state() == JobState::kQueued) return;  // a late call of a stopped start
+  if (!completion.ok) {
+    FailOrRestart("WORKER_FAILED", absl::StrCat("rank ", worker.rank, ": ", completion.error),
+                  completion.retryable);
     return;
   }
   worker.completed = true;
-  if (worker.rank == 0 && !adapter_path.empty()) record_.adapter_path = adapter_path;
+  if (worker.rank == 0 && !completion.adapter_path.empty()) record_.adapter_path = completion.adapter_path;
   if (!workers_.AllCompleted()) return;
   // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
   workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);

@@ -48,6 +48,8 @@ struct JobEnv {
   absl::Duration stop_grace;         // SIGTERM, then SIGKILL after this
   std::function<void()> changed;     // a job recorded something: wake watchers and the monitor
   std::function<void(const absl::Status&)> store_failed;  // a state change was not persisted
+  int default_max_restarts = 0;      // for jobs whose file does not say (trainer.max_restarts)
+  absl::Duration restart_backoff;    // before the first restart; doubled for each next one
 };
 
 class Job {
@@ -72,6 +74,15 @@ class Job {
   void Transition(JobState state, const std::string& reason_code, const std::string& message);
   // FAILED (nothing once the job has ended); stops the workers.
   void Fail(const std::string& reason_code, const std::string& message);
+  // A failure of the current start. While restarts remain and the failure is `retryable`: stops
+  // the workers and queues the job again (RESTARTING, naming the cause and the attempt); the
+  // monitor starts it anew, as a new generation with new startup tokens, once its old workers
+  // are gone and the backoff has passed, and every rank resumes from the last checkpoint.
+  // Otherwise FAILED, naming every earlier cause too.
+  void FailOrRestart(const std::string& reason_code, const std::string& message, bool retryable = true);
+  // Not to be started before this (the restart backoff); the infinite past otherwise.
+  absl::Time not_before() const { return not_before_; }
+  int max_restarts() const;
   // CANCELLED; stops the workers. The job must not have ended.
   void Cancel();
   // QUEUED again, without progress: the coordinator restarted while the job started or ran.
@@ -99,8 +110,8 @@ class Job {
   // Returns whether the worker should stop now.
   bool Heartbeat(WorkerProcess& worker);
   void ReportProgress(WorkerProcess& worker, ProgressSnapshot progress);
-  void ReportCompletion(WorkerProcess& worker, bool ok, const std::string& error,
-                        const std::string& adapter_path);
+  // A failure restarts the job when retryable and restarts remain (FailOrRestart).
+  void ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion);
 
  private:
   // Numbers, stamps and writes `event` with the job row.
@@ -119,6 +130,7 @@ class Job {
   std::shared_ptr<Rendezvous> rendezvous_;
   JobShards shards_;
   absl::Time start_deadline_;        // every rank registers by then
+  absl::Time not_before_ = absl::InfinitePast();
 };
 
 }  // namespace qlora::coordinator

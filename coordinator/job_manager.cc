@@ -64,7 +64,9 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLaunch
            options_.heartbeat_timeout,
            options_.stop_grace,
            [this] { changed_.SignalAll(); },
-           [this](const absl::Status& status) { StoreFailed(status); }},
+           [this](const absl::Status& status) { StoreFailed(status); },
+           options_.default_max_restarts,
+           options_.restart_backoff},
       slots_(options_.gpus, options_.cpu_workers) {}
 
 JobManager::~JobManager() { Shutdown(); }
@@ -168,6 +170,8 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
   }
+  // The resolved file says how many restarts the job has.
+  if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
   if (config.backend.num_workers > total_slots_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "backend.trainer.num_workers: the job asks for ", config.backend.num_workers,
@@ -328,6 +332,9 @@ std::optional<StartRequest> JobManager::NextStart() {
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.state() != JobState::kQueued) continue;
+    // A restarting job waits for its backoff and for its old workers to be gone; it keeps its
+    // place at the head of the queue meanwhile.
+    if (job.not_before() > options_.now() || job.workers().AnyAlive()) return std::nullopt;
     const int need = job.record().num_workers;
     if (need > total_slots_) {  // e.g. queued again after a restart with fewer GPUs
       job.Fail("NOT_ENOUGH_WORKERS",

@@ -46,6 +46,10 @@ struct JobManagerOptions {
   // A registered worker silent this long counts as lost (it heartbeats every 2 s).
   absl::Duration heartbeat_timeout = absl::Seconds(120);
   absl::Duration stop_grace = absl::Seconds(3);  // SIGTERM, then SIGKILL after this
+  // Automatic restarts after a worker failure, for jobs whose file does not set
+  // trainer.max_restarts; the first waits restart_backoff, each next one twice as long.
+  int default_max_restarts = 2;
+  absl::Duration restart_backoff = absl::Seconds(5);
   absl::Duration poll_interval = absl::Milliseconds(50);
   std::string hf_hub_cache;                    // empty: the usual environment lookup
   // The folders jobs may read from and write to (path_confinement.h); empty = anywhere.
@@ -129,8 +133,8 @@ class JobManager {
   absl::StatusOr<bool> Heartbeat(const std::string& job_id, const std::string& token);
   absl::Status ReportProgress(const std::string& job_id, const std::string& token,
                               const ProgressSnapshot& progress);
-  absl::Status ReportCompletion(const std::string& job_id, const std::string& token, bool ok,
-                                const std::string& error, const std::string& adapter_path);
+  absl::Status ReportCompletion(const std::string& job_id, const std::string& token,
+                                const WorkerCompletion& completion);
   absl::Status StoreSet(const std::string& job_id, const std::string& token, int64_t generation,
                         const std::string& key, const std::string& value);
   absl::StatusOr<std::string> StoreGet(const std::string& job_id, const std::string& token,

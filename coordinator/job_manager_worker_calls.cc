@@ -66,11 +66,10 @@ absl::Status JobManager::ReportProgress(const std::string& job_id, const std::st
 }
 
 absl::Status JobManager::ReportCompletion(const std::string& job_id, const std::string& token,
-                                          bool ok, const std::string& error,
-                                          const std::string& adapter_path) {
+                                          const WorkerCompletion& completion) {
   absl::MutexLock lock(&mu_);
   QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
-  call.job->ReportCompletion(*call.worker, ok, error, adapter_path);
+  call.job->ReportCompletion(*call.worker, completion);
   return absl::OkStatus();
 }
 

@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
@@ -21,7 +23,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   id TEXT PRIMARY KEY, name TEXT, state INTEGER, reason_code TEXT, message TEXT,
   created REAL, started REAL, finished REAL, job_yaml TEXT, resolved_yaml TEXT,
   num_workers INTEGER, zero_stage INTEGER, output_dir TEXT, adapter_path TEXT,
-  last_sequence INTEGER, ord INTEGER, owner TEXT DEFAULT '', uid TEXT DEFAULT '');
+  last_sequence INTEGER, ord INTEGER, owner TEXT DEFAULT '', uid TEXT DEFAULT '',
+  restarts INTEGER DEFAULT 0, restart_causes TEXT DEFAULT '');
 CREATE TABLE IF NOT EXISTS events (
   job_id TEXT, seq INTEGER, time REAL, state INTEGER, reason_code TEXT, message TEXT,
   has_progress INTEGER, rank INTEGER, step INTEGER, total_steps INTEGER, epoch INTEGER,
@@ -166,6 +169,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   }
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN owner TEXT DEFAULT ''");
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN uid TEXT DEFAULT ''");
+  (void)store->Exec("ALTER TABLE jobs ADD COLUMN restarts INTEGER DEFAULT 0");
+  (void)store->Exec("ALTER TABLE jobs ADD COLUMN restart_causes TEXT DEFAULT ''");
   if (options.max_pages > 0) {
     QLORA_RETURN_IF_ERROR(
         store->Exec(absl::StrCat("PRAGMA max_page_count = ", options.max_pages).c_str()));
@@ -194,17 +199,19 @@ absl::Status JobStore::PutJob(const JobRecord& j) {
   Statement s(db_,
               "INSERT INTO jobs (id, name, state, reason_code, message, created, started, finished, "
               "job_yaml, resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, "
-              "last_sequence, owner, uid, ord) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,"
+              "last_sequence, owner, uid, restarts, restart_causes, ord) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,"
+              "?11,?12,?13,?14,?15,?16,?17,?18,?19,"
               "(SELECT COALESCE(MAX(ord), 0) + 1 FROM jobs)) ON CONFLICT(id) DO UPDATE SET "
               "name=?2, state=?3, reason_code=?4, message=?5, created=?6, started=?7, finished=?8, "
               "job_yaml=?9, resolved_yaml=?10, num_workers=?11, zero_stage=?12, output_dir=?13, "
-              "adapter_path=?14, last_sequence=?15, owner=?16, uid=?17");
+              "adapter_path=?14, last_sequence=?15, owner=?16, uid=?17, restarts=?18, restart_causes=?19");
   QLORA_RETURN_IF_ERROR(s.status());
   s.Bind(1, j.id).Bind(2, j.name).Bind(3, static_cast<int>(j.state)).Bind(4, j.reason_code)
       .Bind(5, j.message).Bind(6, j.created_unix).Bind(7, j.started_unix).Bind(8, j.finished_unix)
       .Bind(9, j.job_yaml).Bind(10, j.resolved_config_yaml).Bind(11, j.num_workers)
       .Bind(12, j.zero_stage).Bind(13, j.output_dir).Bind(14, j.adapter_path)
-      .Bind(15, j.last_sequence).Bind(16, j.owner).Bind(17, j.uid);
+      .Bind(15, j.last_sequence).Bind(16, j.owner).Bind(17, j.uid)
+      .Bind(18, j.restarts).Bind(19, absl::StrJoin(j.restart_causes, "\n"));
   return s.Step().status();
 }
 
@@ -249,8 +256,8 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::LoadEvents(const std::string& jo
 absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
   Statement s(db_,
               "SELECT id, name, state, reason_code, message, created, started, finished, job_yaml, "
-              "resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, last_sequence, owner, uid "
-              "FROM jobs ORDER BY ord");
+              "resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, last_sequence, owner, uid, "
+              "restarts, restart_causes FROM jobs ORDER BY ord");
   QLORA_RETURN_IF_ERROR(s.status());
   std::vector<JobRecord> jobs;
   while (true) {
@@ -274,6 +281,8 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
     j.last_sequence = s.Int(14);
     j.owner = s.Text(15);
     j.uid = s.Text(16);
+    j.restarts = static_cast<int>(s.Int(17));
+    j.restart_causes = absl::StrSplit(s.Text(18), '\n', absl::SkipEmpty());
     jobs.push_back(std::move(j));
   }
   for (JobRecord& j : jobs) {

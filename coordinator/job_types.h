@@ -34,6 +34,8 @@ struct JobRecord {
   std::string name;
   std::string owner;                 // the user who submitted it ("" for jobs stored before owners)
   std::string uid;                   // random, unique per job (WorkerAssignment::job_uid)
+  int restarts = 0;                  // automatic restarts so far
+  std::vector<std::string> restart_causes;  // why each start failed, oldest first
   JobState state = JobState::kQueued;
   std::string reason_code;
   std::string message;

@@ -39,6 +39,8 @@ void ToProto(const JobRecord& in, v1::Job* out) {
   out->set_adapter_path(in.adapter_path);
   out->set_last_sequence(in.last_sequence);
   out->set_owner(in.owner);
+  out->set_restarts(in.restarts);
+  for (const std::string& cause : in.restart_causes) out->add_restart_causes(cause);
   for (const ProgressSnapshot& p : in.progress) ToProto(p, out->add_progress());
 }
 

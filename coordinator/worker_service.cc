@@ -47,8 +47,12 @@ grpc::Status WorkerServiceImpl::ReportProgress(grpc::ServerContext*, const v1::P
 }
 
 grpc::Status WorkerServiceImpl::ReportCompletion(grpc::ServerContext*, const v1::CompletionReport* r, v1::Ack*) {
-  return ToGrpc(manager_->ReportCompletion(r->job_id(), r->startup_token(), r->ok(), r->error(),
-                                           r->adapter_path()));
+  WorkerCompletion completion;
+  completion.ok = r->ok();
+  completion.error = r->error();
+  completion.retryable = r->retryable();
+  completion.adapter_path = r->adapter_path();
+  return ToGrpc(manager_->ReportCompletion(r->job_id(), r->startup_token(), completion));
 }
 
 grpc::Status WorkerServiceImpl::StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* r, v1::Ack*) {

@@ -77,6 +77,9 @@ struct TrainerConfig {
   double warmup_fraction = 0.03;
   double max_grad_norm = 0.3;               // gradient_clipping.clipglobalnorm; 0 = off
   int64_t steps_per_checkpoint = 0;         // 0 = only at the end
+  // Automatic restarts from the last checkpoint after a worker fails; -1 = the coordinator's
+  // default (--max-restarts), 0 = none.
+  int64_t max_restarts = -1;
   int64_t eval_steps = 0;                   // 0 = evaluate at the end of each epoch
   bool gradient_checkpointing = true;       // enable_gradient_checkpointing
   uint64_t seed = 42;

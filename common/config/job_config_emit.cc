@@ -106,8 +106,9 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.Bool("enable_gradient_checkpointing", t.gradient_checkpointing)
       .Integer("steps_per_checkpoint", t.steps_per_checkpoint)
       .Integer("eval_steps", t.eval_steps)
-      .Integer("seed", t.seed)
-      .End();
+      .Integer("seed", t.seed);
+  if (t.max_restarts >= 0) w.Integer("max_restarts", t.max_restarts);  // -1: not resolved yet
+  w.End();
 }
 
 }  // namespace

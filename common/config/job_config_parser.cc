@@ -421,6 +421,7 @@ absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
   QLORA_RETURN_IF_ERROR(
       trainer.ReadInt("steps_per_checkpoint", 0, kInt64Max, &t->steps_per_checkpoint));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_steps", 0, kInt64Max, &t->eval_steps));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("max_restarts", 0, 100, &t->max_restarts));
   return trainer.ReadUint("seed", &t->seed);
 }
 

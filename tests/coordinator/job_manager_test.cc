@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -136,6 +137,8 @@ class CoordinatorJobManagerTest : public ::testing::Test {
     o.register_timeout = absl::Minutes(5);
     o.heartbeat_timeout = absl::Minutes(2);
     o.stop_grace = absl::Seconds(3);
+    o.default_max_restarts = 0;  // a failure fails the job; the restart tests ask for more
+    o.restart_backoff = absl::Seconds(5);
     o.now = [this] { return clock_.Now(); };
     return o;
   }
@@ -449,7 +452,7 @@ TEST_F(CoordinatorJobManagerTest, QueueIsStrictFifoAndWorkersAreFreeOnlyOnceThei
   // a succeeds, but its worker process has not ended: it still holds its slot.
   RegisterAll(a);
   const WorkerHandle wa = Workers(a)[0];
-  ASSERT_TRUE(manager_->ReportCompletion(a, wa.token, true, "", "/out/adapter").ok());
+  ASSERT_TRUE(manager_->ReportCompletion(a, wa.token, {.ok = true, .adapter_path = "/out/adapter"}).ok());
   EXPECT_EQ(Record(a).state, JobState::kSucceeded);
   EXPECT_EQ(Record(a).adapter_path, "/out/adapter");
   manager_->PollOnce();
@@ -486,6 +489,102 @@ TEST_F(CoordinatorJobManagerTest, WorkerExitFailsTheJobNamingTheRankAndStopsTheO
       manager_->StoreGet(id, workers[0].token, a->generation, "never-set", absl::Now() + absl::Seconds(60));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(got.status().message(), "job job-000001 has ended");
+}
+
+TEST_F(CoordinatorJobManagerTest, FailedWorkerRestartsTheJobAsANewGenerationAfterTheBackoff) {
+  JobManagerOptions options = Options(2);
+  options.default_max_restarts = 2;
+  Start(options);
+  const std::string id = RunningJob(2);
+  const std::vector<WorkerHandle> first = Workers(id);
+  launcher_.End(first[1].pid, ExitInfo{true, SIGKILL});
+  manager_->PollOnce();
+  JobRecord job = Record(id);
+  EXPECT_EQ(job.state, JobState::kQueued);
+  EXPECT_EQ(job.reason_code, "RESTARTING");
+  EXPECT_THAT(job.message, HasSubstr("restart 1 of 2 in 5s"));
+  EXPECT_THAT(job.message, HasSubstr("rank 1"));
+  EXPECT_EQ(job.restarts, 1);
+  ASSERT_EQ(job.restart_causes.size(), 1u);
+  EXPECT_THAT(launcher_.SignalsTo(first[0].pid), ElementsAre(SIGTERM));  // the survivor is stopped
+  // Not before its old workers are gone and the backoff has passed.
+  manager_->PollOnce();
+  EXPECT_EQ(Workers(id).size(), 2u);
+  launcher_.End(first[0].pid, ExitInfo{true, SIGTERM});
+  clock_.Advance(absl::Seconds(4));
+  manager_->PollOnce();
+  EXPECT_EQ(Workers(id).size(), 2u) << "started before the backoff passed";
+  clock_.Advance(absl::Seconds(2));
+  manager_->PollOnce();
+  const std::vector<WorkerHandle> all = Workers(id);
+  ASSERT_EQ(all.size(), 4u) << "a new generation of both ranks";
+  EXPECT_EQ(Record(id).state, JobState::kStarting);
+  // The old generation's tokens are refused; the new ones work, and resume the same job.
+  EXPECT_EQ(manager_->Register(id, first[0].token, 0, first[0].pid).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(manager_->Heartbeat(id, first[0].token).ok());
+  for (int i = 2; i < 4; ++i) ASSERT_TRUE(manager_->Register(id, all[i].token, all[i].rank, all[i].pid).ok());
+  EXPECT_EQ(Record(id).state, JobState::kRunning);
+  absl::StatusOr<WorkerAssignment> a = manager_->GetAssignment(id, all[2].token, absl::Now());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->job_uid, Record(id).uid);  // so it finds its checkpoints
+}
+
+TEST_F(CoordinatorJobManagerTest, RestartsRunOutAndTheFailureNamesEveryCause) {
+  JobManagerOptions options = Options(1);
+  options.default_max_restarts = 1;
+  Start(options);
+  const std::string id = RunningJob(1);
+  launcher_.End(Workers(id)[0].pid, ExitInfo{true, SIGSEGV});
+  manager_->PollOnce();
+  EXPECT_EQ(Record(id).state, JobState::kQueued);
+  clock_.Advance(absl::Seconds(5));
+  manager_->PollOnce();
+  ASSERT_EQ(Workers(id).size(), 2u);
+  const WorkerHandle second = Workers(id)[1];
+  ASSERT_TRUE(manager_->Register(id, second.token, 0, second.pid).ok());
+  launcher_.End(second.pid, ExitInfo{true, SIGBUS});
+  manager_->PollOnce();
+  const JobRecord job = Record(id);
+  EXPECT_EQ(job.state, JobState::kFailed);
+  EXPECT_THAT(job.message, HasSubstr("signal 7"));   // the last cause
+  EXPECT_THAT(job.message, HasSubstr("gave up after 1 restart(s)"));
+  EXPECT_THAT(job.message, HasSubstr("signal 11"));  // the earlier one
+  // The count and the causes are in the store.
+  Start(options);
+  EXPECT_EQ(Record(id).restarts, 1);
+  EXPECT_EQ(Record(id).restart_causes.size(), 1u);
+}
+
+TEST_F(CoordinatorJobManagerTest, AFailureThatWouldRepeatIsNotRetried) {
+  JobManagerOptions options = Options(1);
+  options.default_max_restarts = 3;
+  Start(options);
+  const std::string id = RunningJob(1);
+  const WorkerHandle w = Workers(id)[0];
+  ASSERT_TRUE(manager_->ReportCompletion(id, w.token, FailedCompletion(absl::InvalidArgumentError("bad record"))).ok());
+  EXPECT_EQ(Record(id).state, JobState::kFailed);
+  EXPECT_THAT(Record(id).message, HasSubstr("not retried"));
+  EXPECT_EQ(Record(id).restarts, 0);
+}
+
+TEST_F(CoordinatorJobManagerTest, TheJobFileCanTurnRestartsOff) {
+  JobManagerOptions options = Options(1);
+  options.default_max_restarts = 3;
+  Start(options);
+  SubmitRequest r = Job(1);
+  r.job_yaml = absl::StrReplaceAll(r.job_yaml, {{"batch_size: 1}", "batch_size: 1, max_restarts: 0}"}});
+  absl::StatusOr<JobRecord> submitted = manager_->Submit(r);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_THAT(submitted->resolved_config_yaml, HasSubstr("max_restarts: 0"));
+  manager_->PollOnce();
+  RegisterAll(submitted->id);
+  launcher_.End(Workers(submitted->id)[0].pid, ExitInfo{true, SIGKILL});
+  manager_->PollOnce();
+  EXPECT_EQ(Record(submitted->id).state, JobState::kFailed);
+  // Without a setting, the coordinator's default is written into the resolved file.
+  absl::StatusOr<JobRecord> defaulted = manager_->Submit(Job(1));
+  ASSERT_TRUE(defaulted.ok());
+  EXPECT_THAT(defaulted->resolved_config_yaml, HasSubstr("max_restarts: 3"));
 }
 
 TEST_F(CoordinatorJobManagerTest, CleanExitBeforeCompletingIsAFailure) {

@@ -461,8 +461,49 @@ TEST_F(ServiceTest, AStolenStartupTokenIsUseless) {
   ASSERT_EQ(c.Ctl("cancel " + job.id()).exit_code, 0);
 }
 
+// Kills rank 1 of `job` (found by its command line); returns false when it was not found.
+bool KillRank1(CoordinatorProcess& c, const std::string& job_id) {
+  std::vector<pid_t> pids;
+  if (!WaitUntil([&] { return (pids = WorkerPids(c.address(), job_id)).size() == 2; }, 10)) return false;
+  for (pid_t p : pids) {
+    std::ifstream in("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(std::string("--rank") + '\0' + "1") != std::string::npos) return kill(p, SIGKILL) == 0;
+  }
+  return false;
+}
+
+// A worker killed mid-run: the coordinator stops the other rank, starts a new generation after
+// the backoff, every rank resumes from the last checkpoint, and the job succeeds; the restart
+// and its cause are on the job.
+TEST_F(ServiceTest, KilledWorkerRestartsTheJobFromItsLastCheckpoint) {
+  CoordinatorProcess c(state_, 2, "--restart-backoff-s 1");
+  ASSERT_TRUE(c.started());
+  const std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 160, steps_per_checkpoint: 40, learning_rate: 0.001}
+data: {max_sequence_length: 48}
+)");
+  grpc::Status submitted;
+  v1::Job job = SubmitWithClient(c, yaml, &submitted);
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  ASSERT_TRUE(WaitUntil([&] {
+    const v1::Job now = c.GetJob(job.id());
+    return now.progress_size() > 0 && now.progress(0).step() >= 50;
+  }, 180)) << "no progress past the first checkpoint";
+  ASSERT_TRUE(KillRank1(c, job.id()));
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+  EXPECT_EQ(job.restarts(), 1);
+  ASSERT_EQ(job.restart_causes_size(), 1);
+  EXPECT_THAT(job.restart_causes(0), HasSubstr("rank 1"));
+  EXPECT_THAT(job.restart_causes(0), HasSubstr("signal 9"));
+  const CommandResult logs = c.Ctl("logs " + job.id() + " --rank 0");
+  EXPECT_THAT(logs.output, HasSubstr("resumed from")) << logs.output;
+  const CommandResult got = c.Ctl("get " + job.id());
+  EXPECT_THAT(got.output, HasSubstr("restarts:    1")) << got.output;
+}
+
 TEST_F(ServiceTest, KilledWorkerFailsJobNamingRankAndSignal) {
-  CoordinatorProcess c(state_, 2);
+  CoordinatorProcess c(state_, 2, "--max-restarts 0");
   ASSERT_TRUE(c.started());
   v1::Job job = SubmitWithClient(c, LongJob());
   job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);

@@ -66,13 +66,13 @@ class GrpcCoordinatorClient : public CoordinatorClient {
     return Call(&Stub::ReportProgress, req, &resp, kCallDeadline, "ReportProgress");
   }
 
-  absl::Status ReportCompletion(bool ok, const std::string& error,
-                                const std::string& adapter_path) override {
+  absl::Status ReportCompletion(const WorkerCompletion& completion) override {
     v1::CompletionReport req;
     req.set_rank(id_.rank);
-    req.set_ok(ok);
-    req.set_error(error);
-    req.set_adapter_path(adapter_path);
+    req.set_ok(completion.ok);
+    req.set_error(completion.error);
+    req.set_retryable(completion.retryable);
+    req.set_adapter_path(completion.adapter_path);
     v1::Ack resp;
     return Call(&Stub::ReportCompletion, req, &resp, kCallDeadline, "ReportCompletion");
   }

@@ -33,8 +33,7 @@ class CoordinatorClient {
   // True when the job was cancelled or failed elsewhere: stop now.
   virtual absl::StatusOr<bool> Heartbeat() = 0;
   virtual absl::Status ReportProgress(const ProgressSnapshot& progress) = 0;
-  virtual absl::Status ReportCompletion(bool ok, const std::string& error,
-                                        const std::string& adapter_path) = 0;
+  virtual absl::Status ReportCompletion(const WorkerCompletion& completion) = 0;
   virtual absl::Status StoreSet(int64_t generation, const std::string& key, const std::string& value) = 0;
   virtual absl::StatusOr<std::string> StoreGet(int64_t generation, const std::string& key,
                                                absl::Duration timeout) = 0;

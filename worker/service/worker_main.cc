@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     absl::Status published = nccl_id.ok() ? client->PublishNcclId(*nccl_id) : nccl_id.status();
     if (!published.ok()) {
       Log(absl::StrCat("cannot publish the NCCL id: ", published.ToString()));
-      client->ReportCompletion(false, std::string(published.message()), "");
+      client->ReportCompletion(qlora::FailedCompletion(published));
       return 1;
     }
   }
@@ -128,10 +128,13 @@ int main(int argc, char** argv) {
   }
   if (!outcome.ok()) {
     Log(absl::StrCat("training failed: ", outcome.status().ToString()));
-    client->ReportCompletion(false, std::string(outcome.status().message()), "");
+    client->ReportCompletion(qlora::FailedCompletion(outcome.status()));
     return 1;
   }
-  absl::Status reported = client->ReportCompletion(true, "", outcome->adapter_path);
+  qlora::WorkerCompletion completed;
+  completed.ok = true;
+  completed.adapter_path = outcome->adapter_path;
+  absl::Status reported = client->ReportCompletion(completed);
   if (!reported.ok()) {
     Log(absl::StrCat("completion not delivered: ", reported.ToString()));
     return 3;
