@@ -1,6 +1,7 @@
 // POSIX file helpers (see posix_files.h).
 #include "common/posix_files.h"
 
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +36,19 @@ absl::Status MakeDirs(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
   }
+  return absl::OkStatus();
+}
+
+namespace {
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path) == 0 ? 0 : errno; }
+}  // namespace
+
+absl::Status RemoveTree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  // Depth first, without following links, staying on one file system.
+  const int error = ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+  if (error != 0) return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", std::strerror(error)));
   return absl::OkStatus();
 }
 

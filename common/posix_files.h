@@ -15,6 +15,9 @@ bool PathExists(const std::string& path);
 // mkdir -p.
 absl::Status MakeDirs(const std::string& path);
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+// rm -rf: `path` and everything under it (symbolic links are removed, never followed). OK when
+// `path` does not exist.
+absl::Status RemoveTree(const std::string& path);
 // Writes `path`.tmp, syncs it and renames it over `path` (AtomicFileWriter, atomic_file.h);
 // failures name the errno (ENOSPC...) and leave no temporary file.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);

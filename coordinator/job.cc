@@ -67,6 +67,9 @@ void Job::Fail(const std::string& reason_code, const std::string& message) {
   Transition(JobState::kFailed, reason_code, message);
 }
 
+// How long a rank's report of a failure waits for the exit of another rank that caused it.
+constexpr absl::Duration kFailureSettle = absl::Seconds(2);
+
 int Job::max_restarts() const {
   return config_.trainer.max_restarts >= 0 ? static_cast<int>(config_.trainer.max_restarts)
                                            : env_->default_max_restarts;
@@ -115,6 +118,7 @@ void Job::Requeue() {
 absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch, JobShards shards) {
   const int world = record_.num_workers;
   shards_ = std::move(shards);
+  reported_failure_.reset();
   const absl::Time now = env_->now();
   use_gpu_ = launch.use_gpu;
   RendezvousOptions rendezvous;
@@ -148,10 +152,16 @@ absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launc
 void Job::FailOnExit(const WorkerExit& exit) {
   const bool clean = !exit.info.signaled && exit.info.code == 0;
   if (workers_.stopping() || (clean && exit.completed)) return;
-  FailOrRestart("WORKER_EXITED",
-                absl::StrCat("rank ", exit.rank, " (pid ", exit.pid, ") ended with ", exit.info.Describe(),
-                             exit.completed ? "" : " before finishing", "; see `qloractl logs ", record_.id,
-                             " --rank ", exit.rank, "`"));
+  // The rank that reported a failure ends by itself; the settle time decides (CheckDeadlines).
+  if (reported_failure_.has_value() && reported_failure_->rank == exit.rank && !exit.info.signaled) return;
+  std::string message =
+      absl::StrCat("rank ", exit.rank, " (pid ", exit.pid, ") ended with ", exit.info.Describe(),
+                   exit.completed ? "" : " before finishing", "; see `qloractl logs ", record_.id, " --rank ",
+                   exit.rank, "`");
+  // A failure another rank reported just before is most likely this exit's consequence.
+  if (reported_failure_.has_value()) absl::StrAppend(&message, " (then ", reported_failure_->message, ")");
+  reported_failure_.reset();
+  FailOrRestart("WORKER_EXITED", message);
 }
 
 std::vector<int> Job::Poll() {
@@ -167,6 +177,11 @@ std::vector<int> Job::Poll() {
 
 void Job::CheckDeadlines() {
   const absl::Time now = env_->now();
+  if (reported_failure_.has_value() && now >= reported_failure_->act_at) {
+    const std::string message = reported_failure_->message;
+    reported_failure_.reset();
+    FailOrRestart("WORKER_FAILED", message);
+  }
   if (state() == JobState::kStarting && now > start_deadline_) {
     FailOrRestart("WORKER_REGISTRATION_TIMEOUT",
          absl::StrCat("rank(s) ", rendezvous_->UnregisteredRanks(), " did not register within ",
@@ -245,8 +260,12 @@ void Job::ReportProgress(WorkerProcess& worker, ProgressSnapshot progress) {
 void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion) {
   if (ended() || state() == JobState::kQueued) return;  // a late call of a stopped start
   if (!completion.ok) {
-    FailOrRestart("WORKER_FAILED", absl::StrCat("rank ", worker.rank, ": ", completion.error),
-                  completion.retryable);
+    const std::string message = absl::StrCat("rank ", worker.rank, ": ", completion.error);
+    if (!completion.retryable) {
+      FailOrRestart("WORKER_FAILED", message, /*retryable=*/false);
+    } else if (!reported_failure_.has_value()) {
+      reported_failure_ = ReportedFailure{worker.rank, message, env_->now() + kFailureSettle};
+    }
     return;
   }
   worker.completed = true;

@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,15 @@ class Job {
   JobShards shards_;
   absl::Time start_deadline_;        // every rank registers by then
   absl::Time not_before_ = absl::InfinitePast();
+  // A rank's report of a failure that may be a symptom (a collective that failed because a peer
+  // died): acted on after a short settle time, unless a rank's exit, the likelier cause, comes
+  // first and is named before it.
+  struct ReportedFailure {
+    int rank;
+    std::string message;
+    absl::Time act_at;
+  };
+  std::optional<ReportedFailure> reported_failure_;
 };
 
 }  // namespace qlora::coordinator

@@ -80,6 +80,7 @@ struct TrainerConfig {
   // Automatic restarts from the last checkpoint after a worker fails; -1 = the coordinator's
   // default (--max-restarts), 0 = none.
   int64_t max_restarts = -1;
+  int64_t keep_checkpoints = 2;             // the newest complete ones kept; 0 = all
   int64_t eval_steps = 0;                   // 0 = evaluate at the end of each epoch
   bool gradient_checkpointing = true;       // enable_gradient_checkpointing
   uint64_t seed = 42;

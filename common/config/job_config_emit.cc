@@ -106,7 +106,8 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.Bool("enable_gradient_checkpointing", t.gradient_checkpointing)
       .Integer("steps_per_checkpoint", t.steps_per_checkpoint)
       .Integer("eval_steps", t.eval_steps)
-      .Integer("seed", t.seed);
+      .Integer("seed", t.seed)
+      .Integer("keep_checkpoints", t.keep_checkpoints);
   if (t.max_restarts >= 0) w.Integer("max_restarts", t.max_restarts);  // -1: not resolved yet
   w.End();
 }

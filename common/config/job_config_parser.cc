@@ -422,6 +422,7 @@ absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
       trainer.ReadInt("steps_per_checkpoint", 0, kInt64Max, &t->steps_per_checkpoint));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_steps", 0, kInt64Max, &t->eval_steps));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("max_restarts", 0, 100, &t->max_restarts));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("keep_checkpoints", 0, kInt64Max, &t->keep_checkpoints));
   return trainer.ReadUint("seed", &t->seed);
 }
 

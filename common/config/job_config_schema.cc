@@ -71,7 +71,7 @@ SchemaNode BuildSchema() {
            Map("learning_rate_scheduler", {Leaf("decay"), Leaf("warmup_fraction")}),
            Map("gradient_clipping", {Leaf("clipglobalnorm")}),
            Leaf("enable_gradient_checkpointing"), Leaf("steps_per_checkpoint"),
-           Leaf("eval_steps"), Leaf("seed"), Leaf("max_restarts"),
+           Leaf("eval_steps"), Leaf("seed"), Leaf("max_restarts"), Leaf("keep_checkpoints"),
            Refused("use_mixed_precision",
                    "DeepSpeed's AMP does not work with ZeRO; the compute dtype is "
                    "quantization.bnb_4bit_compute_dtype")}),

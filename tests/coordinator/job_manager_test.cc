@@ -555,6 +555,21 @@ TEST_F(CoordinatorJobManagerTest, RestartsRunOutAndTheFailureNamesEveryCause) {
   EXPECT_EQ(Record(id).restart_causes.size(), 1u);
 }
 
+TEST_F(CoordinatorJobManagerTest, CancelDuringTheBackoffEndsTheJobAtOnce) {
+  JobManagerOptions options = Options(1);
+  options.default_max_restarts = 2;
+  Start(options);
+  const std::string id = RunningJob(1);
+  launcher_.End(Workers(id)[0].pid, ExitInfo{true, SIGKILL});
+  manager_->PollOnce();
+  ASSERT_EQ(Record(id).reason_code, "RESTARTING");
+  ASSERT_TRUE(manager_->Cancel(id).ok());
+  EXPECT_EQ(Record(id).state, JobState::kCancelled);
+  clock_.Advance(absl::Minutes(1));
+  manager_->PollOnce();
+  EXPECT_EQ(Workers(id).size(), 1u) << "a cancelled job was started again";
+}
+
 TEST_F(CoordinatorJobManagerTest, AFailureThatWouldRepeatIsNotRetried) {
   JobManagerOptions options = Options(1);
   options.default_max_restarts = 3;

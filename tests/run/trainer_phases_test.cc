@@ -145,6 +145,26 @@ TEST(TrainerCheckpointDirs, TheNewestCompleteCheckpointIsResumed) {
   EXPECT_EQ(LatestCheckpoint(dir), CheckpointDir(dir, 12));
 }
 
+TEST(TrainerCheckpointDirs, PruningKeepsTheNewestCompleteOnesAndDropsStaleHalves) {
+  testing::TempDir tmp;
+  const std::string dir = CheckpointsDir(tmp.path(), "job-000001", "u");
+  for (int step : {10, 20, 30, 40, 50}) ASSERT_TRUE(MakeDirs(CheckpointDir(dir, step)).ok());
+  for (int step : {10, 30, 40}) {
+    ASSERT_TRUE(WriteFileAtomically(CheckpointDir(dir, step) + "/manifest.json", "{}").ok());
+  }
+  ASSERT_TRUE(WriteFileAtomically(CheckpointDir(dir, 20) + "/rank-0.safetensors", "x").ok());
+  // 20: a half save older than the newest complete one (40); 50: a save in progress.
+  ASSERT_TRUE(PruneCheckpoints(dir, 2).ok());
+  EXPECT_FALSE(PathExists(CheckpointDir(dir, 10)));
+  EXPECT_FALSE(PathExists(CheckpointDir(dir, 20)));
+  EXPECT_TRUE(PathExists(CheckpointDir(dir, 30)));
+  EXPECT_TRUE(PathExists(CheckpointDir(dir, 40)));
+  EXPECT_TRUE(PathExists(CheckpointDir(dir, 50)));
+  EXPECT_EQ(LatestCheckpoint(dir), CheckpointDir(dir, 40));
+  ASSERT_TRUE(PruneCheckpoints(dir, 0).ok());  // 0 keeps every complete one
+  EXPECT_TRUE(PathExists(CheckpointDir(dir, 30)));
+}
+
 TEST(TrainerCheckpointDirs, AnotherJobWithTheSameIdNeverFindsTheCheckpoints) {
   testing::TempDir tmp;
   const std::string mine = CheckpointsDir(tmp.path(), "job-000001", "0123456789abcdef0123456789abcdef");

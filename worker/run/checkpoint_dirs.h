@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace qlora::worker {
 
 // <output_dir>/checkpoints/<job_id>-<job_uid> (<job_id> alone for jobs stored before uids).
@@ -16,5 +18,9 @@ std::string CheckpointsDir(const std::string& output_dir, const std::string& job
 std::string CheckpointDir(const std::string& checkpoints_dir, int64_t step);
 // The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.
 std::string LatestCheckpoint(const std::string& checkpoints_dir);
+// Keeps the `keep` newest complete checkpoints (0 = all) and removes the older ones, and every
+// incomplete one (no manifest: a save that a crash cut short) older than the newest complete.
+// Called by rank 0 once a save has completed on every rank.
+absl::Status PruneCheckpoints(const std::string& checkpoints_dir, int keep);
 
 }  // namespace qlora::worker

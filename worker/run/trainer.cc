@@ -198,8 +198,14 @@ absl::Status Trainer::After(const StepResult& result) {
   }
   if (t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0 && done < total_steps_) {
     const std::string dir = CheckpointDir(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid), done);
-    QLORA_RETURN_IF_ERROR(strategy_->SaveCheckpoint(dir));
+    if (context_.observer != nullptr) context_.observer->OnCheckpointSave(done, dir);
+    QLORA_RETURN_IF_ERROR(strategy_->SaveCheckpoint(dir));  // complete on every rank once it returns
     Log(absl::StrCat("checkpoint ", dir));
+    if (assignment_.rank == 0) {
+      QLORA_RETURN_IF_ERROR(PruneCheckpoints(
+          CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid),
+          static_cast<int>(t.keep_checkpoints)));
+    }
   }
   const ProgressSnapshot p = Progress(result);
   context_.report_progress(p);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "worker/engine/llama_model.h"
 #include "worker/run/micro_batches.h"
@@ -19,6 +20,8 @@ class TrainingObserver {
   virtual void OnMicroBatch(int64_t step, int index, const DeviceBatch& batch) {
     (void)step, (void)index, (void)batch;
   }
+  // Before this rank writes its part of the checkpoint of optimizer step `step` (1-based) into `dir`.
+  virtual void OnCheckpointSave(int64_t step, const std::string& dir) { (void)step, (void)dir; }
 };
 
 }  // namespace qlora::worker

@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/config/job_config_parser.h"
 #include "worker/comm/nccl_unique_id.h"
+#include "worker/run/fault_injection.h"
 #include "worker/run/training_job.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/grpc_rendezvous_store.h"
@@ -118,6 +119,10 @@ int main(int argc, char** argv) {
       absl::Status s = client->ReportProgress(p);
       if (!s.ok()) Log(absl::StrCat("progress not delivered: ", s.ToString()));
     };
+    // Tests of the coordinator's restarts may arm a crash here (fault_injection.h).
+    std::unique_ptr<qlora::worker::TrainingObserver> fault =
+        qlora::worker::FaultInjectorFromEnvironment(assignment->rank);
+    context.observer = fault.get();
     outcome = qlora::worker::RunTrainingJob(context);
   }
   done.Notify();
