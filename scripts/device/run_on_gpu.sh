@@ -4,6 +4,9 @@
 #   scripts/device/run_on_gpu.sh tests            every test binary (CUDA tests included)
 #   scripts/device/run_on_gpu.sh fixtures         bitsandbytes NF4/FP4 fixtures -> $OUT/bnb
 #   scripts/device/run_on_gpu.sh train [gpus]     the example job through the real service on GPUs
+#   scripts/device/run_on_gpu.sh bench-fair       ours against the anchors at their best, with a
+#                                                 profile and its attribution (bench/fair_bench.sh;
+#                                                 needs .device-wheels from scripts/device/wheels.sh)
 # Results and logs go to $OUT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,5 +30,7 @@ for what in "$@"; do
       python3 "$root/tests/kernels/make_bnb_fixtures.py" --out "$OUT/bnb" 2>&1 | tail -20 | tee "$OUT/fixtures.txt" ;;
     train*)
       "$root/scripts/device/gpu_training_run.sh" 2>&1 | tee "$OUT/train.txt" ;;
+    bench-fair)
+      "$root/bench/fair_bench.sh" 2>&1 | tee "$OUT/bench.log" ;;
   esac
 done
