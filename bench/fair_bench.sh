@@ -17,7 +17,8 @@
 # BENCH_WINDOW_STEPS (5) steps, tokens / wall time per window (bench/summarize.py and
 # bench/anchor_common.py say how). The whole run keeps within BENCH_BUDGET_S (560) seconds: a part
 # starts only if its estimate fits in what is left, and is stopped at what is left or at 2.5 times
-# its estimate + 30 s; a part that fails is logged and the next one runs. After every part, $OUT holds everything so far:
+# its estimate + 30 s; a part that fails is logged and the next one runs. After every part, $OUT
+# holds everything so far:
 #   summary.md                 the table (ours against the best anchor per setting), the parts'
 #                              times and the attributions
 #   results.jsonl              one JSON line per measurement
@@ -53,7 +54,7 @@ finish() {  # the summary and the logs as they are now
   local attributions=()
   for f in "$work"/attribution-*.md; do [ -f "$f" ] && attributions+=("$f"); done
   python3 "$root/bench/fair_summary.py" "$results" --parts "$parts_file" --attribution "${attributions[@]}" \
-    --header "$(date -u +%Y-%m-%d), $(head -1 "$OUT/gpus.txt" 2>/dev/null) x$ngpu, $(git -C "$root" log -1 --format=%h 2>/dev/null || echo '?')" \
+    --header "$(date -u +%Y-%m-%d), $(head -1 "$OUT/gpus.txt" 2>/dev/null) x$ngpu, binaries of $(cat "$root/.device-bundle/commit" 2>/dev/null || echo '?')" \
     > "$OUT/summary.md" 2> "$logs/fair_summary.err"
   local files=(logs parts.jsonl)
   for f in "$work"/attribution-*.md; do [ -f "$f" ] && files+=("$(basename "$f")"); done
@@ -149,7 +150,7 @@ def v(n):
 print("versions:", ", ".join(n + " " + v(n) for n in
       ["torch", "transformers", "peft", "accelerate", "triton", "bitsandbytes", "liger-kernel"]))'
 if [ -d "$root/.device-wheels/ds" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dssite \
+  timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dssite \
     "$root"/.device-wheels/ds/*.whl 2>&1 | tail -3
 fi
 # The 7B-shaped folder (13.5 GB of random bf16 weights) in memory when there is room.
@@ -158,7 +159,7 @@ model=/tmp/llama7b
 [ "${shm_free:-0}" -gt $((40 * 1024 * 1024)) ] && model=/dev/shm/llama7b
 model=${BENCH_MODEL_DIR:-$model}
 start=$SECONDS
-[ -f "$model/config.json" ] || python3 "$root/bench/make_llama_folder.py" "$model" 2>&1 | tail -2
+[ -f "$model/config.json" ] || timeout 240 python3 "$root/bench/make_llama_folder.py" "$model" 2>&1 | tail -2
 python3 "$root/bench/make_text_data.py" "$work/bench.txt" --lines 200
 echo "== setup: model folder $model made in $((SECONDS - start))s (total $((SECONDS - t0))s)"
 echo "{\"part\": \"setup\", \"rc\": 0, \"seconds\": $((SECONDS - t0)), \"note\": \"model folder in $model\"}" >> "$parts_file"
