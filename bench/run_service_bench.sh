@@ -1,21 +1,52 @@
 #!/usr/bin/env bash
 # Runs the benchmark job through the real service (coordinator + qloractl) on GPUs and prints
-# the figures (tokens/s per GPU, step time, peak memory, MFU) as JSON and a table.
+# the figures (tokens/s per GPU over windows of steps, step time, peak memory, MFU) as JSON and a
+# table (bench/summarize.py says how they are measured).
 #   bench/run_service_bench.sh MODEL_DIR DATA.txt GPUS(e.g. 0 or 0,1) MICRO_BATCH STAGE STEPS
+# STEPS is the job's length; the knobs below default to the older figure (2 warm-up steps, one
+# window of the rest):
+#   BENCH_WARMUP=3 BENCH_WINDOWS=3 BENCH_WINDOW_STEPS=5   the measurement (STEPS must cover it)
+#   BENCH_CHECKPOINTING=false                             activation checkpointing off
+#   BENCH_SEQ=2048                                        the sequence length
+#   BENCH_PROFILE_STEPS=FIRST:COUNT BENCH_PROFILE_OUT=F   a trace of rank 0 (worker/run/step_profiler.h)
+#   BENCH_KEEP=DIR                                        keep the job's logs, events and job file there
+#   BENCH_LABEL=ours                                      the name in the JSON and the table
 # Binaries from $QLORA_BINARY_DIR (default build/).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${QLORA_BINARY_DIR:-$root/build}
 model=$1 data=$2 gpus=$3 mb=$4 stage=$5 steps=$6
+warmup=${BENCH_WARMUP:-2} windows=${BENCH_WINDOWS:-1} window_steps=${BENCH_WINDOW_STEPS:-$((steps - ${BENCH_WARMUP:-2}))}
+checkpointing=${BENCH_CHECKPOINTING:-true} seq_len=${BENCH_SEQ:-2048}
 work=$(mktemp -d /tmp/qlora-bench-XXXXXX)
-sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps|" "$root/bench/bench_job.yaml" > "$work/job.yaml"
-"$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$work/state" --gpus "$gpus" \
-  --port-file "$work/port" > "$work/coordinator.log" 2>&1 &
+sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps|; s|CHECKPOINTING|$checkpointing|; s|SEQ|$seq_len|" \
+  "$root/bench/bench_job.yaml" > "$work/job.yaml"
+profile_env=()
+if [ -n "${BENCH_PROFILE_STEPS:-}" ]; then
+  profile_env=(QLORA_PROFILE_STEPS="$BENCH_PROFILE_STEPS" QLORA_PROFILE_OUT="$BENCH_PROFILE_OUT")
+fi
+# The workers inherit the coordinator's environment (the profiler's settings with it).
+env "${profile_env[@]}" "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$work/state" \
+  --gpus "$gpus" --port-file "$work/port" > "$work/coordinator.log" 2>&1 &
 coordinator=$!
-trap 'kill $coordinator 2>/dev/null; wait $coordinator 2>/dev/null || true' EXIT
+keep() {
+  [ -n "${BENCH_KEEP:-}" ] || return 0
+  mkdir -p "$BENCH_KEEP"
+  cp "$work/job.yaml" "$work/coordinator.log" "$BENCH_KEEP/" 2>/dev/null || true
+  [ -f "$work/events.jsonl" ] && cp "$work/events.jsonl" "$BENCH_KEEP/"
+  find "$work/state" -path '*/logs/*.log' -exec cp {} "$BENCH_KEEP/" \; 2>/dev/null || true
+}
+trap 'kill $coordinator 2>/dev/null; wait $coordinator 2>/dev/null || true; keep; rm -rf "$work"' EXIT
+trap 'exit 143' TERM INT  # so that a stopped run still keeps its logs
 for _ in $(seq 100); do [ -s "$work/port" ] && break; sleep 0.1; done
 export QLORA_ADDRESS=127.0.0.1:$(cat "$work/port")
 "$bin/cli/qloractl" submit "$work/job.yaml" --dataset "$data" --name bench > /dev/null
 "$bin/cli/qloractl" watch job-000001 -o json > "$work/events.jsonl" || {
   "$bin/cli/qloractl" logs job-000001 | tail -30; exit 1; }
-python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-batch "$mb" --stage "$stage"
+if ! grep -q JOB_STATE_SUCCEEDED "$work/events.jsonl"; then
+  echo "the job did not succeed:" >&2
+  "$bin/cli/qloractl" logs job-000001 | tail -30 >&2
+fi
+python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-batch "$mb" --stage "$stage" \
+  --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --warmup "$warmup" --windows "$windows" \
+  --window-steps "$window_steps" --label "${BENCH_LABEL:-ours}"

@@ -1,51 +1,120 @@
-"""Turns a job's WatchJob events (qloractl watch -o json) into benchmark figures.
+"""Turns a job's WatchJob events (qloractl watch -o json) into benchmark figures, measured the way
+the anchors are (bench/anchor_common.py):
 
-tokens/s per GPU: the mean over ranks of each rank's tokens/s, averaged over the steps after
-the first two (warm-up). MFU = tokens/s per GPU x FLOP per token / 989e12 (H200 dense bf16).
-FLOP per trained token for LLaMA-2-7B at sequence 2048 with frozen base weights:
-  forward 2N + input gradients 2N (no weight gradients) + recompute 2N (activation checkpointing)
-  with N = 6.74e9, plus attention 3 x 4 x layers x seq x hidden (fwd, bwd-input ~2x) ≈ 44 GFLOP;
-we print MFU with and without the recompute counted.
+  after `warmup` steps, `windows` consecutive windows of `window_steps` optimizer steps; a
+  window's rate on a rank is its tokens / its wall time, where the wall time is the difference of
+  the rank's `elapsed_seconds` (steady clock since the start of its first step, read when the
+  step's progress is reported) at the window's last step and at the step before its first; its
+  tokens are steps x micro-batch x sequence (every row of the benchmark's data is full). A
+  window's rate per GPU is the mean over ranks; the figure is the median of the windows, with
+  their min and max. The mean of the per-step rates (`tokens_per_second` of each progress
+  event, what the service shows) is printed beside it for comparison.
+
+Memory: the largest peak allocated and peak reserved bytes any progress event of a rank carried
+(the CUDA caching allocator's peaks over the worker's whole process, loading included).
+MFU and HFU: bench/flops.py, from the model folder's config.json (--model).
+Standard library only.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
-p = argparse.ArgumentParser()
-p.add_argument("events")
-p.add_argument("--gpus", default="0")
-p.add_argument("--micro-batch", type=int, default=1)
-p.add_argument("--stage", type=int, default=2)
-a = p.parse_args()
-per_step = {}
-peak = {}
-reserved = {}
-state = None
-for line in open(a.events):
-    m = json.loads(line)
-    state = m["job"]["state"]
-    prog = m.get("event", {}).get("progress")
-    if not prog:
-        continue
-    rank, step = prog.get("rank", 0), int(prog.get("step", 0))
-    per_step.setdefault(step, {})[rank] = (prog.get("tokens_per_second", 0.0), prog.get("elapsed_seconds", 0.0))
-    mem = prog.get("memory", {})
-    peak[rank] = max(peak.get(rank, 0), int(mem.get("device_peak_bytes", 0)))
-    reserved[rank] = max(reserved.get(rank, 0), int(mem.get("device_reserved_peak_bytes", 0)))
-steps = sorted(s for s in per_step if s > 2) or sorted(per_step)
-tps = statistics.mean(statistics.mean(v[0] for v in per_step[s].values()) for s in steps)
-n = 6.74e9
-attention = 3 * 4 * 32 * 2048 * 4096
-flop_with = 6 * n + attention
-flop_without = 4 * n + attention * 2 / 3
-gpus = len(a.gpus.split(","))
-out = {"state": state, "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": 2048,
-       "tokens_per_s_per_gpu": round(tps, 1), "step_time_s": round(a.micro_batch * 2048 / tps, 3),
-       "peak_allocated_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(peak.items())},
-       "peak_reserved_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(reserved.items())},
-       "mfu_counting_recompute": round(tps * flop_with / 989e12, 4),
-       "mfu_model_flops_only": round(tps * flop_without / 989e12, 4), "steps_measured": len(steps)}
-print(json.dumps(out))
-print(f"| ours | {gpus} GPU | mb {a.micro_batch} | ZeRO-{a.stage} | {tps:,.0f} tok/s/GPU | "
-      f"{max(peak.values(), default=0) / 2**30:.1f} GiB | MFU {out['mfu_counting_recompute']:.1%} |", file=sys.stderr)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flops import flops_per_token, load_config, utilisation  # noqa: E402
+
+
+def read_events(path):
+    """-> (state, {rank: {step: progress}})."""
+    progress, state = {}, None
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            m = json.loads(line)
+            state = m.get("job", {}).get("state", state)
+            prog = m.get("event", {}).get("progress")
+            if not prog or "step" not in prog:
+                continue
+            progress.setdefault(int(prog.get("rank", 0)), {})[int(prog["step"])] = prog
+    return state, progress
+
+
+def windows_of(progress, warmup, windows, window_steps, tokens_per_step):
+    """Per-GPU window rates (mean over ranks) and per-rank details. A missing step boundary is an
+    error: every progress event is stored and replayed by the coordinator."""
+    rates, seconds = [], []
+    for w in range(windows):
+        first, last = warmup + w * window_steps, warmup + (w + 1) * window_steps
+        per_rank = []
+        for rank, steps in sorted(progress.items()):
+            if first not in steps or last not in steps:
+                raise SystemExit(f"rank {rank}: no progress event at step {first} or {last} "
+                                 f"(have steps {min(steps)}..{max(steps)}); the job ran fewer steps?")
+            dt = float(steps[last].get("elapsed_seconds", 0)) - float(steps[first].get("elapsed_seconds", 0))
+            per_rank.append(dt)
+        seconds.append(statistics.mean(per_rank))
+        rates.append(statistics.mean(window_steps * tokens_per_step / dt for dt in per_rank))
+    return rates, seconds
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("events")
+    p.add_argument("--gpus", default="0")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--stage", type=int, default=2)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--model", help="the model folder (its config.json gives the FLOPs); none: no MFU")
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--checkpointing", default="true")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--windows", type=int, default=1)
+    p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
+    p.add_argument("--label", default="ours")
+    a = p.parse_args()
+    state, progress = read_events(a.events)
+    if not progress:
+        raise SystemExit(f"no progress events in {a.events} (job state {state})")
+    last_step = min(max(steps) for steps in progress.values())
+    window_steps = a.window_steps or max(1, (last_step - a.warmup) // a.windows)
+    tokens_per_step = a.micro_batch * a.seq
+    rates, seconds = windows_of(progress, a.warmup, a.windows, window_steps, tokens_per_step)
+    measured = range(a.warmup + 1, a.warmup + a.windows * window_steps + 1)
+    per_step_mean = statistics.mean(
+        statistics.mean(float(progress[r][s].get("tokens_per_second", 0)) for r in progress) for s in measured)
+    peak = {r: max(int(p.get("memory", {}).get("device_peak_bytes", 0)) for p in steps.values())
+            for r, steps in progress.items()}
+    reserved = {r: max(int(p.get("memory", {}).get("device_reserved_peak_bytes", 0)) for p in steps.values())
+                for r, steps in progress.items()}
+    checkpointing = a.checkpointing.lower() in ("1", "true", "yes", "on")
+    gpus = len(a.gpus.split(","))
+    out = {"impl": "ours", "label": a.label, "variant": f"nf4-dq+bf16 ZeRO-{a.stage}", "state": state,
+           "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": a.seq,
+           "checkpointing": checkpointing, "model": os.path.abspath(a.model) if a.model else None,
+           "lora_r": a.lora_r,
+           "tokens_per_s": round(statistics.median(rates), 1), "tokens_per_s_min": round(min(rates), 1),
+           "tokens_per_s_max": round(max(rates), 1), "window_tokens_per_s": [round(r, 1) for r in rates],
+           "step_time_s": round(statistics.median(seconds) / window_steps, 4),
+           "mean_of_per_step_rates": round(per_step_mean, 1),
+           "warmup_steps": a.warmup, "windows": a.windows, "window_steps": window_steps,
+           "peak_allocated_gib": round(max(peak.values()) / 2**30, 2),
+           "peak_reserved_gib": round(max(reserved.values()) / 2**30, 2),
+           "peak_allocated_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(peak.items())},
+           "peak_reserved_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(reserved.items())}}
+    if a.model:
+        f = flops_per_token(load_config(a.model), a.seq, a.lora_r, checkpointing)
+        mfu, hfu = utilisation(out["tokens_per_s"], f)
+        out.update({"gflop_per_token_model": round(f["model"] / 1e9, 2),
+                    "gflop_per_token_hardware": round(f["hardware"] / 1e9, 2),
+                    "mfu": round(mfu, 4), "hfu": round(hfu, 4)})
+    print(json.dumps(out))
+    mfu_text = f" | MFU {out['mfu']:.1%} HFU {out['hfu']:.1%}" if "mfu" in out else ""
+    print(f"| {a.label} | {gpus} GPU | mb {a.micro_batch} | ZeRO-{a.stage} | {out['tokens_per_s']:,.0f} tok/s/GPU "
+          f"({out['tokens_per_s_min']:,.0f}-{out['tokens_per_s_max']:,.0f}) | {out['peak_allocated_gib']:.2f} GiB "
+          f"({out['peak_reserved_gib']:.2f} reserved){mfu_text} |", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

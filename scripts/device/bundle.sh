@@ -26,5 +26,7 @@ done
 cp /usr/lib/x86_64-linux-gnu/libsentencepiece.so.0 "$out/tree/lib/" 2>/dev/null || true
 find . -name 'libqlora_spm*.so*' -exec cp -L {} "$out/tree/lib/" \;
 tar -C "$out/tree" -cJf "$out/bundle.tar.xz" .
+# The commit the binaries were built from, for the reports made there.
+echo "$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- . 2>/dev/null || echo ' + local changes')" > "$out/commit"
 rm -rf "$out/tree"
 du -sh "$out/bundle.tar.xz"

@@ -4,12 +4,16 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/config/job_config_parser.h"
 #include "common/dataset/shard_planner.h"
@@ -22,6 +26,7 @@
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/run_options.h"
 #include "worker/run/step_batches.h"
+#include "worker/run/step_profiler.h"
 #include "worker/run/trainer.h"
 
 namespace qlora::worker {
@@ -267,6 +272,86 @@ TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical)
   for (const auto& [name, tensor] : first) {
     EXPECT_TRUE(at::equal(tensor, second.at(name))) << name;
   }
+}
+
+// The opt-in profiler (QLORA_PROFILE_STEPS): a Chrome trace of exactly the asked steps, with the
+// trainer's named phases and the ops inside them, which bench/attribute_profile.py reads.
+TEST_F(TrainerPhases, StepProfilerTracesTheAskedStepsWithTheirNamedPhases) {
+  TrainingContext context = Context(tmp_ / "profiled");
+  const std::string path = tmp_ / "trace.json";
+  StepProfiler profiler(/*rank=*/0, /*first_step=*/2, /*steps=*/2, path);
+  context.observer = &profiler;
+  auto trainer = Trainer::Create(context);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  ASSERT_TRUE(profiler.Stop().ok());
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << "no trace at " << path;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> scopes;
+  int ops = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    const std::string name = e.value("name", "");
+    if (name.rfind("qlora::", 0) == 0) ++scopes[name];
+    if (name == "aten::mm" || name == "aten::addmm") {
+      ++ops;
+      EXPECT_TRUE(e.contains("args") && e["args"].contains("Input Dims")) << "shapes are recorded";
+    }
+  }
+  EXPECT_EQ(scopes["qlora::step"], 2);  // steps 2 and 3, not the others
+  EXPECT_EQ(scopes["qlora::optimizer"], 2);
+  EXPECT_EQ(scopes["qlora::forward"], 4);  // two micro-batches a step
+  EXPECT_EQ(scopes["qlora::loss"], 4);
+  EXPECT_EQ(scopes["qlora::backward"], 4);
+  EXPECT_EQ(scopes["qlora::grads"], 4);
+  EXPECT_GT(ops, 0);
+  // A copy of this real CPU trace, when asked for.
+  if (const char* copy = std::getenv("QLORA_TEST_KEEP_TRACE")) {
+    std::ofstream(copy) << trace.dump();
+  }
+  // bench/attribute_profile.py reads it: its rows cover the profiled steps, GEMMs among them.
+  const std::string figures = tmp_ / "attribution.json";
+  const std::string command = "python3 " + testing::SourceDir() + "/bench/attribute_profile.py " + path +
+                              " --lora-r 4 --json " + figures + " > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream figures_in(figures);
+  const nlohmann::json attribution = nlohmann::json::parse(figures_in);
+  EXPECT_EQ(attribution.at("steps").get<int>(), 2);
+  double total = 0;
+  for (const auto& [category, us] : attribution.at("categories").items()) total += us.get<double>();
+  EXPECT_NEAR(total, attribution.at("window_us").get<double>(), 1e-6 * total);
+  EXPECT_GT(attribution["categories"]["base_gemm"].get<double>(), 0);
+  EXPECT_GT(attribution["categories"]["lora_gemm"].get<double>(), 0);
+  EXPECT_GT(attribution["categories"]["loss"].get<double>(), 0);
+  EXPECT_GT(attribution["phases"]["forward"].get<double>(), 0);
+  EXPECT_GT(attribution["phases"]["recompute"].get<double>(), 0);  // the checkpoint node's forward
+}
+
+TEST(StepProfilerEnvironment, AsksForNothingOneRankOrEveryRank) {
+  unsetenv("QLORA_PROFILE_STEPS");
+  unsetenv("QLORA_PROFILE_OUT");
+  auto none = StepProfiler::FromEnvironment(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+  setenv("QLORA_PROFILE_STEPS", "5:2", 1);
+  EXPECT_FALSE(StepProfiler::FromEnvironment(0).ok());  // without QLORA_PROFILE_OUT
+  setenv("QLORA_PROFILE_OUT", "/tmp/trace.json", 1);
+  auto rank0 = StepProfiler::FromEnvironment(0);
+  ASSERT_TRUE(rank0.ok() && *rank0 != nullptr);
+  EXPECT_EQ((*rank0)->path(), "/tmp/trace.json");
+  auto rank1 = StepProfiler::FromEnvironment(1);
+  ASSERT_TRUE(rank1.ok());
+  EXPECT_EQ(*rank1, nullptr);  // only rank 0 without {rank}
+  setenv("QLORA_PROFILE_OUT", "/tmp/trace-{rank}.json", 1);
+  auto each = StepProfiler::FromEnvironment(1);
+  ASSERT_TRUE(each.ok() && *each != nullptr);
+  EXPECT_EQ((*each)->path(), "/tmp/trace-1.json");
+  for (const char* bad : {"5", "a:2", "5:0", "-1:2", "5:2:1"}) {
+    setenv("QLORA_PROFILE_STEPS", bad, 1);
+    EXPECT_FALSE(StepProfiler::FromEnvironment(0).ok()) << bad;
+  }
+  unsetenv("QLORA_PROFILE_STEPS");
+  unsetenv("QLORA_PROFILE_OUT");
 }
 
 }  // namespace

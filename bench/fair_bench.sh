@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# The fair benchmark (issue 13, "Fair anchors first" and "Profile, then attribute") in one run on
+# the 2-GPU machine: `scripts/device/run_on_gpu.sh bench-fair` calls this with the bundle's
+# environment (binaries in $QLORA_BINARY_DIR, .device-wheels/site on PYTHONPATH). Parts, in order
+# of importance (BENCH_FAIR_PARTS picks and orders them):
+#   ours-mb4         ours, 1 GPU, micro-batch 4, then a profile of 2 more steps (Kineto trace)
+#   attr-ours        the attribution of that trace (bench/attribute_profile.py)
+#   liger            HF + peft + bnb + autocast + Liger: mb 4 (then profiled), mb 1, mb 4 without
+#                    checkpointing, in one process
+#   hf               HF + peft + bnb + autocast: mb 4, mb 1, in one process
+#   ours-mb1         ours, 1 GPU, micro-batch 1
+#   ours-2gpu        ours, 2 GPUs, ZeRO-2, micro-batch 4
+#   deepspeed        DeepSpeed ZeRO-2 + HF + peft + bnb + autocast + Liger, 2 GPUs, micro-batch 4
+#   ours-mb4-nockpt  ours, 1 GPU, micro-batch 4, no activation checkpointing
+#   attr-liger       the attribution of the Liger anchor's trace
+# Every measurement: BENCH_WARMUP (3) warm-up steps, then BENCH_WINDOWS (3) windows of
+# BENCH_WINDOW_STEPS (5) steps, tokens / wall time per window (bench/summarize.py and
+# bench/anchor_common.py say how). The whole run keeps within BENCH_BUDGET_S (560) seconds: a part
+# starts only if its estimate fits in what is left, and is stopped at what is left or at 2.5 times
+# its estimate + 30 s; a part that fails is logged and the next one runs. After every part, $OUT
+# holds everything so far:
+#   summary.md                 the table (ours against the best anchor per setting), the parts'
+#                              times and the attributions
+#   results.jsonl              one JSON line per measurement
+#   bench.log                  (written by run_on_gpu.sh) this script's console
+#   logs.tar.gz                every part's full output, ours' job files, events and worker logs
+#   trace-ours-mb4.json.gz     ours' profile (slimmed: no flow arrows, strides or dtypes)
+#   trace-liger-mb4.json.gz    the Liger anchor's profile
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+budget=${BENCH_BUDGET_S:-560}
+warmup=${BENCH_WARMUP:-3} windows=${BENCH_WINDOWS:-3} window_steps=${BENCH_WINDOW_STEPS:-5}
+parts=${BENCH_FAIR_PARTS:-"ours-mb4 attr-ours liger hf ours-mb1 ours-2gpu deepspeed ours-mb4-nockpt attr-liger"}
+# For a dry run on a machine without GPUs: BENCH_GPUS_1=none BENCH_MODEL_DIR=a-tiny-folder
+# BENCH_SEQ=128 BENCH_ANCHOR_ARGS="--device cpu --bf16-base --seq 128" (the real run sets none of these).
+gpus_1=${BENCH_GPUS_1:-0} gpus_2=${BENCH_GPUS_2:-0,1}
+read -r -a anchor_args <<< "${BENCH_ANCHOR_ARGS:-}"
+work=/tmp/fair
+logs=$work/logs
+rm -rf "$work" && mkdir -p "$logs"
+results=$OUT/results.jsonl
+parts_file=$work/parts.jsonl
+: > "$results"
+: > "$parts_file"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+ngpu=$(nvidia-smi -L | wc -l)
+t0=$SECONDS
+measure=(--warmup "$warmup" --windows "$windows" --window-steps "$window_steps")
+
+finish() {  # the summary and the logs as they are now
+  local attributions=()
+  for f in "$work"/attribution-*.md; do [ -f "$f" ] && attributions+=("$f"); done
+  python3 "$root/bench/fair_summary.py" "$results" --parts "$parts_file" --attribution "${attributions[@]}" \
+    --header "$(date -u +%Y-%m-%d), $(head -1 "$OUT/gpus.txt" 2>/dev/null) x$ngpu, binaries of $(cat "$root/.device-bundle/commit" 2>/dev/null || echo '?')" \
+    > "$OUT/summary.md" 2> "$logs/fair_summary.err"
+  local files=(logs parts.jsonl)
+  for f in "$work"/attribution-*.md; do [ -f "$f" ] && files+=("$(basename "$f")"); done
+  tar -C "$work" -czf "$OUT/logs.tar.gz" "${files[@]}" 2>/dev/null
+}
+
+# Ends what a part left on the GPUs (its own processes, by id: nothing else runs on this machine).
+reap() {
+  local pids
+  pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  for pid in $pids; do
+    [ "$pid" != "$$" ] && kill "$pid" 2>/dev/null && echo "   (ended leftover GPU process $pid)"
+  done
+  [ -n "$pids" ] && sleep 3
+  return 0
+}
+
+run_part() {  # NAME ESTIMATE_S COMMAND...   (output to $logs/NAME.log; JSON lines to results.jsonl)
+  local name=$1 estimate=$2
+  shift 2
+  local left=$((budget - (SECONDS - t0)))
+  if ((left < estimate)); then
+    echo "== $name: skipped (estimate ${estimate}s, ${left}s left of ${budget}s)"
+    echo "{\"part\": \"$name\", \"rc\": \"skipped\", \"note\": \"estimate ${estimate}s, ${left}s left\"}" >> "$parts_file"
+    return 0
+  fi
+  # A part that hangs may not take the others' time: at most 2.5 times its estimate + 30 s.
+  local limit=$((estimate * 5 / 2 + 30))
+  ((limit > left)) && limit=$left
+  echo "== $name: start at $((SECONDS - t0))s (estimate ${estimate}s, limit ${limit}s)"
+  local start=$SECONDS
+  # timeout signals its whole process group (the part's children too); functions run through bash.
+  timeout -k 20 "$limit" bash -c '"$@"' part "$@" > "$logs/$name.log" 2>&1
+  local rc=$?
+  local took=$((SECONDS - start))
+  grep -E '^\{' "$logs/$name.log" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError:
+        continue
+    r["part"] = sys.argv[1]
+    print(json.dumps(r))' "$name" >> "$results"
+  grep -E '^\{|^# |^\| |profiler:|loaded .* in|Traceback|Error|error:|failed|skipped' "$logs/$name.log" | cut -c1-400 | tail -25
+  ((rc != 0)) && { echo "   (exit status $rc; last lines:)"; tail -8 "$logs/$name.log" | cut -c1-300; }
+  echo "== $name: exit status $rc in ${took}s (total $((SECONDS - t0))s)"
+  local note=""
+  ((rc == 124 || rc == 137)) && note="stopped at the time limit"
+  echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $took, \"note\": \"$note\"}" >> "$parts_file"
+  reap
+  finish
+}
+
+# ours: one job through the real service. ours_job LABEL GPUS MICRO_BATCH CHECKPOINTING [TRACE]
+ours_job() {
+  local label=$1 gpus=$2 mb=$3 ckpt=$4 trace=${5:-}
+  local steps=$((warmup + windows * window_steps))
+  local profile=()
+  if [ -n "$trace" ]; then
+    # one step to prepare the profiler, two profiled, one whose start stops it
+    profile=(BENCH_PROFILE_STEPS="$((steps + 1)):2" BENCH_PROFILE_OUT="$trace")
+    steps=$((steps + 4))
+  fi
+  env BENCH_WARMUP="$warmup" BENCH_WINDOWS="$windows" BENCH_WINDOW_STEPS="$window_steps" BENCH_CHECKPOINTING="$ckpt" \
+    BENCH_KEEP="$logs/$label" BENCH_LABEL="$label" "${profile[@]}" \
+    "$root/bench/run_service_bench.sh" "$model" "$work/bench.txt" "$gpus" "$mb" 2 "$steps"
+}
+
+attribute() {  # TRACE TITLE NAME
+  local trace=$1 title=$2 name=$3
+  [ -f "$trace" ] || { echo "no trace at $trace"; return 1; }
+  ls -la "$trace"
+  python3 "$root/bench/attribute_profile.py" "$trace" --config "$model" --title "$title" \
+    --json "$logs/attribution-$name.json" --slim "$OUT/trace-$name.json.gz" > "$work/attribution-$name.md" || return 1
+  cat "$work/attribution-$name.md"
+  local size
+  size=$(stat -c %s "$OUT/trace-$name.json.gz")
+  if ((size > 15 * 1024 * 1024)); then
+    echo "trace-$name.json.gz is $size bytes, over what comes back: left out"
+    rm -f "$OUT/trace-$name.json.gz"
+  fi
+}
+
+echo "== setup: $ngpu GPU(s); budget ${budget}s; parts: $parts"
+python3 -c '
+import importlib.metadata as m
+def v(n):
+    try:
+        return m.version(n)
+    except m.PackageNotFoundError:
+        return "MISSING"
+print("versions:", ", ".join(n + " " + v(n) for n in
+      ["torch", "transformers", "peft", "accelerate", "triton", "bitsandbytes", "liger-kernel"]))'
+if [ -d "$root/.device-wheels/ds" ]; then
+  timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/dssite \
+    "$root"/.device-wheels/ds/*.whl 2>&1 | tail -3
+fi
+# The 7B-shaped folder (13.5 GB of random bf16 weights) in memory when there is room.
+shm_free=$(df --output=avail -k /dev/shm 2>/dev/null | tail -1)
+model=/tmp/llama7b
+[ "${shm_free:-0}" -gt $((40 * 1024 * 1024)) ] && model=/dev/shm/llama7b
+model=${BENCH_MODEL_DIR:-$model}
+start=$SECONDS
+[ -f "$model/config.json" ] || timeout 240 python3 "$root/bench/make_llama_folder.py" "$model" 2>&1 | tail -2
+python3 "$root/bench/make_text_data.py" "$work/bench.txt" --lines 200
+echo "== setup: model folder $model made in $((SECONDS - start))s (total $((SECONDS - t0))s)"
+echo "{\"part\": \"setup\", \"rc\": 0, \"seconds\": $((SECONDS - t0)), \"note\": \"model folder in $model\"}" >> "$parts_file"
+finish
+
+export -f ours_job attribute
+export root work logs model warmup windows window_steps OUT
+for part in $parts; do
+  case $part in
+    ours-mb4) run_part ours-mb4 60 ours_job ours-mb4 "$gpus_1" 4 true "$work/trace-ours-mb4.json" ;;
+    attr-ours) run_part attr-ours 20 attribute "$work/trace-ours-mb4.json" \
+      "Profile of ours: 1 GPU, micro-batch 4, checkpointing, 2 steps" ours-mb4 ;;
+    liger) run_part liger 150 python3 "$root/bench/anchor_hf.py" "$model" --liger --micro-batches 4 1 \
+      --no-checkpointing-too "${measure[@]}" --profile-out "$work/trace-liger-mb4.json" --profile-micro-batch 4 \
+      --profile-steps 1 "${anchor_args[@]}" ;;
+    hf) run_part hf 90 python3 "$root/bench/anchor_hf.py" "$model" --micro-batches 4 1 "${measure[@]}" \
+      "${anchor_args[@]}" ;;
+    ours-mb1) run_part ours-mb1 40 ours_job ours-mb1 "$gpus_1" 1 true ;;
+    ours-2gpu) ((ngpu > 1)) && run_part ours-2gpu 55 ours_job ours-2gpu "$gpus_2" 4 true ;;
+    deepspeed) ((ngpu > 1)) && run_part deepspeed 80 env PYTHONPATH="/tmp/dssite:${PYTHONPATH:-}" \
+      PATH="/tmp/dssite/bin:$PATH" DS_BUILD_OPS=0 torchrun --nproc_per_node "$ngpu" \
+      "$root/bench/anchor_deepspeed.py" "$model" --micro-batch 4 --liger "${measure[@]}" ;;
+    ours-mb4-nockpt) run_part ours-mb4-nockpt 45 ours_job ours-mb4-nockpt "$gpus_1" 4 false ;;
+    attr-liger) run_part attr-liger 25 attribute "$work/trace-liger-mb4.json" \
+      "Profile of HF + peft + bnb + autocast + Liger: 1 GPU, micro-batch 4, checkpointing, 1 step" liger-mb4 ;;
+    *) echo "== $part: unknown part" ;;
+  esac
+done
+finish
+echo "== all parts done in $((SECONDS - t0))s"
+cat "$OUT/summary.md"

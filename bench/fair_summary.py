@@ -1,0 +1,143 @@
+"""The fair benchmark's summary (bench/fair_bench.sh): results.jsonl (one JSON line per
+measurement, ours from bench/summarize.py and the anchors from anchor_hf.py/anchor_deepspeed.py,
+each tagged with the part that made it) and parts.jsonl (each part's time and exit status) ->
+a markdown report with one table of every setting, ours against the best anchor of the same
+setting, then the profile attributions. Standard library only.
+  python3 bench/fair_summary.py RESULTS.jsonl --parts PARTS.jsonl [--attribution A.md ...]
+      [--header TEXT] > summary.md
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flops import PEAK_BF16_FLOPS, flops_per_token, load_config, utilisation  # noqa: E402
+
+METHOD = """\
+Each figure: after {warmup} warm-up steps, {windows} consecutive windows of {window_steps} optimizer
+steps; a window's rate is tokens trained per GPU in it / its wall time; the table gives the median
+window and the min-max of the windows (all windows of one process: the spread is step-to-step noise,
+not process-to-process). Ours: wall time from the service's progress events (steady clock of each
+worker, progress reporting included, data loading and host-to-device copies included); anchors:
+`time.perf_counter()` after `torch.cuda.synchronize()` at both ends of each window, batches
+pre-made on the GPU. Peak memory: the CUDA caching allocator's peak allocated / reserved bytes (ours:
+the worker's whole process, loading included; anchors: the training steps, after the model is set
+up). MFU / HFU: model FLOPs per token from the folder's config.json (bench/flops.py: forward +
+activation-gradient backward of the frozen base, LoRA forward + backward, attention as the full
+s x s square; HFU adds one forward of the decoder layers for full activation checkpointing) x
+tokens/s per GPU / {peak:.0f} TFLOP/s (dense bf16, H100/H200 SXM datasheet)."""
+
+
+def read_jsonl(path):
+    out = []
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        out.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass
+    return out
+
+
+def name_of(r):
+    if r.get("impl") == "ours":
+        return f"**ours** ({r.get('variant', '')})"
+    if r.get("impl") == "deepspeed":
+        return "DeepSpeed ZeRO-2 + HF + peft + bnb" + (" + autocast" if r.get("autocast") else "") + \
+            (" + Liger" if r.get("liger") else "")
+    base = "HF + peft + bnb" if "bitsandbytes" in r.get("anchor", "") else "HF + peft, bf16 base"
+    return base + (" + autocast" if r.get("autocast") else "") + (" + Liger" if r.get("liger") else "")
+
+
+def figures(r, flop_cache):
+    model = r.get("model")
+    mfu = hfu = None
+    if model and "tokens_per_s" in r:
+        key = (model, r.get("seq", 2048), r.get("lora_r", 16), r.get("checkpointing", True))
+        if key not in flop_cache:
+            try:
+                flop_cache[key] = flops_per_token(load_config(model), *key[1:])
+            except (OSError, KeyError, ValueError):
+                flop_cache[key] = None
+        if flop_cache[key]:
+            mfu, hfu = utilisation(r["tokens_per_s"], flop_cache[key])
+    return mfu, hfu
+
+
+def table(results):
+    flop_cache = {}
+    rows = [r for r in results if "tokens_per_s" in r and not r.get("error")]
+    settings = sorted({(r.get("gpus", 1), r.get("micro_batch"), bool(r.get("checkpointing", True))) for r in rows},
+                      key=lambda s: (s[0], not s[2], -s[1]))
+    lines = ["| setting | implementation | tokens/s per GPU: median (min-max) | step time | peak allocated "
+             "| peak reserved | MFU | HFU | vs best anchor |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for gpus, mb, ckpt in settings:
+        group = [r for r in rows if (r.get("gpus", 1), r.get("micro_batch"), bool(r.get("checkpointing", True)))
+                 == (gpus, mb, ckpt)]
+        anchors = [r for r in group if r.get("impl") != "ours"]
+        best = max(anchors, key=lambda r: r["tokens_per_s"]) if anchors else None
+        setting = f"{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {'checkpointing' if ckpt else 'no checkpointing'}"
+        for r in sorted(group, key=lambda r: (r.get("impl") != "ours", -r["tokens_per_s"])):
+            mfu, hfu = figures(r, flop_cache)
+            vs = ""
+            if best is not None:
+                vs = "best anchor" if r is best else f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}x"
+            lo, hi = r.get("tokens_per_s_min", r["tokens_per_s"]), r.get("tokens_per_s_max", r["tokens_per_s"])
+            lines.append(
+                f"| {setting} | {name_of(r)} | {r['tokens_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
+                f"{r.get('step_time_s', 0):.3f} s | {r.get('peak_allocated_gib', float('nan')):.2f} GiB | "
+                f"{r.get('peak_reserved_gib', float('nan')):.2f} GiB | "
+                f"{'' if mfu is None else f'{mfu:.1%}'} | {'' if hfu is None else f'{hfu:.1%}'} | {vs} |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("results")
+    p.add_argument("--parts")
+    p.add_argument("--attribution", nargs="*", default=[])
+    p.add_argument("--header", default="")
+    a = p.parse_args()
+    results = read_jsonl(a.results)
+    parts = read_jsonl(a.parts)
+    first = next((r for r in results if "window_steps" in r), {})
+    out = [f"# Fair benchmark: ours against the anchors at their best{(' - ' + a.header) if a.header else ''}", ""]
+    out.append(METHOD.format(warmup=first.get("warmup_steps", "?"), windows=first.get("windows", "?"),
+                             window_steps=first.get("window_steps", "?"), peak=PEAK_BF16_FLOPS / 1e12))
+    out += ["", table(results), ""]
+    ours = [r for r in results if r.get("impl") == "ours" and "mean_of_per_step_rates" in r]
+    if ours:
+        out += ["Ours, the mean of the per-step rates over the same steps (what the service's progress shows; "
+                "it leaves out the time between steps, where the progress is reported): " +
+                "; ".join(f"{r.get('label')} {r['mean_of_per_step_rates']:,.0f}" for r in ours) + ".", ""]
+    errors = [r for r in results if r.get("error")]
+    if errors:
+        out += ["Failed measurements:", ""]
+        out += [f"- {r.get('part')}: {name_of(r)}, mb {r.get('micro_batch')}: `{r['error']}`" for r in errors]
+        out.append("")
+    if parts:
+        out += ["| part | exit status | seconds | note |", "|---|---:|---:|---|"]
+        for q in parts:
+            out.append(f"| {q.get('part')} | {q.get('rc', '')} | {q.get('seconds', '')} | {q.get('note', '')} |")
+        out.append("")
+    versions = {}
+    for r in results:
+        for k, v in (r.get("versions") or {}).items():
+            if v:
+                versions[k] = v
+    if versions:
+        out += ["Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())), ""]
+    for path in a.attribution:
+        if os.path.exists(path):
+            with open(path) as f:
+                out += ["", f.read()]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Tests of the benchmark's analysis scripts, on fixtures made here (standard library only):
+bench/attribute_profile.py on a small Chrome trace shaped like Kineto's GPU traces (two CPU
+threads, correlation ids, two streams, a memcpy, idle gaps: every row known in advance),
+bench/summarize.py on progress events shaped like `qloractl watch -o json`, and bench/flops.py
+against the LLaMA-2-7B figures of shared/reference/peers.md.
+  python3 tests/bench/bench_scripts_test.py [SOURCE_DIR]
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SOURCE = os.path.abspath(sys.argv.pop(1)) if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else \
+    os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(SOURCE, "bench"))
+
+import attribute_profile  # noqa: E402
+import flops  # noqa: E402
+
+LLAMA_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "vocab_size": 32000}
+PID = 4242
+MAIN, AUTOGRAD = 1, 2
+
+
+def op(name, ts, dur, tid=MAIN, dims=None, cat="cpu_op"):
+    e = {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+    if dims:
+        e["args"]["Input Dims"] = dims
+    return e
+
+
+def launch(corr, ts, tid=MAIN, name="cudaLaunchKernel", cat="cuda_runtime"):
+    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": 2,
+            "args": {"correlation": corr}}
+
+
+def kernel(corr, name, ts, dur, stream=7, device=0, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "device": device, "stream": stream}}
+
+
+def gpu_trace():
+    """One step of 1000 us; the expected attribution is in AttributeProfileTest."""
+    base = [[8192, 4096], [4096, 4096]]
+    ev = [
+        op("qlora::step", 0, 1000, cat="user_annotation"),
+        op("qlora::forward", 0, 300, cat="user_annotation"),
+        op("aten::linear", 10, 40, dims=[[4, 2048, 4096], [4096, 4096]]),
+        op("aten::mm", 20, 20, dims=base), launch(1, 30),
+        op("aten::mm", 60, 20, dims=[[8192, 4096], [4096, 16]]), launch(2, 70),
+        op("aten::_scaled_dot_product_flash_attention", 100, 50, dims=[[4, 32, 2048, 128]]), launch(3, 110),
+        launch(4, 160),  # the dequantize kernel, launched outside any op
+        op("aten::rms_norm", 170, 20, dims=[[4, 2048, 4096], [4096]]), launch(5, 180),
+        op("qlora::loss", 300, 100, cat="user_annotation"),
+        op("aten::mm", 305, 20, dims=[[8192, 4096], [4096, 32000]]), launch(6, 310),
+        op("qlora::backward", 400, 400, cat="user_annotation"),
+        op("autograd::engine::evaluate_function: qlora::engine::CheckpointBackward", 410, 290, tid=AUTOGRAD),
+        op("qlora::engine::CheckpointBackward", 410, 290, tid=AUTOGRAD),
+        op("aten::mm", 420, 10, tid=AUTOGRAD, dims=base), launch(7, 425, tid=AUTOGRAD),
+        op("autograd::engine::evaluate_function: MmBackward0", 500, 100, tid=AUTOGRAD),
+        op("MmBackward0", 500, 100, tid=AUTOGRAD),
+        op("aten::mm", 540, 20, tid=AUTOGRAD, dims=base), launch(8, 550, tid=AUTOGRAD),
+        op("qlora::optimizer", 800, 100, cat="user_annotation"),
+        op("aten::lerp_", 805, 10, dims=[[1000], [1000]]), launch(9, 810),
+        launch(10, 820, name="cuLaunchKernelEx", cat="cuda_driver"),
+        launch(11, 950, name="cudaMemcpyAsync"),
+        # device 0
+        kernel(1, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 100, 100),
+        kernel(2, "nvjet_hsh_64x8_64x16_2x1_v_bz_coopA_NNT", 200, 10),
+        kernel(3, "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", 210, 50),
+        kernel(4, "void qlora::kernels::Dequantize4bitKernel<__nv_bfloat16>", 260, 20),
+        kernel(5, "void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, rms>", 280, 10),
+        kernel(6, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 350, 100),
+        kernel(7, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 450, 100),
+        kernel(8, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize128x128x64", 550, 100),
+        kernel(9, "void at::native::vectorized_elementwise_kernel<4, lerp_functor>", 820, 40),
+        kernel(10, "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 840, 60, stream=20),
+        kernel(11, "Memcpy DtoH (Device -> Pinned)", 950, 10, cat="gpu_memcpy"),
+        # device 1 holds less: not the one analysed
+        kernel(99, "sm90_xmma_gemm_other_device", 0, 5, device=1),
+    ]
+    return {"traceEvents": ev}
+
+
+class AttributeProfileTest(unittest.TestCase):
+    def setUp(self):
+        self.res = attribute_profile.analyse(gpu_trace()["traceEvents"], r=16, vocab=32000)
+
+    def test_every_row_of_the_known_trace(self):
+        c = self.res["categories"]
+        expected = {"base_gemm": 300, "lora_gemm": 10, "attention": 50, "dequant": 20, "ew_norm": 10, "loss": 100,
+                    "optimizer": 40, "collective": 40, "copies": 10, "idle": 420}
+        for key, us in expected.items():
+            self.assertAlmostEqual(c[key], us, places=6, msg=key)
+        for key, us in c.items():
+            if key not in expected:
+                self.assertEqual(us, 0, key)
+        self.assertAlmostEqual(sum(c.values()), 1000, places=6)
+        self.assertEqual(self.res["steps"], 1)
+        self.assertAlmostEqual(self.res["step_ms"], 1.0)
+        self.assertAlmostEqual(self.res["collectives_total_us"], 60)
+        self.assertEqual(self.res["mode"], "GPU 0")
+
+    def test_phases_by_launch_with_the_recompute_told_apart(self):
+        p = self.res["phases"]
+        self.assertAlmostEqual(p["forward"], 190)
+        self.assertAlmostEqual(p["loss"], 100)
+        self.assertAlmostEqual(p["recompute"], 100)
+        self.assertAlmostEqual(p["backward"], 100)
+        self.assertAlmostEqual(p["optimizer"], 80)  # AdamW and the exposed reduce-scatter
+        self.assertAlmostEqual(p["step (other)"], 10)
+
+    def test_report_and_command_line(self):
+        text = attribute_profile.report(self.res, "fixture")
+        self.assertIn("| base GEMMs | 0.3 | 30.0 | 3 |", text)
+        self.assertIn("| host gaps (GPU idle) | 0.4 | 42.0 |  |", text)
+        self.assertIn("| **step** | **1.0** | **100.0** |", text)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.json")
+            with open(path, "w") as f:
+                json.dump(gpu_trace(), f)
+            config = os.path.join(d, "config.json")
+            with open(config, "w") as f:
+                json.dump(LLAMA_7B, f)
+            out = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "attribute_profile.py"), path,
+                                  "--config", config, "--json", os.path.join(d, "a.json")],
+                                 capture_output=True, text=True, check=True).stdout
+            self.assertIn("| loss (incl. lm_head GEMMs) | 0.1 | 10.0 | 1 |", out)
+            with open(os.path.join(d, "a.json")) as f:
+                self.assertAlmostEqual(json.load(f)["categories"]["idle"], 420)
+
+    def test_a_trace_without_steps_is_read_whole(self):
+        ev = [e for e in gpu_trace()["traceEvents"] if not e["name"].startswith("qlora::")]
+        res = attribute_profile.analyse(ev, r=16, vocab=32000)
+        self.assertEqual(res["steps"], 1)
+        self.assertAlmostEqual(res["window_us"], 960 - 100)  # first to last GPU activity
+        self.assertAlmostEqual(res["phases"]["outside"], sum(v for k, v in res["categories"].items() if k != "idle"))
+
+
+def events(ranks, steps, step_s, mb=4, seq=2048):
+    """Progress events as `qloractl watch -o json` prints them (int64 fields as strings, zero
+    fields left out); rank r's steps take step_s[r] seconds each."""
+    lines = [{"job": {"state": "JOB_STATE_RUNNING"}, "event": {"state": "JOB_STATE_RUNNING"}}]
+    for s in range(1, steps + 1):
+        for r in range(ranks):
+            prog = {"step": str(s), "elapsedSeconds": 0, "elapsed_seconds": 2.0 + s * step_s[r],
+                    "tokens_per_second": mb * seq / step_s[r],
+                    "memory": {"device_peak_bytes": str((7 + r) * 2**30 + s), "device_reserved_peak_bytes": str(8 * 2**30)}}
+            if r:
+                prog["rank"] = r
+            lines.append({"job": {"state": "JOB_STATE_RUNNING"}, "event": {"progress": prog}})
+    lines.append({"job": {"state": "JOB_STATE_SUCCEEDED"}, "event": {"state": "JOB_STATE_SUCCEEDED"}})
+    return "\n".join(json.dumps(x) for x in lines) + "\n"
+
+
+class SummarizeTest(unittest.TestCase):
+    def run_summarize(self, text, *args):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "events.jsonl")
+            with open(path, "w") as f:
+                f.write(text)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(LLAMA_7B, f)
+            out = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "summarize.py"), path, "--model", d]
+                                 + list(args), capture_output=True, text=True, check=True)
+            return json.loads(out.stdout.splitlines()[0]), out.stderr
+
+    def test_windows_of_tokens_over_wall_time_with_mfu_from_the_config(self):
+        got, table = self.run_summarize(events(2, 20, [0.8, 0.8]), "--gpus", "0,1", "--micro-batch", "4",
+                                        "--warmup", "3", "--windows", "3", "--window-steps", "5")
+        self.assertEqual(got["state"], "JOB_STATE_SUCCEEDED")
+        self.assertAlmostEqual(got["tokens_per_s"], 4 * 2048 / 0.8, places=0)
+        self.assertEqual(len(got["window_tokens_per_s"]), 3)
+        self.assertAlmostEqual(got["step_time_s"], 0.8, places=4)
+        self.assertEqual(got["peak_allocated_gib_per_rank"], {"0": 7.0, "1": 8.0})
+        self.assertEqual(got["peak_allocated_gib"], 8.0)
+        self.assertEqual(got["peak_reserved_gib"], 8.0)
+        f = flops.flops_per_token(LLAMA_7B, 2048, 16, True)
+        self.assertAlmostEqual(got["mfu"], round(got["tokens_per_s"] * f["model"] / flops.PEAK_BF16_FLOPS, 4))
+        self.assertIn("| ours | 2 GPU | mb 4 | ZeRO-2 | 10,240 tok/s/GPU", table)
+
+    def test_the_rate_is_tokens_over_wall_time_not_a_mean_of_rates(self):
+        # A slow rank sets the pace of the windows; the per-step mean is shown beside it.
+        text = events(1, 9, [1.0])
+        lines = text.splitlines()
+        # step 5 takes 3 s instead of 1 (every later elapsed time moves by 2 s)
+        fixed = []
+        for line in lines:
+            m = json.loads(line)
+            prog = m["event"].get("progress")
+            if prog and int(prog["step"]) >= 5:
+                prog["elapsed_seconds"] += 2.0
+                if int(prog["step"]) == 5:
+                    prog["tokens_per_second"] = 4 * 2048 / 3.0
+            fixed.append(json.dumps(m))
+        got, _ = self.run_summarize("\n".join(fixed) + "\n", "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8")
+        self.assertAlmostEqual(got["tokens_per_s"], 8 * 4 * 2048 / 10.0, places=0)
+        self.assertAlmostEqual(got["mean_of_per_step_rates"], (7 * 8192 + 8192 / 3) / 8, places=0)
+
+    def test_a_missing_step_is_an_error(self):
+        text = "\n".join(line for line in events(1, 9, [1.0]).splitlines() if '"step": "6"' not in line) + "\n"
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "events.jsonl")
+            with open(path, "w") as f:
+                f.write(text)
+            run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "summarize.py"), path, "--warmup", "1",
+                                  "--windows", "1", "--window-steps", "5"], capture_output=True, text=True)
+            self.assertNotEqual(run.returncode, 0)
+            self.assertIn("no progress event at step", run.stderr)
+
+
+class FlopsTest(unittest.TestCase):
+    def test_llama_7b_matches_the_reference_figures(self):
+        f = flops.flops_per_token(LLAMA_7B, 2048, 16, True)
+        self.assertAlmostEqual(f["model"] / 1e9, 29.9, places=1)      # peers.md section 3, ~4N
+        self.assertAlmostEqual(f["hardware"] / 1e9, 44.0, places=1)   # with full recompute, ~6N
+        self.assertAlmostEqual(f["attention_forward"] / 1e9, 1.07, places=2)
+        self.assertAlmostEqual((f["n_layers"] + f["n_head"]) / 1e9, 6.61, places=2)
+        self.assertEqual(flops.flops_per_token(LLAMA_7B, 2048, 16, False)["hardware"], f["model"])
+
+    def test_grouped_query_attention_and_head_dim_follow_the_config(self):
+        gqa = dict(LLAMA_7B, num_key_value_heads=8)
+        a, b = flops.flops_per_token(LLAMA_7B, 2048), flops.flops_per_token(gqa, 2048)
+        self.assertEqual(a["n_layers"] - b["n_layers"], 32 * 2 * 4096 * (4096 - 1024))
+        self.assertEqual(a["attention_forward"], b["attention_forward"])
+
+
+if __name__ == "__main__":
+    unittest.main()
