@@ -4,6 +4,7 @@
 // zero_stage_policy.h, target_modules, features).
 #include "common/config/job_config_parser.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config/hf_model_path.h"
 #include "common/config/job_config_schema.h"
+#include "common/config/utf8_check.h"
 #include "common/config/yaml_map_reader.h"
 #include "common/config/zero_stage_policy.h"
 #include "common/status_macros.h"
@@ -320,6 +322,9 @@ std::string JobNameProblem(const std::string& name) {
   if (name.size() > kMaxNameBytes) {
     return absl::StrCat("at most ", kMaxNameBytes, " bytes, got ", name.size());
   }
+  if (const size_t bad = config_internal::FirstInvalidUtf8(name); bad != std::string::npos) {
+    return absl::StrCat("not valid UTF-8 at byte ", bad);
+  }
   for (size_t i = 0; i < name.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(name[i]);
     const bool c1 = c == 0xC2 && i + 1 < name.size() &&
@@ -549,6 +554,11 @@ absl::StatusOr<YAML::Node> LoadSingleDocument(const ErrorSite& site, const std::
     return site.Error(0, "", absl::StrCat("the job file is ", text.size(),
                                           " bytes, more than the limit of ", max_bytes));
   }
+  if (const size_t bad = config_internal::FirstInvalidUtf8(text); bad != std::string::npos) {
+    const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + bad, '\n'));
+    return site.Error(line, "", absl::StrCat("not valid UTF-8 (byte ", bad,
+                                             "); a job file must be UTF-8 text"));
+  }
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);
@@ -614,6 +624,15 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   if (!options.dataset_override.empty()) c.data.train_path = options.dataset_override;
   if (!options.validation_dataset_override.empty()) {
     c.data.validation_path = options.validation_dataset_override;
+  }
+  // The resolved copy is YAML, which holds UTF-8 only: a path that is not could not be stored.
+  for (const auto& [given, what] : {std::pair{&options.dataset_override, "--dataset"},
+                                    std::pair{&options.validation_dataset_override,
+                                              "--validation-dataset"},
+                                    std::pair{&options.base_dir, "the client's folder"}}) {
+    if (config_internal::FirstInvalidUtf8(*given) != std::string::npos) {
+      return site->Error(0, "", absl::StrCat(what, " is not a valid UTF-8 path"));
+    }
   }
   if (c.data.train_path.empty()) {
     return site->ErrorAt("dataset", "no training data: set `dataset:` in the job file or pass "
