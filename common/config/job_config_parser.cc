@@ -20,6 +20,7 @@
 #include "common/config/hf_model_path.h"
 #include "common/config/job_config_schema.h"
 #include "common/config/utf8_check.h"
+#include "common/config/yaml_stream_shape.h"
 #include "common/config/yaml_map_reader.h"
 #include "common/config/zero_stage_policy.h"
 #include "common/status_macros.h"
@@ -559,9 +560,19 @@ absl::StatusOr<YAML::Node> LoadSingleDocument(const ErrorSite& site, const std::
     return site.Error(line, "", absl::StrCat("not valid UTF-8 (byte ", bad,
                                              "); a job file must be UTF-8 text"));
   }
-  std::vector<YAML::Node> documents;
+  YAML::Node document;
   try {
-    documents = YAML::LoadAll(text);
+    // Not YAML::LoadAll: it never returns on some invalid files (yaml_stream_shape.h).
+    const config_internal::YamlStreamShape shape = config_internal::ScanYamlStream(text);
+    if (shape.stuck_line > 0) {
+      return site.Error(shape.stuck_line, "", "not valid YAML: no node can start here");
+    }
+    if (shape.documents > 1) {
+      return site.Error(shape.second_document_line, "",
+                        absl::StrCat("holds ", shape.documents, " YAML documents; a job file "
+                                     "holds one"));
+    }
+    document = YAML::Load(text);
   } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's guard against stack exhaustion
     return site.Error(e.mark.line + 1, "",
                       absl::StrCat("not valid YAML: nested more than ", e.depth() - 1,
@@ -570,20 +581,13 @@ absl::StatusOr<YAML::Node> LoadSingleDocument(const ErrorSite& site, const std::
     const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
     return site.Error(line, "", absl::StrCat("not valid YAML: ", e.msg));
   }
-  if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
-    return site.Error(0, "", "the job file is empty");
-  }
-  if (documents.size() > 1) {
-    return site.Error(LineOf(documents[1]), "",
-                      absl::StrCat("holds ", documents.size(), " YAML documents; a job file "
-                                   "holds one"));
-  }
-  if (!documents[0].IsMap()) {
-    return site.Error(LineOf(documents[0]), "",
+  if (document.IsNull()) return site.Error(0, "", "the job file is empty");
+  if (!document.IsMap()) {
+    return site.Error(LineOf(document), "",
                       absl::StrCat("the job file must be a mapping of fields (key: value) at "
-                                   "the top level, got ", Describe(documents[0])));
+                                   "the top level, got ", Describe(document)));
   }
-  return documents[0];
+  return document;
 }
 
 absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,

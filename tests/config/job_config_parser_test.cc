@@ -101,6 +101,18 @@ TEST(ConfigParserTest, JobFilesNamesAndPathsMustBeUtf8) {
   EXPECT_FALSE(ParseJobConfig(base, options).ok());
 }
 
+// Found by tests/fuzz/job_config_fuzzer: on these, yaml-cpp's LoadAll never returned and grew
+// without bound (a coordinator could be taken down by one SubmitJob).
+TEST(ConfigParserTest, StreamsThatStallTheYamlParserAreRefused) {
+  for (const std::string& bad : {std::string(","), std::string(", a"),
+                                 std::string("# c\x00\x00m:$ll:\n,   s: d\n", 21),
+                                 std::string("base_model: m\n--- ,\n")}) {
+    absl::StatusOr<JobConfig> c = ParseNoPaths(bad);
+    ASSERT_FALSE(c.ok()) << absl::CHexEscape(bad);
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("not valid YAML")) << c.status();
+  }
+}
+
 TEST(ConfigParserTest, DefaultsAreResolved) {
   const JobConfig c = ParseOk("base_model: org/model\nadapter: {type: lora}\n");
   EXPECT_EQ(c.name, "");
