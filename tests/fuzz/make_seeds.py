@@ -183,8 +183,9 @@ def message(*fields):
     return b"".join(field(n, v) for n, v in fields)
 
 
-SUBMIT, VALIDATE, GET, LIST, CANCEL, REGISTER, NCCL, HEARTBEAT, PROGRESS, COMPLETION, STORE = range(11)
-STORE_GET = STORE | 0x80
+# The selector (first byte) modulo 12 picks the RPC (rpc_handlers_fuzzer.cc: Dispatch).
+(SUBMIT, VALIDATE, GET, LIST, CANCEL, REGISTER, NCCL, HEARTBEAT, PROGRESS, COMPLETION, STORE,
+ STORE_GET) = range(12)
 
 
 def call(selector, body):
@@ -197,6 +198,9 @@ adapter: {{type: lora}}
 backend: {{type: local, trainer: {{num_workers: {workers}}}}}
 trainer: {{batch_size: 1, epochs: 1}}
 """
+
+
+GENERATION = 1700000000 * 1000000  # rpc_fuzz_env.h: kFuzzGeneration
 
 
 def rpc_files():
@@ -219,8 +223,8 @@ def rpc_files():
         call(REGISTER, message((1, "job-000001"), (2, "@0"), (3, 0), (4, 1000))),
         call(REGISTER, message((1, "job-000001"), (2, "@1"), (3, 1), (4, 1001))),
         call(NCCL, message((1, "job-000001"), (2, "@0"), (3, b"\x01" * 128))),
-        call(STORE, message((1, "job-000001"), (2, "@0"), (3, 1), (4, "key"), (5, b"value"))),
-        call(STORE_GET, message((1, "job-000001"), (2, "@1"), (3, 1), (4, "key"), (5, 1))),
+        call(STORE, message((1, "job-000001"), (2, "@0"), (3, GENERATION), (4, "key"), (5, b"v"))),
+        call(STORE_GET, message((1, "job-000001"), (2, "@1"), (3, GENERATION), (4, "key"), (5, 1))),
         call(COMPLETION, message((1, "job-000001"), (2, "@1"), (3, 1), (4, False), (5, "boom"))),
         call(CANCEL, message((1, "job-000001"))),
     ]))

@@ -83,6 +83,7 @@ RpcFuzzEnv::RpcFuzzEnv() {
   options.worker_binary = "/nonexistent/qlora-worker";  // never run: the launcher only records
   options.cpu_workers = 2;
   options.max_queued_jobs = 4;
+  options.now = [] { return absl::FromUnixSeconds(kFuzzClockUnixSeconds); };
   manager_ = std::make_unique<coordinator::JobManager>(options, store_.get(), &launcher_);
   if (absl::Status loaded = manager_->Load(); !loaded.ok()) HarnessBroken(loaded.ToString());
   manager_->SetCoordinatorAddress("127.0.0.1:1");

@@ -1,6 +1,8 @@
 // The world the RPC fuzz target calls into, fresh for every input: a real JobManager on a real
 // SQLite JobStore in a new temporary state folder, a launcher that records each launch (and its
 // startup token) but never spawns anything, and the gRPC services over them, called directly.
+// The manager's clock stands still at kFuzzClock, so an input replays the same way, and a job's
+// rendezvous generation (its start time in microseconds) is kFuzzGeneration.
 //
 // MakeServices and MakeServerContext are the one place that builds the services and the
 // per-call contexts: when the handlers start authenticating their callers, adapt them there
@@ -8,6 +10,7 @@
 // authentication off, the default, every caller is allowed.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +27,9 @@
 #include "tests/util/temp_dir.h"
 
 namespace qlora::fuzz {
+
+inline constexpr int64_t kFuzzClockUnixSeconds = 1700000000;
+inline constexpr int64_t kFuzzGeneration = kFuzzClockUnixSeconds * 1000000;
 
 // Records launches; a launched "worker" runs until it is sent SIGKILL.
 class RecordingLauncher : public coordinator::ProcessLauncher {

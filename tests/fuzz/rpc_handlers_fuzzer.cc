@@ -1,7 +1,7 @@
 // Fuzz target: the coordinator's RPC handlers (JobService and WorkerService), called directly on
 // a fresh coordinator per input (rpc_fuzz_env.h). The input is up to 8 calls, each
 // [selector byte][length: 2 bytes little-endian][that many bytes: the serialized request]; the
-// selector picks the RPC. After each call the manager runs one scheduling pass, so submitted
+// selector (modulo 12) picks the RPC. After each call the manager runs one scheduling pass, so submitted
 // jobs start (their workers only recorded) and worker calls reach running jobs.
 // Fix-ups that keep the fuzzer inside its folder and its time:
 //  - a submission without base_dir gets the environment's folder (model/, train.jsonl, ... there);
@@ -75,7 +75,7 @@ void Dispatch(RpcFuzzEnv& env, uint8_t selector, const std::string& bytes) {
   JobServiceImpl* jobs = env.services().jobs.get();
   WorkerServiceImpl* workers = env.services().workers.get();
   auto token = [&env](auto* request) { FixToken(env, request); };
-  switch (selector % 11) {
+  switch (selector % 12) {
     case 0: return Submit(env, bytes);
     case 1:
       return Call(bytes, jobs, &JobServiceImpl::ValidateJob, [&env](v1::SubmitJobRequest* r) {
@@ -89,14 +89,12 @@ void Dispatch(RpcFuzzEnv& env, uint8_t selector, const std::string& bytes) {
     case 7: return Call(bytes, workers, &WorkerServiceImpl::Heartbeat, token);
     case 8: return Call(bytes, workers, &WorkerServiceImpl::ReportProgress, token);
     case 9: return Call(bytes, workers, &WorkerServiceImpl::ReportCompletion, token);
+    case 10: return Call(bytes, workers, &WorkerServiceImpl::StoreSet, token);
     default:
-      if (selector & 0x80) {
-        return Call(bytes, workers, &WorkerServiceImpl::StoreGet, [&env](v1::StoreGetRequest* r) {
-          FixToken(env, r);
-          if (r->timeout_ms() > 5) r->set_timeout_ms(5);
-        });
-      }
-      return Call(bytes, workers, &WorkerServiceImpl::StoreSet, token);
+      return Call(bytes, workers, &WorkerServiceImpl::StoreGet, [&env](v1::StoreGetRequest* r) {
+        FixToken(env, r);
+        if (r->timeout_ms() > 5) r->set_timeout_ms(5);
+      });
   }
 }
 
