@@ -1,7 +1,7 @@
 # Finds every third-party dependency once and exposes it as an imported target:
 #   gRPC::grpc++ protobuf::libprotobuf absl::* yaml-cpp SQLite::SQLite3 GTest::gtest gloo
 #   nlohmann_json::nlohmann_json, torch (LibTorch from the pinned wheel, see scripts/setup.sh),
-#   and CUDA when QLORA_CUDA allows it.
+#   and CUDA when QLORA_CUDA allows it. QLORA_TORCH_FREE_ONLY needs neither Gloo, CUDA nor torch.
 if(QLORA_DEPS_PREFIX)
   list(PREPEND CMAKE_PREFIX_PATH "${QLORA_DEPS_PREFIX}")
 endif()
@@ -13,14 +13,19 @@ find_package(absl CONFIG REQUIRED)
 find_package(yaml-cpp CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
-find_package(Gloo CONFIG REQUIRED)
 find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin HINTS "${QLORA_DEPS_PREFIX}/bin" REQUIRED)
 if(QLORA_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()
 
-# CUDA: decided before Torch so that Torch's own CUDA detection agrees with ours.
 set(QLORA_HAVE_CUDA OFF)
+if(QLORA_TORCH_FREE_ONLY)
+  message(STATUS "qlora: torch-free build (no Gloo, CUDA or LibTorch)")
+  return()
+endif()
+find_package(Gloo CONFIG REQUIRED)
+
+# CUDA: decided before Torch so that Torch's own CUDA detection agrees with ours.
 if(NOT QLORA_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)

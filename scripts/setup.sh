@@ -16,7 +16,11 @@ mkdir -p "$CACHE"
 debian_packages=(build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev libgloo-dev
-  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libssl-dev openssl unzip python3-venv python3-pip)
+  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libssl-dev openssl unzip python3-venv python3-pip
+  clang libclang-rt-14-dev llvm)
+# clang, libclang-rt-14-dev (the ASan/UBSan/libFuzzer runtimes; only a recommendation of clang,
+# so named here) and llvm (llvm-symbolizer, for readable sanitizer stacks): the sanitizer build
+# and the fuzz targets of scripts/fuzz_and_sanitize.sh.
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@
 // zero_stage_policy.h, target_modules, features).
 #include "common/config/job_config_parser.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -18,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "common/config/hf_model_path.h"
 #include "common/config/job_config_schema.h"
+#include "common/config/utf8_check.h"
+#include "common/config/yaml_stream_shape.h"
 #include "common/config/yaml_map_reader.h"
 #include "common/config/zero_stage_policy.h"
 #include "common/status_macros.h"
@@ -320,6 +323,9 @@ std::string JobNameProblem(const std::string& name) {
   if (name.size() > kMaxNameBytes) {
     return absl::StrCat("at most ", kMaxNameBytes, " bytes, got ", name.size());
   }
+  if (const size_t bad = config_internal::FirstInvalidUtf8(name); bad != std::string::npos) {
+    return absl::StrCat("not valid UTF-8 at byte ", bad);
+  }
   for (size_t i = 0; i < name.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(name[i]);
     const bool c1 = c == 0xC2 && i + 1 < name.size() &&
@@ -551,9 +557,24 @@ absl::StatusOr<YAML::Node> LoadSingleDocument(const ErrorSite& site, const std::
     return site.Error(0, "", absl::StrCat("the job file is ", text.size(),
                                           " bytes, more than the limit of ", max_bytes));
   }
-  std::vector<YAML::Node> documents;
+  if (const size_t bad = config_internal::FirstInvalidUtf8(text); bad != std::string::npos) {
+    const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + bad, '\n'));
+    return site.Error(line, "", absl::StrCat("not valid UTF-8 (byte ", bad,
+                                             "); a job file must be UTF-8 text"));
+  }
+  YAML::Node document;
   try {
-    documents = YAML::LoadAll(text);
+    // Not YAML::LoadAll: it never returns on some invalid files (yaml_stream_shape.h).
+    const config_internal::YamlStreamShape shape = config_internal::ScanYamlStream(text);
+    if (shape.stuck_line > 0) {
+      return site.Error(shape.stuck_line, "", "not valid YAML: no node can start here");
+    }
+    if (shape.documents > 1) {
+      return site.Error(shape.second_document_line, "",
+                        absl::StrCat("holds ", shape.documents, " YAML documents; a job file "
+                                     "holds one"));
+    }
+    document = YAML::Load(text);
   } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's guard against stack exhaustion
     return site.Error(e.mark.line + 1, "",
                       absl::StrCat("not valid YAML: nested more than ", e.depth() - 1,
@@ -562,20 +583,13 @@ absl::StatusOr<YAML::Node> LoadSingleDocument(const ErrorSite& site, const std::
     const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
     return site.Error(line, "", absl::StrCat("not valid YAML: ", e.msg));
   }
-  if (documents.empty() || (documents.size() == 1 && documents[0].IsNull())) {
-    return site.Error(0, "", "the job file is empty");
-  }
-  if (documents.size() > 1) {
-    return site.Error(LineOf(documents[1]), "",
-                      absl::StrCat("holds ", documents.size(), " YAML documents; a job file "
-                                   "holds one"));
-  }
-  if (!documents[0].IsMap()) {
-    return site.Error(LineOf(documents[0]), "",
+  if (document.IsNull()) return site.Error(0, "", "the job file is empty");
+  if (!document.IsMap()) {
+    return site.Error(LineOf(document), "",
                       absl::StrCat("the job file must be a mapping of fields (key: value) at "
-                                   "the top level, got ", Describe(documents[0])));
+                                   "the top level, got ", Describe(document)));
   }
-  return documents[0];
+  return document;
 }
 
 absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
@@ -616,6 +630,15 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   if (!options.dataset_override.empty()) c.data.train_path = options.dataset_override;
   if (!options.validation_dataset_override.empty()) {
     c.data.validation_path = options.validation_dataset_override;
+  }
+  // The resolved copy is YAML, which holds UTF-8 only: a path that is not could not be stored.
+  for (const auto& [given, what] : {std::pair{&options.dataset_override, "--dataset"},
+                                    std::pair{&options.validation_dataset_override,
+                                              "--validation-dataset"},
+                                    std::pair{&options.base_dir, "the client's folder"}}) {
+    if (config_internal::FirstInvalidUtf8(*given) != std::string::npos) {
+      return site->Error(0, "", absl::StrCat(what, " is not a valid UTF-8 path"));
+    }
   }
   if (c.data.train_path.empty()) {
     return site->ErrorAt("dataset", "no training data: set `dataset:` in the job file or pass "

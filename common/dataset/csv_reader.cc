@@ -36,13 +36,16 @@ bool ParseCsvRecord(ByteRangeFile& file, int64_t max_bytes, CsvRecord* out) {
     if (c == '\n') ++out->newlines;
     if (c != '\r' && c != '\n') out->blank = false;
     out->violation |= step.violation;
-    if (step.append && ++bytes <= max_bytes) field.push_back(static_cast<char>(c));
+    // Delimiters and quotes count toward max_bytes as well as content: a run of empty fields
+    // (",,,,") grew the field list without bound before (found by review while fuzzing).
+    if (step.append || c == ',' || c == '"') ++bytes;
+    if (step.append && bytes <= max_bytes) field.push_back(static_cast<char>(c));
     if (step.field_end) {
       // A CRLF line end after an unquoted field leaves its '\r' in the field: drop it.
       if (step.record_end && state == CsvState::kUnquoted && !field.empty() &&
           field.back() == '\r')
         field.pop_back();
-      out->fields.push_back(std::move(field));
+      if (bytes <= max_bytes) out->fields.push_back(std::move(field));
       field.clear();
     }
     state = step.next;
@@ -51,7 +54,7 @@ bool ParseCsvRecord(ByteRangeFile& file, int64_t max_bytes, CsvRecord* out) {
   if (c < 0) {  // end of the shard without a line end
     out->unterminated = state == CsvState::kQuoted;
     if (state == CsvState::kUnquoted && !field.empty() && field.back() == '\r') field.pop_back();
-    out->fields.push_back(std::move(field));
+    if (bytes <= max_bytes) out->fields.push_back(std::move(field));
   }
   out->too_long = bytes > max_bytes;
   if (out->blank && out->fields.size() == 1 && out->fields[0].empty()) out->fields.clear();
@@ -82,7 +85,8 @@ class CsvReader : public RecordReader {
         return false;
       }
       lines_ += parsed_.newlines;
-      if (parsed_.fields.empty() && !parsed_.violation) continue;  // blank line
+      // A blank line; not an over-long record, whose fields were not kept.
+      if (parsed_.fields.empty() && !parsed_.violation && !parsed_.too_long) continue;
       break;
     }
     record->fields.clear();

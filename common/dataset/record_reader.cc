@@ -2,6 +2,7 @@
 #include "common/dataset/record_reader.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,25 @@ namespace {
 void StripLineEnd(std::string* line) {
   if (!line->empty() && line->back() == '\n') line->pop_back();
   if (!line->empty() && line->back() == '\r') line->pop_back();
+}
+
+// How deep a JSON Lines value may nest. A non-string value is kept as its JSON text, and
+// nlohmann's dump() recurses once per level: a 1 MB record of nested brackets overflowed the
+// stack (found with tests/fuzz/record_reader_fuzzer).
+constexpr int kMaxJsonDepth = 128;
+
+// Whether `value` nests arrays and objects more than `limit` levels deep; walks it without
+// recursion.
+bool NestedDeeperThan(const nlohmann::ordered_json& value, int limit) {
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> stack = {{&value, 1}};
+  while (!stack.empty()) {
+    const auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (!node->is_structured()) continue;
+    if (depth > limit) return true;
+    for (const nlohmann::ordered_json& child : *node) stack.emplace_back(&child, depth + 1);
+  }
+  return false;
 }
 
 // Reads physical lines; shared by the JSON Lines and text readers.
@@ -85,6 +105,11 @@ class JsonlReader : public LineReader {
       return;
     }
     for (auto& [key, item] : value.items()) {
+      if (item.is_structured() && NestedDeeperThan(item, kMaxJsonDepth - 1)) {
+        record->fields.clear();
+        *reason = absl::StrCat("JSON nested more than ", kMaxJsonDepth, " levels deep");
+        return;
+      }
       if (item.is_string()) {
         record->fields.emplace_back(key, item.get_ref<const std::string&>());
       } else if (item.is_null()) {

@@ -85,11 +85,14 @@ absl::StatusOr<TensorInfo> ParseTensorInfo(const std::string& name, const Json& 
   if (!entry.contains("shape") || !entry["shape"].is_array()) {
     return Invalid(file, absl::StrCat(where, " has no shape array"));
   }
+  // numel x bits must fit in 64 bits: a product that wrapped around could match a short byte
+  // range, and readers trust the shape.
+  const uint64_t dtype_bits = static_cast<uint64_t>(DtypeBits(info.dtype));
   uint64_t numel = 1;
   for (const Json& dim : entry["shape"]) {
     QLORA_ASSIGN_OR_RETURN(uint64_t d, ReadUint(dim, file, absl::StrCat(where, " shape entry")));
     if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        (d != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / d)) {
+        (d != 0 && numel > std::numeric_limits<uint64_t>::max() / dtype_bits / d)) {
       return Invalid(file, absl::StrCat(where, " shape overflows"));
     }
     numel *= d;
@@ -104,7 +107,7 @@ absl::StatusOr<TensorInfo> ParseTensorInfo(const std::string& name, const Json& 
   QLORA_ASSIGN_OR_RETURN(info.end, ReadUint((*offsets)[1], file, where + " end offset"));
   if (info.end < info.begin) return Invalid(file, absl::StrCat(where, " ends before it begins"));
 
-  const uint64_t bits = numel * DtypeBits(info.dtype);
+  const uint64_t bits = numel * dtype_bits;
   if (bits % 8 != 0) {
     return Invalid(file, absl::StrCat(where, " is not a whole number of bytes"));
   }

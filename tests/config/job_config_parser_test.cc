@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -70,6 +71,46 @@ TEST(ConfigParserTest, JobNamesArePrintable) {
   options.dataset_override = "train.jsonl";
   options.name_override = "from\x1b[31mthe CLI";
   EXPECT_FALSE(ParseJobConfig(base, options).ok()) << "the --name override is checked too";
+}
+
+// Found by tests/fuzz/job_config_fuzzer: yaml-cpp passed invalid UTF-8 through and its emitter
+// wrote U+FFFD instead, so the stored resolved copy differed from the validated file.
+TEST(ConfigParserTest, JobFilesNamesAndPathsMustBeUtf8) {
+  const std::string base = "base_model: /m\nadapter: {type: lora}\n";
+  EXPECT_TRUE(ParseNoPaths(base + "input_features: [{name: \"\xc3\xa9\xe6\x97\xa5\xf0\x9f\x99\x82\"}]\n").ok());
+  for (const std::string& bad : {std::string("\xff"), std::string("\xc0\xaf"),
+                                 std::string("\xed\xa0\x80"), std::string("\xf4\x90\x80\x80"),
+                                 std::string("\xe6\x97")}) {
+    absl::StatusOr<JobConfig> c = ParseNoPaths(base + "input_features: [{name: x" + bad + "}]\n");
+    ASSERT_FALSE(c.ok()) << absl::CHexEscape(bad);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("job.yaml:3: not valid UTF-8"));
+  }
+  ParseOptions options;
+  options.check_paths = false;
+  options.dataset_override = "train.jsonl";
+  options.name_override = "run\xff";
+  EXPECT_THAT(std::string(ParseJobConfig(base, options).status().message()),
+              HasSubstr("name: not valid UTF-8"));
+  options.name_override = "";
+  options.dataset_override = "/data/tr\xe4in.jsonl";  // Latin-1, not UTF-8
+  EXPECT_THAT(std::string(ParseJobConfig(base, options).status().message()),
+              HasSubstr("--dataset is not a valid UTF-8 path"));
+  options.dataset_override = "train.jsonl";
+  options.base_dir = "/home/\xe4";
+  EXPECT_FALSE(ParseJobConfig(base, options).ok());
+}
+
+// Found by tests/fuzz/job_config_fuzzer: on these, yaml-cpp's LoadAll never returned and grew
+// without bound (a coordinator could be taken down by one SubmitJob).
+TEST(ConfigParserTest, StreamsThatStallTheYamlParserAreRefused) {
+  for (const std::string& bad : {std::string(","), std::string(", a"),
+                                 std::string("# c\x00\x00m:$ll:\n,   s: d\n", 21),
+                                 std::string("base_model: m\n--- ,\n")}) {
+    absl::StatusOr<JobConfig> c = ParseNoPaths(bad);
+    ASSERT_FALSE(c.ok()) << absl::CHexEscape(bad);
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("not valid YAML")) << c.status();
+  }
 }
 
 TEST(ConfigParserTest, DefaultsAreResolved) {

@@ -331,5 +331,37 @@ TEST(DataMalformedTest, CsvErrorsCarryFileLinesEvenInLaterShards) {
   EXPECT_THAT(messages[2], HasSubstr("unterminated"));
 }
 
+// Both found while fuzzing the readers (tests/fuzz/record_reader_fuzzer): a deeply nested JSON
+// value overflowed the stack when kept as JSON text, and a CSV record of empty fields grew its
+// field list past max_record_bytes.
+TEST(DataMalformedTest, DeepJsonAndManyEmptyCsvFieldsAreMalformedNotFatal) {
+  TempDir dir;
+  const std::string jsonl = dir.path() + "/deep.jsonl";
+  const int depth = 200000;
+  WriteFile(jsonl, absl::StrCat("{\"a\": \"1\"}\n{\"a\": ", std::string(depth, '['),
+                                std::string(depth, ']'), "}\n{\"a\": [[[1]]]}\n"));
+  int64_t malformed = 0;
+  std::vector<std::string> messages;
+  auto records = ReadAll(jsonl, DataFormat::kJsonl, true, &malformed, &messages);
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 2u);
+  EXPECT_EQ(*(*records)[1].Find("a"), "[[[1]]]");
+  EXPECT_EQ(malformed, 1);
+  ASSERT_EQ(messages.size(), 1u);
+  EXPECT_THAT(messages[0], HasSubstr(":2: malformed jsonl record: JSON nested more than 128"));
+
+  const std::string csv = dir.path() + "/commas.csv";
+  WriteFile(csv, absl::StrCat("a,b\n1,2\n", std::string((1 << 20) + 10, ','), "\n3,4\n\"",
+                              std::string((1 << 20) + 10, 'x'), "\"\n5,6\n"));
+  messages.clear();
+  auto rows = ReadAll(csv, DataFormat::kCsv, true, &malformed, &messages);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->size(), 3u);
+  EXPECT_EQ(malformed, 2);  // the second: one over-long field, none kept, is not a blank line
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_THAT(messages[0], HasSubstr(":3: malformed csv record: record longer than"));
+  EXPECT_THAT(messages[1], HasSubstr(":5: malformed csv record: record longer than"));
+}
+
 }  // namespace
 }  // namespace qlora::data

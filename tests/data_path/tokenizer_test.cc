@@ -133,5 +133,45 @@ TEST(DataTokenizerLoadTest, UnsupportedTokenizerJsonIsRefusedClearly) {
   EXPECT_NE(std::string(tokenizer.status().message()).find("Metaspace"), std::string::npos);
 }
 
+// Found by tests/fuzz/tokenizer_json_fuzzer and review: a float id was converted with undefined
+// behaviour, one large id allocated a vector of that many strings, and a post-processor could
+// name an id outside the vocabulary as BOS/EOS.
+TEST(DataTokenizerLoadTest, TokenIdsAreCheckedAndMayBeSparse) {
+  const std::string head = R"({"normalizer": null, "pre_tokenizer": {"type": "ByteLevel"},)";
+  struct Case {
+    std::string json;
+    std::string message;  // "" = loads
+  };
+  const std::vector<Case> cases = {
+      {head + R"("model": {"type": "BPE", "vocab": {"a": 1e30}, "merges": []}})", "has id 1e+30"},
+      {head + R"("model": {"type": "BPE", "vocab": {"a": -1}, "merges": []}})", "has id -1"},
+      {head + R"("model": {"type": "BPE", "vocab": {"a": "0"}, "merges": []}})", "has id string"},
+      {head + R"("added_tokens": [{"id": 2.5, "content": "<x>"}],
+                 "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})", "added token '<x>'"},
+      {head + R"("post_processor": {"type": "TemplateProcessing",
+                   "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}],
+                   "special_tokens": {"<s>": {"id": "<s>", "ids": [7]}}},
+                 "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})",
+       "outside the vocabulary"},
+      {head + R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 2000000000}, "merges": []}})", ""},
+  };
+  for (const Case& c : cases) {
+    TempDir dir;
+    WriteFile(dir.path() + "/tokenizer.json", c.json);
+    auto tokenizer = LoadTokenizer(dir.path());
+    if (c.message.empty()) {
+      ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+      EXPECT_EQ((*tokenizer)->vocab_size(), 2000000001);  // sparse ids, no dense table
+      EXPECT_EQ(*(*tokenizer)->Decode({0, 1999999999, 2000000000}), "ab");
+      EXPECT_FALSE((*tokenizer)->Decode({2000000001}).ok());
+      continue;
+    }
+    ASSERT_FALSE(tokenizer.ok()) << c.json;
+    EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(tokenizer.status().message()).find(c.message), std::string::npos)
+        << tokenizer.status() << " (wanted: " << c.message << ")";
+  }
+}
+
 }  // namespace
 }  // namespace qlora::data

@@ -122,6 +122,10 @@ TEST(EngineSafetensors, CorruptFilesGiveClearErrors) {
       {MakeFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8), "hole or overlap"},
       {MakeFile(R"({"__metadata__":{"format":1}})", 0), "is not a string"},
       {MakeFile(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "data_offsets"},
+      // 2^60 x 64 bits wraps to 0 in 64-bit arithmetic: once accepted with no bytes at all
+      // (found by review; tests/fuzz/safetensors_header_fuzzer now checks every accepted shape).
+      {MakeFile(R"({"a":{"dtype":"F64","shape":[1152921504606846976],"data_offsets":[0,0]}})", 0),
+       "shape overflows"},
   };
   for (const Case& c : cases) {
     auto header = ParseHeader(c.bytes, "bad.safetensors");

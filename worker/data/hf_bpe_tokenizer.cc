@@ -1,9 +1,12 @@
 // The Tokenizer for HF tokenizer.json files with a byte-level BPE model (LLaMA-3, Qwen-2,
 // GPT-2 style). What is supported is listed in tokenizer.h.
+#include <algorithm>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <optional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -29,6 +32,19 @@ std::string TypeOf(const Json& node) {
   return node.is_object() && node.contains("type") && node["type"].is_string()
              ? node["type"].get<std::string>()
              : std::string();
+}
+
+// A token id as tokenizer.json writes it: an integer from 0 to 2^31 - 2 (so that the largest
+// id + 1 is an int32_t too). nlohmann's get<int32_t> of a float or of a larger number is
+// undefined behaviour.
+absl::StatusOr<int32_t> TokenId(const Json& value, absl::string_view what) {
+  constexpr uint64_t kMaxId = std::numeric_limits<int32_t>::max() - 1;
+  if (value.is_number_unsigned() && value.get<uint64_t>() <= kMaxId)
+    return static_cast<int32_t>(value.get<uint64_t>());
+  return absl::InvalidArgumentError(
+      absl::StrCat("tokenizer.json: ", what, " has id ",
+                   value.is_number() ? value.dump() : std::string(value.type_name()),
+                   "; a token id is an integer from 0 to ", kMaxId));
 }
 
 absl::Status ParsePreTokenizer(const Json& node, std::vector<PreTokenizeStep>* steps,
@@ -79,14 +95,14 @@ absl::Status ParsePreTokenizer(const Json& node, std::vector<PreTokenizeStep>* s
 }
 
 // BOS/EOS implied by a TemplateProcessing post-processor (possibly inside a Sequence).
-void ParsePostProcessor(const Json& node, SpecialTokens* special) {
+absl::Status ParsePostProcessor(const Json& node, SpecialTokens* special) {
   const std::string type = TypeOf(node);
   if (type == "Sequence") {
     for (const Json& child : node.value("processors", Json::array()))
-      ParsePostProcessor(child, special);
-    return;
+      QLORA_RETURN_IF_ERROR(ParsePostProcessor(child, special));
+    return absl::OkStatus();
   }
-  if (type != "TemplateProcessing") return;
+  if (type != "TemplateProcessing") return absl::OkStatus();
   const Json& specials = node.value("special_tokens", Json::object());
   bool after_sequence = false;
   for (const Json& item : node.value("single", Json::array())) {
@@ -97,7 +113,8 @@ void ParsePostProcessor(const Json& node, SpecialTokens* special) {
     if (!item.contains("SpecialToken")) continue;
     const std::string name = item["SpecialToken"].value("id", std::string());
     if (!specials.contains(name) || specials[name].value("ids", Json::array()).empty()) continue;
-    const int32_t id = specials[name]["ids"][0].get<int32_t>();
+    QLORA_ASSIGN_OR_RETURN(const int32_t id,
+                           TokenId(specials[name]["ids"][0], "post_processor special token"));
     if (after_sequence) {
       special->eos_id = id;
       special->add_eos = true;
@@ -106,16 +123,18 @@ void ParsePostProcessor(const Json& node, SpecialTokens* special) {
       special->add_bos = true;
     }
   }
+  return absl::OkStatus();
 }
 
 class HfBpeTokenizer : public Tokenizer {
  public:
   HfBpeTokenizer(AddedTokenSplitter added, std::vector<PreTokenizeStep> steps, BpeModel bpe,
-                 std::vector<std::string> id_to_bytes)
+                 absl::flat_hash_map<int32_t, std::string> id_to_bytes, int32_t vocab_size)
       : added_(std::move(added)),
         steps_(std::move(steps)),
         bpe_(std::move(bpe)),
-        id_to_bytes_(std::move(id_to_bytes)) {}
+        id_to_bytes_(std::move(id_to_bytes)),
+        vocab_size_(vocab_size) {}
   SpecialTokens* mutable_special() { return &special_; }
 
   absl::Status EncodeTo(absl::string_view text, std::vector<int32_t>* ids) const override {
@@ -148,9 +167,10 @@ class HfBpeTokenizer : public Tokenizer {
   absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
     std::string text;
     for (int32_t id : ids) {
-      if (id < 0 || static_cast<size_t>(id) >= id_to_bytes_.size())
+      if (id < 0 || id >= vocab_size_)
         return absl::OutOfRangeError(absl::StrCat("token id ", id, " is outside the vocabulary"));
-      text += id_to_bytes_[id];
+      auto it = id_to_bytes_.find(id);
+      if (it != id_to_bytes_.end()) text += it->second;  // an unused id decodes to nothing
     }
     return text;
   }
@@ -161,14 +181,17 @@ class HfBpeTokenizer : public Tokenizer {
     std::string raw;
     return ByteLevelDecode(token, &raw) ? bpe_.Find(raw) : -1;
   }
-  int32_t vocab_size() const override { return static_cast<int32_t>(id_to_bytes_.size()); }
+  int32_t vocab_size() const override { return vocab_size_; }
   std::string kind() const override { return "tokenizer.json (byte-level BPE)"; }
 
  private:
   AddedTokenSplitter added_;
   std::vector<PreTokenizeStep> steps_;
   BpeModel bpe_;
-  std::vector<std::string> id_to_bytes_;  // what Decode prints for each id
+  // What Decode prints for each id. A map, not a vector: ids may be sparse, and a vector sized
+  // by the largest id let one entry of a tokenizer.json allocate gigabytes.
+  absl::flat_hash_map<int32_t, std::string> id_to_bytes_;
+  int32_t vocab_size_;  // the largest id + 1
 };
 
 absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> Build(const Json& root) {
@@ -190,16 +213,17 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> Build(const Json& root) {
     if (model.contains(key) && !model[key].is_null() && !model[key].get<std::string>().empty())
       return absl::UnimplementedError(absl::StrCat("tokenizer.json: BPE ", key, " is not supported"));
 
-  std::vector<std::string> id_to_bytes;
+  absl::flat_hash_map<int32_t, std::string> id_to_bytes;
+  int32_t vocab_size = 0;
   auto set_id = [&](int32_t id, std::string bytes) {
-    if (id < 0) return;
-    if (static_cast<size_t>(id) >= id_to_bytes.size()) id_to_bytes.resize(id + 1);
+    vocab_size = std::max(vocab_size, id + 1);
     id_to_bytes[id] = std::move(bytes);
   };
   absl::flat_hash_map<std::string, int32_t> vocab;
   const Json vocab_json = model.value("vocab", Json::object());  // items() needs a named owner
   for (const auto& [spelled, id_json] : vocab_json.items()) {
-    const int32_t id = id_json.get<int32_t>();
+    QLORA_ASSIGN_OR_RETURN(const int32_t id,
+                           TokenId(id_json, absl::StrCat("vocabulary entry '", spelled, "'")));
     std::string raw;
     if (ByteLevelDecode(spelled, &raw)) {
       vocab.emplace(raw, id);
@@ -244,7 +268,10 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> Build(const Json& root) {
   for (const Json& token : root.value("added_tokens", Json::array())) {
     AddedToken t;
     t.content = token.value("content", std::string());
-    t.id = token.value("id", -1);
+    if (token.contains("id")) {
+      QLORA_ASSIGN_OR_RETURN(t.id,
+                             TokenId(token["id"], absl::StrCat("added token '", t.content, "'")));
+    }
     t.lstrip = token.value("lstrip", false);
     t.rstrip = token.value("rstrip", false);
     t.single_word = token.value("single_word", false);
@@ -255,8 +282,14 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> Build(const Json& root) {
   }
   auto tokenizer = std::make_unique<HfBpeTokenizer>(AddedTokenSplitter(std::move(added)),
                                                     std::move(steps), std::move(bpe),
-                                                    std::move(id_to_bytes));
-  ParsePostProcessor(root.value("post_processor", Json()), tokenizer->mutable_special());
+                                                    std::move(id_to_bytes), vocab_size);
+  SpecialTokens* special = tokenizer->mutable_special();
+  QLORA_RETURN_IF_ERROR(ParsePostProcessor(root.value("post_processor", Json()), special));
+  for (int32_t id : {special->bos_id, special->eos_id})
+    if (id >= vocab_size)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer.json: post_processor special token id ", id, " is outside the vocabulary (",
+          vocab_size, " ids)"));
   return tokenizer;
 }
 

@@ -41,6 +41,22 @@ std::vector<std::string> ModuleCandidates() {
   return candidates;
 }
 
+// RTLD_DEEPBIND keeps the module's embedded protobuf-lite apart from a libprotobuf in the same
+// process (spm_model.h). AddressSanitizer refuses to dlopen with it (google/sanitizers#611), so
+// a sanitizer build loads without it: safe in a process without libprotobuf (the data tests and
+// fuzz targets); spm_isolation_test, which links libprotobuf on purpose, is not run there.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kDeepBind = 0;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int kDeepBind = 0;
+#else
+constexpr int kDeepBind = RTLD_DEEPBIND;
+#endif
+#else
+constexpr int kDeepBind = RTLD_DEEPBIND;
+#endif
+
 template <typename T>
 bool Bind(void* handle, const char* name, T* out) {
   *out = reinterpret_cast<T>(dlsym(handle, name));
@@ -54,7 +70,7 @@ absl::StatusOr<const SpmModel::Api*> LoadApiOnce() {
       absl::StrAppend(&tried, " ", path, " (missing)");
       continue;
     }
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | kDeepBind);
     if (handle == nullptr) {
       absl::StrAppend(&tried, " ", path, " (", dlerror(), ")");
       continue;

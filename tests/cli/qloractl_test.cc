@@ -1,0 +1,108 @@
+// qloractl end to end without torch: offline validation and its exit statuses, an unreachable
+// coordinator, and submit/get/list/logs/cancel against a real coordinator whose workers are
+// /bin/false (every job fails at once with rank 0's exit status). Both processes must end
+// cleanly: under the sanitizer build (scripts/fuzz_and_sanitize.sh sets abort_on_error) a
+// report in either turns its exit status into a signal, which these checks catch.
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/service/service_harness.h"
+
+namespace qlora::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A folder with a base model that passes validation (config.json only), a dataset, a job file.
+struct JobFiles {
+  std::string dir;
+  std::string job;
+  std::string dataset;
+};
+
+JobFiles MakeJobFiles() {
+  JobFiles f;
+  f.dir = MakeTempDir("qlora-cli-test-");
+  fs::create_directories(f.dir + "/model");
+  std::ofstream(f.dir + "/model/config.json") << "{}\n";
+  f.dataset = f.dir + "/train.jsonl";
+  std::ofstream(f.dataset) << R"({"instruction": "say hi", "output": "hi"})" << "\n";
+  f.job = f.dir + "/job.yaml";
+  std::ofstream(f.job) << "base_model: " << f.dir << "/model\n"
+                       << "adapter: {type: lora}\n"
+                       << "trainer: {batch_size: 1, epochs: 1}\n";
+  return f;
+}
+
+std::string Ctl() { return BinaryDir() + "/cli/qloractl"; }
+
+TEST(CliTest, ValidateExitStatuses) {
+  const JobFiles f = MakeJobFiles();
+  CommandResult ok = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("zero_stage"), std::string::npos) << ok.output;
+
+  CommandResult no_data =
+      RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dir, "/none.jsonl"));
+  EXPECT_EQ(no_data.exit_code, 3) << no_data.output;
+
+  const std::string bad = SourceDir() + "/tests/data/jobs/bad/batch_size_zero.yaml";
+  CommandResult invalid =
+      RunCommand(absl::StrCat(Ctl(), " validate ", bad, " --dataset ", f.dataset));
+  EXPECT_EQ(invalid.exit_code, 3) << invalid.output;
+
+  EXPECT_EQ(RunCommand(absl::StrCat(Ctl(), " frobnicate")).exit_code, 2);
+  EXPECT_EQ(RunCommand(absl::StrCat(Ctl(), " validate")).exit_code, 2);
+  EXPECT_EQ(RunCommand(absl::StrCat(Ctl(), " --help")).exit_code, 0);
+  fs::remove_all(f.dir);
+}
+
+TEST(CliTest, UnreachableCoordinatorIsExitStatus5) {
+  // Port 1 on loopback: nothing listens there.
+  CommandResult r = RunCommand(absl::StrCat(Ctl(), " --address 127.0.0.1:1 get job-000001"));
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+}
+
+TEST(CliTest, SubmitGetListLogsCancelAgainstACoordinator) {
+  const JobFiles f = MakeJobFiles();
+  const std::string state = f.dir + "/state";
+  int status = 0;
+  {
+    CoordinatorProcess coordinator(state, 1, "--gpus none --worker-binary /bin/false");
+    ASSERT_TRUE(coordinator.started()) << "see " << state << "/coordinator.log";
+
+    CommandResult submit = coordinator.Ctl(absl::StrCat("submit ", f.job, " --dataset ", f.dataset,
+                                                        " --name cli-test"));
+    ASSERT_EQ(submit.exit_code, 0) << submit.output;
+    EXPECT_EQ(submit.output, "job-000001\n");
+    // The worker is /bin/false: the job fails, and following it says so (exit status 1).
+    CommandResult watch = coordinator.Ctl("watch job-000001");
+    EXPECT_EQ(watch.exit_code, 1) << watch.output;
+    EXPECT_NE(watch.output.find("FAILED"), std::string::npos) << watch.output;
+
+    CommandResult get = coordinator.Ctl("get job-000001 -o json");
+    EXPECT_EQ(get.exit_code, 0) << get.output;
+    EXPECT_NE(get.output.find("cli-test"), std::string::npos) << get.output;
+    CommandResult list = coordinator.Ctl("list --state failed");
+    EXPECT_EQ(list.exit_code, 0) << list.output;
+    EXPECT_NE(list.output.find("job-000001"), std::string::npos) << list.output;
+    EXPECT_EQ(coordinator.Ctl("logs job-000001").exit_code, 0);
+    EXPECT_EQ(coordinator.Ctl("get job-000999").exit_code, 4);
+    EXPECT_EQ(coordinator.Ctl("cancel job-000999").exit_code, 4);
+    CommandResult bad = coordinator.Ctl(absl::StrCat(
+        "submit ", SourceDir(), "/tests/data/jobs/bad/lora_r_zero.yaml --dataset ", f.dataset));
+    EXPECT_EQ(bad.exit_code, 3) << bad.output;
+    status = coordinator.Stop(SIGTERM);
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "coordinator wait status " << status << "; see " << state << "/coordinator.log";
+  if (!HasFailure()) fs::remove_all(f.dir);
+}
+
+}  // namespace
+}  // namespace qlora::testing
