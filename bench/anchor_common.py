@@ -18,6 +18,19 @@ import time
 import torch
 
 
+def apply_liger():
+    """Liger's kernels in transformers' LLaMA (rope, RMSNorm, SwiGLU, fused linear cross-entropy),
+    as its users apply them: before the model is built, since the patch replaces transformers'
+    classes and functions. Returns liger-kernel's version."""
+    import importlib.metadata
+
+    from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+    apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                fused_linear_cross_entropy=True)
+    return importlib.metadata.version("liger-kernel")
+
+
 def median_spread(rates):
     return {"tokens_per_s": round(statistics.median(rates), 1), "tokens_per_s_min": round(min(rates), 1),
             "tokens_per_s_max": round(max(rates), 1), "window_tokens_per_s": [round(r, 1) for r in rates]}

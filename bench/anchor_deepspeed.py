@@ -22,7 +22,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchor_common import emit, measure, profile, scope  # noqa: E402
+from anchor_common import apply_liger, emit, measure, profile, scope  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("model")
@@ -42,15 +42,7 @@ if a.steps:
     a.warmup, a.windows, a.window_steps = 2, 1, max(1, a.steps - 2)
 autocast = not a.no_autocast
 started = time.perf_counter()
-liger_version = None
-if a.liger:
-    import importlib.metadata
-
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
-
-    liger_version = importlib.metadata.version("liger-kernel")
-    apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                fused_linear_cross_entropy=True)
+liger_version = apply_liger() if a.liger else None  # before the model is built
 
 import deepspeed  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402

@@ -25,7 +25,7 @@ for what in "$@"; do
   case "$what" in
     tests)
       for t in $(find /tmp/qb/tests -type f -name "${TESTS:-*}_test" | sort); do
-        echo "== $t"; timeout 150 "$t" --gtest_brief=1 2>&1 | tail -25
+        echo "== $t"; timeout "${TEST_TIMEOUT_S:-600}" "$t" --gtest_brief=1 2>&1 | tail -25
       done 2>&1 | tee "$OUT/tests.txt" ;;
     fixtures)
       python3 "$root/tests/kernels/make_bnb_fixtures.py" --out "$OUT/bnb" 2>&1 | tail -20 | tee "$OUT/fixtures.txt" ;;
