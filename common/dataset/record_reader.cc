@@ -96,7 +96,7 @@ class JsonlReader : public LineReader {
     nlohmann::ordered_json value;
     try {
       value = nlohmann::ordered_json::parse(line_);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range
       *reason = absl::StrCat("invalid JSON: ", e.what());
       return;
     }
