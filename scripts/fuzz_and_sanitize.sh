@@ -14,12 +14,15 @@
 #   QLORA_FUZZ_SECONDS=3600 scripts/fuzz_and_sanitize.sh # longer: an hour per target
 #   QLORA_FUZZ_TARGETS="job_config_fuzzer" QLORA_FUZZ_RUNS=0 QLORA_SKIP_SANITIZER_TESTS=1 \
 #     scripts/fuzz_and_sanitize.sh                       # one target, runs unbounded, no tests
-# QLORA_FUZZ_RUNS=0 means no run limit. QLORA_SKIP_FUZZ=1 skips step 2,
+# QLORA_FUZZ_SEED (default 1) fixes libFuzzer's random seed, so that CI replays the same
+# mutations each time and a finding is reproducible; QLORA_FUZZ_SEED=0 lets libFuzzer pick one
+# (longer exploratory runs). QLORA_FUZZ_RUNS=0 means no run limit. QLORA_SKIP_FUZZ=1 skips step 2,
 # QLORA_SKIP_SANITIZER_TESTS=1 skips the tests of step 1.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${QLORA_SANITIZE_BUILD_DIR:-$root/build-sanitize}
 seconds=${QLORA_FUZZ_SECONDS:-60}
+seed=${QLORA_FUZZ_SEED:-1}
 runs=${QLORA_FUZZ_RUNS:-1000000}
 jobs=${QLORA_FUZZ_JOBS:-$(nproc)}
 targets=${QLORA_FUZZ_TARGETS:-"job_config_fuzzer safetensors_header_fuzzer record_reader_fuzzer
@@ -67,7 +70,7 @@ fuzz_one() {
   local dict=()
   [ -f "$root/tests/fuzz/dict/$t.dict" ] && dict=(-dict="$root/tests/fuzz/dict/$t.dict")
   "$build/tests/fuzz/$t" "$out/corpus" "${dict[@]}" -max_total_time="$seconds" -runs="$runs" \
-    -timeout=30 -rss_limit_mb=2560 -malloc_limit_mb=2048 -print_final_stats=1 \
+    -seed="$seed" -timeout=30 -rss_limit_mb=2560 -malloc_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$out/" > "$build/fuzz/$t.log" 2>&1 || rc=$?
   echo "$rc" > "$build/fuzz/$t.rc"
 }
