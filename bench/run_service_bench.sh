@@ -11,6 +11,8 @@
 #   BENCH_PROFILE_STEPS=FIRST:COUNT BENCH_PROFILE_OUT=F   a trace of rank 0 (worker/run/step_profiler.h)
 #   BENCH_KEEP=DIR                                        keep the job's logs, events and job file there
 #   BENCH_LABEL=ours                                      the name in the JSON and the table
+#   BENCH_RAY_ADDRESS=http://HOST:8265                    the workers through the Ray launcher
+#   BENCH_RAY_LAUNCHER=PATH                               its driver (deploy/ray/qlora_ray_launcher.py)
 # Binaries from $QLORA_BINARY_DIR (default build/).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,13 +23,19 @@ checkpointing=${BENCH_CHECKPOINTING:-true} seq_len=${BENCH_SEQ:-2048}
 work=$(mktemp -d /tmp/qlora-bench-XXXXXX)
 sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps|; s|CHECKPOINTING|$checkpointing|; s|SEQ|$seq_len|" \
   "$root/bench/bench_job.yaml" > "$work/job.yaml"
+ray_flags=()
+if [ -n "${BENCH_RAY_ADDRESS:-}" ]; then
+  workers=$(echo "$gpus" | tr ',' '\n' | wc -l)
+  sed -i -e "s|  type: local.*|  type: ray|" -e "s|    use_gpu: true|    use_gpu: true\n    num_workers: $workers|" "$work/job.yaml"
+  ray_flags=(--ray-address "$BENCH_RAY_ADDRESS" --advertise-address 127.0.0.1:0 --ray-launcher-script "$BENCH_RAY_LAUNCHER")
+fi
 profile_env=()
 if [ -n "${BENCH_PROFILE_STEPS:-}" ]; then
   profile_env=(QLORA_PROFILE_STEPS="$BENCH_PROFILE_STEPS" QLORA_PROFILE_OUT="$BENCH_PROFILE_OUT")
 fi
 # The workers inherit the coordinator's environment (the profiler's settings with it).
 env "${profile_env[@]}" "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$work/state" \
-  --gpus "$gpus" --port-file "$work/port" > "$work/coordinator.log" 2>&1 &
+  --gpus "$gpus" --port-file "$work/port" "${ray_flags[@]}" > "$work/coordinator.log" 2>&1 &
 coordinator=$!
 keep() {
   [ -n "${BENCH_KEEP:-}" ] || return 0

@@ -37,7 +37,9 @@ Usage:
   qloractl watch JOB_ID            live progress: step/total, loss, tokens/s, ETA
   qloractl logs JOB_ID [-f] [--rank N]
   qloractl cancel JOB_ID
-  qloractl validate JOB.yaml [--dataset PATH]   offline: prints the resolved job
+  qloractl validate JOB.yaml [--dataset PATH] [--remote]
+                                   prints the resolved job; offline, or with --remote as the
+                                   coordinator resolves it, with where it will run
   qloractl hash-token [--user NAME [--role user|admin]] < TOKEN
                                    the token's hash, or its line of the coordinator's tokens file
 
@@ -203,20 +205,14 @@ int Watch(Client& client, const std::string& id, bool json) {
   return kUnavailable;
 }
 
-int Submit(Client& client, const ParsedArgs& a, bool json) {
-  if (a.positional.size() != 1) {
-    fprintf(stderr, "qloractl submit: expected one job file\n");
-    return kUsage;
-  }
+// The submission of the job file a.positional[0]. Relative paths, on the command line and in the
+// file, are the user's, not the coordinator's.
+absl::StatusOr<v1::SubmitJobRequest> SubmissionOf(const ParsedArgs& a) {
   absl::StatusOr<std::string> yaml = ReadFile(a.positional[0]);
-  if (!yaml.ok()) {
-    fprintf(stderr, "qloractl: %s\n", std::string(yaml.status().message()).c_str());
-    return kInvalid;
-  }
+  if (!yaml.ok()) return yaml.status();
   v1::SubmitJobRequest req;
   req.set_job_yaml(*yaml);
   req.set_source_name(a.positional[0]);
-  // Relative paths, on the command line and in the file, are the user's, not the coordinator's.
   char cwd_buffer[4096];
   const std::string cwd = getcwd(cwd_buffer, sizeof(cwd_buffer)) ? cwd_buffer : "";
   req.set_base_dir(cwd);
@@ -226,6 +222,20 @@ int Submit(Client& client, const ParsedArgs& a, bool json) {
   req.set_dataset(absolute(a.Get("--dataset")));
   req.set_validation_dataset(absolute(a.Get("--validation-dataset")));
   req.set_name(a.Get("--name"));
+  return req;
+}
+
+int Submit(Client& client, const ParsedArgs& a, bool json) {
+  if (a.positional.size() != 1) {
+    fprintf(stderr, "qloractl submit: expected one job file\n");
+    return kUsage;
+  }
+  absl::StatusOr<v1::SubmitJobRequest> submission = SubmissionOf(a);
+  if (!submission.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(submission.status().message()).c_str());
+    return kInvalid;
+  }
+  const v1::SubmitJobRequest& req = *submission;
   v1::SubmitJobResponse resp;
   grpc::ClientContext ctx;
   client.Prepare(&ctx);
@@ -238,6 +248,32 @@ int Submit(Client& client, const ParsedArgs& a, bool json) {
   if (json) printf("%s\n", ToJson(resp.job()).c_str()); else printf("%s\n", resp.job().id().c_str());
   fflush(stdout);
   return a.Has("--follow") ? Watch(client, resp.job().id(), json) : kOk;
+}
+
+// validate --remote: the coordinator resolves the job as it would at submit (its datasets, its
+// workers, its Ray cluster) and says where it would run.
+int ValidateRemote(Client& client, const ParsedArgs& a, bool json) {
+  absl::StatusOr<v1::SubmitJobRequest> submission = SubmissionOf(a);
+  if (!submission.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(submission.status().message()).c_str());
+    return kInvalid;
+  }
+  v1::ValidateJobResponse resp;
+  grpc::ClientContext ctx;
+  client.Prepare(&ctx);
+  grpc::Status s = client.stub()->ValidateJob(&ctx, *submission, &resp);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+      s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    fprintf(stderr, "qloractl: %s\n", s.error_message().c_str());
+    return kInvalid;
+  }
+  if (!s.ok()) return ReportError(s);
+  if (json) {
+    printf("%s\n", ToJson(resp).c_str());
+  } else {
+    printf("%s: valid\n%s", a.positional[0].c_str(), resp.resolved_config_yaml().c_str());
+  }
+  return kOk;
 }
 
 int Validate(const ParsedArgs& a, bool json) {
@@ -269,7 +305,10 @@ int Validate(const ParsedArgs& a, bool json) {
     r.set_resolved_config_yaml(resolved);
     printf("%s\n", ToJson(r).c_str());
   } else {
-    printf("%s: valid\n%s", a.positional[0].c_str(), resolved.c_str());
+    printf("%s: valid\n# runs on: %s (--remote asks the coordinator)\n%s", a.positional[0].c_str(),
+           config->backend.type == BackendType::kRay ? "the coordinator's Ray cluster (backend.type: ray)"
+                                                     : "the coordinator's host (backend.type: local)",
+           resolved.c_str());
   }
   return kOk;
 }
@@ -330,7 +369,7 @@ int Run(const std::vector<std::string>& argv) {
   static const std::set<std::string> kValues = {
       "--address", "--output", "--dataset", "--validation-dataset", "--name", "--rank", "--state",
       "--timeout", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name", "--user", "--role"};
-  static const std::set<std::string> kSwitches = {"--follow", "--help", "--tls"};
+  static const std::set<std::string> kSwitches = {"--follow", "--help", "--tls", "--remote"};
   static const std::map<std::string, std::string> kAliases = {{"-f", "--follow"}, {"-o", "--output"},
                                                               {"-h", "--help"}};
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argv, kValues, kSwitches, kAliases);
@@ -351,7 +390,7 @@ int Run(const std::vector<std::string>& argv) {
     return kUsage;
   }
   const bool json = output == "json";
-  if (command == "validate") return Validate(a, json);
+  if (command == "validate" && !a.Has("--remote")) return Validate(a, json);
   if (command == "hash-token") return HashToken(a);
 
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::FromArgs(a);
@@ -361,6 +400,10 @@ int Run(const std::vector<std::string>& argv) {
   }
   Client& client = **connected;
   if (command == "submit") return Submit(client, a, json);
+  if (command == "validate") {
+    if (a.positional.size() != 1) return fprintf(stderr, "qloractl validate: expected one job file\n"), kUsage;
+    return ValidateRemote(client, a, json);
+  }
   if (command == "watch") {
     if (a.positional.size() != 1) return fprintf(stderr, "qloractl watch: expected a job id\n"), kUsage;
     return Watch(client, a.positional[0], json);

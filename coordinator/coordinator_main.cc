@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -30,6 +31,7 @@
 #include "coordinator/authenticator.h"
 #include "coordinator/listen_policy.h"
 #include "coordinator/process_launcher.h"
+#include "coordinator/ray/ray_worker_launcher.h"
 #include "coordinator/server_tls.h"
 #include "coordinator/state_lock.h"
 #include "coordinator/worker_service.h"
@@ -66,6 +68,15 @@ ABSL_FLAG(int, max_streams_per_user, 0, "at most this many per user (0 = no per-
 ABSL_FLAG(std::string, health_address, "",
           "also serve grpc.health.v1 alone, in plaintext, on this host:port (for probes that cannot "
           "speak TLS, e.g. Kubernetes' grpc probe): only grpc.health (and its reflection) is served there");
+ABSL_FLAG(std::string, ray_address, "",
+          "a Ray cluster's dashboard, http://HEAD:8265: jobs with backend.type: ray run their "
+          "workers there (needs --advertise-address)");
+ABSL_FLAG(std::string, ray_python, "python3", "the Python with ray on the cluster's hosts");
+ABSL_FLAG(std::string, ray_launcher_script, "",
+          "path of qlora_ray_launcher.py on the cluster's hosts (default: beside qlora-worker)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port workers dial (default: --address; 127.0.0.1 for a wildcard address); "
+          "a port of 0 means the bound port");
 ABSL_FLAG(std::string, state_dir, "qlora-state", "folder for the job store, logs and outputs");
 ABSL_FLAG(int, cpu_workers, 0, "run jobs on this many CPU worker processes (machines without GPUs)");
 ABSL_FLAG(std::string, gpus, "auto", "GPU ids to use, e.g. 0,1,2,3; 'auto' = every GPU; 'none' = no GPU");
@@ -183,6 +194,16 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
     options.worker_env[qlora::kTlsCaVariable] = ca.empty() ? "" : std::filesystem::absolute(ca).string();
     options.worker_env[qlora::kTlsServerNameVariable] = absl::GetFlag(FLAGS_tls_server_name);
   }
+  // Workers on other hosts do not inherit this environment: how NCCL and Gloo pick their network
+  // interface (and NCCL's other settings) is passed on explicitly.
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const size_t eq = entry.find('=');
+    const std::string name = entry.substr(0, eq);
+    if (eq != std::string::npos && (name.rfind("NCCL_", 0) == 0 || name == "GLOO_SOCKET_IFNAME")) {
+      options.worker_env[name] = entry.substr(eq + 1);
+    }
+  }
   if (options.gpus.empty() && options.cpu_workers == 0) {
     options.cpu_workers = 1;
     fprintf(stderr, "qlora-coordinator: no GPUs found; running jobs on 1 CPU worker (see --cpu-workers)\n");
@@ -292,9 +313,28 @@ int main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   qlora::coordinator::PosixProcessLauncher launcher;
+  std::unique_ptr<qlora::coordinator::RayWorkerLauncher> ray;
+  if (const std::string ray_address = absl::GetFlag(FLAGS_ray_address); !ray_address.empty()) {
+    if (absl::GetFlag(FLAGS_advertise_address).empty()) {
+      fprintf(stderr, "qlora-coordinator: --ray-address needs --advertise-address HOST:PORT, an address of "
+                      "this coordinator that the cluster's hosts can reach\n");
+      return 2;
+    }
+    qlora::coordinator::RayLauncherOptions ray_options;
+    ray_options.address = ray_address;
+    ray_options.python = absl::GetFlag(FLAGS_ray_python);
+    ray_options.launcher_script = absl::GetFlag(FLAGS_ray_launcher_script);
+    if (ray_options.launcher_script.empty()) {
+      ray_options.launcher_script =
+          (std::filesystem::path(options.worker_binary).parent_path() / "qlora_ray_launcher.py").string();
+    }
+    ray_options.placement_timeout = options.register_timeout;
+    ray_options.stop_grace = options.stop_grace;
+    ray = std::make_unique<qlora::coordinator::RayWorkerLauncher>(ray_options);
+  }
   // The stored jobs are loaded before the first request is served; workers are only spawned by
   // the monitor, started once the bound port is known.
-  qlora::coordinator::JobManager manager(options, state->store.get(), &launcher);
+  qlora::coordinator::JobManager manager(options, state->store.get(), &launcher, ray.get());
   if (absl::Status loaded = manager.Load(); !loaded.ok()) {
     fprintf(stderr, "qlora-coordinator: %s\n", std::string(loaded.message()).c_str());
     return 1;
@@ -315,9 +355,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "qlora-coordinator: cannot listen on %s\n", address.c_str());
     return 1;
   }
-  // Workers run on this host: a wildcard address is dialled as 127.0.0.1.
+  // Local workers dial a wildcard address as 127.0.0.1; workers elsewhere need the advertised one.
   const bool wildcard = host.empty() || host == "0.0.0.0" || host == "[::]";
-  const std::string bound = absl::StrCat(wildcard ? "127.0.0.1" : host, ":", port);
+  std::string bound = absl::StrCat(wildcard ? "127.0.0.1" : host, ":", port);
+  if (std::string advertised = absl::GetFlag(FLAGS_advertise_address); !advertised.empty()) {
+    if (absl::EndsWith(advertised, ":0")) advertised = absl::StrCat(advertised.substr(0, advertised.size() - 2), ":", port);
+    bound = advertised;
+  }
   manager.SetCoordinatorAddress(bound);
   manager.StartMonitor();
   health.Serve(server->GetHealthCheckService());  // NOT_SERVING if already unhealthy (Load)
@@ -341,6 +385,7 @@ int main(int argc, char** argv) {
                               : absl::StrCat(options.gpus.size(), " GPUs").c_str(),
          security.tls ? (tls.client_ca_file.empty() ? "TLS" : "TLS with client certificates") : "plaintext",
          security.authentication ? "authentication on" : "authentication off");
+  if (ray) printf("qlora-coordinator: jobs with backend.type: ray run on %s\n", ray->Describe().c_str());
   printf("qlora-coordinator: jobs read from %s and write to %s\n",
          options.roots.read.empty() ? "any path (no --read-roots)" : absl::StrJoin(options.roots.read, ",").c_str(),
          options.roots.output.empty() ? "any path (no --output-root)" : options.roots.output.c_str());

@@ -20,7 +20,7 @@ std::string RandomToken() {
 }  // namespace
 
 Job::Job(JobRecord record, JobConfig config, const JobEnv* env)
-    : env_(env), record_(std::move(record)), config_(std::move(config)), workers_(env->launcher) {}
+    : env_(env), record_(std::move(record)), config_(std::move(config)) {}
 
 double Job::NowUnix() const { return absl::ToDoubleSeconds(env_->now() - absl::UnixEpoch()); }
 
@@ -115,37 +115,44 @@ void Job::Requeue() {
 // ---------------------------------------------------------------------------------------------
 // Starting and watching the workers
 
-absl::Status Job::Start(const std::vector<int>& slots, WorkerLaunchRequest launch, JobShards shards) {
+absl::Status Job::Start(WorkerLauncher* launcher, const std::vector<int>& slots, WorkerLaunchRequest launch,
+                        JobShards shards) {
   const int world = record_.num_workers;
   shards_ = std::move(shards);
   reported_failure_.reset();
   const absl::Time now = env_->now();
   use_gpu_ = launch.use_gpu;
+  placed_on_ = launcher->Describe();
   RendezvousOptions rendezvous;
   rendezvous.generation = absl::ToUnixMicros(now);
   rendezvous.world_size = world;
   rendezvous.relay_nccl_id = use_gpu_;
   rendezvous_ = std::make_shared<Rendezvous>(rendezvous);
-  workers_ = WorkerGroup(env_->launcher);
+  workers_ = WorkerGroup();
   start_deadline_ = now + env_->register_timeout;
   record_.started_unix = NowUnix();
   record_.progress.assign(world, ProgressSnapshot{});
+  GroupLaunch group;
+  group.job_id = record_.id;
+  group.job_uid = record_.uid;
+  group.generation = rendezvous.generation;
+  group.use_gpu = use_gpu_;
+  group.cpus_per_worker = config_.backend.cpus_per_worker;
+  group.placement = config_.backend.placement;
+  std::vector<std::string> tokens;
   launch.job_id = record_.id;
   launch.world_size = world;
   for (int rank = 0; rank < world; ++rank) {
     launch.rank = rank;
-    launch.slot = slots[rank];
+    launch.slot = slots.empty() ? 0 : slots[rank];
     launch.startup_token = RandomToken();
-    absl::Status launched =
-        workers_.Launch(rank, launch.slot, launch.startup_token, BuildWorkerLaunchSpec(launch), now);
-    if (!launched.ok()) {
-      workers_.Stop(now + env_->stop_grace);
-      return absl::InternalError(absl::StrCat("could not start rank ", rank, ": ", launched.message()));
-    }
+    tokens.push_back(launch.startup_token);
+    group.ranks.push_back({rank, launch.slot, BuildWorkerLaunchSpec(launch)});
   }
+  QLORA_RETURN_IF_ERROR(workers_.Launch(launcher, group, tokens, now));
   Transition(JobState::kStarting, "WORKERS_STARTING",
-             absl::StrCat("started ", world, use_gpu_ ? " GPU" : " CPU",
-                          " workers; waiting for them to register"));
+             absl::StrCat("started ", world, use_gpu_ ? " GPU" : " CPU", " workers on ", placed_on_,
+                          "; waiting for them to register"));
   return absl::OkStatus();
 }
 
@@ -155,7 +162,7 @@ void Job::FailOnExit(const WorkerExit& exit) {
   // The rank that reported a failure ends by itself; the settle time decides (CheckDeadlines).
   if (reported_failure_.has_value() && reported_failure_->rank == exit.rank && !exit.info.signaled) return;
   std::string message =
-      absl::StrCat("rank ", exit.rank, " (pid ", exit.pid, ") ended with ", exit.info.Describe(),
+      absl::StrCat("rank ", exit.rank, " (", exit.where, ") ended with ", exit.info.Describe(),
                    exit.completed ? "" : " before finishing", "; see `qloractl logs ", record_.id, " --rank ",
                    exit.rank, "`");
   // A failure another rank reported just before is most likely this exit's consequence.
@@ -190,7 +197,7 @@ void Job::CheckDeadlines() {
   if (state() == JobState::kRunning) {
     if (const WorkerProcess* w = workers_.SilentSince(now - env_->heartbeat_timeout)) {
       FailOrRestart("WORKER_HEARTBEAT_LOST",
-           absl::StrCat("rank ", w->rank, " (pid ", w->pid, ") sent no heartbeat for ",
+           absl::StrCat("rank ", w->rank, " (", w->where, ") sent no heartbeat for ",
                         absl::FormatDuration(now - w->last_heartbeat)));
     }
   }
@@ -204,19 +211,22 @@ void Job::Kill() {
 // ---------------------------------------------------------------------------------------------
 // Worker calls
 
-absl::Status Job::Register(WorkerProcess& worker, int rank) {
+absl::Status Job::Register(WorkerProcess& worker, int rank, const std::string& host, int64_t pid) {
   if (worker.rank != rank) {
     return absl::InvalidArgumentError(absl::StrCat("token belongs to rank ", worker.rank, ", not ", rank));
   }
   if (ended()) return absl::FailedPreconditionError(absl::StrCat("job ", record_.id, " has ended"));
   QLORA_RETURN_IF_ERROR(rendezvous_->Register(rank));
   worker.last_heartbeat = env_->now();
+  if (!host.empty()) worker.where = absl::StrCat("host ", host, ", pid ", pid);
   if (state() == JobState::kStarting && rendezvous_->AllRegistered()) {
     // Ranks that registered early waited in GetAssignment without heartbeats: the clock of
     // every rank starts now.
     workers_.TouchAll(env_->now());
+    std::vector<std::string> places;
+    for (const WorkerProcess& w : workers_.workers()) places.push_back(absl::StrCat("rank ", w.rank, ": ", w.where));
     Transition(JobState::kRunning, "ALL_WORKERS_REGISTERED",
-               absl::StrCat(workers_.size(), " workers registered"));
+               absl::StrCat(workers_.size(), " workers registered (", absl::StrJoin(places, "; "), ")"));
   }
   return absl::OkStatus();
 }

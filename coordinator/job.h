@@ -31,18 +31,17 @@
 #include "common/worker_protocol.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_types.h"
-#include "coordinator/process_launcher.h"
 #include "coordinator/rendezvous.h"
 #include "coordinator/shard_plan.h"
 #include "coordinator/worker_group.h"
 #include "coordinator/worker_launch.h"
+#include "coordinator/worker_launcher.h"
 
 namespace qlora::coordinator {
 
 // What every job of one JobManager shares (it outlives them).
 struct JobEnv {
   JobStore* store = nullptr;
-  ProcessLauncher* launcher = nullptr;
   std::function<absl::Time()> now;
   absl::Duration register_timeout;   // every rank registers within this of the start
   absl::Duration heartbeat_timeout;  // a running rank silent this long is lost
@@ -89,15 +88,17 @@ class Job {
   // QUEUED again, without progress: the coordinator restarted while the job started or ran.
   void Requeue();
 
-  // Opens a new rendezvous generation and launches rank r on slots[r] with `launch` (its
-  // per-job and per-rank fields are filled in here), to read `shards`; then STARTING. The
+  // Opens a new rendezvous generation and launches rank r through `launcher` (on slots[r] for
+  // local processes) with `launch` (its per-job and per-rank fields are filled in here), to
+  // read `shards`; then STARTING. The
   // shards were planned and the folders made beforehand, without the manager's lock
   // (start_prep.h): nothing here reads a dataset. On an error the workers launched so far are
   // being stopped; they hold their slots until they are reaped.
-  absl::Status Start(const std::vector<int>& slots, WorkerLaunchRequest launch, JobShards shards);
+  absl::Status Start(WorkerLauncher* launcher, const std::vector<int>& slots, WorkerLaunchRequest launch,
+                     JobShards shards);
   // Reaps the workers that ended (a failure unless the job is stopping or the rank completed
   // and exited cleanly), SIGKILLs stragglers after the grace, and enforces the registration and
-  // heartbeat deadlines. Returns the slots of the workers reaped.
+  // heartbeat deadlines. Returns the slots of the workers whose end was seen.
   std::vector<int> Poll();
   // The coordinator stops: SIGKILL to every worker, the rendezvous closed; then ReapKilled.
   void Kill();
@@ -105,7 +106,8 @@ class Job {
 
   // Worker calls, once FindWorker has authenticated the token.
   WorkerProcess* FindWorker(const std::string& token) { return workers_.FindByToken(token); }
-  absl::Status Register(WorkerProcess& worker, int rank);
+  // `host` (the address the call came from) and `pid` say where the rank runs, in messages.
+  absl::Status Register(WorkerProcess& worker, int rank, const std::string& host, int64_t pid);
   // ABORTED once the job has ended.
   absl::StatusOr<WorkerAssignment> Assignment(WorkerProcess& worker, std::string nccl_unique_id);
   // Returns whether the worker should stop now.
@@ -127,6 +129,7 @@ class Job {
   JobRecord record_;
   JobConfig config_;                 // parsed once: at Submit, or at Load for a job that may run
   bool use_gpu_ = false;             // of the current start
+  std::string placed_on_;            // of the current start: the launcher's Describe()
   WorkerGroup workers_;
   std::shared_ptr<Rendezvous> rendezvous_;
   JobShards shards_;

@@ -54,11 +54,13 @@ int64_t NextJobNumberAfterFolders(const std::string& jobs_dir) {
 
 }  // namespace
 
-JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* launcher)
+JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* processes,
+                       WorkerLauncher* cluster)
     : options_(std::move(options)),
       total_slots_(SlotPool(options_.gpus, options_.cpu_workers).total()),
+      local_(processes, static_cast<int>(options_.gpus.size())),
+      cluster_(cluster),
       env_{store,
-           launcher,
            options_.now,
            options_.register_timeout,
            options_.heartbeat_timeout,
@@ -167,11 +169,40 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
     QLORA_ASSIGN_OR_RETURN(config.output_dir, ResolveOutputDir(config.output_dir, options_.state_dir));
   }
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));  // also before the lock
+  // The resolved file says how many restarts the job has.
+  if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
+  if (config.backend.type == BackendType::kRay) {
+    if (cluster_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "backend.type: ray, but this coordinator has no Ray cluster: start qlora-coordinator with "
+          "--ray-address http://HEAD:8265 (and --advertise-address HOST:PORT that the cluster's hosts "
+          "can reach), or set backend.type: local to run on this host");
+    }
+    const LauncherCapacity capacity = cluster_->Capacity();
+    if (config.backend.num_workers == 0) {
+      if (!config.backend.use_gpu || !capacity.known || capacity.gpus == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "backend.trainer.num_workers: set how many workers to place on ", cluster_->Describe(),
+            config.backend.use_gpu ? " (its GPUs are not known yet)" : " (CPU workers)"));
+      }
+      config.backend.num_workers = capacity.gpus;
+    }
+    const int need = config.backend.num_workers;
+    if (capacity.known && config.backend.use_gpu && need > capacity.gpus) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backend.trainer.num_workers: the job asks for ", need, " GPU workers but ", cluster_->Describe(),
+          " has ", capacity.gpus, " GPUs"));
+    }
+    if (capacity.known && !config.backend.use_gpu && need * config.backend.cpus_per_worker > capacity.cpus) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backend.trainer.num_workers: the job asks for ", need, " workers of ",
+          config.backend.cpus_per_worker, " CPUs but ", cluster_->Describe(), " has ", capacity.cpus, " CPUs"));
+    }
+    return config;
+  }
   if (total_slots_ == 0) {
     return absl::FailedPreconditionError("this coordinator has no GPUs and no --cpu-workers");
   }
-  // The resolved file says how many restarts the job has.
-  if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
   if (config.backend.num_workers > total_slots_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "backend.trainer.num_workers: the job asks for ", config.backend.num_workers,
@@ -180,9 +211,25 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   return config;
 }
 
+bool JobManager::RunsOnGpus(const JobConfig& config) const {
+  if (config.backend.type == BackendType::kRay) return config.backend.use_gpu;
+  return config.backend.use_gpu && !options_.gpus.empty();  // no GPUs here: CPU workers
+}
+
 absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
-  return EmitResolvedJobYaml(config);
+  const bool ray = config.backend.type == BackendType::kRay;
+  const int workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
+  std::string where = absl::StrCat(
+      "# runs on: ", ray ? cluster_->Describe() : local_.Describe(), ", ", workers,
+      RunsOnGpus(config) ? " GPU workers" : " CPU workers");
+  if (ray) {
+    absl::StrAppend(&where, " (", config.backend.cpus_per_worker, " CPU", RunsOnGpus(config) ? " + 1 GPU" : "",
+                    " each), placement ", EnumName(config.backend.placement));
+  } else if (config.backend.use_gpu && options_.gpus.empty()) {
+    absl::StrAppend(&where, " (use_gpu: true, but this coordinator has no GPUs)");
+  }
+  return absl::StrCat(where, "\n", EmitResolvedJobYaml(config));
 }
 
 absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
@@ -328,14 +375,31 @@ absl::StatusOr<std::string> JobManager::LogPath(const std::string& id, int rank)
 std::optional<StartRequest> JobManager::NextStart() {
   // Unhealthy: a start and its outcome might not be recorded; queued jobs wait for a restart.
   if (!store_error_.ok()) return std::nullopt;
-  // Strict FIFO: the oldest queued job starts first; later ones wait behind it.
+  // Strict FIFO among the jobs that need this host's slots: the oldest starts first, later
+  // ones wait behind it. A Ray job takes no slot here: it starts at once, and the cluster's
+  // placement group waits for room (within the registration deadline).
+  bool local_blocked = false;
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.state() != JobState::kQueued) continue;
+    const bool ray = job.config().backend.type == BackendType::kRay;
+    if (local_blocked && !ray) continue;
     // A restarting job waits for its backoff and for its old workers to be gone; it keeps its
     // place at the head of the queue meanwhile.
-    if (job.not_before() > options_.now() || job.workers().AnyAlive()) return std::nullopt;
+    if (job.not_before() > options_.now() || job.workers().AnyAlive()) {
+      local_blocked = local_blocked || !ray;
+      continue;
+    }
     const int need = job.record().num_workers;
+    if (ray) {
+      if (cluster_ == nullptr) {  // stored by a coordinator that had one
+        job.Fail("NO_RAY_CLUSTER", "backend.type: ray, but this coordinator was restarted without "
+                                   "--ray-address; submit it again with backend.type: local, or "
+                                   "restart the coordinator with --ray-address");
+        continue;
+      }
+      return StartRequest{id, {}, job.config().data, need, JobDir(id) + "/logs", job.record().output_dir};
+    }
     if (need > total_slots_) {  // e.g. queued again after a restart with fewer GPUs
       job.Fail("NOT_ENOUGH_WORKERS",
                absl::StrCat("the job needs ", need, " workers; this coordinator has ", total_slots_));
@@ -344,7 +408,8 @@ std::optional<StartRequest> JobManager::NextStart() {
     std::vector<int> free = slots_.Free();
     if (static_cast<int>(free.size()) < need) {
       WaitForSlots(job, static_cast<int>(free.size()));
-      return std::nullopt;
+      local_blocked = true;
+      continue;
     }
     free.resize(need);
     return StartRequest{id, std::move(free), job.config().data, need, JobDir(id) + "/logs",
@@ -368,7 +433,10 @@ void JobManager::StartPrepared(const StartRequest& request, absl::StatusOr<JobSh
 void JobManager::WaitForSlots(Job& job, int free) {
   std::vector<std::string> holders;  // jobs with a live worker process
   for (const std::string& other : order_) {
-    if (jobs_.at(other)->workers().AnyAlive()) holders.push_back(other);
+    const Job& holder = *jobs_.at(other);
+    if (holder.config().backend.type == BackendType::kLocal && holder.workers().AnyAlive()) {
+      holders.push_back(other);
+    }
   }
   const std::string message = absl::StrCat(
       "waiting for workers: needs ", job.record().num_workers, ", ", free, " of ", total_slots_,
@@ -379,16 +447,22 @@ void JobManager::WaitForSlots(Job& job, int free) {
 }
 
 void JobManager::StartJob(Job& job, std::vector<int> slots, JobShards shards) {
+  const bool ray = job.config().backend.type == BackendType::kRay;
   WorkerLaunchRequest launch;
   launch.worker_binary = options_.worker_binary;
   launch.coordinator_address = coordinator_address_;
   launch.extra_env = options_.worker_env;
   launch.job_dir = JobDir(job.id());
-  launch.use_gpu = slots_.gpu();
-  launch.host_cores = sysconf(_SC_NPROCESSORS_ONLN);
-  absl::Status started = job.Start(slots, std::move(launch), std::move(shards));
-  // Every launched worker holds its slot until it is reaped, even when the start failed.
-  for (const WorkerProcess& w : job.workers().workers()) slots_.Take(w.slot);
+  launch.use_gpu = RunsOnGpus(job.config());
+  // A local CPU worker shares this host's cores with the job's others; a Ray worker has its bundle's.
+  launch.threads_per_worker =
+      ray ? job.config().backend.cpus_per_worker
+          : std::max(1, local_.Capacity().cpus / std::max(1, job.record().num_workers));
+  absl::Status started = job.Start(ray ? cluster_ : &local_, slots, std::move(launch), std::move(shards));
+  // Every launched local worker holds its slot until its end is seen.
+  if (!ray) {
+    for (const WorkerProcess& w : job.workers().workers()) slots_.Take(w.slot);
+  }
   if (!started.ok()) job.Fail("START_FAILED", std::string(started.message()));
 }
 
@@ -396,7 +470,9 @@ bool JobManager::Tick() {
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.workers().empty()) continue;
-    for (int slot : job.Poll()) slots_.Release(slot);
+    const std::vector<int> freed = job.Poll();
+    if (job.config().backend.type == BackendType::kRay) continue;  // holds no slot here
+    for (int slot : freed) slots_.Release(slot);
   }
   std::optional<StartRequest> next = NextStart();
   if (!next) return false;

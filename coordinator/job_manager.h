@@ -1,5 +1,6 @@
 // The coordinator's core, with no gRPC in it: accepts jobs, keeps them in a strict-FIFO queue,
-// starts a job when enough worker slots are free, runs the monitor thread that reaps workers and
+// starts a job when enough worker slots are free (or at once on a Ray cluster, whose placement
+// group waits for room), runs the monitor thread that reaps workers and
 // enforces deadlines, and authenticates the workers' calls before handing them to their Job.
 // One Job (job.h) carries out each job's state machine; SlotPool says which slots are busy. The
 // gRPC services (job_service.h, worker_service.h) forward here.
@@ -28,6 +29,7 @@
 #include "coordinator/job.h"
 #include "coordinator/job_store.h"
 #include "coordinator/job_types.h"
+#include "coordinator/local_worker_launcher.h"
 #include "coordinator/path_confinement.h"
 #include "coordinator/process_launcher.h"
 #include "coordinator/slot_pool.h"
@@ -81,7 +83,10 @@ using qlora::WorkerAssignment;
 
 class JobManager {
  public:
-  JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* launcher);
+  // `processes` runs local workers (backend.type: local); `cluster`, when not null, runs the
+  // workers of jobs with backend.type: ray (a RayWorkerLauncher). Both outlive the manager.
+  JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* processes,
+             WorkerLauncher* cluster = nullptr);
   ~JobManager();
 
   // Loads the stored jobs (a job that was starting or running when the previous coordinator
@@ -125,7 +130,9 @@ class JobManager {
   absl::StatusOr<std::string> LogPath(const std::string& id, int rank) const;
 
   // Workers. Every call is authenticated by (job id, startup token).
-  absl::Status Register(const std::string& job_id, const std::string& token, int rank, int64_t pid);
+  // `host`: the address the call came from ("" when unknown), shown with `pid` in messages.
+  absl::Status Register(const std::string& job_id, const std::string& token, int rank, int64_t pid,
+                        const std::string& host = "");
   absl::StatusOr<WorkerAssignment> GetAssignment(const std::string& job_id,
                                                  const std::string& token, absl::Time deadline);
   absl::Status PublishNcclId(const std::string& job_id, const std::string& token,
@@ -181,13 +188,18 @@ class JobManager {
   // The worker's rendezvous, looked up under the lock, for a wait made without it.
   absl::StatusOr<RendezvousSeat> SeatFor(const std::string& job_id, const std::string& token)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Parses and checks a submission: its datasets (stat only) and this coordinator's slots.
+  // Parses and checks a submission: its datasets (stat only) and where it can run (this
+  // coordinator's slots, or the Ray cluster). Sets backend.num_workers when the file left it 0.
   absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The workers a job's start gets: whether on GPUs, and how many threads each.
+  bool RunsOnGpus(const JobConfig& config) const;
   std::string JobDir(const std::string& id) const;
 
   const JobManagerOptions options_;
   const int total_slots_;
+  LocalWorkerLauncher local_;        // backend.type: local
+  WorkerLauncher* const cluster_;    // backend.type: ray; null without --ray-address
   const JobEnv env_;                 // what every Job shares; outlives them
 
   mutable absl::Mutex mu_;

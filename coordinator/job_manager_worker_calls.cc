@@ -23,11 +23,10 @@ absl::StatusOr<JobManager::RendezvousSeat> JobManager::SeatFor(const std::string
 }
 
 absl::Status JobManager::Register(const std::string& job_id, const std::string& token, int rank,
-                                  int64_t pid) {
-  (void)pid;  // the launcher knows the pid; the worker's own is only informative
+                                  int64_t pid, const std::string& host) {
   absl::MutexLock lock(&mu_);
   QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
-  return call.job->Register(*call.worker, rank);
+  return call.job->Register(*call.worker, rank, host, pid);
 }
 
 absl::StatusOr<WorkerAssignment> JobManager::GetAssignment(const std::string& job_id,

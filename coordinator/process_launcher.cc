@@ -17,11 +17,6 @@ extern char** environ;
 
 namespace qlora::coordinator {
 
-std::string ExitInfo::Describe() const {
-  if (signaled) return absl::StrCat("signal ", code, " (", strsignal(code), ")");
-  return absl::StrCat("exit status ", code);
-}
-
 absl::StatusOr<pid_t> PosixProcessLauncher::Launch(const LaunchSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("empty argv");
   // Everything the child needs is prepared before fork: only async-signal-safe calls after.

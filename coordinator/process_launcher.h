@@ -1,32 +1,18 @@
-// Starts and stops worker processes. The real launcher forks and execs each worker in its own
-// process group, with a parent-death signal so no worker outlives the coordinator, and its
-// stdout/stderr appended to a log file. Tests may inject another ProcessLauncher.
+// Starts and stops local processes, by pid: the POSIX machinery under LocalWorkerLauncher. The
+// real launcher forks and execs each worker in its own process group, with a parent-death
+// signal so no worker outlives the coordinator, and its stdout/stderr appended to a log file.
+// Tests may inject another ProcessLauncher.
 #pragma once
 
 #include <sys/types.h>
 
-#include <map>
 #include <optional>
-#include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "coordinator/worker_launcher.h"
 
 namespace qlora::coordinator {
-
-struct LaunchSpec {
-  std::vector<std::string> argv;             // argv[0] is the executable path
-  std::map<std::string, std::string> env;    // added to (and overriding) the coordinator's
-  std::string log_path;                      // stdout and stderr go here (appended)
-};
-
-// How a process ended, as waitpid reported it.
-struct ExitInfo {
-  bool signaled = false;
-  int code = 0;                              // exit status, or the signal number
-  std::string Describe() const;              // "exit status 3" / "signal 9 (Killed)"
-};
 
 class ProcessLauncher {
  public:

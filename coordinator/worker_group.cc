@@ -1,25 +1,26 @@
-// A job's worker processes: launch, signal, reap (see worker_group.h).
+// A job's workers: launch, stop, collect their ends (see worker_group.h).
 #include "coordinator/worker_group.h"
-
-#include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
 
 namespace qlora::coordinator {
 
-absl::Status WorkerGroup::Launch(int rank, int slot, std::string token, const LaunchSpec& spec,
-                                 absl::Time now) {
-  absl::StatusOr<pid_t> pid = launcher_->Launch(spec);
-  if (!pid.ok()) return pid.status();
-  WorkerProcess w;
-  w.rank = rank;
-  w.token = std::move(token);
-  w.slot = slot;
-  w.pid = *pid;
-  w.last_heartbeat = now;
-  workers_.push_back(std::move(w));
+absl::Status WorkerGroup::Launch(WorkerLauncher* launcher, const GroupLaunch& launch,
+                                 const std::vector<std::string>& tokens, absl::Time now) {
+  absl::StatusOr<std::unique_ptr<LaunchedGroup>> launched = launcher->Launch(launch);
+  if (!launched.ok()) return launched.status();
+  launched_ = *std::move(launched);
+  workers_.clear();
+  for (const RankLaunch& rank : launch.ranks) {
+    WorkerProcess w;
+    w.rank = rank.rank;
+    w.token = tokens.at(rank.rank);
+    w.slot = rank.slot;
+    w.where = launched_->Where(rank.rank);
+    w.last_heartbeat = now;
+    workers_.push_back(std::move(w));
+  }
   return absl::OkStatus();
 }
 
@@ -32,12 +33,15 @@ WorkerProcess* WorkerGroup::FindByToken(const std::string& token) {
 
 std::vector<WorkerExit> WorkerGroup::Reap() {
   std::vector<WorkerExit> exits;
-  for (WorkerProcess& w : workers_) {
-    if (w.exited) continue;
-    std::optional<ExitInfo> info = launcher_->Poll(w.pid);
-    if (!info) continue;
-    w.exited = true;
-    exits.push_back({w.rank, w.pid, w.slot, w.completed, *info});
+  if (!launched_) return exits;
+  for (const RankEnd& end : launched_->Poll()) {
+    for (WorkerProcess& w : workers_) {
+      if (w.rank != end.rank || w.exited) continue;
+      w.exited = true;
+      // The launcher's place is the more precise one once it names a host.
+      if (w.where.empty() || end.where.find("host") != std::string::npos) w.where = end.where;
+      exits.push_back({w.rank, w.where, w.slot, w.completed, end.info});
+    }
   }
   return exits;
 }
@@ -64,7 +68,7 @@ void WorkerGroup::TouchAll(absl::Time now) {
 void WorkerGroup::Stop(absl::Time kill_at) {
   if (stopping_) return;
   ExpectExit(kill_at);
-  SignalAlive(SIGTERM);
+  if (launched_ && AnyAlive()) launched_->Terminate();
 }
 
 void WorkerGroup::ExpectExit(absl::Time kill_at) {
@@ -74,22 +78,19 @@ void WorkerGroup::ExpectExit(absl::Time kill_at) {
 }
 
 void WorkerGroup::KillOverdue(absl::Time now) {
-  if (stopping_ && now >= kill_at_) SignalAlive(SIGKILL);
+  if (stopping_ && now >= kill_at_ && AnyAlive()) KillAll();
+}
+
+void WorkerGroup::KillAll() {
+  if (!launched_ || !AnyAlive()) return;
+  launched_->Kill();
+  killed_ = true;
 }
 
 void WorkerGroup::ReapKilled() {
-  for (WorkerProcess& w : workers_) {
-    // Reap what was killed so nothing is left as a zombie.
-    for (int i = 0; i < 100 && !w.exited; ++i) {
-      if (launcher_->Poll(w.pid)) w.exited = true; else usleep(10000);
-    }
-  }
-}
-
-void WorkerGroup::SignalAlive(int signal) {
-  for (const WorkerProcess& w : workers_) {
-    if (!w.exited) launcher_->Signal(w.pid, signal);
-  }
+  if (!launched_ || !killed_) return;
+  launched_->AwaitKilled();
+  Reap();
 }
 
 }  // namespace qlora::coordinator

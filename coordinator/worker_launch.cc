@@ -24,8 +24,7 @@ LaunchSpec BuildWorkerLaunchSpec(const WorkerLaunchRequest& r) {
     spec.argv.push_back("--device=cuda");
   } else {
     spec.env["CUDA_VISIBLE_DEVICES"] = "";
-    const long cores = std::max(1L, r.host_cores / std::max(1, r.world_size));
-    spec.env["OMP_NUM_THREADS"] = std::to_string(cores);
+    spec.env["OMP_NUM_THREADS"] = std::to_string(std::max(1, r.threads_per_worker));
     spec.argv.push_back("--device=cpu");
   }
   spec.log_path = WorkerLogPath(r.job_dir, r.rank);

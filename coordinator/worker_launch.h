@@ -20,8 +20,8 @@ struct WorkerLaunchRequest {
   int rank = 0;
   int world_size = 1;
   bool use_gpu = false;
-  int slot = 0;                      // the GPU id (use_gpu), else the CPU slot number
-  long host_cores = 1;               // CPU workers share these cores evenly
+  int slot = 0;                      // the local GPU id (use_gpu), else the CPU slot number
+  int threads_per_worker = 1;        // a CPU worker's OMP_NUM_THREADS
   // Passed to every worker as is: how to dial the coordinator over TLS (QLORA_TLS_CA,
   // QLORA_TLS_SERVER_NAME; see common/rpc/coordinator_channel.h). Never a secret.
   std::map<std::string, std::string> extra_env;
@@ -31,8 +31,9 @@ struct WorkerLaunchRequest {
 std::string WorkerLogPath(const std::string& job_dir, int rank);
 
 // The startup token travels in the environment (kWorkerTokenVariable), never in argv.
-// A GPU worker sees only its GPU (CUDA_VISIBLE_DEVICES=<slot>, --device=cuda); a CPU worker sees
-// none (CUDA_VISIBLE_DEVICES="") and gets OMP_NUM_THREADS = host_cores / world_size (at least 1).
+// A GPU worker sees only its GPU (CUDA_VISIBLE_DEVICES=<slot>, --device=cuda; on a Ray cluster
+// the launcher there replaces it with the GPU Ray assigned); a CPU worker sees none
+// (CUDA_VISIBLE_DEVICES="") and gets OMP_NUM_THREADS = threads_per_worker.
 LaunchSpec BuildWorkerLaunchSpec(const WorkerLaunchRequest& request);
 
 }  // namespace qlora::coordinator

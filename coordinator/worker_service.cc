@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "coordinator/peer_address.h"
 #include "coordinator/proto_convert.h"
 
 namespace qlora::coordinator {
@@ -16,9 +17,10 @@ absl::Time WaitDeadline(const grpc::ServerContext* context, absl::Duration cap) 
 
 }  // namespace
 
-grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* r,
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* context, const v1::RegisterRequest* r,
                                          v1::RegisterResponse*) {
-  return ToGrpc(manager_->Register(r->job_id(), r->startup_token(), r->rank(), r->pid()));
+  return ToGrpc(manager_->Register(r->job_id(), r->startup_token(), r->rank(), r->pid(),
+                                   PeerHost(context->peer())));
 }
 
 grpc::Status WorkerServiceImpl::GetAssignment(grpc::ServerContext* context, const v1::GetAssignmentRequest* r,

@@ -11,13 +11,18 @@ TORCH_VERSION=2.11.0
 CACHE=${QLORA_CACHE:-$HOME/.cache/qlora}
 LIBTORCH=$CACHE/libtorch-$TORCH_VERSION-v2
 PYENV=$CACHE/pyenv-$TORCH_VERSION-v1
+RAY_VERSION=2.60.0
+RAYENV=$CACHE/rayenv-$RAY_VERSION-v1
 mkdir -p "$CACHE"
 
 debian_packages=(build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev libgloo-dev
-  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libssl-dev openssl unzip python3-venv python3-pip
+  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libssl-dev openssl libcurl4-openssl-dev
+  iproute2 unzip python3-venv python3-pip
   clang libclang-rt-14-dev llvm)
+# libcurl4-openssl-dev: the coordinator's Ray launcher (HTTP to Ray's dashboard); iproute2: the
+# multi-host test's network namespaces.
 # clang, libclang-rt-14-dev (the ASan/UBSan/libFuzzer runtimes; only a recommendation of clang,
 # so named here) and llvm (llvm-symbolizer, for readable sanitizer stacks): the sanitizer build
 # and the fuzz targets of scripts/fuzz_and_sanitize.sh.
@@ -68,5 +73,15 @@ if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$PYENV/.complete" 2>/dev/null)
   "$PYENV/bin/pip" install -q -r "$requirements"
   echo "$want" > "$PYENV/.complete"
 fi
+# The Ray cluster of the multi-host tests (scripts/requirements-ray.txt), in its own environment.
+ray_requirements="$(cd "$(dirname "$0")" && pwd)/requirements-ray.txt"
+ray_want=$(sha256sum "$ray_requirements" | cut -d' ' -f1)
+if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$RAYENV/.complete" 2>/dev/null)" != "$ray_want" ]; then
+  echo "setup: syncing the Ray test cluster's environment to $(basename "$ray_requirements")"
+  [ -x "$RAYENV/bin/python" ] || $PY -m venv "$RAYENV"
+  "$RAYENV/bin/pip" install -q -r "$ray_requirements"
+  echo "$ray_want" > "$RAYENV/.complete"
+fi
 echo "LIBTORCH=$LIBTORCH/torch"
 echo "PYENV=$PYENV"
+echo "RAYENV=$RAYENV"

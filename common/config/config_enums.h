@@ -17,6 +17,8 @@ enum class LrScheduler { kConstant, kLinear, kCosine };   // learning_rate_sched
 enum class OptimizerType { kAdamW, kAdam };               // trainer.optimizer.type
 enum class StrategyType { kDeepSpeed, kDdp };             // backend.trainer.strategy.type
 enum class BackendType { kLocal, kRay };                  // backend.type
+// backend.trainer.placement_strategy: Ray's strategies for one bundle per worker.
+enum class PlacementStrategy { kPack, kSpread, kStrictPack, kStrictSpread };
 enum class DatasetFormat { kAuto, kJsonl, kCsv, kText };  // data.format
 enum class MalformedRecords { kFail, kSkip };             // data.malformed_records
 
@@ -45,6 +47,9 @@ QLORA_ENUM_TABLE(LrScheduler, {LrScheduler::kCosine, "cosine"}, {LrScheduler::kL
 QLORA_ENUM_TABLE(OptimizerType, {OptimizerType::kAdamW, "adamw"}, {OptimizerType::kAdam, "adam"});
 QLORA_ENUM_TABLE(StrategyType, {StrategyType::kDeepSpeed, "deepspeed"}, {StrategyType::kDdp, "ddp"});
 QLORA_ENUM_TABLE(BackendType, {BackendType::kLocal, "local"}, {BackendType::kRay, "ray"});
+QLORA_ENUM_TABLE(PlacementStrategy, {PlacementStrategy::kPack, "PACK"},
+                 {PlacementStrategy::kSpread, "SPREAD"}, {PlacementStrategy::kStrictPack, "STRICT_PACK"},
+                 {PlacementStrategy::kStrictSpread, "STRICT_SPREAD"});
 QLORA_ENUM_TABLE(DatasetFormat, {DatasetFormat::kAuto, "auto"}, {DatasetFormat::kJsonl, "jsonl"},
                  {DatasetFormat::kCsv, "csv"}, {DatasetFormat::kText, "text"});
 QLORA_ENUM_TABLE(MalformedRecords, {MalformedRecords::kFail, "fail"},

@@ -54,9 +54,13 @@ struct StrategyConfig {
 };
 
 struct BackendConfig {
-  BackendType type = BackendType::kLocal;   // ray: accepted for compatibility; same meaning
-  bool use_gpu = true;                      // false: CPU workers
+  BackendType type = BackendType::kLocal;   // ray: on the coordinator's Ray cluster (--ray-address)
+  bool use_gpu = true;                      // false: CPU workers (true: GPUs where there are any)
   int num_workers = 0;                      // 0 = every GPU of the machine (or --cpu-workers)
+  // Ray only: how the bundles of one job are placed, and each bundle's CPUs
+  // (resources_per_worker.CPU; a CPU worker also uses that many threads).
+  PlacementStrategy placement = PlacementStrategy::kPack;
+  int cpus_per_worker = 1;
   StrategyConfig strategy;
 };
 

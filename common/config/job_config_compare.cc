@@ -13,10 +13,10 @@ static_assert(sizeof(FeatureConfig) == 64, "FeatureConfig changed: see the note 
 static_assert(sizeof(QuantizationConfig) == 24, "QuantizationConfig changed: see the note above");
 static_assert(sizeof(LoraConfig) == 56, "LoraConfig changed: see the note above");
 static_assert(sizeof(StrategyConfig) == 64, "StrategyConfig changed: see the note above");
-static_assert(sizeof(BackendConfig) == 80, "BackendConfig changed: see the note above");
+static_assert(sizeof(BackendConfig) == 88, "BackendConfig changed: see the note above");
 static_assert(sizeof(TrainerConfig) == 184, "TrainerConfig changed: see the note above");
 static_assert(sizeof(DataConfig) == 128, "DataConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 712, "JobConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 720, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -44,8 +44,8 @@ bool operator==(const StrategyConfig& a, const StrategyConfig& b) {
 }
 
 bool operator==(const BackendConfig& a, const BackendConfig& b) {
-  return std::tie(a.type, a.use_gpu, a.num_workers, a.strategy) ==
-         std::tie(b.type, b.use_gpu, b.num_workers, b.strategy);
+  return std::tie(a.type, a.use_gpu, a.num_workers, a.placement, a.cpus_per_worker, a.strategy) ==
+         std::tie(b.type, b.use_gpu, b.num_workers, b.placement, b.cpus_per_worker, b.strategy);
 }
 
 bool operator==(const TrainerConfig& a, const TrainerConfig& b) {

@@ -156,7 +156,12 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
   w.Begin("backend").Word("type", EnumName(c.backend.type));
   w.Begin("trainer")
       .Bool("use_gpu", c.backend.use_gpu)
-      .Integer("num_workers", c.backend.num_workers);
+      .Integer("num_workers", c.backend.num_workers)
+      .Word("placement_strategy", EnumName(c.backend.placement));
+  w.Begin("resources_per_worker")
+      .Integer("CPU", c.backend.cpus_per_worker)
+      .Integer("GPU", c.backend.use_gpu ? 1 : 0)
+      .End();
   WriteStrategy(w, c.backend.strategy);
   w.End().End();
 

@@ -313,6 +313,16 @@ absl::Status ReadBackend(const MapReader& top, const QuantizationConfig& quant,
   QLORA_ASSIGN_OR_RETURN(MapReader trainer, backend.OpenMap("trainer"));
   QLORA_RETURN_IF_ERROR(trainer.ReadBool("use_gpu", &b->use_gpu));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("num_workers", 0, kIntMax, &b->num_workers));
+  QLORA_RETURN_IF_ERROR(trainer.ReadEnum("placement_strategy", &b->placement));
+  QLORA_ASSIGN_OR_RETURN(MapReader resources, trainer.OpenMap("resources_per_worker"));
+  QLORA_RETURN_IF_ERROR(resources.ReadInt("CPU", 1, 1024, &b->cpus_per_worker));
+  int gpus = b->use_gpu ? 1 : 0;
+  QLORA_RETURN_IF_ERROR(resources.ReadInt("GPU", 0, 1, &gpus));
+  if (gpus != (b->use_gpu ? 1 : 0)) {
+    return resources.Error("GPU", absl::StrCat("a worker uses exactly one GPU with use_gpu: true and none "
+                                               "with use_gpu: false; got GPU: ", gpus, " with use_gpu: ",
+                                               b->use_gpu ? "true" : "false"));
+  }
   return ReadStrategy(trainer, quant, &b->strategy);
 }
 

@@ -5,6 +5,9 @@
 #   scripts/device/run_on_gpu.sh fixtures         bitsandbytes NF4/FP4 fixtures -> $OUT/bnb
 #   scripts/device/run_on_gpu.sh train [gpus]     the example job through the real service on GPUs
 #   scripts/device/run_on_gpu.sh restart          a 2-GPU job restarting after its rank 1 is killed
+#   scripts/device/run_on_gpu.sh ray-stash1 ray-stash2   keeps those parts of the Ray wheels
+#   scripts/device/run_on_gpu.sh ray              the 7B job on 2 GPUs: local workers, then through
+#                                                 the Ray launcher (scripts/device/gpu_ray_run.sh)
 #   scripts/device/run_on_gpu.sh bench-fair       ours against the anchors at their best, with a
 #                                                 profile and its attribution (bench/fair_bench.sh;
 #                                                 needs .device-wheels from scripts/device/wheels.sh)
@@ -33,6 +36,10 @@ for what in "$@"; do
       "$root/scripts/device/gpu_training_run.sh" 2>&1 | tee "$OUT/train.txt" ;;
     restart)
       "$root/scripts/device/gpu_restart_run.sh" 2>&1 | tee "$OUT/restart.txt" ;;
+    ray-stash1|ray-stash2)
+      "$root/scripts/device/gpu_ray_run.sh" stash "${what#ray-stash}" ;;
+    ray)
+      "$root/scripts/device/gpu_ray_run.sh" run ;;
     bench-fair)
       "$root/bench/fair_bench.sh" 2>&1 | tee "$OUT/bench.log" ;;
   esac

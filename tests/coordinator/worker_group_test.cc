@@ -1,6 +1,9 @@
-// WorkerGroup with real processes (/bin/sh through PosixProcessLauncher): launching, reaping,
-// SIGTERM on Stop, SIGKILL only once the grace has passed, and the heartbeat bookkeeping.
+// WorkerGroup with real processes (/bin/sh through LocalWorkerLauncher and PosixProcessLauncher):
+// launching, reaping, SIGTERM on Stop, SIGKILL only once the grace has passed, a failed start
+// leaving nothing running, and the heartbeat bookkeeping.
 #include "coordinator/worker_group.h"
+
+#include "coordinator/local_worker_launcher.h"
 
 #include <signal.h>
 
@@ -37,19 +40,30 @@ class CoordinatorWorkerGroupTest : public ::testing::Test {
     });
     return exits;
   }
+  // Launches ranks 0..n-1 with `specs` on `slots` (tokens "t<rank>").
+  absl::Status Launch(WorkerGroup& group, const std::vector<LaunchSpec>& specs, std::vector<int> slots = {}) {
+    GroupLaunch launch;
+    std::vector<std::string> tokens;
+    for (size_t r = 0; r < specs.size(); ++r) {
+      launch.ranks.push_back({static_cast<int>(r), slots.empty() ? static_cast<int>(r) : slots[r], specs[r]});
+      tokens.push_back(absl::StrCat("t", r));
+    }
+    return group.Launch(&local_, launch, tokens, kT0);
+  }
   TempDir dir_;
-  PosixProcessLauncher launcher_;
+  PosixProcessLauncher processes_;
+  LocalWorkerLauncher local_{&processes_, 0};
 };
 
 TEST_F(CoordinatorWorkerGroupTest, ReapsEachExitOnceWithItsRankAndSlot) {
-  WorkerGroup group(&launcher_);
-  ASSERT_TRUE(group.Launch(0, 4, "token-0", Shell("exit 0", "r0.log"), kT0).ok());
-  ASSERT_TRUE(group.Launch(1, 6, "token-1", Shell("exit 5", "r1.log"), kT0).ok());
+  WorkerGroup group;
+  ASSERT_TRUE(Launch(group, {Shell("exit 0", "r0.log"), Shell("exit 5", "r1.log")}, {4, 6}).ok());
   EXPECT_EQ(group.size(), 2);
-  ASSERT_NE(group.FindByToken("token-1"), nullptr);
-  EXPECT_EQ(group.FindByToken("token-1")->rank, 1);
+  ASSERT_NE(group.FindByToken("t1"), nullptr);
+  EXPECT_EQ(group.FindByToken("t1")->rank, 1);
+  EXPECT_THAT(group.FindByToken("t1")->where, ::testing::StartsWith("pid "));
   EXPECT_EQ(group.FindByToken("nope"), nullptr);
-  group.FindByToken("token-0")->completed = true;
+  group.FindByToken("t0")->completed = true;
 
   std::vector<WorkerExit> exits = ReapUntil(group, 2);
   ASSERT_EQ(exits.size(), 2u);
@@ -65,10 +79,10 @@ TEST_F(CoordinatorWorkerGroupTest, ReapsEachExitOnceWithItsRankAndSlot) {
 }
 
 TEST_F(CoordinatorWorkerGroupTest, StopSendsSigtermAndSigkillOnlyAfterTheGrace) {
-  WorkerGroup group(&launcher_);
+  WorkerGroup group;
   // Rank 0 ends on SIGTERM; rank 1 ignores it, as a worker stuck in a collective might.
-  ASSERT_TRUE(group.Launch(0, 0, "t0", Shell("echo ready; exec sleep 60", "r0.log"), kT0).ok());
-  ASSERT_TRUE(group.Launch(1, 1, "t1", Shell("trap '' TERM; echo ready; while :; do sleep 0.05; done", "r1.log"), kT0).ok());
+  ASSERT_TRUE(Launch(group, {Shell("echo ready; exec sleep 60", "r0.log"),
+                             Shell("trap '' TERM; echo ready; while :; do sleep 0.05; done", "r1.log")}).ok());
   ASSERT_TRUE(PollUntil([&] {
     return ReadFile(dir_.path() + "/r0.log") == "ready\n" && ReadFile(dir_.path() + "/r1.log") == "ready\n";
   }));
@@ -95,9 +109,9 @@ TEST_F(CoordinatorWorkerGroupTest, StopSendsSigtermAndSigkillOnlyAfterTheGrace) 
 }
 
 TEST_F(CoordinatorWorkerGroupTest, KillAllAndReapKilledLeaveNothingRunning) {
-  WorkerGroup group(&launcher_);
-  ASSERT_TRUE(group.Launch(0, 0, "t0", Shell("trap '' TERM; while :; do sleep 0.05; done", "r0.log"), kT0).ok());
-  ASSERT_TRUE(group.Launch(1, 1, "t1", Shell("exec sleep 60", "r1.log"), kT0).ok());
+  WorkerGroup group;
+  ASSERT_TRUE(Launch(group, {Shell("trap '' TERM; while :; do sleep 0.05; done", "r0.log"),
+                             Shell("exec sleep 60", "r1.log")}).ok());
   group.KillAll();
   group.ReapKilled();
   EXPECT_FALSE(group.AnyAlive());
@@ -105,9 +119,8 @@ TEST_F(CoordinatorWorkerGroupTest, KillAllAndReapKilledLeaveNothingRunning) {
 }
 
 TEST_F(CoordinatorWorkerGroupTest, HeartbeatBookkeeping) {
-  WorkerGroup group(&launcher_);
-  ASSERT_TRUE(group.Launch(0, 0, "t0", Shell("exec sleep 60", "r0.log"), kT0).ok());
-  ASSERT_TRUE(group.Launch(1, 1, "t1", Shell("exec sleep 60", "r1.log"), kT0).ok());
+  WorkerGroup group;
+  ASSERT_TRUE(Launch(group, {Shell("exec sleep 60", "r0.log"), Shell("exec sleep 60", "r1.log")}).ok());
   EXPECT_EQ(group.SilentSince(kT0), nullptr);  // heard of at launch
   group.FindByToken("t0")->last_heartbeat = kT0 + absl::Seconds(50);
   const WorkerProcess* silent = group.SilentSince(kT0 + absl::Seconds(10));
@@ -124,13 +137,17 @@ TEST_F(CoordinatorWorkerGroupTest, HeartbeatBookkeeping) {
   group.ReapKilled();
 }
 
-TEST_F(CoordinatorWorkerGroupTest, FailedLaunchAddsNoWorker) {
-  WorkerGroup group(&launcher_);
-  LaunchSpec bad = Shell("exit 0", "no/such/folder/r0.log");
-  absl::Status s = group.Launch(0, 0, "t0", bad, kT0);
+TEST_F(CoordinatorWorkerGroupTest, FailedLaunchAddsNoWorkerAndLeavesNothingRunning) {
+  WorkerGroup group;
+  // Rank 0 starts (and would run for a minute); rank 1 cannot: the start fails as a whole.
+  absl::Status s = Launch(group, {Shell("echo $$ > " + dir_.path() + "/r0.pid; exec sleep 60", "r0.log"),
+                                  Shell("exit 0", "no/such/folder/r1.log")});
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("rank 1"));
   EXPECT_TRUE(group.empty());
   EXPECT_EQ(group.FindByToken("t0"), nullptr);
+  const std::string pid = ReadFile(dir_.path() + "/r0.pid");
+  if (!pid.empty()) EXPECT_NE(::kill(std::stoi(pid), 0), 0) << "rank 0 of the failed start still runs";
 }
 
 }  // namespace

@@ -37,21 +37,21 @@ TEST(CoordinatorWorkerLaunchTest, GpuWorkerSeesOnlyItsGpu) {
   EXPECT_EQ(spec.log_path, "/state/jobs/job-000003/logs/rank-1.log");
 }
 
-TEST(CoordinatorWorkerLaunchTest, CpuWorkerSeesNoGpuAndItsShareOfTheCores) {
+TEST(CoordinatorWorkerLaunchTest, CpuWorkerSeesNoGpuAndGetsItsThreads) {
   WorkerLaunchRequest r = Request();
   r.use_gpu = false;
   r.slot = 1;
-  r.host_cores = 18;
+  r.threads_per_worker = 4;
   LaunchSpec spec = BuildWorkerLaunchSpec(r);
   EXPECT_EQ(spec.argv.back(), "--device=cpu");
   EXPECT_EQ(spec.env.at("CUDA_VISIBLE_DEVICES"), "");  // set, and empty: no GPU at all
-  EXPECT_EQ(spec.env.at("OMP_NUM_THREADS"), "4");      // 18 cores / 4 workers
+  EXPECT_EQ(spec.env.at("OMP_NUM_THREADS"), "4");
   EXPECT_EQ(spec.log_path, WorkerLogPath("/state/jobs/job-000003", 1));
 }
 
 TEST(CoordinatorWorkerLaunchTest, CpuWorkerGetsAtLeastOneThread) {
   WorkerLaunchRequest r = Request();
-  r.host_cores = 2;
+  r.threads_per_worker = 0;
   EXPECT_EQ(BuildWorkerLaunchSpec(r).env.at("OMP_NUM_THREADS"), "1");
 }
 

@@ -64,7 +64,7 @@ std::string TinyModelDir() {
   return dir;
 }
 
-std::string OriginalJobYaml() {
+std::string OriginalJobYaml(bool on_ray) {
   std::ifstream in(SourceDir() + "/tests/data/jobs/good/ludwig_original.yaml");
   std::stringstream text;
   text << in.rdbuf();
@@ -72,7 +72,12 @@ std::string OriginalJobYaml() {
   const std::string from = "base_model: meta-llama/Llama-2-7b-hf";
   const size_t at = yaml.find(from);
   if (at == std::string::npos) return "";
-  return yaml.replace(at, from.size(), "base_model: " + TinyModelDir());
+  yaml.replace(at, from.size(), "base_model: " + TinyModelDir());
+  const std::string ray = "backend:\n  type: ray\n";
+  if (const size_t type = yaml.find(ray); !on_ray && type != std::string::npos) {
+    yaml.replace(type, ray.size(), "backend:\n  type: local\n");
+  }
+  return yaml;
 }
 
 std::string TinyJobYaml(const std::string& extra) {

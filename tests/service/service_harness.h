@@ -30,8 +30,8 @@ std::string MakeTempDir(const std::string& prefix);
 // A tiny HF model folder (random weights, the example tokenizer) made once per test binary.
 std::string TinyModelDir();
 // The original Ludwig job file (tests/data/jobs/good/ludwig_original.yaml) with base_model
-// pointing at the tiny model.
-std::string OriginalJobYaml();
+// pointing at the tiny model; its `backend.type: ray` becomes `local` unless `on_ray`.
+std::string OriginalJobYaml(bool on_ray = false);
 // The same without its `trainer:` line, and `extra` YAML (a trainer section) appended.
 std::string TinyJobYaml(const std::string& extra = "");
 

@@ -227,7 +227,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(
   QLORA_RETURN_IF_ERROR(board.Join(options.connect_timeout));
   try {
     gloo::transport::tcp::attr attr;
-    attr.hostname = options.hostname;
+    if (options.iface.empty()) {
+      attr.hostname = options.hostname;
+    } else {
+      attr.iface = options.iface;
+    }
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
     const std::chrono::milliseconds left = ToMillis(deadline - absl::Now());

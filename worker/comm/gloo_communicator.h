@@ -20,8 +20,10 @@ struct GlooOptions {
   // Namespace of this rendezvous in the store: job id and restart generation, e.g.
   // "job-42/gen-3". Every (re)start of a job must use a new one.
   std::string prefix;
-  // Address this rank listens on for its peers.
+  // Address this rank listens on for its peers (the host's own address when ranks run on
+  // several hosts), or, when `iface` is set, the address of that network interface.
   std::string hostname = "127.0.0.1";
+  std::string iface;
   // How long to wait for every rank to join and connect.
   absl::Duration connect_timeout = absl::Seconds(60);
   // Part of a collective's timeout kept back to ask the store which ranks were missing when it

@@ -83,6 +83,8 @@ absl::Status Trainer::Connect() {
   o.rank = a.rank;
   o.world_size = a.world_size;
   o.prefix = prefix;
+  o.hostname = context_.gloo_hostname;
+  o.iface = context_.gloo_iface;
   QLORA_ASSIGN_OR_RETURN(communicator_, comm::ConnectGloo(o, Borrow(context_.store)));
   Log(absl::StrCat("joined ", a.world_size, " ranks over Gloo"));
   return absl::OkStatus();

@@ -22,6 +22,10 @@ struct TrainingContext {
   std::function<bool()> should_stop = [] { return false; };  // cancelled or told to stop
   std::function<void(const ProgressSnapshot&)> report_progress = [](const ProgressSnapshot&) {};
   TrainingObserver* observer = nullptr;                     // optional; tests watch the run here
+  // Where Gloo listens for the other ranks: this host's address as the others reach it
+  // ($QLORA_HOST_ADDRESS, set on a Ray cluster), or a network interface ($GLOO_SOCKET_IFNAME).
+  std::string gloo_hostname = "127.0.0.1";
+  std::string gloo_iface;
 };
 
 struct TrainingOutcome {

@@ -123,6 +123,12 @@ int main(int argc, char** argv) {
     std::unique_ptr<qlora::worker::TrainingObserver> fault =
         qlora::worker::FaultInjectorFromEnvironment(assignment->rank);
     context.observer = fault.get();
+    if (const char* host = std::getenv("QLORA_HOST_ADDRESS"); host != nullptr && *host != '\0') {
+      context.gloo_hostname = host;
+    }
+    if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface != '\0') {
+      context.gloo_iface = iface;
+    }
     outcome = qlora::worker::RunTrainingJob(context);
   }
   done.Notify();
@@ -133,7 +139,12 @@ int main(int argc, char** argv) {
   }
   if (!outcome.ok()) {
     Log(absl::StrCat("training failed: ", outcome.status().ToString()));
-    client->ReportCompletion(qlora::FailedCompletion(outcome.status()));
+    absl::Status failure = outcome.status();
+    // On a cluster, name the host: a dataset path that this host lacks is the usual cause.
+    if (const char* host = std::getenv("QLORA_HOST_ADDRESS"); host != nullptr && *host != '\0') {
+      failure = absl::Status(failure.code(), absl::StrCat("on host ", host, ": ", failure.message()));
+    }
+    client->ReportCompletion(qlora::FailedCompletion(failure));
     return 1;
   }
   qlora::WorkerCompletion completed;
