@@ -161,6 +161,22 @@ def ray_templates(doc):
     return groups
 
 
+def kustomize_targets(source_dir):
+    """The base and every overlay of deploy/k8s, as paths relative to deploy/k8s."""
+    k8s = os.path.join(source_dir, "deploy", "k8s")
+    return ["base"] + [os.path.join("overlays", o) for o in sorted(os.listdir(os.path.join(k8s, "overlays")))]
+
+
+def render(kubectl, source_dir, target):
+    """(the objects `kubectl kustomize` renders deploy/k8s/TARGET to, None) or (None, its error)."""
+    rendered = subprocess.run([kubectl, "kustomize", os.path.join(source_dir, "deploy", "k8s", target)],
+                              capture_output=True, text=True)
+    if rendered.returncode != 0:
+        return None, f"deploy/k8s/{target}: kubectl kustomize failed: {rendered.stderr.strip()}"
+    import yaml
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d], None
+
+
 def pod_specs(doc):
     """(labels, pod spec) of every pod that `doc` makes."""
     kind, spec = doc.get("kind"), doc.get("spec") or {}
@@ -393,17 +409,13 @@ def check_manifests(source_dir):
     if kubectl is None:
         skip(f"{why_not}: cannot render the kustomizations")
 
-    k8s = os.path.join(source_dir, "deploy", "k8s")
-    targets = ["base"] + [os.path.join("overlays", o) for o in sorted(os.listdir(os.path.join(k8s, "overlays")))]
     user = dockerfile_user(source_dir)
     failures = []
-    for target in targets:
-        rendered = subprocess.run([kubectl, "kustomize", os.path.join(k8s, target)],
-                                  capture_output=True, text=True)
-        if rendered.returncode != 0:
-            failures.append(f"deploy/k8s/{target}: kubectl kustomize failed: {rendered.stderr.strip()}")
+    for target in kustomize_targets(source_dir):
+        docs, error = render(kubectl, source_dir, target)
+        if error:
+            failures.append(error)
             continue
-        docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
         policies = [d for d in docs if d.get("kind") == "NetworkPolicy"]
         pods = [(d, labels, pod) for d in docs for labels, pod in pod_specs(d)]
         if not pods:
