@@ -8,15 +8,16 @@ check_deploy.py does) and each object is validated with the `jsonschema` package
   - for Kubernetes' own kinds, the JSON schemas of Kubernetes v1.32.0, "local-strict" (every
     object closed with additionalProperties: false, so a misspelled or misplaced field fails),
     in tests/deploy/fixtures/kubernetes-v1.32.0 (their source: fixtures/README.md);
-  - for RayCluster (ray.io/v1), the openAPIV3Schema of KubeRay v1.7.0's CRD
-    (ray.io_rayclusters.yaml, pinned here by its SHA-256), made strict as the API server reads a
-    structural schema: an object with `properties` and without
-    x-kubernetes-preserve-unknown-fields is closed (the API server would drop an unknown field
-    silently; here it is an error), `nullable` admits null; the object's metadata against
-    Kubernetes' ObjectMeta. The CRD is read from --kuberay-crd FILE, by default from the first
-    of tests/deploy/fixtures/kuberay-v1.7.0/ray.io_rayclusters.yaml.gz and
-    ../shared/fixtures/kuberay-v1.7.0/ray.io_rayclusters.yaml.gz (beside SOURCE_DIR) that exists;
-    gzipped or not, it must be that file byte for byte (SHA-256).
+  - for RayCluster (ray.io/v1), fixtures/raycluster-ray.io-v1.json: this project's closed schema
+    of KubeRay v1.7.0's RayCluster (the field names, types and required fields of spec,
+    headGroupSpec and workerGroupSpecs as its CRD gives them; pod templates as Kubernetes'
+    PodTemplateSpec, metadata as ObjectMeta). The CRD itself (ray.io_rayclusters.yaml) is not
+    redistributed in this repository; where it is at hand — --kuberay-crd FILE, or
+    ../shared/fixtures/kuberay-v1.7.0/ray.io_rayclusters.yaml.gz beside SOURCE_DIR — RayClusters
+    are validated against it too: its openAPIV3Schema made strict as the API server reads a
+    structural schema (an object with `properties` and without x-kubernetes-preserve-unknown-fields
+    is closed: the API server would drop an unknown field silently, here it is an error;
+    `nullable` admits null), after checking the file is KubeRay v1.7.0's byte for byte (SHA-256).
 A kind with no schema here is an error too: add its schema (fixtures/README.md says how).
 Not checked: CEL rules (x-kubernetes-validations), formats, what admission webhooks decide.
 
@@ -39,7 +40,8 @@ FIXTURES = os.path.join(HERE, "fixtures")
 KUBERNETES_SCHEMAS = os.path.join(FIXTURES, "kubernetes-v1.32.0")
 DEFINITIONS_ID = "https://kubernetes.io/api/_definitions.json"  # the $id the kinds' $refs resolve to
 KUBERAY_CRD = os.path.join("kuberay-v1.7.0", "ray.io_rayclusters.yaml.gz")
-KUBERAY_CRD_DIRS = (FIXTURES, os.path.join("..", "shared", "fixtures"))  # the second beside SOURCE_DIR
+KUBERAY_CRD_DIR = os.path.join("..", "shared", "fixtures")  # beside SOURCE_DIR
+RAYCLUSTER_SCHEMA = os.path.join(FIXTURES, "raycluster-ray.io-v1.json")
 # ray-operator/config/crd/bases/ray.io_rayclusters.yaml at KubeRay's tag v1.7.0 (uncompressed).
 KUBERAY_CRD_SHA256 = "c44704442eef0c6721ad40c1d66782c8bd3fdab9d3344306a5820910a679baa1"
 
@@ -69,6 +71,9 @@ def kubernetes_schemas():
             for gvk in schema.get("x-kubernetes-group-version-kind") or []:
                 api_version = f"{gvk['group']}/{gvk['version']}" if gvk["group"] else gvk["version"]
                 schemas[(api_version, gvk["kind"])] = schema
+    with open(RAYCLUSTER_SCHEMA, encoding="utf-8") as f:
+        raycluster = json.load(f)
+    schemas[("ray.io/v1", "RayCluster")] = raycluster
     return schemas, definitions
 
 
@@ -137,8 +142,8 @@ def main():
         sys.exit(__doc__)
     source_dir = args[0]
     if crd_path is None:
-        candidates = [os.path.join(source_dir, d, KUBERAY_CRD) for d in KUBERAY_CRD_DIRS]
-        crd_path = next((c for c in candidates if os.path.exists(c)), candidates[0])
+        beside = os.path.join(source_dir, KUBERAY_CRD_DIR, KUBERAY_CRD)
+        crd_path = beside if os.path.exists(beside) else None
 
     in_pinned_python()
     try:
@@ -159,10 +164,14 @@ def main():
 
     schemas, definitions = kubernetes_schemas()
     failures = []
-    try:
-        schemas.update(crd_schemas(crd_path, yaml))
-    except (OSError, ValueError) as error:
-        failures.append(f"the KubeRay CRD: {error} (tests/deploy/fixtures/README.md says where it comes from)")
+    upstream = {}  # the KubeRay CRD's schemas, where the CRD is at hand
+    if crd_path is not None:
+        try:
+            upstream = crd_schemas(crd_path, yaml)
+        except (OSError, ValueError) as error:
+            failures.append(f"the KubeRay CRD: {error} (tests/deploy/fixtures/README.md says where it comes from)")
+    print("RayCluster: this project's schema" + (f" and KubeRay's CRD ({crd_path})" if upstream else
+          " (KubeRay's CRD not at hand: --kuberay-crd FILE adds it)"))
     registry = referencing.Registry().with_resource(
         DEFINITIONS_ID, referencing.Resource.from_contents(definitions))
 
@@ -178,6 +187,8 @@ def main():
                 failures.append(f"{where}: no schema for {key[0]} {key[1]} in {os.path.relpath(FIXTURES, source_dir)}")
                 continue
             failures += violations(where, doc, schemas[key], registry, jsonschema)
+            if key in upstream:
+                failures += violations(where + " (KubeRay's CRD)", doc, upstream[key], registry, jsonschema)
         print(f"deploy/k8s/{target}: {len(docs)} object(s) validated")
     for failure in failures:
         print(failure)
