@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/config/job_config_emit.h"
 #include "common/status_macros.h"
 
 namespace qlora::coordinator {
@@ -115,9 +116,29 @@ void Job::Requeue() {
 // ---------------------------------------------------------------------------------------------
 // Starting and watching the workers
 
-absl::Status Job::Start(WorkerLauncher* launcher, const std::vector<int>& slots, WorkerLaunchRequest launch,
-                        JobShards shards) {
-  const int world = record_.num_workers;
+absl::Status Job::Start(WorkerLauncher* launcher, const std::vector<int>& slots, int world,
+                        WorkerLaunchRequest launch, JobShards shards) {
+  start_config_yaml_ = record_.resolved_config_yaml;
+  if (world != record_.num_workers) {
+    JobConfig resized = config_;
+    const int64_t ga = resized.trainer.gradient_accumulation_steps;
+    const int64_t batch = resized.trainer.batch_size;
+    const int64_t all = record_.num_workers;
+    std::string how;
+    if ((ga * all) % world == 0) {
+      resized.trainer.gradient_accumulation_steps = ga * all / world;
+      how = absl::StrCat("gradient_accumulation_steps ", ga, " -> ", ga * all / world, " keeps the global batch of ",
+                         batch * ga * all, " sequences");
+    } else {
+      how = absl::StrCat("the global batch changes from ", batch * ga * all, " to ", batch * ga * world,
+                         " sequences (gradient_accumulation_steps ", ga, " does not scale by ", all, "/", world, ")");
+    }
+    start_config_yaml_ = EmitResolvedJobYaml(resized);
+    Transition(state(), "ELASTIC_RESIZE",
+               absl::StrCat("continuing on ", world, " of ", all, " workers (min_workers ",
+                            config_.backend.min_workers, "): ", how,
+                            "; the last checkpoint is re-partitioned over ", world, " ranks"));
+  }
   shards_ = std::move(shards);
   reported_failure_.reset();
   const absl::Time now = env_->now();
@@ -239,7 +260,7 @@ absl::StatusOr<WorkerAssignment> Job::Assignment(WorkerProcess& worker, std::str
   a.rank = worker.rank;
   a.world_size = workers_.size();
   a.device = use_gpu_ ? DeviceKind::kCuda : DeviceKind::kCpu;
-  a.resolved_config_yaml = record_.resolved_config_yaml;
+  a.resolved_config_yaml = start_config_yaml_;
   a.train_shards = shards_.train[worker.rank];
   a.validation_shards = shards_.validation[worker.rank];
   a.nccl_unique_id = std::move(nccl_unique_id);

@@ -94,8 +94,12 @@ class Job {
   // shards were planned and the folders made beforehand, without the manager's lock
   // (start_prep.h): nothing here reads a dataset. On an error the workers launched so far are
   // being stopped; they hold their slots until they are reaped.
-  absl::Status Start(WorkerLauncher* launcher, const std::vector<int>& slots, WorkerLaunchRequest launch,
-                     JobShards shards);
+  // `world` is normally the job's num_workers; fewer for an elastic job (backend.trainer.
+  // min_workers) whose workers are gone for good: then the start's config keeps the global batch
+  // by raising gradient_accumulation_steps where it divides (else says how the batch changes),
+  // and the event ELASTIC_RESIZE says so. The checkpoint is re-partitioned by the workers.
+  absl::Status Start(WorkerLauncher* launcher, const std::vector<int>& slots, int world,
+                     WorkerLaunchRequest launch, JobShards shards);
   // Reaps the workers that ended (a failure unless the job is stopping or the rank completed
   // and exited cleanly), SIGKILLs stragglers after the grace, and enforces the registration and
   // heartbeat deadlines. Returns the slots of the workers whose end was seen.
@@ -130,6 +134,7 @@ class Job {
   JobConfig config_;                 // parsed once: at Submit, or at Load for a job that may run
   bool use_gpu_ = false;             // of the current start
   std::string placed_on_;            // of the current start: the launcher's Describe()
+  std::string start_config_yaml_;    // of the current start: the resolved config its workers get
   WorkerGroup workers_;
   std::shared_ptr<Rendezvous> rendezvous_;
   JobShards shards_;

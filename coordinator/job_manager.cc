@@ -390,7 +390,8 @@ std::optional<StartRequest> JobManager::NextStart() {
       local_blocked = local_blocked || !ray;
       continue;
     }
-    const int need = job.record().num_workers;
+    int need = job.record().num_workers;
+    const int min_workers = job.config().backend.min_workers;
     if (ray) {
       if (cluster_ == nullptr) {  // stored by a coordinator that had one
         job.Fail("NO_RAY_CLUSTER", "backend.type: ray, but this coordinator was restarted without "
@@ -398,12 +399,23 @@ std::optional<StartRequest> JobManager::NextStart() {
                                    "restart the coordinator with --ray-address");
         continue;
       }
+      // Elastic: a cluster that has lost nodes for good places as many as it now holds.
+      const LauncherCapacity capacity = cluster_->Capacity();
+      const int holds = job.config().backend.use_gpu
+                            ? capacity.gpus
+                            : capacity.cpus / std::max(1, job.config().backend.cpus_per_worker);
+      if (min_workers > 0 && capacity.known && holds < need && holds >= min_workers) need = holds;
       return StartRequest{id, {}, job.config().data, need, JobDir(id) + "/logs", job.record().output_dir};
     }
     if (need > total_slots_) {  // e.g. queued again after a restart with fewer GPUs
-      job.Fail("NOT_ENOUGH_WORKERS",
-               absl::StrCat("the job needs ", need, " workers; this coordinator has ", total_slots_));
-      continue;
+      if (min_workers > 0 && total_slots_ >= min_workers) {
+        need = total_slots_;  // elastic: go on with the workers this coordinator has
+      } else {
+        job.Fail("NOT_ENOUGH_WORKERS",
+                 absl::StrCat("the job needs ", need, " workers; this coordinator has ", total_slots_,
+                              min_workers > 0 ? absl::StrCat(" (min_workers ", min_workers, ")") : ""));
+        continue;
+      }
     }
     std::vector<int> free = slots_.Free();
     if (static_cast<int>(free.size()) < need) {
@@ -421,13 +433,14 @@ std::optional<StartRequest> JobManager::NextStart() {
 void JobManager::StartPrepared(const StartRequest& request, absl::StatusOr<JobShards> prepared) {
   // While mu_ was released the job may have been cancelled, or slots freed: ask the FIFO again.
   std::optional<StartRequest> now = NextStart();
-  if (!now || now->job_id != request.job_id) return;  // the next Tick prepares what it calls for
+  // The next Tick prepares what it calls for (another job, or another world size).
+  if (!now || now->job_id != request.job_id || now->world_size != request.world_size) return;
   Job& job = *jobs_.at(request.job_id);
   if (!prepared.ok()) {
     job.Fail("START_FAILED", std::string(prepared.status().message()));
     return;
   }
-  StartJob(job, std::move(now->slots), *std::move(prepared));
+  StartJob(job, std::move(now->slots), now->world_size, *std::move(prepared));
 }
 
 void JobManager::WaitForSlots(Job& job, int free) {
@@ -446,7 +459,7 @@ void JobManager::WaitForSlots(Job& job, int free) {
   }
 }
 
-void JobManager::StartJob(Job& job, std::vector<int> slots, JobShards shards) {
+void JobManager::StartJob(Job& job, std::vector<int> slots, int world, JobShards shards) {
   const bool ray = job.config().backend.type == BackendType::kRay;
   WorkerLaunchRequest launch;
   launch.worker_binary = options_.worker_binary;
@@ -457,8 +470,8 @@ void JobManager::StartJob(Job& job, std::vector<int> slots, JobShards shards) {
   // A local CPU worker shares this host's cores with the job's others; a Ray worker has its bundle's.
   launch.threads_per_worker =
       ray ? job.config().backend.cpus_per_worker
-          : std::max(1, local_.Capacity().cpus / std::max(1, job.record().num_workers));
-  absl::Status started = job.Start(ray ? cluster_ : &local_, slots, std::move(launch), std::move(shards));
+          : std::max(1, local_.Capacity().cpus / std::max(1, world));
+  absl::Status started = job.Start(ray ? cluster_ : &local_, slots, world, std::move(launch), std::move(shards));
   // Every launched local worker holds its slot until its end is seen.
   if (!ray) {
     for (const WorkerProcess& w : job.workers().workers()) slots_.Take(w.slot);

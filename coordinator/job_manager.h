@@ -177,7 +177,8 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Says (once per change) what a queued job waits for and who holds the slots.
   void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartJob(Job& job, std::vector<int> slots, JobShards shards) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `world`: the workers of this start (fewer than the job's when it is elastic and some are gone).
+  void StartJob(Job& job, std::vector<int> slots, int world, JobShards shards) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Job& Add(std::unique_ptr<Job> job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JobEnv::store_failed: logs, and turns the coordinator unhealthy on the first failure. Called
   // by a Job, under mu_.

@@ -57,6 +57,9 @@ struct BackendConfig {
   BackendType type = BackendType::kLocal;   // ray: on the coordinator's Ray cluster (--ray-address)
   bool use_gpu = true;                      // false: CPU workers (true: GPUs where there are any)
   int num_workers = 0;                      // 0 = every GPU of the machine (or --cpu-workers)
+  // Elastic: when fewer than num_workers can be had for good at a (re)start (a GPU or a cluster
+  // node lost), the job goes on with as many as there are, down to this many; 0 = never fewer.
+  int min_workers = 0;
   // Ray only: how the bundles of one job are placed, and each bundle's CPUs
   // (resources_per_worker.CPU; a CPU worker also uses that many threads).
   PlacementStrategy placement = PlacementStrategy::kPack;
@@ -81,6 +84,10 @@ struct TrainerConfig {
   double warmup_fraction = 0.03;
   double max_grad_norm = 0.3;               // gradient_clipping.clipglobalnorm; 0 = off
   int64_t steps_per_checkpoint = 0;         // 0 = only at the end
+  // Also a checkpoint once this many minutes have passed since the last one (or the start), at
+  // the next optimizer step, decided by rank 0 for all; 0 = by steps only. Bounds the work a
+  // failure loses when steps_per_checkpoint is left at 0.
+  double checkpoint_every_minutes = 10;
   // Automatic restarts from the last checkpoint after a worker fails; -1 = the coordinator's
   // default (--max-restarts), 0 = none.
   int64_t max_restarts = -1;

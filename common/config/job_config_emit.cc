@@ -105,6 +105,7 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.Begin("gradient_clipping").Number("clipglobalnorm", t.max_grad_norm).End();
   w.Bool("enable_gradient_checkpointing", t.gradient_checkpointing)
       .Integer("steps_per_checkpoint", t.steps_per_checkpoint)
+      .Number("checkpoint_every_minutes", t.checkpoint_every_minutes)
       .Integer("eval_steps", t.eval_steps)
       .Integer("seed", t.seed)
       .Integer("keep_checkpoints", t.keep_checkpoints);
@@ -157,6 +158,7 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
   w.Begin("trainer")
       .Bool("use_gpu", c.backend.use_gpu)
       .Integer("num_workers", c.backend.num_workers)
+      .Integer("min_workers", c.backend.min_workers)
       .Word("placement_strategy", EnumName(c.backend.placement));
   w.Begin("resources_per_worker")
       .Integer("CPU", c.backend.cpus_per_worker)

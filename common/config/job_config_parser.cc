@@ -313,6 +313,11 @@ absl::Status ReadBackend(const MapReader& top, const QuantizationConfig& quant,
   QLORA_ASSIGN_OR_RETURN(MapReader trainer, backend.OpenMap("trainer"));
   QLORA_RETURN_IF_ERROR(trainer.ReadBool("use_gpu", &b->use_gpu));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("num_workers", 0, kIntMax, &b->num_workers));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("min_workers", 0, kIntMax, &b->min_workers));
+  if (b->min_workers > 0 && b->num_workers > 0 && b->min_workers > b->num_workers) {
+    return trainer.Error("min_workers", absl::StrCat("min_workers (", b->min_workers, ") is more than num_workers (",
+                                                     b->num_workers, ")"));
+  }
   QLORA_RETURN_IF_ERROR(trainer.ReadEnum("placement_strategy", &b->placement));
   QLORA_ASSIGN_OR_RETURN(MapReader resources, trainer.OpenMap("resources_per_worker"));
   QLORA_RETURN_IF_ERROR(resources.ReadInt("CPU", 1, 1024, &b->cpus_per_worker));
@@ -436,6 +441,8 @@ absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
       trainer.ReadBool("enable_gradient_checkpointing", &t->gradient_checkpointing));
   QLORA_RETURN_IF_ERROR(
       trainer.ReadInt("steps_per_checkpoint", 0, kInt64Max, &t->steps_per_checkpoint));
+  QLORA_RETURN_IF_ERROR(
+      trainer.ReadNumber("checkpoint_every_minutes", {0, true}, {1e6, true}, &t->checkpoint_every_minutes));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_steps", 0, kInt64Max, &t->eval_steps));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("max_restarts", 0, 100, &t->max_restarts));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("keep_checkpoints", 0, kInt64Max, &t->keep_checkpoints));

@@ -49,7 +49,7 @@ SchemaNode BuildSchema() {
       Map("backend",
           {Leaf("type"),
            Map("trainer",
-               {Leaf("use_gpu"), Leaf("num_workers"), Leaf("placement_strategy"),
+               {Leaf("use_gpu"), Leaf("num_workers"), Leaf("min_workers"), Leaf("placement_strategy"),
                 Map("resources_per_worker", {Leaf("CPU"), Leaf("GPU")}),
                 Map("strategy",
                     {Leaf("type"), Leaf("zero_stage_reason"),
@@ -71,7 +71,7 @@ SchemaNode BuildSchema() {
            Map("optimizer", {Leaf("type"), Leaf("weight_decay"), Leaf("betas"), Leaf("eps")}),
            Map("learning_rate_scheduler", {Leaf("decay"), Leaf("warmup_fraction")}),
            Map("gradient_clipping", {Leaf("clipglobalnorm")}),
-           Leaf("enable_gradient_checkpointing"), Leaf("steps_per_checkpoint"),
+           Leaf("enable_gradient_checkpointing"), Leaf("steps_per_checkpoint"), Leaf("checkpoint_every_minutes"),
            Leaf("eval_steps"), Leaf("seed"), Leaf("max_restarts"), Leaf("keep_checkpoints"),
            Refused("use_mixed_precision",
                    "DeepSpeed's AMP does not work with ZeRO; the compute dtype is "

@@ -274,6 +274,27 @@ TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical)
   }
 }
 
+// trainer.checkpoint_every_minutes: once the time has passed (here at once: 1e-6 minutes), the
+// next optimizer step is checkpointed, whatever steps_per_checkpoint says; 0 turns it off.
+TEST_F(TrainerPhases, TimeBasedCheckpointsComeAtTheNextStepOnceTheIntervalHasPassed) {
+  for (double minutes : {1e-6, 0.0}) {
+    SCOPED_TRACE(minutes);
+    const std::string out = tmp_ / (minutes > 0 ? "timed" : "untimed");
+    TrainingContext context = Context(out);
+    context.config.trainer.steps_per_checkpoint = 0;
+    context.config.trainer.checkpoint_every_minutes = minutes;
+    context.config.trainer.keep_checkpoints = 0;  // keep every one, to count them
+    auto trainer = Trainer::Create(context);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Run().ok());
+    const std::string dir = CheckpointsDir(out, "job-phases", "");
+    for (int step = 1; step < 6; ++step) {
+      EXPECT_EQ(PathExists(CheckpointDir(dir, step) + "/manifest.json"), minutes > 0) << "step " << step;
+    }
+    EXPECT_FALSE(PathExists(CheckpointDir(dir, 6))) << "the last step ends the run: no checkpoint";
+  }
+}
+
 // The opt-in profiler (QLORA_PROFILE_STEPS): a Chrome trace of exactly the asked steps, with the
 // trainer's named phases and the ops inside them, which bench/attribute_profile.py reads.
 TEST_F(TrainerPhases, StepProfilerTracesTheAskedStepsWithTheirNamedPhases) {

@@ -272,6 +272,72 @@ data: {max_sequence_length: 48}
   EXPECT_EQ(a, b) << "the resumed run's adapter differs from the uninterrupted run's";
 }
 
+// Elastic: a 4-worker job with min_workers 2 whose coordinator comes back with 3 worker slots
+// (one lost for good) goes on with 3: the checkpoint re-partitioned over 3 ranks, the global batch
+// kept (gradient_accumulation_steps 3 -> 4), the steps and the loss curve continuing from the
+// checkpoint (no reset), and the events saying so.
+TEST_F(ServiceTest, ElasticJobGoesOnWithTheWorkersThatRemain) {
+  std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 3, train_steps: 30, steps_per_checkpoint: 10, learning_rate: 0.001}
+data: {max_sequence_length: 48}
+)");
+  const std::string backend = "  trainer:\n";
+  yaml.replace(yaml.find(backend), backend.size(), "  trainer:\n    num_workers: 4\n    min_workers: 2\n");
+  std::string id;
+  double loss_before = 0;
+  {
+    CoordinatorProcess c(state_, 4);
+    ASSERT_TRUE(c.started());
+    grpc::Status submitted;
+    v1::Job job = SubmitWithClient(c, yaml, &submitted);
+    ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+    id = job.id();
+    auto checkpoint = [&] {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(job.output_dir() + "/checkpoints", ec)) {
+        if (fs::exists(e.path() / "step-10/manifest.json")) return true;
+      }
+      return false;
+    };
+    ASSERT_TRUE(WaitUntil(checkpoint, 180)) << "no checkpoint";
+    v1::Job running = c.GetJob(id);
+    ASSERT_NE(running.state(), v1::JOB_STATE_SUCCEEDED) << "finished before the kill";
+    ASSERT_GT(running.progress_size(), 0);
+    loss_before = running.progress(0).loss();
+    c.Stop(SIGKILL);
+  }
+  CoordinatorProcess c(state_, 3);  // one worker slot fewer, for good
+  ASSERT_TRUE(c.started());
+  v1::Job done = c.WaitForState(id, {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.state_message();
+  ASSERT_EQ(done.progress_size(), 3);
+  for (const v1::Progress& p : done.progress()) {
+    EXPECT_EQ(p.strategy().world_size(), 3) << "rank " << p.rank();
+    EXPECT_EQ(p.step(), 30);
+  }
+  const std::string events = RunCommand(absl::StrCat(
+      "sqlite3 ", state_, "/jobs.sqlite \"select reason_code || ': ' || ifnull(message, '') || ' @' || ifnull(step, '') || ' ' || "
+      "ifnull(loss, '') from events where job_id='",
+      id, "' order by seq\"")).output;
+  EXPECT_THAT(events, HasSubstr("ELASTIC_RESIZE: continuing on 3 of 4 workers (min_workers 2): "
+                                "gradient_accumulation_steps 3 -> 4 keeps the global batch of 12 sequences"))
+      << events;
+  CommandResult logs = c.Ctl("logs " + id + " --rank 0");
+  EXPECT_THAT(logs.output, HasSubstr("resumed from")) << logs.output;
+  // The first step after the resume continues the curve: step 11 or later (the checkpoint was
+  // at 10 or later), with a loss near the one before the kill (a reset would start at ~ln(vocab)).
+  const size_t resized = events.find("ELASTIC_RESIZE");
+  ASSERT_NE(resized, std::string::npos);
+  const size_t progress = events.find("PROGRESS: ", resized);
+  ASSERT_NE(progress, std::string::npos) << events;
+  const size_t at = events.find(" @", progress);
+  int64_t step = 0;
+  double loss = 0;
+  ASSERT_EQ(sscanf(events.c_str() + at, " @%ld %lf", &step, &loss), 2) << events.substr(progress, 80);
+  EXPECT_GT(step, 10);
+  EXPECT_LT(std::abs(loss - loss_before), 0.5 * loss_before) << "loss " << loss << " after the resume, "
+                                                               << loss_before << " before the kill";
+}
+
 // Paths written in the job file are relative to where the user runs qloractl, not to the
 // coordinator's working directory.
 TEST_F(ServiceTest, RelativePathsInTheJobFileAreTheUsers) {

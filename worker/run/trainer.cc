@@ -163,7 +163,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   // Named ranges for a profiler (step_profiler.h): each costs a flag test when none runs.
   RECORD_USER_SCOPE("qlora::step");
   const double start = SteadySeconds();
-  if (started_ == 0) started_ = start;
+  if (started_ == 0) started_ = last_checkpoint_ = start;
   SeedGeneratorsForStep(device_, config_.trainer.seed, assignment_.rank, step);
   QLORA_ASSIGN_OR_RETURN(std::vector<DeviceBatch> batches, steps_->Next());
   StepResult result;
@@ -204,9 +204,15 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     RECORD_USER_SCOPE("qlora::optimizer");
     QLORA_ASSIGN_OR_RETURN(result.report, strategy_->Step(lr));
   }
-  QLORA_ASSIGN_OR_RETURN(std::vector<double> global_loss, SumOverRanks(*communicator_, {local_loss}, device_));
+  // Rank 0's clock decides a time-based checkpoint for every rank; the flag rides on the loss's
+  // all-reduce, so it costs no collective of its own.
+  const double every_s = 60 * config_.trainer.checkpoint_every_minutes;
+  const bool due_here = assignment_.rank == 0 && every_s > 0 && SteadySeconds() - last_checkpoint_ >= every_s;
+  QLORA_ASSIGN_OR_RETURN(std::vector<double> global_loss,
+                         SumOverRanks(*communicator_, {local_loss, due_here ? 1.0 : 0.0}, device_));
   result.step = step + 1;
   result.loss = global_loss[0] * scale.scale;
+  result.checkpoint_due = global_loss[1] > 0;
   result.global_target_tokens = scale.global_target_tokens;
   result.seconds = SteadySeconds() - start;
   return result;
@@ -218,7 +224,9 @@ absl::Status Trainer::After(const StepResult& result) {
   if (validation_ && t.eval_steps > 0 && done % t.eval_steps == 0) {
     QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
   }
-  if (t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0 && done < total_steps_) {
+  const bool by_steps = t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0;
+  if ((by_steps || result.checkpoint_due) && done < total_steps_) {
+    last_checkpoint_ = SteadySeconds();
     const std::string dir = CheckpointDir(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid), done);
     if (context_.observer != nullptr) context_.observer->OnCheckpointSave(done, dir);
     QLORA_RETURN_IF_ERROR(strategy_->SaveCheckpoint(dir));  // complete on every rank once it returns

@@ -35,6 +35,7 @@ struct StepResult {
   int64_t global_target_tokens = 0;
   int64_t local_input_tokens = 0;   // this rank's non-padding tokens
   double seconds = 0;
+  bool checkpoint_due = false;      // trainer.checkpoint_every_minutes passed (rank 0's clock)
   strategy::StepReport report;      // lr, grad norm, clip coefficient
 };
 
@@ -78,6 +79,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   double eval_loss_;                                // NaN until evaluated
   double started_ = 0;                              // steady-clock seconds at the first step
+  double last_checkpoint_ = 0;                      // steady-clock seconds of the last save (or start)
 };
 
 }  // namespace qlora::worker
