@@ -401,9 +401,9 @@ std::optional<StartRequest> JobManager::NextStart() {
       }
       // Elastic: a cluster that has lost nodes for good places as many as it now holds.
       const LauncherCapacity capacity = cluster_->Capacity();
-      const int holds = job.config().backend.use_gpu
-                            ? capacity.gpus
-                            : capacity.cpus / std::max(1, job.config().backend.cpus_per_worker);
+      int holds = job.config().backend.use_gpu ? capacity.gpus
+                                               : capacity.cpus / std::max(1, job.config().backend.cpus_per_worker);
+      if (job.config().backend.placement == PlacementStrategy::kStrictSpread) holds = std::min(holds, capacity.hosts);
       if (min_workers > 0 && capacity.known && holds < need && holds >= min_workers) need = holds;
       return StartRequest{id, {}, job.config().data, need, JobDir(id) + "/logs", job.record().output_dir};
     }

@@ -93,6 +93,7 @@ LauncherCapacity LocalWorkerLauncher::Capacity() const {
   LauncherCapacity capacity;
   capacity.gpus = gpus_;
   capacity.cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  capacity.hosts = 1;
   capacity.known = true;
   return capacity;
 }

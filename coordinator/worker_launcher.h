@@ -85,6 +85,7 @@ class LaunchedGroup {
 struct LauncherCapacity {
   int gpus = 0;                              // GPUs in total (0: none)
   int cpus = 0;                              // CPU cores in total
+  int hosts = 0;                             // the hosts (cluster nodes) they are on
   bool known = false;                        // false: not learnt yet (a cluster not reached)
 };
 

@@ -69,6 +69,12 @@ absl::StatusOr<LauncherCapacity> ParseRayClusterCapacity(const std::string& text
   };
   capacity.cpus = total("CPU");
   capacity.gpus = total("GPU");
+  // Every live node has the resource "node:<its address>" (the head also "node:InternalHead"
+  // or "node:__internal_head__", which are not addresses).
+  for (auto it = usage->begin(); it != usage->end(); ++it) {
+    const std::string& key = it.key();
+    if (key.rfind("node:", 0) == 0 && key.find("nternal") == std::string::npos) ++capacity.hosts;
+  }
   capacity.known = true;
   return capacity;
 }

@@ -40,7 +40,8 @@ struct RayLauncherOptions {
   absl::Duration placement_timeout = absl::Seconds(300);  // the driver's wait for its bundles
   absl::Duration stop_grace = absl::Seconds(3);         // SIGTERM to a rank, then SIGKILL
   absl::Duration unreachable_timeout = absl::Seconds(60);
-  absl::Duration capacity_refresh = absl::Seconds(10);
+  // Often enough that a restart after a lost node sees the cluster without it (elastic jobs).
+  absl::Duration capacity_refresh = absl::Seconds(2);
 };
 
 class RayWorkerLauncher : public WorkerLauncher {

@@ -75,10 +75,11 @@ TEST(CoordinatorRayJobApiTest, ParsesJobInfoListAndCapacity) {
 
   absl::StatusOr<LauncherCapacity> capacity = ParseRayClusterCapacity(
       R"({"result": true, "data": {"clusterStatus": {"loadMetricsReport": {"usage":
-          {"node:10.77.0.1": [0.0, 1.0], "CPU": [1.0, 4.0], "GPU": [0.0, 2.0], "memory": [0.0, 3.2e10]}}}}})");
+          {"node:10.77.0.1": [0.0, 1.0], "node:InternalHead": [0.0, 1.0], "CPU": [1.0, 4.0], "GPU": [0.0, 2.0], "memory": [0.0, 3.2e10]}}}}})");
   ASSERT_TRUE(capacity.ok()) << capacity.status();
   EXPECT_EQ(capacity->cpus, 4);
   EXPECT_EQ(capacity->gpus, 2);
+  EXPECT_EQ(capacity->hosts, 1);  // node:10.77.0.1 (node:InternalHead is not a host)
   EXPECT_TRUE(capacity->known);
   EXPECT_FALSE(ParseRayClusterCapacity(R"({"data": {}})").ok());
 }

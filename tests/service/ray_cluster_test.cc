@@ -266,6 +266,41 @@ TEST_F(RayClusterTest, CoordinatorKilledMidJobResumesOnTheClusterBitIdentically)
   EXPECT_TRUE(a == b) << "the resumed run's adapter differs from the uninterrupted run's";
 }
 
+// Elastic on the cluster: 2 workers, one per host (STRICT_SPREAD), min_workers 1: host b lost for
+// good, the job restarts on the one host left (the placement group of 1 bundle fits), re-partitions
+// the checkpoint and finishes; the events say so. Host b's node comes back for the next test.
+TEST_F(RayClusterTest, ElasticJobGoesOnOnTheHostThatRemains) {
+  const std::string state = dir_ + "/ray-elastic";
+  // The restart must see the cluster without host b: Ray marks a node dead after its health
+  // checks fail (~15 s), and the coordinator reads the cluster's capacity every 2 s.
+  auto c = RayCoordinator(state, "--restart-backoff-s 30");
+  ASSERT_TRUE(c->started());
+  std::string yaml = Job(2, 2, true, "STRICT_SPREAD",
+                         "trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 400, "
+                         "steps_per_checkpoint: 5, learning_rate: 0.001, max_restarts: 1}\n");
+  const std::string workers = "    num_workers: 2\n";
+  yaml.replace(yaml.find(workers), workers.size(), workers + "    min_workers: 1\n");
+  v1::Job job = Submit(*c, yaml);
+  auto checkpoint = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(job.output_dir() + "/checkpoints", ec)) {
+      if (fs::exists(e.path() / "step-5/manifest.json")) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitUntil(checkpoint, 240)) << c->GetJob(job.id()).state_message();
+  Hosts("kill-host b");
+  v1::Job done = c->WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 400);
+  const std::string events = Events(state, job.id());
+  EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.state_message() << "\n" << events;
+  EXPECT_THAT(events, HasSubstr("RESTARTING")) << events;
+  EXPECT_THAT(events, HasSubstr("ELASTIC_RESIZE: continuing on 1 of 2 workers (min_workers 1): "
+                                "gradient_accumulation_steps 1 -> 2 keeps the global batch")) << events;
+  EXPECT_EQ(done.progress_size(), 1);
+  CommandResult back = Hosts(absl::StrCat("add-node ", dir_, " ", rayenv_));
+  EXPECT_EQ(back.exit_code, 0) << back.output;
+}
+
 // A host lost mid-job (every process on it killed, as a machine that dies): the job fails within
 // the heartbeat timeout, naming the rank and the host. Last: it takes host b's Ray node down
 // (and brings it back).
