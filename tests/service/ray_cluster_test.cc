@@ -301,6 +301,26 @@ TEST_F(RayClusterTest, ElasticJobGoesOnOnTheHostThatRemains) {
   EXPECT_EQ(back.exit_code, 0) << back.output;
 }
 
+// A dataset that one host lacks (DIR/hidden-on-b is empty for host b's processes): the start fails
+// with a message naming the host and the path, and is not retried (it would fail the same way).
+TEST_F(RayClusterTest, ADatasetAHostLacksFailsNamingTheHostAndThePath) {
+  const std::string hidden = dir_ + "/hidden-on-b/train.jsonl";
+  fs::copy_file(TrainData(), hidden, fs::copy_options::overwrite_existing);
+  auto c = RayCoordinator(dir_ + "/ray-hidden");
+  ASSERT_TRUE(c->started());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(Job(2, 2, true, "STRICT_SPREAD", kShortTrainer));
+  req.set_dataset(hidden);
+  v1::SubmitJobResponse response;
+  ASSERT_TRUE(c->jobs()->SubmitJob(&ctx, req, &response).ok());
+  v1::Job failed = c->WaitForState(response.job().id(), {v1::JOB_STATE_FAILED, v1::JOB_STATE_SUCCEEDED}, 300);
+  ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED) << failed.state_message();
+  EXPECT_THAT(failed.state_message(), HasSubstr("on host " + Address(2))) << failed.state_message();
+  EXPECT_THAT(failed.state_message(), HasSubstr(hidden)) << failed.state_message();
+}
+
 // A host lost mid-job (every process on it killed, as a machine that dies): the job fails within
 // the heartbeat timeout, naming the rank and the host. Last: it takes host b's Ray node down
 // (and brings it back).

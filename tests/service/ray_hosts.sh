@@ -2,7 +2,9 @@
 # Two "hosts" on this machine for the multi-host tests (tests/service/ray_cluster_test.cc): network
 # namespaces q<N>a (10.77.N.1) and q<N>b (10.77.N.2), joined to the root namespace (10.77.N.254) by
 # a bridge, with a Ray head in a and a Ray node in b (Ray from $RAYENV, scripts/requirements-ray.txt).
-# The file system is shared, as a shared volume would be between real hosts. Needs root.
+# The file system is shared, as a shared volume would be between real hosts, except DIR/hidden-on-b,
+# which host b's processes see empty (a tmpfs over it in their own mount namespace): a path that
+# one host lacks. Needs root.
 #   ray_hosts.sh up N DIR RAYENV      prints the dashboard address, http://10.77.N.1:8265
 #   ray_hosts.sh pids N a|b           the processes running in that host's namespace
 #   ray_hosts.sh kill-host N b        SIGKILL to everything in host b (its Ray node and workers)
@@ -15,10 +17,13 @@ net=10.77.$n
 
 start_node() {  # host, dir, rayenv, ray start args...
   local host=$1 dir=$2 rayenv=$3; shift 3
-  mkdir -p "$dir/ray-$host"
-  ip netns exec "$(ns "$host")" env PATH="$rayenv/bin:$PATH" RAY_USAGE_STATS_ENABLED=0 \
-    "$rayenv/bin/ray" start --temp-dir="$dir/ray-$host" --num-cpus=2 --num-gpus=0 \
-    --disable-usage-stats "$@" > "$dir/ray-start-$host.log" 2>&1
+  mkdir -p "$dir/ray-$host" "$dir/hidden-on-b"
+  local hide=""
+  [ "$host" = b ] && hide="mount -t tmpfs qlora-hidden $dir/hidden-on-b && "
+  # `ray start` leaves its daemons running in this mount namespace.
+  ip netns exec "$(ns "$host")" unshare --mount --propagation private sh -c "$hide exec env \
+    PATH=$rayenv/bin:\$PATH RAY_USAGE_STATS_ENABLED=0 $rayenv/bin/ray start --temp-dir=$dir/ray-$host \
+    --num-cpus=2 --num-gpus=0 --disable-usage-stats $*" > "$dir/ray-start-$host.log" 2>&1
 }
 
 wait_for_cpus() {  # the cluster has $1 CPUs
