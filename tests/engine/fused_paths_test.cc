@@ -1,12 +1,14 @@
 // The fused paths of the engine checked against the unfused formulas they replace, on CPU and,
-// when there is one, on a GPU: RMSNorm through ATen's rms_norm (a fused kernel on CUDA), and the
-// LoRA branch as one GEMM accumulating into the base output.
+// when there is one, on a GPU: RMSNorm through ATen's rms_norm (a fused kernel on CUDA), the
+// LoRA branch as one GEMM accumulating into the base output, and the rotary and SwiGLU autograd
+// nodes (fused_ops.h) against autograd through their formulas.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/engine/fused_ops.h"
 #include "worker/engine/linear4bit.h"
 #include "worker/engine/llama_model.h"
 
@@ -82,6 +84,43 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
                           at::linear(at::linear(xh, lora.a.to(at::kBFloat16)), lora.b.to(at::kBFloat16)) * lora.scale)
                              .to(at::kFloat);
     EXPECT_LE((fused - unfused).abs().max().item<double>(), 0.02 * unfused.abs().max().item<double>());
+  }
+}
+
+TEST(EngineFused, RotaryAndSwigluNodesEqualAutogradThroughTheirFormulas) {
+  for (const at::Device& device : Devices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
+      at::manual_seed(5);
+      const auto opts = at::TensorOptions().dtype(dtype).device(device);
+      // rotary on the HF layout: the projection output [batch, seq, heads, dim] transposed
+      const at::Tensor x = at::randn({2, 12, 4, 64}, opts).transpose(1, 2);
+      const at::Tensor angle = at::rand({2, 1, 12, 64}, opts.dtype(at::kFloat)) * 30;
+      const at::Tensor cos = angle.cos().to(dtype), sin = angle.sin().to(dtype);
+      at::Tensor xa = x.detach().requires_grad_(), xb = x.detach().requires_grad_();
+      const at::Tensor ours = Rotary(xa, cos, sin);
+      const at::Tensor rotated = at::cat({-xb.narrow(-1, 32, 32), xb.narrow(-1, 0, 32)}, -1);
+      const at::Tensor ref = xb * cos + rotated * sin;
+      EXPECT_TRUE(at::equal(ours, ref));
+      const at::Tensor g = at::randn_like(ref);
+      EXPECT_TRUE(at::equal(torch::autograd::grad({ours}, {xa}, {g})[0],
+                            torch::autograd::grad({ref}, {xb}, {g})[0]));
+      // SwiGLU
+      const at::Tensor gate = at::randn({3, 40}, opts) * 3, up = at::randn({3, 40}, opts);
+      at::Tensor ga = gate.detach().requires_grad_(), ua = up.detach().requires_grad_();
+      at::Tensor gb = gate.detach().requires_grad_(), ub = up.detach().requires_grad_();
+      const at::Tensor s_ours = Swiglu(ga, ua), s_ref = at::silu(gb) * ub;
+      EXPECT_TRUE(at::equal(s_ours, s_ref));
+      const at::Tensor gs = at::randn_like(s_ref);
+      const auto go = torch::autograd::grad({s_ours}, {ga, ua}, {gs});
+      const auto gr = torch::autograd::grad({s_ref}, {gb, ub}, {gs});
+      EXPECT_TRUE(at::equal(go[1], gr[1]));
+      // grad of gate: bit-equal on CPU; on CUDA within one ulp (silu_backward's contraction)
+      const double ulp = dtype == at::kFloat ? 4.0 / (1 << 23) : 1.0 / 128;
+      const at::Tensor excess = (go[0].to(at::kDouble) - gr[0].to(at::kDouble)).abs() -
+                                gr[0].to(at::kDouble).abs() * ulp - 1e-30;
+      EXPECT_LE(excess.max().item<double>(), 0.0);
+    }
   }
 }
 

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <vector>
+
 namespace qlora::engine {
 namespace {
 
@@ -93,16 +95,22 @@ at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
 }
 
 at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training) const {
-  at::Tensor y = base.Apply(x);
-  if (!lora) return y;
+  if (!lora) return base.Apply(x);
   const at::ScalarType dtype = x.scalar_type();
-  const at::Tensor h = lora->dropout > 0 ? at::dropout(x, lora->dropout, training) : x;
-  // y + scale * (h A^T) B^T as one GEMM that accumulates into y (beta = 1, alpha = scale): no
-  // separate scale and add passes over the [tokens, out] activations, forward or backward.
-  const int64_t r = lora->a.size(0);
-  const at::Tensor ha = at::linear(h, lora->a.to(dtype)).reshape({-1, r});
-  const at::Tensor out = at::addmm(y.reshape({-1, y.size(-1)}), ha, lora->b.to(dtype).t(), 1, lora->scale);
-  return out.view(y.sizes());
+  std::vector<int64_t> out_sizes = x.sizes().vec();
+  out_sizes.back() = base.out_features;
+  // Rows of tokens: the base output is then a fresh 2-D tensor that the LoRA GEMM may update in
+  // place.
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor y = base.Apply(x2);
+  const at::Tensor h = lora->dropout > 0 ? at::dropout(x2, lora->dropout, training) : x2;
+  // y += scale * (h A^T) B^T as one GEMM accumulating into y in place (beta = 1, alpha = scale):
+  // no separate scale and add passes over the [tokens, out] activations, forward or backward,
+  // and no copy of y (out-of-place addmm copies its addend into the result first). Neither the
+  // base's node nor the GEMM's saves y, so updating it in place leaves every gradient as is.
+  const at::Tensor ha = at::linear(h, lora->a.to(dtype));
+  y.addmm_(ha, lora->b.to(dtype).t(), 1, lora->scale);
+  return y.view(out_sizes);
 }
 
 at::Tensor LinearLayer::MergedWeight() const {

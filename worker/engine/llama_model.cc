@@ -10,20 +10,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint.h"
+#include "worker/engine/fused_ops.h"
 
 namespace qlora::engine {
 namespace {
 
-
-// cat(-x[..., d/2:], x[..., :d/2])
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return x * cos + RotateHalf(x) * sin;
-}
 
 std::vector<at::Tensor> LayerParameters(const DecoderLayer& layer) {
   std::vector<at::Tensor> params;
@@ -175,8 +166,8 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   auto split = [&](const at::Tensor& t, int64_t h) {
     return t.view({batch, seq, h, head_dim}).transpose(1, 2);
   };
-  const at::Tensor q = ApplyRotary(split(layer.q_proj.Forward(n, training_), heads), cos, sin);
-  const at::Tensor k = ApplyRotary(split(layer.k_proj.Forward(n, training_), kv_heads), cos, sin);
+  const at::Tensor q = Rotary(split(layer.q_proj.Forward(n, training_), heads), cos, sin);
+  const at::Tensor k = Rotary(split(layer.k_proj.Forward(n, training_), kv_heads), cos, sin);
   const at::Tensor v = split(layer.v_proj.Forward(n, training_), kv_heads);
   const bool gqa = kv_heads != heads;
   const at::Tensor attn =
@@ -189,7 +180,7 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
 
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
   const at::Tensor gated =
-      at::silu(layer.gate_proj.Forward(m, training_)) * layer.up_proj.Forward(m, training_);
+      Swiglu(layer.gate_proj.Forward(m, training_), layer.up_proj.Forward(m, training_));
   return h + layer.down_proj.Forward(gated, training_);
 }
 
