@@ -1,6 +1,6 @@
 // The fused paths of the engine checked against the unfused formulas they replace, on CPU and,
 // when there is one, on a GPU: RMSNorm through ATen's rms_norm (a fused kernel on CUDA), the
-// LoRA branch as one GEMM accumulating into the base output, and the rotary and SwiGLU autograd
+// LoRA layer as one autograd node (with and without dropout), and the rotary and SwiGLU autograd
 // nodes (fused_ops.h) against autograd through their formulas.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -84,6 +84,43 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
                           at::linear(at::linear(xh, lora.a.to(at::kBFloat16)), lora.b.to(at::kBFloat16)) * lora.scale)
                              .to(at::kFloat);
     EXPECT_LE((fused - unfused).abs().max().item<double>(), 0.02 * unfused.abs().max().item<double>());
+  }
+}
+
+TEST(EngineFused, LoraNodeWithDropoutEqualsTheUnfusedFormulaWithTheSameMask) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    at::manual_seed(2);
+    LinearLayer layer;
+    layer.base.dense = at::randn({24, 16}, f32) * 0.1;
+    layer.base.out_features = 24;
+    layer.base.in_features = 16;
+    LoraWeights lora;
+    lora.a = (at::randn({4, 16}, f32) * 0.2).requires_grad_();
+    lora.b = (at::randn({24, 4}, f32) * 0.2).requires_grad_();
+    lora.scale = 0.75;
+    lora.dropout = 0.3;
+    layer.lora = lora;
+    const at::Tensor x0 = at::randn({3, 7, 16}, f32);
+    at::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
+    at::manual_seed(11);
+    const at::Tensor ours = layer.Forward(xa, /*training=*/true);
+    at::manual_seed(11);  // the same mask: dropout draws first in both
+    const at::Tensor h = at::dropout(xb.reshape({-1, 16}), 0.3, true).view({3, 7, 16});
+    const at::Tensor ref = at::linear(xb, layer.base.dense) + at::linear(at::linear(h, lora.a), lora.b) * lora.scale;
+    EXPECT_LE((ours - ref).abs().max().item<double>(), 1e-5);
+    const at::Tensor g = at::randn_like(ours);
+    const auto go = torch::autograd::grad({ours}, {xa, lora.a, lora.b}, {g});
+    const auto gr = torch::autograd::grad({ref}, {xb, lora.a, lora.b}, {g});
+    for (size_t i = 0; i < go.size(); ++i) {
+      EXPECT_LE((go[i] - gr[i]).abs().max().item<double>(), 1e-5) << "gradient " << i;
+    }
+    // Evaluation: no dropout, the same node.
+    const at::Tensor eval = layer.Forward(x0, /*training=*/false);
+    const at::Tensor eval_ref = at::linear(x0, layer.base.dense) +
+                                at::linear(at::linear(x0, lora.a), lora.b) * lora.scale;
+    EXPECT_LE((eval - eval_ref).abs().max().item<double>(), 1e-5);
   }
 }
 

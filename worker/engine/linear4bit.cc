@@ -52,9 +52,14 @@ void Save(AutogradContext* ctx, const kernels::Quantized4bit& q) {
 
 struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            const kernels::Quantized4bit* weight) {
+                            const kernels::Quantized4bit* weight, bool value_unused) {
     Save(ctx, *weight);
     ctx->saved_data["compute_dtype"] = static_cast<int64_t>(x.scalar_type());
+    if (value_unused) {  // only the graph is used: backward needs W alone
+      std::vector<int64_t> sizes = x.sizes().vec();
+      sizes.back() = weight->shape[0];
+      return at::empty(sizes, x.options());
+    }
     // The dequantized weight is a temporary: freed when this scope ends.
     return at::linear(x, DequantizeWeight(*weight, x.scalar_type()));
   }
@@ -64,7 +69,81 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
     const at::Tensor& grad = grad_outputs[0];
     at::Tensor grad_x;
     if (grad.defined()) grad_x = at::matmul(grad.to(dtype), DequantizeWeight(FromSaved(ctx), dtype));
-    return {grad_x, at::Tensor()};
+    return {grad_x, at::Tensor(), at::Tensor()};
+  }
+};
+
+// The base weight of a LoRA layer as autograd's saved data: 4-bit (the kernels' descriptor, as
+// Linear4bitFunction keeps it) or dense.
+void SaveBase(AutogradContext* ctx, const FrozenWeight& base) {
+  if (base.quantized) {
+    Save(ctx, *base.quantized);
+  } else {
+    ctx->saved_data["dense"] = base.dense;
+  }
+}
+
+at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype) {
+  auto it = ctx->saved_data.find("dense");
+  if (it != ctx->saved_data.end()) {
+    const at::Tensor w = it->second.toTensor();
+    return w.scalar_type() == dtype ? w : w.to(dtype);
+  }
+  return DequantizeWeight(FromSaved(ctx), dtype);
+}
+
+// y = x W^T + scale * (h A^T) B^T for rows of tokens x [T, in] (h = dropout(x), or x itself: the
+// same tensor, which then gets no gradient of its own), as one autograd node, so that no pass over [T, out] or [T, in] is spent on
+// adding partial results:
+//   forward:  y = scale * (h A^T) B^T        the rank-r GEMM writes y (beta = 0)
+//             y += x W^T                     the base GEMM accumulates into it (beta = 1)
+//   backward: dh' = scale * g B              [T, r]
+//             dx = dh' A (+= g W)            the rank-r GEMM writes dx, the base GEMM adds to it
+//             dA = dh'^T h, dB = scale * g^T (h A^T)    (in float32, the adapters' dtype)
+// With dropout, dh' A is h's gradient (autograd then takes it through the dropout to x). With
+// value_unused (a checkpointed block's recomputation, see checkpoint.h) forward computes h A^T
+// alone, which backward reads, and returns y unset.
+struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& h,
+                            const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
+                            double scale, bool value_unused) {
+    const at::ScalarType dtype = x.scalar_type();
+    const at::Tensor& lora_in = h;
+    const at::Tensor a_c = a.to(dtype), b_c = b.to(dtype);
+    const at::Tensor ha = at::mm(lora_in, a_c.t());  // [T, r]
+    at::Tensor y = at::empty({x.size(0), base->out_features}, x.options());
+    if (!value_unused) {
+      at::addmm_out(y, y, ha, b_c.t(), /*beta=*/0, /*alpha=*/scale);
+      y.addmm_(x, base->Materialize(dtype).t());
+    }
+    SaveBase(ctx, *base);
+    ctx->save_for_backward({lora_in, ha, a, b});
+    ctx->saved_data["dropout"] = !h.is_same(x);
+    ctx->saved_data["scale"] = scale;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const at::Tensor& g = grad_outputs[0];
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &lora_in = saved[0], &ha = saved[1], &a = saved[2], &b = saved[3];
+    const bool dropout = ctx->saved_data["dropout"].toBool();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    if (!g.defined()) return variable_list(7);
+    const at::ScalarType dtype = lora_in.scalar_type();
+    const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
+    const at::Tensor dha = at::mm(grad, b.to(dtype)).mul_(scale);  // [T, r]
+    const at::Tensor da = at::mm(dha.t(), lora_in).to(a.scalar_type());
+    const at::Tensor db = at::mm(grad.t(), ha).mul_(scale).to(b.scalar_type());
+    at::Tensor dlora = at::mm(dha, a.to(dtype));  // [T, in]
+    at::Tensor dx, dh;
+    if (dropout) {
+      dx = at::mm(grad, SavedBase(ctx, dtype));
+      dh = dlora;
+    } else {
+      dx = dlora.addmm_(grad, SavedBase(ctx, dtype));
+    }
+    return {dx, dh, da, db, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -82,7 +161,7 @@ at::Tensor DequantizeWeight(const kernels::Quantized4bit& q, at::ScalarType dtyp
 at::Tensor BitsandbytesQuantMap(kernels::QuantType type) { return kernels::SerializedQuantMap(type); }
 
 at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight) {
-  return Linear4bitFunction::apply(x, &weight);
+  return Linear4bitFunction::apply(x, &weight, /*value_unused=*/false);
 }
 
 at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
@@ -94,23 +173,17 @@ at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
   return at::linear(x, dense.scalar_type() == x.scalar_type() ? dense : dense.to(x.scalar_type()));
 }
 
-at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training) const {
-  if (!lora) return base.Apply(x);
-  const at::ScalarType dtype = x.scalar_type();
+at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_unused) const {
+  if (!lora) {
+    if (value_unused && base.quantized) return Linear4bitFunction::apply(x, &*base.quantized, true);
+    return base.Apply(x);
+  }
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = base.out_features;
-  // Rows of tokens: the base output is then a fresh 2-D tensor that the LoRA GEMM may update in
-  // place.
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  at::Tensor y = base.Apply(x2);
-  const at::Tensor h = lora->dropout > 0 ? at::dropout(x2, lora->dropout, training) : x2;
-  // y += scale * (h A^T) B^T as one GEMM accumulating into y in place (beta = 1, alpha = scale):
-  // no separate scale and add passes over the [tokens, out] activations, forward or backward,
-  // and no copy of y (out-of-place addmm copies its addend into the result first). Neither the
-  // base's node nor the GEMM's saves y, so updating it in place leaves every gradient as is.
-  const at::Tensor ha = at::linear(h, lora->a.to(dtype));
-  y.addmm_(ha, lora->b.to(dtype).t(), 1, lora->scale);
-  return y.view(out_sizes);
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
+  const at::Tensor h = lora->dropout > 0 && training ? at::dropout(x2, lora->dropout, training) : x2;
+  return LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused)
+      .view(out_sizes);
 }
 
 at::Tensor LinearLayer::MergedWeight() const {

@@ -155,7 +155,7 @@ absl::Status LlamaForCausalLM::AddLora(const LoraOptions& options) {
 
 at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::Tensor& x,
                                           const at::Tensor& cos, const at::Tensor& sin,
-                                          const at::Tensor& mask) const {
+                                          const at::Tensor& mask, bool value_unused) const {
   const int64_t batch = x.size(0), seq = x.size(1);
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
   const int64_t head_dim = config_.head_dim;
@@ -181,7 +181,8 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
   const at::Tensor gated =
       Swiglu(layer.gate_proj.Forward(m, training_), layer.up_proj.Forward(m, training_));
-  return h + layer.down_proj.Forward(gated, training_);
+  const at::Tensor down = layer.down_proj.Forward(gated, training_, value_unused);
+  return value_unused ? SumGraphOnly(h, down) : h + down;
 }
 
 at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
@@ -218,8 +219,8 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   for (const DecoderLayer& layer : layers) {
     if (checkpoint) {
       x = Checkpoint(
-          [this, &layer, cos, sin, mask](const at::Tensor& h) {
-            return LayerForward(layer, h, cos, sin, mask);
+          [this, &layer, cos, sin, mask](const at::Tensor& h, bool recompute) {
+            return LayerForward(layer, h, cos, sin, mask, /*value_unused=*/recompute);
           },
           x, LayerParameters(layer));
     } else {
