@@ -210,6 +210,36 @@ def phase_of(t, ranges, ops):
     return phase if phase in PHASES else "step (other)"
 
 
+def whole_steps(ranges):
+    """The profiled optimizer steps as (start, end) windows, each one whole. Ours' profiler
+    switches on at micro-batch 0 of its first step, inside that step's `qlora::step` range (so
+    the trace lacks it), and off at micro-batch 0 of the step after the last, inside that one's
+    range (so the trace holds its beginning, with the GPU idle): a `qlora::step` range alone
+    would drop a whole step and count a cut one, whose idle tail then reads as host gaps. A step
+    here is a `qlora::optimizer` range and what precedes it back to the previous one: from its
+    `qlora::step` range's start when the trace has it, else from its first `qlora::forward`."""
+    by_name = collections.defaultdict(list)
+    for s, t, n in ranges:
+        by_name[n].append((s, t))
+    optimizers = sorted(by_name["qlora::optimizer"])
+    if not optimizers:
+        return sorted(by_name["qlora::step"])
+    forwards = sorted(s for s, _ in by_name["qlora::forward"])
+    step_ranges = sorted(by_name["qlora::step"])
+    out = []
+    previous_end = None
+    for s, t in optimizers:
+        enclosing = [r for r in step_ranges if r[0] <= s and t <= r[1]]
+        if enclosing:
+            start, end = enclosing[-1]
+        else:
+            starts = [f for f in forwards if f <= s and (previous_end is None or f >= previous_end)]
+            start, end = (starts[0] if starts else s), t
+        out.append((start, max(end, t)))
+        previous_end = t
+    return out
+
+
 def analyse(events, r=16, vocab=None):
     cpu = collections.defaultdict(list)
     ranges = []
@@ -230,7 +260,7 @@ def analyse(events, r=16, vocab=None):
         elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             gpu.append(e)
     threads = {k: Thread(v) for k, v in cpu.items()}
-    steps = sorted((s, t) for s, t, n in ranges if n == "qlora::step")
+    steps = whole_steps(ranges)
     items = []
 
     def context(thread_key, t, index=None):

@@ -133,6 +133,17 @@ class AttributeProfileTest(unittest.TestCase):
             with open(os.path.join(d, "a.json")) as f:
                 self.assertAlmostEqual(json.load(f)["categories"]["idle"], 420)
 
+    def test_steps_cut_by_the_profiler_are_whole_or_left_out(self):
+        # Ours' profiler switches on inside the first step's qlora::step range and off inside the
+        # next step's: the first range is missing, a cut one (GPU idle) follows the last step.
+        ev = [e for e in gpu_trace()["traceEvents"] if e["name"] != "qlora::step"]
+        ev += [op("qlora::step", 1000, 300, cat="user_annotation"),
+               op("qlora::forward", 1000, 100, cat="user_annotation")]
+        res = attribute_profile.analyse(ev, r=16, vocab=32000)
+        self.assertEqual(res["steps"], 1)
+        self.assertAlmostEqual(res["window_us"], 900)  # first forward to the optimizer's end
+        self.assertAlmostEqual(res["categories"]["idle"], 330)
+
     def test_a_trace_without_steps_is_read_whole(self):
         ev = [e for e in gpu_trace()["traceEvents"] if not e["name"].startswith("qlora::")]
         res = attribute_profile.analyse(ev, r=16, vocab=32000)

@@ -1,12 +1,14 @@
 // The fused paths of the engine checked against the unfused formulas they replace, on CPU and,
-// when there is one, on a GPU: RMSNorm through ATen's rms_norm (a fused kernel on CUDA), and the
-// LoRA branch as one GEMM accumulating into the base output.
+// when there is one, on a GPU: RMSNorm through ATen's rms_norm (a fused kernel on CUDA), the
+// LoRA layer as one autograd node (with and without dropout), and the rotary and SwiGLU autograd
+// nodes (fused_ops.h) against autograd through their formulas.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/engine/fused_ops.h"
 #include "worker/engine/linear4bit.h"
 #include "worker/engine/llama_model.h"
 
@@ -82,6 +84,95 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
                           at::linear(at::linear(xh, lora.a.to(at::kBFloat16)), lora.b.to(at::kBFloat16)) * lora.scale)
                              .to(at::kFloat);
     EXPECT_LE((fused - unfused).abs().max().item<double>(), 0.02 * unfused.abs().max().item<double>());
+    // bf16, against the separate ops the engine ran before the LoRA node (base linear,
+    // linear(x, A), addmm accumulating into the base output) and their autograd gradients: the
+    // same roundings, so bit for bit on the CPU (on CUDA the same up to cuBLAS' kernel choice).
+    at::Tensor xn = xh.detach().requires_grad_(), xr = xh.detach().requires_grad_();
+    const at::Tensor node = layer.Forward(xn, false);
+    const at::Tensor x2 = xr.reshape({-1, 32});
+    const at::Tensor ops = at::addmm(at::linear(x2, layer.base.dense), at::linear(x2, lora.a.to(at::kBFloat16)),
+                                     lora.b.to(at::kBFloat16).t(), 1, lora.scale).view(node.sizes());
+    const at::Tensor gh = at::randn_like(ops);
+    const auto gn = torch::autograd::grad({node}, {xn, lora.a, lora.b}, {gh});
+    const auto gs = torch::autograd::grad({ops}, {xr, lora.a, lora.b}, {gh});
+    if (device.is_cpu()) {
+      EXPECT_TRUE(at::equal(node, ops));
+      for (size_t i = 0; i < gn.size(); ++i) EXPECT_TRUE(at::equal(gn[i], gs[i])) << "gradient " << i;
+    }
+  }
+}
+
+TEST(EngineFused, LoraNodeWithDropoutEqualsTheUnfusedFormulaWithTheSameMask) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    at::manual_seed(2);
+    LinearLayer layer;
+    layer.base.dense = at::randn({24, 16}, f32) * 0.1;
+    layer.base.out_features = 24;
+    layer.base.in_features = 16;
+    LoraWeights lora;
+    lora.a = (at::randn({4, 16}, f32) * 0.2).requires_grad_();
+    lora.b = (at::randn({24, 4}, f32) * 0.2).requires_grad_();
+    lora.scale = 0.75;
+    lora.dropout = 0.3;
+    layer.lora = lora;
+    const at::Tensor x0 = at::randn({3, 7, 16}, f32);
+    at::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
+    at::manual_seed(11);
+    const at::Tensor ours = layer.Forward(xa, /*training=*/true);
+    at::manual_seed(11);  // the same mask: dropout draws first in both
+    const at::Tensor h = at::dropout(xb.reshape({-1, 16}), 0.3, true).view({3, 7, 16});
+    const at::Tensor ref = at::linear(xb, layer.base.dense) + at::linear(at::linear(h, lora.a), lora.b) * lora.scale;
+    EXPECT_LE((ours - ref).abs().max().item<double>(), 1e-5);
+    const at::Tensor g = at::randn_like(ours);
+    const auto go = torch::autograd::grad({ours}, {xa, lora.a, lora.b}, {g});
+    const auto gr = torch::autograd::grad({ref}, {xb, lora.a, lora.b}, {g});
+    for (size_t i = 0; i < go.size(); ++i) {
+      EXPECT_LE((go[i] - gr[i]).abs().max().item<double>(), 1e-5) << "gradient " << i;
+    }
+    // Evaluation: no dropout, the same node.
+    const at::Tensor eval = layer.Forward(x0, /*training=*/false);
+    const at::Tensor eval_ref = at::linear(x0, layer.base.dense) +
+                                at::linear(at::linear(x0, lora.a), lora.b) * lora.scale;
+    EXPECT_LE((eval - eval_ref).abs().max().item<double>(), 1e-5);
+  }
+}
+
+TEST(EngineFused, RotaryAndSwigluNodesEqualAutogradThroughTheirFormulas) {
+  for (const at::Device& device : Devices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
+      at::manual_seed(5);
+      const auto opts = at::TensorOptions().dtype(dtype).device(device);
+      // rotary on the HF layout: the projection output [batch, seq, heads, dim] transposed
+      const at::Tensor x = at::randn({2, 12, 4, 64}, opts).transpose(1, 2);
+      const at::Tensor angle = at::rand({2, 1, 12, 64}, opts.dtype(at::kFloat)) * 30;
+      const at::Tensor cos = angle.cos().to(dtype), sin = angle.sin().to(dtype);
+      at::Tensor xa = x.detach().requires_grad_(), xb = x.detach().requires_grad_();
+      const at::Tensor ours = Rotary(xa, cos, sin);
+      const at::Tensor rotated = at::cat({-xb.narrow(-1, 32, 32), xb.narrow(-1, 0, 32)}, -1);
+      const at::Tensor ref = xb * cos + rotated * sin;
+      EXPECT_TRUE(at::equal(ours, ref));
+      const at::Tensor g = at::randn_like(ref);
+      EXPECT_TRUE(at::equal(torch::autograd::grad({ours}, {xa}, {g})[0],
+                            torch::autograd::grad({ref}, {xb}, {g})[0]));
+      // SwiGLU
+      const at::Tensor gate = at::randn({3, 40}, opts) * 3, up = at::randn({3, 40}, opts);
+      at::Tensor ga = gate.detach().requires_grad_(), ua = up.detach().requires_grad_();
+      at::Tensor gb = gate.detach().requires_grad_(), ub = up.detach().requires_grad_();
+      const at::Tensor s_ours = Swiglu(ga, ua), s_ref = at::silu(gb) * ub;
+      EXPECT_TRUE(at::equal(s_ours, s_ref));
+      const at::Tensor gs = at::randn_like(s_ref);
+      const auto go = torch::autograd::grad({s_ours}, {ga, ua}, {gs});
+      const auto gr = torch::autograd::grad({s_ref}, {gb, ub}, {gs});
+      EXPECT_TRUE(at::equal(go[1], gr[1]));
+      // grad of gate: bit-equal on CPU; on CUDA within one ulp (silu_backward's contraction)
+      const double ulp = dtype == at::kFloat ? 4.0 / (1 << 23) : 1.0 / 128;
+      const at::Tensor excess = (go[0].to(at::kDouble) - gr[0].to(at::kDouble)).abs() -
+                                gr[0].to(at::kDouble).abs() * ulp - 1e-30;
+      EXPECT_LE(excess.max().item<double>(), 0.0);
+    }
   }
 }
 

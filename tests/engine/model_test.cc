@@ -207,6 +207,35 @@ TEST(EngineModel, ActivationCheckpointingGivesTheSameGradients) {
   }
 }
 
+// The recomputation skips the down projection's frozen GEMM (checkpoint.h's `recompute`): also
+// where that projection has no adapter and a 4-bit weight (the Linear4bit node's own skip).
+TEST(EngineModel, ActivationCheckpointingGivesTheSameGradientsWithNf4AndPartialAdapters) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  LoadOptions nf4 = Fp32Dense();
+  nf4.quantize = true;
+  auto model = MakeAndLoad(dir / "model", tiny, nf4);
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(model->layers[0].down_proj.base.quantized.has_value());
+  LoraOptions lora;
+  lora.target_modules = {"q_proj", "v_proj"};
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  model->SetTraining(true);
+  const at::Tensor ids = RandomIds(model->config(), 2, 9);
+  const at::Tensor labels = LabelsFor(ids);
+  model->SetGradientCheckpointing(false);
+  const auto plain = Gradients(*model, ids, labels);
+  model->SetGradientCheckpointing(true);
+  const auto checkpointed = Gradients(*model, ids, labels);
+  ASSERT_EQ(plain.size(), 1u + 2 * 2 * 2);
+  for (const auto& [name, g] : plain) {
+    EXPECT_LT(MaxAbsDiff(g, checkpointed.at(name)), 1e-6) << name;
+    if (name != "loss_sum") EXPECT_GT(g.abs().max().item<double>(), 0) << name;
+  }
+}
+
 TEST(EngineModel, ChunkedLossEqualsFullCrossEntropy) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const at::Tensor weight = at::randn({50, 16}, gen);

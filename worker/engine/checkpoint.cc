@@ -60,7 +60,7 @@ class CheckpointBackward : public torch::autograd::Node {
       const RngState now = RngState::Capture(input_.device());
       rng_.Restore();
       at::AutoGradMode enable(true);
-      output = fn_(input);
+      output = fn_(input, /*recompute=*/true);
       now.Restore();
     }
     variable_list inputs;
@@ -106,13 +106,13 @@ at::Tensor Checkpoint(CheckpointedFn fn, const at::Tensor& input,
                       const std::vector<at::Tensor>& params) {
   bool needs_grad = input.requires_grad();
   for (const at::Tensor& p : params) needs_grad = needs_grad || p.requires_grad();
-  if (!at::GradMode::is_enabled() || !needs_grad) return fn(input);
+  if (!at::GradMode::is_enabled() || !needs_grad) return fn(input, /*recompute=*/false);
 
   RngState rng = RngState::Capture(input.device());
   at::Tensor output;
   {
     at::NoGradGuard no_grad;
-    output = fn(input);
+    output = fn(input, /*recompute=*/false);
   }
   auto node = std::shared_ptr<CheckpointBackward>(
       new CheckpointBackward(std::move(fn), input.detach().requires_grad_(input.requires_grad()),

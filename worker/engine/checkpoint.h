@@ -7,6 +7,11 @@
 // `input` with grad enabled, and returns the gradients for input and params through
 // torch::autograd::grad, so both loss.backward() and autograd::grad work. Only `input` and the
 // RNG states are kept between forward and backward.
+//
+// fn gets `recompute`: false in forward, where its output is the block's value; true in
+// backward, where only the output's autograd graph is used (its value never is), so fn may skip
+// work whose result no backward formula reads and return an output of unspecified value (what
+// PyTorch's non-reentrant checkpoint gets by stopping the recomputation early).
 #pragma once
 
 #include <functional>
@@ -16,7 +21,7 @@
 
 namespace qlora::engine {
 
-using CheckpointedFn = std::function<at::Tensor(const at::Tensor& input)>;
+using CheckpointedFn = std::function<at::Tensor(const at::Tensor& input, bool recompute)>;
 
 // `fn` must depend on trainable tensors only through `params` (other captured tensors are
 // treated as constants) and must stay callable until backward has run.

@@ -52,8 +52,10 @@ struct LinearLayer {
   FrozenWeight base;
   std::optional<LoraWeights> lora;
 
-  // x: [..., in] in the compute dtype; returns [..., out] in the same dtype.
-  at::Tensor Forward(const at::Tensor& x, bool training) const;
+  // x: [..., in] in the compute dtype; returns [..., out] in the same dtype. With value_unused
+  // (a checkpointed block's recomputation, where only the graph matters) the result's value is
+  // unspecified and the frozen GEMM is skipped; every gradient is the same.
+  at::Tensor Forward(const at::Tensor& x, bool training, bool value_unused = false) const;
   // W + scale * B A as float32 [out, in] (the base weight when there is no adapter).
   at::Tensor MergedWeight() const;
 };

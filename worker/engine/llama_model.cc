@@ -10,20 +10,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint.h"
+#include "worker/engine/fused_ops.h"
 
 namespace qlora::engine {
 namespace {
 
-
-// cat(-x[..., d/2:], x[..., :d/2])
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return x * cos + RotateHalf(x) * sin;
-}
 
 std::vector<at::Tensor> LayerParameters(const DecoderLayer& layer) {
   std::vector<at::Tensor> params;
@@ -164,7 +155,7 @@ absl::Status LlamaForCausalLM::AddLora(const LoraOptions& options) {
 
 at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::Tensor& x,
                                           const at::Tensor& cos, const at::Tensor& sin,
-                                          const at::Tensor& mask) const {
+                                          const at::Tensor& mask, bool value_unused) const {
   const int64_t batch = x.size(0), seq = x.size(1);
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
   const int64_t head_dim = config_.head_dim;
@@ -175,8 +166,8 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   auto split = [&](const at::Tensor& t, int64_t h) {
     return t.view({batch, seq, h, head_dim}).transpose(1, 2);
   };
-  const at::Tensor q = ApplyRotary(split(layer.q_proj.Forward(n, training_), heads), cos, sin);
-  const at::Tensor k = ApplyRotary(split(layer.k_proj.Forward(n, training_), kv_heads), cos, sin);
+  const at::Tensor q = Rotary(split(layer.q_proj.Forward(n, training_), heads), cos, sin);
+  const at::Tensor k = Rotary(split(layer.k_proj.Forward(n, training_), kv_heads), cos, sin);
   const at::Tensor v = split(layer.v_proj.Forward(n, training_), kv_heads);
   const bool gqa = kv_heads != heads;
   const at::Tensor attn =
@@ -189,8 +180,9 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
 
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
   const at::Tensor gated =
-      at::silu(layer.gate_proj.Forward(m, training_)) * layer.up_proj.Forward(m, training_);
-  return h + layer.down_proj.Forward(gated, training_);
+      Swiglu(layer.gate_proj.Forward(m, training_), layer.up_proj.Forward(m, training_));
+  const at::Tensor down = layer.down_proj.Forward(gated, training_, value_unused);
+  return value_unused ? SumGraphOnly(h, down) : h + down;
 }
 
 at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
@@ -227,8 +219,8 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   for (const DecoderLayer& layer : layers) {
     if (checkpoint) {
       x = Checkpoint(
-          [this, &layer, cos, sin, mask](const at::Tensor& h) {
-            return LayerForward(layer, h, cos, sin, mask);
+          [this, &layer, cos, sin, mask](const at::Tensor& h, bool recompute) {
+            return LayerForward(layer, h, cos, sin, mask, /*value_unused=*/recompute);
           },
           x, LayerParameters(layer));
     } else {

@@ -7,7 +7,9 @@
 // RMSNorm computes in float32 and casts back before the weight; rotary embeddings pair dim i with
 // i + d/2 (HF convention) with default, linear or llama3 frequencies; attention is
 // at::scaled_dot_product_attention (causal, GQA), or with a block-diagonal causal mask for packed
-// rows. Each decoder layer is activation-checkpointed while training (on by default).
+// rows. Each decoder layer is activation-checkpointed while training (on by default); its
+// recomputation stops at what backward reads (the down projection's frozen GEMM and the last
+// residual add, whose values nothing reads, are skipped).
 //
 // Thread-safety: Forward may run concurrently with itself; setters and AddLora may not.
 #pragma once
@@ -105,8 +107,10 @@ class LlamaForCausalLM {
   std::vector<std::pair<std::string, at::Tensor>> TrainableParameters() const;
 
  private:
+  // value_unused: the checkpoint's recomputation (the output carries the graph only).
   at::Tensor LayerForward(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
-                          const at::Tensor& sin, const at::Tensor& mask) const;
+                          const at::Tensor& sin, const at::Tensor& mask,
+                          bool value_unused = false) const;
 
   LlamaConfig config_;
   at::ScalarType compute_dtype_;

@@ -1,0 +1,82 @@
+// Entry points of fused_elementwise.h: the ATen formulas (CPU, and the fallback) and dispatch to
+// the CUDA kernels.
+#include "kernels/fused_elementwise.h"
+
+#include <ATen/ATen.h>
+
+#include "kernels/fused_elementwise_backend.h"
+#include "kernels/quantize_4bit.h"
+
+namespace qlora::kernels {
+namespace {
+
+at::Tensor RotateHalf(const at::Tensor& x) {  // cat(-x2, x1)
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor RotateHalfTransposed(const at::Tensor& z) {  // cat(z2, -z1): rotate_half's adjoint
+  const int64_t half = z.size(-1) / 2;
+  return at::cat({z.narrow(-1, half, half), -z.narrow(-1, 0, half)}, -1);
+}
+
+bool OnCuda(const at::Tensor& t) { return t.is_cuda() && HasCudaKernels(); }
+
+at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                  bool backward) {
+  TORCH_CHECK(x.dim() == 4 && x.size(-1) % 2 == 0,
+              "rotary: x must be [batch, heads, seq, even dim], got ", x.sizes());
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "rotary: cos and sin must have x's dtype");
+  if (OnCuda(x)) {
+#ifdef QLORA_HAVE_CUDA
+    at::Tensor out = at::empty_like(x);
+    if (cuda::Rotary(x, cos.expand(x.sizes()), sin.expand(x.sizes()), backward, out)) return out;
+#endif
+  }
+  if (backward) return x * cos + RotateHalfTransposed(x * sin);
+  return x * cos + RotateHalf(x) * sin;
+}
+
+}  // namespace
+
+at::Tensor RotaryForward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return Rotary(x, cos, sin, /*backward=*/false);
+}
+
+at::Tensor RotaryBackward(const at::Tensor& grad_out, const at::Tensor& cos,
+                          const at::Tensor& sin) {
+  return Rotary(grad_out, cos, sin, /*backward=*/true);
+}
+
+at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+              "swiglu: gate and up must have one shape and dtype");
+  if (OnCuda(gate)) {
+#ifdef QLORA_HAVE_CUDA
+    const at::Tensor g = gate.contiguous(), u = up.contiguous();
+    at::Tensor out = at::empty_like(g);
+    if (cuda::SwigluForward(g, u, out)) return out;
+#endif
+  }
+  return at::silu(gate) * up;
+}
+
+std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
+                                                 const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
+              "swiglu: the gradient, gate and up must have one shape");
+  if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type()) {
+#ifdef QLORA_HAVE_CUDA
+    const at::Tensor g = grad_out.contiguous(), a = gate.contiguous(), b = up.contiguous();
+    at::Tensor grad_gate = at::empty_like(a), grad_up = at::empty_like(b);
+    if (cuda::SwigluBackward(g, a, b, grad_gate, grad_up)) return {grad_gate, grad_up};
+#endif
+  }
+  // What autograd computes for at::silu(gate) * up: MulBackward0, then SiluBackward0.
+  const at::Tensor grad_up = grad_out * at::silu(gate);
+  const at::Tensor grad_gate = at::silu_backward(grad_out * up, gate);
+  return {grad_gate, grad_up};
+}
+
+}  // namespace qlora::kernels

@@ -1,0 +1,33 @@
+// Fused elementwise passes of the LLaMA decoder layer, forward and backward: rotary position
+// embedding and SwiGLU. Each computes exactly what its unfused ATen formula computes, rounding
+// where that formula rounds (every op's result to the tensor dtype), in one pass over memory:
+//
+//   rotary:  out = x * cos + rotate_half(x) * sin      rotate_half(x) = cat(-x2, x1)
+//            grad_x = g * cos + cat((g * sin)2, -(g * sin)1)          (x1, x2: halves of dim -1)
+//   SwiGLU:  out = silu(gate) * up
+//            grad_up = g * silu(gate),  grad_gate = silu_backward(g * up, gate)
+//
+// CPU (and any tensor the CUDA kernels do not take): the formulas themselves as ATen ops, the
+// oracle of tests/kernels/fused_elementwise_test.cc. CUDA (built with nvcc): one kernel per
+// call, 16-byte accesses; the rotary kernels equal the formula bit for bit, SwiGLU within the
+// contraction of silu_backward's arithmetic (one bf16 ulp). Inputs: float32, float16, bfloat16.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::kernels {
+
+// x [batch, heads, seq, dim] (any strides; the head dim is the last), cos and sin broadcastable
+// to it over heads (HF: [batch, 1, seq, dim]) in x's dtype; dim even. Output: x's layout.
+at::Tensor RotaryForward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// The gradient of RotaryForward with respect to x, for the gradient of its output.
+at::Tensor RotaryBackward(const at::Tensor& grad_out, const at::Tensor& cos,
+                          const at::Tensor& sin);
+
+// gate, up: the same shape and dtype -> silu(gate) * up.
+at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
+// {grad_gate, grad_up} for the gradient of SwigluForward's output.
+std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
+                                                 const at::Tensor& gate, const at::Tensor& up);
+
+}  // namespace qlora::kernels

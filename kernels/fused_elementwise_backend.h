@@ -1,0 +1,19 @@
+// Internal: the CUDA side of fused_elementwise.h (compiled only with QLORA_HAVE_CUDA). Each
+// function returns false, touching nothing, when it does not take these tensors (dtype, device,
+// layout), and the caller falls back to the ATen formula.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::kernels::cuda {
+
+// out, x: [B, H, S, D] with unit last stride; cos, sin expanded to [B, H, S, D] (stride 0 where
+// broadcast). backward: x is the output's gradient and out the input's.
+bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
+            at::Tensor& out);
+// Contiguous tensors of one shape and dtype.
+bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out);
+bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
+                    at::Tensor& grad_gate, at::Tensor& grad_up);
+
+}  // namespace qlora::kernels::cuda

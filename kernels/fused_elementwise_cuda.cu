@@ -1,0 +1,240 @@
+// CUDA kernels of fused_elementwise.h. Every product and sum is rounded as the unfused ATen
+// formula rounds it: computed in float32 (__fmul_rn / __fadd_rn: never contracted into an FMA)
+// and cast to the tensor dtype (round to nearest even) wherever ATen stores an intermediate.
+//
+// Kernels:
+//   RotaryKernel   one thread per V pairs (i, i + D/2) of one row (b, h, s): 16-byte loads of x,
+//                  cos and sin at both halves, 16-byte stores; strides from the tensors
+//   SwigluForwardKernel / SwigluBackwardKernel   one thread per V elements, 16-byte accesses
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "kernels/fused_elementwise_backend.h"
+
+namespace qlora::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+// A float32 value stored as T: what ATen keeps between two ops.
+template <typename T>
+__device__ __forceinline__ float Round(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> Load(const T* p) {
+  return *reinterpret_cast<const Vec<T, V>*>(p);
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void Store(T* p, const Vec<T, V>& v) {
+  *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+struct Strides4 {
+  int64_t b, h, s;
+};
+
+// Forward:  o1 = x1 c1 + (-x2) s1,  o2 = x2 c2 + x1 s2.
+// Backward: d1 = g1 c1 + g2 s2,      d2 = g2 c2 - g1 s1.
+template <typename T, int V, bool kBackward>
+__global__ void RotaryKernel(const T* __restrict__ x, const T* __restrict__ cos,
+                             const T* __restrict__ sin, T* __restrict__ out, int64_t rows,
+                             int64_t heads, int64_t seq, int half, Strides4 xs, Strides4 cs,
+                             Strides4 ss, Strides4 os) {
+  const int per_row = half / V;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= rows * per_row) return;
+  const int64_t row = t / per_row;
+  const int j = static_cast<int>(t % per_row) * V;
+  const int64_t s = row % seq, bh = row / seq;
+  const int64_t h = bh % heads, b = bh / heads;
+  const int64_t xo = b * xs.b + h * xs.h + s * xs.s + j;
+  const int64_t co = b * cs.b + h * cs.h + s * cs.s + j;
+  const int64_t so = b * ss.b + h * ss.h + s * ss.s + j;
+  const int64_t oo = b * os.b + h * os.h + s * os.s + j;
+  const Vec<T, V> x1 = Load<T, V>(x + xo), x2 = Load<T, V>(x + xo + half);
+  const Vec<T, V> c1 = Load<T, V>(cos + co), c2 = Load<T, V>(cos + co + half);
+  const Vec<T, V> s1 = Load<T, V>(sin + so), s2 = Load<T, V>(sin + so + half);
+  Vec<T, V> o1, o2;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float a1 = static_cast<float>(x1.v[k]), a2 = static_cast<float>(x2.v[k]);
+    const float p1 = Round<T>(__fmul_rn(a1, static_cast<float>(c1.v[k])));
+    const float p2 = Round<T>(__fmul_rn(a2, static_cast<float>(c2.v[k])));
+    float q1, q2;
+    if constexpr (kBackward) {
+      q1 = Round<T>(__fmul_rn(a2, static_cast<float>(s2.v[k])));
+      q2 = -Round<T>(__fmul_rn(a1, static_cast<float>(s1.v[k])));
+    } else {
+      q1 = Round<T>(__fmul_rn(-a2, static_cast<float>(s1.v[k])));
+      q2 = Round<T>(__fmul_rn(a1, static_cast<float>(s2.v[k])));
+    }
+    o1.v[k] = static_cast<T>(__fadd_rn(p1, q1));
+    o2.v[k] = static_cast<T>(__fadd_rn(p2, q2));
+  }
+  Store<T, V>(out + oo, o1);
+  Store<T, V>(out + oo + half, o2);
+}
+
+// ATen's silu and silu_backward (ActivationSiluKernel.cu), in float32.
+__device__ __forceinline__ float Silu(float x) { return x / (1.0f + ::expf(-x)); }
+__device__ __forceinline__ float SiluBackward(float dy, float x) {
+  const float s = 1.0f / (1.0f + ::expf(-x));
+  return dy * s * (1.0f + x * (1.0f - s));
+}
+
+template <typename T, int V>
+__global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up,
+                                    T* __restrict__ out, int64_t n) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  if (i + V <= n) {
+    const Vec<T, V> g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
+    Vec<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      o.v[k] = static_cast<T>(__fmul_rn(Round<T>(Silu(static_cast<float>(g.v[k]))),
+                                        static_cast<float>(u.v[k])));
+    }
+    Store<T, V>(out + i, o);
+  } else {
+    for (int64_t e = i; e < n; ++e) {
+      out[e] = static_cast<T>(__fmul_rn(Round<T>(Silu(static_cast<float>(gate[e]))),
+                                        static_cast<float>(up[e])));
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du) {
+  const float fdy = static_cast<float>(dy), fg = static_cast<float>(g);
+  const float silu = Round<T>(Silu(fg));
+  du = static_cast<T>(__fmul_rn(fdy, silu));
+  const float dsilu = Round<T>(__fmul_rn(fdy, static_cast<float>(u)));
+  dg = static_cast<T>(SiluBackward(dsilu, fg));
+}
+
+template <typename T, int V>
+__global__ void SwigluBackwardKernel(const T* __restrict__ grad, const T* __restrict__ gate,
+                                     const T* __restrict__ up, T* __restrict__ grad_gate,
+                                     T* __restrict__ grad_up, int64_t n) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  if (i + V <= n) {
+    const Vec<T, V> dy = Load<T, V>(grad + i), g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
+    Vec<T, V> dg, du;
+#pragma unroll
+    for (int k = 0; k < V; ++k) SwigluBackwardOne(dy.v[k], g.v[k], u.v[k], dg.v[k], du.v[k]);
+    Store<T, V>(grad_gate + i, dg);
+    Store<T, V>(grad_up + i, du);
+  } else {
+    for (int64_t e = i; e < n; ++e) SwigluBackwardOne(grad[e], gate[e], up[e], grad_gate[e], grad_up[e]);
+  }
+}
+
+template <typename F>
+bool DispatchFloating(at::ScalarType type, F&& f) {
+  switch (type) {
+    case at::kFloat: return f(float{});
+    case at::kHalf: return f(c10::Half{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    default: return false;
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+unsigned Grid(int64_t threads) {
+  const int64_t grid = CeilDiv(threads, kThreads);
+  TORCH_CHECK(grid < (int64_t{1} << 31), "tensor too large for the fused elementwise kernels");
+  return static_cast<unsigned>(grid);
+}
+
+Strides4 StridesOf(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+bool Vectorizable(const at::Tensor& t, int v) {
+  return t.stride(3) == 1 && Aligned16(t.const_data_ptr()) && t.stride(0) % v == 0 &&
+         t.stride(1) % v == 0 && t.stride(2) % v == 0;
+}
+
+}  // namespace
+
+bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
+            at::Tensor& out) {
+  if (!x.is_cuda() || x.dim() != 4 || x.numel() == 0) return false;
+  return DispatchFloating(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    const int64_t half = x.size(3) / 2;
+    if (half % V != 0 || !Vectorizable(x, V) || !Vectorizable(cos, V) || !Vectorizable(sin, V) ||
+        !Vectorizable(out, V)) {
+      return false;
+    }
+    const c10::cuda::CUDAGuard guard(x.device());
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const int64_t rows = x.size(0) * x.size(1) * x.size(2);
+    auto kernel = backward ? RotaryKernel<T, V, true> : RotaryKernel<T, V, false>;
+    kernel<<<Grid(rows * (half / V)), kThreads, 0, stream>>>(
+        x.const_data_ptr<T>(), cos.const_data_ptr<T>(), sin.const_data_ptr<T>(),
+        out.mutable_data_ptr<T>(), rows, x.size(1), x.size(2), static_cast<int>(half),
+        StridesOf(x), StridesOf(cos), StridesOf(sin), StridesOf(out));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  });
+}
+
+bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
+  if (!gate.is_cuda() || gate.numel() == 0) return false;
+  return DispatchFloating(gate.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    if (!Aligned16(gate.const_data_ptr()) || !Aligned16(up.const_data_ptr()) ||
+        !Aligned16(out.const_data_ptr())) {
+      return false;
+    }
+    const c10::cuda::CUDAGuard guard(gate.device());
+    const int64_t n = gate.numel();
+    SwigluForwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  });
+}
+
+bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
+                    at::Tensor& grad_gate, at::Tensor& grad_up) {
+  if (!gate.is_cuda() || gate.numel() == 0) return false;
+  return DispatchFloating(gate.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    const void* pointers[] = {grad.const_data_ptr(), gate.const_data_ptr(), up.const_data_ptr(),
+                              grad_gate.const_data_ptr(), grad_up.const_data_ptr()};
+    for (const void* p : pointers) {
+      if (!Aligned16(p)) return false;
+    }
+    const c10::cuda::CUDAGuard guard(gate.device());
+    const int64_t n = gate.numel();
+    SwigluBackwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
+        grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  });
+}
+
+}  // namespace qlora::kernels::cuda

@@ -1,0 +1,123 @@
+// The fused elementwise kernels (kernels/fused_elementwise.h) against their unfused ATen
+// formulas and what autograd computes for them: on CPU (the formulas; the backward formulas are
+// checked against autograd) and, where there is a GPU, the CUDA kernels against the same
+// formulas on the GPU: rotary bit for bit forward and backward (strided and broadcast inputs
+// too), SwiGLU forward bit for bit and backward within one ulp.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <vector>
+
+#include "kernels/fused_elementwise.h"
+#include "kernels/quantize_4bit.h"
+
+namespace qlora::kernels {
+namespace {
+
+std::vector<at::Device> Devices() {
+  std::vector<at::Device> devices = {at::kCPU};
+  if (at::hasCUDA() && HasCudaKernels()) devices.emplace_back(at::kCUDA, 0);
+  return devices;
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// The formula the engine used before the fused kernels, differentiated by autograd.
+std::pair<at::Tensor, at::Tensor> UnfusedRotary(const at::Tensor& x, const at::Tensor& cos,
+                                                const at::Tensor& sin, const at::Tensor& grad) {
+  at::Tensor leaf = x.detach().requires_grad_();
+  at::Tensor out = leaf * cos + RotateHalf(leaf) * sin;
+  at::Tensor dx = torch::autograd::grad({out}, {leaf}, {grad})[0];
+  return {out.detach(), dx};
+}
+
+// Equal values (+0 == -0), NaN nowhere.
+void ExpectBitEqual(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  ASSERT_EQ(a.scalar_type(), b.scalar_type()) << what;
+  const at::Tensor x = a.to(at::kFloat).cpu(), y = b.to(at::kFloat).cpu();
+  EXPECT_FALSE(x.isnan().any().item<bool>()) << what;
+  EXPECT_EQ(x.ne(y).sum().item<int64_t>(), 0) << what << ": max diff "
+                                             << (x - y).abs().max().item<double>();
+}
+
+struct RotaryCase {
+  int64_t batch, heads, seq, dim;
+  bool seq_major;      // x as the HF view: [batch, seq, heads, dim] memory, transposed
+  bool shared_tables;  // cos/sin [1, 1, seq, dim] (one table for every row)
+};
+
+TEST(KernelsFused, RotaryEqualsTheUnfusedFormulaAndItsAutogradGradient) {
+  const std::vector<RotaryCase> cases = {
+      {2, 4, 33, 128, true, false}, {1, 3, 17, 64, false, true},
+      {3, 2, 9, 16, true, true},    {2, 2, 5, 6, false, false}};  // dim 6: not vectorizable
+  for (const at::Device& device : Devices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (const RotaryCase& c : cases) {
+        SCOPED_TRACE(::testing::Message() << device << " " << dtype << " dim " << c.dim << " seq "
+                                          << c.seq);
+        at::manual_seed(7);
+        const auto opts = at::TensorOptions().dtype(dtype).device(device);
+        const at::Tensor x =
+            c.seq_major ? (at::randn({c.batch, c.seq, c.heads, c.dim}, opts) * 3).transpose(1, 2)
+                        : at::randn({c.batch, c.heads, c.seq, c.dim}, opts) * 3;
+        const int64_t table_batch = c.shared_tables ? 1 : c.batch;
+        const at::Tensor angle = at::rand({table_batch, 1, c.seq, c.dim}, opts.dtype(at::kFloat)) * 40;
+        const at::Tensor cos = angle.cos().to(dtype), sin = angle.sin().to(dtype);
+        const at::Tensor grad = at::randn(x.sizes(), opts);
+        const auto [ref_out, ref_dx] = UnfusedRotary(x, cos, sin, grad);
+        ExpectBitEqual(RotaryForward(x, cos, sin), ref_out, "forward");
+        ExpectBitEqual(RotaryBackward(grad, cos, sin), ref_dx, "backward");
+      }
+    }
+  }
+}
+
+TEST(KernelsFused, RotaryKeepsTheInputsLayout) {
+  for (const at::Device& device : Devices()) {
+    const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device);
+    const at::Tensor x = at::randn({2, 8, 4, 32}, opts).transpose(1, 2);  // [2, 4, 8, 32] view
+    const at::Tensor cos = at::ones({2, 1, 8, 32}, opts), sin = at::zeros({2, 1, 8, 32}, opts);
+    const at::Tensor out = RotaryForward(x, cos, sin);
+    EXPECT_EQ(out.strides(), x.strides()) << device;
+    ExpectBitEqual(out, x, "cos 1, sin 0 is the identity");
+  }
+}
+
+TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
+  for (const at::Device& device : Devices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (const int64_t n : {int64_t{4 * 1031 * 8}, int64_t{3 * 7 * 11}}) {  // tail when not / 8
+        SCOPED_TRACE(::testing::Message() << device << " " << dtype << " n " << n);
+        at::manual_seed(3);
+        const auto opts = at::TensorOptions().dtype(dtype).device(device);
+        const at::Tensor g = (at::randn({n}, opts) * 4).view({-1, n % 8 == 0 ? 8 : 7});
+        const at::Tensor u = at::randn(g.sizes(), opts) * 2;
+        const at::Tensor dy = at::randn(g.sizes(), opts);
+        at::Tensor gl = g.detach().requires_grad_(), ul = u.detach().requires_grad_();
+        const at::Tensor ref = at::silu(gl) * ul;
+        const auto ref_grads = torch::autograd::grad({ref}, {gl, ul}, {dy});
+        ExpectBitEqual(SwigluForward(g, u), ref.detach(), "forward");
+        const auto [dg, du] = SwigluBackward(dy, g, u);
+        ExpectBitEqual(du, ref_grads[1], "grad up");
+        if (device.is_cpu()) {
+          ExpectBitEqual(dg, ref_grads[0], "grad gate");
+        } else {
+          // silu_backward's float arithmetic may be contracted differently by two compilers:
+          // within one ulp of the dtype (float32: a few ulps) of the reference.
+          const at::Tensor a = dg.to(at::kDouble), b = ref_grads[0].to(at::kDouble);
+          const double ulp = dtype == at::kFloat ? 4.0 / (1 << 23) : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
+          const at::Tensor excess = (a - b).abs() - b.abs() * ulp - 1e-30;
+          EXPECT_LE(excess.max().item<double>(), 0.0) << "grad gate";
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qlora::kernels

@@ -1,0 +1,24 @@
+// Differentiable fused elementwise ops of the decoder layer, over kernels/fused_elementwise.h:
+// each is one autograd node whose forward and backward are one kernel each on CUDA (the ATen
+// formula elsewhere), computing what autograd computes for the unfused formula.
+//
+//   Rotary(x, cos, sin) = x * cos + rotate_half(x) * sin      differentiable in x only
+//   Swiglu(gate, up)    = silu(gate) * up                     saves gate and up, not silu(gate)
+//   SumGraphOnly(a, b)  = a + b's autograd node, value unset   for a checkpointed recomputation
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::engine {
+
+// x [batch, heads, seq, head_dim]; cos, sin [batch or 1, 1, seq, head_dim] (constants).
+at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// An output of a's shape whose gradient goes to a and b as a + b's would, with an unspecified
+// value and no pass over memory: the end of a checkpointed block's recomputation, whose output
+// only carries the graph (checkpoint.h).
+at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace qlora::engine
