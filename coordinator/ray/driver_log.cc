@@ -12,7 +12,6 @@ namespace qlora::coordinator {
 namespace {
 
 constexpr absl::string_view kLogMarker = "QLORA-LOG ";
-constexpr absl::string_view kExitMarker = "QLORA-EXIT ";
 
 // A QLORA-EXIT line's JSON as a RankEnd; rank -2 when it cannot be read.
 RankEnd ParseEnd(absl::string_view text) {
@@ -21,17 +20,26 @@ RankEnd ParseEnd(absl::string_view text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (!j.is_object() || !j.contains("rank") || !j["rank"].is_number_integer()) return end;
   end.rank = j["rank"].get<int>();
-  const std::string host = j.value("host", "");
-  const int64_t pid = j.value("pid", int64_t{0});
+  // Each field is read only when it has the expected type: a line is input, not a contract.
+  auto text = [&](const char* key) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  auto number = [&](const char* key) {
+    return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : int64_t{0};
+  };
+  const std::string host = text("host");
+  const int64_t pid = number("pid");
   if (!host.empty()) end.where = absl::StrCat("host ", host, pid > 0 ? absl::StrCat(", pid ", pid) : "");
-  end.info.cause = j.value("cause", "");
-  const int signal = j.value("signal", 0);
+  end.info.cause = text("cause");
+  const int64_t signal = number("signal");
   end.info.signaled = signal > 0;
-  end.info.code = signal > 0 ? signal : j.value("code", 0);
+  end.info.code = static_cast<int>(signal > 0 ? signal : number("code"));
   return end;
 }
 
 }  // namespace
+
+DriverLogReader::DriverLogReader(absl::string_view nonce) : exit_prefix_(absl::StrCat("QLORA-EXIT ", nonce, " ")) {}
 
 DriverLogNews DriverLogReader::Feed(const std::string& whole) {
   DriverLogNews news;
@@ -41,8 +49,8 @@ DriverLogNews DriverLogReader::Feed(const std::string& whole) {
     if (newline == std::string::npos) break;  // an incomplete line waits for the next call
     const absl::string_view line(whole.data() + consumed_, newline - consumed_);
     consumed_ = newline + 1;
-    if (absl::StartsWith(line, kExitMarker)) {
-      RankEnd end = ParseEnd(line.substr(kExitMarker.size()));
+    if (absl::StartsWith(line, exit_prefix_)) {
+      RankEnd end = ParseEnd(line.substr(exit_prefix_.size()));
       if (end.rank >= -1) {
         news.ends.push_back(std::move(end));
         continue;

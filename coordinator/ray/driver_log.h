@@ -3,17 +3,19 @@
 //   ... QLORA-LOG <rank> <text>      a line of that rank's output (Ray forwards the rank task's
 //                                    output to the driver log with its own "(task pid=.., ip=..)"
 //                                    prefix, so the marker may come after other text)
-//   QLORA-EXIT <json>                at the start of a line, printed by the driver itself: a
+//   QLORA-EXIT <nonce> <json>        at the start of a line, printed by the driver itself: a
 //                                    rank's end {"rank", "host", "pid", "code", "signal", "cause"};
 //                                    rank -1 ends every rank (e.g. the placement group timed out)
 // A rank's output cannot forge an end: its lines carry Ray's prefix before the marker, so they
-// never start with QLORA-EXIT. Pure; not thread-safe.
+// never start with QLORA-EXIT, and the nonce (random per start, in the driver's spec, never in a
+// worker's environment) is not known to them. Pure; not thread-safe.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "coordinator/worker_launcher.h"
 
 namespace qlora::coordinator {
@@ -26,11 +28,13 @@ struct DriverLogNews {
 
 class DriverLogReader {
  public:
+  explicit DriverLogReader(absl::string_view nonce);
   // `whole_log`: the driver's log from its start, as Ray's logs API returns it each time. Only
   // the complete lines after what earlier calls consumed are read.
   DriverLogNews Feed(const std::string& whole_log);
 
  private:
+  std::string exit_prefix_;  // "QLORA-EXIT <nonce> "
   size_t consumed_ = 0;
 };
 

@@ -8,7 +8,9 @@
 
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "coordinator/ray/driver_log.h"
 
@@ -58,7 +60,11 @@ struct RayWorkerLauncher::Start {
   absl::Time unreachable_since = absl::InfiniteFuture();
   // The launcher's thread alone.
   bool submitted = false;
+  explicit Start(std::string nonce) : log(nonce), nonce(std::move(nonce)) {}
   DriverLogReader log;
+  std::string nonce;                 // marks the driver's QLORA-EXIT lines (driver_log.h)
+  absl::Time stop_sent_at = absl::InfiniteFuture();
+  int terminal_polls = 0;            // polls that saw the job ended but could not read its log
 
   void End(int rank, std::string where, ExitInfo info) {
     if (rank < 0 || rank >= static_cast<int>(ended.size()) || ended[rank]) return;
@@ -143,12 +149,14 @@ LauncherCapacity RayWorkerLauncher::Capacity() const {
 
 absl::StatusOr<std::unique_ptr<LaunchedGroup>> RayWorkerLauncher::Launch(const GroupLaunch& launch) {
   if (launch.ranks.empty()) return absl::InvalidArgumentError("a start with no ranks");
-  auto start = std::make_shared<Start>();
+  absl::BitGen random;  // seeded from the OS's entropy
+  auto start = std::make_shared<Start>(absl::StrFormat("%016x", absl::Uniform<uint64_t>(random)));
   start->submission_id = absl::StrCat("qlora-", launch.job_id, "-", launch.job_uid.substr(0, 8), "-", launch.generation);
   start->job_uid = launch.job_uid;
   nlohmann::json spec;
   spec["job_id"] = launch.job_id;
   spec["submission_id"] = start->submission_id;
+  spec["nonce"] = start->nonce;
   spec["use_gpu"] = launch.use_gpu;
   spec["cpus_per_worker"] = launch.cpus_per_worker;
   spec["placement"] = EnumName(launch.placement);
@@ -206,7 +214,11 @@ void RayWorkerLauncher::Advance(Start& start) {
     RaySubmission submission;
     submission.submission_id = start.submission_id;
     submission.entrypoint = absl::StrCat(ShellQuote(options_.python), " ", ShellQuote(options_.launcher_script));
-    submission.env_vars = {{"QLORA_RAY_SPEC", start.spec_json}, {"RAY_DEDUP_LOGS", "0"}};
+    // Ray's stop waits RAY_JOB_STOP_WAIT_TIME_S (3 s by default) before it kills the driver; the
+    // driver needs the ranks' grace and a little more to report their ends.
+    submission.env_vars = {{"QLORA_RAY_SPEC", start.spec_json}, {"RAY_DEDUP_LOGS", "0"},
+                           {"RAY_JOB_STOP_WAIT_TIME_S",
+                            absl::StrCat(static_cast<int>(absl::ToDoubleSeconds(options_.stop_grace)) + 5)}};
     submission.metadata = {{"qlora_job_uid", start.job_uid}, {"qlora_submission", start.submission_id}};
     if (absl::Status submitted = api_.Submit(submission); !submitted.ok()) {
       absl::MutexLock lock(&mu_);
@@ -218,6 +230,16 @@ void RayWorkerLauncher::Advance(Start& start) {
   if (stop && !stop_sent && api_.Stop(start.submission_id).ok()) {
     absl::MutexLock lock(&mu_);
     start.stop_sent = true;
+    start.stop_sent_at = absl::Now();
+  }
+  // A Ray job that never ends after its stop (its supervisor lost): its ranks count as ended, or
+  // the job's restart would wait for them forever.
+  if (absl::Now() - start.stop_sent_at > options_.stop_grace + options_.unreachable_timeout) {
+    absl::MutexLock lock(&mu_);
+    start.EndAll(absl::StrCat("the Ray job ", start.submission_id, " did not end within ",
+                              absl::FormatDuration(options_.stop_grace + options_.unreachable_timeout),
+                              " of its stop"));
+    return;
   }
   absl::StatusOr<RayJobInfo> info = api_.Get(start.submission_id);
   if (!info.ok()) {
@@ -235,7 +257,11 @@ void RayWorkerLauncher::Advance(Start& start) {
   }
   // The status first, then the log: once the job has ended its log holds every end it reported.
   DriverLogNews news;
-  if (absl::StatusOr<std::string> log = api_.Logs(start.submission_id); log.ok()) news = start.log.Feed(*log);
+  absl::StatusOr<std::string> log = api_.Logs(start.submission_id);
+  if (log.ok()) news = start.log.Feed(*log);
+  // An ended job's log holds the ranks' real ends: read it before giving them a generic cause
+  // (a few polls at most).
+  if (info->terminal() && !log.ok() && ++start.terminal_polls < 5) return;
   std::map<int, std::string> output;
   for (auto& [rank, line] : news.output) {
     if (rank < static_cast<int>(start.log_paths.size())) output[rank] += line;
@@ -270,7 +296,13 @@ void RayWorkerLauncher::Loop() {
       if (shutdown_) return;
       snapshot = starts_;
     }
-    for (const auto& start : snapshot) Advance(*start);
+    for (const auto& start : snapshot) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (shutdown_) return;
+      }
+      Advance(*start);
+    }
     if (absl::Now() >= next_capacity) {
       RefreshCapacity();
       next_capacity = absl::Now() + options_.capacity_refresh;

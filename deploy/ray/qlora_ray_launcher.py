@@ -16,7 +16,8 @@ What it does:
      QLORA_HOST_ADDRESS = the node's address (Gloo binds to it) and, for GPU workers, the GPU Ray
      assigned (CUDA_VISIBLE_DEVICES); the worker dies with the task's process (PR_SET_PDEATHSIG);
   3. forwards each line a rank prints as "QLORA-LOG <rank> <line>" and reports each rank's end as
-     a line "QLORA-EXIT {json}" (the coordinator reads both through Ray's job logs API);
+     a line "QLORA-EXIT <nonce> {json}" (the coordinator reads both through Ray's job logs API;
+     the nonce, random per start, tells the driver's lines from anything a worker prints);
   4. on SIGTERM (the coordinator stopped the Ray job) passes SIGTERM to every rank and kills what
      is left after stop_grace_s.
 """
@@ -34,30 +35,36 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 PR_SET_PDEATHSIG = 1
+LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: no dlopen between fork and exec
 
 
-def report_exit(**end):
-    print("QLORA-EXIT " + json.dumps(end), flush=True)
+def report_exit(nonce, **end):
+    # One write of one whole line: Ray's log thread prints rank lines to the same stream.
+    sys.stdout.write(f"QLORA-EXIT {nonce} {json.dumps(end)}\n")
+    sys.stdout.flush()
 
 
-def die_with_parent():
+def die_with_parent(parent):
     """In the worker process, before exec: end when the Ray task's process ends."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before prctl
+        os._exit(1)
 
 
 @ray.remote(max_retries=0)
 def run_rank(rank, argv, env, use_gpu, stop_grace_s):
     host = ray.util.get_node_ip_address()
     full_env = dict(os.environ)
-    for key in ("QLORA_RAY_SPEC",):  # the spec holds every rank's token: not for the worker
+    for key in ("QLORA_RAY_SPEC",):  # the spec holds every token and the nonce: not for the worker
         full_env.pop(key, None)
     full_env.update(env)
     full_env["QLORA_HOST_ADDRESS"] = host
     if use_gpu:  # the GPU Ray assigned to this task, not the coordinator's local numbering
         full_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(g)) for g in ray.get_gpu_ids())
+    parent = os.getpid()
     proc = subprocess.Popen(argv, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, preexec_fn=die_with_parent, bufsize=1,
-                            text=True, errors="replace")
+                            stderr=subprocess.STDOUT, preexec_fn=lambda: die_with_parent(parent),
+                            bufsize=1, text=True, errors="replace")
     print(f"QLORA-LOG {rank} [qlora-ray] rank {rank} started on {host}, pid {proc.pid}", flush=True)
     try:
         for line in proc.stdout:
@@ -77,6 +84,7 @@ def run_rank(rank, argv, env, use_gpu, stop_grace_s):
 
 def main():
     spec = json.loads(os.environ["QLORA_RAY_SPEC"])
+    nonce = spec["nonce"]
     ranks = spec["ranks"]
     use_gpu = bool(spec["use_gpu"])
     bundle = {"CPU": float(spec["cpus_per_worker"])}
@@ -96,7 +104,7 @@ def main():
             why = ("stopped while waiting for room on the cluster" if stopping.is_set() else
                    f"the Ray cluster could not place {len(ranks)} bundles of {bundle} "
                    f"({spec['placement']}) within {spec['placement_timeout_s']:.0f} s")
-            report_exit(rank=-1, cause=why)
+            report_exit(nonce, rank=-1, cause=why)
             remove_placement_group(pg)
             sys.exit(3)
     print(f"qlora-ray: placement group ready: {len(ranks)} x {bundle}, {spec['placement']}", flush=True)
@@ -120,12 +128,12 @@ def main():
         for task in done:
             rank = pending.pop(task)
             try:
-                report_exit(**ray.get(task))
+                report_exit(nonce, **ray.get(task))
             except Exception as error:  # a lost node, a crashed Ray worker, a cancellation
                 first = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 if len(first) > 160:  # Ray's messages go on with advice; the first sentences say it
                     first = first[:160].rsplit(" ", 1)[0] + " ..."
-                report_exit(rank=rank, cause=f"its Ray task ended without an exit status: "
+                report_exit(nonce, rank=rank, cause=f"its Ray task ended without an exit status: "
                                              f"{type(error).__name__}: {first}")
     remove_placement_group(pg)
 

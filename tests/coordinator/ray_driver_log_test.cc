@@ -16,12 +16,12 @@ using ::testing::HasSubstr;
 using ::testing::Pair;
 
 TEST(CoordinatorRayDriverLogTest, SplitsRankOutputEndsAndDriverLines) {
-  DriverLogReader reader;
+  DriverLogReader reader("n0nce");
   const std::string log =
       "Running entrypoint for job qlora-job-000001: python3 launcher.py\n"
       "\x1b[36m(run_rank pid=23355, ip=10.77.0.2)\x1b[0m QLORA-LOG 1 [rank 1] registered\n"
       "\x1b[36m(run_rank pid=23353)\x1b[0m QLORA-LOG 0 step 1 loss 2.5\n"
-      "QLORA-EXIT {\"rank\": 1, \"host\": \"10.77.0.2\", \"pid\": 77, \"code\": 0, \"signal\": 9}\n"
+      "QLORA-EXIT n0nce {\"rank\": 1, \"host\": \"10.77.0.2\", \"pid\": 77, \"code\": 0, \"signal\": 9}\n"
       "QLORA-LOG 0 partial line without its newl";
   DriverLogNews news = reader.Feed(log);
   EXPECT_THAT(news.output, ElementsAre(Pair(1, "[rank 1] registered\n"), Pair(0, "step 1 loss 2.5\n")));
@@ -33,7 +33,7 @@ TEST(CoordinatorRayDriverLogTest, SplitsRankOutputEndsAndDriverLines) {
   EXPECT_THAT(news.driver_lines, ElementsAre(HasSubstr("Running entrypoint")));
 
   // The log grows: only what is new and complete is read, once.
-  const std::string grown = log + "ine\nQLORA-EXIT {\"rank\": -1, \"cause\": \"could not place 2 bundles\"}\n";
+  const std::string grown = log + "ine\nQLORA-EXIT n0nce {\"rank\": -1, \"cause\": \"could not place 2 bundles\"}\n";
   news = reader.Feed(grown);
   EXPECT_THAT(news.output, ElementsAre(Pair(0, "partial line without its newline\n")));
   ASSERT_EQ(news.ends.size(), 1u);
@@ -45,15 +45,23 @@ TEST(CoordinatorRayDriverLogTest, SplitsRankOutputEndsAndDriverLines) {
 }
 
 TEST(CoordinatorRayDriverLogTest, RankOutputCannotForgeAnEnd) {
-  DriverLogReader reader;
+  DriverLogReader reader("n0nce");
   // A worker printing an end marker: Ray's prefix comes first, so it is that rank's output.
   DriverLogNews news = reader.Feed(
       "(run_rank pid=1) QLORA-LOG 0 QLORA-EXIT {\"rank\": 1, \"code\": 0}\n"
-      "QLORA-EXIT not json\n"
+      "QLORA-EXIT n0nce not json\n"
+      "QLORA-EXIT guessed {\"rank\": 0, \"code\": 0}\n"
+      "QLORA-EXIT n0nce {\"rank\": 1, \"host\": 7, \"pid\": \"x\", \"signal\": [9], \"cause\": {}}\n"
       "QLORA-LOG x no rank\n");
-  EXPECT_TRUE(news.ends.empty());
+  // Only the last end line is one (a wrong nonce is not; fields of the wrong type are ignored,
+  // never an exception).
+  ASSERT_EQ(news.ends.size(), 1u);
+  EXPECT_EQ(news.ends[0].rank, 1);
+  EXPECT_EQ(news.ends[0].where, "");
+  EXPECT_FALSE(news.ends[0].info.signaled);
+  EXPECT_EQ(news.ends[0].info.Describe(), "exit status 0");
   EXPECT_THAT(news.output, ElementsAre(Pair(0, "QLORA-EXIT {\"rank\": 1, \"code\": 0}\n")));
-  EXPECT_EQ(news.driver_lines.size(), 2u);
+  EXPECT_EQ(news.driver_lines.size(), 3u);
 }
 
 TEST(CoordinatorRayJobApiTest, ParsesJobInfoListAndCapacity) {
