@@ -21,16 +21,16 @@ RankEnd ParseEnd(absl::string_view text) {
   if (!j.is_object() || !j.contains("rank") || !j["rank"].is_number_integer()) return end;
   end.rank = j["rank"].get<int>();
   // Each field is read only when it has the expected type: a line is input, not a contract.
-  auto text = [&](const char* key) {
+  auto string_field = [&](const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
   };
   auto number = [&](const char* key) {
     return j.contains(key) && j[key].is_number_integer() ? j[key].get<int64_t>() : int64_t{0};
   };
-  const std::string host = text("host");
+  const std::string host = string_field("host");
   const int64_t pid = number("pid");
   if (!host.empty()) end.where = absl::StrCat("host ", host, pid > 0 ? absl::StrCat(", pid ", pid) : "");
-  end.info.cause = text("cause");
+  end.info.cause = string_field("cause");
   const int64_t signal = number("signal");
   end.info.signaled = signal > 0;
   end.info.code = static_cast<int>(signal > 0 ? signal : number("code"));

@@ -244,14 +244,7 @@ TEST_F(RayClusterTest, CoordinatorKilledMidJobResumesOnTheClusterBitIdentically)
     ASSERT_TRUE(c->started());
     v1::Job job = Submit(*c, yaml);
     id = job.id();
-    auto checkpoint = [&] {
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(job.output_dir() + "/checkpoints", ec)) {
-        if (fs::exists(e.path() / "step-20/manifest.json")) return true;
-      }
-      return false;
-    };
-    ASSERT_TRUE(WaitUntil(checkpoint, 300)) << "no checkpoint";
+    ASSERT_TRUE(WaitUntil([&] { return CheckpointWritten(job.output_dir(), 20); }, 300)) << "no checkpoint";
     ASSERT_NE(c->GetJob(id).state(), v1::JOB_STATE_SUCCEEDED) << "finished before the kill";
     c->Stop(SIGKILL);
   }
@@ -281,14 +274,8 @@ TEST_F(RayClusterTest, ElasticJobGoesOnOnTheHostThatRemains) {
   const std::string workers = "    num_workers: 2\n";
   yaml.replace(yaml.find(workers), workers.size(), workers + "    min_workers: 1\n");
   v1::Job job = Submit(*c, yaml);
-  auto checkpoint = [&] {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(job.output_dir() + "/checkpoints", ec)) {
-      if (fs::exists(e.path() / "step-5/manifest.json")) return true;
-    }
-    return false;
-  };
-  ASSERT_TRUE(WaitUntil(checkpoint, 240)) << c->GetJob(job.id()).state_message();
+  ASSERT_TRUE(WaitUntil([&] { return CheckpointWritten(job.output_dir(), 5); }, 240))
+      << c->GetJob(job.id()).state_message();
   Hosts("kill-host b");
   v1::Job done = c->WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 400);
   const std::string events = Events(state, job.id());

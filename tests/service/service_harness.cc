@@ -158,6 +158,14 @@ v1::Job CoordinatorProcess::WaitForState(const std::string& id, const std::vecto
   }
 }
 
+bool CheckpointWritten(const std::string& output_dir, int step) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(output_dir + "/checkpoints", ec)) {
+    if (fs::exists(e.path() / absl::StrCat("step-", step) / "manifest.json")) return true;
+  }
+  return false;
+}
+
 std::vector<pid_t> WorkerPids(const std::string& coordinator_address, const std::string& job_id) {
   std::vector<pid_t> pids;
   for (const auto& entry : fs::directory_iterator("/proc")) {

@@ -62,6 +62,10 @@ class CoordinatorProcess {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
+// Whether a complete checkpoint of `step` (its manifest) is under `output_dir`/checkpoints, for
+// any job.
+bool CheckpointWritten(const std::string& output_dir, int step);
+
 // PIDs of live qlora-worker processes that the coordinator at `coordinator_address` started
 // for `job_id` (every coordinator numbers its jobs from job-000001, and tests run in parallel).
 std::vector<pid_t> WorkerPids(const std::string& coordinator_address, const std::string& job_id);

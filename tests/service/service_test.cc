@@ -291,14 +291,7 @@ data: {max_sequence_length: 48}
     v1::Job job = SubmitWithClient(c, yaml, &submitted);
     ASSERT_TRUE(submitted.ok()) << submitted.error_message();
     id = job.id();
-    auto checkpoint = [&] {
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(job.output_dir() + "/checkpoints", ec)) {
-        if (fs::exists(e.path() / "step-10/manifest.json")) return true;
-      }
-      return false;
-    };
-    ASSERT_TRUE(WaitUntil(checkpoint, 180)) << "no checkpoint";
+    ASSERT_TRUE(WaitUntil([&] { return CheckpointWritten(job.output_dir(), 10); }, 180)) << "no checkpoint";
     v1::Job running = c.GetJob(id);
     ASSERT_NE(running.state(), v1::JOB_STATE_SUCCEEDED) << "finished before the kill";
     ASSERT_GT(running.progress_size(), 0);
