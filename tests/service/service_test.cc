@@ -277,7 +277,9 @@ data: {max_sequence_length: 48}
 // kept (gradient_accumulation_steps 3 -> 4), the steps and the loss curve continuing from the
 // checkpoint (no reset), and the events saying so.
 TEST_F(ServiceTest, ElasticJobGoesOnWithTheWorkersThatRemain) {
-  std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 3, train_steps: 30, steps_per_checkpoint: 10, learning_rate: 0.001}
+  // Long enough that a fast machine (32 cores) is still training when the coordinator is killed
+  // right after the first checkpoint.
+  std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 3, train_steps: 120, steps_per_checkpoint: 10, learning_rate: 0.001}
 data: {max_sequence_length: 48}
 )");
   const std::string backend = "  trainer:\n";
@@ -305,7 +307,7 @@ data: {max_sequence_length: 48}
   ASSERT_EQ(done.progress_size(), 3);
   for (const v1::Progress& p : done.progress()) {
     EXPECT_EQ(p.strategy().world_size(), 3) << "rank " << p.rank();
-    EXPECT_EQ(p.step(), 30);
+    EXPECT_EQ(p.step(), 120);
   }
   const std::string events = RunCommand(absl::StrCat(
       "sqlite3 ", state_, "/jobs.sqlite \"select reason_code || ': ' || ifnull(message, '') || ' @' || ifnull(step, '') || ' ' || "
