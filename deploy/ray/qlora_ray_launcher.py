@@ -35,7 +35,6 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 PR_SET_PDEATHSIG = 1
-LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: no dlopen between fork and exec
 
 
 def report_exit(nonce, **end):
@@ -44,9 +43,10 @@ def report_exit(nonce, **end):
     sys.stdout.flush()
 
 
-def die_with_parent(parent):
-    """In the worker process, before exec: end when the Ray task's process ends."""
-    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(prctl, parent):
+    """In the worker process, before exec: end when the Ray task's process ends. `prctl` was
+    looked up in the parent (no dlopen or dlsym between fork and exec)."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl
         os._exit(1)
 
@@ -61,9 +61,12 @@ def run_rank(rank, argv, env, use_gpu, stop_grace_s):
     full_env["QLORA_HOST_ADDRESS"] = host
     if use_gpu:  # the GPU Ray assigned to this task, not the coordinator's local numbering
         full_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(g)) for g in ray.get_gpu_ids())
+    # Loaded here, in the Ray worker's process: a module-level handle would be pickled with this
+    # function and be meaningless in another process.
+    prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     parent = os.getpid()
     proc = subprocess.Popen(argv, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, preexec_fn=lambda: die_with_parent(parent),
+                            stderr=subprocess.STDOUT, preexec_fn=lambda: die_with_parent(prctl, parent),
                             bufsize=1, text=True, errors="replace")
     print(f"QLORA-LOG {rank} [qlora-ray] rank {rank} started on {host}, pid {proc.pid}", flush=True)
     try:
