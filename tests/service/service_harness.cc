@@ -158,6 +158,15 @@ v1::Job CoordinatorProcess::WaitForState(const std::string& id, const std::vecto
   }
 }
 
+bool WaitUntil(const std::function<bool()>& done, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return done();
+}
+
 bool CheckpointWritten(const std::string& output_dir, int step) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(output_dir + "/checkpoints", ec)) {

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,9 @@ class CoordinatorProcess {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
+
+// Polls `done` every 100 ms until it holds or `seconds` pass; its last answer.
+bool WaitUntil(const std::function<bool()>& done, double seconds);
 
 // Whether a complete checkpoint of `step` (its manifest) is under `output_dir`/checkpoints, for
 // any job.

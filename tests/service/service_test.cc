@@ -76,15 +76,6 @@ int HealthOf(CoordinatorProcess& c, double seconds = 2) {
   return s.ok() ? resp.status() : -1;
 }
 
-bool WaitUntil(const std::function<bool()>& done, double seconds) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return done();
-}
-
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
