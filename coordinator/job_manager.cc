@@ -52,6 +52,9 @@ int64_t NextJobNumberAfterFolders(const std::string& jobs_dir) {
   return next;
 }
 
+// Whether the job's workers run on the coordinator's Ray cluster (else as local processes).
+bool OnCluster(const JobConfig& config) { return config.backend.type == BackendType::kRay; }
+
 }  // namespace
 
 JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLauncher* processes,
@@ -171,7 +174,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));  // also before the lock
   // The resolved file says how many restarts the job has.
   if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
-  if (config.backend.type == BackendType::kRay) {
+  if (OnCluster(config)) {
     if (cluster_ == nullptr) {
       return absl::FailedPreconditionError(
           "backend.type: ray, but this coordinator has no Ray cluster: start qlora-coordinator with "
@@ -212,13 +215,13 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
 }
 
 bool JobManager::RunsOnGpus(const JobConfig& config) const {
-  if (config.backend.type == BackendType::kRay) return config.backend.use_gpu;
+  if (OnCluster(config)) return config.backend.use_gpu;
   return config.backend.use_gpu && !options_.gpus.empty();  // no GPUs here: CPU workers
 }
 
 absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
-  const bool ray = config.backend.type == BackendType::kRay;
+  const bool ray = OnCluster(config);
   const int workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   std::string where = absl::StrCat(
       "# runs on: ", ray ? cluster_->Describe() : local_.Describe(), ", ", workers,
@@ -382,7 +385,7 @@ std::optional<StartRequest> JobManager::NextStart() {
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.state() != JobState::kQueued) continue;
-    const bool ray = job.config().backend.type == BackendType::kRay;
+    const bool ray = OnCluster(job.config());
     if (local_blocked && !ray) continue;
     // A restarting job waits for its backoff and for its old workers to be gone; it keeps its
     // place at the head of the queue meanwhile.
@@ -447,7 +450,7 @@ void JobManager::WaitForSlots(Job& job, int free) {
   std::vector<std::string> holders;  // jobs with a live worker process
   for (const std::string& other : order_) {
     const Job& holder = *jobs_.at(other);
-    if (holder.config().backend.type == BackendType::kLocal && holder.workers().AnyAlive()) {
+    if (!OnCluster(holder.config()) && holder.workers().AnyAlive()) {
       holders.push_back(other);
     }
   }
@@ -460,7 +463,7 @@ void JobManager::WaitForSlots(Job& job, int free) {
 }
 
 void JobManager::StartJob(Job& job, std::vector<int> slots, int world, JobShards shards) {
-  const bool ray = job.config().backend.type == BackendType::kRay;
+  const bool ray = OnCluster(job.config());
   WorkerLaunchRequest launch;
   launch.worker_binary = options_.worker_binary;
   launch.coordinator_address = coordinator_address_;
@@ -484,7 +487,7 @@ bool JobManager::Tick() {
     Job& job = *jobs_.at(id);
     if (job.workers().empty()) continue;
     const std::vector<int> freed = job.Poll();
-    if (job.config().backend.type == BackendType::kRay) continue;  // holds no slot here
+    if (OnCluster(job.config())) continue;  // holds no slot here
     for (int slot : freed) slots_.Release(slot);
   }
   std::optional<StartRequest> next = NextStart();

@@ -32,6 +32,12 @@ std::atomic<bool> g_stop_requested{false};  // set from the signal handler only
 
 void OnTerm(int) { g_stop_requested.store(true); }
 
+// The value of environment variable `name`, "" when unset.
+std::string Environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
 void Log(const std::string& line) {
   fprintf(stderr, "[rank %d] %s\n", absl::GetFlag(FLAGS_rank), line.c_str());
   fflush(stderr);
@@ -49,6 +55,8 @@ int main(int argc, char** argv) {
   if (const char* token = std::getenv(qlora::kWorkerTokenVariable)) id.startup_token = token;
   unsetenv(qlora::kWorkerTokenVariable);
   id.rank = absl::GetFlag(FLAGS_rank);
+  // Set on a cluster (the Ray launcher): this host's address as the other ranks reach it.
+  const std::string host_address = Environment("QLORA_HOST_ADDRESS");
   const std::string device = absl::GetFlag(FLAGS_device);
   if (id.coordinator_address.empty() || id.job_id.empty() || id.startup_token.empty()) {
     fprintf(stderr, "qlora-worker: --coordinator, --job and $%s (the startup token) are required\n",
@@ -123,12 +131,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<qlora::worker::TrainingObserver> fault =
         qlora::worker::FaultInjectorFromEnvironment(assignment->rank);
     context.observer = fault.get();
-    if (const char* host = std::getenv("QLORA_HOST_ADDRESS"); host != nullptr && *host != '\0') {
-      context.gloo_hostname = host;
-    }
-    if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface != '\0') {
-      context.gloo_iface = iface;
-    }
+    if (!host_address.empty()) context.gloo_hostname = host_address;
+    context.gloo_iface = Environment("GLOO_SOCKET_IFNAME");
     outcome = qlora::worker::RunTrainingJob(context);
   }
   done.Notify();
@@ -141,8 +145,8 @@ int main(int argc, char** argv) {
     Log(absl::StrCat("training failed: ", outcome.status().ToString()));
     absl::Status failure = outcome.status();
     // On a cluster, name the host: a dataset path that this host lacks is the usual cause.
-    if (const char* host = std::getenv("QLORA_HOST_ADDRESS"); host != nullptr && *host != '\0') {
-      failure = absl::Status(failure.code(), absl::StrCat("on host ", host, ": ", failure.message()));
+    if (!host_address.empty()) {
+      failure = absl::Status(failure.code(), absl::StrCat("on host ", host_address, ": ", failure.message()));
     }
     client->ReportCompletion(qlora::FailedCompletion(failure));
     return 1;
