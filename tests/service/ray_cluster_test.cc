@@ -30,7 +30,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::string TrainData() { return SourceDir() + "/examples/data/train.jsonl"; }
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -118,22 +117,11 @@ class RayClusterTest : public ::testing::Test {
     return n;
   }
 
-  // Every event message of `job` in the coordinator's store, one per line.
-  static std::string Events(const std::string& state, const std::string& job) {
-    return RunCommand(absl::StrCat("sqlite3 ", state, "/jobs.sqlite \"select reason_code || ': ' || message from events "
-                                   "where job_id='", job, "' order by seq\"")).output;
-  }
-
   v1::Job Submit(CoordinatorProcess& c, const std::string& yaml) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::SubmitJobRequest req;
-    req.set_job_yaml(yaml);
-    req.set_dataset(TrainData());
-    v1::SubmitJobResponse response;
-    grpc::Status s = c.jobs()->SubmitJob(&ctx, req, &response);
+    grpc::Status s;
+    v1::Job job = SubmitJob(c, yaml, &s);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return response.job();
+    return job;
   }
 
   // Runs `yaml` to the end on `c`; returns the adapter's bytes ("" when it failed).
@@ -169,7 +157,7 @@ TEST_F(RayClusterTest, StrictSpreadRanksRunOnTwoHostsAndMatchLocalWorkers) {
   const std::string got = RunToEnd(*c, Job(2, 2, true, "STRICT_SPREAD", kShortTrainer), &job);
   ASSERT_FALSE(got.empty());
   EXPECT_TRUE(got == expected) << "the adapter trained on the cluster differs from the local one";
-  const std::string events = Events(state, job.id());
+  const std::string events = StoredEvents(state, job.id());
   EXPECT_THAT(events, HasSubstr("host " + Address(1))) << events;
   EXPECT_THAT(events, HasSubstr("host " + Address(2))) << events;
   // The remote rank's output arrives through the Ray job's log, a moment after the rank reported.
@@ -192,7 +180,7 @@ TEST_F(RayClusterTest, FourWorkersTwoPerHostMatchLocalWorkersAtStagesZeroAndOne)
     const std::string got = RunToEnd(*c, Job(4, stage, true, "SPREAD", kShortTrainer), &job);
     ASSERT_FALSE(got.empty());
     EXPECT_TRUE(got == expected) << "the adapter trained on the cluster differs from the local one";
-    const std::string events = Events(dir_ + "/ray-4", job.id());
+    const std::string events = StoredEvents(dir_ + "/ray-4", job.id());
     EXPECT_THAT(events, HasSubstr("host " + Address(1)));
     EXPECT_THAT(events, HasSubstr("host " + Address(2)));
   }
@@ -269,7 +257,7 @@ TEST_F(RayClusterTest, ElasticJobGoesOnOnTheHostThatRemains) {
       << c->GetJob(job.id()).state_message();
   Hosts("kill-host b");
   v1::Job done = c->WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 400);
-  const std::string events = Events(state, job.id());
+  const std::string events = StoredEvents(state, job.id());
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.state_message() << "\n" << events;
   EXPECT_THAT(events, HasSubstr("RESTARTING")) << events;
   EXPECT_THAT(events, HasSubstr("ELASTIC_RESIZE: continuing on 1 of 2 workers (min_workers 1): "
@@ -286,14 +274,10 @@ TEST_F(RayClusterTest, ADatasetAHostLacksFailsNamingTheHostAndThePath) {
   fs::copy_file(TrainData(), hidden, fs::copy_options::overwrite_existing);
   auto c = RayCoordinator(dir_ + "/ray-hidden");
   ASSERT_TRUE(c->started());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::SubmitJobRequest req;
-  req.set_job_yaml(Job(2, 2, true, "STRICT_SPREAD", kShortTrainer));
-  req.set_dataset(hidden);
-  v1::SubmitJobResponse response;
-  ASSERT_TRUE(c->jobs()->SubmitJob(&ctx, req, &response).ok());
-  v1::Job failed = c->WaitForState(response.job().id(), {v1::JOB_STATE_FAILED, v1::JOB_STATE_SUCCEEDED}, 300);
+  grpc::Status submitted;
+  const v1::Job job = SubmitJob(*c, Job(2, 2, true, "STRICT_SPREAD", kShortTrainer), &submitted, hidden);
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  v1::Job failed = c->WaitForState(job.id(), {v1::JOB_STATE_FAILED, v1::JOB_STATE_SUCCEEDED}, 300);
   ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED) << failed.state_message();
   EXPECT_THAT(failed.state_message(), HasSubstr("on host " + Address(2))) << failed.state_message();
   EXPECT_THAT(failed.state_message(), HasSubstr(hidden)) << failed.state_message();

@@ -158,6 +158,26 @@ v1::Job CoordinatorProcess::WaitForState(const std::string& id, const std::vecto
   }
 }
 
+std::string TrainData() { return SourceDir() + "/examples/data/train.jsonl"; }
+
+v1::Job SubmitJob(CoordinatorProcess& c, const std::string& yaml, grpc::Status* status, const std::string& dataset) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(yaml);
+  req.set_dataset(dataset.empty() ? TrainData() : dataset);
+  v1::SubmitJobResponse resp;
+  grpc::Status s = c.jobs()->SubmitJob(&ctx, req, &resp);
+  if (status) *status = s;
+  return resp.job();
+}
+
+std::string StoredEvents(const std::string& state_dir, const std::string& job_id) {
+  return RunCommand(absl::StrCat(
+      "sqlite3 ", state_dir, "/jobs.sqlite \"select reason_code || ': ' || ifnull(message, '') || ' @' || "
+      "ifnull(step, '') || ' ' || ifnull(loss, '') from events where job_id='", job_id, "' order by seq\"")).output;
+}
+
 bool WaitUntil(const std::function<bool()>& done, double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {

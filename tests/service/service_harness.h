@@ -63,6 +63,18 @@ class CoordinatorProcess {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
+// The example training data (examples/data/train.jsonl).
+std::string TrainData();
+
+// Submits `yaml` over gRPC with `dataset` (default: TrainData()); the new job, and the call's
+// status in *status when given.
+v1::Job SubmitJob(CoordinatorProcess& c, const std::string& yaml, grpc::Status* status = nullptr,
+                  const std::string& dataset = "");
+
+// Every stored event of `job_id` in the coordinator's SQLite store under `state_dir`, one line
+// each: "REASON: message @step loss" (step and loss empty for state changes).
+std::string StoredEvents(const std::string& state_dir, const std::string& job_id);
+
 // Polls `done` every 100 ms until it holds or `seconds` pass; its last answer.
 bool WaitUntil(const std::function<bool()>& done, double seconds);
 

@@ -30,7 +30,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::string TrainData() { return SourceDir() + "/examples/data/train.jsonl"; }
 
 // A few optimizer steps: quick on a CPU.
 std::string ShortJob() {
@@ -50,18 +49,6 @@ std::string WriteFile(const std::string& dir, const std::string& name, const std
   const std::string path = dir + "/" + name;
   std::ofstream(path) << text;
   return path;
-}
-
-v1::Job SubmitWithClient(CoordinatorProcess& c, const std::string& yaml, grpc::Status* status = nullptr) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::SubmitJobRequest req;
-  req.set_job_yaml(yaml);
-  req.set_dataset(TrainData());
-  v1::SubmitJobResponse resp;
-  grpc::Status s = c.jobs()->SubmitJob(&ctx, req, &resp);
-  if (status) *status = s;
-  return resp.job();
 }
 
 // grpc.health's overall status, or -1 when the call fails within `seconds`.
@@ -106,7 +93,7 @@ TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgres
   EXPECT_TRUE(fs::exists(cli_job.adapter_path() + "/adapter_config.json")) << cli_job.adapter_path();
   EXPECT_TRUE(fs::exists(cli_job.adapter_path() + "/adapter_model.safetensors"));
 
-  v1::Job client_job = SubmitWithClient(c, ShortJob());
+  v1::Job client_job = SubmitJob(c, ShortJob());
   ASSERT_FALSE(client_job.id().empty());
   client_job = c.WaitForState(client_job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
   EXPECT_EQ(client_job.state(), v1::JOB_STATE_SUCCEEDED) << client_job.state_message();
@@ -177,7 +164,7 @@ TEST_F(ServiceTest, StagesZeroOneTwoGiveTheSameAdapter) {
       std::string yaml = ShortJob();
       const std::string from = "zero_optimization: {stage: 2}";
       yaml.replace(yaml.find(from), from.size(), absl::StrCat("zero_optimization: {stage: ", stage, "}"));
-      v1::Job job = SubmitWithClient(c, yaml);
+      v1::Job job = SubmitJob(c, yaml);
       job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
       ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << "stage " << stage << ": " << job.state_message();
       EXPECT_EQ(job.zero_stage(), stage);
@@ -229,7 +216,7 @@ data: {max_sequence_length: 48}
     CoordinatorProcess c(state_, 2);
     ASSERT_TRUE(c.started());
     grpc::Status submitted;
-    v1::Job job = SubmitWithClient(c, yaml, &submitted);
+    v1::Job job = SubmitJob(c, yaml, &submitted);
     ASSERT_TRUE(submitted.ok()) << submitted.error_message();
     resumed_id = job.id();
     // The job's checkpoints: <output>/checkpoints/<id>-<its uid>/step-N.
@@ -255,7 +242,7 @@ data: {max_sequence_length: 48}
   ASSERT_EQ(resumed.state(), v1::JOB_STATE_SUCCEEDED) << resumed.state_message();
   CommandResult logs = c.Ctl("logs " + resumed_id + " --rank 0");
   EXPECT_THAT(logs.output, HasSubstr("resumed from")) << logs.output;
-  v1::Job fresh = SubmitWithClient(c, yaml);
+  v1::Job fresh = SubmitJob(c, yaml);
   fresh = c.WaitForState(fresh.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
   ASSERT_EQ(fresh.state(), v1::JOB_STATE_SUCCEEDED) << fresh.state_message();
   const auto a = ReadAdapter(resumed.adapter_path()), b = ReadAdapter(fresh.adapter_path());
@@ -281,7 +268,7 @@ data: {max_sequence_length: 48}
     CoordinatorProcess c(state_, 4);
     ASSERT_TRUE(c.started());
     grpc::Status submitted;
-    v1::Job job = SubmitWithClient(c, yaml, &submitted);
+    v1::Job job = SubmitJob(c, yaml, &submitted);
     ASSERT_TRUE(submitted.ok()) << submitted.error_message();
     id = job.id();
     ASSERT_TRUE(WaitUntil([&] { return CheckpointWritten(job.output_dir(), 10); }, 180)) << "no checkpoint";
@@ -300,10 +287,7 @@ data: {max_sequence_length: 48}
     EXPECT_EQ(p.strategy().world_size(), 3) << "rank " << p.rank();
     EXPECT_EQ(p.step(), 120);
   }
-  const std::string events = RunCommand(absl::StrCat(
-      "sqlite3 ", state_, "/jobs.sqlite \"select reason_code || ': ' || ifnull(message, '') || ' @' || ifnull(step, '') || ' ' || "
-      "ifnull(loss, '') from events where job_id='",
-      id, "' order by seq\"")).output;
+  const std::string events = StoredEvents(state_, id);
   EXPECT_THAT(events, HasSubstr("ELASTIC_RESIZE: continuing on 3 of 4 workers (min_workers 2): "
                                 "gradient_accumulation_steps 3 -> 4 keeps the global batch of 12 sequences"))
       << events;
@@ -348,10 +332,10 @@ TEST_F(ServiceTest, RelativePathsInTheJobFileAreTheUsers) {
 TEST_F(ServiceTest, SecondJobWaitsQueuedWithReasonThenRuns) {
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
-  v1::Job first = SubmitWithClient(c, LongJob());
+  v1::Job first = SubmitJob(c, LongJob());
   ASSERT_FALSE(first.id().empty());
   c.WaitForState(first.id(), {v1::JOB_STATE_RUNNING}, 120);
-  v1::Job second = SubmitWithClient(c, ShortJob());
+  v1::Job second = SubmitJob(c, ShortJob());
   ASSERT_FALSE(second.id().empty());
   second = c.WaitForState(second.id(), {v1::JOB_STATE_QUEUED}, 10);
   EXPECT_EQ(second.state(), v1::JOB_STATE_QUEUED);
@@ -366,7 +350,7 @@ TEST_F(ServiceTest, SecondJobWaitsQueuedWithReasonThenRuns) {
 TEST_F(ServiceTest, CancelStopsEveryWorker) {
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
-  v1::Job job = SubmitWithClient(c, LongJob());
+  v1::Job job = SubmitJob(c, LongJob());
   job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.state_message();
   ASSERT_TRUE(WaitUntil([&] { return WorkerPids(c.address(), job.id()).size() == 2; }, 10));
@@ -384,7 +368,7 @@ TEST_F(ServiceTest, CancelStopsEveryWorker) {
 TEST_F(ServiceTest, OpenStreamsAreCapped) {
   CoordinatorProcess c(state_, 1, "--max-streams 2");
   ASSERT_TRUE(c.started());
-  v1::Job job = SubmitWithClient(c, LongJob());
+  v1::Job job = SubmitJob(c, LongJob());
   ASSERT_FALSE(job.id().empty());
   struct Stream {
     grpc::ClientContext ctx;
@@ -437,15 +421,15 @@ TEST_F(ServiceTest, NonLoopbackAddressNeedsInsecure) {
 TEST_F(ServiceTest, ListWorksWithTwoThousandJobsAndMegabyteJobFiles) {
   CoordinatorProcess c(state_, 1);
   ASSERT_TRUE(c.started());
-  ASSERT_FALSE(SubmitWithClient(c, LongJob()).id().empty());  // holds the only worker
+  ASSERT_FALSE(SubmitJob(c, LongJob()).id().empty());  // holds the only worker
   const std::string padding = "# " + std::string(1000000, 'x') + "\n";
   for (int i = 0; i < 5; ++i) {
     grpc::Status s;
-    ASSERT_FALSE(SubmitWithClient(c, padding + ShortJob(), &s).id().empty()) << s.error_message();
+    ASSERT_FALSE(SubmitJob(c, padding + ShortJob(), &s).id().empty()) << s.error_message();
   }
   for (int i = 6; i < 2000; ++i) {
     grpc::Status s;
-    ASSERT_FALSE(SubmitWithClient(c, ShortJob(), &s).id().empty()) << i << ": " << s.error_message();
+    ASSERT_FALSE(SubmitJob(c, ShortJob(), &s).id().empty()) << i << ": " << s.error_message();
   }
   const CommandResult list = c.Ctl("list");
   ASSERT_EQ(list.exit_code, 0) << list.output.substr(0, 2000);
@@ -467,7 +451,7 @@ TEST_F(ServiceTest, ListWorksWithTwoThousandJobsAndMegabyteJobFiles) {
 TEST_F(ServiceTest, AStolenStartupTokenIsUseless) {
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
-  v1::Job job = SubmitWithClient(c, LongJob());
+  v1::Job job = SubmitJob(c, LongJob());
   job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.state_message();
   std::vector<pid_t> pids;
@@ -571,7 +555,7 @@ TEST_P(ServiceRestartTest, FailedRankRestartsFromTheCheckpointAndEndsBitIdentica
   const std::string adapter = "adapter: {type: lora}";
   yaml.replace(yaml.find(adapter), adapter.size(), "adapter: {type: lora, dropout: 0.1}");
   grpc::Status submitted;
-  v1::Job job = SubmitWithClient(c, yaml, &submitted);
+  v1::Job job = SubmitJob(c, yaml, &submitted);
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
   if (fault.signal != 0) {
     ASSERT_TRUE(WaitUntil([&] {
@@ -595,7 +579,7 @@ TEST_P(ServiceRestartTest, FailedRankRestartsFromTheCheckpointAndEndsBitIdentica
   const CommandResult got = c.Ctl("get " + job.id());
   EXPECT_THAT(got.output, HasSubstr("restarts:    1")) << got.output;
 
-  v1::Job fresh = SubmitWithClient(c, yaml);
+  v1::Job fresh = SubmitJob(c, yaml);
   fresh = c.WaitForState(fresh.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
   ASSERT_EQ(fresh.state(), v1::JOB_STATE_SUCCEEDED) << fresh.state_message();
   const auto restarted = ReadAdapter(job.adapter_path()), uninterrupted = ReadAdapter(fresh.adapter_path());
@@ -616,7 +600,7 @@ INSTANTIATE_TEST_SUITE_P(Faults, ServiceRestartTest,
 TEST_F(ServiceTest, KilledWorkerFailsJobNamingRankAndSignal) {
   CoordinatorProcess c(state_, 2, "--max-restarts 0");
   ASSERT_TRUE(c.started());
-  v1::Job job = SubmitWithClient(c, LongJob());
+  v1::Job job = SubmitJob(c, LongJob());
   job = c.WaitForState(job.id(), {v1::JOB_STATE_RUNNING}, 120);
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   std::vector<pid_t> pids;
@@ -644,10 +628,10 @@ TEST_F(ServiceTest, RestartedCoordinatorListsSameJobsStatesAndHistory) {
   {
     CoordinatorProcess c(state_, 2);
     ASSERT_TRUE(c.started());
-    v1::Job done = SubmitWithClient(c, ShortJob());
+    v1::Job done = SubmitJob(c, ShortJob());
     done = c.WaitForState(done.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
     ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.state_message();
-    v1::Job cancelled = SubmitWithClient(c, LongJob());
+    v1::Job cancelled = SubmitJob(c, LongJob());
     c.Ctl("cancel " + cancelled.id());
     done_id = done.id();
     cancelled_id = cancelled.id();
