@@ -79,8 +79,13 @@ TEST(EngineConfig, RejectsBadAndUnsupportedConfigs) {
       {R"({"hidden_size": -4})", absl::StatusCode::kInvalidArgument, "hidden_size"},
       {R"({"num_attention_heads": 6, "num_key_value_heads": 4})",
        absl::StatusCode::kInvalidArgument, "num_key_value_heads"},
-      {R"({"model_type": "gpt2"})", absl::StatusCode::kUnimplemented, "gpt2"},
-      {R"({"attention_bias": true})", absl::StatusCode::kUnimplemented, "attention_bias"},
+      {R"({"model_type": "gpt2"})", absl::StatusCode::kUnimplemented, "llama, mistral, qwen2"},
+      {R"({"model_type": 7})", absl::StatusCode::kInvalidArgument, "model_type"},
+      {R"({"mlp_bias": true})", absl::StatusCode::kUnimplemented, "mlp_bias"},
+      {R"({"model_type": "mistral", "sliding_window": 0})", absl::StatusCode::kInvalidArgument,
+       "sliding_window"},
+      {R"({"model_type": "qwen2", "num_hidden_layers": 2, "layer_types": ["full_attention"]})",
+       absl::StatusCode::kInvalidArgument, "layer_types"},
       {R"({"rope_scaling": {"rope_type": "yarn", "factor": 4}})", absl::StatusCode::kUnimplemented,
        "yarn"},
       {R"({"rope_scaling": {"rope_type": "llama3"}})", absl::StatusCode::kInvalidArgument, "factor"},
@@ -107,6 +112,51 @@ TEST(EngineConfig, JsonRoundTripsInBothRopeForms) {
     EXPECT_EQ(back->rope.original_max_position_embeddings, 16);
     EXPECT_EQ(back->head_dim, c.head_dim);
     EXPECT_TRUE(back->tie_word_embeddings);
+  }
+}
+
+// What each family reads from config.json as transformers' config classes do.
+TEST(EngineConfig, FamiliesReadTheirOwnFields) {
+  auto llama = ParseLlamaConfig(R"({"attention_bias": true})");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_TRUE(llama->ProjectionHasBias("q_proj") && llama->ProjectionHasBias("o_proj"));
+  EXPECT_FALSE(llama->ProjectionHasBias("gate_proj"));
+
+  auto mistral = ParseLlamaConfig(
+      R"({"model_type": "mistral", "num_hidden_layers": 3, "sliding_window": 4096, "head_dim": null})");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->sliding_window, 4096);
+  EXPECT_TRUE(mistral->SlidingLayer(0) && mistral->SlidingLayer(2));
+  EXPECT_FALSE(mistral->ProjectionHasBias("q_proj"));
+  auto mistral_full = ParseLlamaConfig(R"({"model_type": "mistral", "sliding_window": null})");
+  ASSERT_TRUE(mistral_full.ok());
+  EXPECT_FALSE(mistral_full->SlidingLayer(0));
+
+  // Qwen2: the window needs use_sliding_window; it then covers layers >= max_window_layers.
+  auto qwen = ParseLlamaConfig(R"({"model_type": "qwen2", "num_hidden_layers": 4,
+      "sliding_window": 32768, "max_window_layers": 28, "tie_word_embeddings": true})");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_TRUE(qwen->ProjectionHasBias("k_proj"));
+  EXPECT_FALSE(qwen->ProjectionHasBias("o_proj"));
+  EXPECT_EQ(qwen->sliding_window, 0);
+  EXPECT_TRUE(qwen->tie_word_embeddings);
+  auto qwen_window = ParseLlamaConfig(R"({"model_type": "qwen2", "num_hidden_layers": 4,
+      "use_sliding_window": true, "sliding_window": 16, "max_window_layers": 2})");
+  ASSERT_TRUE(qwen_window.ok()) << qwen_window.status();
+  EXPECT_FALSE(qwen_window->SlidingLayer(1));
+  EXPECT_TRUE(qwen_window->SlidingLayer(2) && qwen_window->SlidingLayer(3));
+
+  // Written back, each family reads the same.
+  for (const auto* parsed : {&*llama, &*mistral, &*qwen, &*qwen_window}) {
+    auto back = ParseLlamaConfig(LlamaConfigToJson(*parsed));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->model_type, parsed->model_type);
+    EXPECT_EQ(back->qkv_bias, parsed->qkv_bias);
+    EXPECT_EQ(back->o_bias, parsed->o_bias);
+    EXPECT_EQ(back->sliding_window, parsed->sliding_window);
+    for (int64_t i = 0; i < parsed->num_hidden_layers; ++i) {
+      EXPECT_EQ(back->SlidingLayer(i), parsed->SlidingLayer(i)) << parsed->model_type << " " << i;
+    }
   }
 }
 

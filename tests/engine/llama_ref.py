@@ -1,7 +1,9 @@
-"""Reference side of the engine tests: transformers' LlamaForCausalLM and peft, in float32.
+"""Reference side of the engine tests: transformers' model for the folder's model_type
+(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM through AutoModelForCausalLM) and
+peft, in float32, with transformers' sdpa attention (its sliding-window masks included).
 
   logits MODEL INPUTS OUT
-      OUT["logits"] = LlamaForCausalLM(MODEL)(INPUTS["input_ids"]).logits
+      OUT["logits"] = AutoModelForCausalLM(MODEL)(INPUTS["input_ids"]).logits
   peft MODEL ADAPTER INPUTS OUT
       Loads MODEL, then our ADAPTER with PeftModel.from_pretrained (exit 3 if any LoRA key is
       missing or unexpected), and writes into OUT: logits, loss_sum (sum of token CE over the
@@ -12,11 +14,12 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 
 def load_base(model_dir):
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
     model.eval()
     return model
 

@@ -67,6 +67,32 @@ struct ParityCase {
 
 void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.name; }
 
+// A tiny model of `model_type` (model_family.h) with a `window` on every layer (0: none).
+TinyModelOptions TinyFamily(const std::string& model_type, int64_t window) {
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  EXPECT_TRUE(SetModelFamily(model_type, window, &tiny.config).ok());
+  return tiny;
+}
+
+// Mistral and Qwen2 as transformers builds them: rows of 40 tokens against a window of 8 (so
+// the window changes every position from the 9th on), Qwen2's q/k/v biases, tied embeddings,
+// its large rope theta, and layers that differ (only layers >= max_window_layers slide).
+std::vector<ParityCase> FamilyCases() {
+  std::vector<ParityCase> cases;
+  cases.push_back({"mistral_window", TinyFamily("mistral", 8), 40});
+  cases.push_back({"mistral_no_window", TinyFamily("mistral", 0), 40});
+  ParityCase qwen{"qwen2_bias_tied", TinyFamily("qwen2", 0), 40};
+  qwen.tiny.config.tie_word_embeddings = true;
+  qwen.tiny.config.rope.theta = 1e6;
+  cases.push_back(qwen);
+  ParityCase qwen_window{"qwen2_window_from_layer_1", TinyFamily("qwen2", 8), 40};
+  qwen_window.tiny.config.max_window_layers = 1;
+  qwen_window.tiny.config.sliding_layers = {false, true};
+  cases.push_back(qwen_window);
+  return cases;
+}
+
 std::vector<ParityCase> ParityCases() {
   std::vector<ParityCase> cases;
   ParityCase gqa{"gqa_untied", {}};
@@ -99,6 +125,8 @@ std::vector<ParityCase> ParityCases() {
   params.tiny.rope_form = RopeJsonForm::kRopeParameters;
   params.tiny.config.rope.theta = 1000.0;
   cases.push_back(params);
+
+  for (ParityCase family : FamilyCases()) cases.push_back(family);
   return cases;
 }
 
@@ -148,6 +176,25 @@ TEST(EngineModel, PackedRowsEqualSeparateSequences) {
   // Without the block mask the second example would see the first.
   packed.block_diagonal = false;
   EXPECT_GT(MaxAbsDiff(model->Forward(packed_ids, packed), separate), 1e-3);
+}
+
+TEST(EngineModel, SlidingWindowHoldsInsidePackedRows) {
+  TempDir dir;
+  auto model = MakeAndLoad(dir / "model", TinyFamily("mistral", 4));
+  ASSERT_NE(model, nullptr);
+  const at::Tensor a = RandomIds(model->config(), 1, 9, 2);
+  const at::Tensor b = RandomIds(model->config(), 1, 11, 3);
+  at::NoGradGuard no_grad;
+  ForwardOptions packed;
+  packed.position_ids = at::cat({at::arange(9), at::arange(11)}).unsqueeze(0);
+  packed.block_diagonal = true;
+  const at::Tensor together = model->Forward(at::cat({a, b}, 1), packed);
+  const at::Tensor separate = at::cat({model->Forward(a), model->Forward(b)}, 1);
+  EXPECT_LT(MaxAbsDiff(together, separate), 1e-5);
+  // The window matters here: the same rows without it differ.
+  auto full = MakeAndLoad(dir / "full", TinyFamily("mistral", 0));
+  ASSERT_NE(full, nullptr);
+  EXPECT_GT(MaxAbsDiff(full->Forward(b), model->Forward(b)), 1e-3);
 }
 
 // Loss and LoRA gradients for one batch; dropout uses the global RNG, seeded by the caller.
@@ -313,11 +360,10 @@ TEST(EngineModel, LoraInitFollowsPeft) {
   EXPECT_EQ(bad->AddLora(unknown).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(EngineModel, LoraGradientsAdapterAndMergeMatchPeft) {
-  QLORA_PYTHON_OR_SKIP(python);
+// Our adapter loads in peft with no missing or unexpected key; logits, loss, every LoRA gradient
+// and the merged checkpoint equal peft's.
+void ExpectLoraEqualsPeft(const std::string& python, const TinyModelOptions& tiny, int64_t seq) {
   TempDir dir;
-  TinyModelOptions tiny;
-  tiny.init_std = 0.1;
   auto model = MakeAndLoad(dir / "model", tiny);
   ASSERT_NE(model, nullptr);
   LoraOptions lora;
@@ -332,7 +378,7 @@ TEST(EngineModel, LoraGradientsAdapterAndMergeMatchPeft) {
   ASSERT_TRUE(SaveMergedModel(*model, dir / "merged", merge).ok());
 
   model->SetTraining(true);  // checkpointing on (the default), dropout 0
-  const at::Tensor ids = RandomIds(model->config(), 2, 10);
+  const at::Tensor ids = RandomIds(model->config(), 2, seq);
   const at::Tensor labels = LabelsFor(ids);
   const auto ours = Gradients(*model, ids, labels);
   at::Tensor logits;
@@ -367,6 +413,21 @@ TEST(EngineModel, LoraGradientsAdapterAndMergeMatchPeft) {
   }
 }
 
+TEST(EngineModel, LoraGradientsAdapterAndMergeMatchPeft) {
+  QLORA_PYTHON_OR_SKIP(python);
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  ExpectLoraEqualsPeft(python, tiny, 10);
+}
+
+TEST(EngineModel, MistralAndQwen2AdaptersAndMergesMatchPeft) {
+  QLORA_PYTHON_OR_SKIP(python);
+  for (const ParityCase& family : FamilyCases()) {
+    SCOPED_TRACE(family.name);
+    ExpectLoraEqualsPeft(python, family.tiny, 16);
+  }
+}
+
 TEST(EngineModel, AdapterRoundTripsThroughLoadAdapter) {
   TempDir dir;
   auto model = MakeAndLoad(dir / "model", {});
@@ -390,30 +451,35 @@ TEST(EngineModel, AdapterRoundTripsThroughLoadAdapter) {
 
 TEST(EngineModel, Nf4PathEqualsTransformersOnDequantizedWeights) {
   QLORA_PYTHON_OR_SKIP(python);
-  TempDir dir;
-  TinyModelOptions tiny;
-  tiny.init_std = 0.1;
-  LoadOptions nf4 = Fp32Dense();
-  nf4.quantize = true;
-  auto model = MakeAndLoad(dir / "model", tiny, nf4);
-  ASSERT_NE(model, nullptr);
-  ASSERT_TRUE(model->layers[0].q_proj.base.quantized.has_value());
-  // The dequantized weights, written as a plain HF checkpoint, are what transformers runs.
-  MergeOptions merge;
-  merge.dtype = at::kFloat;
-  ASSERT_TRUE(SaveMergedModel(*model, dir / "dequantized", merge).ok());
-  const at::Tensor ids = RandomIds(model->config(), 2, 12);
-  at::Tensor logits;
-  {
-    at::NoGradGuard no_grad;
-    logits = model->Logits(model->Forward(ids));
+  std::vector<ParityCase> cases = {{"llama", {}, 12}};
+  cases[0].tiny.init_std = 0.1;
+  for (const ParityCase& family : FamilyCases()) cases.push_back(family);
+  for (const ParityCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    TempDir dir;
+    LoadOptions nf4 = Fp32Dense();
+    nf4.quantize = true;
+    auto model = MakeAndLoad(dir / "model", c.tiny, nf4);
+    ASSERT_NE(model, nullptr);
+    ASSERT_TRUE(model->layers[0].q_proj.base.quantized.has_value());
+    // The dequantized weights (and the biases, kept as they are), written as a plain HF
+    // checkpoint, are what transformers runs.
+    MergeOptions merge;
+    merge.dtype = at::kFloat;
+    ASSERT_TRUE(SaveMergedModel(*model, dir / "dequantized", merge).ok());
+    const at::Tensor ids = RandomIds(model->config(), 2, c.seq);
+    at::Tensor logits;
+    {
+      at::NoGradGuard no_grad;
+      logits = model->Logits(model->Forward(ids));
+    }
+    ASSERT_TRUE(SaveTensors(dir / "inputs.safetensors", {{"input_ids", ids}}).ok());
+    ASSERT_EQ(RunScript(python, "llama_ref.py",
+                        {"logits", dir / "dequantized", dir / "inputs.safetensors",
+                         dir / "ref.safetensors"}),
+              0);
+    EXPECT_LT(MaxAbsDiff(logits, LoadTensors(dir / "ref.safetensors").at("logits")), kTolerance);
   }
-  ASSERT_TRUE(SaveTensors(dir / "inputs.safetensors", {{"input_ids", ids}}).ok());
-  ASSERT_EQ(RunScript(python, "llama_ref.py",
-                      {"logits", dir / "dequantized", dir / "inputs.safetensors",
-                       dir / "ref.safetensors"}),
-            0);
-  EXPECT_LT(MaxAbsDiff(logits, LoadTensors(dir / "ref.safetensors").at("logits")), kTolerance);
 }
 
 TEST(EngineModel, Linear4bitBackwardMatchesDenseOnDequantizedWeight) {

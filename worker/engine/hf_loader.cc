@@ -51,8 +51,11 @@ class Loader {
           {"down_proj", c.hidden_size, c.intermediate_size},
       };
       for (const auto& l : linears) {
-        QLORA_ASSIGN_OR_RETURN(layer.Linear(l.name).base,
-                               Frozen(prefix + ModulePath(l.name), l.out, l.in));
+        FrozenWeight& base = layer.Linear(l.name).base;
+        QLORA_ASSIGN_OR_RETURN(base, Frozen(prefix + ModulePath(l.name), l.out, l.in));
+        if (c.ProjectionHasBias(l.name)) {
+          QLORA_ASSIGN_OR_RETURN(base.bias, Dense(prefix + ModulePath(l.name) + ".bias", {l.out}));
+        }
       }
     }
     QLORA_ASSIGN_OR_RETURN(model_->norm, Dense("model.norm.weight", {c.hidden_size}));
@@ -175,7 +178,8 @@ class Loader {
     if (unexpected.empty()) return absl::OkStatus();
     if (unexpected.size() > 5) unexpected.resize(5);
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint has tensors this LLaMA model does not use: ",
+        absl::StrCat("checkpoint has tensors this ", model_->config().model_type,
+                     " model does not use: ",
                      absl::StrJoin(unexpected, ", ")));
   }
 

@@ -172,21 +172,28 @@ at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
 }
 
 at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
-  if (quantized) return Linear4bit(x, *quantized);
-  return at::linear(x, dense.scalar_type() == x.scalar_type() ? dense : dense.to(x.scalar_type()));
+  const at::Tensor y =
+      quantized ? Linear4bit(x, *quantized)
+                : at::linear(x, dense.scalar_type() == x.scalar_type() ? dense
+                                                                       : dense.to(x.scalar_type()));
+  return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }
 
 at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_unused) const {
   if (!lora) {
-    if (value_unused && base.quantized) return Linear4bitFunction::apply(x, &*base.quantized, true);
+    if (value_unused && base.quantized && !base.bias.defined()) {
+      return Linear4bitFunction::apply(x, &*base.quantized, true);
+    }
     return base.Apply(x);
   }
   std::vector<int64_t> out_sizes = x.sizes().vec();
   out_sizes.back() = base.out_features;
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
   const at::Tensor h = lora->dropout > 0 && training ? at::dropout(x2, lora->dropout, training) : x2;
-  return LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused)
-      .view(out_sizes);
+  const at::Tensor y =
+      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused)
+          .view(out_sizes);
+  return base.bias.defined() ? y + base.bias.to(y.scalar_type()) : y;
 }
 
 at::Tensor LinearLayer::MergedWeight() const {

@@ -5,7 +5,7 @@
 // for grad_input = grad_output W. W never gets a gradient and the dequantized copy is never kept
 // between forward and backward (what bitsandbytes' MatMul4Bit does).
 //
-// LoRA (PEFT semantics): y = base(x) + B(A(dropout(x))) * scale, with A [r, in] and B [out, r]
+// LoRA (PEFT semantics, bias "none"): y = base(x) + B(A(dropout(x))) * scale, with A [r, in] and B [out, r]
 // trainable float32 parameters cast to the compute dtype (x's dtype) for the matmuls.
 #pragma once
 
@@ -28,16 +28,18 @@ at::Tensor BitsandbytesQuantMap(kernels::QuantType type);
 // y = x W^T with a 4-bit W, in x's dtype. Differentiable with respect to x only.
 at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight);
 
-// A frozen weight [out, in]: dense (in the compute dtype) or 4-bit.
+// A frozen weight [out, in]: dense (in the compute dtype) or 4-bit, and an optional frozen bias
+// (never quantized, as bitsandbytes keeps Linear4bit's bias).
 struct FrozenWeight {
   at::Tensor dense;                                 // [out, in]; undefined when quantized
   std::optional<kernels::Quantized4bit> quantized;  // set when 4-bit
+  at::Tensor bias;                                  // [out] in the compute dtype, or undefined
   int64_t out_features = 0;
   int64_t in_features = 0;
 
   // The weight as a dense tensor of `dtype` (dequantized when 4-bit).
   at::Tensor Materialize(at::ScalarType dtype) const;
-  // x W^T in x's dtype.
+  // x W^T (+ bias) in x's dtype.
   at::Tensor Apply(const at::Tensor& x) const;
 };
 

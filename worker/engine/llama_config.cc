@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "common/posix_files.h"
+#include "worker/engine/model_family.h"
 
 namespace qlora::engine {
 namespace {
@@ -115,21 +116,22 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view text) {
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError("config.json is not a JSON object");
   }
+  if (json.contains("model_type") && !json["model_type"].is_string()) {
+    return Bad("model_type", "must be a string");
+  }
   const std::string model_type = json.value("model_type", "llama");
-  if (model_type != "llama") {
-    return absl::UnimplementedError(
-        absl::StrCat("config.json: model_type \"", model_type, "\" is not supported (llama)"));
+  const ModelFamily* family = FindModelFamily(model_type);
+  if (family == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("config.json: model_type \"", model_type,
+                                                 "\" is not supported (supported: ",
+                                                 SupportedModelTypes(), ")"));
   }
   if (json.value("hidden_act", "silu") != "silu") {
     return absl::UnimplementedError("config.json: only hidden_act \"silu\" is supported");
   }
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (json.value(bias, false)) {
-      return absl::UnimplementedError(absl::StrCat("config.json: ", bias, " is not supported"));
-    }
-  }
 
   LlamaConfig c;
+  c.model_type = model_type;
   QLORA_RETURN_IF_ERROR(ReadPositive(json, "vocab_size", &c.vocab_size));
   QLORA_RETURN_IF_ERROR(ReadPositive(json, "hidden_size", &c.hidden_size));
   QLORA_RETURN_IF_ERROR(ReadPositive(json, "intermediate_size", &c.intermediate_size));
@@ -168,6 +170,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view text) {
     QLORA_RETURN_IF_ERROR(ParseRope(json["rope_scaling"], "rope_scaling", &c.rope));
   }
   if (c.rope.theta <= 0) return Bad("rope_theta", "must be positive");
+  QLORA_RETURN_IF_ERROR(family->parse_fields(json, &c));
 
   if (json.contains("quantization_config") && !json["quantization_config"].is_null()) {
     QLORA_ASSIGN_OR_RETURN(c.bnb, ParseBnb(json["quantization_config"]));
@@ -181,9 +184,11 @@ absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& dir) {
 }
 
 std::string LlamaConfigToJson(const LlamaConfig& c, RopeJsonForm form) {
+  const ModelFamily* family = FindModelFamily(c.model_type);
+  if (family == nullptr) family = FindModelFamily("llama");
   Json json = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {family->architecture}},
+      {"model_type", family->model_type},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
@@ -195,8 +200,6 @@ std::string LlamaConfigToJson(const LlamaConfig& c, RopeJsonForm form) {
       {"rms_norm_eps", c.rms_norm_eps},
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
-      {"mlp_bias", false},
       {"bos_token_id", c.bos_token_id},
       {"eos_token_id", c.eos_token_id},
       {"torch_dtype", c.torch_dtype},
@@ -224,6 +227,7 @@ std::string LlamaConfigToJson(const LlamaConfig& c, RopeJsonForm form) {
     json["rope_theta"] = c.rope.theta;
     json["rope_scaling"] = c.rope.type == RopeType::kDefault ? Json(nullptr) : rope;
   }
+  family->write_fields(c, &json);
   return json.dump(2);
 }
 

@@ -1,4 +1,5 @@
-// The Hugging Face LLaMA config.json, parsed and validated (torch-free).
+// The Hugging Face config.json of a LLaMA-shaped model (LLaMA, Mistral, Qwen2: see
+// model_family.h), parsed and validated (torch-free).
 //
 // Both rope forms are accepted: transformers 4's top-level `rope_theta` + `rope_scaling`, and
 // transformers 5's `rope_parameters` ({"rope_type", "rope_theta", ...}); `type` is accepted as
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -34,6 +36,7 @@ struct BnbQuantizationConfig {
 };
 
 struct LlamaConfig {
+  std::string model_type = "llama";   // the family (model_family.h)
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -49,16 +52,35 @@ struct LlamaConfig {
   int64_t bos_token_id = 1;
   int64_t eos_token_id = 2;             // the first one when config.json lists several
   std::optional<BnbQuantizationConfig> bnb;  // set when the checkpoint is pre-quantized
+
+  // What a family adds to LLaMA (model_family.h reads and writes these).
+  bool qkv_bias = false;  // q/k/v projections have a bias (Qwen2; LLaMA's attention_bias)
+  bool o_bias = false;    // o_proj has a bias (LLaMA's attention_bias)
+  int64_t sliding_window = 0;       // attention window in positions; 0: none
+  std::vector<bool> sliding_layers; // per layer: attends within the window (empty: none does)
+  int64_t max_window_layers = 0;    // Qwen2's field, kept to write config.json back
+
+  // Whether layer `layer` attends only to the last sliding_window positions.
+  bool SlidingLayer(int64_t layer) const {
+    return sliding_window > 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
+           sliding_layers[layer];
+  }
+  // Whether projection `module` ("q_proj", ...) has a bias.
+  bool ProjectionHasBias(absl::string_view module) const {
+    if (module == "o_proj") return o_bias;
+    return qkv_bias && (module == "q_proj" || module == "k_proj" || module == "v_proj");
+  }
 };
 
 // Parses config.json text. InvalidArgument names the offending field; Unimplemented for
-// features this engine does not model (biases, other activations, other rope types).
+// features this engine does not model (another model_type, MLP biases, other activations,
+// other rope types).
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text);
 // Reads `dir`/config.json.
 absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& dir);
 
 enum class RopeJsonForm { kRopeScaling, kRopeParameters };
-// config.json text that transformers' LlamaConfig reads back to the same model (no
+// config.json text that transformers' config class of the family reads back to the same model (no
 // quantization_config; callers add one when they write quantized weights).
 std::string LlamaConfigToJson(const LlamaConfig& config,
                               RopeJsonForm form = RopeJsonForm::kRopeScaling);

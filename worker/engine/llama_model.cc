@@ -206,17 +206,28 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   const at::Tensor cos = emb.cos().to(compute_dtype_).unsqueeze(1);
   const at::Tensor sin = emb.sin().to(compute_dtype_).unsqueeze(1);
 
-  at::Tensor mask;  // undefined: plain causal attention
+  // Attention masks (true = attend); undefined means plain causal attention.
+  at::Tensor same_run;  // packed rows: [batch, seq, seq], query and key in the same example
   if (options.block_diagonal) {
     const at::Tensor run = positions.eq(0).cumsum(-1);  // [batch, seq]: which packed example
-    const at::Tensor same = run.unsqueeze(-1).eq(run.unsqueeze(-2));
-    const at::Tensor causal = at::ones({seq, seq}, at::dtype(at::kBool).device(device_)).tril();
-    mask = at::logical_and(same, causal).unsqueeze(1);  // [batch, 1, seq, seq], true = attend
+    same_run = run.unsqueeze(-1).eq(run.unsqueeze(-2));
   }
+  auto causal_mask = [&](int64_t window) {  // window 0: no window
+    at::Tensor allowed = at::ones({seq, seq}, at::dtype(at::kBool).device(device_)).tril();
+    if (window > 0) allowed = allowed.triu(-(window - 1));  // key > query - window (HF)
+    return (same_run.defined() ? at::logical_and(same_run, allowed) : allowed.unsqueeze(0))
+        .unsqueeze(1);  // [batch or 1, 1, seq, seq]
+  };
+  const at::Tensor full_mask = same_run.defined() ? causal_mask(0) : at::Tensor();
+  // Sliding layers differ from full ones only once a row is longer than the window.
+  const bool windowed = config_.sliding_window > 0 && seq > config_.sliding_window;
+  const at::Tensor window_mask = windowed ? causal_mask(config_.sliding_window) : full_mask;
 
   at::Tensor x = at::embedding(embed_tokens, ids);
   const bool checkpoint = training_ && checkpointing_ && at::GradMode::is_enabled();
-  for (const DecoderLayer& layer : layers) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const DecoderLayer& layer = layers[i];
+    const at::Tensor mask = config_.SlidingLayer(static_cast<int64_t>(i)) ? window_mask : full_mask;
     if (checkpoint) {
       x = Checkpoint(
           [this, &layer, cos, sin, mask](const at::Tensor& h, bool recompute) {

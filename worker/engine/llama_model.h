@@ -1,5 +1,7 @@
 // The LLaMA causal language model in LibTorch, with frozen (dense or 4-bit) base weights and
-// optional LoRA adapters: the HF `LlamaForCausalLM` computation (modeling_llama.py).
+// optional LoRA adapters: the HF `LlamaForCausalLM` computation (modeling_llama.py), and with
+// the family fields of the config (model_family.h) `MistralForCausalLM` (sliding-window
+// attention) and `Qwen2ForCausalLM` (q/k/v biases, tied embeddings, windowed layers).
 //
 //   h   = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n)))      n = RMSNorm(x)
 //   out = h + down_proj(silu(gate_proj(m)) * up_proj(m))                     m = RMSNorm(h)
@@ -7,7 +9,8 @@
 // RMSNorm computes in float32 and casts back before the weight; rotary embeddings pair dim i with
 // i + d/2 (HF convention) with default, linear or llama3 frequencies; attention is
 // at::scaled_dot_product_attention (causal, GQA), or with a block-diagonal causal mask for packed
-// rows. Each decoder layer is activation-checkpointed while training (on by default); its
+// rows; a sliding layer's mask also drops keys at or beyond `sliding_window` positions back
+// (transformers: key > query - window), built only when a row is longer than the window. Each decoder layer is activation-checkpointed while training (on by default); its
 // recomputation stops at what backward reads (the down projection's frozen GEMM and the last
 // residual add, whose values nothing reads, are skipped).
 //

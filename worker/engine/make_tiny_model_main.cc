@@ -1,5 +1,5 @@
-// qlora-make-tiny-model OUTDIR [--layers N --hidden N ...]: writes a random LLaMA checkpoint as
-// an HF folder (config.json + model.safetensors) for demos and tests.
+// qlora-make-tiny-model OUTDIR [--model_type mistral --layers N ...]: writes a random LLaMA,
+// Mistral or Qwen2 checkpoint as an HF folder (config.json + model.safetensors) for demos and tests.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -9,6 +9,8 @@
 #include "absl/flags/usage.h"
 #include "worker/engine/tiny_model.h"
 
+ABSL_FLAG(std::string, model_type, "llama", "llama | mistral | qwen2");
+ABSL_FLAG(int64_t, sliding_window, 0, "mistral/qwen2 attention window (0: none)");
 ABSL_FLAG(int64_t, layers, 2, "num_hidden_layers");
 ABSL_FLAG(int64_t, hidden, 64, "hidden_size");
 ABSL_FLAG(int64_t, intermediate, 128, "intermediate_size");
@@ -48,6 +50,12 @@ int main(int argc, char** argv) {
     c.rope.type = qlora::engine::RopeType::kLlama3;
     c.rope.factor = 8.0;
     c.rope.original_max_position_embeddings = 64;
+  }
+  if (const absl::Status family = qlora::engine::SetModelFamily(
+          absl::GetFlag(FLAGS_model_type), absl::GetFlag(FLAGS_sliding_window), &c);
+      !family.ok()) {
+    std::cerr << family.message() << "\n";
+    return 2;
   }
   options.rope_form = absl::GetFlag(FLAGS_rope_parameters)
                           ? qlora::engine::RopeJsonForm::kRopeParameters

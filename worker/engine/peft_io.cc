@@ -151,6 +151,7 @@ absl::Status SaveMergedModel(const LlamaForCausalLM& model, const std::string& d
       sources[prefix + ModulePath(module) + ".weight"] = {
           {linear->base.out_features, linear->base.in_features},
           [linear] { return linear->MergedWeight(); }};
+      if (linear->base.bias.defined()) frozen(prefix + ModulePath(module) + ".bias", linear->base.bias);
     }
   }
   std::vector<safetensors::TensorSpec> specs;

@@ -1,4 +1,5 @@
-// Random HF LLaMA folders: names and shapes from the config, values from a per-tensor seed.
+// Random HF LLaMA/Mistral/Qwen2 folders: names and shapes from the config, values from a
+// per-tensor seed.
 #include "worker/engine/tiny_model.h"
 
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/safetensors/checkpoint_files.h"
@@ -13,6 +15,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "common/posix_files.h"
+#include "worker/engine/model_family.h"
 
 namespace qlora::engine {
 namespace {
@@ -57,6 +60,15 @@ std::vector<TensorSpec> Specs(const LlamaConfig& c, Dtype dtype) {
     specs.push_back({p + "mlp.gate_proj.weight", dtype, {c.intermediate_size, c.hidden_size}});
     specs.push_back({p + "mlp.up_proj.weight", dtype, {c.intermediate_size, c.hidden_size}});
     specs.push_back({p + "mlp.down_proj.weight", dtype, {c.hidden_size, c.intermediate_size}});
+    const struct {
+      const char* module;
+      int64_t out;
+    } biased[] = {{"q_proj", q_out}, {"k_proj", kv_out}, {"v_proj", kv_out}, {"o_proj", c.hidden_size}};
+    for (const auto& b : biased) {
+      if (c.ProjectionHasBias(b.module)) {
+        specs.push_back({absl::StrCat(p, "self_attn.", b.module, ".bias"), dtype, {b.out}});
+      }
+    }
   }
   specs.push_back({"model.norm.weight", dtype, {c.hidden_size}});
   if (!c.tie_word_embeddings) {
@@ -89,6 +101,23 @@ LlamaConfig TinyLlamaConfig() {
   return c;
 }
 
+absl::Status SetModelFamily(const std::string& model_type, int64_t sliding_window,
+                            LlamaConfig* config) {
+  const ModelFamily* family = FindModelFamily(model_type);
+  if (family == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model type \"", model_type,
+                                                   "\" is not one of ", SupportedModelTypes()));
+  }
+  // The family's own parser fills the fields, from what its config.json would say.
+  const nlohmann::json fields = {
+      {"sliding_window", sliding_window > 0 ? nlohmann::json(sliding_window) : nlohmann::json()},
+      {"use_sliding_window", sliding_window > 0},
+      {"max_window_layers", 0}};
+  config->model_type = model_type;
+  config->qkv_bias = config->o_bias = false;
+  return family->parse_fields(fields, config);
+}
+
 absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& options) {
   Dtype dtype;
   if (options.dtype == "float32") {
@@ -112,7 +141,7 @@ absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& optio
   auto produce = [&](const TensorSpec& spec, std::string* bytes) {
     std::seed_seq seq{options.seed, Fnv1a(spec.name)};
     std::mt19937_64 rng(seq);
-    const bool is_norm = spec.shape.size() == 1;
+    const bool is_norm = absl::EndsWith(spec.name, "norm.weight");
     std::normal_distribution<float> normal(is_norm ? 1.0f : 0.0f,
                                            is_norm ? 0.1f : static_cast<float>(options.init_std));
     const uint64_t numel = ByteSize(spec) * 8 / safetensors::DtypeBits(spec.dtype);

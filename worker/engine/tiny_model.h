@@ -1,4 +1,4 @@
-// Makes small random LLaMA checkpoints as Hugging Face folders (config.json + model.safetensors,
+// Makes small random LLaMA-family checkpoints as Hugging Face folders (config.json + model.safetensors,
 // or shards + model.safetensors.index.json), for demos and tests; torch-free. Each tensor's
 // values depend only on (seed, tensor name), so sharding does not change them. Tensors are
 // generated and written one at a time.
@@ -14,6 +14,12 @@ namespace qlora::engine {
 
 // vocab 256, hidden 64, intermediate 128, 2 layers, 4 heads, 2 kv heads, head_dim 16.
 LlamaConfig TinyLlamaConfig();
+
+// Makes *config a `model_type` model (model_family.h) as that family's config class has it by
+// default (Qwen2: q/k/v biases), with a `sliding_window` (0: none) on every layer.
+// InvalidArgument for an unknown family.
+absl::Status SetModelFamily(const std::string& model_type, int64_t sliding_window,
+                            LlamaConfig* config);
 
 struct TinyModelOptions {
   LlamaConfig config = TinyLlamaConfig();
