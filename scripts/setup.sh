@@ -18,9 +18,10 @@ mkdir -p "$CACHE"
 debian_packages=(build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev libgloo-dev
-  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libssl-dev openssl libcurl4-openssl-dev
+  libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libicu-dev libssl-dev openssl libcurl4-openssl-dev
   iproute2 curl unzip python3-venv python3-pip
   clang libclang-rt-14-dev llvm)
+# libicu-dev: Unicode normalization for tokenizer.json normalizers (Qwen2 NFC).
 # libcurl4-openssl-dev: the coordinator's Ray launcher (HTTP to Ray's dashboard); iproute2 and
 # curl: the multi-host test's network namespaces and its wait for the Ray cluster.
 # clang, libclang-rt-14-dev (the ASan/UBSan/libFuzzer runtimes; only a recommendation of clang,

@@ -6,6 +6,7 @@ Writes OUT_DIR/<name>/ (tokenizer.json or tokenizer.model, tokenizer_config.json
                TemplateProcessing BOS, merges as pairs
   bpe_llama3_legacy_merges   the same tokenizer with merges written as "a b" strings
   bpe_gpt2     byte-level BPE with ByteLevel(use_regex=True), no ignore_merges, lstrip token
+  bpe_qwen2    byte-level BPE with Qwen2's NFC normalizer and its pre-tokenizer (single digits)
   spm_bpe      SentencePiece BPE with byte fallback (Llama-2 style)
   spm_unigram  SentencePiece unigram with byte fallback
 and OUT_DIR/expected.json: {name: {texts, ids, full, decoded, bos_id, eos_id}} where ids are
@@ -16,11 +17,14 @@ import os
 import sys
 
 import sentencepiece as spm
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import trainers
 from tokenizers import AddedToken
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
             "<|eot_id|>"]
 
@@ -79,11 +83,13 @@ def corpus_lines():
     return [l for l in lines if l]
 
 
-def train_bpe(use_llama3, vocab_size=800):
+def train_bpe(use_llama3, vocab_size=800, pattern=LLAMA3_PATTERN, nfc=False):
     tok = Tokenizer(models.BPE(ignore_merges=use_llama3))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     if use_llama3:
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
         ])
     else:
@@ -200,7 +206,9 @@ def main():
     write_hf(llama3, os.path.join(out, "bpe_llama3_legacy_merges"), config, legacy_merges=True)
     gpt2 = train_bpe(False)
     write_hf(gpt2, os.path.join(out, "bpe_gpt2"), {"eos_token": "<|end_of_text|>"})
-    for name in ["bpe_llama3", "bpe_llama3_legacy_merges", "bpe_gpt2"]:
+    qwen2 = train_bpe(True, pattern=QWEN2_PATTERN, nfc=True)
+    write_hf(qwen2, os.path.join(out, "bpe_qwen2"), config)
+    for name in ["bpe_llama3", "bpe_llama3_legacy_merges", "bpe_gpt2", "bpe_qwen2"]:
         expected[name] = expected_hf(os.path.join(out, name))
     expected["chat_llama3"] = expected_chat(os.path.join(out, "bpe_llama3"))
     expected["spm_bpe"] = train_spm(os.path.join(out, "spm_bpe"), "bpe")

@@ -114,7 +114,7 @@ TEST_P(DataTokenizerTest, Llama3ChatLayoutEqualsApplyChatTemplate) {
 
 INSTANTIATE_TEST_SUITE_P(Reference, DataTokenizerTest,
                          ::testing::Values("bpe_llama3", "bpe_llama3_legacy_merges", "bpe_gpt2",
-                                           "spm_bpe", "spm_unigram"));
+                                           "bpe_qwen2", "spm_bpe", "spm_unigram"));
 
 TEST(DataTokenizerLoadTest, MissingFolderIsNotFound) {
   auto tokenizer = LoadTokenizer("/nonexistent/model");

@@ -16,6 +16,7 @@
 #include "worker/data/regex_splitter.h"
 #include "worker/data/tokenizer.h"
 #include "worker/data/tokenizer_config.h"
+#include "worker/data/unicode_normalizer.h"
 
 namespace qlora::data {
 namespace {
@@ -136,13 +137,20 @@ class HfBpeTokenizer : public Tokenizer {
         id_to_bytes_(std::move(id_to_bytes)),
         vocab_size_(vocab_size) {}
   SpecialTokens* mutable_special() { return &special_; }
+  void set_normalizer(UnicodeNormalizer normalizer) { normalizer_ = std::move(normalizer); }
 
   absl::Status EncodeTo(absl::string_view text, std::vector<int32_t>* ids) const override {
     std::vector<absl::string_view> pieces, next;
-    std::deque<std::string> owned;  // pieces that gained a prefix space
+    std::deque<std::string> owned;  // pieces that gained a prefix space or were normalized
     added_.Split(
         text,
         [&](absl::string_view segment) {
+          // Added tokens are matched on the raw text (normalized: false, as HF's are by
+          // default for special tokens); the text between them is normalized.
+          if (normalizer_) {
+            owned.push_back(normalizer_->Normalize(segment));
+            segment = owned.back();
+          }
           pieces.assign(1, segment);
           for (const PreTokenizeStep& step : steps_) {
             if (step.prefix_space) {
@@ -186,6 +194,7 @@ class HfBpeTokenizer : public Tokenizer {
 
  private:
   AddedTokenSplitter added_;
+  std::optional<UnicodeNormalizer> normalizer_;
   std::vector<PreTokenizeStep> steps_;
   BpeModel bpe_;
   // What Decode prints for each id. A map, not a vector: ids may be sparse, and a vector sized
@@ -194,11 +203,25 @@ class HfBpeTokenizer : public Tokenizer {
   int32_t vocab_size_;  // the largest id + 1
 };
 
+// The normalizer: null, a Unicode form, or a Sequence of forms.
+absl::StatusOr<std::optional<UnicodeNormalizer>> ParseNormalizer(const Json& node) {
+  if (node.is_null()) return std::nullopt;
+  std::vector<UnicodeNormalizer::Form> forms;
+  const bool sequence = TypeOf(node) == "Sequence";
+  const Json& list = sequence ? node.value("normalizers", Json::array()) : Json::array({node});
+  for (const Json& entry : list) {
+    absl::StatusOr<UnicodeNormalizer::Form> form = UnicodeNormalizer::ParseForm(TypeOf(entry));
+    if (!form.ok()) return absl::Status(form.status().code(),
+                                        absl::StrCat("tokenizer.json: ", form.status().message()));
+    forms.push_back(*form);
+  }
+  QLORA_ASSIGN_OR_RETURN(UnicodeNormalizer normalizer, UnicodeNormalizer::Create(forms));
+  return normalizer;
+}
+
 absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> Build(const Json& root) {
-  const Json& normalizer = root.value("normalizer", Json());
-  if (!normalizer.is_null())
-    return absl::UnimplementedError(absl::StrCat("tokenizer.json: normalizer '",
-                                                 TypeOf(normalizer), "' is not supported"));
+  QLORA_ASSIGN_OR_RETURN(std::optional<UnicodeNormalizer> normalizer,
+                         ParseNormalizer(root.value("normalizer", Json())));
   std::vector<PreTokenizeStep> steps;
   bool byte_level = false;
   QLORA_RETURN_IF_ERROR(ParsePreTokenizer(root.value("pre_tokenizer", Json()), &steps, &byte_level));
@@ -283,6 +306,7 @@ absl::StatusOr<std::unique_ptr<HfBpeTokenizer>> Build(const Json& root) {
   auto tokenizer = std::make_unique<HfBpeTokenizer>(AddedTokenSplitter(std::move(added)),
                                                     std::move(steps), std::move(bpe),
                                                     std::move(id_to_bytes), vocab_size);
+  if (normalizer) tokenizer->set_normalizer(std::move(*normalizer));
   SpecialTokens* special = tokenizer->mutable_special();
   QLORA_RETURN_IF_ERROR(ParsePostProcessor(root.value("post_processor", Json()), special));
   for (int32_t id : {special->bos_id, special->eos_id})

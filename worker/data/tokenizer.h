@@ -3,7 +3,8 @@
 // Supported:
 //  - HF tokenizer.json with a byte-level BPE model (GPT-2, LLaMA-3, Qwen-2 style): added and
 //    special tokens split out first (longest match; lstrip, rstrip, single_word honoured),
-//    normalizer null (NFC, which Qwen-2 sets, is refused: no Unicode normalizer is linked),
+//    normalizer null or a Unicode form (NFC as Qwen-2 sets, NFD, NFKC, NFKD, or a Sequence of
+//    them; ICU, unicode_normalizer.h) applied to the text between added tokens,
 //    pre-tokenizer Split(Regex, Isolated|Removed) and/or
 //    ByteLevel(use_regex, add_prefix_space) inside an optional Sequence, BPE merges by rank
 //    (both merges formats, ignore_merges), ByteLevel decoding. Other normalizers and
