@@ -159,12 +159,15 @@ void PrintJob(const v1::Job& job, bool json) {
 int Watch(Client& client, const std::string& id, bool json) {
   v1::WatchJobRequest req;
   req.set_id(id);
+  // JSON is for scripts: the whole history first (every stored event), then what follows.
+  req.set_from_start(json);
   const bool tty = isatty(STDOUT_FILENO) && !json;
   int64_t after = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
     grpc::ClientContext ctx;
     client.Prepare(&ctx, /*with_deadline=*/false);
     req.set_after_sequence(after);
+    if (after > 0) req.set_from_start(false);  // resuming after a disconnect
     auto reader = client.stub()->WatchJob(&ctx, req);
     v1::WatchJobResponse msg;
     v1::JobState last = v1::JOB_STATE_UNSPECIFIED;

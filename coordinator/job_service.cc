@@ -150,8 +150,8 @@ grpc::Status JobServiceImpl::WatchJob(grpc::ServerContext* context, const v1::Wa
   if (!job.ok()) return ToGrpc(job.status());
   std::optional<StreamLimit::Slot> slot;
   if (grpc::Status open = OpenStream(caller.user, &slot); !open.ok()) return open;
-  int64_t seen = request->after_sequence();
-  if (seen == 0) {
+  int64_t seen = request->from_start() ? 0 : request->after_sequence();
+  if (seen == 0 && !request->from_start()) {
     // The first message is the full current state.
     v1::WatchJobResponse first;
     ToProto(*job, first.mutable_job());

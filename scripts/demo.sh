@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The demo: sets up (once per machine), builds, makes a tiny LLaMA model with the example
+# The demo: sets up (once per machine), builds, makes a tiny LLaMA model (DEMO_MODEL_TYPE=mistral
+# or qwen2: a tiny Mistral with a 64-token attention window, or a tiny Qwen2) with the example
 # tokenizer, starts a local coordinator on a free port (CPU workers when there is no GPU), and
 # runs the example job (examples/qlora-tiny.yaml on examples/data) to the end with
 # `qloractl submit --follow`. Prints where the PEFT adapter is.
@@ -9,10 +10,17 @@ build=${BUILD_DIR:-$root/build}
 "$root/scripts/build.sh" qlora-coordinator qlora-worker qloractl qlora-make-tiny-model
 out=${DEMO_DIR:-$root/out/demo}
 rm -rf "$out" && mkdir -p "$out"
-"$build/worker/engine/qlora-make-tiny-model" "$out/tiny-llama" --vocab 512 --layers 2 --hidden 128 \
-  --intermediate 256 --heads 4 --kv_heads 2 >/dev/null
-cp "$root/examples/tokenizer/"* "$out/tiny-llama/"
-sed -e "s|BASE_MODEL_DIR|$out/tiny-llama|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
+model_type=${DEMO_MODEL_TYPE:-llama}
+family=()
+case "$model_type" in
+  mistral) family=(--sliding_window 64) ;;
+  qwen2) family=(--tie_embeddings --rope_theta 1000000) ;;
+esac
+model="$out/tiny-$model_type"
+"$build/worker/engine/qlora-make-tiny-model" "$model" --model_type "$model_type" "${family[@]}" \
+  --vocab 512 --layers 2 --hidden 128 --intermediate 256 --heads 4 --kv_heads 2 >/dev/null
+cp "$root/examples/tokenizer/"* "$model/"
+sed -e "s|BASE_MODEL_DIR|$model|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
   "$root/examples/qlora-tiny.yaml" > "$out/job.yaml"
 
 workers=(--cpu-workers 2)

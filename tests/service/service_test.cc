@@ -87,11 +87,36 @@ TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgres
   EXPECT_THAT(watch.output, HasSubstr("step 4/4"));
   EXPECT_THAT(watch.output, HasSubstr("loss"));
   EXPECT_THAT(watch.output, HasSubstr("SUCCEEDED"));
+  // -o json replays the whole history of a finished job, one JSON object per event.
+  CommandResult history = c.Ctl("watch " + cli_id + " -o json");
+  EXPECT_EQ(history.exit_code, 0) << history.output;
+  EXPECT_GE(std::count(history.output.begin(), history.output.end(), '\n'), 5) << history.output;
+  EXPECT_THAT(history.output, HasSubstr("JOB_STATE_QUEUED"));
+  EXPECT_THAT(history.output, HasSubstr("JOB_STATE_SUCCEEDED"));
   v1::Job cli_job = c.GetJob(cli_id);
   EXPECT_EQ(cli_job.state(), v1::JOB_STATE_SUCCEEDED) << cli_job.state_message();
   EXPECT_EQ(cli_job.num_workers(), 2);
   EXPECT_TRUE(fs::exists(cli_job.adapter_path() + "/adapter_config.json")) << cli_job.adapter_path();
   EXPECT_TRUE(fs::exists(cli_job.adapter_path() + "/adapter_model.safetensors"));
+
+  // Rank 0 wrote one metrics.jsonl line and one TensorBoard event per optimizer step, beside
+  // the adapter; tensorboard itself reads the events.
+  const std::string output = fs::path(cli_job.adapter_path()).parent_path();
+  std::ifstream metrics(output + "/metrics.jsonl");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(metrics, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 4u) << output;
+  EXPECT_THAT(lines[0], HasSubstr("\"step\":1"));
+  EXPECT_THAT(lines[3], HasSubstr("\"step\":4"));
+  EXPECT_THAT(lines[3], HasSubstr("\"loss\":"));
+  if (const char* python = getenv("QLORA_PYTHON"); python != nullptr && *python != '\0') {
+    CommandResult events = RunCommand(absl::StrCat(python, " ", SourceDir(), "/tests/common/read_events.py ",
+                                                   output, "/runs"));
+    ASSERT_EQ(events.exit_code, 0) << events.output;
+    EXPECT_THAT(events.output, HasSubstr("\"train/loss\": [[1, "));
+    EXPECT_THAT(events.output, HasSubstr("[4, "));
+    EXPECT_THAT(events.output, HasSubstr("\"train/tokens_per_second\""));
+  }
 
   v1::Job client_job = SubmitJob(c, ShortJob());
   ASSERT_FALSE(client_job.id().empty());
@@ -136,6 +161,39 @@ TEST_F(ServiceTest, OriginalJobFileTrainsUnderStage2AndItsAdapterLoadsInPeft) {
   CommandResult peft = RunCommand(absl::StrCat(python, " ", SourceDir(), "/tests/service/peft_loads.py ",
                                                TinyModelDir(), " ", job.adapter_path(), " 8 16"));
   EXPECT_EQ(peft.exit_code, 0) << peft.output;
+}
+
+// Tiny Mistral (a window of 16, shorter than the 48-token rows) and Qwen2 (q/k/v biases, tied
+// embeddings) folders train through the service like LLaMA ones, on 2 CPU workers, and their
+// adapters load in peft on transformers' own Mistral and Qwen2 classes.
+TEST_F(ServiceTest, MistralAndQwen2FoldersTrainAndTheirAdaptersLoadInPeft) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  const char* python = getenv("QLORA_PYTHON");
+  const struct {
+    const char* model_type;
+    const char* flags;
+  } families[] = {{"mistral", "--sliding_window 16"}, {"qwen2", "--tie_embeddings --rope_theta 1000000"}};
+  for (const auto& family : families) {
+    SCOPED_TRACE(family.model_type);
+    const std::string dir = absl::StrCat(state_, "/tiny-", family.model_type);
+    CommandResult made = RunCommand(absl::StrCat(
+        BinaryDir(), "/worker/engine/qlora-make-tiny-model ", dir, " --vocab 512 --model_type ",
+        family.model_type, " ", family.flags, " && cp ", SourceDir(), "/examples/tokenizer/* ", dir));
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+    std::string yaml = ShortJob();
+    const std::string llama = "base_model: " + TinyModelDir();
+    ASSERT_NE(yaml.find(llama), std::string::npos);
+    yaml.replace(yaml.find(llama), llama.size(), "base_model: " + dir);
+    v1::Job job = SubmitJob(c, yaml);
+    job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+    ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+    EXPECT_EQ(job.progress(0).step(), 4);
+    if (python == nullptr || *python == '\0' || access(python, X_OK) != 0) continue;
+    CommandResult peft = RunCommand(absl::StrCat(python, " ", SourceDir(), "/tests/service/peft_loads.py ",
+                                                 dir, " ", job.adapter_path(), " 8 16"));
+    EXPECT_EQ(peft.exit_code, 0) << peft.output;
+  }
 }
 
 std::map<std::string, std::vector<float>> ReadAdapter(const std::string& adapter_dir) {

@@ -5,10 +5,14 @@
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "worker/comm/gloo_communicator.h"
@@ -221,8 +225,10 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
 absl::Status Trainer::After(const StepResult& result) {
   const TrainerConfig& t = config_.trainer;
   const int64_t done = result.step;
+  bool evaluated = false;
   if (validation_ && t.eval_steps > 0 && done % t.eval_steps == 0) {
     QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
+    evaluated = true;
   }
   const bool by_steps = t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0;
   if ((by_steps || result.checkpoint_due) && done < total_steps_) {
@@ -242,8 +248,58 @@ absl::Status Trainer::After(const StepResult& result) {
   if (assignment_.rank == 0) {
     Log(absl::StrFormat("step %d/%d loss %.4f lr %.3g grad-norm %.3f tok/s %.0f", done, total_steps_, p.loss,
                         result.report.lr, result.report.grad_norm, p.tokens_per_second));
+    RecordMetrics(result, p, evaluated);
   }
   return absl::OkStatus();
+}
+
+void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p, bool evaluated) {
+  if (metrics_failed_) return;
+  const double now = absl::ToDoubleUnixSeconds(absl::Now());
+  if (metrics_ == nullptr) {
+    RunMetricsOptions options;
+    options.output_dir = assignment_.output_dir;
+    char host[256] = "localhost";
+    gethostname(host, sizeof(host) - 1);
+    options.host = host;
+    options.pid = getpid();
+    options.wall_time = now;
+    absl::StatusOr<std::unique_ptr<RunMetrics>> opened = RunMetrics::Open(options);
+    if (!opened.ok()) {
+      metrics_failed_ = true;
+      Log(absl::StrCat("metrics are off for this run: ", opened.status().message()));
+      return;
+    }
+    metrics_ = std::move(*opened);
+    Log(absl::StrCat("TensorBoard events: ", metrics_->event_file()));
+  }
+  StepMetrics m;
+  m.step = result.step;
+  m.epoch = p.epoch;
+  m.loss = p.loss;
+  m.learning_rate = result.report.lr;
+  m.grad_norm = result.report.grad_norm;
+  m.tokens_per_second = p.tokens_per_second;
+  if (evaluated) m.eval_loss = eval_loss_;
+  m.device_allocated_bytes = p.memory.device_allocated_bytes;
+  m.device_peak_bytes = p.memory.device_peak_bytes;
+  m.elapsed_seconds = p.elapsed_seconds;
+  m.wall_time = now;
+  if (absl::Status s = metrics_->Record(m); !s.ok()) {
+    metrics_failed_ = true;
+    metrics_.reset();
+    Log(absl::StrCat("metrics are off for this run: ", s.message()));
+  }
+}
+
+void Trainer::RecordFinalEvaluation() {
+  if (metrics_ == nullptr || std::isnan(eval_loss_)) return;
+  if (absl::Status s = metrics_->RecordEvaluation(total_steps_, absl::ToDoubleUnixSeconds(absl::Now()), eval_loss_);
+      !s.ok()) {
+    metrics_failed_ = true;
+    metrics_.reset();
+    Log(absl::StrCat("metrics are off for this run: ", s.message()));
+  }
 }
 
 ProgressSnapshot Trainer::Progress(const StepResult& result) const {
@@ -278,6 +334,7 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
   if (validation_ && !(eval_steps > 0 && total_steps_ % eval_steps == 0)) {
     QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
     Log(absl::StrFormat("evaluation loss %.4f", eval_loss_));
+    if (assignment_.rank == 0) RecordFinalEvaluation();
   }
   // The final adapter: the full fp32 weights gathered, written by rank 0.
   QLORA_ASSIGN_OR_RETURN(std::vector<at::Tensor> weights, strategy_->GatherMasterWeights());

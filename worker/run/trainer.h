@@ -22,6 +22,7 @@
 #include "worker/engine/llama_model.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/run/micro_batches.h"
+#include "worker/run/run_metrics.h"
 #include "worker/run/step_batches.h"
 #include "worker/run/training_job.h"
 #include "worker/strategy/strategy.h"
@@ -62,6 +63,10 @@ class Trainer {
   absl::Status OpenData();
   absl::Status PlanSchedule();
   void Log(const std::string& line) const;
+  // Rank 0: the step's metrics into runs/ and metrics.jsonl (opened on first use; a failure is
+  // logged once and stops metrics, never training).
+  void RecordMetrics(const StepResult& result, const ProgressSnapshot& p, bool evaluated);
+  void RecordFinalEvaluation();
   ProgressSnapshot Progress(const StepResult& result) const;
 
   const TrainingContext& context_;
@@ -80,6 +85,8 @@ class Trainer {
   double eval_loss_;                                // NaN until evaluated
   double started_ = 0;                              // steady-clock seconds at the first step
   double last_checkpoint_ = 0;                      // steady-clock seconds of the last save (or start)
+  std::unique_ptr<RunMetrics> metrics_;             // rank 0, once opened
+  bool metrics_failed_ = false;
 };
 
 }  // namespace qlora::worker

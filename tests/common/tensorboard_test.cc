@@ -1,0 +1,83 @@
+// The TensorBoard event writer against tensorboard itself: scalars written per step are what
+// tensorboard's EventAccumulator reads back (tag, step, value); CRC-32C against known vectors.
+#include "common/tensorboard/event_file_writer.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "common/tensorboard/crc32c.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/util/temp_dir.h"
+
+namespace qlora::tensorboard {
+namespace {
+
+TEST(CommonTensorboard, Crc32cMatchesKnownVectors) {
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);  // the CRC-32C check value (RFC 3720)
+  EXPECT_EQ(Crc32c(std::string(32, '\0')), 0x8A9136AAu);
+  EXPECT_EQ(Crc32c(""), 0u);
+}
+
+std::string Run(const std::string& command) {
+  std::string out;
+  std::FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+TEST(CommonTensorboard, TensorboardReadsEveryScalarBack) {
+  const char* python = std::getenv("QLORA_PYTHON");
+  const char* source = std::getenv("QLORA_SOURCE_DIR");
+  if (python == nullptr || *python == '\0' || source == nullptr) {
+    GTEST_SKIP() << "QLORA_PYTHON / QLORA_SOURCE_DIR not set: no tensorboard reference";
+  }
+  qlora::testing::TempDir dir;
+  {
+    EventFileOptions options;
+    options.wall_time = 1.7e9;
+    options.host = "test-host";
+    options.pid = 42;
+    auto writer = EventFileWriter::Open(dir.path() + "/runs", options);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    EXPECT_NE((*writer)->path().find("events.out.tfevents.1700000000.test-host.42.0"), std::string::npos);
+    for (int step = 1; step <= 300; ++step) {
+      ASSERT_TRUE((*writer)
+                      ->AddScalars(step, 1.7e9 + step,
+                                   {{"train/loss", 3.0f / step}, {"train/learning_rate", 1e-4f * step}})
+                      .ok());
+    }
+    ASSERT_TRUE((*writer)->AddScalars(300, 1.7e9 + 301, {{"eval/loss", 0.25f}}).ok());
+  }
+  // A second writer in the same folder makes a second file, never overwriting the first.
+  {
+    EventFileOptions options;
+    options.wall_time = 1.7e9;
+    options.host = "test-host";
+    options.pid = 42;
+    auto again = EventFileWriter::Open(dir.path() + "/runs", options);
+    ASSERT_TRUE(again.ok());
+    EXPECT_NE((*again)->path().find(".42.1"), std::string::npos);
+  }
+  const std::string out = Run(std::string("'") + python + "' '" + source +
+                              "/tests/common/read_events.py' '" + dir.path() + "/runs'");
+  const auto scalars = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(scalars.is_object()) << out;
+  ASSERT_EQ(scalars["train/loss"].size(), 300u) << out.substr(0, 500);
+  EXPECT_EQ(scalars["train/loss"][0][0], 1);
+  EXPECT_FLOAT_EQ(scalars["train/loss"][0][1].get<float>(), 3.0f);
+  EXPECT_EQ(scalars["train/loss"][299][0], 300);
+  EXPECT_FLOAT_EQ(scalars["train/loss"][299][1].get<float>(), 0.01f);
+  EXPECT_FLOAT_EQ(scalars["train/learning_rate"][9][1].get<float>(), 1e-3f);
+  ASSERT_EQ(scalars["eval/loss"].size(), 1u);
+  EXPECT_FLOAT_EQ(scalars["eval/loss"][0][1].get<float>(), 0.25f);
+}
+
+}  // namespace
+}  // namespace qlora::tensorboard

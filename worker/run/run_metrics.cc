@@ -1,0 +1,89 @@
+// TensorBoard scalars and metrics.jsonl lines for each optimizer step (see run_metrics.h).
+#include "worker/run/run_metrics.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/posix_files.h"
+#include "nlohmann/json.hpp"
+
+namespace qlora::worker {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RunMetrics>> RunMetrics::Open(const RunMetricsOptions& options) {
+  tensorboard::EventFileOptions event_options;
+  event_options.wall_time = options.wall_time;
+  event_options.host = options.host;
+  event_options.pid = options.pid;
+  absl::StatusOr<std::unique_ptr<tensorboard::EventFileWriter>> events =
+      tensorboard::EventFileWriter::Open(JoinPath(options.output_dir, "runs"), event_options);
+  if (!events.ok()) return events.status();
+  const std::string path = JoinPath(options.output_dir, "metrics.jsonl");
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+  std::FILE* file = fd < 0 ? nullptr : fdopen(fd, "ab");
+  if (file == nullptr) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", why));
+  }
+  return std::unique_ptr<RunMetrics>(new RunMetrics(std::move(*events), file));
+}
+
+RunMetrics::~RunMetrics() { std::fclose(jsonl_); }
+
+absl::Status RunMetrics::Record(const StepMetrics& m) {
+  std::vector<std::pair<std::string, float>> scalars = {
+      {"train/loss", static_cast<float>(m.loss)},
+      {"train/learning_rate", static_cast<float>(m.learning_rate)},
+      {"train/grad_norm", static_cast<float>(m.grad_norm)},
+      {"train/tokens_per_second", static_cast<float>(m.tokens_per_second)},
+      {"train/epoch", static_cast<float>(m.epoch)},
+      {"memory/device_allocated_gib", static_cast<float>(m.device_allocated_bytes / kGiB)},
+      {"memory/device_peak_gib", static_cast<float>(m.device_peak_bytes / kGiB)},
+  };
+  nlohmann::json line = {{"step", m.step},
+                         {"epoch", m.epoch},
+                         {"loss", m.loss},
+                         {"learning_rate", m.learning_rate},
+                         {"grad_norm", m.grad_norm},
+                         {"tokens_per_second", m.tokens_per_second},
+                         {"device_allocated_bytes", m.device_allocated_bytes},
+                         {"device_peak_bytes", m.device_peak_bytes},
+                         {"elapsed_seconds", m.elapsed_seconds},
+                         {"wall_time", m.wall_time}};
+  if (!std::isnan(m.eval_loss)) {
+    scalars.emplace_back("eval/loss", static_cast<float>(m.eval_loss));
+    line["eval_loss"] = m.eval_loss;
+  }
+  if (absl::Status s = events_->AddScalars(m.step, m.wall_time, scalars); !s.ok()) return s;
+  // Non-finite losses are written as null (JSON has no NaN); nlohmann does that by itself.
+  return WriteLine(line.dump());
+}
+
+absl::Status RunMetrics::RecordEvaluation(int64_t step, double wall_time, double eval_loss) {
+  if (absl::Status s = events_->AddScalars(step, wall_time, {{"eval/loss", static_cast<float>(eval_loss)}});
+      !s.ok()) {
+    return s;
+  }
+  return WriteLine(nlohmann::json{{"step", step}, {"eval_loss", eval_loss}, {"wall_time", wall_time}}.dump());
+}
+
+absl::Status RunMetrics::WriteLine(const std::string& json) {
+  const std::string text = json + "\n";
+  if (std::fwrite(text.data(), 1, text.size(), jsonl_) != text.size() || std::fflush(jsonl_) != 0) {
+    return absl::InternalError(absl::StrCat("cannot write metrics.jsonl: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace qlora::worker
