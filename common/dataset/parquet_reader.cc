@@ -3,7 +3,13 @@
 // CMakeLists.txt); what it exports is Arrow-free.
 #include "common/dataset/parquet_reader.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <utility>
 
@@ -41,9 +47,23 @@ absl::Status FromArrow(const arrow::Status& status, const std::string& path,
   return FileError(path, what, status.ToString());
 }
 
+// Opens as ByteRangeFile does: O_NONBLOCK, so that a FIFO or a device in a dataset's place
+// cannot block the coordinator's planner, and the type checked right after.
 absl::StatusOr<std::shared_ptr<arrow::io::ReadableFile>> OpenFile(const std::string& path) {
-  arrow::Result<std::shared_ptr<arrow::io::ReadableFile>> file = arrow::io::ReadableFile::Open(path);
-  if (!file.ok()) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", file.status().message()));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  arrow::Result<std::shared_ptr<arrow::io::ReadableFile>> file = arrow::io::ReadableFile::Open(fd);
+  if (!file.ok())  // the ReadableFile owned fd and closed it
+    return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, ": ", file.status().message()));
   return std::move(file).ValueUnsafe();
 }
 
