@@ -43,7 +43,8 @@ absl::Status FileError(const std::string& path, absl::string_view what, absl::st
 absl::Status FromArrow(const arrow::Status& status, const std::string& path,
                        absl::string_view what) {
   if (status.ok()) return absl::OkStatus();
-  if (status.IsIOError()) return absl::UnavailableError(absl::StrCat(path, ": ", what, ": ", status.ToString()));
+  // Arrow reports a corrupt page (a bad Thrift header) as an IOError too: the file is at fault,
+  // not the moment, so nothing here is worth a retry.
   return FileError(path, what, status.ToString());
 }
 
