@@ -1,6 +1,6 @@
 # Finds every third-party dependency once and exposes it as an imported target:
 #   gRPC::grpc++ protobuf::libprotobuf absl::* yaml-cpp SQLite::SQLite3 GTest::gtest gloo
-#   nlohmann_json::nlohmann_json, torch (LibTorch from the pinned wheel, see scripts/setup.sh),
+#   nlohmann_json::nlohmann_json, qlora::parquet (Arrow/Parquet C++), torch (LibTorch from the pinned wheel, see scripts/setup.sh),
 #   and CUDA when QLORA_CUDA allows it. QLORA_TORCH_FREE_ONLY needs neither Gloo, CUDA nor torch.
 if(QLORA_DEPS_PREFIX)
   list(PREPEND CMAKE_PREFIX_PATH "${QLORA_DEPS_PREFIX}")
@@ -17,6 +17,24 @@ find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin HINTS "${QLORA_DEPS_PREFIX}/bin" RE
 if(QLORA_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()
+
+# Arrow/Parquet C++ from the pinned pyarrow wheel (scripts/setup.sh unpacks it into a versioned
+# cache; scripts/build.sh sets QLORA_ARROW_ROOT). The wheel has no CMake package files, so the
+# target is made here. Arrow's headers need C++20: only common/dataset/parquet_reader.cc
+# includes them (see common/dataset/CMakeLists.txt).
+set(QLORA_ARROW_ROOT "$ENV{QLORA_ARROW_ROOT}" CACHE PATH "Arrow/Parquet C++ root (include/, lib/)")
+if(NOT QLORA_ARROW_ROOT AND DEFINED ENV{QLORA_ARROW_ROOT})
+  set(QLORA_ARROW_ROOT "$ENV{QLORA_ARROW_ROOT}")
+endif()
+find_path(QLORA_ARROW_INCLUDE_DIR parquet/arrow/reader.h
+  HINTS "${QLORA_ARROW_ROOT}/include" NO_DEFAULT_PATH REQUIRED)
+find_library(QLORA_ARROW_LIBRARY arrow HINTS "${QLORA_ARROW_ROOT}/lib" NO_DEFAULT_PATH REQUIRED)
+find_library(QLORA_PARQUET_LIBRARY parquet HINTS "${QLORA_ARROW_ROOT}/lib" NO_DEFAULT_PATH REQUIRED)
+add_library(qlora_parquet_libs INTERFACE)
+add_library(qlora::parquet ALIAS qlora_parquet_libs)
+target_link_libraries(qlora_parquet_libs INTERFACE ${QLORA_PARQUET_LIBRARY} ${QLORA_ARROW_LIBRARY})
+target_include_directories(qlora_parquet_libs SYSTEM INTERFACE ${QLORA_ARROW_INCLUDE_DIR})
+message(STATUS "qlora: Arrow/Parquet C++ from ${QLORA_ARROW_INCLUDE_DIR}")
 
 set(QLORA_HAVE_CUDA OFF)
 if(QLORA_TORCH_FREE_ONLY)

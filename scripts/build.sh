@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Configures and builds the project into ${BUILD_DIR:-build} against the cached LibTorch.
+# Configures and builds the project into ${BUILD_DIR:-build} against the cached LibTorch and
+# Arrow/Parquet C++ (QLORA_ARROW_ROOT, read by cmake/Dependencies.cmake at every configure).
 # Runs scripts/setup.sh first (quick when everything is already installed).
 #   scripts/build.sh [ninja targets...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-eval "$("$root/scripts/setup.sh" | grep -E '^(LIBTORCH|PYENV)=')"
+eval "$("$root/scripts/setup.sh" | grep -E '^(LIBTORCH|PYENV|ARROW)=')"
+export QLORA_ARROW_ROOT=${QLORA_ARROW_ROOT:-$ARROW}
 build=${BUILD_DIR:-$root/build}
 jobs=${QLORA_JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-${QLORA_CACHE:-$HOME/.cache/qlora}/ccache}

@@ -3,6 +3,8 @@
 #   - Debian packages (compilers, gRPC, protobuf, Abseil, yaml-cpp, SQLite, GoogleTest, Gloo, ...)
 #   - LibTorch, unpacked from the pinned torch==2.11.0 wheel into a versioned cache outside the
 #     checkout ($QLORA_CACHE, default ~/.cache/qlora), reused by every later clone.
+#   - Apache Arrow/Parquet C++ (headers and libarrow/libparquet), unpacked from the pinned
+#     pyarrow==26.0.1 wheel into the same kind of versioned cache: Debian has no Arrow package.
 #   - A Python virtual environment for the reference tests only (transformers, peft, ...):
 #     never used by the product.
 # A second run does nothing but checks. Prints the cache paths it set up.
@@ -11,6 +13,8 @@ TORCH_VERSION=2.11.0
 CACHE=${QLORA_CACHE:-$HOME/.cache/qlora}
 LIBTORCH=$CACHE/libtorch-$TORCH_VERSION-v2
 PYENV=$CACHE/pyenv-$TORCH_VERSION-v1
+ARROW_VERSION=26.0.1
+ARROW=$CACHE/arrow-$ARROW_VERSION-v1
 RAY_VERSION=2.60.0
 RAYENV=$CACHE/rayenv-$RAY_VERSION-v1
 mkdir -p "$CACHE"
@@ -57,6 +61,29 @@ if [ ! -f "$LIBTORCH/.complete" ]; then
   touch "$LIBTORCH/.complete"
 fi
 
+# Arrow C++ for the Parquet reader (common/dataset/parquet_reader.cc): the pyarrow wheel ships
+# its headers and its shared libraries (built with the C++11 ABI, as LibTorch and Debian's
+# libraries are; linking checks it). Only libarrow and libparquet are kept, with the
+# unversioned names the linker looks for; the wheel stays for the Python environment.
+if [ ! -f "$ARROW/.complete" ]; then
+  echo "setup: fetching pyarrow==$ARROW_VERSION wheel for Arrow/Parquet C++ (once per machine)"
+  tmp=$(mktemp -d "$CACHE/dl.XXXXXX")
+  $PY -m pip download -q --no-deps --only-binary=:all: "pyarrow==$ARROW_VERSION" -d "$tmp"
+  rm -rf "$ARROW"; mkdir -p "$ARROW/lib"
+  whl=$(ls "$tmp"/pyarrow-*.whl)
+  ( cd "$tmp" && unzip -q "$whl" 'pyarrow/include/arrow/*' 'pyarrow/include/parquet/*' \
+      'pyarrow/libarrow.so.*' 'pyarrow/libparquet.so.*' )
+  mv "$tmp/pyarrow/include" "$ARROW/include"
+  for lib in arrow parquet; do
+    so=$(cd "$tmp/pyarrow" && ls lib$lib.so.*)
+    mv "$tmp/pyarrow/$so" "$ARROW/lib/"
+    ln -s "$so" "$ARROW/lib/lib$lib.so"
+  done
+  cp "$whl" "$ARROW/"
+  rm -rf "$tmp"
+  touch "$ARROW/.complete"
+fi
+
 # The environment records the hash of the pinned list it was synced to (.complete); a changed
 # list re-syncs the packages in place (pip installs only what differs).
 requirements="$(cd "$(dirname "$0")" && pwd)/requirements-test.txt"
@@ -71,7 +98,8 @@ if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ ! -x "$PYENV/bin/python" ]; then
 fi
 if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$PYENV/.complete" 2>/dev/null)" != "$want" ]; then
   echo "setup: syncing the Python reference environment to $(basename "$requirements")"
-  "$PYENV/bin/pip" install -q -r "$requirements"
+  # --find-links: pyarrow comes from the wheel kept in the Arrow cache, not a second download.
+  "$PYENV/bin/pip" install -q --find-links "$ARROW" -r "$requirements"
   echo "$want" > "$PYENV/.complete"
 fi
 # The Ray cluster of the multi-host tests (scripts/requirements-ray.txt), in its own environment.
@@ -85,4 +113,5 @@ if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$RAYENV/.complete" 2>/dev/null
 fi
 echo "LIBTORCH=$LIBTORCH/torch"
 echo "PYENV=$PYENV"
+echo "ARROW=$ARROW"
 echo "RAYENV=$RAYENV"

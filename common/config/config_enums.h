@@ -19,7 +19,7 @@ enum class StrategyType { kDeepSpeed, kDdp };             // backend.trainer.str
 enum class BackendType { kLocal, kRay };                  // backend.type
 // backend.trainer.placement_strategy: Ray's strategies for one bundle per worker.
 enum class PlacementStrategy { kPack, kSpread, kStrictPack, kStrictSpread };
-enum class DatasetFormat { kAuto, kJsonl, kCsv, kText };  // data.format
+enum class DatasetFormat { kAuto, kJsonl, kCsv, kText, kParquet };  // data.format
 enum class MalformedRecords { kFail, kSkip };             // data.malformed_records
 
 template <typename E>
@@ -51,7 +51,8 @@ QLORA_ENUM_TABLE(PlacementStrategy, {PlacementStrategy::kPack, "PACK"},
                  {PlacementStrategy::kSpread, "SPREAD"}, {PlacementStrategy::kStrictPack, "STRICT_PACK"},
                  {PlacementStrategy::kStrictSpread, "STRICT_SPREAD"});
 QLORA_ENUM_TABLE(DatasetFormat, {DatasetFormat::kAuto, "auto"}, {DatasetFormat::kJsonl, "jsonl"},
-                 {DatasetFormat::kCsv, "csv"}, {DatasetFormat::kText, "text"});
+                 {DatasetFormat::kCsv, "csv"}, {DatasetFormat::kText, "text"},
+                 {DatasetFormat::kParquet, "parquet"});
 QLORA_ENUM_TABLE(MalformedRecords, {MalformedRecords::kFail, "fail"},
                  {MalformedRecords::kSkip, "skip"});
 

@@ -13,7 +13,7 @@ absl::StatusOr<DataFormat> ResolveFormat(absl::string_view format, absl::string_
   std::optional<DatasetFormat> known = ParseEnumName<DatasetFormat>(format.empty() ? "auto" : format);
   if (!known)
     return absl::InvalidArgumentError(
-        absl::StrCat("data.format: unknown format '", format, "' (jsonl, csv, text or auto)"));
+        absl::StrCat("data.format: unknown format '", format, "' (jsonl, csv, text, parquet or auto)"));
   return ResolveFormat(*known, path);
 }
 
@@ -22,6 +22,7 @@ absl::StatusOr<DataFormat> ResolveFormat(DatasetFormat format, absl::string_view
     case DatasetFormat::kJsonl: return DataFormat::kJsonl;
     case DatasetFormat::kCsv: return DataFormat::kCsv;
     case DatasetFormat::kText: return DataFormat::kText;
+    case DatasetFormat::kParquet: return DataFormat::kParquet;
     case DatasetFormat::kAuto: break;
   }
   std::string lower = absl::AsciiStrToLower(path);
@@ -29,8 +30,9 @@ absl::StatusOr<DataFormat> ResolveFormat(DatasetFormat format, absl::string_view
     if (absl::EndsWith(lower, ext)) return DataFormat::kJsonl;
   if (absl::EndsWith(lower, ".csv")) return DataFormat::kCsv;
   if (absl::EndsWith(lower, ".txt") || absl::EndsWith(lower, ".text")) return DataFormat::kText;
+  if (absl::EndsWith(lower, ".parquet")) return DataFormat::kParquet;
   return absl::InvalidArgumentError(absl::StrCat(
-      "cannot tell the format of ", path, " from its name; set data.format (jsonl, csv, text)"));
+      "cannot tell the format of ", path, " from its name; set data.format (jsonl, csv, text, parquet)"));
 }
 
 absl::string_view FormatName(DataFormat format) {
@@ -38,6 +40,7 @@ absl::string_view FormatName(DataFormat format) {
     case DataFormat::kJsonl: return "jsonl";
     case DataFormat::kCsv: return "csv";
     case DataFormat::kText: return "text";
+    case DataFormat::kParquet: return "parquet";
   }
   return "?";
 }

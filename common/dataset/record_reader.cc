@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/dataset/parquet_reader.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -138,11 +139,12 @@ class TextReader : public LineReader {
 RecordReader::RecordReader(const ShardSpec& shard, const ReaderOptions& options,
                            std::unique_ptr<ByteRangeFile> file)
     : shard_(shard), options_(options), file_(std::move(file)) {
-  file_->Seek(shard_.begin, shard_.end);
+  if (file_) file_->Seek(shard_.begin, shard_.end);
 }
 
 absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec& shard,
                                                                  const ReaderOptions& options) {
+  if (options.format == DataFormat::kParquet) return OpenParquetReader(shard, options);
   QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(shard.path));
   if (shard.begin < 0 || shard.end < shard.begin || shard.end > file->size())
     return absl::InvalidArgumentError(
@@ -155,6 +157,8 @@ absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec
       return std::unique_ptr<RecordReader>(new TextReader(shard, options, std::move(file)));
     case DataFormat::kCsv:
       return OpenCsvReader(shard, options, std::move(file));
+    case DataFormat::kParquet:
+      break;  // opened above
   }
   return absl::InvalidArgumentError("unknown data format");
 }

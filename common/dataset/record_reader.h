@@ -1,5 +1,6 @@
 // Streaming record readers over one shard (a byte range of one file), in constant memory: JSON
-// Lines, CSV (RFC 4180) and plain text. One buffer and one record are held at a time.
+// Lines, CSV (RFC 4180) and plain text; Parquet (row ranges) in parquet_reader.h. One buffer and
+// one record are held at a time.
 //
 //  - JSON Lines: one JSON object per line; blank lines are not records.
 //  - CSV: the first record of the file is the header (read from offset 0 by every shard);
@@ -30,6 +31,10 @@ struct ReaderOptions {
   bool skip_malformed = false;           // DataConfig::malformed_records == "skip"
   int64_t max_record_bytes = 1 << 20;    // longer records are malformed (bounds memory)
   size_t kept_messages = 16;             // how many malformed-record messages to keep
+  // The columns the job reads (ExampleBuilder::Columns), both empty = all. Parquet reads only
+  // these and refuses a file that lacks a required one; the text formats read every column.
+  std::vector<std::string> columns;           // required
+  std::vector<std::string> optional_columns;  // read when the file has them
 };
 
 class RecordReader {
@@ -57,7 +62,7 @@ class RecordReader {
 
   ShardSpec shard_;
   ReaderOptions options_;
-  std::unique_ptr<ByteRangeFile> file_;
+  std::unique_ptr<ByteRangeFile> file_;  // null for Parquet (parquet_reader.cc reads the file)
 
  private:
   absl::StatusOr<int64_t> FileLine(int64_t lines_before);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/dataset/csv_syntax.h"
+#include "common/dataset/parquet_reader.h"
 
 namespace qlora::data {
 namespace {
@@ -109,6 +110,31 @@ absl::StatusOr<int64_t> SpeculativeCsvStart(ByteRangeFile& file, int64_t offset,
   return start;
 }
 
+// Parquet: rows [begin, end) from the footer alone. With at least as many row groups as shards,
+// cuts fall on row-group boundaries (the first at or after each equal row share), so a rank
+// decodes only its own row groups; with fewer, cuts fall at the equal row shares themselves
+// and the ranks sharing a row group each decode it and keep their rows.
+absl::StatusOr<std::vector<ShardSpec>> SplitParquetFile(const std::string& path, int num_shards) {
+  QLORA_ASSIGN_OR_RETURN(ParquetLayout layout, ReadParquetLayout(path));
+  std::vector<int64_t> boundaries;  // row-group starts after the first, then the row count
+  for (int64_t start = 0, g = 0; g < static_cast<int64_t>(layout.row_group_rows.size()); ++g) {
+    start += layout.row_group_rows[g];
+    boundaries.push_back(start);
+  }
+  const bool by_row_group = static_cast<int64_t>(layout.row_group_rows.size()) >= num_shards;
+  std::vector<ShardSpec> shards;
+  int64_t begin = 0;
+  for (int i = 1; i <= num_shards && begin < layout.rows; ++i) {
+    int64_t end = static_cast<int64_t>(static_cast<long double>(layout.rows) * i / num_shards);
+    if (i == num_shards) end = layout.rows;
+    if (by_row_group) end = *std::lower_bound(boundaries.begin(), boundaries.end(), end);
+    if (end <= begin) continue;
+    shards.push_back({path, begin, end, begin + 1});
+    begin = end;
+  }
+  return shards;
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> FindRecordStart(ByteRangeFile& file, DataFormat format, int64_t offset,
@@ -152,6 +178,7 @@ absl::StatusOr<std::vector<ShardSpec>> SplitFile(const std::string& path, int nu
                                                  const ShardPlanOptions& options) {
   if (num_shards < 1) return absl::InvalidArgumentError("num_shards must be >= 1");
   QLORA_ASSIGN_OR_RETURN(DataFormat format, ResolveFormat(options.format, path));
+  if (format == DataFormat::kParquet) return SplitParquetFile(path, num_shards);
   QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(path));
   QLORA_ASSIGN_OR_RETURN(DataStart data, FindDataStart(*file, format));
   const int64_t size = file->size();

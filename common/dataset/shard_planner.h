@@ -16,6 +16,9 @@
 //    fields are shorter than max_record_bytes; a malformed region near a cut costs a
 //    sequential scan from the previous cut, and there the cut follows the lenient parse that
 //    the reader also uses, so shards still tile the file.
+//  - Parquet: shards are row ranges read from the footer only (SplitParquetFile in
+//    shard_planner.cc): row-group boundaries when the file has at least as many row groups as
+//    shards, else equal row shares inside row groups. PlanShards balances them by rows.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // CheckDatasetFiles: every file of the training and validation lists must be a regular,
-// non-empty file; stat only.
+// non-empty file (stat only); a Parquet file must also have a readable footer.
 #include "coordinator/dataset_check.h"
 
 #include <sys/stat.h>
@@ -33,6 +33,20 @@ TEST(CoordinatorDatasetCheckTest, EveryFileOfACommaSeparatedListIsChecked) {
   status = CheckDatasetFiles(data);
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(status.message(), HasSubstr("dataset: cannot stat '" + dir.path() + "/missing.jsonl'"));
+}
+
+TEST(CoordinatorDatasetCheckTest, AParquetFileWhoseFooterDoesNotReadIsRefused) {
+  TempDir dir;
+  // "PAR1" at both ends, but no valid footer between them (as a truncated upload can look).
+  const std::string bad = WriteFile(dir.path() + "/bad.parquet", "PAR1 not really parquet PAR1");
+  DataConfig data;
+  data.train_path = bad;
+  absl::Status status = CheckDatasetFiles(data);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("dataset: " + bad + ": not a readable Parquet file"));
+  // The same bytes under a JSON Lines name are left to the reader's malformed-record policy.
+  data.train_path = WriteFile(dir.path() + "/bad.jsonl", "PAR1 not really parquet PAR1");
+  EXPECT_TRUE(CheckDatasetFiles(data).ok());
 }
 
 }  // namespace

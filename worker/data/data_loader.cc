@@ -25,8 +25,10 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(std::vector<Shard
   if (options.validation_fraction < 0 || options.validation_fraction >= 1)
     return absl::InvalidArgumentError("data.validation_fraction must be in [0, 1)");
   QLORA_ASSIGN_OR_RETURN(ExampleBuilder builder, ExampleBuilder::Create(options.example, tokenizer));
+  LoaderOptions resolved = options;  // the reader reads the columns the builder uses
+  builder.Columns(&resolved.reader.columns, &resolved.reader.optional_columns);
   std::unique_ptr<DataLoader> loader(
-      new DataLoader(std::move(shards), tokenizer, options, std::move(builder)));
+      new DataLoader(std::move(shards), tokenizer, resolved, std::move(builder)));
   QLORA_RETURN_IF_ERROR(loader->StartEpoch(0));
   return loader;
 }

@@ -1,6 +1,8 @@
 // Prompt templates, chat layout, masking and truncation (see example_builder.h).
 #include "worker/data/example_builder.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -109,6 +111,22 @@ absl::StatusOr<ExampleBuilder> ExampleBuilder::Create(const ExampleOptions& opti
   if (!literal.empty()) section.pieces.push_back({false, std::move(literal)});
   builder.sections_.push_back(std::move(section));
   return builder;
+}
+
+void ExampleBuilder::Columns(std::vector<std::string>* required,
+                             std::vector<std::string>* optional) const {
+  auto add = [](std::vector<std::string>* to, const std::string& column) {
+    if (std::find(to->begin(), to->end(), column) == to->end()) to->push_back(column);
+  };
+  switch (options_.layout) {
+    case ExampleLayout::kChat: add(required, "messages"); return;
+    case ExampleLayout::kText: add(required, options_.input_columns[0]); return;
+    case ExampleLayout::kInstruction: break;
+  }
+  for (const Section& section : sections_)
+    for (const Piece& piece : section.pieces)
+      if (piece.is_column) add(piece.text == section.optional_column ? optional : required, piece.text);
+  add(required, options_.output_column);
 }
 
 absl::Status ExampleBuilder::Append(absl::string_view text, bool train, Example* example) const {

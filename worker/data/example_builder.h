@@ -70,6 +70,10 @@ class ExampleBuilder {
   // without file and line (the caller adds them and applies the malformed-record policy).
   absl::StatusOr<bool> Build(const Record& record, Example* example);
 
+  // The columns Build reads: those it needs, and those it uses when present (the default
+  // template's further input columns). Parquet reads only these (ReaderOptions::columns).
+  void Columns(std::vector<std::string>* required, std::vector<std::string>* optional) const;
+
   const ExampleStats& stats() const { return stats_; }
   void ResetStats() { stats_ = ExampleStats(); }
 

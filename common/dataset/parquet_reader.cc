@@ -1,0 +1,308 @@
+// The Parquet footer reader and record reader (see parquet_reader.h): the only file of the data
+// path that includes Arrow. Compiled as C++20 (Arrow's headers need it; common/dataset/
+// CMakeLists.txt); what it exports is Arrow-free.
+#include "common/dataset/parquet_reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "arrow/api.h"
+#include "arrow/io/file.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "parquet/arrow/reader.h"
+#include "parquet/arrow/schema.h"
+#include "parquet/exception.h"
+#include "parquet/file_reader.h"
+#include "parquet/metadata.h"
+#include "parquet/properties.h"
+
+namespace qlora::data {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Rows per decoded batch: bounds memory (one batch of the selected columns) and costs little.
+constexpr int64_t kBatchRows = 256;
+// As the JSON Lines reader: deeper values are malformed (nothing real nests this deep).
+constexpr int kMaxJsonDepth = 128;
+
+absl::Status FileError(const std::string& path, absl::string_view what, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, ": ", why));
+}
+
+absl::Status FromArrow(const arrow::Status& status, const std::string& path,
+                       absl::string_view what) {
+  if (status.ok()) return absl::OkStatus();
+  // Arrow reports a corrupt page (a bad Thrift header) as an IOError too: the file is at fault,
+  // not the moment, so nothing here is worth a retry.
+  return FileError(path, what, status.ToString());
+}
+
+// Opens as ByteRangeFile does: O_NONBLOCK, so that a FIFO or a device in a dataset's place
+// cannot block the coordinator's planner, and the type checked right after.
+absl::StatusOr<std::shared_ptr<arrow::io::ReadableFile>> OpenFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  }
+  arrow::Result<std::shared_ptr<arrow::io::ReadableFile>> file = arrow::io::ReadableFile::Open(fd);
+  if (!file.ok())  // the ReadableFile owned fd and closed it
+    return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, ": ", file.status().message()));
+  return std::move(file).ValueUnsafe();
+}
+
+// The JSON value of a[i]; *too_deep when it nests more than kMaxJsonDepth levels.
+Json ToJson(const arrow::Array& a, int64_t i, int depth, bool* too_deep) {
+  if (a.IsNull(i)) return nullptr;
+  if (depth > kMaxJsonDepth) {
+    *too_deep = true;
+    return nullptr;
+  }
+  auto list = [&](const arrow::Array& values, int64_t offset, int64_t length) {
+    Json out = Json::array();
+    for (int64_t k = 0; k < length; ++k) out.push_back(ToJson(values, offset + k, depth + 1, too_deep));
+    return out;
+  };
+  switch (a.type_id()) {
+    case arrow::Type::BOOL: return static_cast<const arrow::BooleanArray&>(a).Value(i);
+    case arrow::Type::INT8: return static_cast<const arrow::Int8Array&>(a).Value(i);
+    case arrow::Type::INT16: return static_cast<const arrow::Int16Array&>(a).Value(i);
+    case arrow::Type::INT32: return static_cast<const arrow::Int32Array&>(a).Value(i);
+    case arrow::Type::INT64: return static_cast<const arrow::Int64Array&>(a).Value(i);
+    case arrow::Type::UINT8: return static_cast<const arrow::UInt8Array&>(a).Value(i);
+    case arrow::Type::UINT16: return static_cast<const arrow::UInt16Array&>(a).Value(i);
+    case arrow::Type::UINT32: return static_cast<const arrow::UInt32Array&>(a).Value(i);
+    case arrow::Type::UINT64: return static_cast<const arrow::UInt64Array&>(a).Value(i);
+    case arrow::Type::FLOAT: return static_cast<const arrow::FloatArray&>(a).Value(i);
+    case arrow::Type::DOUBLE: return static_cast<const arrow::DoubleArray&>(a).Value(i);
+    case arrow::Type::STRING:
+    case arrow::Type::BINARY:
+      return std::string(static_cast<const arrow::BinaryArray&>(a).GetView(i));
+    case arrow::Type::LARGE_STRING:
+    case arrow::Type::LARGE_BINARY:
+      return std::string(static_cast<const arrow::LargeBinaryArray&>(a).GetView(i));
+    case arrow::Type::STRING_VIEW:
+    case arrow::Type::BINARY_VIEW:
+      return std::string(static_cast<const arrow::BinaryViewArray&>(a).GetView(i));
+    case arrow::Type::FIXED_SIZE_BINARY:
+      return std::string(static_cast<const arrow::FixedSizeBinaryArray&>(a).GetView(i));
+    case arrow::Type::DICTIONARY: {
+      const auto& d = static_cast<const arrow::DictionaryArray&>(a);
+      return ToJson(*d.dictionary(), d.GetValueIndex(i), depth, too_deep);
+    }
+    case arrow::Type::LIST:
+    case arrow::Type::MAP: {  // a map's values are struct<key, value>
+      const auto& l = static_cast<const arrow::ListArray&>(a);
+      return list(*l.values(), l.value_offset(i), l.value_length(i));
+    }
+    case arrow::Type::LARGE_LIST: {
+      const auto& l = static_cast<const arrow::LargeListArray&>(a);
+      return list(*l.values(), l.value_offset(i), l.value_length(i));
+    }
+    case arrow::Type::FIXED_SIZE_LIST: {
+      const auto& l = static_cast<const arrow::FixedSizeListArray&>(a);
+      return list(*l.values(), l.value_offset(i), l.value_length(i));
+    }
+    case arrow::Type::STRUCT: {
+      const auto& s = static_cast<const arrow::StructArray&>(a);
+      Json out = Json::object();
+      for (int k = 0; k < s.num_fields(); ++k)
+        out[s.type()->field(k)->name()] = ToJson(*s.field(k), i, depth + 1, too_deep);
+      return out;
+    }
+    default: {
+      arrow::Result<std::shared_ptr<arrow::Scalar>> scalar = a.GetScalar(i);
+      return scalar.ok() ? (*scalar)->ToString() : std::string();
+    }
+  }
+}
+
+// a[i] as record text (parquet_reader.h says how); *reason when it is malformed.
+std::string ValueText(const arrow::Array& a, int64_t i, std::string* reason) {
+  if (a.IsNull(i)) return std::string();
+  bool too_deep = false;
+  Json value = ToJson(a, i, 1, &too_deep);
+  if (too_deep) {
+    *reason = absl::StrCat("value nested more than ", kMaxJsonDepth, " levels deep");
+    return std::string();
+  }
+  if (value.is_string()) return value.get_ref<const std::string&>();
+  // Binary inside a list or struct may not be UTF-8: replaced (U+FFFD), never thrown.
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// The leaf (Parquet column) indices under a top-level field, in schema order.
+void Leaves(const parquet::arrow::SchemaField& field, std::vector<int>* out) {
+  if (field.is_leaf()) out->push_back(field.column_index);
+  for (const parquet::arrow::SchemaField& child : field.children) Leaves(child, out);
+}
+
+class ParquetReader : public RecordReader {
+ public:
+  ParquetReader(const ShardSpec& shard, const ReaderOptions& options)
+      : RecordReader(shard, options, nullptr) {
+    shard_.first_line = shard_.begin + 1;
+  }
+
+  absl::Status Init() {
+    QLORA_ASSIGN_OR_RETURN(std::shared_ptr<arrow::io::ReadableFile> file, OpenFile(shard_.path));
+    parquet::ReaderProperties properties = parquet::default_reader_properties();
+    properties.enable_buffered_stream();  // pages as they are decoded, not whole column chunks
+    parquet::ArrowReaderProperties arrow_properties;
+    arrow_properties.set_batch_size(kBatchRows);
+    arrow_properties.set_use_threads(false);
+    arrow_properties.set_pre_buffer(false);
+    parquet::arrow::FileReaderBuilder builder;
+    QLORA_RETURN_IF_ERROR(FromArrow(builder.Open(file, properties), shard_.path,
+                                    "not a readable Parquet file"));
+    arrow::Result<std::unique_ptr<parquet::arrow::FileReader>> reader =
+        builder.properties(arrow_properties)->Build();
+    QLORA_RETURN_IF_ERROR(FromArrow(reader.status(), shard_.path, "not a readable Parquet file"));
+    reader_ = std::move(reader).ValueUnsafe();
+
+    // The columns: the job's, in file order; a missing one is a file-level error.
+    const auto& fields = reader_->manifest().schema_fields;
+    std::vector<int> leaves;
+    std::vector<std::string> names;
+    for (const parquet::arrow::SchemaField& field : fields) names.push_back(field.field->name());
+    for (const std::string& column : options_.columns)
+      if (std::find(names.begin(), names.end(), column) == names.end())
+        return absl::InvalidArgumentError(absl::StrCat(
+            shard_.path, ": no column '", column, "' (the file has: ", absl::StrJoin(names, ", "),
+            ")"));
+    const std::vector<std::string>& want = options_.columns;
+    const std::vector<std::string>& maybe = options_.optional_columns;
+    const bool all = want.empty() && maybe.empty();
+    for (const parquet::arrow::SchemaField& field : fields) {
+      const std::string& name = field.field->name();
+      if (all || std::find(want.begin(), want.end(), name) != want.end() ||
+          std::find(maybe.begin(), maybe.end(), name) != maybe.end())
+        Leaves(field, &leaves);
+    }
+
+    // The row groups that overlap [begin, end).
+    const std::shared_ptr<parquet::FileMetaData> metadata = reader_->parquet_reader()->metadata();
+    std::vector<int> groups;
+    int64_t first = 0;
+    for (int g = 0; g < metadata->num_row_groups(); ++g) {
+      const int64_t rows = metadata->RowGroup(g)->num_rows();
+      if (first + rows > shard_.begin && first < shard_.end) {
+        if (groups.empty()) row_ = first;
+        groups.push_back(g);
+      }
+      first += rows;
+    }
+    if (shard_.end > first)
+      return absl::InvalidArgumentError(absl::StrCat("shard rows [", shard_.begin, ", ", shard_.end,
+                                                     ") are outside ", shard_.path, " (", first,
+                                                     " rows)"));
+    if (groups.empty() || leaves.empty()) return absl::OkStatus();
+    arrow::Result<std::unique_ptr<arrow::RecordBatchReader>> batches =
+        reader_->GetRecordBatchReader(groups, leaves);
+    QLORA_RETURN_IF_ERROR(FromArrow(batches.status(), shard_.path, "cannot read Parquet rows"));
+    batches_ = std::move(batches).ValueUnsafe();
+    return absl::OkStatus();
+  }
+
+ protected:
+  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
+                                 std::string* reason) override {
+    try {
+      return ParseRow(record, lines_before, reason);
+    } catch (const std::exception& e) {  // Parquet's decoders throw on corrupt pages
+      return FileError(shard_.path, absl::StrCat("cannot read Parquet row ", row_ + 1), e.what());
+    }
+  }
+
+ private:
+  absl::StatusOr<bool> ParseRow(Record* record, int64_t* lines_before, std::string* reason) {
+    while (true) {
+      if (!batches_ || row_ >= shard_.end) return false;
+      if (!batch_ || batch_row_ >= batch_->num_rows()) {
+        QLORA_RETURN_IF_ERROR(FromArrow(batches_->ReadNext(&batch_), shard_.path,
+                                        absl::StrCat("cannot read Parquet rows after row ", row_)));
+        batch_row_ = 0;
+        if (!batch_) return false;
+        continue;
+      }
+      if (row_ < shard_.begin) {  // rows of the first row group before the shard
+        const int64_t skip = std::min(batch_->num_rows() - batch_row_, shard_.begin - row_);
+        batch_row_ += skip;
+        row_ += skip;
+        continue;
+      }
+      break;
+    }
+    record->fields.clear();
+    record->offset = row_;
+    *lines_before = row_ - shard_.begin;
+    int64_t bytes = 0;
+    for (int c = 0; c < batch_->num_columns() && reason->empty(); ++c) {
+      std::string value = ValueText(*batch_->column(c), batch_row_, reason);
+      bytes += static_cast<int64_t>(value.size());
+      record->fields.emplace_back(batch_->schema()->field(c)->name(), std::move(value));
+    }
+    if (reason->empty() && bytes > options_.max_record_bytes)
+      *reason = absl::StrCat("record longer than max_record_bytes (", options_.max_record_bytes, ")");
+    if (!reason->empty()) record->fields.clear();
+    ++batch_row_;
+    ++row_;
+    return true;
+  }
+
+  std::unique_ptr<parquet::arrow::FileReader> reader_;
+  std::unique_ptr<arrow::RecordBatchReader> batches_;  // reads from reader_, so declared after
+  std::shared_ptr<arrow::RecordBatch> batch_;
+  int64_t batch_row_ = 0;  // the next row of batch_
+  int64_t row_ = 0;        // its row in the file
+};
+
+}  // namespace
+
+absl::StatusOr<ParquetLayout> ReadParquetLayout(const std::string& path) {
+  QLORA_ASSIGN_OR_RETURN(std::shared_ptr<arrow::io::ReadableFile> file, OpenFile(path));
+  ParquetLayout layout;
+  try {
+    std::shared_ptr<parquet::FileMetaData> metadata = parquet::ReadMetaData(file);
+    for (int g = 0; g < metadata->num_row_groups(); ++g) {
+      layout.row_group_rows.push_back(metadata->RowGroup(g)->num_rows());
+      layout.rows += layout.row_group_rows.back();
+    }
+  } catch (const std::exception& e) {
+    return FileError(path, "not a readable Parquet file", e.what());
+  }
+  return layout;
+}
+
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenParquetReader(const ShardSpec& shard,
+                                                                const ReaderOptions& options) {
+  if (shard.begin < 0 || shard.end < shard.begin)
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad Parquet shard rows [", shard.begin, ", ", shard.end, ") of ", shard.path));
+  auto reader = std::make_unique<ParquetReader>(shard, options);
+  try {
+    QLORA_RETURN_IF_ERROR(reader->Init());
+  } catch (const std::exception& e) {
+    return FileError(shard.path, "not a readable Parquet file", e.what());
+  }
+  return std::unique_ptr<RecordReader>(std::move(reader));
+}
+
+}  // namespace qlora::data
