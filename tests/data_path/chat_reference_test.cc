@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/data_path/test_util.h"
 #include "worker/data/chat_template/builtins.h"
+#include "worker/data/chat_template/chat_template.h"
 #include "worker/data/chat_template/evaluator.h"
 #include "worker/data/chat_template/lexer.h"
 #include "worker/data/chat_template/parser.h"

@@ -74,7 +74,8 @@ absl::StatusOr<ExampleBuilder> ExampleBuilder::Create(const ExampleOptions& opti
           " cannot map tokens back to the rendered text); set data.prompt_template: llama3_chat "
           "for the built-in LLaMA-3 layout"));
     builder.chat_template_ = std::make_shared<const ChatTemplate>(std::move(*compiled));
-    builder.chat_tokens_ = {chat.bos_token, chat.eos_token, chat.pad_token};
+    builder.chat_tokens_ = std::make_shared<const ChatTemplateTokens>(
+        ChatTemplateTokens{chat.bos_token, chat.eos_token, chat.pad_token});
     return builder;
   }
   if (options.layout == ExampleLayout::kChat) {
@@ -173,7 +174,7 @@ absl::Status ExampleBuilder::BuildChat(const Record& record, Example* example) c
   const std::string* messages_text = record.Find("messages");
   if (messages_text == nullptr) return absl::InvalidArgumentError("missing column 'messages'");
   if (chat_template_ != nullptr)
-    return BuildTemplateChat(*chat_template_, chat_tokens_, *tokenizer_, *messages_text, example);
+    return BuildTemplateChat(*chat_template_, *chat_tokens_, *tokenizer_, *messages_text, example);
   nlohmann::json messages = nlohmann::json::parse(*messages_text, nullptr, false);
   if (!messages.is_array())
     return absl::InvalidArgumentError("'messages' must be a JSON array of {role, content}");

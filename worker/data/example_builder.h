@@ -30,10 +30,12 @@
 
 #include "absl/status/statusor.h"
 #include "common/dataset/record.h"
-#include "worker/data/chat_template/chat_template.h"
 #include "worker/data/tokenizer.h"
 
 namespace qlora::data {
+
+class ChatTemplate;         // chat_template/chat_template.h
+struct ChatTemplateTokens;
 
 constexpr int32_t kIgnoreIndex = -100;
 
@@ -103,7 +105,7 @@ class ExampleBuilder {
   std::vector<Section> sections_;
   int32_t start_header_id_ = -1, end_header_id_ = -1, eot_id_ = -1;  // chat tokens
   std::shared_ptr<const ChatTemplate> chat_template_;  // the tokenizer's, when used
-  ChatTemplateTokens chat_tokens_;
+  std::shared_ptr<const ChatTemplateTokens> chat_tokens_;
   ExampleStats stats_;
 };
 
