@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/data/chat_example.h"
 
 namespace qlora::data {
 namespace {
@@ -40,6 +41,7 @@ absl::StatusOr<ExampleOptions> ExampleBuilder::OptionsFor(
              (input_columns.size() == 1 && input_columns[0] == "messages")) {
     options.layout = ExampleLayout::kChat;
     options.input_columns = {"messages"};
+    options.use_tokenizer_chat_template = prompt_template != kChatTemplateName;
   } else if (output_columns.empty()) {
     if (input_columns.empty())
       return absl::InvalidArgumentError("input_features: at least one column is needed");
@@ -61,6 +63,23 @@ absl::StatusOr<ExampleBuilder> ExampleBuilder::Create(const ExampleOptions& opti
     return absl::FailedPreconditionError(
         "the tokenizer has no EOS token (set eos_token in tokenizer_config.json)");
   ExampleBuilder builder(options, tokenizer);
+  const ChatConfig& chat = tokenizer->chat_config();
+  if (options.layout == ExampleLayout::kChat && options.use_tokenizer_chat_template &&
+      !chat.chat_template.empty()) {
+    absl::StatusOr<ChatTemplate> compiled = ChatTemplate::Compile(chat.chat_template);
+    if (!compiled.ok())
+      return absl::Status(compiled.status().code(),
+                          absl::StrCat("tokenizer_config.json: ", compiled.status().message()));
+    if (tokenizer->special().eos_id >= 0 && !tokenizer->TokenText(tokenizer->special().eos_id))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the tokenizer's chat_template needs a tokenizer.json tokenizer (", tokenizer->kind(),
+          " cannot map tokens back to the rendered text); set data.prompt_template: llama3_chat "
+          "for the built-in LLaMA-3 layout"));
+    builder.chat_template_ = std::make_shared<const ChatTemplate>(std::move(*compiled));
+    builder.chat_tokens_ = std::make_shared<const ChatTemplateTokens>(
+        ChatTemplateTokens{chat.bos_token, chat.eos_token, chat.pad_token});
+    return builder;
+  }
   if (options.layout == ExampleLayout::kChat) {
     builder.start_header_id_ = tokenizer->TokenToId("<|start_header_id|>");
     builder.end_header_id_ = tokenizer->TokenToId("<|end_header_id|>");
@@ -172,6 +191,8 @@ absl::Status ExampleBuilder::BuildInstruction(const Record& record, Example* exa
 absl::Status ExampleBuilder::BuildChat(const Record& record, Example* example) const {
   const std::string* messages_text = record.Find("messages");
   if (messages_text == nullptr) return absl::InvalidArgumentError("missing column 'messages'");
+  if (chat_template_ != nullptr)
+    return BuildTemplateChat(*chat_template_, *chat_tokens_, *tokenizer_, *messages_text, example);
   nlohmann::json messages = nlohmann::json::parse(*messages_text, nullptr, false);
   if (!messages.is_array())
     return absl::InvalidArgumentError("'messages' must be a JSON array of {role, content}");

@@ -10,9 +10,12 @@
 //    "### <C>:\n{c}\n\n" for each further column c (a section whose value is empty is left
 //    out, as Alpaca does for an empty input), then "### Response:\n".
 //  - Chat (a "messages" column holding [{"role", "content"}, ...]; selected when it is the only
-//    input feature or the template is "llama3_chat"): the LLaMA-3 instruct layout, BOS, then
-//    per message "<|start_header_id|>" role "<|end_header_id|>\n\n" content.strip() "<|eot_id|>";
-//    loss only on assistant content and its <|eot_id|>. Needs a tokenizer with those tokens.
+//    input feature or the template is "llama3_chat"): when the tokenizer has a chat template
+//    (tokenizer_config.json) and the template is not "llama3_chat", the conversation rendered by
+//    that template, ids as transformers' apply_chat_template, loss on the assistant spans
+//    (chat_example.h). Otherwise the built-in LLaMA-3 instruct layout: BOS, then per message
+//    "<|start_header_id|>" role "<|end_header_id|>\n\n" content.strip() "<|eot_id|>"; loss
+//    only on assistant content and its <|eot_id|>. Needs a tokenizer with those tokens.
 //  - Text (format text, or no output column): [BOS] + enc(text) + [EOS], loss on every token.
 //
 // Truncation to max_sequence_length cuts the tail (the end of the target and its EOS go
@@ -21,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +33,9 @@
 #include "worker/data/tokenizer.h"
 
 namespace qlora::data {
+
+class ChatTemplate;         // chat_template/chat_template.h
+struct ChatTemplateTokens;
 
 constexpr int32_t kIgnoreIndex = -100;
 
@@ -45,6 +52,9 @@ struct ExampleOptions {
   std::string output_column;               // output_features[0].name (instruction layout)
   std::string prompt_template;             // "" = the default above
   int max_sequence_length = 512;
+  // Chat layout: render the tokenizer's chat template when it has one (false for
+  // prompt_template "llama3_chat", which forces the built-in layout).
+  bool use_tokenizer_chat_template = true;
 };
 
 struct ExampleStats {
@@ -98,6 +108,8 @@ class ExampleBuilder {
   const Tokenizer* tokenizer_;
   std::vector<Section> sections_;
   int32_t start_header_id_ = -1, end_header_id_ = -1, eot_id_ = -1;  // chat tokens
+  std::shared_ptr<const ChatTemplate> chat_template_;  // the tokenizer's, when used
+  std::shared_ptr<const ChatTemplateTokens> chat_tokens_;
   ExampleStats stats_;
 };
 

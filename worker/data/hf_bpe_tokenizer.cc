@@ -191,6 +191,11 @@ class HfBpeTokenizer : public Tokenizer {
   }
   int32_t vocab_size() const override { return vocab_size_; }
   std::string kind() const override { return "tokenizer.json (byte-level BPE)"; }
+  std::optional<std::string> TokenText(int32_t id) const override {
+    auto it = id_to_bytes_.find(id);
+    if (it == id_to_bytes_.end()) return std::nullopt;
+    return it->second;
+  }
 
  private:
   AddedTokenSplitter added_;
@@ -335,7 +340,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfBpeTokenizer(const std::string&
     return absl::InvalidArgumentError(absl::StrCat(json_path, ": ", e.what()));
   }
   QLORA_ASSIGN_OR_RETURN(TokenizerConfig config, ReadTokenizerConfig(config_path));
-  QLORA_RETURN_IF_ERROR(ApplyTokenizerConfig(config, *tokenizer, tokenizer->mutable_special()));
+  QLORA_RETURN_IF_ERROR(ApplyTokenizerConfig(config, tokenizer.get(), tokenizer->mutable_special()));
   return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
 

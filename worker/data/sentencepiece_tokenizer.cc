@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSentencePieceTokenizer(
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<SpmModel> model, SpmModel::Load(model_path));
   auto tokenizer = std::make_unique<SentencePieceTokenizer>(std::move(model));
   QLORA_ASSIGN_OR_RETURN(TokenizerConfig config, ReadTokenizerConfig(config_path));
-  QLORA_RETURN_IF_ERROR(ApplyTokenizerConfig(config, *tokenizer, tokenizer->mutable_special()));
+  QLORA_RETURN_IF_ERROR(ApplyTokenizerConfig(config, tokenizer.get(), tokenizer->mutable_special()));
   return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
 

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ struct SpecialTokens {
   int32_t pad_id = -1;
   bool add_bos = false;  // whether a full sequence starts with BOS (HF add_special_tokens)
   bool add_eos = false;  // whether a plain encode ends with EOS (the builder adds EOS itself)
+};
+
+// What tokenizer_config.json (or a chat_template.jinja beside it) gives a chat template: its
+// source ("" when the folder has none) and the special-token strings it may print.
+struct ChatConfig {
+  std::string chat_template;
+  std::optional<std::string> bos_token, eos_token, pad_token;
 };
 
 class Tokenizer {
@@ -56,11 +64,18 @@ class Tokenizer {
   virtual int32_t TokenToId(absl::string_view token) const = 0;
   virtual int32_t vocab_size() const = 0;
   virtual std::string kind() const = 0;  // "tokenizer.json (byte-level BPE)", ...
+  // The exact bytes `id` stands for in a text that encodes to it (an added token: its
+  // content), or nullopt where the tokenizer cannot say (SentencePiece). The chat-template
+  // example builder aligns tokens with the rendered text through it.
+  virtual std::optional<std::string> TokenText(int32_t id) const { return std::nullopt; }
 
   const SpecialTokens& special() const { return special_; }
+  const ChatConfig& chat_config() const { return chat_config_; }
+  void set_chat_config(ChatConfig config) { chat_config_ = std::move(config); }  // loaders
 
  protected:
   SpecialTokens special_;
+  ChatConfig chat_config_;
 };
 
 // Loads tokenizer.json (preferred) or tokenizer.model from `model_dir`, with
