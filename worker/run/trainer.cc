@@ -255,7 +255,7 @@ absl::Status Trainer::After(const StepResult& result) {
 
 void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p, bool evaluated) {
   if (metrics_failed_) return;
-  const double now = absl::ToDoubleUnixSeconds(absl::Now());
+  const double now = absl::ToUnixMicros(absl::Now()) / 1e6;
   if (metrics_ == nullptr) {
     RunMetricsOptions options;
     options.output_dir = assignment_.output_dir;
@@ -294,7 +294,7 @@ void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p,
 
 void Trainer::RecordFinalEvaluation() {
   if (metrics_ == nullptr || std::isnan(eval_loss_)) return;
-  if (absl::Status s = metrics_->RecordEvaluation(total_steps_, absl::ToDoubleUnixSeconds(absl::Now()), eval_loss_);
+  if (absl::Status s = metrics_->RecordEvaluation(total_steps_, absl::ToUnixMicros(absl::Now()) / 1e6, eval_loss_);
       !s.ok()) {
     metrics_failed_ = true;
     metrics_.reset();
