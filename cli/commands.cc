@@ -192,12 +192,12 @@ std::map<std::string, std::string> AllAliases() {
 }
 
 absl::Status CheckFlagsFor(const CommandSpec& command, const ParsedArgs& args) {
+  // The connection flags are taken (and ignored) by every command, so that a shell alias with
+  // --address and --tls-ca works for hash-token and offline validate too.
   std::set<std::string> allowed;
   for (const FlagSpec& f : CommonFlags()) allowed.insert(f.name);
+  for (const FlagSpec& f : ConnectionFlags()) allowed.insert(f.name);
   for (const FlagSpec& f : command.flags) allowed.insert(f.name);
-  if (command.connects) {
-    for (const FlagSpec& f : ConnectionFlags()) allowed.insert(f.name);
-  }
   std::vector<std::string> used(args.switches.begin(), args.switches.end());
   for (const auto& [name, value] : args.values) used.push_back(name);
   for (const std::string& name : used) {

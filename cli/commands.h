@@ -25,7 +25,7 @@ struct CommandSpec {
   std::string summary;              // one line
   std::string description;          // a paragraph, or ""
   std::vector<FlagSpec> flags;      // its own flags
-  bool connects = true;             // takes the connection flags
+  bool connects = true;             // its help lists the connection flags
   std::vector<std::string> examples;
 };
 
@@ -45,7 +45,8 @@ std::set<std::string> AllValueFlags();
 std::set<std::string> AllSwitchFlags();
 std::map<std::string, std::string> AllAliases();
 
-// INVALID_ARGUMENT naming the first flag in `args` that `command` does not take.
+// INVALID_ARGUMENT naming the first flag in `args` that `command` does not take (its own, the
+// common and the connection flags are taken).
 absl::Status CheckFlagsFor(const CommandSpec& command, const ParsedArgs& args);
 
 }  // namespace qlora::cli
