@@ -6,7 +6,6 @@
 // 7 not authenticated (UNAUTHENTICATED) or not allowed (PERMISSION_DENIED).
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -19,44 +18,18 @@
 #include "absl/strings/ascii.h"
 #include "cli/cli_args.h"
 #include "cli/client.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
 #include "common/auth/token_hash.h"
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
+#include "common/config/yaml_overrides.h"
 #include "common/posix_files.h"
+#include "common/program/version.h"
 #include "qlora/v1/job_service.grpc.pb.h"
 
 namespace qlora::cli {
 namespace {
-
-constexpr const char* kUsageText = R"(qloractl: submit and follow QLoRA fine-tuning jobs.
-
-Usage:
-  qloractl submit JOB.yaml [--dataset PATH] [--validation-dataset PATH] [--name NAME] [--follow]
-  qloractl get JOB_ID
-  qloractl list [--state queued,running,...]
-  qloractl watch JOB_ID            live progress: step/total, loss, tokens/s, ETA
-  qloractl logs JOB_ID [-f] [--rank N]
-  qloractl cancel JOB_ID
-  qloractl validate JOB.yaml [--dataset PATH] [--remote]
-                                   prints the resolved job; offline, or with --remote as the
-                                   coordinator resolves it, with where it will run
-  qloractl hash-token [--user NAME [--role user|admin]] < TOKEN
-                                   the token's hash, or its line of the coordinator's tokens file
-
-Options for every command:
-  --address HOST:PORT   the coordinator (default: $QLORA_ADDRESS, else 127.0.0.1:50051)
-  --token-file FILE     bearer token (default: $QLORA_TOKEN_FILE, else $QLORA_TOKEN)
-  --tls                 TLS with the system's CA roots
-  --tls-ca FILE         TLS, checking the coordinator against this CA ($QLORA_TLS_CA)
-  --tls-cert FILE --tls-key FILE   a client certificate (mTLS; $QLORA_TLS_CERT, $QLORA_TLS_KEY)
-  --tls-server-name NAME           the name the certificate must carry ($QLORA_TLS_SERVER_NAME)
-  --timeout SECONDS     deadline of each call (default 30; followed streams have none)
-  -o, --output text|json
-  -h, --help
-
-Exit status: 0 ok, 1 job failed or cancelled, 2 usage, 3 invalid job, 4 no such job,
-5 coordinator unavailable, 6 other error, 7 not authenticated or not allowed.
-)";
 
 enum Exit {
   kOk = 0, kJobFailed = 1, kUsage = 2, kInvalid = 3, kNotFound = 4, kUnavailable = 5, kOther = 6, kDenied = 7
@@ -82,18 +55,6 @@ int ReportError(const grpc::Status& s) {
   return ExitFor(s.error_code());
 }
 
-const char* StateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_QUEUED: return "QUEUED";
-    case v1::JOB_STATE_STARTING: return "STARTING";
-    case v1::JOB_STATE_RUNNING: return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED: return "FAILED";
-    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNSPECIFIED";
-  }
-}
-
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
 }
@@ -104,35 +65,6 @@ std::string ToJson(const google::protobuf::Message& m) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &out, options);
   return out;
-}
-
-std::string FormatDuration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
-  const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
-}
-
-// One line of progress: "job-000001 RUNNING step 12/40 [=====>     ] loss 2.3140 ...".
-std::string ProgressLine(const v1::Job& job) {
-  std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
-  if (job.progress_size() == 0 || job.progress(0).total_steps() == 0) {
-    if (!job.state_message().empty()) absl::StrAppend(&line, "  ", job.state_message());
-    return line;
-  }
-  const v1::Progress& p = job.progress(0);
-  double tokens = 0;
-  for (const v1::Progress& r : job.progress()) tokens += r.tokens_per_second();
-  const double frac = static_cast<double>(p.step()) / static_cast<double>(p.total_steps());
-  const int width = 20;
-  const int filled = static_cast<int>(frac * width);
-  std::string bar(width, ' ');
-  for (int i = 0; i < filled; ++i) bar[i] = '=';
-  if (filled < width) bar[filled] = '>';
-  const double eta = p.step() > 0 ? p.elapsed_seconds() / p.step() * (p.total_steps() - p.step()) : NAN;
-  absl::StrAppendFormat(&line, " step %d/%d [%s] loss %.4f lr %.3g tok/s %.0f ETA %s", p.step(),
-                        p.total_steps(), bar, p.loss(), p.learning_rate(), tokens, FormatDuration(eta));
-  if (std::isfinite(p.eval_loss()) && p.eval_loss() > 0) absl::StrAppendFormat(&line, " eval %.4f", p.eval_loss());
-  return line;
 }
 
 void PrintJob(const v1::Job& job, bool json) {
@@ -161,7 +93,7 @@ int Watch(Client& client, const std::string& id, bool json) {
   req.set_id(id);
   // JSON is for scripts: the whole history first (every stored event), then what follows.
   req.set_from_start(json);
-  const bool tty = isatty(STDOUT_FILENO) && !json;
+  ProgressPrinter printer(isatty(STDOUT_FILENO) != 0);
   int64_t after = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
     grpc::ClientContext ctx;
@@ -171,24 +103,19 @@ int Watch(Client& client, const std::string& id, bool json) {
     auto reader = client.stub()->WatchJob(&ctx, req);
     v1::WatchJobResponse msg;
     v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
-    std::string last_line;
     while (reader->Read(&msg)) {
       after = std::max(after, msg.event().sequence());
       last = msg.job().state();
       if (json) {
         printf("%s\n", ToJson(msg).c_str());
       } else {
-        std::string line = ProgressLine(msg.job());
-        if (line != last_line) {
-          if (tty) printf("\r\033[K%s", line.c_str()); else printf("%s\n", line.c_str());
-          last_line = line;
-        }
+        printf("%s", printer.Update(msg.job()).c_str());
       }
       fflush(stdout);
     }
     grpc::Status s = reader->Finish();
     if (IsTerminal(last)) {
-      if (tty) printf("\n");
+      printf("%s", printer.Finish().c_str());
       if (!json) {
         grpc::ClientContext gctx;
         client.Prepare(&gctx);
@@ -208,14 +135,36 @@ int Watch(Client& client, const std::string& id, bool json) {
   return kUnavailable;
 }
 
-// The submission of the job file a.positional[0]. Relative paths, on the command line and in the
-// file, are the user's, not the coordinator's.
-absl::StatusOr<v1::SubmitJobRequest> SubmissionOf(const ParsedArgs& a) {
+// The job file a.positional[0] with the KEY.PATH=VALUE overrides after it applied.
+struct JobText {
+  std::string yaml;
+  std::string source_name;  // names the text in error messages
+};
+
+absl::StatusOr<JobText> JobTextOf(const ParsedArgs& a) {
   absl::StatusOr<std::string> yaml = ReadFile(a.positional[0]);
   if (!yaml.ok()) return yaml.status();
+  std::vector<YamlOverride> overrides;
+  for (size_t i = 1; i < a.positional.size(); ++i) {
+    absl::StatusOr<YamlOverride> o = ParseOverride(a.positional[i]);
+    if (!o.ok()) return o.status();
+    overrides.push_back(*std::move(o));
+  }
+  if (overrides.empty()) return JobText{*std::move(yaml), a.positional[0]};
+  absl::StatusOr<std::string> overridden = ApplyOverrides(*yaml, overrides);
+  if (!overridden.ok()) return overridden.status();
+  // Line numbers in errors are those of the rewritten text, not of the file.
+  return JobText{*std::move(overridden), absl::StrCat(a.positional[0], " with overrides")};
+}
+
+// The submission of the job file a.positional[0] (and its overrides). Relative paths, on the
+// command line and in the file, are the user's, not the coordinator's.
+absl::StatusOr<v1::SubmitJobRequest> SubmissionOf(const ParsedArgs& a) {
+  absl::StatusOr<JobText> job = JobTextOf(a);
+  if (!job.ok()) return job.status();
   v1::SubmitJobRequest req;
-  req.set_job_yaml(*yaml);
-  req.set_source_name(a.positional[0]);
+  req.set_job_yaml(job->yaml);
+  req.set_source_name(job->source_name);
   char cwd_buffer[4096];
   const std::string cwd = getcwd(cwd_buffer, sizeof(cwd_buffer)) ? cwd_buffer : "";
   req.set_base_dir(cwd);
@@ -229,8 +178,8 @@ absl::StatusOr<v1::SubmitJobRequest> SubmissionOf(const ParsedArgs& a) {
 }
 
 int Submit(Client& client, const ParsedArgs& a, bool json) {
-  if (a.positional.size() != 1) {
-    fprintf(stderr, "qloractl submit: expected one job file\n");
+  if (a.positional.empty()) {
+    fprintf(stderr, "qloractl submit: expected a job file (qloractl submit --help)\n");
     return kUsage;
   }
   absl::StatusOr<v1::SubmitJobRequest> submission = SubmissionOf(a);
@@ -280,20 +229,16 @@ int ValidateRemote(Client& client, const ParsedArgs& a, bool json) {
 }
 
 int Validate(const ParsedArgs& a, bool json) {
-  if (a.positional.size() != 1) {
-    fprintf(stderr, "qloractl validate: expected one job file\n");
-    return kUsage;
-  }
-  absl::StatusOr<std::string> yaml = ReadFile(a.positional[0]);
-  if (!yaml.ok()) {
-    fprintf(stderr, "qloractl: %s\n", std::string(yaml.status().message()).c_str());
+  absl::StatusOr<JobText> job = JobTextOf(a);
+  if (!job.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(job.status().message()).c_str());
     return kInvalid;
   }
   ParseOptions options;
-  options.source_name = a.positional[0];
+  options.source_name = job->source_name;
   options.dataset_override = a.Get("--dataset");
   options.validation_dataset_override = a.Get("--validation-dataset");
-  absl::StatusOr<JobConfig> config = ParseJobConfig(*yaml, options);
+  absl::StatusOr<JobConfig> config = ParseJobConfig(job->yaml, options);
   if (!config.ok()) {
     fprintf(stderr, "qloractl: %s\n", std::string(config.status().message()).c_str());
     return config.status().code() == absl::StatusCode::kNotFound ||
@@ -369,30 +314,49 @@ int HashToken(const ParsedArgs& a) {
 }
 
 int Run(const std::vector<std::string>& argv) {
-  static const std::set<std::string> kValues = {
-      "--address", "--output", "--dataset", "--validation-dataset", "--name", "--rank", "--state",
-      "--timeout", "--token-file", "--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name", "--user", "--role"};
-  static const std::set<std::string> kSwitches = {"--follow", "--help", "--tls", "--remote"};
-  static const std::map<std::string, std::string> kAliases = {{"-f", "--follow"}, {"-o", "--output"},
-                                                              {"-h", "--help"}};
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(argv, kValues, kSwitches, kAliases);
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(argv, AllValueFlags(), AllSwitchFlags(), AllAliases());
   if (!parsed.ok()) {
-    fprintf(stderr, "qloractl: %s\n\n%s", std::string(parsed.status().message()).c_str(), kUsageText);
+    fprintf(stderr, "qloractl: %s (qloractl --help)\n", std::string(parsed.status().message()).c_str());
     return kUsage;
   }
   ParsedArgs a = *parsed;
-  if (a.Has("--help") || a.positional.empty()) {
-    printf("%s", kUsageText);
-    return a.positional.empty() && !a.Has("--help") ? kUsage : kOk;
+  if (a.Has("--version")) {
+    printf("qloractl %s\n", ProjectVersion());
+    return kOk;
+  }
+  if (a.positional.empty()) {
+    printf("%s", OverviewHelp().c_str());
+    return a.Has("--help") ? kOk : kUsage;
   }
   const std::string command = a.positional[0];
   a.positional.erase(a.positional.begin());
+  const CommandSpec* spec = FindCommand(command == "help" && !a.positional.empty() ? a.positional[0] : command);
+  if (command == "help") {
+    if (a.positional.empty()) return printf("%s", OverviewHelp().c_str()), kOk;
+    if (spec == nullptr) return fprintf(stderr, "qloractl: no command '%s'\n", a.positional[0].c_str()), kUsage;
+    return printf("%s", CommandHelp(*spec).c_str()), kOk;
+  }
+  if (spec == nullptr) {
+    fprintf(stderr, "qloractl: unknown command '%s'\n\n%s", command.c_str(), OverviewHelp().c_str());
+    return kUsage;
+  }
+  if (a.Has("--help")) {
+    printf("%s", CommandHelp(*spec).c_str());
+    return kOk;
+  }
+  if (absl::Status flags = CheckFlagsFor(*spec, a); !flags.ok()) {
+    fprintf(stderr, "%s\n", std::string(flags.message()).c_str());
+    return kUsage;
+  }
   const std::string output = a.Get("--output", "text");
   if (output != "text" && output != "json") {
     fprintf(stderr, "qloractl: -o must be text or json\n");
     return kUsage;
   }
   const bool json = output == "json";
+  if (command == "validate" && a.positional.empty()) {
+    return fprintf(stderr, "qloractl validate: expected a job file (qloractl validate --help)\n"), kUsage;
+  }
   if (command == "validate" && !a.Has("--remote")) return Validate(a, json);
   if (command == "hash-token") return HashToken(a);
 
@@ -403,10 +367,7 @@ int Run(const std::vector<std::string>& argv) {
   }
   Client& client = **connected;
   if (command == "submit") return Submit(client, a, json);
-  if (command == "validate") {
-    if (a.positional.size() != 1) return fprintf(stderr, "qloractl validate: expected one job file\n"), kUsage;
-    return ValidateRemote(client, a, json);
-  }
+  if (command == "validate") return ValidateRemote(client, a, json);
   if (command == "watch") {
     if (a.positional.size() != 1) return fprintf(stderr, "qloractl watch: expected a job id\n"), kUsage;
     return Watch(client, a.positional[0], json);
@@ -464,7 +425,7 @@ int Run(const std::vector<std::string>& argv) {
     }
     return kOk;
   }
-  fprintf(stderr, "qloractl: unknown command '%s'\n\n%s", command.c_str(), kUsageText);
+  fprintf(stderr, "qloractl: unknown command '%s'\n", command.c_str());
   return kUsage;
 }
 

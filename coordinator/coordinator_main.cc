@@ -24,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/program/program_flags.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_service.h"
 #include "coordinator/job_store.h"
@@ -248,12 +249,16 @@ void WritePortFile(const std::string& path, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  qlora::ProgramFlagsOptions program;
+  program.program = "qlora-coordinator";
+  program.usage =
       "qlora-coordinator --address=HOST:PORT --state-dir=DIR [--cpu-workers=N | --gpus=0,1]\n"
-      "Queues QLoRA fine-tuning jobs and runs each on one worker process per GPU (or CPU slot).");
+      "Queues QLoRA fine-tuning jobs and runs each on one worker process per GPU (or CPU slot).";
+  program.flag_files = {"coordinator_main.cc"};
+  program.dashed_names = true;
   std::vector<std::string> arg_storage;
   std::vector<char*> args = DashesToUnderscores(argc, argv, &arg_storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  qlora::ParseProgramFlags(static_cast<int>(args.size()), args.data(), program);
 
   // SIGINT/SIGTERM are taken by a waiting thread: block them before any thread starts.
   sigset_t stop_signals;

@@ -118,7 +118,7 @@ absl::StatusOr<std::string> ResolveBaseModelPath(const std::string& base_model,
   if (snapshot.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "base_model '", base_model, "' is neither a local folder nor in the Hugging Face cache at ",
-        hub_cache, "; download it first (e.g. `huggingface-cli download ", base_model, "`)"));
+        hub_cache, "; download it first (e.g. `hf download ", base_model, "`)"));
   }
   return Absolute(snapshot);
 }

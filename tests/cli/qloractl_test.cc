@@ -1,4 +1,5 @@
-// qloractl end to end without torch: offline validation and its exit statuses, an unreachable
+// qloractl end to end without torch: per-subcommand help, --version, offline validation with
+// KEY.PATH=VALUE overrides and its exit statuses, the example catalog, an unreachable
 // coordinator, and submit/get/list/logs/cancel against a real coordinator whose workers are
 // /bin/false (every job fails at once with rank 0's exit status). Both processes must end
 // cleanly: under the sanitizer build (scripts/fuzz_and_sanitize.sh sets abort_on_error) a
@@ -7,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -62,6 +64,75 @@ TEST(CliTest, ValidateExitStatuses) {
   fs::remove_all(f.dir);
 }
 
+TEST(CliTest, EverySubcommandHasItsOwnHelp) {
+  const std::map<std::string, std::string> own_flag = {
+      {"submit", "--follow"}, {"get", "JOB_ID"},        {"list", "--state"},
+      {"watch", "optimizer step"}, {"logs", "--rank"}, {"cancel", "JOB_ID"},
+      {"validate", "--remote"}, {"hash-token", "--role"}};
+  for (const auto& [command, flag] : own_flag) {
+    CommandResult help = RunCommand(absl::StrCat(Ctl(), " ", command, " --help"));
+    EXPECT_EQ(help.exit_code, 0) << command << ": " << help.output;
+    EXPECT_NE(help.output.find(absl::StrCat("qloractl ", command, ": ")), std::string::npos) << help.output;
+    EXPECT_NE(help.output.find(flag), std::string::npos) << command << ": " << help.output;
+    EXPECT_NE(help.output.find("Examples:"), std::string::npos) << help.output;
+    EXPECT_EQ(RunCommand(absl::StrCat(Ctl(), " help ", command)).output, help.output);
+  }
+  CommandResult submit = RunCommand(absl::StrCat(Ctl(), " submit -h"));
+  EXPECT_NE(submit.output.find("KEY.PATH=VALUE"), std::string::npos) << submit.output;
+  EXPECT_EQ(submit.output.find("--rank"), std::string::npos) << submit.output;  // logs' flag
+  // A flag of another command is a usage error that points at the command's help.
+  CommandResult wrong = RunCommand(absl::StrCat(Ctl(), " get job-000001 --rank 1"));
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.output;
+  EXPECT_NE(wrong.output.find("qloractl get --help"), std::string::npos) << wrong.output;
+}
+
+TEST(CliTest, VersionIsTheProjectVersion) {
+  for (const std::string program : {"/cli/qloractl", "/coordinator/qlora-coordinator"}) {
+    CommandResult version = RunCommand(absl::StrCat(BinaryDir(), program, " --version"));
+    EXPECT_EQ(version.exit_code, 0) << program << ": " << version.output;
+    EXPECT_NE(version.output.find(QLORA_EXPECTED_VERSION), std::string::npos) << version.output;
+  }
+  CommandResult help = RunCommand(absl::StrCat(BinaryDir(), "/coordinator/qlora-coordinator --help"));
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("--state-dir"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("--worker-binary"), std::string::npos) << help.output;
+}
+
+TEST(CliTest, ValidateAppliesKeyPathOverrides) {
+  const JobFiles f = MakeJobFiles();
+  const std::string validate = absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset, " ");
+  CommandResult ok = RunCommand(
+      validate + "trainer.learning_rate=1e-4 adapter.r=16 data.max_sequence_length=1024");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("learning_rate: 0.0001"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("r: 16"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("max_sequence_length: 1024"), std::string::npos) << ok.output;
+
+  CommandResult typo = RunCommand(validate + "trainer.learning_rat=1e-4");
+  EXPECT_EQ(typo.exit_code, 3) << typo.output;
+  EXPECT_NE(typo.output.find("learning_rate"), std::string::npos) << typo.output;  // did you mean
+  CommandResult through = RunCommand(validate + "trainer.batch_size.x=1");
+  EXPECT_EQ(through.exit_code, 3) << through.output;
+  EXPECT_NE(through.output.find("trainer.batch_size is a scalar"), std::string::npos) << through.output;
+  CommandResult not_override = RunCommand(validate + "stray-argument");
+  EXPECT_EQ(not_override.exit_code, 3) << not_override.output;
+  EXPECT_NE(not_override.output.find("KEY.PATH=VALUE"), std::string::npos) << not_override.output;
+  fs::remove_all(f.dir);
+}
+
+// Every job file of the example catalog validates offline, run from the source folder (their
+// dataset paths are relative to it) with a base model folder given as an override.
+TEST(CliTest, ExampleCatalogValidates) {
+  const JobFiles f = MakeJobFiles();
+  for (const char* example : {"instruction-alpaca.yaml", "chat-messages.yaml", "completion-text.yaml"}) {
+    CommandResult r = RunCommand(absl::StrCat("cd ", SourceDir(), " && ", Ctl(), " validate examples/", example,
+                                              " base_model=", f.dir, "/model"));
+    EXPECT_EQ(r.exit_code, 0) << example << ": " << r.output;
+    EXPECT_NE(r.output.find("valid"), std::string::npos) << r.output;
+  }
+  fs::remove_all(f.dir);
+}
+
 TEST(CliTest, UnreachableCoordinatorIsExitStatus5) {
   // Port 1 on loopback: nothing listens there.
   CommandResult r = RunCommand(absl::StrCat(Ctl(), " --address 127.0.0.1:1 get job-000001"));
@@ -94,6 +165,10 @@ TEST(CliTest, SubmitGetListLogsCancelAgainstACoordinator) {
     EXPECT_EQ(coordinator.Ctl("logs job-000001").exit_code, 0);
     EXPECT_EQ(coordinator.Ctl("get job-000999").exit_code, 4);
     EXPECT_EQ(coordinator.Ctl("cancel job-000999").exit_code, 4);
+    CommandResult remote = coordinator.Ctl(absl::StrCat("validate --remote ", f.job, " --dataset ", f.dataset,
+                                                        " adapter.r=24"));
+    EXPECT_EQ(remote.exit_code, 0) << remote.output;
+    EXPECT_NE(remote.output.find("r: 24"), std::string::npos) << remote.output;
     CommandResult bad = coordinator.Ctl(absl::StrCat(
         "submit ", SourceDir(), "/tests/data/jobs/bad/lora_r_zero.yaml --dataset ", f.dataset));
     EXPECT_EQ(bad.exit_code, 3) << bad.output;

@@ -123,7 +123,7 @@ TEST_F(ConfigHfModelPathTest, HubNameMissingFromTheCacheSaysToDownloadIt) {
               HasSubstr(absl::StrCat("base_model 'org/name' is neither a local folder nor in the "
                                      "Hugging Face cache at ",
                                      cache_.string(), "; download it first")));
-  EXPECT_THAT(path.status().message(), HasSubstr("huggingface-cli download org/name"));
+  EXPECT_THAT(path.status().message(), HasSubstr("hf download org/name"));
 }
 
 TEST_F(ConfigHfModelPathTest, FolderWithoutConfigJsonIsAFailedPrecondition) {
@@ -188,7 +188,7 @@ TEST_F(ConfigHfModelPathTest, ParseModelNotInCacheIsFailedPreconditionWithLine) 
   absl::StatusOr<JobConfig> c = Parse("org/absent", Dataset());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(c.status().message(), HasSubstr("job.yaml:1: base_model 'org/absent' is neither"));
-  EXPECT_THAT(c.status().message(), HasSubstr("huggingface-cli download org/absent"));
+  EXPECT_THAT(c.status().message(), HasSubstr("hf download org/absent"));
 }
 
 TEST_F(ConfigHfModelPathTest, ParseWithoutCheckPathsKeepsPathsAsWritten) {

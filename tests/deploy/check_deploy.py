@@ -4,10 +4,13 @@
     check_deploy.py image SOURCE_DIR
         deploy/Dockerfile: the default target (the last stage, the coordinator) and the ray-node
         target run as one numeric non-root USER; no `|| true` hides a command's failure; the
-        image ships the SentencePiece module and the Ray job's driver qlora_ray_launcher.py
-        beside qlora-worker; the ray-node target installs Ray from the pinned
-        scripts/requirements-ray.txt; never --insecure. .dockerignore keeps build folders and
-        .git out of the build context.
+        image is laid out by `cmake --install` (no build output copied by hand), whose rules
+        (cmake/Install.cmake) put the programs in bin/, the Ray job's driver
+        qlora_ray_launcher.py beside qlora-worker and the SentencePiece module in lib/, where
+        the worker looks; the run-time stages copy only that installed tree from the build stage
+        and install no compilers or -dev packages; the ray-node target installs Ray from the
+        pinned scripts/requirements-ray.txt; never --insecure. .dockerignore keeps build
+        folders, out/, .device-* and .git out of the build context.
     check_deploy.py manifests SOURCE_DIR
         The base and every overlay of deploy/k8s, rendered with `kubectl kustomize`:
         - every pod runs as the Dockerfile's user (runAsNonRoot, runAsUser, runAsGroup, fsGroup),
@@ -106,13 +109,23 @@ def check_image(source_dir):
         failures.append("deploy/Dockerfile: `|| true` hides a failed command")
     if "--insecure" in dockerfile:
         failures.append("deploy/Dockerfile: passes --insecure")
-    if "libqlora_spm.so" not in dockerfile:
-        failures.append("deploy/Dockerfile: does not ship libqlora_spm.so (SentencePiece jobs)")
-    # The driver of Ray jobs, beside qlora-worker (the coordinator's --ray-launcher-script default).
-    if not re.search(r"^\s*(?:&&\s*)?install\b[^\n]*\bdeploy/ray/qlora_ray_launcher\.py\s+\"\$bin/\"",
-                     dockerfile, re.M) or not re.search(r"\bbuild/worker/qlora-worker\b", dockerfile):
-        failures.append('deploy/Dockerfile: does not install deploy/ray/qlora_ray_launcher.py into "$bin/", '
-                        "beside qlora-worker")
+    # The image's layout is the install's: cmake --install, never binaries copied by hand.
+    if not re.search(r"^RUN\s+cmake --install build --prefix /out/opt/qlora\b", dockerfile, re.M):
+        failures.append("deploy/Dockerfile: does not lay out the image with `cmake --install build --prefix "
+                        "/out/opt/qlora`")
+    if re.search(r"\binstall\s+-[^\n]*\bbuild/", dockerfile):
+        failures.append("deploy/Dockerfile: copies build outputs by hand (use cmake --install)")
+    failures += check_install_rules(source_dir)
+    # The run-time stages hold the installed tree only: no sources, wheels, headers or compilers.
+    for name, text in dockerfile_stages(dockerfile).items():
+        if name == "build":
+            continue
+        for source in re.findall(r"^COPY\s+--from=build\s+(\S+)", text, re.M):
+            if source != "/out/opt/qlora":
+                failures.append(f"deploy/Dockerfile: stage {name} copies {source} from the build stage "
+                                "(only /out/opt/qlora, the installed tree)")
+        if re.search(r"apt-get install[^\n]*\b(build-essential|cmake|g\+\+|gcc|ninja-build|\S+-dev)\b", text):
+            failures.append(f"deploy/Dockerfile: stage {name} installs build tools or headers")
     stages = dockerfile_stages(dockerfile)
     last = list(stages)[-1] if stages else None
     if "ray-node" not in stages:
@@ -130,9 +143,27 @@ def check_image(source_dir):
             failures.append(f"{RAY_REQUIREMENTS}: does not pin ray==VERSION")
     ignore = [line.strip().rstrip("/") for line in read(source_dir, ".dockerignore").splitlines()
               if line.strip() and not line.startswith("#")]
-    for path in ("build", "build-release", ".git"):
+    for path in ("build", "build-release", ".git", "out", ".device-x"):
         if not any(fnmatch.fnmatchcase(path, pattern) for pattern in ignore):
             failures.append(f".dockerignore: does not keep {path}/ out of the build context")
+    return failures
+
+
+def check_install_rules(source_dir):
+    """cmake/Install.cmake puts the programs in bin/, the Ray job's driver beside qlora-worker (the
+    coordinator's --ray-launcher-script default) and the SentencePiece module in lib/ (where the
+    worker looks: ../lib from its folder)."""
+    failures = []
+    rules = read(source_dir, "cmake/Install.cmake")
+    if not re.search(r"install\(TARGETS\s+\$\{qlora_programs\}\s+RUNTIME DESTINATION bin\)", rules) \
+            or "qlora-worker" not in rules:
+        failures.append("cmake/Install.cmake: does not install the programs (qlora-worker among them) to bin/")
+    if not re.search(r"install\(PROGRAMS\s+\S*deploy/ray/qlora_ray_launcher\.py\s+DESTINATION bin\)", rules):
+        failures.append("cmake/Install.cmake: does not install qlora_ray_launcher.py to bin/, beside qlora-worker")
+    if not re.search(r"install\(TARGETS\s+qlora_spm\s+LIBRARY DESTINATION lib\)", rules):
+        failures.append("cmake/Install.cmake: does not install libqlora_spm.so to lib/")
+    if '"/lib/libqlora_spm.so"' not in read(source_dir, "worker/data/spm_model.cc"):
+        failures.append("worker/data/spm_model.cc: the worker does not look for libqlora_spm.so in ../lib")
     return failures
 
 

@@ -93,6 +93,13 @@ TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgres
   EXPECT_GE(std::count(history.output.begin(), history.output.end(), '\n'), 5) << history.output;
   EXPECT_THAT(history.output, HasSubstr("JOB_STATE_QUEUED"));
   EXPECT_THAT(history.output, HasSubstr("JOB_STATE_SUCCEEDED"));
+  // Piped, one line per optimizer step, though both ranks report every step.
+  for (int step = 1; step <= 4; ++step) {
+    const std::string line = absl::StrCat("RUNNING step ", step, "/4 ");
+    size_t count = 0;
+    for (size_t at = watch.output.find(line); at != std::string::npos; at = watch.output.find(line, at + 1)) ++count;
+    EXPECT_LE(count, 1u) << line << " printed " << count << " times:\n" << watch.output;
+  }
   v1::Job cli_job = c.GetJob(cli_id);
   EXPECT_EQ(cli_job.state(), v1::JOB_STATE_SUCCEEDED) << cli_job.state_message();
   EXPECT_EQ(cli_job.num_workers(), 2);

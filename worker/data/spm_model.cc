@@ -18,6 +18,7 @@ struct SpmModel::Api {
   decltype(&qlora_spm_piece_to_id) piece_to_id;
   decltype(&qlora_spm_field) field;
   decltype(&qlora_spm_free_string) free_string;
+  std::string path;  // where the module was loaded from
 };
 
 namespace {
@@ -34,6 +35,8 @@ std::vector<std::string> ModuleCandidates() {
     std::string dir(exe, static_cast<size_t>(n));
     dir = dir.substr(0, dir.rfind('/'));
     candidates.push_back(dir + "/libqlora_spm.so");
+    // An installed tree: PREFIX/bin/qlora-worker and PREFIX/lib/libqlora_spm.so.
+    candidates.push_back(dir.substr(0, dir.rfind('/')) + "/lib/libqlora_spm.so");
   }
 #ifdef QLORA_SPM_MODULE_BUILD_PATH
   candidates.push_back(QLORA_SPM_MODULE_BUILD_PATH);
@@ -82,8 +85,10 @@ absl::StatusOr<const SpmModel::Api*> LoadApiOnce() {
         Bind(handle, "qlora_spm_decode", &api->decode) &&
         Bind(handle, "qlora_spm_piece_to_id", &api->piece_to_id) &&
         Bind(handle, "qlora_spm_field", &api->field) &&
-        Bind(handle, "qlora_spm_free_string", &api->free_string))
+        Bind(handle, "qlora_spm_free_string", &api->free_string)) {
+      api->path = path;
       return api;
+    }
     delete api;
     absl::StrAppend(&tried, " ", path, " (missing symbols)");
   }
@@ -107,6 +112,12 @@ absl::Status TakeError(const SpmModel::Api* api, char* error, absl::string_view 
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> SpmModel::ModulePath() {
+  absl::StatusOr<const Api*> api = LoadApi();
+  if (!api.ok()) return api.status();
+  return (*api)->path;
+}
 
 absl::StatusOr<std::unique_ptr<SpmModel>> SpmModel::Load(const std::string& path) {
   absl::StatusOr<const Api*> api = LoadApi();

@@ -1,6 +1,7 @@
 // SentencePiece through libqlora_spm, loaded at run time (see spm_module_api.h for why the
 // worker must not link libsentencepiece). The module is looked up as $QLORA_SPM_MODULE, then
-// libqlora_spm.so beside the running executable, then the build tree's copy.
+// libqlora_spm.so beside the running executable, then in ../lib from it (an installed tree:
+// bin/qlora-worker, lib/libqlora_spm.so), then the build tree's copy.
 #pragma once
 
 #include <memory>
@@ -15,6 +16,9 @@ namespace qlora::data {
 class SpmModel {
  public:
   static absl::StatusOr<std::unique_ptr<SpmModel>> Load(const std::string& path);
+  // The path of the module this process uses, loading it if it is not loaded yet
+  // (`qlora-worker --check_spm_module`).
+  static absl::StatusOr<std::string> ModulePath();
   ~SpmModel();
   SpmModel(const SpmModel&) = delete;
   SpmModel& operator=(const SpmModel&) = delete;

@@ -5,8 +5,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/program/program_flags.h"
 #include "worker/engine/tiny_model.h"
 
 ABSL_FLAG(std::string, model_type, "llama", "llama | mistral | qwen2");
@@ -28,8 +27,12 @@ ABSL_FLAG(uint64_t, seed, 0, "random seed");
 ABSL_FLAG(uint64_t, max_shard_bytes, 0, "0: one file; else shard with an index");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("qlora-make-tiny-model OUTDIR [flags]");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  qlora::ProgramFlagsOptions program;
+  program.program = "qlora-make-tiny-model";
+  program.usage = "qlora-make-tiny-model OUTDIR [flags]\n"
+                  "Writes a random LLaMA, Mistral or Qwen2 checkpoint (config.json + model.safetensors).";
+  program.flag_files = {"make_tiny_model_main.cc"};
+  std::vector<char*> args = qlora::ParseProgramFlags(argc, argv, program);
   if (args.size() != 2) {
     std::cerr << "usage: qlora-make-tiny-model OUTDIR [--layers N --hidden N ...]\n";
     return 2;

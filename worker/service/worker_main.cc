@@ -10,12 +10,12 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/config/job_config_parser.h"
+#include "common/program/program_flags.h"
 #include "worker/comm/nccl_unique_id.h"
+#include "worker/data/spm_model.h"
 #include "worker/run/fault_injection.h"
 #include "worker/run/training_job.h"
 #include "worker/service/coordinator_client.h"
@@ -25,6 +25,8 @@ ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
 ABSL_FLAG(std::string, job, "", "job id");
 ABSL_FLAG(int, rank, 0, "this worker's rank");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(bool, check_spm_module, false,
+          "load the SentencePiece module (libqlora_spm.so), print where it was found, and exit");
 
 namespace {
 
@@ -46,8 +48,21 @@ void Log(const std::string& line) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("qlora-worker is started by qlora-coordinator, not by hand.");
-  absl::ParseCommandLine(argc, argv);
+  qlora::ProgramFlagsOptions program;
+  program.program = "qlora-worker";
+  program.usage = "qlora-worker --coordinator=HOST:PORT --job=ID --rank=N [--device=cpu|cuda]\n"
+                  "One rank of one job; started by qlora-coordinator, not by hand.";
+  program.flag_files = {"worker_main.cc"};
+  qlora::ParseProgramFlags(argc, argv, program);
+  if (absl::GetFlag(FLAGS_check_spm_module)) {
+    absl::StatusOr<std::string> module = qlora::data::SpmModel::ModulePath();
+    if (!module.ok()) {
+      fprintf(stderr, "qlora-worker: %s\n", std::string(module.status().message()).c_str());
+      return 1;
+    }
+    printf("%s\n", module->c_str());
+    return 0;
+  }
   qlora::worker::WorkerIdentity id;
   id.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   id.job_id = absl::GetFlag(FLAGS_job);

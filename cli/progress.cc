@@ -1,0 +1,80 @@
+// Progress lines for watch / submit --follow (see progress.h).
+#include "cli/progress.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace qlora::cli {
+namespace {
+
+bool HasSteps(const v1::Job& job) { return job.progress_size() > 0 && job.progress(0).total_steps() > 0; }
+
+// What a piped line stands for: rank 0's step (the other ranks report the same steps), the state,
+// the eval loss; the state message only before training reports steps.
+std::string PipedKey(const v1::Job& job) {
+  if (!HasSteps(job)) return absl::StrCat(job.state(), "|", job.state_message());
+  const v1::Progress& p = job.progress(0);
+  return absl::StrCat(job.state(), "|", p.step(), "/", p.total_steps(), "|", p.eval_loss());
+}
+
+}  // namespace
+
+const char* StateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_QUEUED: return "QUEUED";
+    case v1::JOB_STATE_STARTING: return "STARTING";
+    case v1::JOB_STATE_RUNNING: return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED: return "FAILED";
+    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNSPECIFIED";
+  }
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+}
+
+std::string ProgressLine(const v1::Job& job) {
+  std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
+  if (!HasSteps(job)) {
+    if (!job.state_message().empty()) absl::StrAppend(&line, "  ", job.state_message());
+    return line;
+  }
+  const v1::Progress& p = job.progress(0);
+  double tokens = 0;
+  for (const v1::Progress& r : job.progress()) tokens += r.tokens_per_second();
+  const double frac = static_cast<double>(p.step()) / static_cast<double>(p.total_steps());
+  const int width = 20;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar(width, ' ');
+  for (int i = 0; i < filled; ++i) bar[i] = '=';
+  if (filled < width) bar[filled] = '>';
+  const double eta = p.step() > 0 ? p.elapsed_seconds() / p.step() * (p.total_steps() - p.step()) : NAN;
+  absl::StrAppendFormat(&line, " step %d/%d [%s] loss %.4f lr %.3g tok/s %.0f ETA %s", p.step(),
+                        p.total_steps(), bar, p.loss(), p.learning_rate(), tokens, FormatDuration(eta));
+  if (std::isfinite(p.eval_loss()) && p.eval_loss() > 0) absl::StrAppendFormat(&line, " eval %.4f", p.eval_loss());
+  return line;
+}
+
+std::string ProgressPrinter::Update(const v1::Job& job) {
+  const std::string line = ProgressLine(job);
+  if (tty_) {
+    if (line == last_line_) return "";
+    last_line_ = line;
+    return absl::StrCat("\r\033[K", line);
+  }
+  std::string key = PipedKey(job);
+  if (key == last_key_) return "";
+  last_key_ = std::move(key);
+  return absl::StrCat(line, "\n");
+}
+
+std::string ProgressPrinter::Finish() { return tty_ && !last_line_.empty() ? "\n" : ""; }
+
+}  // namespace qlora::cli

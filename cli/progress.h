@@ -1,0 +1,38 @@
+// Progress lines of `qloractl watch` and `submit --follow`. On a terminal one line is redrawn on
+// every change; piped (a log file, CI), one line is printed per optimizer step and per state
+// change, not per rank event (every rank reports each step).
+#pragma once
+
+#include <string>
+
+#include "qlora/v1/job_service.pb.h"
+
+namespace qlora::cli {
+
+// "RUNNING", "FAILED", ...
+const char* StateName(v1::JobState state);
+
+// "job-000001 RUNNING step 12/40 [=====>     ] loss 2.3140 lr 0.0002 tok/s 812 ETA 0:00:31".
+std::string ProgressLine(const v1::Job& job);
+
+// "1:02:03"; "--:--" for a negative or non-finite duration.
+std::string FormatDuration(double seconds);
+
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool tty) : tty_(tty) {}
+
+  // What to write for this update of the job ("" for nothing): on a terminal "\r\033[K" and the
+  // line when it changed; piped, the line and "\n" when the step, the state, the eval loss or
+  // (before the first step) the state message changed.
+  std::string Update(const v1::Job& job);
+  // What to write once the stream ends: "\n" on a terminal after a redrawn line, else "".
+  std::string Finish();
+
+ private:
+  bool tty_;
+  std::string last_line_;  // terminal: the line on screen
+  std::string last_key_;   // piped: what the last printed line stood for
+};
+
+}  // namespace qlora::cli
