@@ -183,6 +183,14 @@ const char kStatusPageJs[] = R"js('use strict';
       label(L, H - 6, 'step ' + x0, 'start');
       label(W - R, H - 6, 'step ' + x1, 'end');
     }
+    if (children.length === 0) {
+      const t = document.createElementNS(SVG, 'text');
+      t.setAttribute('x', '300');
+      t.setAttribute('y', '100');
+      t.setAttribute('text-anchor', 'middle');
+      t.textContent = 'no points yet';
+      children.push(t);
+    }
     svg.replaceChildren(...children);
   }
 
