@@ -43,7 +43,8 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
 ABSL_FLAG(bool, insecure, false,
-          "allow a non-loopback --address without TLS and client authentication");
+          "allow a non-loopback --address without TLS and client authentication (and a non-loopback "
+          "--metrics-address, which is plain HTTP)");
 ABSL_FLAG(std::string, tls_cert, "", "TLS: this server's certificate chain (PEM; re-read when it changes)");
 ABSL_FLAG(std::string, tls_key, "", "TLS: the certificate's private key (PEM)");
 ABSL_FLAG(std::string, tls_client_ca, "",

@@ -16,6 +16,7 @@ const char* Reason(int status) {
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
+    case 421: return "Misdirected Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 503: return "Service Unavailable";
@@ -50,6 +51,7 @@ int HttpServer::Serve(mg_connection* conn, void* self) {
   request.path = info->local_uri ? info->local_uri : "";
   request.query = info->query_string ? info->query_string : "";
   if (const char* auth = mg_get_header(conn, "Authorization")) request.authorization = auth;
+  if (const char* host = mg_get_header(conn, "Host")) request.host = host;
   HttpServerResponse response;
   if (request.method != "GET" && request.method != "HEAD") {
     response.status = 405;

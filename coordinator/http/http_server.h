@@ -27,6 +27,7 @@ struct HttpServerRequest {
   std::string path;                  // URL-decoded, without the query
   std::string query;                 // raw, without '?'
   std::string authorization;         // the Authorization header, "" when absent
+  std::string host;                  // the Host header, "" when absent
 };
 
 struct HttpServerResponse {

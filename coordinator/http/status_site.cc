@@ -1,6 +1,8 @@
 // The HTTP port's routes, authentication and answers (see status_site.h).
 #include "coordinator/http/status_site.h"
 
+#include <arpa/inet.h>
+
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -67,6 +69,24 @@ absl::StatusOr<int64_t> QueryInt(const std::string& query, absl::string_view nam
   return n;
 }
 
+// Whether a Host header names this server by address: an IPv4 or [IPv6] literal or "localhost",
+// with or without a port; an absent header (HTTP/1.0) too.
+bool HostIsAnAddress(const std::string& host) {
+  if (host.empty()) return true;
+  std::string name = host;
+  if (name[0] == '[') {
+    const size_t close = name.find(']');
+    if (close == std::string::npos) return false;
+    const std::string rest = name.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':') return false;
+    in6_addr v6;
+    return inet_pton(AF_INET6, name.substr(1, close - 1).c_str(), &v6) == 1;
+  }
+  if (const size_t colon = name.find(':'); colon != std::string::npos) name.resize(colon);
+  in_addr v4;
+  return absl::EqualsIgnoreCase(name, "localhost") || inet_pton(AF_INET, name.c_str(), &v4) == 1;
+}
+
 }  // namespace
 
 absl::StatusOr<Caller> StatusSite::CallerOf(const HttpServerRequest& request) const {
@@ -85,7 +105,10 @@ absl::StatusOr<Caller> StatusSite::CallerOf(const HttpServerRequest& request) co
 HttpServerResponse StatusSite::Handle(const HttpServerRequest& request) const {
   const std::string& path = request.path;
   HttpServerResponse response;
-  if (path == "/static/status.js") {
+  if (!HostIsAnAddress(request.host)) {
+    response = Text(421, "address this server by its IP address or as localhost (DNS names are refused: "
+                         "DNS-rebinding guard)");
+  } else if (path == "/static/status.js") {
     response = Asset("text/javascript; charset=utf-8", kStatusPageJs);
   } else if (path == "/static/status.css") {
     response = Asset("text/css; charset=utf-8", kStatusPageCss);

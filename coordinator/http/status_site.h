@@ -13,6 +13,10 @@
 // (403 for users). Tokens are never taken from a URL. The shell and its static files hold no
 // data and are served to anyone.
 //
+// A request whose Host header names anything but an IP address or "localhost" is refused (421):
+// a web page cannot then reach this port through a DNS name rebound to 127.0.0.1 and read it as
+// its own origin (DNS rebinding), which matters most when authentication is off.
+//
 // Nothing here holds the JobManager's lock while it renders or reads files: the jobs come from
 // JobManager::Snapshot / Get (copies), the curves from a read-only connection of its own to the
 // job store (opened per request, so no lock of its own either), the log tail from the file

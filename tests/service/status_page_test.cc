@@ -72,7 +72,8 @@ HttpAnswer Http(int port, const std::string& method, const std::string& target, 
     close(fd);
     return answer;
   }
-  const std::string request = absl::StrCat(method, " ", target, " HTTP/1.1\r\nHost: 127.0.0.1\r\n", extra_headers,
+  const std::string host = absl::StrContains(extra_headers, "Host:") ? "" : "Host: 127.0.0.1\r\n";
+  const std::string request = absl::StrCat(method, " ", target, " HTTP/1.1\r\n", host, extra_headers,
                                            "Connection: close\r\n\r\n");
   (void)!write(fd, request.data(), request.size());
   std::string data;
@@ -310,6 +311,11 @@ TEST_F(StatusPageTest, ApiServesJobsCurvesAndLogsReadOnly) {
     EXPECT_EQ(refused.status, 405) << method;
     EXPECT_THAT(refused.head, HasSubstr("Allow: GET, HEAD")) << method;
   }
+  // A page from elsewhere cannot reach the port through a DNS name rebound to 127.0.0.1.
+  EXPECT_EQ(Http(http_port_, "GET", "/api/jobs", "Host: rebound.example.com:80\r\n").status, 421);
+  EXPECT_EQ(Http(http_port_, "GET", "/", "Host: 127.0.0.1.nip.io\r\n").status, 421);
+  EXPECT_EQ(Http(http_port_, "GET", "/api/jobs", absl::StrCat("Host: localhost:", http_port_, "\r\n")).status, 200);
+  EXPECT_EQ(Http(http_port_, "GET", "/api/jobs", absl::StrCat("Host: [::1]:", http_port_, "\r\n")).status, 200);
   HttpAnswer head = Http(http_port_, "HEAD", "/api/jobs");
   EXPECT_EQ(head.status, 200);
   EXPECT_EQ(head.body, "");
