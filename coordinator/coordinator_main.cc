@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,10 @@
 #include "coordinator/job_store.h"
 #include "common/rpc/coordinator_channel.h"
 #include "coordinator/authenticator.h"
+#include "coordinator/http/http_server.h"
+#include "coordinator/http/metrics.h"
+#include "coordinator/http/rpc_metrics_interceptor.h"
+#include "coordinator/http/status_site.h"
 #include "coordinator/listen_policy.h"
 #include "coordinator/process_launcher.h"
 #include "coordinator/ray/ray_worker_launcher.h"
@@ -39,7 +44,8 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
 ABSL_FLAG(bool, insecure, false,
-          "allow a non-loopback --address without TLS and client authentication");
+          "allow a non-loopback --address without TLS and client authentication (and a non-loopback "
+          "--metrics-address, which is plain HTTP)");
 ABSL_FLAG(std::string, tls_cert, "", "TLS: this server's certificate chain (PEM; re-read when it changes)");
 ABSL_FLAG(std::string, tls_key, "", "TLS: the certificate's private key (PEM)");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -83,6 +89,11 @@ ABSL_FLAG(int, cpu_workers, 0, "run jobs on this many CPU worker processes (mach
 ABSL_FLAG(std::string, gpus, "auto", "GPU ids to use, e.g. 0,1,2,3; 'auto' = every GPU; 'none' = no GPU");
 ABSL_FLAG(std::string, worker_binary, "", "path of qlora-worker (default: beside this binary)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port here once serving");
+ABSL_FLAG(std::string, metrics_address, "",
+          "also serve Prometheus /metrics and the read-only status page (/, /jobs/ID) over plain HTTP "
+          "on this IP:port (port 0 picks a free one; off when empty); a non-loopback address needs "
+          "--insecure, and with --auth-tokens every data request needs 'Authorization: Bearer'");
+ABSL_FLAG(std::string, metrics_port_file, "", "write the bound --metrics-address port here once serving");
 ABSL_FLAG(int, shutdown_grace_ms, 500, "NOT_SERVING period before the listener closes");
 // The job manager's own defaults are the flags' defaults (one source of truth).
 ABSL_FLAG(int, register_timeout_s,
@@ -289,6 +300,14 @@ int main(int argc, char** argv) {
             "who reaches it can submit, read and cancel jobs\n",
             address.c_str(), security.tls ? "client authentication" : "TLS and client authentication");
   }
+  const std::string metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  if (!metrics_address.empty() && !qlora::coordinator::IsLoopbackAddress(metrics_address) &&
+      !security.insecure) {
+    fprintf(stderr, "qlora-coordinator: --metrics-address %s is not a loopback address: the port speaks "
+            "plain HTTP, so job data and bearer tokens would cross the network in clear; listen on "
+            "127.0.0.1 (behind a TLS proxy) or pass --insecure\n", metrics_address.c_str());
+    return 2;
+  }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       qlora::coordinator::MakeServerCredentials(tls);
   if (!credentials.ok()) {
@@ -308,6 +327,17 @@ int main(int argc, char** argv) {
   }
   qlora::coordinator::JobManagerOptions options = *std::move(flags);
   HealthSwitch health;
+  // The metrics exist (and the RPCs are timed) only when they are served.
+  std::unique_ptr<qlora::coordinator::CoordinatorMetrics> metrics;
+  if (!metrics_address.empty()) {
+    std::set<std::string> methods = qlora::coordinator::RpcMethodNames(
+        {"qlora.v1.JobService", "qlora.v1.WorkerService", "grpc.reflection.v1alpha.ServerReflection"});
+    methods.insert({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"});
+    metrics = std::make_unique<qlora::coordinator::CoordinatorMetrics>(std::move(methods));
+    options.on_worker_exit = [m = metrics.get()](const qlora::coordinator::WorkerExit& exit) {
+      m->CountWorkerExit(exit);
+    };
+  }
   options.on_unhealthy = [&health](const absl::Status&) { health.Fail(); };
   absl::StatusOr<StateDir> state = OpenStateDir(options.state_dir);
   if (!state.ok()) {
@@ -355,6 +385,11 @@ int main(int argc, char** argv) {
   builder.AddListeningPort(address, *credentials, &port);
   builder.RegisterService(&job_service);
   builder.RegisterService(&worker_service);
+  if (metrics) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(qlora::coordinator::MakeRpcMetricsInterceptorFactory(metrics.get()));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     fprintf(stderr, "qlora-coordinator: cannot listen on %s\n", address.c_str());
@@ -384,6 +419,28 @@ int main(int argc, char** argv) {
     printf("qlora-coordinator: health (plaintext) on %s:%d\n",
            health_address.substr(0, health_address.rfind(':')).c_str(), health_port);
   }
+  std::unique_ptr<qlora::coordinator::StatusSite> site;
+  std::unique_ptr<qlora::coordinator::HttpServer> http;
+  if (metrics) {
+    site = std::make_unique<qlora::coordinator::StatusSite>(
+        qlora::coordinator::StatusSiteOptions{.store_path = options.state_dir + "/jobs.sqlite"}, &manager,
+        auth->get(), metrics.get());
+    absl::StatusOr<std::unique_ptr<qlora::coordinator::HttpServer>> started = qlora::coordinator::HttpServer::Start(
+        {.address = metrics_address},
+        [s = site.get()](const qlora::coordinator::HttpServerRequest& request) { return s->Handle(request); });
+    if (!started.ok()) {
+      fprintf(stderr, "qlora-coordinator: --metrics-address: %s\n", std::string(started.status().message()).c_str());
+      return 1;
+    }
+    http = *std::move(started);
+    printf("qlora-coordinator: metrics and status page (HTTP%s) on %s:%d\n",
+           (*auth)->enabled() ? ", bearer tokens" : "", metrics_address.substr(0, metrics_address.rfind(':')).c_str(),
+           http->port());
+    if (!qlora::coordinator::IsLoopbackAddress(metrics_address)) {
+      fprintf(stderr, "qlora-coordinator: INSECURE: --metrics-address %s serves plain HTTP beyond this host\n",
+              metrics_address.c_str());
+    }
+  }
   printf("qlora-coordinator listening on %s (state %s, %s; %s, %s)\n", bound.c_str(),
          options.state_dir.c_str(),
          options.gpus.empty() ? absl::StrCat(options.cpu_workers, " CPU workers").c_str()
@@ -395,6 +452,7 @@ int main(int argc, char** argv) {
          options.roots.read.empty() ? "any path (no --read-roots)" : absl::StrJoin(options.roots.read, ",").c_str(),
          options.roots.output.empty() ? "any path (no --output-root)" : options.roots.output.c_str());
   fflush(stdout);
+  if (http) WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), http->port());
   WritePortFile(absl::GetFlag(FLAGS_port_file), port);
 
   int signal_number = 0;
@@ -408,6 +466,7 @@ int main(int argc, char** argv) {
   health.Fail();
   // Health says NOT_SERVING for a moment before the listener closes, so probes can see it.
   usleep(absl::GetFlag(FLAGS_shutdown_grace_ms) * 1000);
+  http.reset();  // no request is in flight on the manager past this
   manager.Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

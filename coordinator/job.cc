@@ -196,6 +196,7 @@ std::vector<int> Job::Poll() {
   std::vector<int> freed;
   for (const WorkerExit& exit : workers_.Reap()) {
     freed.push_back(exit.slot);
+    if (env_->worker_exited) env_->worker_exited(exit);
     FailOnExit(exit);
   }
   workers_.KillOverdue(env_->now());

@@ -50,6 +50,7 @@ struct JobEnv {
   std::function<void(const absl::Status&)> store_failed;  // a state change was not persisted
   int default_max_restarts = 0;      // for jobs whose file does not say (trainer.max_restarts)
   absl::Duration restart_backoff;    // before the first restart; doubled for each next one
+  std::function<void(const WorkerExit&)> worker_exited;  // every reaped rank (metrics); may be empty
 };
 
 class Job {

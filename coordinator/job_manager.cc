@@ -72,7 +72,8 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLaunch
            [this] { changed_.SignalAll(); },
            [this](const absl::Status& status) { StoreFailed(status); },
            options_.default_max_restarts,
-           options_.restart_backoff},
+           options_.restart_backoff,
+           options_.on_worker_exit},
       slots_(options_.gpus, options_.cpu_workers) {}
 
 JobManager::~JobManager() { Shutdown(); }
@@ -326,6 +327,22 @@ absl::StatusOr<std::vector<JobRecord>> JobManager::List(const std::set<JobState>
     out.push_back(r);
   }
   return out;
+}
+
+ManagerSnapshot JobManager::Snapshot() const {
+  ManagerSnapshot snapshot;
+  absl::MutexLock lock(&mu_);
+  snapshot.jobs.reserve(order_.size());
+  for (const std::string& id : order_) {
+    JobRecord r = jobs_.at(id)->record();
+    r.job_yaml.clear();
+    r.resolved_config_yaml.clear();
+    snapshot.jobs.push_back(std::move(r));
+  }
+  snapshot.slots_total = slots_.total();
+  snapshot.slots_busy = slots_.total() - static_cast<int>(slots_.Free().size());
+  snapshot.gpu = slots_.gpu();
+  return snapshot;
 }
 
 absl::StatusOr<JobRecord> JobManager::Cancel(const std::string& id) {

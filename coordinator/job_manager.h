@@ -64,6 +64,9 @@ struct JobManagerOptions {
   // The same for one user's queued jobs (0 = no per-user cap), so one user cannot fill the queue.
   int max_queued_jobs_per_user = 0;
   std::function<absl::Time()> now = [] { return absl::Now(); };
+  // Called for every worker process (rank) whose end was seen, under the manager's lock: it must
+  // not call the manager nor block (metrics count the ends by cause).
+  std::function<void(const WorkerExit&)> on_worker_exit;
   // Called once, when the coordinator turns unhealthy (a state change could not be written to
   // the store; see Health()). Runs under the manager's lock: it must not call the manager.
   std::function<void(const absl::Status&)> on_unhealthy;
@@ -80,6 +83,15 @@ struct SubmitRequest {
 };
 
 using qlora::WorkerAssignment;
+
+// Every job and the slots, copied at one instant (JobManager::Snapshot), for the metrics and the
+// status page to render without the manager's lock. The job files are left out.
+struct ManagerSnapshot {
+  std::vector<JobRecord> jobs;       // submission order; job_yaml and resolved_config_yaml empty
+  int slots_total = 0;               // GPU ids or CPU slots of this host
+  int slots_busy = 0;                // held by a live local worker process
+  bool gpu = false;                  // the slots are GPUs
+};
 
 class JobManager {
  public:
@@ -123,6 +135,8 @@ class JobManager {
                                               const std::string& after_id,
                                               std::string* next_id) const;
   absl::StatusOr<JobRecord> Cancel(const std::string& id);
+  // Every job (without its job files) and the slots in use, copied under the lock.
+  ManagerSnapshot Snapshot() const;
   // Events after `after_sequence`, waiting up to `deadline` for the first one. Empty when none
   // came in time; `*terminal` tells whether the job has ended.
   absl::StatusOr<std::vector<JobEvent>> WaitEvents(const std::string& id, int64_t after_sequence,

@@ -153,13 +153,15 @@ constexpr const char* kEventColumns =
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
                                                           const JobStoreOptions& options) {
   sqlite3* db = nullptr;
-  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
+  const int flags = options.read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
     return absl::UnavailableError(absl::StrCat("cannot open job store ", path, ": ", msg));
   }
   sqlite3_busy_timeout(db, 5000);
   std::unique_ptr<JobStore> store(new JobStore(db));
+  if (options.read_only) return store;
   QLORA_RETURN_IF_ERROR(store->Exec(kSchema));
   // Stores made before a column existed gain it (an error only means it is there already).
   for (const char* column : {"dev_reserved INTEGER DEFAULT 0", "strategy_stage INTEGER DEFAULT -1",

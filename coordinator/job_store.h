@@ -20,6 +20,10 @@ struct JobStoreOptions {
   // size means "no room to grow": every write that needs a new page fails with SQLITE_FULL, as
   // on a full disk (tests force the fault this way).
   int64_t max_pages = 0;
+  // Opens an existing store for reading only (SQLITE_OPEN_READONLY; no schema changes): a second
+  // connection beside the coordinator's own, e.g. the status page's history reads, which then
+  // need no lock of the manager (the store is in WAL mode, so readers do not block its writer).
+  bool read_only = false;
 };
 
 // Every write returns its error: UNAVAILABLE when SQLite reports a condition of the disk or the

@@ -23,8 +23,12 @@ debian_packages=(build-essential cmake ninja-build ccache pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev libsqlite3-dev sqlite3 libgtest-dev libgmock-dev libgloo-dev
   libsentencepiece-dev nlohmann-json3-dev libpcre2-dev libicu-dev libssl-dev openssl libcurl4-openssl-dev
+  prometheus-cpp-dev libcivetweb-dev chromium
   iproute2 curl unzip python3-venv python3-pip
   clang libclang-rt-14-dev llvm)
+# prometheus-cpp-dev, libcivetweb-dev: the coordinator's --metrics-address port (Prometheus text
+# format; civetweb serves /metrics and the status page, which prometheus-cpp's exposer cannot);
+# chromium: the status page's browser test (large, installed once per machine).
 # libicu-dev: Unicode normalization for tokenizer.json normalizers (Qwen2 NFC).
 # libcurl4-openssl-dev: the coordinator's Ray launcher (HTTP to Ray's dashboard); iproute2 and
 # curl: the multi-host test's network namespaces and its wait for the Ray cluster.

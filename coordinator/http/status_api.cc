@@ -1,0 +1,92 @@
+// The status page's JSON (see status_api.h).
+#include "coordinator/http/status_api.h"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+
+namespace qlora::coordinator {
+namespace {
+
+using nlohmann::json;
+
+json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+json Summary(const JobRecord& job) {
+  json j = {{"id", job.id},
+            {"name", job.name},
+            {"owner", job.owner},
+            {"state", absl::AsciiStrToLower(JobStateName(job.state))},
+            {"created_unix", job.created_unix},
+            {"restarts", job.restarts},
+            {"step", nullptr},
+            {"total_steps", nullptr},
+            {"loss", nullptr},
+            {"eval_loss", nullptr},
+            {"learning_rate", nullptr},
+            {"tokens_per_second", nullptr}};
+  if (!job.progress.empty()) {
+    const ProgressSnapshot& p = job.progress.front();
+    j["step"] = p.step;
+    j["total_steps"] = p.total_steps;
+    j["loss"] = Number(p.loss);
+    j["eval_loss"] = Number(p.eval_loss);
+    j["learning_rate"] = Number(p.learning_rate);
+    double tokens = 0;
+    for (const ProgressSnapshot& r : job.progress) tokens += r.tokens_per_second;
+    j["tokens_per_second"] = Number(tokens);
+  }
+  return j;
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+std::string JobListJson(const std::vector<JobRecord>& jobs) {
+  json list = json::array();
+  for (const JobRecord& job : jobs) list.push_back(Summary(job));
+  return Dump(json{{"jobs", std::move(list)}});
+}
+
+std::string JobDetailJson(const JobRecord& job, const std::vector<JobEvent>& events,
+                          int64_t after_sequence, int log_rank, const std::string& log_tail) {
+  json summary = Summary(job);
+  summary["reason_code"] = job.reason_code;
+  summary["message"] = job.message;
+  summary["num_workers"] = job.num_workers;
+  summary["started_unix"] = job.started_unix;
+  summary["finished_unix"] = job.finished_unix;
+  summary["adapter_path"] = job.adapter_path;
+
+  std::vector<const JobEvent*> progress;
+  int64_t last = after_sequence;
+  for (const JobEvent& e : events) {
+    last = std::max(last, e.sequence);
+    if (e.progress.has_value() && e.progress->rank == 0) progress.push_back(&e);
+  }
+  json points = json::array();
+  const size_t n = progress.size();
+  const size_t stride = n > kMaxCurvePoints ? (n + kMaxCurvePoints - 1) / kMaxCurvePoints : 1;
+  for (size_t i = 0; i < n; ++i) {
+    if (i % stride != 0 && i + 1 != n) continue;
+    const JobEvent& e = *progress[i];
+    const ProgressSnapshot& p = *e.progress;
+    points.push_back({{"seq", e.sequence},
+                      {"time_unix", e.time_unix},
+                      {"step", p.step},
+                      {"loss", Number(p.loss)},
+                      {"eval_loss", Number(p.eval_loss)},
+                      {"learning_rate", Number(p.learning_rate)},
+                      {"tokens_per_second", Number(p.tokens_per_second)}});
+  }
+  return Dump(json{{"job", std::move(summary)},
+                   {"points", std::move(points)},
+                   {"last_sequence", last},
+                   {"log_rank", log_rank},
+                   {"log", log_tail}});
+}
+
+}  // namespace qlora::coordinator
