@@ -3,7 +3,7 @@
 # or qwen2: a tiny Mistral with a 64-token attention window, or a tiny Qwen2) with the example
 # tokenizer, starts a local coordinator on a free port (CPU workers when there is no GPU), and
 # runs the example job (examples/qlora-tiny.yaml on examples/data) to the end with
-# `qloractl submit --follow`. Prints where the PEFT adapter is.
+# `qloractl submit --follow`. Prints where the PEFT adapter, the TensorBoard logs and the metrics are.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -26,11 +26,17 @@ sed -e "s|BASE_MODEL_DIR|$model|" -e "s|VALIDATION_DATASET|$root/examples/data/v
 workers=(--cpu-workers 2)
 if [ -d /proc/driver/nvidia/gpus ] && [ -n "$(ls /proc/driver/nvidia/gpus 2>/dev/null)" ]; then workers=(--gpus auto); fi
 "$build/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$out/state" \
-  --port-file "$out/port" "${workers[@]}" > "$out/coordinator.log" 2>&1 &
+  --port-file "$out/port" --metrics-address 127.0.0.1:0 --metrics-port-file "$out/metrics-port" \
+  "${workers[@]}" > "$out/coordinator.log" 2>&1 &
 coordinator=$!
 trap 'kill $coordinator 2>/dev/null; wait $coordinator 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -s "$out/port" ] && break; sleep 0.1; done
 export QLORA_ADDRESS=127.0.0.1:$(cat "$out/port")
+for _ in $(seq 100); do [ -s "$out/metrics-port" ] && break; sleep 0.1; done
 echo "coordinator on $QLORA_ADDRESS (state in $out/state)"
+echo "status page: http://127.0.0.1:$(cat "$out/metrics-port")/   (Prometheus: /metrics)"
 "$build/cli/qloractl" submit "$out/job.yaml" --dataset "$root/examples/data/train.jsonl" --name demo --follow
 "$build/cli/qloractl" get job-000001   # a fresh state folder: the demo's job is the first
+output="$out/state/jobs/job-000001/output"
+echo "TensorBoard logs: $output/runs   (tensorboard --logdir $out/state/jobs)"
+echo "per-step metrics: $output/metrics.jsonl"

@@ -21,7 +21,7 @@ TEST(CommonTensorboard, Crc32cMatchesKnownVectors) {
   EXPECT_EQ(Crc32c(""), 0u);
 }
 
-std::string Run(const std::string& command) {
+std::string RunAndCapture(const std::string& command) {
   std::string out;
   std::FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return out;
@@ -65,7 +65,7 @@ TEST(CommonTensorboard, TensorboardReadsEveryScalarBack) {
     ASSERT_TRUE(again.ok());
     EXPECT_NE((*again)->path().find(".42.1"), std::string::npos);
   }
-  const std::string out = Run(std::string("'") + python + "' '" + source +
+  const std::string out = RunAndCapture(std::string("'") + python + "' '" + source +
                               "/tests/common/read_events.py' '" + dir.path() + "/runs'");
   const auto scalars = nlohmann::json::parse(out, nullptr, false);
   ASSERT_TRUE(scalars.is_object()) << out;
