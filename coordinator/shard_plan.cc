@@ -8,17 +8,13 @@
 
 namespace qlora::coordinator {
 
-// Several shards per rank: the worker shuffles shard order per epoch, and a resume on a
-// different number of ranks re-plans from the same files.
-constexpr int kShardsPerRank = 4;
-
 absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
                                                                         DatasetFormat format,
                                                                         int world_size) {
   std::vector<std::string> files = absl::StrSplit(paths, ',', absl::SkipEmpty());
   data::ShardPlanOptions options;
   options.format = format;
-  return data::PlanShards(files, world_size, kShardsPerRank, options);
+  return data::PlanShards(files, world_size, options);
 }
 
 absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size) {
@@ -33,11 +29,11 @@ absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size) 
   for (int rank = 0; rank < world_size; ++rank) {
     if (shards.train[rank].empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the dataset is too small to give each of the ", world_size, " workers a part of it"));
+          "the training data is empty (", data.train_path, ")"));
     }
     if (validate && shards.validation[rank].empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the validation file has fewer records than the job's ", world_size, " workers"));
+          "the validation data is empty (", data.validation_path, ")"));
     }
   }
   return shards;

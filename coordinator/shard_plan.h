@@ -1,5 +1,7 @@
-// Splits a job's datasets into per-rank byte-range shards at record boundaries. The planning
-// itself is the data path's (common/dataset/shard_planner.h); this adapts it to a job's fields.
+// Plans which records of a job's datasets each rank reads: byte-range chunks cut at record
+// boundaries, every rank reading every chunk and keeping every world-size-th record (balanced
+// by records, not bytes). The planning itself is the data path's
+// (common/dataset/shard_planner.h); this adapts it to a job's fields.
 #pragma once
 
 #include <string>
@@ -24,9 +26,9 @@ struct JobShards {
   std::vector<std::vector<data::ShardSpec>> validation;
 };
 
-// Plans the training and validation files of `data` for `world_size` ranks. Every rank runs the
-// same collectives, so every rank needs data of each kind the job uses: FAILED_PRECONDITION when
-// a file is too small to give each rank a part of it.
+// Plans the training and validation files of `data` for `world_size` ranks: FAILED_PRECONDITION
+// when the files hold no byte of data. (A rank left without records, fewer records than ranks,
+// is found by the workers' epoch plan.)
 absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size);
 
 }  // namespace qlora::coordinator
