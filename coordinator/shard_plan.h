@@ -26,9 +26,9 @@ struct JobShards {
   std::vector<std::vector<data::ShardSpec>> validation;
 };
 
-// Plans the training and validation files of `data` for `world_size` ranks: FAILED_PRECONDITION
-// when the files hold no byte of data. (A rank left without records, fewer records than ranks,
-// is found by the workers' epoch plan.)
+// Plans the training and validation files of `data` for `world_size` ranks. Every rank runs the
+// same collectives, so every rank needs data of each kind the job uses: FAILED_PRECONDITION when
+// a file has fewer records than ranks (counted from the start, only up to the world size).
 absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size);
 
 }  // namespace qlora::coordinator
