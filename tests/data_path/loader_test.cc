@@ -159,6 +159,49 @@ TEST(DataEpochPlanTest, EveryRankRunsTheSameStepsAndTheRemainderIsCounted) {
   EXPECT_NE(std::string(starved.status().message()).find("rank 1"), std::string::npos);
 }
 
+// data.test_fraction (Ludwig's third split probability): those records are held out, read
+// neither as training nor as validation data, and the test share of a validation file is none.
+TEST_F(DataLoaderTest, TestShareIsHeldOutOfTrainingAndValidation) {
+  std::string path = WriteJsonl(dir_.path(), "train.jsonl", 1000);
+  auto shards = SplitFile(path, 3);
+  std::multiset<std::string> train, validation, train_without_test;
+  for (SplitRole role : {SplitRole::kTrain, SplitRole::kValidation}) {
+    LoaderOptions options = Options(false);
+    options.split = role;
+    options.validation_fraction = 0.1;
+    options.test_fraction = 0.2;
+    auto loader = DataLoader::Create(*shards, tokenizer_.get(), options);
+    ASSERT_TRUE(loader.ok()) << loader.status();
+    for (const std::string& s : Epoch(**loader, 0))
+      (role == SplitRole::kTrain ? train : validation).insert(s);
+  }
+  LoaderOptions no_test = Options(false);
+  no_test.split = SplitRole::kTrain;
+  no_test.validation_fraction = 0.1;
+  auto plain = DataLoader::Create(*shards, tokenizer_.get(), no_test);
+  for (const std::string& s : Epoch(**plain, 0)) train_without_test.insert(s);
+  const size_t held_out = 1000 - train.size() - validation.size();
+  EXPECT_GT(held_out, 140u);
+  EXPECT_LT(held_out, 260u);
+  for (const std::string& s : validation) EXPECT_EQ(train.count(s), 0u) << s;
+  // The test share comes out of training: every training record is one without a test share.
+  for (const std::string& s : train) EXPECT_EQ(train_without_test.count(s), 1u) << s;
+  EXPECT_EQ(train_without_test.size(), train.size() + held_out);
+
+  JobConfig job;
+  job.input_features = {{"instruction", "text"}};
+  job.output_features = {{"output", "text"}};
+  job.data.train_path = "/data/train.jsonl";
+  job.data.test_fraction = 0.2;
+  auto options = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kTrain, 0);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->test_fraction, 0.2);
+  job.data.validation_path = "/data/val.jsonl";
+  options = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kValidation, 0);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->test_fraction, 0.0);  // a validation file is read whole
+}
+
 TEST_F(DataLoaderTest, CountMatchesTheEpochAndFeedsThePlan) {
   std::string path = WriteJsonl(dir_.path(), "train.jsonl", 500);
   auto plan = PlanShards({path}, 3);

@@ -26,8 +26,10 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(std::vector<Shard
                                                                const LoaderOptions& options) {
   if (options.batch.rows < 1 || options.batch.seq_len < 2)
     return absl::InvalidArgumentError("micro-batch rows must be >= 1 and seq_len >= 2");
-  if (options.validation_fraction < 0 || options.validation_fraction >= 1)
-    return absl::InvalidArgumentError("data.validation_fraction must be in [0, 1)");
+  if (options.validation_fraction < 0 || options.test_fraction < 0 ||
+      options.validation_fraction + options.test_fraction >= 1)
+    return absl::InvalidArgumentError(
+        "data.validation_fraction and data.test_fraction must be >= 0 and sum to less than 1");
   QLORA_ASSIGN_OR_RETURN(ExampleBuilder builder, ExampleBuilder::Create(options.example, tokenizer));
   std::unique_ptr<DataLoader> loader(
       new DataLoader(std::move(shards), tokenizer, options, std::move(builder)));
@@ -65,14 +67,17 @@ absl::Status DataLoader::StartEpoch(int64_t epoch) {
 
 bool DataLoader::InSplit(const std::string& path, int64_t record_offset) const {
   // Without a fraction there is no split: every record is training data.
-  if (options_.validation_fraction <= 0) return options_.split != SplitRole::kValidation;
-  if (options_.split == SplitRole::kAll) return true;
+  if (options_.validation_fraction <= 0 && options_.test_fraction <= 0)
+    return options_.split != SplitRole::kValidation;
   uint64_t offset = static_cast<uint64_t>(record_offset);
   uint64_t hash = Fnv1a(absl::string_view(reinterpret_cast<const char*>(&offset), sizeof(offset)),
                         Fnv1a(path));
   Rng rng(MixSeed(options_.seed, hash));
-  const bool validation = rng.Uniform() < options_.validation_fraction;
-  return validation == (options_.split == SplitRole::kValidation);
+  // [0, validation) validation, [validation, validation + test) held out, the rest training.
+  const double u = rng.Uniform();
+  if (u < options_.validation_fraction) return options_.split != SplitRole::kTrain;
+  if (u < options_.validation_fraction + options_.test_fraction) return false;
+  return options_.split != SplitRole::kValidation;
 }
 
 void DataLoader::CloseReader() {

@@ -11,8 +11,9 @@
 // shuffle buffer's draws, so an epoch replays exactly; another epoch gets another order.
 // Validation split (validation_fraction without a validation file): a record belongs to the
 // validation set when a hash of (path, byte offset, seed) falls below the fraction; the same
-// on every rank and in every epoch, independent of sharding. The split filter runs in the
-// reader before interleaving, so each rank gets an equal share of each split.
+// on every rank and in every epoch, independent of sharding; with test_fraction, the next band
+// of the same draw is held out (read by no role). The split filter runs in the reader before
+// interleaving, so each rank gets an equal share of each split.
 //
 // Equal steps on every rank: PlanEpoch takes every rank's micro-batch count for the epoch
 // (CountMicroBatches: a streaming pass with the same order) and gives each rank
@@ -48,6 +49,7 @@ struct LoaderOptions {
   size_t shuffle_buffer_records = 8192;
   SplitRole split = SplitRole::kAll;
   double validation_fraction = 0.0;
+  double test_fraction = 0.0;  // held out after the validation band: never read
 };
 
 struct LoaderStats {
