@@ -85,6 +85,16 @@ void PrintJob(const v1::Job& job, bool json) {
   }
   if (!job.adapter_path().empty()) printf("adapter:     %s\n", job.adapter_path().c_str());
   printf("progress:    %s\n", ProgressLine(job).c_str());
+  for (const v1::Progress& p : job.progress()) {
+    const v1::RecordReport& e = p.epoch_records();
+    const v1::RecordReport& t = p.total_records();
+    printf("records:     rank %d epoch %d: %lld trained, %lld left over, %lld malformed, %lld without "
+           "target; all epochs: %lld trained, %lld left over, %lld malformed, %lld without target\n",
+           p.rank(), p.epoch(), static_cast<long long>(e.trained()), static_cast<long long>(e.left_over()),
+           static_cast<long long>(e.malformed()), static_cast<long long>(e.without_target()),
+           static_cast<long long>(t.trained()), static_cast<long long>(t.left_over()),
+           static_cast<long long>(t.malformed()), static_cast<long long>(t.without_target()));
+  }
 }
 
 // Streams a job's events until it ends; returns the exit status for its final state.

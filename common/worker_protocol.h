@@ -68,6 +68,15 @@ struct StrategySnapshot {
   bool partitioned_gradients = false;
 };
 
+// What became of a rank's records (its share of the training split). Each read record is
+// trained, left over, malformed or without a target.
+struct RecordCounts {
+  int64_t trained = 0;         // in the micro-batches of the optimizer steps taken
+  int64_t left_over = 0;       // beyond a finished epoch's planned steps (the shortest rank's)
+  int64_t malformed = 0;       // skipped as malformed (data.malformed_records: skip)
+  int64_t without_target = 0;  // nothing left to learn after truncation
+};
+
 struct ProgressSnapshot {
   int rank = 0;
   int64_t step = 0;                  // optimizer steps done
@@ -80,6 +89,10 @@ struct ProgressSnapshot {
   double elapsed_seconds = 0;
   MemorySnapshot memory;
   StrategySnapshot strategy;
+  // This rank's records: of `epoch` so far (malformed and without_target for the whole epoch,
+  // left_over once its last step is done), and of every epoch up to this step.
+  RecordCounts epoch_records;
+  RecordCounts total_records;
 };
 
 // Where a worker computes. On the wire (Assignment.device): "cuda" or "cpu".

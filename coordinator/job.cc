@@ -305,9 +305,12 @@ void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& comple
   if (!workers_.AllCompleted()) return;
   // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
   workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);
-  Transition(JobState::kSucceeded, "COMPLETED",
-             record_.adapter_path.empty() ? "training finished"
-                                          : absl::StrCat("adapter written to ", record_.adapter_path));
+  std::string message = record_.adapter_path.empty()
+                            ? "training finished"
+                            : absl::StrCat("adapter written to ", record_.adapter_path);
+  const std::string records = RecordSummary(record_.progress);
+  if (!records.empty()) absl::StrAppend(&message, "; ", records);
+  Transition(JobState::kSucceeded, "COMPLETED", message);
 }
 
 }  // namespace qlora::coordinator

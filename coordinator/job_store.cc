@@ -33,6 +33,10 @@ CREATE TABLE IF NOT EXISTS events (
   comm INTEGER, rss INTEGER, dev_reserved INTEGER DEFAULT 0, strategy_stage INTEGER DEFAULT -1,
   strategy_world INTEGER DEFAULT 0, strategy_trainable INTEGER DEFAULT 0,
   strategy_partition INTEGER DEFAULT 0, strategy_flags INTEGER DEFAULT 0,
+  epoch_trained INTEGER DEFAULT 0, epoch_left_over INTEGER DEFAULT 0,
+  epoch_malformed INTEGER DEFAULT 0, epoch_without_target INTEGER DEFAULT 0,
+  total_trained INTEGER DEFAULT 0, total_left_over INTEGER DEFAULT 0,
+  total_malformed INTEGER DEFAULT 0, total_without_target INTEGER DEFAULT 0,
   PRIMARY KEY (job_id, seq));
 )sql";
 
@@ -137,6 +141,8 @@ JobEvent ReadEvent(const Statement& s) {
     p.strategy.partition_elements = s.Int(27);
     p.strategy.partitioned_optimizer = (s.Int(28) & 1) != 0;
     p.strategy.partitioned_gradients = (s.Int(28) & 2) != 0;
+    p.epoch_records = {s.Int(29), s.Int(30), s.Int(31), s.Int(32)};
+    p.total_records = {s.Int(33), s.Int(34), s.Int(35), s.Int(36)};
     e.progress = p;
   }
   return e;
@@ -146,7 +152,8 @@ constexpr const char* kEventColumns =
     "job_id, seq, time, state, reason_code, message, has_progress, rank, step, total_steps, "
     "epoch, loss, lr, tokens_per_second, eval_loss, elapsed, dev_alloc, dev_peak, master, "
     "optim, grads, comm, rss, dev_reserved, strategy_stage, strategy_world, strategy_trainable, "
-    "strategy_partition, strategy_flags";
+    "strategy_partition, strategy_flags, epoch_trained, epoch_left_over, epoch_malformed, "
+    "epoch_without_target, total_trained, total_left_over, total_malformed, total_without_target";
 
 }  // namespace
 
@@ -166,7 +173,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   // Stores made before a column existed gain it (an error only means it is there already).
   for (const char* column : {"dev_reserved INTEGER DEFAULT 0", "strategy_stage INTEGER DEFAULT -1",
                              "strategy_world INTEGER DEFAULT 0", "strategy_trainable INTEGER DEFAULT 0",
-                             "strategy_partition INTEGER DEFAULT 0", "strategy_flags INTEGER DEFAULT 0"}) {
+                             "strategy_partition INTEGER DEFAULT 0", "strategy_flags INTEGER DEFAULT 0",
+                             "epoch_trained INTEGER DEFAULT 0", "epoch_left_over INTEGER DEFAULT 0",
+                             "epoch_malformed INTEGER DEFAULT 0", "epoch_without_target INTEGER DEFAULT 0",
+                             "total_trained INTEGER DEFAULT 0", "total_left_over INTEGER DEFAULT 0",
+                             "total_malformed INTEGER DEFAULT 0", "total_without_target INTEGER DEFAULT 0"}) {
     (void)store->Exec(absl::StrCat("ALTER TABLE events ADD COLUMN ", column).c_str());
   }
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN owner TEXT DEFAULT ''");
@@ -220,7 +231,8 @@ absl::Status JobStore::PutJob(const JobRecord& j) {
 absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e) {
   Statement s(db_, absl::StrCat("INSERT INTO events (", kEventColumns,
                                 ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,"
-                                "?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29)").c_str());
+                                "?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29,?30,?31,"
+                                "?32,?33,?34,?35,?36,?37)").c_str());
   QLORA_RETURN_IF_ERROR(s.status());
   s.Bind(1, job_id).Bind(2, e.sequence).Bind(3, e.time_unix).Bind(4, static_cast<int>(e.state))
       .Bind(5, e.reason_code).Bind(6, e.message).Bind(7, e.progress ? 1 : 0);
@@ -235,7 +247,11 @@ absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e)
         .Bind(24, p.memory.device_reserved_peak_bytes).Bind(25, p.strategy.zero_stage)
         .Bind(26, p.strategy.world_size).Bind(27, p.strategy.trainable_elements)
         .Bind(28, p.strategy.partition_elements)
-        .Bind(29, (p.strategy.partitioned_optimizer ? 1 : 0) | (p.strategy.partitioned_gradients ? 2 : 0));
+        .Bind(29, (p.strategy.partitioned_optimizer ? 1 : 0) | (p.strategy.partitioned_gradients ? 2 : 0))
+        .Bind(30, p.epoch_records.trained).Bind(31, p.epoch_records.left_over)
+        .Bind(32, p.epoch_records.malformed).Bind(33, p.epoch_records.without_target)
+        .Bind(34, p.total_records.trained).Bind(35, p.total_records.left_over)
+        .Bind(36, p.total_records.malformed).Bind(37, p.total_records.without_target);
   }
   return s.Step().status();
 }

@@ -56,4 +56,9 @@ struct JobRecord {
 // time of its last state change unknown (0) and no progress.
 JobEvent StateEventOf(const JobRecord& job);
 
+// The end-of-job account of the training records from each rank's latest progress:
+// "records: 214 trained (rank 0: 107, rank 1: 107), 0 left over, 0 malformed skipped, 0 without
+// a target"; "" without progress.
+std::string RecordSummary(const std::vector<ProgressSnapshot>& progress);
+
 }  // namespace qlora::coordinator

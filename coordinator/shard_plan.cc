@@ -3,14 +3,39 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/dataset/record_reader.h"
 #include "common/dataset/shard_planner.h"
 #include "common/status_macros.h"
 
 namespace qlora::coordinator {
+namespace {
 
-// Several shards per rank: the worker shuffles shard order per epoch, and a resume on a
-// different number of ranks re-plans from the same files.
-constexpr int kShardsPerRank = 4;
+// The records of `chunks` (every chunk of the files, as each rank's plan lists them), counted
+// from the start up to `limit`: reads only until it has seen that many (malformed ones count:
+// a rank reports them), so a large file costs a few records.
+absl::StatusOr<int64_t> CountRecordsUpTo(std::vector<data::ShardSpec> chunks, DatasetFormat format,
+                                         int64_t limit) {
+  int64_t count = 0;
+  for (data::ShardSpec& chunk : chunks) {
+    chunk.stride = 1;
+    chunk.phase = 0;
+    data::ReaderOptions options;
+    QLORA_ASSIGN_OR_RETURN(options.format, data::ResolveFormat(format, chunk.path));
+    options.skip_malformed = true;
+    QLORA_ASSIGN_OR_RETURN(auto reader, data::RecordReader::Open(chunk, options));
+    data::Record record;
+    while (count + reader->malformed_count() < limit) {
+      QLORA_ASSIGN_OR_RETURN(bool more, reader->Next(&record));
+      if (!more) break;
+      ++count;
+    }
+    count += reader->malformed_count();
+    if (count >= limit) break;
+  }
+  return count;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
                                                                         DatasetFormat format,
@@ -18,7 +43,7 @@ absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(con
   std::vector<std::string> files = absl::StrSplit(paths, ',', absl::SkipEmpty());
   data::ShardPlanOptions options;
   options.format = format;
-  return data::PlanShards(files, world_size, kShardsPerRank, options);
+  return data::PlanShards(files, world_size, options);
 }
 
 absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size) {
@@ -30,14 +55,21 @@ absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size) 
     QLORA_ASSIGN_OR_RETURN(shards.validation,
                            PlanShardsForRanks(data.validation_path, data.format, world_size));
   }
-  for (int rank = 0; rank < world_size; ++rank) {
-    if (shards.train[rank].empty()) {
+  // Every rank reads every chunk and keeps every world_size-th record: each needs one at least.
+  QLORA_ASSIGN_OR_RETURN(const int64_t train_records,
+                         CountRecordsUpTo(shards.train[0], data.format, world_size));
+  if (train_records < world_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the dataset is too small: ", train_records, " record(s) for ", world_size,
+        " workers, and each worker needs one at least (", data.train_path, ")"));
+  }
+  if (validate) {
+    QLORA_ASSIGN_OR_RETURN(const int64_t validation_records,
+                           CountRecordsUpTo(shards.validation[0], data.format, world_size));
+    if (validation_records < world_size) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the dataset is too small to give each of the ", world_size, " workers a part of it"));
-    }
-    if (validate && shards.validation[rank].empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the validation file has fewer records than the job's ", world_size, " workers"));
+          "the validation file is too small: ", validation_records, " record(s) for ", world_size,
+          " workers (", data.validation_path, ")"));
     }
   }
   return shards;

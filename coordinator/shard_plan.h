@@ -1,5 +1,7 @@
-// Splits a job's datasets into per-rank byte-range shards at record boundaries. The planning
-// itself is the data path's (common/dataset/shard_planner.h); this adapts it to a job's fields.
+// Plans which records of a job's datasets each rank reads: byte-range chunks cut at record
+// boundaries, every rank reading every chunk and keeping every world-size-th record (balanced
+// by records, not bytes). The planning itself is the data path's
+// (common/dataset/shard_planner.h); this adapts it to a job's fields.
 #pragma once
 
 #include <string>
@@ -26,7 +28,7 @@ struct JobShards {
 
 // Plans the training and validation files of `data` for `world_size` ranks. Every rank runs the
 // same collectives, so every rank needs data of each kind the job uses: FAILED_PRECONDITION when
-// a file is too small to give each rank a part of it.
+// a file has fewer records than ranks (counted from the start, only up to the world size).
 absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size);
 
 }  // namespace qlora::coordinator

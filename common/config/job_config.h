@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,11 +103,26 @@ struct DataConfig {
                                             // were checked (ParseOptions::check_paths)
   std::string validation_path;              // optional (validation_dataset)
   double validation_fraction = 0.0;         // split of train when no validation file
+  double test_fraction = 0.0;               // held out of train: never trained nor validated
   DatasetFormat format = DatasetFormat::kAuto;
   std::string prompt_template;              // empty = default for instruction/output data
   int max_sequence_length = 512;
   bool packing = false;
   MalformedRecords malformed_records = MalformedRecords::kFail;
+};
+
+// Ludwig's `generation:` section: how to generate with the trained adapter. Kept with the job
+// (stored, emitted back) for later use; training does not read it. Unset = the generator's
+// default.
+struct GenerationConfig {
+  std::optional<double> temperature;
+  std::optional<double> top_p;
+  std::optional<double> repetition_penalty;
+  std::optional<int64_t> max_new_tokens;
+  std::optional<int64_t> min_new_tokens;
+  std::optional<int64_t> top_k;
+  std::optional<int64_t> num_beams;
+  std::optional<bool> do_sample;
 };
 
 struct JobConfig {
@@ -122,6 +138,7 @@ struct JobConfig {
   BackendConfig backend;
   TrainerConfig trainer;
   DataConfig data;
+  GenerationConfig generation;
   std::string output_dir;                   // empty = the coordinator's state folder
 };
 
@@ -134,6 +151,7 @@ bool operator==(const StrategyConfig& a, const StrategyConfig& b);
 bool operator==(const BackendConfig& a, const BackendConfig& b);
 bool operator==(const TrainerConfig& a, const TrainerConfig& b);
 bool operator==(const DataConfig& a, const DataConfig& b);
+bool operator==(const GenerationConfig& a, const GenerationConfig& b);
 bool operator==(const JobConfig& a, const JobConfig& b);
 inline bool operator!=(const JobConfig& a, const JobConfig& b) { return !(a == b); }
 

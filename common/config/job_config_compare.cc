@@ -15,8 +15,9 @@ static_assert(sizeof(LoraConfig) == 56, "LoraConfig changed: see the note above"
 static_assert(sizeof(StrategyConfig) == 64, "StrategyConfig changed: see the note above");
 static_assert(sizeof(BackendConfig) == 88, "BackendConfig changed: see the note above");
 static_assert(sizeof(TrainerConfig) == 192, "TrainerConfig changed: see the note above");
-static_assert(sizeof(DataConfig) == 128, "DataConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 728, "JobConfig changed: see the note above");
+static_assert(sizeof(DataConfig) == 136, "DataConfig changed: see the note above");
+static_assert(sizeof(GenerationConfig) == 120, "GenerationConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 856, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -62,19 +63,26 @@ bool operator==(const TrainerConfig& a, const TrainerConfig& b) {
 }
 
 bool operator==(const DataConfig& a, const DataConfig& b) {
-  return std::tie(a.train_path, a.validation_path, a.validation_fraction, a.format,
+  return std::tie(a.train_path, a.validation_path, a.validation_fraction, a.test_fraction, a.format,
                   a.prompt_template, a.max_sequence_length, a.packing, a.malformed_records) ==
-         std::tie(b.train_path, b.validation_path, b.validation_fraction, b.format,
+         std::tie(b.train_path, b.validation_path, b.validation_fraction, b.test_fraction, b.format,
                   b.prompt_template, b.max_sequence_length, b.packing, b.malformed_records);
+}
+
+bool operator==(const GenerationConfig& a, const GenerationConfig& b) {
+  return std::tie(a.temperature, a.top_p, a.repetition_penalty, a.max_new_tokens, a.min_new_tokens,
+                  a.top_k, a.num_beams, a.do_sample) ==
+         std::tie(b.temperature, b.top_p, b.repetition_penalty, b.max_new_tokens, b.min_new_tokens,
+                  b.top_k, b.num_beams, b.do_sample);
 }
 
 bool operator==(const JobConfig& a, const JobConfig& b) {
   return std::tie(a.name, a.model_type, a.base_model, a.base_model_path, a.input_features,
                   a.output_features, a.adapter_type, a.lora, a.quantization, a.backend,
-                  a.trainer, a.data, a.output_dir) ==
+                  a.trainer, a.data, a.generation, a.output_dir) ==
          std::tie(b.name, b.model_type, b.base_model, b.base_model_path, b.input_features,
                   b.output_features, b.adapter_type, b.lora, b.quantization, b.backend,
-                  b.trainer, b.data, b.output_dir);
+                  b.trainer, b.data, b.generation, b.output_dir);
 }
 
 }  // namespace qlora

@@ -113,6 +113,51 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.End();
 }
 
+// Only the keys the job set: the others are the generator's defaults, not this service's. The
+// first one says what the section is for.
+void WriteGeneration(Writer& w, const GenerationConfig& g) {
+  if (g == GenerationConfig{}) return;
+  w.Begin("generation");
+  bool noted = false;
+  auto note = [&] {
+    if (!noted) w.raw() << YAML::Comment("kept for inference with the adapter; training does not use it");
+    noted = true;
+  };
+  if (g.temperature) {
+    w.Number("temperature", *g.temperature);
+    note();
+  }
+  if (g.top_p) {
+    w.Number("top_p", *g.top_p);
+    note();
+  }
+  if (g.repetition_penalty) {
+    w.Number("repetition_penalty", *g.repetition_penalty);
+    note();
+  }
+  if (g.max_new_tokens) {
+    w.Integer("max_new_tokens", *g.max_new_tokens);
+    note();
+  }
+  if (g.min_new_tokens) {
+    w.Integer("min_new_tokens", *g.min_new_tokens);
+    note();
+  }
+  if (g.top_k) {
+    w.Integer("top_k", *g.top_k);
+    note();
+  }
+  if (g.num_beams) {
+    w.Integer("num_beams", *g.num_beams);
+    note();
+  }
+  if (g.do_sample) {
+    w.Bool("do_sample", *g.do_sample);
+    note();
+  }
+  w.End();
+}
+
 }  // namespace
 
 std::string EmitResolvedJobYaml(const JobConfig& c) {
@@ -169,14 +214,20 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
 
   WriteTrainer(w, c.trainer);
 
-  w.Begin("data")
-      .Word("format", EnumName(c.data.format))
-      .Text("prompt_template", c.data.prompt_template)
-      .Integer("max_sequence_length", c.data.max_sequence_length)
-      .Bool("packing", c.data.packing)
+  // Ludwig's prompt and preprocessing keys are read into these; each says which.
+  w.Begin("data").Word("format", EnumName(c.data.format));
+  w.Text("prompt_template", c.data.prompt_template);
+  w.raw() << YAML::Comment("Ludwig: prompt.template");
+  w.Integer("max_sequence_length", c.data.max_sequence_length);
+  w.raw() << YAML::Comment("Ludwig: preprocessing.global_max_sequence_length");
+  w.Bool("packing", c.data.packing)
       .Word("malformed_records", EnumName(c.data.malformed_records))
-      .Number("validation_fraction", c.data.validation_fraction)
-      .End();
+      .Number("validation_fraction", c.data.validation_fraction);
+  w.raw() << YAML::Comment("Ludwig: preprocessing.split.probabilities[1]");
+  w.Number("test_fraction", c.data.test_fraction);
+  w.raw() << YAML::Comment("Ludwig: preprocessing.split.probabilities[2]; held out, never trained");
+  w.End();
+  WriteGeneration(w, c.generation);
   w.raw() << YAML::EndMap;
   return std::string(w.raw().c_str()) + "\n";
 }

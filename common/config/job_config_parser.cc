@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config/hf_model_path.h"
 #include "common/config/job_config_schema.h"
+#include "common/config/ludwig_sections.h"
 #include "common/config/utf8_check.h"
 #include "common/config/yaml_stream_shape.h"
 #include "common/config/yaml_map_reader.h"
@@ -56,6 +57,7 @@ struct Presence {
   bool adapter = false;
   bool quantization_written = false;
   bool validation_fraction = false;
+  bool split = false;  // preprocessing.split set the split fractions
 };
 
 // Ludwig allows `auto` for some sizes; this service needs numbers.
@@ -458,7 +460,9 @@ absl::Status ReadData(const MapReader& top, DataConfig* d, Presence* presence) {
   QLORA_RETURN_IF_ERROR(data.ReadBool("packing", &d->packing));
   QLORA_RETURN_IF_ERROR(data.ReadEnum("malformed_records", &d->malformed_records));
   presence->validation_fraction = data.Has("validation_fraction");
-  return data.ReadNumber("validation_fraction", {0, true}, {1, false}, &d->validation_fraction);
+  QLORA_RETURN_IF_ERROR(
+      data.ReadNumber("validation_fraction", {0, true}, {1, false}, &d->validation_fraction));
+  return data.ReadNumber("test_fraction", {0, true}, {1, false}, &d->test_fraction);
 }
 
 // The rules that span sections (Ludwig's config checks, restated for this service).
@@ -491,10 +495,17 @@ absl::Status CheckCrossFieldRules(const ErrorSite& site, const JobConfig& c,
                           absl::StrCat("'", in.name, "' is both an input and the output"));
     }
   }
-  if (!c.data.validation_path.empty() && presence.validation_fraction &&
+  const char* validation_key =
+      presence.split ? "preprocessing.split.probabilities" : "data.validation_fraction";
+  if (!c.data.validation_path.empty() && (presence.validation_fraction || presence.split) &&
       c.data.validation_fraction > 0) {
-    return site.ErrorAt("data.validation_fraction",
-                        "cannot be used together with validation_dataset; give one of them");
+    return site.ErrorAt(validation_key,
+                        "a validation share cannot be used together with validation_dataset; "
+                        "give one of them");
+  }
+  if (c.data.validation_fraction + c.data.test_fraction >= 1) {
+    return site.ErrorAt(presence.split ? validation_key : "data.test_fraction",
+                        "the validation and test shares leave nothing to train on");
   }
   return absl::OkStatus();
 }
@@ -641,6 +652,8 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   QLORA_RETURN_IF_ERROR(ReadBackend(top, c.quantization, &c.backend));
   QLORA_RETURN_IF_ERROR(ReadTrainer(top, &c.trainer));
   QLORA_RETURN_IF_ERROR(ReadData(top, &c.data, &presence));
+  QLORA_RETURN_IF_ERROR(config_internal::ReadLudwigDataSections(top, &c.data, &presence.split));
+  QLORA_RETURN_IF_ERROR(config_internal::ReadGeneration(top, &c.generation));
   QLORA_RETURN_IF_ERROR(top.ReadString("dataset", &c.data.train_path));
   QLORA_RETURN_IF_ERROR(top.ReadString("validation_dataset", &c.data.validation_path));
   QLORA_RETURN_IF_ERROR(top.ReadString("output_dir", &c.output_dir));

@@ -8,7 +8,12 @@
 //   validation_dataset: val.jsonl   # optional
 //   output_dir: /runs/my-run        # optional
 //   data: {format: auto, prompt_template: "...", max_sequence_length: 512, packing: false,
-//          malformed_records: fail, validation_fraction: 0.0}
+//          malformed_records: fail, validation_fraction: 0.0, test_fraction: 0.0}
+//
+// and Ludwig's LLM sections, mapped onto those (ludwig_sections.h; a key given both ways must
+// agree): prompt.template, preprocessing.split {type: random, probabilities},
+// preprocessing.global_max_sequence_length, and generation (kept with the job, not used by
+// training).
 //
 // Defaults that differ from Ludwig's (this is a QLoRA service; the JobConfig member initializers
 // hold the rest):

@@ -78,7 +78,20 @@ SchemaNode BuildSchema() {
                    "quantization.bnb_4bit_compute_dtype")}),
       Map("data",
           {Leaf("format"), Leaf("prompt_template"), Leaf("max_sequence_length"),
-           Leaf("packing"), Leaf("malformed_records"), Leaf("validation_fraction")}),
+           Leaf("packing"), Leaf("malformed_records"), Leaf("validation_fraction"),
+           Leaf("test_fraction")}),
+      // Ludwig's LLM sections (ludwig_sections.h maps them onto data.* and generation).
+      Map("prompt",
+          {Leaf("template"),
+           Refused("task", "write the task into prompt.template instead"),
+           Refused("retrieval", "retrieval-augmented prompts are not supported")}),
+      Map("preprocessing",
+          {Map("split", {Leaf("type"), Leaf("probabilities")}),
+           Leaf("global_max_sequence_length")}),
+      Map("generation",
+          {Leaf("temperature"), Leaf("top_p"), Leaf("repetition_penalty"),
+           Leaf("max_new_tokens"), Leaf("min_new_tokens"), Leaf("top_k"), Leaf("num_beams"),
+           Leaf("do_sample")}),
   });
 }
 

@@ -75,10 +75,9 @@ class CsvReader : public RecordReader {
   }
 
  protected:
-  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
-                                 std::string* reason) override {
+  absl::StatusOr<bool> ReadRaw(int64_t* offset, int64_t* lines_before) override {
     while (true) {
-      record->offset = file_->position();
+      *offset = file_->position();
       *lines_before = lines_;
       if (!ParseCsvRecord(*file_, options_.max_record_bytes, &parsed_)) {
         QLORA_RETURN_IF_ERROR(file_->status());
@@ -87,9 +86,11 @@ class CsvReader : public RecordReader {
       lines_ += parsed_.newlines;
       // A blank line; not an over-long record, whose fields were not kept.
       if (parsed_.fields.empty() && !parsed_.violation && !parsed_.too_long) continue;
-      break;
+      return true;
     }
-    record->fields.clear();
+  }
+
+  void Parse(Record* record, std::string* reason) override {
     if (parsed_.unterminated) {
       *reason = "unterminated quoted field (a '\"' opens a field that never closes)";
     } else if (parsed_.too_long) {
@@ -105,7 +106,6 @@ class CsvReader : public RecordReader {
       for (size_t i = 0; i < header_.size(); ++i)
         record->fields.emplace_back(header_[i], std::move(parsed_.fields[i]));
     }
-    return true;
   }
 
  private:

@@ -222,56 +222,64 @@ class ParquetReader : public RecordReader {
   }
 
  protected:
-  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
-                                 std::string* reason) override {
+  // The next row of the shard: its row number is the offset (the line is that + 1).
+  absl::StatusOr<bool> ReadRaw(int64_t* offset, int64_t* lines_before) override {
     try {
-      return ParseRow(record, lines_before, reason);
+      if (current_) {  // step past the row read last
+        ++batch_row_;
+        ++row_;
+        current_ = false;
+      }
+      while (true) {
+        if (!batches_ || row_ >= shard_.end) return false;
+        if (!batch_ || batch_row_ >= batch_->num_rows()) {
+          QLORA_RETURN_IF_ERROR(FromArrow(batches_->ReadNext(&batch_), shard_.path,
+                                          absl::StrCat("cannot read Parquet rows after row ", row_)));
+          batch_row_ = 0;
+          if (!batch_) return false;
+          continue;
+        }
+        if (row_ < shard_.begin) {  // rows of the first row group before the shard
+          const int64_t skip = std::min(batch_->num_rows() - batch_row_, shard_.begin - row_);
+          batch_row_ += skip;
+          row_ += skip;
+          continue;
+        }
+        break;
+      }
     } catch (const std::exception& e) {  // Parquet's decoders throw on corrupt pages
       return FileError(shard_.path, absl::StrCat("cannot read Parquet row ", row_ + 1), e.what());
     }
+    current_ = true;
+    *offset = row_;
+    *lines_before = row_ - shard_.begin;
+    return true;
   }
 
- private:
-  absl::StatusOr<bool> ParseRow(Record* record, int64_t* lines_before, std::string* reason) {
-    while (true) {
-      if (!batches_ || row_ >= shard_.end) return false;
-      if (!batch_ || batch_row_ >= batch_->num_rows()) {
-        QLORA_RETURN_IF_ERROR(FromArrow(batches_->ReadNext(&batch_), shard_.path,
-                                        absl::StrCat("cannot read Parquet rows after row ", row_)));
-        batch_row_ = 0;
-        if (!batch_) return false;
-        continue;
-      }
-      if (row_ < shard_.begin) {  // rows of the first row group before the shard
-        const int64_t skip = std::min(batch_->num_rows() - batch_row_, shard_.begin - row_);
-        batch_row_ += skip;
-        row_ += skip;
-        continue;
-      }
-      break;
-    }
-    record->fields.clear();
-    record->offset = row_;
-    *lines_before = row_ - shard_.begin;
+  // The columns of the row ReadRaw stopped at, as text.
+  void Parse(Record* record, std::string* reason) override {
     int64_t bytes = 0;
-    for (int c = 0; c < batch_->num_columns() && reason->empty(); ++c) {
-      std::string value = ValueText(*batch_->column(c), batch_row_, reason);
-      bytes += static_cast<int64_t>(value.size());
-      record->fields.emplace_back(batch_->schema()->field(c)->name(), std::move(value));
+    try {
+      for (int c = 0; c < batch_->num_columns() && reason->empty(); ++c) {
+        std::string value = ValueText(*batch_->column(c), batch_row_, reason);
+        bytes += static_cast<int64_t>(value.size());
+        record->fields.emplace_back(batch_->schema()->field(c)->name(), std::move(value));
+      }
+    } catch (const std::exception& e) {
+      *reason = absl::StrCat("cannot decode the row: ", e.what());
     }
     if (reason->empty() && bytes > options_.max_record_bytes)
       *reason = absl::StrCat("record longer than max_record_bytes (", options_.max_record_bytes, ")");
     if (!reason->empty()) record->fields.clear();
-    ++batch_row_;
-    ++row_;
-    return true;
   }
 
+ private:
   std::unique_ptr<parquet::arrow::FileReader> reader_;
   std::unique_ptr<arrow::RecordBatchReader> batches_;  // reads from reader_, so declared after
   std::shared_ptr<arrow::RecordBatch> batch_;
   int64_t batch_row_ = 0;  // the next row of batch_
   int64_t row_ = 0;        // its row in the file
+  bool current_ = false;   // ReadRaw stopped at row_ (the next call steps past it)
 };
 
 }  // namespace

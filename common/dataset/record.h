@@ -18,11 +18,19 @@ namespace qlora::data {
 // cover it exactly. first_line is the 1-based file line at `begin`, or -1 when unknown (the
 // planner does not read whole files; readers then count lines only to report an error).
 // Parquet counts rows instead of bytes and lines: rows [begin, end) (parquet_reader.h).
+//
+// Interleaving: a reader keeps only the records whose index in the reading sequence satisfies
+// index % stride == phase (the sequence runs on across the shards a loader reads in one epoch;
+// see ReaderOptions::first_index). Ranks that read the same ranges with stride = world size
+// and phase = rank split the records between them, counts differing by at most one. stride 1
+// keeps every record.
 struct ShardSpec {
   std::string path;
   int64_t begin = 0;
   int64_t end = 0;
   int64_t first_line = -1;  // Parquet: begin + 1 (a Parquet record's "line" is its 1-based row)
+  int stride = 1;
+  int phase = 0;
 };
 
 enum class DataFormat { kJsonl, kCsv, kText, kParquet };

@@ -60,22 +60,21 @@ class LineReader : public RecordReader {
     }
   }
 
-  // One line, one record: reads it, reports an over-long line, and leaves the parsing of a
-  // complete line to ParseLine.
-  absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
-                                 std::string* reason) final {
-    bool too_long = false;
-    if (!NextLine(&record->offset, lines_before, &too_long)) {
+  absl::StatusOr<bool> ReadRaw(int64_t* offset, int64_t* lines_before) final {
+    if (!NextLine(offset, lines_before, &too_long_)) {
       QLORA_RETURN_IF_ERROR(file_->status());
       return false;
     }
-    record->fields.clear();
-    if (too_long) {
+    return true;
+  }
+
+  // One line, one record: reports an over-long line and leaves a complete one to ParseLine.
+  void Parse(Record* record, std::string* reason) final {
+    if (too_long_) {
       *reason = absl::StrCat(Kind(), " longer than max_record_bytes (", options_.max_record_bytes, ")");
-      return true;
+      return;
     }
     ParseLine(record, reason);
-    return true;
   }
 
   // Fills record->fields from line_, or sets *reason when the line is malformed.
@@ -84,6 +83,7 @@ class LineReader : public RecordReader {
   virtual const char* Kind() const = 0;
 
   std::string line_;
+  bool too_long_ = false;  // of line_
   int64_t lines_ = 0;
 };
 
@@ -138,7 +138,7 @@ class TextReader : public LineReader {
 
 RecordReader::RecordReader(const ShardSpec& shard, const ReaderOptions& options,
                            std::unique_ptr<ByteRangeFile> file)
-    : shard_(shard), options_(options), file_(std::move(file)) {
+    : shard_(shard), options_(options), file_(std::move(file)), next_index_(options.first_index) {
   if (file_) file_->Seek(shard_.begin, shard_.end);
 }
 
@@ -150,6 +150,9 @@ absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec
     return absl::InvalidArgumentError(
         absl::StrCat("shard [", shard.begin, ", ", shard.end, ") is outside ", shard.path,
                      " (", file->size(), " bytes)"));
+  if (shard.stride < 1 || shard.phase < 0 || shard.phase >= shard.stride)
+    return absl::InvalidArgumentError(absl::StrCat("shard of ", shard.path, ": phase ", shard.phase,
+                                                   " is not in [0, stride ", shard.stride, ")"));
   switch (options.format) {
     case DataFormat::kJsonl:
       return std::unique_ptr<RecordReader>(new JsonlReader(shard, options, std::move(file)));
@@ -176,10 +179,15 @@ absl::StatusOr<int64_t> RecordReader::FileLine(int64_t lines_before) {
 
 absl::StatusOr<bool> RecordReader::Next(Record* record) {
   while (true) {
-    int64_t lines_before = 0;
-    std::string reason;
-    QLORA_ASSIGN_OR_RETURN(bool more, ParseNext(record, &lines_before, &reason));
+    int64_t offset = 0, lines_before = 0;
+    QLORA_ASSIGN_OR_RETURN(bool more, ReadRaw(&offset, &lines_before));
     if (!more) return false;
+    if (options_.select && !options_.select(offset)) continue;
+    if (next_index_++ % shard_.stride != shard_.phase) continue;  // another rank's record
+    record->fields.clear();
+    record->offset = offset;
+    std::string reason;
+    Parse(record, &reason);
     record->path = shard_.path;
     record->line = shard_.first_line >= 1 ? shard_.first_line + lines_before : -1;
     if (reason.empty()) return true;

@@ -13,9 +13,18 @@
 // quote, longer than max_record_bytes) is an error naming file, line and reason under the
 // "fail" policy; under "skip" it is counted (malformed_count) and its message kept (the first
 // few), never dropped silently.
+//
+// Selection and interleaving happen before parsing: every reader finds record boundaries
+// (ReadRaw: a line end, or for CSV the quote-aware scan) and parses only the records it keeps
+// (Parse: the JSON parse, the CSV field check). A record is kept when it passes
+// ReaderOptions::select (e.g. the train/validation split) and its index among the selected
+// records, counted from ReaderOptions::first_index, is phase modulo the shard's stride. A
+// malformed record is reported only by the reader that keeps it. A reader of another format
+// (e.g. row groups) follows the same rule by implementing ReadRaw and Parse.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +44,12 @@ struct ReaderOptions {
   // these and refuses a file that lacks a required one; the text formats read every column.
   std::vector<std::string> columns;           // required
   std::vector<std::string> optional_columns;  // read when the file has them
+  // Optional: whether the record starting at this byte offset of the shard's file is wanted at
+  // all (records it rejects are neither counted for interleaving nor parsed).
+  std::function<bool(int64_t offset)> select;
+  // The interleaving index of the shard's first selected record: the selected records of the
+  // shards read before it in the same sequence (next_index() of the previous reader).
+  int64_t first_index = 0;
 };
 
 class RecordReader {
@@ -46,6 +61,9 @@ class RecordReader {
   // Reads the next record into *record; false at the end of the shard.
   absl::StatusOr<bool> Next(Record* record);
 
+  // The interleaving index after the records seen so far (pass it on as the next shard's
+  // first_index).
+  int64_t next_index() const { return next_index_; }
   int64_t malformed_count() const { return malformed_count_; }
   const std::vector<std::string>& malformed_messages() const { return malformed_messages_; }
   const ShardSpec& shard() const { return shard_; }
@@ -54,11 +72,14 @@ class RecordReader {
   RecordReader(const ShardSpec& shard, const ReaderOptions& options,
                std::unique_ptr<ByteRangeFile> file);
 
-  // One raw record: fills *record (fields and offset), sets *lines_before to the number of
-  // line ends between the shard's begin and the record's first byte, and *reason when the
-  // record is malformed. False at the end.
-  virtual absl::StatusOr<bool> ParseNext(Record* record, int64_t* lines_before,
-                                         std::string* reason) = 0;
+  // Advances past the next record (blank lines are not records) and keeps what Parse needs:
+  // sets *offset to its first byte and *lines_before to the number of line ends between the
+  // shard's begin and that byte. False at the end. Does no more than finding the record's end
+  // requires.
+  virtual absl::StatusOr<bool> ReadRaw(int64_t* offset, int64_t* lines_before) = 0;
+  // Parses the record ReadRaw read last into record->fields (empty on entry), or sets *reason
+  // when it is malformed.
+  virtual void Parse(Record* record, std::string* reason) = 0;
 
   ShardSpec shard_;
   ReaderOptions options_;
@@ -67,6 +88,7 @@ class RecordReader {
  private:
   absl::StatusOr<int64_t> FileLine(int64_t lines_before);
 
+  int64_t next_index_ = 0;
   int64_t malformed_count_ = 0;
   std::vector<std::string> malformed_messages_;
   int64_t lines_before_shard_ = -1;  // line ends in [0, begin), counted on first error

@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -200,49 +198,25 @@ absl::StatusOr<std::vector<ShardSpec>> SplitFile(const std::string& path, int nu
 }
 
 absl::StatusOr<std::vector<std::vector<ShardSpec>>> PlanShards(
-    const std::vector<std::string>& paths, int world_size, int shards_per_rank,
-    const ShardPlanOptions& options) {
-  if (world_size < 1 || shards_per_rank < 1)
-    return absl::InvalidArgumentError("world_size and shards_per_rank must be >= 1");
-  std::vector<int64_t> sizes;
+    const std::vector<std::string>& paths, int world_size, const ShardPlanOptions& options) {
+  if (world_size < 1) return absl::InvalidArgumentError("world_size must be >= 1");
+  if (options.chunk_bytes < 1 || options.max_chunks_per_file < 1)
+    return absl::InvalidArgumentError("chunk_bytes and max_chunks_per_file must be >= 1");
+  std::vector<ShardSpec> chunks;
   for (const std::string& path : paths) {
     QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(path));
-    sizes.push_back(file->size());
+    const int64_t wanted = (file->size() + options.chunk_bytes - 1) / options.chunk_bytes;
+    const int n = static_cast<int>(
+        std::clamp<int64_t>(wanted, 1, options.max_chunks_per_file));
+    QLORA_ASSIGN_OR_RETURN(std::vector<ShardSpec> split, SplitFile(path, n, options));
+    for (ShardSpec& chunk : split) chunks.push_back(std::move(chunk));
   }
-  const long double total = std::max<long double>(
-      1, std::accumulate(sizes.begin(), sizes.end(), static_cast<long double>(0)));
-  const int total_shards = world_size * shards_per_rank;
-
-  std::vector<ShardSpec> all;
-  std::vector<size_t> file_index;
-  for (size_t f = 0; f < paths.size(); ++f) {
-    int n = std::max(1, static_cast<int>(std::llround(total_shards * sizes[f] / total)));
-    QLORA_ASSIGN_OR_RETURN(std::vector<ShardSpec> shards, SplitFile(paths[f], n, options));
-    for (ShardSpec& shard : shards) {
-      all.push_back(std::move(shard));
-      file_index.push_back(f);
-    }
-  }
-  // Largest first, each to the least-loaded rank (lowest rank on ties): deterministic LPT.
-  std::vector<size_t> order(all.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return all[a].end - all[a].begin > all[b].end - all[b].begin;
-  });
-  std::vector<int64_t> load(world_size, 0);
-  std::vector<std::vector<size_t>> assigned(world_size);
-  for (size_t i : order) {
-    int rank = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[rank] += all[i].end - all[i].begin;
-    assigned[rank].push_back(i);
-  }
-  std::vector<std::vector<ShardSpec>> plan(world_size);
+  std::vector<std::vector<ShardSpec>> plan(world_size, chunks);
   for (int rank = 0; rank < world_size; ++rank) {
-    std::sort(assigned[rank].begin(), assigned[rank].end(), [&](size_t a, size_t b) {
-      return std::make_pair(file_index[a], all[a].begin) <
-             std::make_pair(file_index[b], all[b].begin);
-    });
-    for (size_t i : assigned[rank]) plan[rank].push_back(all[i]);
+    for (ShardSpec& chunk : plan[rank]) {
+      chunk.stride = world_size;
+      chunk.phase = rank;
+    }
   }
   return plan;
 }

@@ -1,5 +1,14 @@
-// Splits dataset files into shards at record boundaries by byte ranges and assigns them to
-// ranks. Reads only a few bytes around each cut, never whole files.
+// Splits dataset files into chunks at record boundaries by byte ranges and plans which records
+// each rank reads. Reads only a few bytes around each cut, never whole files.
+//
+// Record-interleaved plan: every rank gets every chunk, with stride = world size and phase =
+// its rank (record.h's ShardSpec), so rank r trains the records whose index in the epoch's
+// reading sequence is r modulo the world size: record counts per rank differ by at most one,
+// however uneven the record sizes (a byte-balanced split gave one rank a few huge records and
+// another hundreds of small ones, and the shortest rank sets every rank's steps). The cost:
+// every rank reads every byte and finds every record's end (a '\n' for JSON Lines and text,
+// the quote-aware scan for CSV), but parses, tokenizes and trains only its own share. Chunks
+// exist for the per-epoch shuffle of the reading order.
 //
 // Where a cut lands: the planner picks approximate offsets (equal byte shares) and moves each
 // to the first record start at or after it.
@@ -42,6 +51,9 @@ struct ShardPlanOptions {
   DatasetFormat format = DatasetFormat::kAuto;  // as DataConfig::format
   int64_t max_record_bytes = 1 << 20;   // CSV resync bound; the readers' record limit too
   CutStats* stats = nullptr;            // optional, filled when set
+  // PlanShards: a file is cut into ceil(size / chunk_bytes) chunks, at most max_chunks_per_file.
+  int64_t chunk_bytes = 16 << 20;
+  int max_chunks_per_file = 1024;
 };
 
 // The first record start at or after `offset` (file size if none). `known_start` must be a
@@ -64,12 +76,11 @@ absl::StatusOr<DataStart> FindDataStart(ByteRangeFile& file, DataFormat format);
 absl::StatusOr<std::vector<ShardSpec>> SplitFile(const std::string& path, int num_shards,
                                                  const ShardPlanOptions& options = {});
 
-// world_size * shards_per_rank shards over all files (in proportion to their sizes), assigned
-// greedily by bytes to the least-loaded rank; result[rank] is that rank's shards in file
-// order. Deterministic for the same files. A rank may get no shard when the data has fewer
-// records than ranks (data_loader.h's StepsPerEpoch then says so).
+// The record-interleaved plan (see the file comment): result[rank] lists every chunk of every
+// file in file order, with stride = world_size and phase = rank. Deterministic for the same
+// files. An empty file has no chunk; a rank gets no record when the data has fewer records than
+// ranks (the loader's epoch plan then says so).
 absl::StatusOr<std::vector<std::vector<ShardSpec>>> PlanShards(
-    const std::vector<std::string>& paths, int world_size, int shards_per_rank,
-    const ShardPlanOptions& options = {});
+    const std::vector<std::string>& paths, int world_size, const ShardPlanOptions& options = {});
 
 }  // namespace qlora::data

@@ -9,6 +9,8 @@ void ToProto(const data::ShardSpec& in, v1::DatasetShard* out) {
   out->set_begin(in.begin);
   out->set_end(in.end);
   out->set_first_line(in.first_line);
+  out->set_stride(in.stride);
+  out->set_phase(in.phase);
 }
 
 data::ShardSpec FromProto(const v1::DatasetShard& in) {
@@ -17,7 +19,20 @@ data::ShardSpec FromProto(const v1::DatasetShard& in) {
   s.begin = in.begin();
   s.end = in.end();
   s.first_line = in.first_line();
+  s.stride = in.stride() < 1 ? 1 : in.stride();  // 0: a sender without interleaving
+  s.phase = in.phase();
   return s;
+}
+
+void ToProto(const RecordCounts& in, v1::RecordReport* out) {
+  out->set_trained(in.trained);
+  out->set_left_over(in.left_over);
+  out->set_malformed(in.malformed);
+  out->set_without_target(in.without_target);
+}
+
+RecordCounts FromProto(const v1::RecordReport& in) {
+  return {in.trained(), in.left_over(), in.malformed(), in.without_target()};
 }
 
 }  // namespace
@@ -48,6 +63,8 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   s->set_partition_elements(in.strategy.partition_elements);
   s->set_partitioned_optimizer(in.strategy.partitioned_optimizer);
   s->set_partitioned_gradients(in.strategy.partitioned_gradients);
+  ToProto(in.epoch_records, out->mutable_epoch_records());
+  ToProto(in.total_records, out->mutable_total_records());
 }
 
 ProgressSnapshot FromProto(const v1::Progress& in) {
@@ -68,6 +85,8 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   const v1::StrategyReport& s = in.strategy();
   p.strategy = {s.zero_stage(), s.world_size(), s.trainable_elements(), s.partition_elements(),
                 s.partitioned_optimizer(), s.partitioned_gradients()};
+  p.epoch_records = FromProto(in.epoch_records());
+  p.total_records = FromProto(in.total_records());
   return p;
 }
 

@@ -133,6 +133,30 @@ TEST(CliTest, ExampleCatalogValidates) {
   fs::remove_all(f.dir);
 }
 
+// Ludwig's prompt / preprocessing / generation keys: validate prints what they became, and a
+// conflict is refused (exit status 3) naming both keys.
+TEST(CliTest, ValidateShowsLudwigKeysMappedAndRefusesConflicts) {
+  const JobFiles f = MakeJobFiles();
+  std::ofstream(f.job, std::ios::app) << "prompt: {template: \"Q: {instruction}\"}\n"
+                                      << "preprocessing:\n  global_max_sequence_length: 96\n"
+                                      << "  split: {type: random, probabilities: [0.9, 0.05, 0.05]}\n"
+                                      << "generation: {temperature: 0.5, max_new_tokens: 16}\n";
+  CommandResult ok = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  for (const char* shown : {"prompt_template: \"Q: {instruction}\"  # Ludwig: prompt.template",
+                            "max_sequence_length: 96  # Ludwig: preprocessing.global_max_sequence_length",
+                            "validation_fraction: 0.05  # Ludwig: preprocessing.split.probabilities[1]",
+                            "test_fraction: 0.05", "generation:", "temperature: 0.5", "max_new_tokens: 16"}) {
+    EXPECT_NE(ok.output.find(shown), std::string::npos) << shown << " not in\n" << ok.output;
+  }
+  std::ofstream(f.job, std::ios::app) << "data: {max_sequence_length: 128}\n";
+  CommandResult conflict = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
+  EXPECT_EQ(conflict.exit_code, 3) << conflict.output;
+  EXPECT_NE(conflict.output.find("preprocessing.global_max_sequence_length: is 96 but data.max_sequence_length"),
+            std::string::npos) << conflict.output;
+  fs::remove_all(f.dir);
+}
+
 TEST(CliTest, UnreachableCoordinatorIsExitStatus5) {
   // Port 1 on loopback: nothing listens there.
   CommandResult r = RunCommand(absl::StrCat(Ctl(), " --address 127.0.0.1:1 get job-000001"));

@@ -122,8 +122,33 @@ TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {
   c.data.max_sequence_length = 131072;
   c.data.packing = true;
   c.data.malformed_records = MalformedRecords::kSkip;
+  c.data.test_fraction = 0.125;
+  c.generation.temperature = 0.0;
+  c.generation.top_p = 1.0 / 3.0;
+  c.generation.max_new_tokens = 1;
+  c.generation.do_sample = false;
   c.output_dir = "~/out";
   ExpectRoundTrip(c);
+}
+
+// `qloractl validate` prints this: the Ludwig keys show as the service keys they became, each
+// marked with its Ludwig name, and generation is kept.
+TEST(ConfigEmitTest, LudwigSectionsShowAsTheKeysTheyBecame) {
+  absl::StatusOr<JobConfig> c = testing::ParseNoPaths(
+      "base_model: m\nadapter: {type: lora}\nprompt: {template: \"Q: {instruction}\"}\n"
+      "preprocessing: {split: {probabilities: [0.9, 0.05, 0.05]}, global_max_sequence_length: 64}\n"
+      "generation: {temperature: 0.25, max_new_tokens: 32}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string yaml = EmitResolvedJobYaml(*c);
+  EXPECT_THAT(yaml, HasSubstr("prompt_template: \"Q: {instruction}\"  # Ludwig: prompt.template"));
+  EXPECT_THAT(yaml, HasSubstr("max_sequence_length: 64  # Ludwig: preprocessing.global_max_sequence_length"));
+  EXPECT_THAT(yaml, HasSubstr("validation_fraction: 0.05  # Ludwig: preprocessing.split.probabilities[1]"));
+  EXPECT_THAT(yaml, HasSubstr("test_fraction: 0.05  # Ludwig: preprocessing.split.probabilities[2]"));
+  EXPECT_THAT(yaml, HasSubstr("temperature: 0.25"));
+  EXPECT_THAT(yaml, HasSubstr("max_new_tokens: 32"));
+  EXPECT_THAT(yaml, ::testing::Not(HasSubstr("top_k")));  // unset stays unset
+  ExpectRoundTrip(*c);
+  EXPECT_THAT(EmitResolvedJobYaml(JobConfig{}), ::testing::Not(HasSubstr("generation")));
 }
 
 TEST(ConfigEmitTest, DdpAndNoQuantizationRoundTrip) {

@@ -421,5 +421,66 @@ TEST(ConfigParserTest, UnknownKeySuggestionsAtSeveralLevels) {
   }
 }
 
+
+// Ludwig's LLM sections map onto this service's keys: prompt.template -> data.prompt_template,
+// preprocessing.split.probabilities -> data.validation_fraction / data.test_fraction,
+// preprocessing.global_max_sequence_length -> data.max_sequence_length; generation is kept.
+TEST(ConfigParserTest, LudwigPromptPreprocessingAndGenerationMapOntoTheJob) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(prompt:
+  template: "Q: {instruction}\nA: "
+preprocessing:
+  split: {type: random, probabilities: [0.9, 0.05, 0.05]}
+  global_max_sequence_length: 1024
+generation: {temperature: 0.1, max_new_tokens: 64, top_k: 0, do_sample: false}
+)"));
+  EXPECT_EQ(c.data.prompt_template, "Q: {instruction}\nA: ");
+  EXPECT_DOUBLE_EQ(c.data.validation_fraction, 0.05);
+  EXPECT_DOUBLE_EQ(c.data.test_fraction, 0.05);
+  EXPECT_EQ(c.data.max_sequence_length, 1024);
+  EXPECT_EQ(c.generation.temperature, 0.1);
+  EXPECT_EQ(c.generation.max_new_tokens, 64);
+  EXPECT_EQ(c.generation.top_k, 0);
+  EXPECT_EQ(c.generation.do_sample, false);
+  EXPECT_FALSE(c.generation.top_p.has_value());  // unset: the generator's default
+  EXPECT_FALSE(c.generation.num_beams.has_value());
+}
+
+TEST(ConfigParserTest, LudwigKeysThatAgreeWithTheServiceKeysAreAccepted) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(prompt: {template: "{instruction} ->"}
+preprocessing:
+  split: {probabilities: [0.8, 0.2, 0]}
+  global_max_sequence_length: 256
+data: {prompt_template: "{instruction} ->", max_sequence_length: 256, validation_fraction: 0.2}
+)"));
+  EXPECT_EQ(c.data.prompt_template, "{instruction} ->");
+  EXPECT_EQ(c.data.max_sequence_length, 256);
+  EXPECT_DOUBLE_EQ(c.data.validation_fraction, 0.2);
+  EXPECT_DOUBLE_EQ(c.data.test_fraction, 0.0);
+}
+
+TEST(ConfigParserTest, LudwigRandomSplitWithoutProbabilitiesIsLudwigsDefault) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, "preprocessing: {split: {type: random}}\n"));
+  EXPECT_DOUBLE_EQ(c.data.validation_fraction, 0.1);
+  EXPECT_DOUBLE_EQ(c.data.test_fraction, 0.2);
+  // Without the sections nothing changes.
+  const JobConfig plain = ParseOk(kMinimal);
+  EXPECT_DOUBLE_EQ(plain.data.validation_fraction, 0.0);
+  EXPECT_DOUBLE_EQ(plain.data.test_fraction, 0.0);
+  EXPECT_EQ(plain.data.max_sequence_length, 512);
+  EXPECT_TRUE(plain.generation == GenerationConfig{});
+}
+
+TEST(ConfigParserTest, ConflictingLudwigAndServiceKeysNameBoth) {
+  absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(
+      kMinimal, "prompt: {template: \"a {instruction}\"}\ndata: {prompt_template: \"b {instruction}\"}\n"));
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("job.yaml:3: prompt.template: differs from data.prompt_template (line 4)"));
+  c = ParseNoPaths(absl::StrCat(
+      kMinimal, "preprocessing: {split: {probabilities: [0.7, 0.1, 0.2]}}\ndata: {test_fraction: 0.1}\n"));
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("preprocessing.split.probabilities: is a test share of 0.2 "
+                                              "but data.test_fraction (line 4) is 0.1"));
+}
+
 }  // namespace
 }  // namespace qlora

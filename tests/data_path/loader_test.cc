@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -79,18 +80,25 @@ TEST_F(DataLoaderTest, EveryRecordOncePerEpochForOneToFourRanks) {
   std::string path = WriteJsonl(dir_.path(), "train.jsonl", 301);
   for (bool packing : {false, true}) {
     for (int world = 1; world <= 4; ++world) {
-      auto plan = PlanShards({path}, world, 2);
+      auto plan = PlanShards({path}, world, ChunksOf(ReadFile(path).size(), 3));
       ASSERT_TRUE(plan.ok());
       for (int64_t epoch : {0, 1}) {
         std::multiset<std::string> all;
+        std::vector<int64_t> records;
         for (int rank = 0; rank < world; ++rank) {
           LoaderOptions options = Options(packing);
           options.rank = rank;
           auto loader = DataLoader::Create((*plan)[rank], tokenizer_.get(), options);
           ASSERT_TRUE(loader.ok()) << loader.status();
           for (const std::string& s : Epoch(**loader, epoch)) all.insert(s);
+          records.push_back((*loader)->stats().records);
         }
         ASSERT_EQ(all.size(), 301u) << "world " << world;
+        // The interleaving index runs across the (shuffled, shared) chunk order: at most one
+        // record apart over the whole epoch, not one per chunk.
+        EXPECT_LE(*std::max_element(records.begin(), records.end()) -
+                      *std::min_element(records.begin(), records.end()), 1)
+            << "world " << world;
         for (int i = 0; i < 301; ++i)
           EXPECT_EQ(all.count(absl::StrCat("q", i, " ", std::string(i % 7, 'x'))), 1u) << i;
       }
@@ -151,9 +159,52 @@ TEST(DataEpochPlanTest, EveryRankRunsTheSameStepsAndTheRemainderIsCounted) {
   EXPECT_NE(std::string(starved.status().message()).find("rank 1"), std::string::npos);
 }
 
+// data.test_fraction (Ludwig's third split probability): those records are held out, read
+// neither as training nor as validation data, and the test share of a validation file is none.
+TEST_F(DataLoaderTest, TestShareIsHeldOutOfTrainingAndValidation) {
+  std::string path = WriteJsonl(dir_.path(), "train.jsonl", 1000);
+  auto shards = SplitFile(path, 3);
+  std::multiset<std::string> train, validation, train_without_test;
+  for (SplitRole role : {SplitRole::kTrain, SplitRole::kValidation}) {
+    LoaderOptions options = Options(false);
+    options.split = role;
+    options.validation_fraction = 0.1;
+    options.test_fraction = 0.2;
+    auto loader = DataLoader::Create(*shards, tokenizer_.get(), options);
+    ASSERT_TRUE(loader.ok()) << loader.status();
+    for (const std::string& s : Epoch(**loader, 0))
+      (role == SplitRole::kTrain ? train : validation).insert(s);
+  }
+  LoaderOptions no_test = Options(false);
+  no_test.split = SplitRole::kTrain;
+  no_test.validation_fraction = 0.1;
+  auto plain = DataLoader::Create(*shards, tokenizer_.get(), no_test);
+  for (const std::string& s : Epoch(**plain, 0)) train_without_test.insert(s);
+  const size_t held_out = 1000 - train.size() - validation.size();
+  EXPECT_GT(held_out, 140u);
+  EXPECT_LT(held_out, 260u);
+  for (const std::string& s : validation) EXPECT_EQ(train.count(s), 0u) << s;
+  // The test share comes out of training: every training record is one without a test share.
+  for (const std::string& s : train) EXPECT_EQ(train_without_test.count(s), 1u) << s;
+  EXPECT_EQ(train_without_test.size(), train.size() + held_out);
+
+  JobConfig job;
+  job.input_features = {{"instruction", "text"}};
+  job.output_features = {{"output", "text"}};
+  job.data.train_path = "/data/train.jsonl";
+  job.data.test_fraction = 0.2;
+  auto options = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kTrain, 0);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->test_fraction, 0.2);
+  job.data.validation_path = "/data/val.jsonl";
+  options = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kValidation, 0);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->test_fraction, 0.0);  // a validation file is read whole
+}
+
 TEST_F(DataLoaderTest, CountMatchesTheEpochAndFeedsThePlan) {
   std::string path = WriteJsonl(dir_.path(), "train.jsonl", 500);
-  auto plan = PlanShards({path}, 3, 1);
+  auto plan = PlanShards({path}, 3);
   std::vector<int64_t> counts;
   for (int rank = 0; rank < 3; ++rank) {
     LoaderOptions options = Options(true);
@@ -161,8 +212,9 @@ TEST_F(DataLoaderTest, CountMatchesTheEpochAndFeedsThePlan) {
     auto loader = DataLoader::Create((*plan)[rank], tokenizer_.get(), options);
     auto count = CountMicroBatches(**loader, 1);
     ASSERT_TRUE(count.ok());
-    EXPECT_EQ(*count, (*loader)->stats().micro_batches);
-    counts.push_back(*count);
+    EXPECT_EQ(count->micro_batches, (*loader)->stats().micro_batches);
+    EXPECT_EQ(count->records, (*loader)->stats().records);
+    counts.push_back(count->micro_batches);
   }
   auto epoch = PlanEpoch(counts, 2);
   ASSERT_TRUE(epoch.ok());
@@ -297,6 +349,73 @@ TEST_F(DataLoaderTest, StreamingMemoryStaysFlatAsTheFileGrows) {
   // not grow with it (4 MiB of slack for allocator noise).
   EXPECT_LT(large_kib, 96 * 1024 / 2);
   EXPECT_LT(large_kib - small_kib, 4 * 1024) << small_kib << " KiB vs " << large_kib << " KiB";
+}
+
+
+// Issue 16: 214 records, one with a 20,000-character field. With byte-balanced shards, 2 ranks
+// trained 1 step per epoch where 1 rank trained 26 (~16 of 214 records). With interleaved
+// records every world size trains, per epoch, the one-rank count to within one micro-batch
+// per rank, and what was not trained is counted (left over, without a target).
+TEST_F(DataLoaderTest, SkewedRecordsTrainAboutTheSameCountOnOneToThreeRanks) {
+  const std::string path = dir_.path() + "/skewed.jsonl";
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 214; ++i)
+      out << "{\"instruction\": \"" << (i == 100 ? std::string(20000, 'x') : absl::StrCat("q", i))
+          << "\", \"output\": \"a" << i << "\"}\n";
+  }
+  const int rows = 2;
+  for (int accumulation : {1, 2}) {
+  std::map<int, int64_t> trained_by_world;
+  for (int world = 1; world <= 3; ++world) {
+    SCOPED_TRACE(absl::StrCat("world ", world, ", accumulation ", accumulation));
+    auto plan = PlanShards({path}, world);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<std::unique_ptr<DataLoader>> loaders;
+    std::vector<EpochCount> counts;
+    std::vector<int64_t> micro_batches;
+    for (int rank = 0; rank < world; ++rank) {
+      LoaderOptions options = Options(/*packing=*/false, rows, 32);
+      options.rank = rank;
+      auto loader = DataLoader::Create((*plan)[rank], tokenizer_.get(), options);
+      ASSERT_TRUE(loader.ok()) << loader.status();
+      auto count = CountMicroBatches(**loader, 0);
+      ASSERT_TRUE(count.ok()) << count.status();
+      counts.push_back(*count);
+      micro_batches.push_back(count->micro_batches);
+      loaders.push_back(std::move(*loader));
+    }
+    auto epoch = PlanEpoch(micro_batches, accumulation);
+    ASSERT_TRUE(epoch.ok()) << epoch.status();
+    int64_t trained = 0, left_over = 0, records = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      ASSERT_TRUE(loaders[rank]->StartEpoch(0).ok());
+      int64_t mine = 0;
+      for (int64_t i = 0; i < epoch->micro_batches_per_rank; ++i) {
+        auto batch = loaders[rank]->Next();
+        ASSERT_TRUE(batch.ok() && batch->has_value());
+        mine += (*batch)->num_examples;
+      }
+      trained += mine;
+      left_over += counts[rank].examples - mine;
+      records += counts[rank].records;
+      EXPECT_EQ(counts[rank].records, 214 / world + (rank < 214 % world ? 1 : 0)) << rank;
+    }
+    EXPECT_EQ(records, 214);
+    // Every record is trained, left over, or without a target (the long one: its prompt fills
+    // the sequence and truncation leaves no target).
+    int64_t without_target = 0;
+    for (const EpochCount& c : counts) without_target += c.without_target;
+    EXPECT_EQ(without_target, 1);
+    EXPECT_EQ(trained + left_over + without_target, 214);
+    trained_by_world[world] = trained;
+    // Within one micro-batch per rank; with accumulation, whole steps: one step per rank.
+    const int64_t bound = static_cast<int64_t>(world) * rows * accumulation;
+    EXPECT_LE(trained_by_world[1] - trained, bound)
+        << trained << " trained on " << world << " ranks, " << trained_by_world[1] << " on one";
+    EXPECT_GE(trained_by_world[1] - trained, -bound);
+  }
+  }
 }
 
 }  // namespace

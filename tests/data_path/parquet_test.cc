@@ -141,18 +141,22 @@ void ExpectTiles(const std::vector<std::vector<ShardSpec>>& plan, int64_t rows,
 }
 
 TEST_F(ParquetTest, ShardsOverOneToThreeRanksTileEveryRowOnce) {
+  const int64_t size = static_cast<int64_t>(ReadFile(Path("rows.parquet")).size());
   for (int world = 1; world <= 3; ++world) {
-    for (int per_rank : {1, 2}) {
-      SCOPED_TRACE(::testing::Message() << "world " << world << " per rank " << per_rank);
-      auto plan = PlanShards({Path("rows.parquet")}, world, per_rank);
+    for (int chunks : {1, 2, 5}) {
+      SCOPED_TRACE(::testing::Message() << "world " << world << ", " << chunks << " chunks");
+      auto plan = PlanShards({Path("rows.parquet")}, world, ChunksOf(size, chunks));
       ASSERT_TRUE(plan.ok()) << plan.status();
       ASSERT_EQ(plan->size(), static_cast<size_t>(world));
-      // 7 row groups >= world * per_rank shards: cuts on row-group boundaries.
-      for (const auto& shards : *plan)
-        for (const ShardSpec& shard : shards) {
+      // 7 row groups >= chunks: cuts on row-group boundaries; every rank reads every chunk
+      // and keeps its phase of the rows.
+      for (int rank = 0; rank < world; ++rank)
+        for (const ShardSpec& shard : (*plan)[rank]) {
           EXPECT_EQ(shard.begin % 8, 0) << shard.begin;
           EXPECT_TRUE(shard.end % 8 == 0 || shard.end == 50) << shard.end;
           EXPECT_EQ(shard.first_line, shard.begin + 1);
+          EXPECT_EQ(shard.stride, world);
+          EXPECT_EQ(shard.phase, rank);
         }
       ExpectTiles(*plan, 50, &expected_);
     }
@@ -160,27 +164,34 @@ TEST_F(ParquetTest, ShardsOverOneToThreeRanksTileEveryRowOnce) {
 }
 
 TEST_F(ParquetTest, FewerRowGroupsThanShardsCutsInsideTheRowGroup) {
-  for (int world = 1; world <= 3; ++world) {
-    SCOPED_TRACE(::testing::Message() << "world " << world);
-    auto plan = PlanShards({Path("one_group.parquet")}, world, 2);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    int64_t fewest = 10, most = 0;
-    for (const auto& shards : *plan) {
-      int64_t rows = 0;
-      for (const ShardSpec& shard : shards) rows += shard.end - shard.begin;
-      fewest = std::min(fewest, rows);
-      most = std::max(most, rows);
+  for (int n = 1; n <= 3; ++n) {
+    SCOPED_TRACE(::testing::Message() << n << " chunks");
+    auto split = SplitFile(Path("one_group.parquet"), n);
+    ASSERT_TRUE(split.ok()) << split.status();
+    ASSERT_EQ(split->size(), static_cast<size_t>(n));
+    int64_t fewest = 10, most = 0, next = 0;
+    for (const ShardSpec& shard : *split) {
+      EXPECT_EQ(shard.begin, next);  // they tile the rows
+      next = shard.end;
+      fewest = std::min(fewest, shard.end - shard.begin);
+      most = std::max(most, shard.end - shard.begin);
     }
-    EXPECT_LE(most - fewest, 2);  // balanced by rows, not by row groups
+    EXPECT_EQ(next, 10);
+    EXPECT_LE(most - fewest, 1);  // balanced by rows, not by row groups
+  }
+  for (int world = 1; world <= 3; ++world) {
+    auto plan = PlanShards({Path("one_group.parquet")}, world);
+    ASSERT_TRUE(plan.ok()) << plan.status();
     ExpectTiles(*plan, 10, nullptr);
   }
-  // Several files of several formats in one plan.
-  auto plan = PlanShards({Path("rows.parquet"), Path("one_group.parquet")}, 3, 2);
+  // Several files of several formats in one plan: every rank reads all 60 rows' chunks.
+  auto plan = PlanShards({Path("rows.parquet"), Path("one_group.parquet")}, 3);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  int64_t rows = 0;
-  for (const auto& shards : *plan)
+  for (const auto& shards : *plan) {
+    int64_t rows = 0;
     for (const ShardSpec& shard : shards) rows += shard.end - shard.begin;
-  EXPECT_EQ(rows, 60);
+    EXPECT_EQ(rows, 60);
+  }
 }
 
 // An error from the planner, the footer reader, opening or reading: it names the file.
@@ -189,7 +200,7 @@ void ExpectFileError(const std::string& path) {
   auto layout = ReadParquetLayout(path);
   ASSERT_FALSE(layout.ok());
   EXPECT_TRUE(absl::StrContains(layout.status().message(), path)) << layout.status();
-  auto plan = PlanShards({path}, 2, 1);
+  auto plan = PlanShards({path}, 2);
   ASSERT_FALSE(plan.ok());
   EXPECT_TRUE(absl::StrContains(plan.status().message(), path)) << plan.status();
   ReaderOptions options;
@@ -215,7 +226,7 @@ TEST_F(ParquetTest, CorruptAndTruncatedFilesAreErrorsNamingTheFile) {
   for (size_t i = 4; i < good.size() / 4; ++i) damaged[i] = static_cast<char>(0xA5 ^ (i * 31));
   const std::string path = Path("damaged.parquet");
   WriteFile(path, damaged);
-  auto plan = PlanShards({path}, 1, 1);
+  auto plan = PlanShards({path}, 1);
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto reader = RecordReader::Open((*plan)[0][0], Parquet(/*skip=*/true));
   absl::Status status = reader.status();

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -80,14 +82,17 @@ Dataset MakeJsonl(const std::string& dir, int n, unsigned seed) {
   return d;
 }
 
-// Reads every shard of every rank and checks each row appears exactly once, intact.
-void ExpectExactlyOnce(const Dataset& d, DataFormat format, int world, int per_rank) {
-  SCOPED_TRACE(absl::StrCat(d.path, " world=", world, " shards_per_rank=", per_rank));
-  auto plan = PlanShards({d.path}, world, per_rank);
+// Reads every shard of every rank and checks each row appears exactly once, intact, and that
+// the ranks' counts differ by at most one per chunk (each chunk is interleaved on its own here).
+void ExpectExactlyOnce(const Dataset& d, DataFormat format, int world, int chunks) {
+  SCOPED_TRACE(absl::StrCat(d.path, " world=", world, " chunks=", chunks));
+  auto plan = PlanShards({d.path}, world, ChunksOf(ReadFile(d.path).size(), chunks));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->size(), static_cast<size_t>(world));
   std::map<std::string, int> seen;
+  std::vector<int> per_rank;
   for (const auto& rank_shards : *plan) {
+    per_rank.push_back(0);
     for (const ShardSpec& shard : rank_shards) {
       ReaderOptions options;
       options.format = format;
@@ -101,6 +106,7 @@ void ExpectExactlyOnce(const Dataset& d, DataFormat format, int world, int per_r
         const std::string* id = record.Find("id");
         ASSERT_NE(id, nullptr);
         ++seen[*id];
+        ++per_rank.back();
         auto it = d.rows.find(*id);
         ASSERT_NE(it, d.rows.end()) << *id;
         EXPECT_EQ(*record.Find("instruction"), it->second.first) << *id;
@@ -110,6 +116,10 @@ void ExpectExactlyOnce(const Dataset& d, DataFormat format, int world, int per_r
   }
   EXPECT_EQ(seen.size(), d.rows.size());
   for (const auto& [id, count] : seen) EXPECT_EQ(count, 1) << id;
+  const int chunks_read = static_cast<int>((*plan)[0].size());
+  EXPECT_LE(*std::max_element(per_rank.begin(), per_rank.end()) -
+                *std::min_element(per_rank.begin(), per_rank.end()),
+            chunks_read);
 }
 
 TEST(DataShardTest, CsvRecordsExactlyOnceForOneToFourRanks) {
@@ -118,7 +128,7 @@ TEST(DataShardTest, CsvRecordsExactlyOnceForOneToFourRanks) {
     for (bool trailing : {true, false}) {
       Dataset d = MakeCsv(dir.path(), 400, eol, trailing, eol[0] == '\r' ? 11u : 12u);
       for (int world = 1; world <= 4; ++world)
-        for (int per_rank : {1, 3}) ExpectExactlyOnce(d, DataFormat::kCsv, world, per_rank);
+        for (int chunks : {1, 3, 8}) ExpectExactlyOnce(d, DataFormat::kCsv, world, chunks);
     }
   }
 }
@@ -127,7 +137,7 @@ TEST(DataShardTest, JsonlRecordsExactlyOnceForOneToFourRanks) {
   TempDir dir;
   Dataset d = MakeJsonl(dir.path(), 500, 5);
   for (int world = 1; world <= 4; ++world)
-    for (int per_rank : {1, 2, 5}) ExpectExactlyOnce(d, DataFormat::kJsonl, world, per_rank);
+    for (int chunks : {1, 2, 5}) ExpectExactlyOnce(d, DataFormat::kJsonl, world, chunks);
 }
 
 // The speculative CSV cut equals an exact sequential parse from the file start, at every byte.
@@ -197,7 +207,7 @@ TEST(DataShardTest, TextLinesExactlyOnce) {
   for (int i = 0; i < 300; ++i) text += absl::StrCat("line ", i, i % 7 ? "\n" : "\r\n\n");
   WriteFile(path, text);
   for (int world = 1; world <= 4; ++world) {
-    auto plan = PlanShards({path}, world, 2);
+    auto plan = PlanShards({path}, world, ChunksOf(text.size(), 2));
     ASSERT_TRUE(plan.ok());
     std::map<std::string, int> seen;
     for (const auto& shards : *plan)
@@ -239,18 +249,120 @@ TEST(DataShardTest, ByteOrderMarksAreNotData) {
   }
 }
 
-TEST(DataShardTest, MultipleFilesAreSpreadOverRanks) {
+TEST(DataShardTest, EveryRankReadsEveryChunkWithItsOwnPhase) {
   TempDir dir;
   Dataset a = MakeJsonl(dir.path(), 200, 1);
   Dataset b = MakeJsonl(dir.path(), 50, 2);
-  auto plan = PlanShards({a.path, b.path}, 3, 2);
+  auto plan = PlanShards({a.path, b.path}, 3, ChunksOf(ReadFile(a.path).size(), 2));
   ASSERT_TRUE(plan.ok());
-  int64_t total = 0;
-  for (const auto& shards : *plan) {
-    EXPECT_FALSE(shards.empty());
-    for (const ShardSpec& s : shards) total += s.end - s.begin;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::vector<ShardSpec>& shards = (*plan)[rank];
+    int64_t total = 0;
+    for (const ShardSpec& s : shards) {
+      total += s.end - s.begin;
+      EXPECT_EQ(s.stride, 3);
+      EXPECT_EQ(s.phase, rank);
+    }
+    EXPECT_EQ(total, static_cast<int64_t>(ReadFile(a.path).size() + ReadFile(b.path).size()));
+    ASSERT_GE(shards.size(), 3u);  // a in two or three chunks, b in one
+    EXPECT_EQ(shards.front().path, a.path);
+    EXPECT_EQ(shards.back().path, b.path);
   }
-  EXPECT_EQ(total, static_cast<int64_t>(ReadFile(a.path).size() + ReadFile(b.path).size()));
+}
+
+// The skew of issue 16: one 20,000-character field among 213 short records. Byte-balanced
+// shards gave one rank a handful of records; interleaving gives each rank its share of the
+// records, counts differing by at most one, whatever their sizes. Malformed records are
+// reported by exactly one rank.
+TEST(DataShardTest, SkewedRecordSizesSplitEvenlyByRecords) {
+  TempDir dir;
+  const std::string path = dir.path() + "/skewed.jsonl";
+  std::string text;
+  for (int i = 0; i < 214; ++i) {
+    const std::string input = i == 3 ? std::string(20000, 'x') : absl::StrCat("short ", i);
+    text += nlohmann::json({{"id", absl::StrCat("id", i)}, {"instruction", input}, {"output", "y"}})
+                .dump() + "\n";
+  }
+  text += "not json\n";  // one malformed record
+  WriteFile(path, text);
+  for (int world = 1; world <= 3; ++world) {
+    SCOPED_TRACE(absl::StrCat("world ", world));
+    auto plan = PlanShards({path}, world);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::set<std::string> seen;
+    std::vector<int64_t> counts;
+    int64_t malformed = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      ASSERT_EQ((*plan)[rank].size(), 1u);  // a small file is one chunk
+      ReaderOptions options;
+      options.format = DataFormat::kJsonl;
+      options.skip_malformed = true;
+      auto reader = RecordReader::Open((*plan)[rank][0], options);
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      Record r;
+      int64_t n = 0;
+      while (true) {
+        auto more = (*reader)->Next(&r);
+        ASSERT_TRUE(more.ok()) << more.status();
+        if (!*more) break;
+        EXPECT_TRUE(seen.insert(*r.Find("id")).second);
+        ++n;
+      }
+      counts.push_back(n + (*reader)->malformed_count());
+      malformed += (*reader)->malformed_count();
+      EXPECT_EQ((*reader)->next_index(), 215);  // every rank counted every record
+    }
+    EXPECT_EQ(seen.size(), 214u);
+    EXPECT_EQ(malformed, 1);
+    for (int64_t n : counts) {
+      EXPECT_GE(n, 215 / world);
+      EXPECT_LE(n, (215 + world - 1) / world);
+    }
+  }
+}
+
+// The interleaving index runs on from one shard to the next (first_index), and a select
+// filter applies before it: its rejects are neither counted nor kept.
+TEST(DataShardTest, InterleavingRunsAcrossShardsAfterTheSelectFilter) {
+  TempDir dir;
+  Dataset d = MakeJsonl(dir.path(), 101, 9);
+  auto split = SplitFile(d.path, 4);
+  ASSERT_TRUE(split.ok());
+  ASSERT_EQ(split->size(), 4u);
+  std::vector<int64_t> counts(2, 0);
+  std::set<std::string> seen;
+  int64_t selected = 0;
+  for (int phase = 0; phase < 2; ++phase) {
+    int64_t index = 0;
+    for (ShardSpec shard : *split) {
+      shard.stride = 2;
+      shard.phase = phase;
+      ReaderOptions options;
+      options.first_index = index;
+      options.select = [](int64_t offset) { return offset % 3 != 0; };
+      auto reader = RecordReader::Open(shard, options);
+      ASSERT_TRUE(reader.ok());
+      Record r;
+      while (*(*reader)->Next(&r)) {
+        EXPECT_NE(r.offset % 3, 0);
+        EXPECT_TRUE(seen.insert(*r.Find("id")).second);
+        ++counts[phase];
+      }
+      index = (*reader)->next_index();
+    }
+    selected = index;  // every phase counts every selected record
+  }
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), selected);
+  EXPECT_LE(std::abs(counts[0] - counts[1]), 1);
+  EXPECT_GT(counts[0] + counts[1], 50);
+  EXPECT_LT(counts[0] + counts[1], 101);
+}
+
+TEST(DataShardTest, APhaseOutsideTheStrideIsRefused) {
+  TempDir dir;
+  Dataset d = MakeJsonl(dir.path(), 3, 4);
+  ShardSpec shard{d.path, 0, static_cast<int64_t>(ReadFile(d.path).size()), 1, 2, 2};
+  EXPECT_EQ(RecordReader::Open(shard, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Collects every record of one whole file under a policy.

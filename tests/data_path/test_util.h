@@ -7,11 +7,19 @@
 #include <sstream>
 #include <string>
 
+#include "common/dataset/shard_planner.h"
 #include "tests/util/temp_dir.h"
 
 namespace qlora::data {
 
 using TempDir = ::qlora::testing::TempDir;  // tests/util/temp_dir.h
+
+// Plan options that cut a file of `bytes` bytes into about `chunks` chunks.
+inline ShardPlanOptions ChunksOf(int64_t bytes, int chunks) {
+  ShardPlanOptions options;
+  options.chunk_bytes = bytes / chunks + 1;
+  return options;
+}
 
 inline void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

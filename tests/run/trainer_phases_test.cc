@@ -82,7 +82,11 @@ class CountingSource final : public MicroBatchSource {
     b.input_ids = at::tensor({static_cast<int64_t>(epoch_), next_++}).reshape({1, 2});
     return std::optional<DeviceBatch>(std::move(b));
   }
-  absl::StatusOr<int64_t> CountMicroBatches(int epoch) override { return counts_[epoch]; }
+  absl::StatusOr<data::EpochCount> CountMicroBatches(int epoch) override {
+    data::EpochCount count;
+    count.micro_batches = counts_[epoch];
+    return count;
+  }
 
  private:
   std::vector<int64_t> counts_;
@@ -198,7 +202,9 @@ class TrainerPhases : public ::testing::Test {
     auto config = ParseJobConfig(yaml, {});
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
-    auto shards = data::PlanShards({config_.data.train_path}, 1, 4);
+    data::ShardPlanOptions plan;
+    plan.chunk_bytes = 1024;  // several chunks: a shuffled order to replay
+    auto shards = data::PlanShards({config_.data.train_path}, 1, plan);
     ASSERT_TRUE(shards.ok());
     shards_ = (*shards)[0];
   }

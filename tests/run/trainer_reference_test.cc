@@ -128,7 +128,9 @@ TEST(TrainerReferenceChild, Rank) {
   ASSERT_TRUE(config.ok()) << config.status();
   // Unquantized weights run in the compute dtype: fp32 here, as the reference.
   config->quantization.compute_dtype = ComputeDtype::kFloat32;
-  auto shards = data::PlanShards({config->data.train_path}, world, 4);
+  data::ShardPlanOptions plan;
+  plan.chunk_bytes = 4096;  // several chunks, as a large file would have
+  auto shards = data::PlanShards({config->data.train_path}, world, plan);
   ASSERT_TRUE(shards.ok()) << shards.status();
 
   worker::TrainingContext context;

@@ -140,6 +140,58 @@ TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgres
   EXPECT_THAT(logs.output, HasSubstr("rank 1 |"));
 }
 
+// Issue 16: 214 records, one with a 20,000-character field, and one malformed line. Byte-range
+// shards gave 2 workers 1 step per epoch where 1 worker trained 26; interleaved records give 2
+// workers the one-worker record count to within one micro-batch per rank, and every record is
+// accounted for (trained, left over, malformed, without a target) per rank in the progress, the
+// end message and the log.
+TEST_F(ServiceTest, SkewedRecordsTrainAsManyOnTwoWorkersAsOnOneAndAreAccountedFor) {
+  std::string data;
+  for (int i = 0; i < 214; ++i) {
+    const std::string instruction = i == 100 ? std::string(20000, 'x') : absl::StrCat("Add ", i, " and 1.");
+    absl::StrAppend(&data, "{\"instruction\": \"", instruction, "\", \"output\": \"", i + 1, "\"}\n");
+  }
+  data += "not json\n";
+  const std::string dataset = WriteFile(state_, "skewed.jsonl", data);
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  constexpr int kRows = 2;
+  std::map<int, int64_t> trained;
+  for (int workers : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(workers, " workers"));
+    std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 2, gradient_accumulation_steps: 1, epochs: 1, learning_rate: 0.001}
+data: {max_sequence_length: 48, malformed_records: skip}
+)");
+    const std::string backend = "  trainer:\n";
+    yaml.replace(yaml.find(backend), backend.size(), absl::StrCat("  trainer:\n    num_workers: ", workers, "\n"));
+    grpc::Status submitted;
+    v1::Job job = SubmitJob(c, yaml, &submitted, dataset);
+    ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+    job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+    ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+    ASSERT_EQ(job.progress_size(), workers);
+    int64_t accounted = 0;
+    for (const v1::Progress& p : job.progress()) {
+      const v1::RecordReport& r = p.total_records();
+      EXPECT_GE(r.trained(), 212 / workers - kRows) << "rank " << p.rank();
+      trained[workers] += r.trained();
+      accounted += r.trained() + r.left_over() + r.malformed() + r.without_target();
+      // One epoch: the epoch's figures are the job's.
+      EXPECT_EQ(p.epoch_records().trained(), r.trained());
+      EXPECT_EQ(p.epoch_records().left_over(), r.left_over());
+    }
+    EXPECT_EQ(accounted, 215);
+    EXPECT_THAT(job.state_message(), HasSubstr(absl::StrCat("records: ", trained[workers], " trained (rank 0: ")));
+    EXPECT_THAT(job.state_message(), HasSubstr("1 malformed skipped, 1 without a target"));
+    CommandResult logs = c.Ctl("logs " + job.id());
+    EXPECT_THAT(logs.output, HasSubstr("epoch 0: trained "));
+    CommandResult get = c.Ctl("get " + job.id());
+    EXPECT_THAT(get.output, HasSubstr("records:     rank 0 epoch 0: "));
+  }
+  EXPECT_GE(trained[1], 212);
+  EXPECT_LE(std::abs(trained[1] - trained[2]), 2 * kRows) << trained[1] << " on 1 worker, " << trained[2] << " on 2";
+}
+
 // The original job file verbatim (only base_model points at the tiny model) with ZeRO stage 2 on
 // 2 CPU workers: it trains its three epochs and writes a PEFT adapter that peft loads as is.
 TEST_F(ServiceTest, OriginalJobFileTrainsUnderStage2AndItsAdapterLoadsInPeft) {

@@ -10,6 +10,10 @@
 namespace qlora::data {
 namespace {
 
+// MixSeed's stream for the epoch's shard order (any value that is not a rank would do; ranks
+// are small).
+constexpr uint64_t kShardOrderStream = 0x5348415244ull;  // "SHARD"
+
 uint64_t Fnv1a(absl::string_view bytes, uint64_t hash = 0xCBF29CE484222325ull) {
   for (char c : bytes) hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
   return hash;
@@ -22,8 +26,10 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(std::vector<Shard
                                                                const LoaderOptions& options) {
   if (options.batch.rows < 1 || options.batch.seq_len < 2)
     return absl::InvalidArgumentError("micro-batch rows must be >= 1 and seq_len >= 2");
-  if (options.validation_fraction < 0 || options.validation_fraction >= 1)
-    return absl::InvalidArgumentError("data.validation_fraction must be in [0, 1)");
+  if (options.validation_fraction < 0 || options.test_fraction < 0 ||
+      options.validation_fraction + options.test_fraction >= 1)
+    return absl::InvalidArgumentError(
+        "data.validation_fraction and data.test_fraction must be >= 0 and sum to less than 1");
   QLORA_ASSIGN_OR_RETURN(ExampleBuilder builder, ExampleBuilder::Create(options.example, tokenizer));
   LoaderOptions resolved = options;  // the reader reads the columns the builder uses
   builder.Columns(&resolved.reader.columns, &resolved.reader.optional_columns);
@@ -41,12 +47,16 @@ DataLoader::DataLoader(std::vector<ShardSpec> shards, const Tokenizer* tokenizer
       builder_(std::move(builder)) {}
 
 absl::Status DataLoader::StartEpoch(int64_t epoch) {
-  rng_ = Rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(options_.rank)));
+  // The shard order is the same on every rank (the interleaving index runs on across shards in
+  // this order, so every rank must count the same sequence); the shuffle buffer is per rank.
+  Rng order_rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch), kShardOrderStream));
   order_.resize(shards_.size());
   std::iota(order_.begin(), order_.end(), 0);
   if (options_.shuffle)
-    for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng_.Below(i)]);
+    for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[order_rng.Below(i)]);
+  rng_ = Rng(MixSeed(options_.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(options_.rank)));
   next_shard_ = 0;
+  next_index_ = 0;
   reader_.reset();
   buffer_ = ShuffleBuffer<Record>(options_.shuffle ? options_.shuffle_buffer_records : 1, &rng_);
   source_done_ = false;
@@ -57,20 +67,25 @@ absl::Status DataLoader::StartEpoch(int64_t epoch) {
   return absl::OkStatus();
 }
 
-bool DataLoader::InSplit(const Record& record) const {
+bool DataLoader::InSplit(const std::string& path, int64_t record_offset) const {
   // Without a fraction there is no split: every record is training data.
-  if (options_.validation_fraction <= 0) return options_.split != SplitRole::kValidation;
-  if (options_.split == SplitRole::kAll) return true;
-  uint64_t offset = static_cast<uint64_t>(record.offset);
+  if (options_.validation_fraction <= 0 && options_.test_fraction <= 0)
+    return options_.split != SplitRole::kValidation;
+  uint64_t offset = static_cast<uint64_t>(record_offset);
   uint64_t hash = Fnv1a(absl::string_view(reinterpret_cast<const char*>(&offset), sizeof(offset)),
-                        Fnv1a(record.path));
+                        Fnv1a(path));
   Rng rng(MixSeed(options_.seed, hash));
-  const bool validation = rng.Uniform() < options_.validation_fraction;
-  return validation == (options_.split == SplitRole::kValidation);
+  // [0, validation) validation, [validation, validation + test) held out, the rest training.
+  const double u = rng.Uniform();
+  if (u < options_.validation_fraction) return options_.split != SplitRole::kTrain;
+  if (u < options_.validation_fraction + options_.test_fraction) return false;
+  return options_.split != SplitRole::kValidation;
 }
 
 void DataLoader::CloseReader() {
   if (!reader_) return;
+  next_index_ = reader_->next_index();
+  stats_.records += reader_->malformed_count();  // read, though never past the reader
   stats_.malformed_records += reader_->malformed_count();
   for (const std::string& message : reader_->malformed_messages())
     if (stats_.malformed_messages.size() < options_.reader.kept_messages)
@@ -82,15 +97,17 @@ absl::StatusOr<bool> DataLoader::NextRecord(Record* record) {
   while (true) {
     if (!reader_) {
       if (next_shard_ == order_.size()) return false;
-      QLORA_ASSIGN_OR_RETURN(reader_, RecordReader::Open(shards_[order_[next_shard_++]],
-                                                         options_.reader));
+      const ShardSpec& shard = shards_[order_[next_shard_++]];
+      // The split filter runs before interleaving, so each rank gets an equal share of its
+      // split, and before parsing, so other splits' records cost only finding their end.
+      ReaderOptions reader = options_.reader;
+      reader.first_index = next_index_;
+      reader.select = [this, path = shard.path](int64_t offset) { return InSplit(path, offset); };
+      QLORA_ASSIGN_OR_RETURN(reader_, RecordReader::Open(shard, reader));
     }
     QLORA_ASSIGN_OR_RETURN(bool more, reader_->Next(record));
-    if (!more) {
-      CloseReader();
-      continue;
-    }
-    if (InSplit(*record)) return true;
+    if (more) return true;
+    CloseReader();
   }
 }
 
@@ -159,14 +176,19 @@ absl::StatusOr<std::optional<MicroBatch>> DataLoader::Next() {
   return batch;
 }
 
-absl::StatusOr<int64_t> CountMicroBatches(DataLoader& loader, int64_t epoch) {
+absl::StatusOr<EpochCount> CountMicroBatches(DataLoader& loader, int64_t epoch) {
   QLORA_RETURN_IF_ERROR(loader.StartEpoch(epoch));
-  int64_t count = 0;
+  EpochCount count;
   while (true) {
     QLORA_ASSIGN_OR_RETURN(std::optional<MicroBatch> batch, loader.Next());
     if (!batch) break;
-    ++count;
+    ++count.micro_batches;
+    count.examples += batch->num_examples;
   }
+  const LoaderStats& stats = loader.stats();
+  count.records = stats.records;
+  count.malformed = stats.malformed_records;
+  count.without_target = stats.examples.dropped_no_target;
   return count;
 }
 

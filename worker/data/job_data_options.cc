@@ -38,6 +38,9 @@ absl::StatusOr<LoaderOptions> LoaderOptionsForJob(const JobConfig& job, const To
   options.shuffle = role == DatasetRole::kTrain;
   const bool split_train = data.validation_path.empty() && data.validation_fraction > 0;
   options.validation_fraction = split_train ? data.validation_fraction : 0.0;
+  // The test share is held out of the training file only (never of a validation file).
+  const bool reads_train_file = role == DatasetRole::kTrain || split_train;
+  options.test_fraction = reads_train_file ? data.test_fraction : 0.0;
   options.split = !split_train ? SplitRole::kAll
                   : role == DatasetRole::kTrain ? SplitRole::kTrain
                                                 : SplitRole::kValidation;

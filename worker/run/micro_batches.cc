@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/data/data_loader.h"
 #include "worker/data/tokenizer.h"
 
 namespace qlora::worker {
@@ -39,10 +38,11 @@ class LoaderSource : public MicroBatchSource {
     // count after the causal shift.
     b.target_tokens = mb->num_label_tokens;
     b.input_tokens = mb->num_tokens;
+    b.examples = mb->num_examples;
     return std::optional<DeviceBatch>(std::move(b));
   }
 
-  absl::StatusOr<int64_t> CountMicroBatches(int epoch) override {
+  absl::StatusOr<data::EpochCount> CountMicroBatches(int epoch) override {
     return data::CountMicroBatches(*loader_, epoch);
   }
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/config/job_config.h"
 #include "common/dataset/record.h"
+#include "worker/data/data_loader.h"
 #include "worker/data/job_data_options.h"
 #include "worker/engine/llama_model.h"
 
@@ -24,6 +25,7 @@ struct DeviceBatch {
   engine::ForwardOptions forward;    // position ids and block-diagonal attention when packed
   int64_t target_tokens = 0;         // labels that count after the causal shift
   int64_t input_tokens = 0;          // non-padding tokens
+  int64_t examples = 0;              // examples (records) in it
 };
 
 struct MicroBatchOptions {
@@ -45,9 +47,9 @@ class MicroBatchSource {
   virtual absl::Status Restart(int epoch) = 0;
   // The next micro-batch of the epoch; nullopt at its end.
   virtual absl::StatusOr<std::optional<DeviceBatch>> Next() = 0;
-  // Micro-batches in epoch `epoch` (a streaming pass that keeps nothing); rewinds, so call
-  // Restart(epoch) afterwards.
-  virtual absl::StatusOr<int64_t> CountMicroBatches(int epoch) = 0;
+  // Micro-batches and records in epoch `epoch` (a streaming pass that keeps nothing); rewinds,
+  // so call Restart(epoch) afterwards.
+  virtual absl::StatusOr<data::EpochCount> CountMicroBatches(int epoch) = 0;
 };
 
 }  // namespace qlora::worker

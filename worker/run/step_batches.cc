@@ -20,9 +20,9 @@ absl::StatusOr<StepBatches> StepBatches::Start(MicroBatchSource* source, comm::C
 }
 
 absl::StatusOr<int64_t> StepBatches::PlanEpoch(int epoch) {
-  QLORA_ASSIGN_OR_RETURN(int64_t local, source_->CountMicroBatches(epoch));
+  QLORA_ASSIGN_OR_RETURN(data::EpochCount local, source_->CountMicroBatches(epoch));
   std::vector<double> one_hot(comm_->world_size(), 0.0);
-  one_hot[comm_->rank()] = static_cast<double>(local);
+  one_hot[comm_->rank()] = static_cast<double>(local.micro_batches);
   QLORA_ASSIGN_OR_RETURN(std::vector<double> counts, SumOverRanks(*comm_, one_hot, device_));
   std::vector<int64_t> per_rank(counts.begin(), counts.end());
   QLORA_ASSIGN_OR_RETURN(data::EpochPlan plan, data::PlanEpoch(per_rank, accumulation_));
@@ -33,11 +33,16 @@ absl::StatusOr<int64_t> StepBatches::PlanEpoch(int epoch) {
         " per rank (gradient_accumulation_steps)"));
   }
   QLORA_RETURN_IF_ERROR(source_->Restart(epoch));
+  epoch_examples_ = local.examples;
+  epoch_records_ = RecordCounts();
+  epoch_records_.malformed = local.malformed;
+  epoch_records_.without_target = local.without_target;
   return plan.optimizer_steps;
 }
 
 absl::StatusOr<std::vector<DeviceBatch>> StepBatches::Next() {
   if (in_epoch_ == epoch_steps_) {
+    earlier_records_ = total_records();
     ++epoch_;
     in_epoch_ = 0;
     QLORA_ASSIGN_OR_RETURN(epoch_steps_, PlanEpoch(epoch_));
@@ -46,10 +51,21 @@ absl::StatusOr<std::vector<DeviceBatch>> StepBatches::Next() {
   for (int i = 0; i < accumulation_; ++i) {
     QLORA_ASSIGN_OR_RETURN(std::optional<DeviceBatch> batch, source_->Next());
     if (!batch) return absl::InternalError("the data ran out before the epoch's planned steps");
+    epoch_records_.trained += batch->examples;
     batches.push_back(std::move(*batch));
   }
   ++in_epoch_;
+  if (in_epoch_ == epoch_steps_) epoch_records_.left_over = epoch_examples_ - epoch_records_.trained;
   return batches;
+}
+
+RecordCounts StepBatches::total_records() const {
+  RecordCounts total = earlier_records_;
+  total.trained += epoch_records_.trained;
+  total.left_over += epoch_records_.left_over;
+  total.malformed += epoch_records_.malformed;
+  total.without_target += epoch_records_.without_target;
+  return total;
 }
 
 absl::Status StepBatches::Skip(int64_t steps) {

@@ -3,6 +3,8 @@
 // the fewest micro-batches sets an epoch's length: data::PlanEpoch; the others leave the rest of
 // their share for that epoch, a different tail each epoch as the shuffle changes). Skip(n)
 // replays the first n steps exactly, so a resumed run sees what an uninterrupted one would.
+// Counts what became of this rank's records (trained, left over, malformed, without a target)
+// per epoch and in all; a replay by Skip counts as trained (it was, before the checkpoint).
 // Collective (planning an epoch counts every rank's micro-batches). Torch side.
 #pragma once
 
@@ -12,6 +14,7 @@
 #include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
+#include "common/worker_protocol.h"
 #include "worker/comm/communicator.h"
 #include "worker/run/micro_batches.h"
 
@@ -26,6 +29,11 @@ class StepBatches {
 
   int64_t steps_per_first_epoch() const { return first_epoch_steps_; }
   int epoch() const { return epoch_; }  // of the step Next() returned last
+  // Whether the step Next() returned last was its epoch's last.
+  bool epoch_finished() const { return in_epoch_ == epoch_steps_; }
+  // This rank's records of epoch() so far (left_over once it is finished), and of all epochs.
+  const RecordCounts& epoch_records() const { return epoch_records_; }
+  RecordCounts total_records() const;
 
   // The next step's micro-batches (a new epoch starts when the current one's steps are done).
   absl::StatusOr<std::vector<DeviceBatch>> Next();
@@ -49,6 +57,9 @@ class StepBatches {
   int64_t epoch_steps_ = 0;     // planned steps of the current epoch
   int64_t in_epoch_ = 0;        // steps taken in it
   int64_t first_epoch_steps_ = 0;
+  int64_t epoch_examples_ = 0;      // examples in the current epoch (its counting pass)
+  RecordCounts epoch_records_;
+  RecordCounts earlier_records_;    // of the epochs before the current one
 };
 
 }  // namespace qlora::worker

@@ -245,6 +245,12 @@ absl::Status Trainer::After(const StepResult& result) {
   }
   const ProgressSnapshot p = Progress(result);
   context_.report_progress(p);
+  if (steps_->epoch_finished()) {
+    const RecordCounts& r = p.epoch_records;
+    Log(absl::StrFormat("epoch %d: trained %d records, %d left over (beyond the shortest rank's "
+                        "steps), %d malformed skipped, %d without a target",
+                        p.epoch, r.trained, r.left_over, r.malformed, r.without_target));
+  }
   if (assignment_.rank == 0) {
     Log(absl::StrFormat("step %d/%d loss %.4f lr %.3g grad-norm %.3f tok/s %.0f", done, total_steps_, p.loss,
                         result.report.lr, result.report.grad_norm, p.tokens_per_second));
@@ -326,6 +332,8 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) const {
   p.strategy.partition_elements = d.partition_elements;
   p.strategy.partitioned_optimizer = d.partitions_optimizer_state;
   p.strategy.partitioned_gradients = d.partitions_gradients;
+  p.epoch_records = steps_->epoch_records();
+  p.total_records = steps_->total_records();
   return p;
 }
 

@@ -1,0 +1,28 @@
+// Ludwig's LLM sections that map onto this service's own keys (internal to qlora_config):
+//
+//   prompt: {template: "...{column}..."}          -> data.prompt_template
+//   preprocessing:
+//     split: {type: random, probabilities: [train, validation, test]}
+//                                                  -> data.validation_fraction, data.test_fraction
+//     global_max_sequence_length: N               -> data.max_sequence_length
+//   generation: {temperature, max_new_tokens, ...} -> JobConfig::generation (kept with the job
+//                                                     for inference; training does not read it)
+//
+// A value given both ways must agree; when it does not, INVALID_ARGUMENT names both keys and
+// their lines. Unknown keys inside these sections get the schema's did-you-mean errors.
+#pragma once
+
+#include "absl/status/status.h"
+#include "common/config/job_config.h"
+#include "common/config/yaml_map_reader.h"
+
+namespace qlora::config_internal {
+
+// Reads `prompt` and `preprocessing` of the top-level mapping into *d, after the `data` section
+// was read into it. Sets *split_written when preprocessing.split set the split fractions.
+absl::Status ReadLudwigDataSections(const MapReader& top, DataConfig* d, bool* split_written);
+
+// Reads `generation` into *g (only the keys written are set).
+absl::Status ReadGeneration(const MapReader& top, GenerationConfig* g);
+
+}  // namespace qlora::config_internal
