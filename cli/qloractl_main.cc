@@ -23,6 +23,8 @@
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
 #include "common/posix_files.h"
+#include "common/rpc/worker_protocol_convert.h"
+#include "common/train_summary_text.h"
 #include "qlora/v1/job_service.grpc.pb.h"
 
 namespace qlora::cli {
@@ -152,7 +154,9 @@ void PrintJob(const v1::Job& job, bool json) {
            job.restart_causes_size() > 0 ? job.restart_causes(job.restart_causes_size() - 1).c_str() : "");
   }
   if (!job.adapter_path().empty()) printf("adapter:     %s\n", job.adapter_path().c_str());
+  if (!job.merged_path().empty()) printf("merged:      %s\n", job.merged_path().c_str());
   printf("progress:    %s\n", ProgressLine(job).c_str());
+  if (job.has_summary()) printf("summary:     %s\n", FormatTrainSummary(FromProto(job.summary())).c_str());
 }
 
 // Streams a job's events until it ends; returns the exit status for its final state.
