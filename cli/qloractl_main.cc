@@ -26,6 +26,8 @@
 #include "common/config/yaml_overrides.h"
 #include "common/posix_files.h"
 #include "common/program/version.h"
+#include "common/rpc/worker_protocol_convert.h"
+#include "common/train_summary_text.h"
 #include "qlora/v1/job_service.grpc.pb.h"
 
 namespace qlora::cli {
@@ -84,6 +86,7 @@ void PrintJob(const v1::Job& job, bool json) {
            job.restart_causes_size() > 0 ? job.restart_causes(job.restart_causes_size() - 1).c_str() : "");
   }
   if (!job.adapter_path().empty()) printf("adapter:     %s\n", job.adapter_path().c_str());
+  if (!job.merged_path().empty()) printf("merged:      %s\n", job.merged_path().c_str());
   printf("progress:    %s\n", ProgressLine(job).c_str());
   for (const v1::Progress& p : job.progress()) {
     const v1::RecordReport& e = p.epoch_records();
@@ -95,6 +98,7 @@ void PrintJob(const v1::Job& job, bool json) {
            static_cast<long long>(t.trained()), static_cast<long long>(t.left_over()),
            static_cast<long long>(t.malformed()), static_cast<long long>(t.without_target()));
   }
+  if (job.has_summary()) printf("summary:     %s\n", FormatTrainSummary(FromProto(job.summary())).c_str());
 }
 
 // Streams a job's events until it ends; returns the exit status for its final state.

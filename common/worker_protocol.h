@@ -3,7 +3,9 @@
 // torch here, so both the coordinator core and the worker's engine side can use them.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,27 @@ namespace qlora {
 // the coordinator refuses a second Register with it.
 inline constexpr char kWorkerTokenVariable[] = "QLORA_WORKER_TOKEN";
 
+// The end of a run as Hugging Face's Trainer.train() reports it (train_runtime, train_loss,
+// train_samples_per_second, train_steps_per_second), plus tokens, peak memory and evaluation.
+// Rank 0 reports it; figures cover every rank and only this run (a resumed run counts from the
+// checkpoint it resumed), from its first phase up to its outputs being written.
+struct TrainSummary {
+  double train_runtime_seconds = 0;
+  double train_loss = std::nan("");        // mean of this run's step losses (NaN: no step ran)
+  double final_train_loss = std::nan("");  // the last step's
+  int64_t steps = 0;                       // optimizer steps this run took
+  int64_t global_step = 0;                 // optimizer steps done in all, resumed ones included
+  int64_t samples = 0;                     // rows trained on (a packed row counts once), all ranks
+  int64_t tokens = 0;                      // non-padding input tokens trained on, all ranks
+  double train_samples_per_second = 0;
+  double train_steps_per_second = 0;
+  double tokens_per_second = 0;
+  // The largest over ranks: the CUDA allocator's peak on GPUs, the peak resident set on CPUs.
+  int64_t peak_memory_bytes = 0;
+  double eval_loss = std::nan("");         // the last evaluation's (NaN: none)
+  double best_eval_loss = std::nan("");    // the lowest evaluation loss (NaN: none)
+};
+
 // How a rank's run ended, as the rank reports it.
 struct WorkerCompletion {
   bool ok = false;
@@ -26,6 +49,8 @@ struct WorkerCompletion {
   // the job (a bad file or setting) that would fail the same way again.
   bool retryable = false;
   std::string adapter_path;          // rank 0, when ok
+  std::string merged_path;           // rank 0, when ok and a merge was asked
+  std::optional<TrainSummary> summary;  // rank 0, when ok
 };
 
 // The completion a rank reports for a run that ended with `status` (not OK). Retryable unless

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config/job_config_emit.h"
 #include "common/status_macros.h"
+#include "common/train_summary_text.h"
 
 namespace qlora::coordinator {
 namespace {
@@ -16,6 +17,15 @@ namespace {
 std::string RandomToken() {
   std::random_device rd;
   return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
+}
+
+// "adapter written to A; merged model written to M; train_runtime ..." (what is known of it).
+std::string CompletionMessage(const JobRecord& job) {
+  std::vector<std::string> parts;
+  if (!job.adapter_path.empty()) parts.push_back(absl::StrCat("adapter written to ", job.adapter_path));
+  if (!job.merged_path.empty()) parts.push_back(absl::StrCat("merged model written to ", job.merged_path));
+  if (job.summary) parts.push_back(FormatTrainSummary(*job.summary));
+  return parts.empty() ? "training finished" : absl::StrJoin(parts, "; ");
 }
 
 }  // namespace
@@ -301,13 +311,15 @@ void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& comple
     return;
   }
   worker.completed = true;
-  if (worker.rank == 0 && !completion.adapter_path.empty()) record_.adapter_path = completion.adapter_path;
+  if (worker.rank == 0) {
+    if (!completion.adapter_path.empty()) record_.adapter_path = completion.adapter_path;
+    if (!completion.merged_path.empty()) record_.merged_path = completion.merged_path;
+    if (completion.summary) record_.summary = completion.summary;
+  }
   if (!workers_.AllCompleted()) return;
   // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
   workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);
-  std::string message = record_.adapter_path.empty()
-                            ? "training finished"
-                            : absl::StrCat("adapter written to ", record_.adapter_path);
+  std::string message = CompletionMessage(record_);
   const std::string records = RecordSummary(record_.progress);
   if (!records.empty()) absl::StrAppend(&message, "; ", records);
   Transition(JobState::kSucceeded, "COMPLETED", message);

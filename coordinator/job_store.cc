@@ -24,7 +24,12 @@ CREATE TABLE IF NOT EXISTS jobs (
   created REAL, started REAL, finished REAL, job_yaml TEXT, resolved_yaml TEXT,
   num_workers INTEGER, zero_stage INTEGER, output_dir TEXT, adapter_path TEXT,
   last_sequence INTEGER, ord INTEGER, owner TEXT DEFAULT '', uid TEXT DEFAULT '',
-  restarts INTEGER DEFAULT 0, restart_causes TEXT DEFAULT '');
+  restarts INTEGER DEFAULT 0, restart_causes TEXT DEFAULT '', merged_path TEXT DEFAULT '',
+  has_summary INTEGER DEFAULT 0, sum_runtime REAL, sum_loss REAL, sum_final_loss REAL,
+  sum_steps INTEGER DEFAULT 0, sum_global_step INTEGER DEFAULT 0, sum_samples INTEGER DEFAULT 0,
+  sum_tokens INTEGER DEFAULT 0, sum_samples_per_s REAL, sum_steps_per_s REAL,
+  sum_tokens_per_s REAL, sum_peak_memory INTEGER DEFAULT 0, sum_eval_loss REAL,
+  sum_best_eval_loss REAL);
 CREATE TABLE IF NOT EXISTS events (
   job_id TEXT, seq INTEGER, time REAL, state INTEGER, reason_code TEXT, message TEXT,
   has_progress INTEGER, rank INTEGER, step INTEGER, total_steps INTEGER, epoch INTEGER,
@@ -148,6 +153,14 @@ JobEvent ReadEvent(const Statement& s) {
   return e;
 }
 
+// A job's outputs beyond the adapter: the merged folder and the TrainSummary (jobs.sum_*).
+constexpr const char* kOutputColumns[] = {
+    "merged_path TEXT DEFAULT ''", "has_summary INTEGER DEFAULT 0", "sum_runtime REAL", "sum_loss REAL",
+    "sum_final_loss REAL", "sum_steps INTEGER DEFAULT 0", "sum_global_step INTEGER DEFAULT 0",
+    "sum_samples INTEGER DEFAULT 0", "sum_tokens INTEGER DEFAULT 0", "sum_samples_per_s REAL",
+    "sum_steps_per_s REAL", "sum_tokens_per_s REAL", "sum_peak_memory INTEGER DEFAULT 0",
+    "sum_eval_loss REAL", "sum_best_eval_loss REAL"};
+
 constexpr const char* kEventColumns =
     "job_id, seq, time, state, reason_code, message, has_progress, rank, step, total_steps, "
     "epoch, loss, lr, tokens_per_second, eval_loss, elapsed, dev_alloc, dev_peak, master, "
@@ -184,6 +197,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN uid TEXT DEFAULT ''");
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN restarts INTEGER DEFAULT 0");
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN restart_causes TEXT DEFAULT ''");
+  for (const char* column : kOutputColumns) {
+    (void)store->Exec(absl::StrCat("ALTER TABLE jobs ADD COLUMN ", column).c_str());
+  }
   if (options.max_pages > 0) {
     QLORA_RETURN_IF_ERROR(
         store->Exec(absl::StrCat("PRAGMA max_page_count = ", options.max_pages).c_str()));
@@ -225,6 +241,23 @@ absl::Status JobStore::PutJob(const JobRecord& j) {
       .Bind(12, j.zero_stage).Bind(13, j.output_dir).Bind(14, j.adapter_path)
       .Bind(15, j.last_sequence).Bind(16, j.owner).Bind(17, j.uid)
       .Bind(18, j.restarts).Bind(19, absl::StrJoin(j.restart_causes, "\n"));
+  QLORA_RETURN_IF_ERROR(s.Step().status());
+  return j.summary || !j.merged_path.empty() ? PutOutputs(j) : absl::OkStatus();
+}
+
+absl::Status JobStore::PutOutputs(const JobRecord& j) {
+  Statement s(db_,
+              "UPDATE jobs SET merged_path=?2, has_summary=?3, sum_runtime=?4, sum_loss=?5, "
+              "sum_final_loss=?6, sum_steps=?7, sum_global_step=?8, sum_samples=?9, sum_tokens=?10, "
+              "sum_samples_per_s=?11, sum_steps_per_s=?12, sum_tokens_per_s=?13, sum_peak_memory=?14, "
+              "sum_eval_loss=?15, sum_best_eval_loss=?16 WHERE id=?1");
+  QLORA_RETURN_IF_ERROR(s.status());
+  const TrainSummary m = j.summary.value_or(TrainSummary{});
+  s.Bind(1, j.id).Bind(2, j.merged_path).Bind(3, j.summary ? 1 : 0).Bind(4, m.train_runtime_seconds)
+      .Bind(5, m.train_loss).Bind(6, m.final_train_loss).Bind(7, m.steps).Bind(8, m.global_step)
+      .Bind(9, m.samples).Bind(10, m.tokens).Bind(11, m.train_samples_per_second)
+      .Bind(12, m.train_steps_per_second).Bind(13, m.tokens_per_second).Bind(14, m.peak_memory_bytes)
+      .Bind(15, m.eval_loss).Bind(16, m.best_eval_loss);
   return s.Step().status();
 }
 
@@ -275,7 +308,9 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
   Statement s(db_,
               "SELECT id, name, state, reason_code, message, created, started, finished, job_yaml, "
               "resolved_yaml, num_workers, zero_stage, output_dir, adapter_path, last_sequence, owner, uid, "
-              "restarts, restart_causes FROM jobs ORDER BY ord");
+              "restarts, restart_causes, merged_path, has_summary, sum_runtime, sum_loss, sum_final_loss, "
+              "sum_steps, sum_global_step, sum_samples, sum_tokens, sum_samples_per_s, sum_steps_per_s, "
+              "sum_tokens_per_s, sum_peak_memory, sum_eval_loss, sum_best_eval_loss FROM jobs ORDER BY ord");
   QLORA_RETURN_IF_ERROR(s.status());
   std::vector<JobRecord> jobs;
   while (true) {
@@ -301,6 +336,24 @@ absl::StatusOr<std::vector<JobRecord>> JobStore::LoadJobs() {
     j.uid = s.Text(16);
     j.restarts = static_cast<int>(s.Int(17));
     j.restart_causes = absl::StrSplit(s.Text(18), '\n', absl::SkipEmpty());
+    j.merged_path = s.Text(19);
+    if (s.Int(20) != 0) {
+      TrainSummary m;
+      m.train_runtime_seconds = s.Real(21);
+      m.train_loss = s.Real(22);
+      m.final_train_loss = s.Real(23);
+      m.steps = s.Int(24);
+      m.global_step = s.Int(25);
+      m.samples = s.Int(26);
+      m.tokens = s.Int(27);
+      m.train_samples_per_second = s.Real(28);
+      m.train_steps_per_second = s.Real(29);
+      m.tokens_per_second = s.Real(30);
+      m.peak_memory_bytes = s.Int(31);
+      m.eval_loss = s.Real(32);
+      m.best_eval_loss = s.Real(33);
+      j.summary = m;
+    }
     jobs.push_back(std::move(j));
   }
   for (JobRecord& j : jobs) {

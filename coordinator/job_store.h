@@ -49,6 +49,7 @@ class JobStore {
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
+  absl::Status PutOutputs(const JobRecord& job);  // merged_path and summary (PutJob calls it)
   absl::Status Exec(const char* sql);
   sqlite3* db_;
 };

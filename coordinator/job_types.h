@@ -19,6 +19,7 @@ const char* JobStateName(JobState state);
 
 using qlora::MemorySnapshot;
 using qlora::ProgressSnapshot;
+using qlora::TrainSummary;
 
 struct JobEvent {
   int64_t sequence = 0;
@@ -48,6 +49,8 @@ struct JobRecord {
   int zero_stage = 0;
   std::string output_dir;
   std::string adapter_path;
+  std::string merged_path;           // the merged HF model folder, when a merge was asked
+  std::optional<TrainSummary> summary;  // rank 0's, once succeeded
   int64_t last_sequence = 0;
   std::vector<ProgressSnapshot> progress;  // latest per rank (index = rank)
 };

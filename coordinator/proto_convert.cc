@@ -37,6 +37,8 @@ void ToProto(const JobRecord& in, v1::Job* out) {
   out->set_zero_stage(in.zero_stage);
   out->set_output_dir(in.output_dir);
   out->set_adapter_path(in.adapter_path);
+  out->set_merged_path(in.merged_path);
+  if (in.summary) qlora::ToProto(*in.summary, out->mutable_summary());
   out->set_last_sequence(in.last_sequence);
   out->set_owner(in.owner);
   out->set_restarts(in.restarts);

@@ -54,6 +54,8 @@ grpc::Status WorkerServiceImpl::ReportCompletion(grpc::ServerContext*, const v1:
   completion.error = r->error();
   completion.retryable = r->retryable();
   completion.adapter_path = r->adapter_path();
+  completion.merged_path = r->merged_path();
+  if (r->has_summary()) completion.summary = FromProto(r->summary());
   return ToGrpc(manager_->ReportCompletion(r->job_id(), r->startup_token(), completion));
 }
 

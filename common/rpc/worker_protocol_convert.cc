@@ -90,6 +90,40 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   return p;
 }
 
+void ToProto(const TrainSummary& in, v1::TrainSummary* out) {
+  out->set_train_runtime_seconds(in.train_runtime_seconds);
+  out->set_train_loss(in.train_loss);
+  out->set_final_train_loss(in.final_train_loss);
+  out->set_steps(in.steps);
+  out->set_global_step(in.global_step);
+  out->set_samples(in.samples);
+  out->set_tokens(in.tokens);
+  out->set_train_samples_per_second(in.train_samples_per_second);
+  out->set_train_steps_per_second(in.train_steps_per_second);
+  out->set_tokens_per_second(in.tokens_per_second);
+  out->set_peak_memory_bytes(in.peak_memory_bytes);
+  out->set_eval_loss(in.eval_loss);
+  out->set_best_eval_loss(in.best_eval_loss);
+}
+
+TrainSummary FromProto(const v1::TrainSummary& in) {
+  TrainSummary s;
+  s.train_runtime_seconds = in.train_runtime_seconds();
+  s.train_loss = in.train_loss();
+  s.final_train_loss = in.final_train_loss();
+  s.steps = in.steps();
+  s.global_step = in.global_step();
+  s.samples = in.samples();
+  s.tokens = in.tokens();
+  s.train_samples_per_second = in.train_samples_per_second();
+  s.train_steps_per_second = in.train_steps_per_second();
+  s.tokens_per_second = in.tokens_per_second();
+  s.peak_memory_bytes = in.peak_memory_bytes();
+  s.eval_loss = in.eval_loss();
+  s.best_eval_loss = in.best_eval_loss();
+  return s;
+}
+
 void ToProto(const WorkerAssignment& in, v1::Assignment* out) {
   out->set_job_id(in.job_id);
   out->set_rank(in.rank);

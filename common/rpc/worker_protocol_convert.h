@@ -10,6 +10,8 @@ namespace qlora {
 
 void ToProto(const ProgressSnapshot& in, v1::Progress* out);
 ProgressSnapshot FromProto(const v1::Progress& in);
+void ToProto(const TrainSummary& in, v1::TrainSummary* out);
+TrainSummary FromProto(const v1::TrainSummary& in);
 void ToProto(const WorkerAssignment& in, v1::Assignment* out);
 WorkerAssignment FromProto(const v1::Assignment& in);
 

@@ -101,6 +101,52 @@ TEST_F(CoordinatorJobStoreTest, JobsRoundTripInSubmissionOrder) {
   EXPECT_EQ(got.adapter_path, b.adapter_path);
 }
 
+// A finished job's merged folder and summary survive a restart (NaN: no evaluation).
+TEST_F(CoordinatorJobStoreTest, SummaryAndMergedPathRoundTrip) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  JobRecord a = Job("job-000001", JobState::kSucceeded);
+  a.merged_path = "/out/job-000001/merged";
+  TrainSummary s;
+  s.train_runtime_seconds = 12.5;
+  s.train_loss = 1.25;
+  s.final_train_loss = 0.75;
+  s.steps = 40;
+  s.global_step = 80;
+  s.samples = 320;
+  s.tokens = 20480;
+  s.train_samples_per_second = 25.6;
+  s.train_steps_per_second = 3.2;
+  s.tokens_per_second = 1638.4;
+  s.peak_memory_bytes = int64_t{5} << 30;
+  a.summary = s;
+  ASSERT_TRUE(store->PutJob(a).ok());
+  ASSERT_TRUE(store->PutJob(Job("job-000002", JobState::kRunning)).ok());
+  store.reset();
+  store = Open();
+  absl::StatusOr<std::vector<JobRecord>> jobs = store->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  const JobRecord& got = (*jobs)[0];
+  EXPECT_EQ(got.merged_path, a.merged_path);
+  ASSERT_TRUE(got.summary.has_value());
+  EXPECT_DOUBLE_EQ(got.summary->train_runtime_seconds, 12.5);
+  EXPECT_DOUBLE_EQ(got.summary->train_loss, 1.25);
+  EXPECT_DOUBLE_EQ(got.summary->final_train_loss, 0.75);
+  EXPECT_EQ(got.summary->steps, 40);
+  EXPECT_EQ(got.summary->global_step, 80);
+  EXPECT_EQ(got.summary->samples, 320);
+  EXPECT_EQ(got.summary->tokens, 20480);
+  EXPECT_DOUBLE_EQ(got.summary->train_samples_per_second, 25.6);
+  EXPECT_DOUBLE_EQ(got.summary->train_steps_per_second, 3.2);
+  EXPECT_DOUBLE_EQ(got.summary->tokens_per_second, 1638.4);
+  EXPECT_EQ(got.summary->peak_memory_bytes, int64_t{5} << 30);
+  EXPECT_TRUE(std::isnan(got.summary->eval_loss));
+  EXPECT_TRUE(std::isnan(got.summary->best_eval_loss));
+  EXPECT_TRUE((*jobs)[1].merged_path.empty());
+  EXPECT_FALSE((*jobs)[1].summary.has_value());
+}
+
 TEST_F(CoordinatorJobStoreTest, PutJobUpdatesInPlaceAndKeepsTheOrder) {
   auto store = Open();
   ASSERT_NE(store, nullptr);

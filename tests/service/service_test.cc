@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -190,6 +191,78 @@ data: {max_sequence_length: 48, malformed_records: skip}
   }
   EXPECT_GE(trained[1], 212);
   EXPECT_LE(std::abs(trained[1] - trained[2]), 2 * kRows) << trained[1] << " on 1 worker, " << trained[2] << " on 2";
+}
+
+// A finished job's outputs, ready to serve, and its summary: the adapter with a model card, a PEFT
+// adapter in every checkpoint (the LoRA weights gathered from the ZeRO-2 partitions of 2 ranks),
+// the merged folder that transformers loads and generates with, and HF-like end-of-run figures
+// in the job, its completion event and `qloractl get`.
+TEST_F(ServiceTest, FinishedJobHasServableOutputsAndATrainSummary) {
+  std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 2, train_steps: 4, learning_rate: 0.001, steps_per_checkpoint: 2, eval_steps: 2}
+data: {max_sequence_length: 48, validation_fraction: 0.25}
+)");
+  const std::string adapter = "adapter: {type: lora}";
+  yaml.replace(yaml.find(adapter), adapter.size(),
+               "adapter: {type: lora, postprocessor: {merge_adapter_into_base_model: true}}");
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitJob(c, yaml);
+  ASSERT_FALSE(job.id().empty());
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+
+  ASSERT_TRUE(job.has_summary());
+  const v1::TrainSummary& s = job.summary();
+  EXPECT_GT(s.train_runtime_seconds(), 0);
+  EXPECT_TRUE(std::isfinite(s.train_loss()) && s.train_loss() > 0) << s.train_loss();
+  EXPECT_TRUE(std::isfinite(s.final_train_loss())) << s.final_train_loss();
+  EXPECT_EQ(s.steps(), 4);
+  EXPECT_EQ(s.global_step(), 4);
+  EXPECT_EQ(s.samples(), 4 * 2 * 2) << "batch 1 x accumulation 2 x 2 ranks per step";
+  EXPECT_GT(s.tokens(), s.samples());
+  EXPECT_GT(s.train_samples_per_second(), 0);
+  EXPECT_NEAR(s.train_steps_per_second(), s.steps() / s.train_runtime_seconds(), 1e-9);
+  EXPECT_GT(s.tokens_per_second(), 0);
+  EXPECT_GT(s.peak_memory_bytes(), 1 << 20);
+  EXPECT_TRUE(std::isfinite(s.eval_loss())) << s.eval_loss();
+  EXPECT_LE(s.best_eval_loss(), s.eval_loss());
+
+  EXPECT_EQ(job.merged_path(), job.output_dir() + "/merged");
+  EXPECT_THAT(job.state_message(), HasSubstr("merged model written to " + job.merged_path()));
+  EXPECT_THAT(job.state_message(), HasSubstr("train_runtime "));
+  EXPECT_THAT(StoredEvents(state_, job.id()), HasSubstr("merged model written to "));
+  CommandResult get = c.Ctl("get " + job.id());
+  EXPECT_EQ(get.exit_code, 0) << get.output;
+  EXPECT_THAT(get.output, HasSubstr("merged:      " + job.merged_path()));
+  EXPECT_THAT(get.output, HasSubstr("summary:     train_runtime "));
+  std::cout << get.output;
+  CommandResult logs = c.Ctl("logs " + job.id());
+  EXPECT_THAT(logs.output, HasSubstr("train_samples_per_second"));
+
+  // The step-2 checkpoint: ZeRO shards and manifest for an exact resume, and a PEFT adapter.
+  std::string checkpoint_adapter;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(job.output_dir() + "/checkpoints", ec)) {
+    if (e.path().filename().string().rfind(job.id() + "-", 0) == 0) {
+      EXPECT_TRUE(fs::exists(e.path() / "step-2/manifest.json"));
+      checkpoint_adapter = (e.path() / "step-2/adapter").string();
+    }
+  }
+  ASSERT_FALSE(checkpoint_adapter.empty()) << "no checkpoint folder";
+  EXPECT_TRUE(fs::exists(checkpoint_adapter + "/adapter_config.json"));
+  EXPECT_TRUE(fs::exists(job.adapter_path() + "/README.md"));
+
+  const char* python = getenv("QLORA_PYTHON");
+  if (python == nullptr || *python == '\0' || access(python, X_OK) != 0) {
+    GTEST_SKIP() << "QLORA_PYTHON is not set: the peft and transformers checks did not run";
+  }
+  CommandResult peft = RunCommand(absl::StrCat(python, " ", SourceDir(), "/tests/service/peft_loads.py ",
+                                               TinyModelDir(), " ", checkpoint_adapter, " 8 16"));
+  EXPECT_EQ(peft.exit_code, 0) << peft.output;
+  CommandResult served = RunCommand(absl::StrCat(python, " ", SourceDir(), "/tests/service/outputs_check.py ",
+                                                 TinyModelDir(), " ", job.adapter_path(), " ", job.merged_path()));
+  EXPECT_EQ(served.exit_code, 0) << served.output;
+  std::cout << served.output;
 }
 
 // The original job file verbatim (only base_model points at the tiny model) with ZeRO stage 2 on

@@ -10,10 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors/checkpoint_files.h"
+#include "common/safetensors/sharded_writer.h"
 #include "common/safetensors/writer.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "common/posix_files.h"
+#include "worker/engine/serving_files.h"
 #include "worker/engine/tensor_io.h"
 
 namespace qlora::engine {
@@ -37,9 +39,13 @@ absl::Status SaveAdapter(const LlamaForCausalLM& model, const std::string& dir,
   if (!model.has_lora()) return absl::FailedPreconditionError("the model has no LoRA adapters");
   QLORA_RETURN_IF_ERROR(MakeDirs(dir));
   const LoraOptions& lora = model.lora_options();
+  // Every key peft 0.21.2's LoraConfig.save_pretrained writes, at peft's defaults where this
+  // engine has no such feature (DoRA, LoRA bias, layer replication, ...).
   const Json config = {
       {"peft_type", "LORA"},
+      {"peft_version", kPeftFormatVersion},
       {"task_type", "CAUSAL_LM"},
+      {"auto_mapping", nullptr},
       {"base_model_name_or_path", options.base_model_name_or_path},
       {"revision", nullptr},
       {"inference_mode", true},
@@ -47,16 +53,36 @@ absl::Status SaveAdapter(const LlamaForCausalLM& model, const std::string& dir,
       {"lora_alpha", lora.alpha},
       {"lora_dropout", lora.dropout},
       {"target_modules", RecordedTargets(model)},
+      {"exclude_modules", nullptr},
+      {"target_parameters", nullptr},
       {"bias", "none"},
+      {"lora_bias", false},
       {"fan_in_fan_out", false},
       {"use_rslora", lora.use_rslora},
       {"use_dora", false},
+      {"use_qalora", false},
+      {"qalora_group_size", 16},
+      {"use_bdlora", nullptr},
       {"init_lora_weights", true},
       {"modules_to_save", nullptr},
       {"layers_to_transform", nullptr},
       {"layers_pattern", nullptr},
+      {"layer_replication", nullptr},
       {"rank_pattern", Json::object()},
       {"alpha_pattern", Json::object()},
+      {"megatron_config", nullptr},
+      {"megatron_core", "megatron.core"},
+      {"loftq_config", Json::object()},
+      {"eva_config", nullptr},
+      {"corda_config", nullptr},
+      {"lora_ga_config", nullptr},
+      {"kasa_config", nullptr},
+      {"velora_config", nullptr},
+      {"monteclora_config", nullptr},
+      {"arrow_config", nullptr},
+      {"alora_invocation_tokens", nullptr},
+      {"trainable_token_indices", nullptr},
+      {"ensure_weight_tying", false},
   };
   QLORA_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, kAdapterConfigFile), config.dump(2)));
 
@@ -128,42 +154,49 @@ absl::Status SaveMergedModel(const LlamaForCausalLM& model, const std::string& d
   config.torch_dtype = options.dtype == at::kFloat ? "float32"
                        : options.dtype == at::kHalf ? "float16" : "bfloat16";
   QLORA_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, "config.json"), LlamaConfigToJson(config)));
+  QLORA_RETURN_IF_ERROR(WriteServingFiles(options.base_model_dir, dir, config));
 
-  // name -> shape and how to compute it; only one tensor is materialised at a time.
+  // Tensors in transformers' state-dict order (which decides what lands in which shard), each
+  // with its shape and how to compute it; only one is materialised at a time.
   struct Source {
     std::vector<int64_t> shape;
     std::function<at::Tensor()> make;
   };
+  std::vector<safetensors::TensorSpec> specs;
   std::map<std::string, Source> sources;
-  auto frozen = [&sources](const std::string& name, const at::Tensor& t) {
-    sources[name] = {t.sizes().vec(), [t] { return t; }};
+  auto add = [&](const std::string& name, Source source) {
+    specs.push_back({name, dtype, source.shape});
+    sources[name] = std::move(source);
+  };
+  auto frozen = [&add](const std::string& name, const at::Tensor& t) {
+    add(name, {t.sizes().vec(), [t] { return t; }});
   };
   frozen("model.embed_tokens.weight", model.embed_tokens);
-  frozen("model.norm.weight", model.norm);
-  if (!config.tie_word_embeddings) frozen("lm_head.weight", model.lm_head);
   for (size_t i = 0; i < model.layers.size(); ++i) {
     const DecoderLayer& layer = model.layers[i];
     const std::string prefix = absl::StrCat("model.layers.", i, ".");
-    frozen(prefix + "input_layernorm.weight", layer.input_layernorm);
-    frozen(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm);
     for (const char* module : kLinearModuleNames) {
       const LinearLayer* linear = &layer.Linear(module);
-      sources[prefix + ModulePath(module) + ".weight"] = {
-          {linear->base.out_features, linear->base.in_features},
-          [linear] { return linear->MergedWeight(); }};
+      add(prefix + ModulePath(module) + ".weight",
+          {{linear->base.out_features, linear->base.in_features}, [linear] { return linear->MergedWeight(); }});
       if (linear->base.bias.defined()) frozen(prefix + ModulePath(module) + ".bias", linear->base.bias);
     }
+    frozen(prefix + "input_layernorm.weight", layer.input_layernorm);
+    frozen(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm);
   }
-  std::vector<safetensors::TensorSpec> specs;
-  for (const auto& [name, source] : sources) specs.push_back({name, dtype, source.shape});
+  frozen("model.norm.weight", model.norm);
+  if (!config.tie_word_embeddings) frozen("lm_head.weight", model.lm_head);
+  safetensors::ShardOptions shards;
+  shards.max_shard_bytes = options.max_shard_bytes;
   try {
-    return safetensors::WriteSafetensors(
-        JoinPath(dir, safetensors::kSingleFileName), specs,
+    return safetensors::WriteShardedSafetensors(
+        dir, specs,
         [&](const safetensors::TensorSpec& spec, std::string* bytes) {
           at::NoGradGuard no_grad;
           *bytes = TensorToBytes(sources.at(spec.name).make().to(options.dtype));
           return absl::OkStatus();
-        });
+        },
+        shards);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("merging into ", dir, ": ", e.what_without_backtrace()));
   }

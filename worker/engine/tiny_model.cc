@@ -9,8 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/safetensors/checkpoint_files.h"
+#include "common/safetensors/sharded_writer.h"
 #include "common/safetensors/writer.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -77,12 +77,6 @@ std::vector<TensorSpec> Specs(const LlamaConfig& c, Dtype dtype) {
   return specs;
 }
 
-uint64_t ByteSize(const TensorSpec& spec) {
-  uint64_t n = safetensors::DtypeBits(spec.dtype) / 8;
-  for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
-
 }  // namespace
 
 LlamaConfig TinyLlamaConfig() {
@@ -144,8 +138,8 @@ absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& optio
     const bool is_norm = absl::EndsWith(spec.name, "norm.weight");
     std::normal_distribution<float> normal(is_norm ? 1.0f : 0.0f,
                                            is_norm ? 0.1f : static_cast<float>(options.init_std));
-    const uint64_t numel = ByteSize(spec) * 8 / safetensors::DtypeBits(spec.dtype);
-    bytes->resize(ByteSize(spec));
+    const uint64_t numel = safetensors::TensorByteSize(spec) * 8 / safetensors::DtypeBits(spec.dtype);
+    bytes->resize(safetensors::TensorByteSize(spec));
     for (uint64_t i = 0; i < numel; ++i) {
       const float v = normal(rng);
       if (dtype == Dtype::kF32) {
@@ -163,28 +157,10 @@ absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& optio
     return safetensors::WriteSafetensors(JoinPath(dir, safetensors::kSingleFileName),
                                          specs, produce);
   }
-  // Greedy shards in order, as huggingface_hub's split_torch_state_dict_into_shards does.
-  std::vector<std::vector<TensorSpec>> shards(1);
-  uint64_t shard_bytes = 0, total = 0;
-  for (const TensorSpec& spec : specs) {
-    if (!shards.back().empty() && shard_bytes + ByteSize(spec) > options.max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().push_back(spec);
-    shard_bytes += ByteSize(spec);
-    total += ByteSize(spec);
-  }
-  nlohmann::json index = {{"metadata", {{"total_size", total}}},
-                          {"weight_map", nlohmann::json::object()}};
-  for (size_t k = 0; k < shards.size(); ++k) {
-    const std::string file =
-        absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, shards.size());
-    for (const TensorSpec& spec : shards[k]) index["weight_map"][spec.name] = file;
-    QLORA_RETURN_IF_ERROR(
-        safetensors::WriteSafetensors(JoinPath(dir, file), shards[k], produce));
-  }
-  return WriteFileAtomically(JoinPath(dir, safetensors::kIndexFileName), index.dump(2));
+  safetensors::ShardOptions shards;
+  shards.max_shard_bytes = options.max_shard_bytes;
+  shards.always_index = true;
+  return safetensors::WriteShardedSafetensors(dir, specs, produce, shards);
 }
 
 }  // namespace qlora::engine

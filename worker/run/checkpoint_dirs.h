@@ -14,6 +14,11 @@ namespace qlora::worker {
 
 // <output_dir>/checkpoints/<job_id>-<job_uid> (<job_id> alone for jobs stored before uids).
 std::string CheckpointsDir(const std::string& output_dir, const std::string& job_id, const std::string& job_uid);
+// Inside a checkpoint, beside the ZeRO shards that an exact resume reads: the adapter of that
+// step as a PEFT folder (what peft's PeftModel.from_pretrained loads), written by rank 0 once
+// the shards are complete.
+inline constexpr char kCheckpointAdapterDir[] = "adapter";
+
 // <checkpoints_dir>/step-<step>
 std::string CheckpointDir(const std::string& checkpoints_dir, int64_t step);
 // The complete checkpoint with the highest step under `checkpoints_dir`, or "" when none.

@@ -1,6 +1,7 @@
 // Device and host memory figures (see device_memory.h).
 #include "worker/run/device_memory.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,6 +31,17 @@ void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory) {
     fclose(f);
   }
   memory->host_rss_bytes = static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
+
+int64_t PeakMemoryBytes(const c10::Device& device) {
+  if (device.is_cuda()) {
+    MemorySnapshot memory;
+    FillDeviceMemory(device, &memory);
+    return memory.device_peak_bytes;
+  }
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 }  // namespace qlora::worker

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -14,7 +15,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
+#include "common/posix_files.h"
 #include "common/status_macros.h"
+#include "common/train_summary_text.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/hf_loader.h"
@@ -22,6 +25,7 @@
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/device_memory.h"
 #include "worker/run/evaluation.h"
+#include "worker/run/model_card.h"
 #include "worker/run/generator_seeds.h"
 #include "worker/run/rank_sums.h"
 #include "worker/run/run_options.h"
@@ -155,10 +159,12 @@ absl::Status Trainer::PlanSchedule() {
 }
 
 absl::StatusOr<int64_t> Trainer::Resume() {
+  run_started_ = SteadySeconds();
   const std::string latest = LatestCheckpoint(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid));
   if (latest.empty()) return 0;
   QLORA_ASSIGN_OR_RETURN(strategy::ResumeReport resumed, strategy_->LoadCheckpoint(latest));
   Log(absl::StrCat("resumed from ", latest, ": ", resumed.description));
+  totals_.last_step = resumed.step;
   QLORA_RETURN_IF_ERROR(steps_->Skip(resumed.step));  // the data order up to the resumed step
   return resumed.step;
 }
@@ -171,10 +177,11 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   SeedGeneratorsForStep(device_, config_.trainer.seed, assignment_.rank, step);
   QLORA_ASSIGN_OR_RETURN(std::vector<DeviceBatch> batches, steps_->Next());
   StepResult result;
-  int64_t local_target_tokens = 0;
+  int64_t local_target_tokens = 0, local_rows = 0;
   for (const DeviceBatch& b : batches) {
     local_target_tokens += b.target_tokens;
     result.local_input_tokens += b.input_tokens;
+    local_rows += b.input_ids.size(0);
   }
   // The mean over the global batch: every rank's token losses divided by all ranks' tokens.
   QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_target_tokens));
@@ -212,13 +219,25 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   // all-reduce, so it costs no collective of its own.
   const double every_s = 60 * config_.trainer.checkpoint_every_minutes;
   const bool due_here = assignment_.rank == 0 && every_s > 0 && SteadySeconds() - last_checkpoint_ >= every_s;
-  QLORA_ASSIGN_OR_RETURN(std::vector<double> global_loss,
-                         SumOverRanks(*communicator_, {local_loss, due_here ? 1.0 : 0.0}, device_));
+  QLORA_ASSIGN_OR_RETURN(std::vector<double> global,
+                         SumOverRanks(*communicator_,
+                                      {local_loss, due_here ? 1.0 : 0.0,
+                                       static_cast<double>(result.local_input_tokens),
+                                       static_cast<double>(local_rows)},
+                                      device_));
   result.step = step + 1;
-  result.loss = global_loss[0] * scale.scale;
-  result.checkpoint_due = global_loss[1] > 0;
+  result.loss = global[0] * scale.scale;
+  result.checkpoint_due = global[1] > 0;
+  result.global_input_tokens = static_cast<int64_t>(global[2]);
+  result.global_rows = static_cast<int64_t>(global[3]);
   result.global_target_tokens = scale.global_target_tokens;
   result.seconds = SteadySeconds() - start;
+  totals_.steps += 1;
+  totals_.last_step = result.step;
+  totals_.loss_sum += result.loss;
+  totals_.last_loss = result.loss;
+  totals_.tokens += result.global_input_tokens;
+  totals_.samples += result.global_rows;
   return result;
 }
 
@@ -227,7 +246,8 @@ absl::Status Trainer::After(const StepResult& result) {
   const int64_t done = result.step;
   bool evaluated = false;
   if (validation_ && t.eval_steps > 0 && done % t.eval_steps == 0) {
-    QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
+    QLORA_ASSIGN_OR_RETURN(const double eval_loss, EvaluateLoss(*model_, *validation_, *communicator_));
+    NoteEvalLoss(eval_loss);
     evaluated = true;
   }
   const bool by_steps = t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0;
@@ -236,6 +256,8 @@ absl::Status Trainer::After(const StepResult& result) {
     const std::string dir = CheckpointDir(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid), done);
     if (context_.observer != nullptr) context_.observer->OnCheckpointSave(done, dir);
     QLORA_RETURN_IF_ERROR(strategy_->SaveCheckpoint(dir));  // complete on every rank once it returns
+    // Beside the ZeRO shards (for an exact resume): the adapter as peft loads it.
+    QLORA_RETURN_IF_ERROR(WriteAdapter(JoinPath(dir, kCheckpointAdapterDir)));
     Log(absl::StrCat("checkpoint ", dir));
     if (assignment_.rank == 0) {
       QLORA_RETURN_IF_ERROR(PruneCheckpoints(
@@ -337,30 +359,74 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) const {
   return p;
 }
 
-absl::StatusOr<TrainingOutcome> Trainer::Finish() {
-  const int64_t eval_steps = config_.trainer.eval_steps;
-  if (validation_ && !(eval_steps > 0 && total_steps_ % eval_steps == 0)) {
-    QLORA_ASSIGN_OR_RETURN(eval_loss_, EvaluateLoss(*model_, *validation_, *communicator_));
-    Log(absl::StrFormat("evaluation loss %.4f", eval_loss_));
-    if (assignment_.rank == 0) RecordFinalEvaluation();
-  }
-  // The final adapter: the full fp32 weights gathered, written by rank 0.
+void Trainer::NoteEvalLoss(double loss) {
+  eval_loss_ = loss;
+  if (std::isnan(totals_.best_eval_loss) || loss < totals_.best_eval_loss) totals_.best_eval_loss = loss;
+}
+
+absl::Status Trainer::WriteAdapter(const std::string& dir) {
   QLORA_ASSIGN_OR_RETURN(std::vector<at::Tensor> weights, strategy_->GatherMasterWeights());
   {
     c10::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) params_[i].tensor.copy_(weights[i]);
   }
+  if (assignment_.rank != 0) return absl::OkStatus();
+  engine::AdapterSaveOptions save;
+  save.base_model_name_or_path = config_.base_model;
+  return engine::SaveAdapter(*model_, dir, save);
+}
+
+absl::StatusOr<TrainSummary> Trainer::Summarize() {
+  // The largest peak over ranks: each rank fills its own slot of a sum.
+  std::vector<double> peaks(static_cast<size_t>(assignment_.world_size), 0.0);
+  peaks[static_cast<size_t>(assignment_.rank)] = static_cast<double>(PeakMemoryBytes(device_));
+  QLORA_ASSIGN_OR_RETURN(peaks, SumOverRanks(*communicator_, peaks, device_));
+  TrainSummary s;
+  const double began = run_started_ > 0 ? run_started_ : started_;
+  s.train_runtime_seconds = began > 0 ? SteadySeconds() - began : 0;
+  s.steps = totals_.steps;
+  s.global_step = totals_.last_step;
+  s.train_loss = totals_.steps > 0 ? totals_.loss_sum / static_cast<double>(totals_.steps) : NAN;
+  s.final_train_loss = totals_.last_loss;
+  s.samples = totals_.samples;
+  s.tokens = totals_.tokens;
+  if (s.train_runtime_seconds > 0) {
+    s.train_samples_per_second = static_cast<double>(s.samples) / s.train_runtime_seconds;
+    s.train_steps_per_second = static_cast<double>(s.steps) / s.train_runtime_seconds;
+    s.tokens_per_second = static_cast<double>(s.tokens) / s.train_runtime_seconds;
+  }
+  for (double peak : peaks) s.peak_memory_bytes = std::max(s.peak_memory_bytes, static_cast<int64_t>(peak));
+  s.eval_loss = eval_loss_;
+  s.best_eval_loss = totals_.best_eval_loss;
+  return s;
+}
+
+absl::StatusOr<TrainingOutcome> Trainer::Finish() {
+  const int64_t eval_steps = config_.trainer.eval_steps;
+  if (validation_ && !(eval_steps > 0 && total_steps_ % eval_steps == 0)) {
+    QLORA_ASSIGN_OR_RETURN(const double eval_loss, EvaluateLoss(*model_, *validation_, *communicator_));
+    NoteEvalLoss(eval_loss);
+    Log(absl::StrFormat("evaluation loss %.4f", eval_loss_));
+    if (assignment_.rank == 0) RecordFinalEvaluation();
+  }
+  QLORA_ASSIGN_OR_RETURN(const TrainSummary summary, Summarize());
+  // The final adapter: the full fp32 weights gathered, written by rank 0 with its model card.
+  const std::string adapter = assignment_.output_dir + "/adapter";
+  QLORA_RETURN_IF_ERROR(WriteAdapter(adapter));
   TrainingOutcome outcome;
   if (assignment_.rank == 0) {
-    outcome.adapter_path = assignment_.output_dir + "/adapter";
-    engine::AdapterSaveOptions save;
-    save.base_model_name_or_path = config_.base_model;
-    QLORA_RETURN_IF_ERROR(engine::SaveAdapter(*model_, outcome.adapter_path, save));
-    Log(absl::StrCat("adapter written to ", outcome.adapter_path));
+    outcome.adapter_path = adapter;
+    outcome.summary = summary;
+    QLORA_RETURN_IF_ERROR(WriteModelCard(adapter, {&config_, assignment_.world_size, summary}));
+    Log(absl::StrCat("adapter written to ", adapter));
     if (config_.lora.merge_adapter_into_base_model) {
-      QLORA_RETURN_IF_ERROR(engine::SaveMergedModel(*model_, assignment_.output_dir + "/merged"));
-      Log(absl::StrCat("merged model written to ", assignment_.output_dir, "/merged"));
+      outcome.merged_path = assignment_.output_dir + "/merged";
+      engine::MergeOptions merge;
+      merge.base_model_dir = config_.base_model_path;
+      QLORA_RETURN_IF_ERROR(engine::SaveMergedModel(*model_, outcome.merged_path, merge));
+      Log(absl::StrCat("merged model written to ", outcome.merged_path));
     }
+    Log(FormatTrainSummary(summary));
   }
   QLORA_RETURN_IF_ERROR(communicator_->Barrier(absl::Minutes(5)));
   return outcome;

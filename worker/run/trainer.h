@@ -5,12 +5,14 @@
 //   Resume   restore the newest complete checkpoint of this job and replay the data order to it
 //   Step     one optimizer step: accumulate the step's micro-batches, reduce, clip, AdamW
 //   After    evaluate, checkpoint and report progress as the job's settings ask
-//   Finish   final evaluation, gather the weights, write the PEFT adapter (rank 0)
+//   Finish   final evaluation, gather the weights, write the PEFT adapter with its model card and
+//            the merged model if asked (rank 0), and summarize the run (TrainSummary)
 //
 // Run() is all of them in order; each is public so that tests can drive them one by one. Every
 // phase but the accessors is collective: all ranks call them in the same order. Torch side.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,6 +37,8 @@ struct StepResult {
   double loss = 0;                  // mean token loss of the global batch (all ranks)
   int64_t global_target_tokens = 0;
   int64_t local_input_tokens = 0;   // this rank's non-padding tokens
+  int64_t global_input_tokens = 0;  // every rank's
+  int64_t global_rows = 0;          // sequences (rows) of every rank's micro-batches
   double seconds = 0;
   bool checkpoint_due = false;      // trainer.checkpoint_every_minutes passed (rank 0's clock)
   strategy::StepReport report;      // lr, grad norm, clip coefficient
@@ -68,6 +72,12 @@ class Trainer {
   void RecordMetrics(const StepResult& result, const ProgressSnapshot& p, bool evaluated);
   void RecordFinalEvaluation();
   ProgressSnapshot Progress(const StepResult& result) const;
+  void NoteEvalLoss(double loss);
+  // Collective: the full LoRA weights (gathered from the ZeRO partitions) into the model; then
+  // rank 0 writes them as a PEFT adapter folder.
+  absl::Status WriteAdapter(const std::string& dir);
+  // Collective (the peak memory is the largest over ranks).
+  absl::StatusOr<TrainSummary> Summarize();
 
   const TrainingContext& context_;
   const JobConfig& config_;
@@ -87,6 +97,18 @@ class Trainer {
   double last_checkpoint_ = 0;                      // steady-clock seconds of the last save (or start)
   std::unique_ptr<RunMetrics> metrics_;             // rank 0, once opened
   bool metrics_failed_ = false;
+  double run_started_ = 0;                          // steady-clock seconds when Resume() began
+  // This run's figures for its TrainSummary.
+  struct RunTotals {
+    int64_t steps = 0;
+    int64_t last_step = 0;
+    double loss_sum = 0;
+    double last_loss = NAN;
+    int64_t tokens = 0;
+    int64_t samples = 0;
+    double best_eval_loss = NAN;
+  };
+  RunTotals totals_;
 };
 
 }  // namespace qlora::worker

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -30,6 +31,8 @@ struct TrainingContext {
 
 struct TrainingOutcome {
   std::string adapter_path;     // rank 0: the PEFT adapter folder
+  std::string merged_path;      // rank 0: the merged HF model folder, when a merge was asked
+  std::optional<TrainSummary> summary;  // rank 0
 };
 
 absl::StatusOr<TrainingOutcome> RunTrainingJob(const TrainingContext& context);

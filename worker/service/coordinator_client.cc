@@ -73,6 +73,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
     req.set_error(completion.error);
     req.set_retryable(completion.retryable);
     req.set_adapter_path(completion.adapter_path);
+    req.set_merged_path(completion.merged_path);
+    if (completion.summary) ToProto(*completion.summary, req.mutable_summary());
     v1::Ack resp;
     return Call(&Stub::ReportCompletion, req, &resp, kCallDeadline, "ReportCompletion");
   }

@@ -169,6 +169,8 @@ int main(int argc, char** argv) {
   qlora::WorkerCompletion completed;
   completed.ok = true;
   completed.adapter_path = outcome->adapter_path;
+  completed.merged_path = outcome->merged_path;
+  completed.summary = outcome->summary;
   absl::Status reported = client->ReportCompletion(completed);
   if (!reported.ok()) {
     Log(absl::StrCat("completion not delivered: ", reported.ToString()));
