@@ -67,6 +67,10 @@ def adapter_config(adapter_dir, r, alpha, dropout, use_rslora, targets, base):
         a, b = ours[key], theirs[key]
         if key == "target_modules":
             a, b = sorted(a), sorted(b)
+        if key == "peft_version":  # the format we write, whatever peft runs the check
+            if not (isinstance(a, str) and a.count(".") == 2):
+                differ.append(f"peft_version: ours {a!r} is not a version")
+            continue
         if not same(a, b):
             differ.append(f"{key}: ours {a!r}, peft {b!r}")
     extra = sorted(set(ours) - set(theirs))
