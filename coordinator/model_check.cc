@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/posix_files.h"
-#include "worker/engine/llama_config.h"
+#include "common/model/llama_config.h"
 
 namespace qlora::coordinator {
 namespace {

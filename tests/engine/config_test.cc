@@ -3,7 +3,7 @@
 #include "common/safetensors/checkpoint_files.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
-#include "worker/engine/llama_config.h"
+#include "common/model/llama_config.h"
 #include "worker/engine/tiny_model.h"
 
 namespace qlora::engine {

@@ -29,7 +29,7 @@
 #include "absl/status/status.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/linear4bit.h"
-#include "worker/engine/llama_config.h"
+#include "common/model/llama_config.h"
 
 namespace qlora::engine {
 

@@ -15,7 +15,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "common/posix_files.h"
-#include "worker/engine/model_family.h"
+#include "common/model/model_family.h"
 
 namespace qlora::engine {
 namespace {

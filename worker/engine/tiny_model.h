@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "worker/engine/llama_config.h"
+#include "common/model/llama_config.h"
 
 namespace qlora::engine {
 

@@ -1,10 +1,10 @@
 // The family table: LLaMA, Mistral, Qwen2 and how each one's config.json fields map.
-#include "worker/engine/model_family.h"
+#include "common/model/model_family.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "worker/engine/llama_config.h"
+#include "common/model/llama_config.h"
 
 namespace qlora::engine {
 namespace {

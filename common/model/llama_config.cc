@@ -1,12 +1,12 @@
 // config.json <-> LlamaConfig.
-#include "worker/engine/llama_config.h"
+#include "common/model/llama_config.h"
 
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "common/posix_files.h"
-#include "worker/engine/model_family.h"
+#include "common/model/model_family.h"
 
 namespace qlora::engine {
 namespace {
