@@ -13,13 +13,10 @@
 
 namespace qlora::data {
 
-absl::StatusOr<std::unique_ptr<ByteRangeFile>> ByteRangeFile::Open(const std::string& path,
-                                                                  size_t buffer_bytes) {
-  // O_NONBLOCK: a FIFO or a device put in a dataset's place must not block the open (it has no
-  // effect on a regular file's reads); the type is checked right after.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+absl::StatusOr<int> OpenRegularFile(const std::string& path, int64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    int err = errno;
+    const int err = errno;
     std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
     return err == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
   }
@@ -28,9 +25,19 @@ absl::StatusOr<std::unique_ptr<ByteRangeFile>> ByteRangeFile::Open(const std::st
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
   }
+  *size = static_cast<int64_t>(st.st_size);
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<ByteRangeFile>> ByteRangeFile::Open(const std::string& path,
+                                                                  size_t buffer_bytes) {
+  int64_t size = 0;
+  absl::StatusOr<int> opened = OpenRegularFile(path, &size);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return std::unique_ptr<ByteRangeFile>(
-      new ByteRangeFile(path, fd, static_cast<int64_t>(st.st_size), buffer_bytes));
+      new ByteRangeFile(path, fd, size, buffer_bytes));
 }
 
 ByteRangeFile::ByteRangeFile(std::string path, int fd, int64_t size, size_t buffer_bytes)

@@ -12,6 +12,13 @@
 
 namespace qlora::data {
 
+// Opens `path` for reading with O_NONBLOCK (a FIFO or a device put in a dataset's place must not
+// block the open; it has no effect on a regular file's reads) and checks right after that it is
+// a regular file. The descriptor (O_CLOEXEC) is the caller's; *size is the file's size.
+// NOT_FOUND / PERMISSION_DENIED naming the file when it cannot be opened, INVALID_ARGUMENT when
+// it is not a regular file.
+absl::StatusOr<int> OpenRegularFile(const std::string& path, int64_t* size);
+
 class ByteRangeFile {
  public:
   // INVALID_ARGUMENT when `path` is not a regular file (a FIFO or a device is opened without

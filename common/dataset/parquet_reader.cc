@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "arrow/api.h"
 #include "arrow/io/file.h"
+#include "common/dataset/byte_range_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "parquet/arrow/reader.h"
@@ -48,20 +49,11 @@ absl::Status FromArrow(const arrow::Status& status, const std::string& path,
   return FileError(path, what, status.ToString());
 }
 
-// Opens as ByteRangeFile does: O_NONBLOCK, so that a FIFO or a device in a dataset's place
-// cannot block the coordinator's planner, and the type checked right after.
+// Opens as ByteRangeFile does (OpenRegularFile: O_NONBLOCK, then the type checked), so that a
+// FIFO or a device in a dataset's place cannot block the coordinator's planner.
 absl::StatusOr<std::shared_ptr<arrow::io::ReadableFile>> OpenFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
-    return err == ENOENT ? absl::NotFoundError(message) : absl::PermissionDeniedError(message);
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
-  }
+  int64_t size = 0;
+  QLORA_ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, &size));
   arrow::Result<std::shared_ptr<arrow::io::ReadableFile>> file = arrow::io::ReadableFile::Open(fd);
   if (!file.ok())  // the ReadableFile owned fd and closed it
     return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, ": ", file.status().message()));
