@@ -6,6 +6,7 @@
 // max difference 0); the margin allows other kernels or summation orders (~1e-6 relative in
 // float32), while any modelling error (rope pairing, norm order, GQA grouping, scaling) moves
 // the logits by 1e-2 or more.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -587,8 +588,10 @@ TEST(EngineModel, LoaderReportsMissingTensorsAndBadShapes) {
 namespace qlora::engine {
 namespace {
 
-// The engine on the GPU (bf16 compute, NF4 weights, checkpointing) against the same model on
-// the CPU: same loss and LoRA gradients within bf16 rounding.
+// The engine on the GPU (bf16 compute, NF4 weights, checkpointing) against the same NF4 model in
+// float32 compute: loss and LoRA gradients within bf16 rounding of the float32 step. The bf16 step
+// on the CPU is measured against the same reference and printed beside it (its GEMMs round at
+// other points than cuBLAS', so the two bf16 runs differ from each other by up to both errors).
 TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
   if (!at::hasCUDA() || at::getNumGPUs() == 0) GTEST_SKIP() << "no CUDA device";
   TempDir dir;
@@ -599,11 +602,14 @@ TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
   tiny.config.intermediate_size = 512;
   tiny.config.head_dim = 64;
   ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
-  std::map<std::string, at::Tensor> results[2];
-  const at::Device devices[2] = {at::Device(at::kCPU), at::Device(at::kCUDA, 0)};
-  for (int d = 0; d < 2; ++d) {
+  // float32 on the CPU (the reference), bf16 on the CPU, bf16 on the GPU.
+  std::map<std::string, at::Tensor> results[3];
+  const at::Device devices[3] = {at::Device(at::kCPU), at::Device(at::kCPU), at::Device(at::kCUDA, 0)};
+  const at::ScalarType dtypes[3] = {at::kFloat, at::kBFloat16, at::kBFloat16};
+  for (int d = 0; d < 3; ++d) {
     LoadOptions options;
     options.device = devices[d];
+    options.compute_dtype = dtypes[d];
     auto model = LoadLlama(dir.path(), options);
     ASSERT_TRUE(model.ok()) << model.status();
     LoraOptions lora;
@@ -615,11 +621,18 @@ TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
     results[d] = Gradients(**model, ids, LabelsFor(ids));
   }
   const double loss = results[0].at("loss_sum").item<double>();
-  EXPECT_NEAR(results[1].at("loss_sum").item<double>(), loss, 2e-2 * std::abs(loss));
+  EXPECT_NEAR(results[2].at("loss_sum").item<double>(), loss, 2e-2 * std::abs(loss));
+  double worst_gpu = 0, worst_cpu = 0;
   for (const auto& [name, g] : results[0]) {
     const double scale = g.abs().max().item<double>();
-    EXPECT_LT(MaxAbsDiff(g, results[1].at(name)), 5e-2 * scale + 1e-6) << name;
+    const double gpu = MaxAbsDiff(g, results[2].at(name).to(at::kFloat)) / (scale + 1e-12);
+    const double cpu = MaxAbsDiff(g, results[1].at(name).to(at::kFloat)) / (scale + 1e-12);
+    EXPECT_LT(gpu, 5e-2) << name << " (bf16 on the CPU: " << cpu << ")";
+    worst_gpu = std::max(worst_gpu, gpu);
+    worst_cpu = std::max(worst_cpu, cpu);
   }
+  std::cout << "bf16 step against float32, worst gradient (relative to its max): GPU " << worst_gpu
+            << ", CPU " << worst_cpu << "\n";
 }
 
 }  // namespace

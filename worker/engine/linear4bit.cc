@@ -93,20 +93,19 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype) {
 }
 
 // y = x W^T + scale * (h A^T) B^T for rows of tokens x [T, in] (h = dropout(x), or x itself: the
-// same tensor, which then gets no gradient of its own), as one autograd node computing what
-// autograd computed for the separate ops (the base node, linear(h, A), addmm), rounding for
-// rounding, with less memory traffic: no copy of the base output before the LoRA GEMM, no
-// separate nodes and casts, and the input gradient summed in place:
-//   forward:  y = x W^T;  y += scale * (h A^T) B^T      the rank-r GEMM accumulates in place
-//   backward: dh' = (g B) * scale                        [T, r]
-//             dx = g W;  dx += dh' A                      (dh' A rounded first, as before)
+// same tensor, which then gets no gradient of its own), as one autograd node, so that no pass over
+// [T, out] or [T, in] is spent on adding partial results and no separate nodes or casts run:
+//   forward:  y = scale * (h A^T) B^T        the rank-r GEMM writes y (beta = 0)
+//             y += x W^T                     the base GEMM accumulates into it (beta = 1)
+//   backward: dh' = (g B) * scale            [T, r]
+//             dx = dh' A;  dx += g W         the rank-r GEMM writes dx, the base GEMM adds to it
 //             dA = (h^T dh')^T, dB = ((h A^T)^T g * scale)^T   in float32, the adapters' dtype
-// With dropout, dh' A is h's gradient (autograd then takes it through the dropout to x). With
-// value_unused (a checkpointed block's recomputation, see checkpoint.h) forward computes h A^T
-// alone, which backward reads, and returns y unset.
-// (Accumulating the other way round, the rank-r GEMM first and the base GEMM adding to it, saves
-// another 2-3% of the step but rounds elsewhere; the bf16 CPU-vs-CUDA test then moved past its
-// bound on 2 of 28 gradients, so the rounding stays as it was.)
+// The large base term is rounded once, inside its GEMM's epilogue, where the separate ops (base
+// output, then addmm into it) rounded it twice: in bf16 the node is at least as close to the
+// float32 formula as they were (fused_paths_test checks both against it). With dropout, dh' A is
+// h's gradient (autograd then takes it through the dropout to x). With value_unused (a
+// checkpointed block's recomputation, see checkpoint.h) forward computes h A^T alone, which
+// backward reads, and returns y unset.
 struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& h,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
@@ -117,8 +116,8 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const at::Tensor ha = at::mm(lora_in, a_c.t());  // [T, r]
     at::Tensor y = at::empty({x.size(0), base->out_features}, x.options());
     if (!value_unused) {
-      at::mm_out(y, x, base->Materialize(dtype).t());
-      y.addmm_(ha, b_c.t(), /*beta=*/1, /*alpha=*/scale);
+      at::addmm_out(y, y, ha, b_c.t(), /*beta=*/0, /*alpha=*/scale);
+      y.addmm_(x, base->Materialize(dtype).t());
     }
     SaveBase(ctx, *base);
     ctx->save_for_backward({lora_in, ha, a, b});
@@ -139,12 +138,13 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const at::Tensor dha = at::mm(grad, b.to(dtype)).mul_(scale);  // [T, r]
     const at::Tensor da = at::mm(lora_in.t(), dha).t().to(a.scalar_type());
     const at::Tensor db = at::mm(ha.t(), grad).mul_(scale).t().to(b.scalar_type());
-    const at::Tensor dlora = at::mm(dha, a.to(dtype));  // [T, in]
-    at::Tensor dx = at::mm(grad, SavedBase(ctx, dtype)), dh;
+    at::Tensor dlora = at::mm(dha, a.to(dtype));  // [T, in]
+    at::Tensor dx, dh;
     if (dropout) {
+      dx = at::mm(grad, SavedBase(ctx, dtype));
       dh = dlora;
     } else {
-      dx.add_(dlora);
+      dx = dlora.addmm_(grad, SavedBase(ctx, dtype));
     }
     return {dx, dh, da, db, at::Tensor(), at::Tensor(), at::Tensor()};
   }
