@@ -9,6 +9,24 @@
 #include "worker/run/rank_sums.h"
 
 namespace qlora::worker {
+namespace {
+
+// One step's micro-batches from `source`.
+absl::StatusOr<std::vector<DeviceBatch>> ReadStep(MicroBatchSource* source, int accumulation) {
+  std::vector<DeviceBatch> batches;
+  for (int i = 0; i < accumulation; ++i) {
+    QLORA_ASSIGN_OR_RETURN(std::optional<DeviceBatch> batch, source->Next());
+    if (!batch) return absl::InternalError("the data ran out before the epoch's planned steps");
+    batches.push_back(std::move(*batch));
+  }
+  return batches;
+}
+
+}  // namespace
+
+StepBatches::~StepBatches() {
+  if (ahead_.valid()) ahead_.wait();
+}
 
 absl::StatusOr<StepBatches> StepBatches::Start(MicroBatchSource* source, comm::Communicator* comm,
                                                const at::Device& device, int accumulation,
@@ -47,15 +65,16 @@ absl::StatusOr<std::vector<DeviceBatch>> StepBatches::Next() {
     in_epoch_ = 0;
     QLORA_ASSIGN_OR_RETURN(epoch_steps_, PlanEpoch(epoch_));
   }
-  std::vector<DeviceBatch> batches;
-  for (int i = 0; i < accumulation_; ++i) {
-    QLORA_ASSIGN_OR_RETURN(std::optional<DeviceBatch> batch, source_->Next());
-    if (!batch) return absl::InternalError("the data ran out before the epoch's planned steps");
-    epoch_records_.trained += batch->examples;
-    batches.push_back(std::move(*batch));
-  }
+  absl::StatusOr<std::vector<DeviceBatch>> batches =
+      ahead_.valid() ? ahead_.get() : ReadStep(source_, accumulation_);
+  if (!batches.ok()) return batches.status();
+  for (const DeviceBatch& batch : *batches) epoch_records_.trained += batch.examples;
   ++in_epoch_;
-  if (in_epoch_ == epoch_steps_) epoch_records_.left_over = epoch_examples_ - epoch_records_.trained;
+  if (in_epoch_ == epoch_steps_) {
+    epoch_records_.left_over = epoch_examples_ - epoch_records_.trained;
+  } else {
+    ahead_ = std::async(std::launch::async, ReadStep, source_, accumulation_);
+  }
   return batches;
 }
 

@@ -6,9 +6,16 @@
 // Counts what became of this rank's records (trained, left over, malformed, without a target)
 // per epoch and in all; a replay by Skip counts as trained (it was, before the checkpoint).
 // Collective (planning an epoch counts every rank's micro-batches). Torch side.
+//
+// Next() reads the following step's micro-batches ahead, on a thread of its own, while the
+// caller trains on the ones it returned (reading and tokenizing are host work that otherwise
+// leaves the GPU idle between steps: ~7 ms a step at micro-batch 4 x 2048 tokens on an H200).
+// Only within an epoch: planning the next one is a collective and stays on the caller's thread.
+// The source is touched by one thread at a time (Next waits for the read-ahead first).
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -26,6 +33,10 @@ class StepBatches {
   static absl::StatusOr<StepBatches> Start(MicroBatchSource* source, comm::Communicator* comm,
                                            const at::Device& device, int accumulation,
                                            int micro_batch_rows);
+
+  StepBatches(StepBatches&&) = default;
+  StepBatches& operator=(StepBatches&&) = delete;
+  ~StepBatches();  // waits for a read-ahead still running
 
   int64_t steps_per_first_epoch() const { return first_epoch_steps_; }
   int epoch() const { return epoch_; }  // of the step Next() returned last
@@ -60,6 +71,8 @@ class StepBatches {
   int64_t epoch_examples_ = 0;      // examples in the current epoch (its counting pass)
   RecordCounts epoch_records_;
   RecordCounts earlier_records_;    // of the epochs before the current one
+  // The next step's micro-batches being read (valid only within an epoch).
+  std::future<absl::StatusOr<std::vector<DeviceBatch>>> ahead_;
 };
 
 }  // namespace qlora::worker

@@ -185,7 +185,9 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   }
   // The mean over the global batch: every rank's token losses divided by all ranks' tokens.
   QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_target_tokens));
-  double local_loss = 0;
+  // Summed on the device and read once after the last backward is queued: reading it per
+  // micro-batch would stall the host between forward and backward while the GPU drains.
+  at::Tensor local_loss_sum;
   for (size_t i = 0; i < batches.size(); ++i) {
     const DeviceBatch& b = batches[i];
     if (context_.observer != nullptr) context_.observer->OnMicroBatch(step, static_cast<int>(i), b);
@@ -197,7 +199,8 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     {
       RECORD_USER_SCOPE("qlora::loss");
       engine::CausalLmLoss loss = engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels);
-      local_loss += loss.loss_sum.item<double>();
+      const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
+      local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
       scaled_loss = loss.loss_sum * scale.scale;
     }
     {
@@ -219,6 +222,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   // all-reduce, so it costs no collective of its own.
   const double every_s = 60 * config_.trainer.checkpoint_every_minutes;
   const bool due_here = assignment_.rank == 0 && every_s > 0 && SteadySeconds() - last_checkpoint_ >= every_s;
+  const double local_loss = local_loss_sum.defined() ? local_loss_sum.item<double>() : 0.0;
   QLORA_ASSIGN_OR_RETURN(std::vector<double> global,
                          SumOverRanks(*communicator_,
                                       {local_loss, due_here ? 1.0 : 0.0,
