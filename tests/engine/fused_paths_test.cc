@@ -119,6 +119,76 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
   }
 }
 
+// Three linears reading one input (different widths, ranks and scales, one with a 4-bit base and
+// one with a bias) as one node against each layer's own Forward: values and gradients of x, the
+// As and the Bs, also when one output gets no gradient, in float32 and in bf16.
+TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(3);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int64_t in = 64, outs[3] = {64, 32, 96}, ranks[3] = {4, 8, 4};
+    const double scales[3] = {2.0, 0.5, 1.25};
+    std::vector<LinearLayer> layers(3);
+    for (int i = 0; i < 3; ++i) {
+      LinearLayer& l = layers[i];
+      l.base.dense = at::randn({outs[i], in}, f32) * 0.1;
+      l.base.out_features = outs[i];
+      l.base.in_features = in;
+      LoraWeights lora;
+      lora.a = (at::randn({ranks[i], in}, f32) * 0.2).requires_grad_();
+      lora.b = (at::randn({outs[i], ranks[i]}, f32) * 0.2).requires_grad_();
+      lora.scale = scales[i];
+      l.lora = lora;
+    }
+    kernels::Quantize4bitOptions nf4;
+    layers[1].base.quantized = QuantizeWeight(layers[1].base.dense, nf4);
+    layers[1].base.dense = at::Tensor();
+    layers[2].base.bias = at::randn({outs[2]}, f32);
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(c10::toString(dtype));
+      for (LinearLayer& l : layers) {
+        if (l.base.dense.defined()) l.base.dense = l.base.dense.to(dtype);
+        if (l.base.bias.defined()) l.base.bias = l.base.bias.to(dtype);
+      }
+      const at::Tensor x0 = at::randn({2, 9, in}, f32).to(dtype);
+      for (const bool all_outputs : {true, false}) {
+        at::Tensor xg = x0.clone().requires_grad_(), xs = x0.clone().requires_grad_();
+        const std::vector<at::Tensor> grouped =
+            SharedInputForward({&layers[0], &layers[1], &layers[2]}, xg, /*training=*/true);
+        std::vector<at::Tensor> single;
+        for (const LinearLayer& l : layers) single.push_back(l.Forward(xs, /*training=*/true));
+        std::vector<at::Tensor> inputs_g = {xg}, inputs_s = {xs}, outs_g, outs_s, seeds;
+        for (int i = 0; i < 3; ++i) {
+          const double scale = single[i].abs().max().item<double>();
+          const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
+          EXPECT_LE((grouped[i] - single[i]).abs().max().item<double>(), bound) << "output " << i;
+          inputs_g.push_back(layers[i].lora->a);
+          inputs_g.push_back(layers[i].lora->b);
+          if (i == 1 && !all_outputs) continue;  // k gets no gradient
+          outs_g.push_back(grouped[i]);
+          outs_s.push_back(single[i]);
+          seeds.push_back(at::randn_like(single[i]));
+        }
+        inputs_s = inputs_g;
+        inputs_s[0] = xs;
+        const auto gg = torch::autograd::grad(outs_g, inputs_g, seeds, true, false, true);
+        const auto gs = torch::autograd::grad(outs_s, inputs_s, seeds, true, false, true);
+        for (size_t j = 0; j < gg.size(); ++j) {
+          if (!gs[j].defined()) {
+            EXPECT_TRUE(!gg[j].defined() || gg[j].abs().max().item<double>() == 0) << "input " << j;
+            continue;
+          }
+          ASSERT_TRUE(gg[j].defined()) << "input " << j;
+          const double scale = gs[j].abs().max().item<double>();
+          const double bound = dtype == at::kFloat ? 1e-5 * scale + 1e-7 : std::ldexp(scale, -6);
+          EXPECT_LE((gg[j] - gs[j]).abs().max().item<double>(), bound) << "input " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(EngineFused, LoraNodeWithDropoutEqualsTheUnfusedFormulaWithTheSameMask) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <string>
 #include <vector>
 
 namespace qlora::engine {
@@ -13,41 +14,43 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Rebuilds the kernels' descriptor from what forward saved in the context.
-kernels::Quantized4bit FromSaved(AutogradContext* ctx) {
+// (`prefix` tells apart the weights of a node that keeps several.)
+kernels::Quantized4bit FromSaved(AutogradContext* ctx, const std::string& prefix = "") {
   const auto& s = ctx->saved_data;
+  auto at = [&](const char* key) -> const c10::IValue& { return s.at(prefix + key); };
   kernels::Quantized4bit q;
-  q.packed = s.at("packed").toTensor();
-  q.absmax = s.at("absmax").toTensor();
-  q.double_quant = s.at("double_quant").toBool();
+  q.packed = at("packed").toTensor();
+  q.absmax = at("absmax").toTensor();
+  q.double_quant = at("double_quant").toBool();
   if (q.double_quant) {
-    q.nested_absmax = s.at("nested_absmax").toTensor();
-    q.nested_code = s.at("nested_code").toTensor();
-    q.nested_offset = static_cast<float>(s.at("nested_offset").toDouble());
-    q.nested_blocksize = s.at("nested_blocksize").toInt();
+    q.nested_absmax = at("nested_absmax").toTensor();
+    q.nested_code = at("nested_code").toTensor();
+    q.nested_offset = static_cast<float>(at("nested_offset").toDouble());
+    q.nested_blocksize = at("nested_blocksize").toInt();
   }
-  q.type = static_cast<kernels::QuantType>(s.at("type").toInt());
-  q.blocksize = s.at("blocksize").toInt();
-  q.shape = s.at("shape").toIntVector();
-  q.dtype = static_cast<at::ScalarType>(s.at("dtype").toInt());
+  q.type = static_cast<kernels::QuantType>(at("type").toInt());
+  q.blocksize = at("blocksize").toInt();
+  q.shape = at("shape").toIntVector();
+  q.dtype = static_cast<at::ScalarType>(at("dtype").toInt());
   return q;
 }
 
-void Save(AutogradContext* ctx, const kernels::Quantized4bit& q) {
+void Save(AutogradContext* ctx, const kernels::Quantized4bit& q, const std::string& prefix = "") {
   auto& s = ctx->saved_data;
   // Frozen tensors: saving them in saved_data keeps a reference, not a copy.
-  s["packed"] = q.packed;
-  s["absmax"] = q.absmax;
-  s["double_quant"] = q.double_quant;
+  s[prefix + "packed"] = q.packed;
+  s[prefix + "absmax"] = q.absmax;
+  s[prefix + "double_quant"] = q.double_quant;
   if (q.double_quant) {
-    s["nested_absmax"] = q.nested_absmax;
-    s["nested_code"] = q.nested_code;
-    s["nested_offset"] = static_cast<double>(q.nested_offset);
-    s["nested_blocksize"] = q.nested_blocksize;
+    s[prefix + "nested_absmax"] = q.nested_absmax;
+    s[prefix + "nested_code"] = q.nested_code;
+    s[prefix + "nested_offset"] = static_cast<double>(q.nested_offset);
+    s[prefix + "nested_blocksize"] = q.nested_blocksize;
   }
-  s["type"] = static_cast<int64_t>(q.type);
-  s["blocksize"] = q.blocksize;
-  s["shape"] = q.shape;
-  s["dtype"] = static_cast<int64_t>(q.dtype);
+  s[prefix + "type"] = static_cast<int64_t>(q.type);
+  s[prefix + "blocksize"] = q.blocksize;
+  s[prefix + "shape"] = q.shape;
+  s[prefix + "dtype"] = static_cast<int64_t>(q.dtype);
 }
 
 struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> {
@@ -75,21 +78,21 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
 
 // The base weight of a LoRA layer as autograd's saved data: 4-bit (the kernels' descriptor, as
 // Linear4bitFunction keeps it) or dense.
-void SaveBase(AutogradContext* ctx, const FrozenWeight& base) {
+void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string& prefix = "") {
   if (base.quantized) {
-    Save(ctx, *base.quantized);
+    Save(ctx, *base.quantized, prefix);
   } else {
-    ctx->saved_data["dense"] = base.dense;
+    ctx->saved_data[prefix + "dense"] = base.dense;
   }
 }
 
-at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype) {
-  auto it = ctx->saved_data.find("dense");
+at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
+  auto it = ctx->saved_data.find(prefix + "dense");
   if (it != ctx->saved_data.end()) {
     const at::Tensor w = it->second.toTensor();
     return w.scalar_type() == dtype ? w : w.to(dtype);
   }
-  return DequantizeWeight(FromSaved(ctx), dtype);
+  return DequantizeWeight(FromSaved(ctx, prefix), dtype);
 }
 
 // y = x W^T + scale * (h A^T) B^T for rows of tokens x [T, in] (h = dropout(x), or x itself: the
@@ -150,6 +153,82 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
   }
 };
 
+
+// Linears with LoRA adapters that read the same input x [T, in] (q/k/v, gate/up), as one node:
+// the per-layer formula of LoraLinearFunction (rank-r GEMM writes y_i, base GEMM accumulates),
+// with what the layers share done once: one GEMM x [A_1; ...; A_n]^T for all the rank-r
+// projections (x read once, not n times), one for all the A gradients, and x's gradient built in
+// one buffer, dx = [dh'_1 ... dh'_n] [A_1; ...; A_n] then += g_i W_i for each i, instead of n
+// gradients that autograd then adds. Without dropout only (each PEFT layer draws its own mask).
+// Inputs: x, then the A list, then the B list; `group` holds the frozen weights and scales.
+struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList a,
+                               at::TensorList b, const std::vector<const LinearLayer*>* group,
+                               bool value_unused) {
+    const at::ScalarType dtype = x.scalar_type();
+    const size_t n = group->size();
+    std::vector<at::Tensor> a_c;
+    std::vector<int64_t> ranks;
+    for (size_t i = 0; i < n; ++i) {
+      a_c.push_back(a[i].to(dtype));
+      ranks.push_back(a[i].size(0));
+    }
+    const at::Tensor ha = at::mm(x, at::cat(a_c).t());  // [T, sum of r]
+    const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
+    variable_list outputs;
+    std::vector<double> scales;
+    for (size_t i = 0; i < n; ++i) {
+      const LinearLayer& layer = *(*group)[i];
+      at::Tensor y = at::empty({x.size(0), layer.base.out_features}, x.options());
+      if (!value_unused) {
+        at::addmm_out(y, y, ha_i[i], b[i].to(dtype).t(), /*beta=*/0, /*alpha=*/layer.lora->scale);
+        y.addmm_(x, layer.base.Materialize(dtype).t());
+      }
+      SaveBase(ctx, layer.base, std::to_string(i) + ".");
+      scales.push_back(layer.lora->scale);
+      outputs.push_back(y);
+    }
+    variable_list saved = {x, ha};
+    saved.insert(saved.end(), a.begin(), a.end());
+    saved.insert(saved.end(), b.begin(), b.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["ranks"] = ranks;
+    ctx->saved_data["scales"] = scales;
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &ha = saved[1];
+    const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
+    const std::vector<double> scales = ctx->saved_data["scales"].toDoubleVector();
+    const size_t n = ranks.size();
+    const at::ScalarType dtype = x.scalar_type();
+    const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
+    variable_list grads(1 + 2 * n + 2);  // x, the As, the Bs, then group and value_unused
+    std::vector<at::Tensor> g(n), dha(n), a_c(n);
+    for (size_t i = 0; i < n; ++i) {
+      const at::Tensor& a = saved[2 + i];
+      const at::Tensor& b = saved[2 + n + i];
+      a_c[i] = a.to(dtype);
+      g[i] = grad_outputs[i].defined() ? grad_outputs[i].to(dtype)
+                                       : at::zeros({x.size(0), b.size(0)}, x.options());
+      dha[i] = at::mm(g[i], b.to(dtype)).mul_(scales[i]);  // [T, r_i]
+      grads[1 + n + i] = at::mm(ha_i[i].t(), g[i]).mul_(scales[i]).t().to(b.scalar_type());
+    }
+    const at::Tensor dha_all = at::cat(dha, 1);             // [T, sum of r]
+    const at::Tensor da_all = at::mm(x.t(), dha_all).t();   // [sum of r, in]
+    const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
+    for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i].to(saved[2 + i].scalar_type());
+    at::Tensor dx = at::mm(dha_all, at::cat(a_c));          // [T, in]
+    for (size_t i = 0; i < n; ++i) {
+      if (grad_outputs[i].defined()) dx.addmm_(g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+    }
+    grads[0] = dx;
+    return grads;
+  }
+};
+
 }  // namespace
 
 kernels::Quantized4bit QuantizeWeight(const at::Tensor& weight,
@@ -200,6 +279,39 @@ at::Tensor LinearLayer::MergedWeight() const {
   at::Tensor w = base.Materialize(at::kFloat);
   if (lora) w = w + at::matmul(lora->b.detach().to(at::kFloat), lora->a.detach().to(at::kFloat)) * lora->scale;
   return w;
+}
+
+}  // namespace qlora::engine
+
+namespace qlora::engine {
+
+std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
+                                           const at::Tensor& x, bool training, bool value_unused) {
+  bool grouped = layers.size() > 1;
+  for (const LinearLayer* layer : layers) {
+    grouped = grouped && layer->lora && !(training && layer->lora->dropout > 0);
+  }
+  std::vector<at::Tensor> out;
+  if (!grouped) {
+    for (const LinearLayer* layer : layers) out.push_back(layer->Forward(x, training, value_unused));
+    return out;
+  }
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
+  std::vector<at::Tensor> a, b;
+  for (const LinearLayer* layer : layers) {
+    a.push_back(layer->lora->a);
+    b.push_back(layer->lora->b);
+  }
+  const variable_list ys =
+      LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers, value_unused);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = layers[i]->base.out_features;
+    const at::Tensor y = ys[i].view(sizes);
+    const at::Tensor& bias = layers[i]->base.bias;
+    out.push_back(bias.defined() ? y + bias.to(y.scalar_type()) : y);
+  }
+  return out;
 }
 
 }  // namespace qlora::engine

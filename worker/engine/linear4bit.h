@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -61,5 +62,13 @@ struct LinearLayer {
   // W + scale * B A as float32 [out, in] (the base weight when there is no adapter).
   at::Tensor MergedWeight() const;
 };
+
+// Forward(x) of each of `layers`, which read the same input (q/k/v, or gate/up): the same values
+// and gradients (up to the GEMMs' summation order), computed as one node when every layer has
+// an adapter and no dropout runs, so that x is read once for the rank-r projections and its
+// gradient is accumulated in one buffer (see LoraGroupFunction in the .cc).
+std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
+                                           const at::Tensor& x, bool training,
+                                           bool value_unused = false);
 
 }  // namespace qlora::engine

@@ -166,9 +166,11 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   auto split = [&](const at::Tensor& t, int64_t h) {
     return t.view({batch, seq, h, head_dim}).transpose(1, 2);
   };
-  const at::Tensor q = Rotary(split(layer.q_proj.Forward(n, training_), heads), cos, sin);
-  const at::Tensor k = Rotary(split(layer.k_proj.Forward(n, training_), kv_heads), cos, sin);
-  const at::Tensor v = split(layer.v_proj.Forward(n, training_), kv_heads);
+  const std::vector<at::Tensor> qkv =
+      SharedInputForward({&layer.q_proj, &layer.k_proj, &layer.v_proj}, n, training_);
+  const at::Tensor q = Rotary(split(qkv[0], heads), cos, sin);
+  const at::Tensor k = Rotary(split(qkv[1], kv_heads), cos, sin);
+  const at::Tensor v = split(qkv[2], kv_heads);
   const bool gqa = kv_heads != heads;
   const at::Tensor attn =
       mask.defined()
@@ -179,8 +181,9 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
                                training_);
 
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
-  const at::Tensor gated =
-      Swiglu(layer.gate_proj.Forward(m, training_), layer.up_proj.Forward(m, training_));
+  const std::vector<at::Tensor> gate_up =
+      SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
+  const at::Tensor gated = Swiglu(gate_up[0], gate_up[1]);
   const at::Tensor down = layer.down_proj.Forward(gated, training_, value_unused);
   return value_unused ? SumGraphOnly(h, down) : h + down;
 }
