@@ -13,6 +13,12 @@
 #   deepspeed        DeepSpeed ZeRO-2 + HF + peft + bnb + autocast + Liger, 2 GPUs, micro-batch 4
 #   ours-mb4-nockpt  ours, 1 GPU, micro-batch 4, no activation checkpointing
 #   attr-liger       the attribution of the Liger anchor's trace
+# Optional (not in the default list: BENCH_FAIR_PARTS="ours-auto24 liger" runs it with the anchor
+# it is compared with; or concatenate this run's results.jsonl with an earlier run's and give that
+# to bench/fair_summary.py):
+#   ours-auto24      ours, 1 GPU, micro-batch 4, enable_gradient_checkpointing: auto with
+#                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
+#                    summary compares it with the best anchor whose peak allocation fits 24 GiB
 # Every measurement: BENCH_WARMUP (3) warm-up steps, then BENCH_WINDOWS (3) windows of
 # BENCH_WINDOW_STEPS (5) steps, tokens / wall time per window (bench/summarize.py and
 # bench/anchor_common.py say how). The whole run keeps within BENCH_BUDGET_S (560) seconds: a part
@@ -110,8 +116,11 @@ for line in sys.stdin:
 }
 
 # ours: one job through the real service. ours_job LABEL GPUS MICRO_BATCH CHECKPOINTING [TRACE]
+# (CHECKPOINTING: true, false, or auto:GIB for auto with that budget)
 ours_job() {
   local label=$1 gpus=$2 mb=$3 ckpt=$4 trace=${5:-}
+  local budget_gib=""
+  if [[ $ckpt == auto:* ]]; then budget_gib=${ckpt#auto:}; ckpt=auto; fi
   local steps=$((warmup + windows * window_steps))
   local profile=()
   if [ -n "$trace" ]; then
@@ -120,6 +129,7 @@ ours_job() {
     steps=$((steps + 4))
   fi
   env BENCH_WARMUP="$warmup" BENCH_WINDOWS="$windows" BENCH_WINDOW_STEPS="$window_steps" BENCH_CHECKPOINTING="$ckpt" \
+    BENCH_MAX_MEMORY_GIB="$budget_gib" \
     BENCH_KEEP="$logs/$label" BENCH_LABEL="$label" "${profile[@]}" \
     "$root/bench/run_service_bench.sh" "$model" "$work/bench.txt" "$gpus" "$mb" 2 "$steps"
 }
@@ -183,6 +193,7 @@ for part in $parts; do
       PATH="/tmp/dssite/bin:$PATH" DS_BUILD_OPS=0 torchrun --nproc_per_node "$ngpu" \
       "$root/bench/anchor_deepspeed.py" "$model" --micro-batch 4 --liger "${measure[@]}" ;;
     ours-mb4-nockpt) run_part ours-mb4-nockpt 45 ours_job ours-mb4-nockpt "$gpus_1" 4 false ;;
+    ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
     attr-liger) run_part attr-liger 25 attribute "$work/trace-liger-mb4.json" \
       "Profile of HF + peft + bnb + autocast + Liger: 1 GPU, micro-batch 4, checkpointing, 1 step" liger-mb4 ;;
     *) echo "== $part: unknown part" ;;

@@ -53,11 +53,38 @@ def name_of(r):
     return base + (" + autocast" if r.get("autocast") else "") + (" + Liger" if r.get("liger") else "")
 
 
+def recomputed_fraction(r):
+    """The share of decoder layers recomputed in backward: 1 or 0, or auto's split."""
+    c = r.get("checkpointing", True)
+    if c == "auto":
+        split, layers = r.get("checkpointed_layers") or [], r.get("layers") or 0
+        return max(split) / layers if split and layers else 1.0
+    return 1.0 if c else 0.0
+
+
+def mode_of(r):
+    """The setting's checkpointing column: on, off, or auto with its budget."""
+    c = r.get("checkpointing", True)
+    if c == "auto":
+        return f"auto, {r.get('max_memory_gib') or 'free'} GiB budget"
+    return "checkpointing" if c else "no checkpointing"
+
+
+def budget_of(mode):
+    """auto's budget in GiB from mode_of's text, else None."""
+    if mode.startswith("auto, "):
+        try:
+            return float(mode.split()[1])
+        except ValueError:
+            return None
+    return None
+
+
 def figures(r, flop_cache):
     model = r.get("model")
     mfu = hfu = None
     if model and "tokens_per_s" in r:
-        key = (model, r.get("seq", 2048), r.get("lora_r", 16), r.get("checkpointing", True))
+        key = (model, r.get("seq", 2048), r.get("lora_r", 16), recomputed_fraction(r))
         if key not in flop_cache:
             try:
                 flop_cache[key] = flops_per_token(load_config(model), *key[1:])
@@ -71,25 +98,34 @@ def figures(r, flop_cache):
 def table(results):
     flop_cache = {}
     rows = [r for r in results if "tokens_per_s" in r and not r.get("error")]
-    settings = sorted({(r.get("gpus", 1), r.get("micro_batch"), bool(r.get("checkpointing", True))) for r in rows},
-                      key=lambda s: (s[0], not s[2], -s[1]))
+    order = {"checkpointing": 0, "no checkpointing": 1}
+    settings = sorted({(r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) for r in rows},
+                      key=lambda s: (s[0], order.get(s[2], 2), -s[1]))
     lines = ["| setting | implementation | tokens/s per GPU: median (min-max) | step time | peak allocated "
              "| peak reserved | MFU | HFU | vs best anchor |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for gpus, mb, ckpt in settings:
-        group = [r for r in rows if (r.get("gpus", 1), r.get("micro_batch"), bool(r.get("checkpointing", True)))
-                 == (gpus, mb, ckpt)]
+    for gpus, mb, mode in settings:
+        group = [r for r in rows if (r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) == (gpus, mb, mode)]
+        budget = budget_of(mode)
+        if budget is not None:  # auto: against every anchor of the same size whose peak fits the budget
+            group += [r for r in rows if r.get("impl") != "ours" and (r.get("gpus", 1), r.get("micro_batch")) ==
+                      (gpus, mb) and r.get("peak_allocated_gib", float("inf")) <= budget]
         anchors = [r for r in group if r.get("impl") != "ours"]
         best = max(anchors, key=lambda r: r["tokens_per_s"]) if anchors else None
-        setting = f"{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {'checkpointing' if ckpt else 'no checkpointing'}"
+        setting = f"{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {mode}"
         for r in sorted(group, key=lambda r: (r.get("impl") != "ours", -r["tokens_per_s"])):
             mfu, hfu = figures(r, flop_cache)
             vs = ""
             if best is not None:
                 vs = "best anchor" if r is best else f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}x"
             lo, hi = r.get("tokens_per_s_min", r["tokens_per_s"]), r.get("tokens_per_s_max", r["tokens_per_s"])
+            name = name_of(r)
+            if r.get("checkpointing") == "auto" and r.get("checkpointed_layers"):
+                name += f", {max(r['checkpointed_layers'])} of {r.get('layers')} layers checkpointed"
+            elif budget is not None and r.get("impl") != "ours":
+                name += f" ({mode_of(r)})"
             lines.append(
-                f"| {setting} | {name_of(r)} | {r['tokens_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
+                f"| {setting} | {name} | {r['tokens_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
                 f"{r.get('step_time_s', 0):.3f} s | {r.get('peak_allocated_gib', float('nan')):.2f} GiB | "
                 f"{r.get('peak_reserved_gib', float('nan')):.2f} GiB | "
                 f"{'' if mfu is None else f'{mfu:.1%}'} | {'' if hfu is None else f'{hfu:.1%}'} | {vs} |")

@@ -67,7 +67,8 @@ def flops_per_token(config, seq, lora_r=16, checkpointing=True):
     attention = 4 * seq * nh * dh * L
     forward = 2 * (n_layers + n_head) + 2 * n_lora + attention
     backward = 2 * (n_layers + n_head) + 4 * n_lora + 2 * attention
-    recompute = 2 * n_layers + 2 * n_lora + attention if checkpointing else 0
+    # checkpointing: True (every layer recomputed), False, or the fraction of layers (auto)
+    recompute = (2 * n_layers + 2 * n_lora + attention) * float(checkpointing)
     model = forward + backward
     return {"forward": forward, "backward": backward, "recompute": recompute, "model": model,
             "hardware": model + recompute, "n_layers": n_layers, "n_head": n_head, "n_lora": n_lora,

@@ -6,7 +6,8 @@
 # STEPS is the job's length; the knobs below default to the older figure (2 warm-up steps, one
 # window of the rest):
 #   BENCH_WARMUP=3 BENCH_WINDOWS=3 BENCH_WINDOW_STEPS=5   the measurement (STEPS must cover it)
-#   BENCH_CHECKPOINTING=false                             activation checkpointing off
+#   BENCH_CHECKPOINTING=false                             activation checkpointing off (or auto)
+#   BENCH_MAX_MEMORY_GIB=24                               auto's budget (trainer.max_memory_gib)
 #   BENCH_SEQ=2048                                        the sequence length
 #   BENCH_PROFILE_STEPS=FIRST:COUNT BENCH_PROFILE_OUT=F   a trace of rank 0 (worker/run/step_profiler.h)
 #   BENCH_KEEP=DIR                                        keep the job's logs, events and job file there
@@ -23,6 +24,9 @@ checkpointing=${BENCH_CHECKPOINTING:-true} seq_len=${BENCH_SEQ:-2048}
 work=$(mktemp -d /tmp/qlora-bench-XXXXXX)
 sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps|; s|CHECKPOINTING|$checkpointing|; s|SEQ|$seq_len|" \
   "$root/bench/bench_job.yaml" > "$work/job.yaml"
+if [ -n "${BENCH_MAX_MEMORY_GIB:-}" ]; then
+  sed -i "s|^  enable_gradient_checkpointing: .*|&\n  max_memory_gib: $BENCH_MAX_MEMORY_GIB|" "$work/job.yaml"
+fi
 ray_flags=()
 if [ -n "${BENCH_RAY_ADDRESS:-}" ]; then
   workers=$(echo "$gpus" | tr ',' '\n' | wc -l)
@@ -56,5 +60,6 @@ if ! grep -q JOB_STATE_SUCCEEDED "$work/events.jsonl"; then
   "$bin/cli/qloractl" logs job-000001 | tail -30 >&2
 fi
 python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-batch "$mb" --stage "$stage" \
-  --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --warmup "$warmup" --windows "$windows" \
+  --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
+  --warmup "$warmup" --windows "$windows" \
   --window-steps "$window_steps" --label "${BENCH_LABEL:-ours}"

@@ -68,7 +68,8 @@ def main():
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--model", help="the model folder (its config.json gives the FLOPs); none: no MFU")
     p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--checkpointing", default="true")
+    p.add_argument("--checkpointing", default="true", help="true, false or auto")
+    p.add_argument("--max-memory-gib", help="auto's budget (trainer.max_memory_gib)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--windows", type=int, default=1)
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
@@ -89,6 +90,18 @@ def main():
     reserved = {r: max(int(p.get("memory", {}).get("device_reserved_peak_bytes", 0)) for p in steps.values())
                 for r, steps in progress.items()}
     checkpointing = a.checkpointing.lower() in ("1", "true", "yes", "on")
+    fraction = float(checkpointing)
+    auto = {}
+    if a.checkpointing.lower() == "auto":  # the split each rank reported (the last report)
+        reports = [steps[max(steps)].get("checkpointing", {}) for steps in progress.values()]
+        layers = max(int(c.get("layers", 0)) for c in reports)
+        split = [int(c.get("checkpointed_layers", -1)) for c in reports]
+        checkpointing = "auto"
+        fraction = max(split) / layers if layers > 0 and max(split) >= 0 else 1.0
+        auto = {"checkpointed_layers": split, "layers": layers,
+                "max_memory_gib": float(a.max_memory_gib) if a.max_memory_gib else None,
+                "planned_peak_gib": [round(int(c.get("planned_peak_bytes", 0)) / 2**30, 2) for c in reports],
+                "measured_peak_gib": [round(int(c.get("measured_peak_bytes", 0)) / 2**30, 2) for c in reports]}
     gpus = len(a.gpus.split(","))
     out = {"impl": "ours", "label": a.label, "variant": f"nf4-dq+bf16 ZeRO-{a.stage}", "state": state,
            "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": a.seq,
@@ -103,8 +116,9 @@ def main():
            "peak_reserved_gib": round(max(reserved.values()) / 2**30, 2),
            "peak_allocated_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(peak.items())},
            "peak_reserved_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(reserved.items())}}
+    out.update(auto)
     if a.model:
-        f = flops_per_token(load_config(a.model), a.seq, a.lora_r, checkpointing)
+        f = flops_per_token(load_config(a.model), a.seq, a.lora_r, fraction)
         mfu, hfu = utilisation(out["tokens_per_s"], f)
         out.update({"gflop_per_token_model": round(f["model"] / 1e9, 2),
                     "gflop_per_token_hardware": round(f["hardware"] / 1e9, 2),

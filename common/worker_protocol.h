@@ -93,6 +93,16 @@ struct StrategySnapshot {
   bool partitioned_gradients = false;
 };
 
+// The activation checkpointing a rank runs (trainer.enable_gradient_checkpointing): its split
+// of the decoder layers and, with auto, the plan behind it.
+struct CheckpointingReport {
+  int64_t checkpointed_layers = -1;  // -1: not reported; the first ones are checkpointed
+  int64_t layers = 0;
+  int64_t planned_peak_bytes = 0;    // auto with a budget: the plan's peak (0 otherwise)
+  int64_t budget_bytes = 0;          // auto: trainer.max_memory_gib or the GPU's free memory
+  int64_t measured_peak_bytes = 0;   // auto on a GPU: the largest peak the first steps set
+};
+
 // What became of a rank's records (its share of the training split). Each read record is
 // trained, left over, malformed or without a target.
 struct RecordCounts {
@@ -118,6 +128,7 @@ struct ProgressSnapshot {
   // left_over once its last step is done), and of every epoch up to this step.
   RecordCounts epoch_records;
   RecordCounts total_records;
+  CheckpointingReport checkpointing;
 };
 
 // Where a worker computes. On the wire (Assignment.device): "cuda" or "cpu".

@@ -21,6 +21,9 @@ enum class BackendType { kLocal, kRay };                  // backend.type
 enum class PlacementStrategy { kPack, kSpread, kStrictPack, kStrictSpread };
 enum class DatasetFormat { kAuto, kJsonl, kCsv, kText, kParquet };  // data.format
 enum class MalformedRecords { kFail, kSkip };             // data.malformed_records
+// trainer.enable_gradient_checkpointing: every decoder layer, none, or as many as the memory
+// budget needs (trainer.max_memory_gib; the worker plans it, worker/engine/memory_plan.h).
+enum class CheckpointingMode { kAll, kNone, kAuto };
 
 template <typename E>
 struct EnumEntry {
@@ -55,6 +58,9 @@ QLORA_ENUM_TABLE(DatasetFormat, {DatasetFormat::kAuto, "auto"}, {DatasetFormat::
                  {DatasetFormat::kParquet, "parquet"});
 QLORA_ENUM_TABLE(MalformedRecords, {MalformedRecords::kFail, "fail"},
                  {MalformedRecords::kSkip, "skip"});
+// The YAML booleans true/false (emitted unquoted, so they read back as booleans) and "auto".
+QLORA_ENUM_TABLE(CheckpointingMode, {CheckpointingMode::kAll, "true"},
+                 {CheckpointingMode::kNone, "false"}, {CheckpointingMode::kAuto, "auto"});
 
 #undef QLORA_ENUM_TABLE
 

@@ -94,7 +94,14 @@ struct TrainerConfig {
   int64_t max_restarts = -1;
   int64_t keep_checkpoints = 2;             // the newest complete ones kept; 0 = all
   int64_t eval_steps = 0;                   // 0 = evaluate at the end of each epoch
-  bool gradient_checkpointing = true;       // enable_gradient_checkpointing
+  // enable_gradient_checkpointing: true (every decoder layer is activation-checkpointed), false
+  // (none), or auto: the worker leaves as many of the last layers uncheckpointed as fit
+  // max_memory_gib and reports its choice (worker/engine/memory_plan.h).
+  CheckpointingMode gradient_checkpointing = CheckpointingMode::kAll;
+  // With auto only (the parser refuses it otherwise): the per-GPU budget in GiB (2^30 bytes) for
+  // what PyTorch allocates during a step. 0 = unset: the GPU's free memory when the worker
+  // starts; on a CPU worker, unset means every layer checkpointed.
+  double max_memory_gib = 0;
   uint64_t seed = 42;
 };
 

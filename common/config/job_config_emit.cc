@@ -103,8 +103,9 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
       .Number("warmup_fraction", t.warmup_fraction)
       .End();
   w.Begin("gradient_clipping").Number("clipglobalnorm", t.max_grad_norm).End();
-  w.Bool("enable_gradient_checkpointing", t.gradient_checkpointing)
-      .Integer("steps_per_checkpoint", t.steps_per_checkpoint)
+  w.Word("enable_gradient_checkpointing", EnumName(t.gradient_checkpointing));
+  if (t.max_memory_gib > 0) w.Number("max_memory_gib", t.max_memory_gib);  // 0: the worker's GPU
+  w.Integer("steps_per_checkpoint", t.steps_per_checkpoint)
       .Number("checkpoint_every_minutes", t.checkpoint_every_minutes)
       .Integer("eval_steps", t.eval_steps)
       .Integer("seed", t.seed)

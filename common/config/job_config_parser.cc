@@ -413,6 +413,31 @@ absl::Status ReadScheduler(const MapReader& trainer, TrainerConfig* t) {
   return scheduler.ReadNumber("warmup_fraction", {0, true}, {1, true}, &t->warmup_fraction);
 }
 
+// enable_gradient_checkpointing: a boolean or `auto`; max_memory_gib: the budget auto plans for,
+// refused without auto (true and false do not plan, so a budget there would be silently unused).
+absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t) {
+  const std::string key = "enable_gradient_checkpointing";
+  const YAML::Node value = trainer.Get(key);
+  if (trainer.Has(key) && IsPlainScalar(value) && value.Scalar() == "auto") {
+    t->gradient_checkpointing = CheckpointingMode::kAuto;
+  } else if (trainer.Has(key)) {
+    bool on = true;
+    if (!IsPlainScalar(value) || !YAML::convert<bool>::decode(value, on)) {
+      return trainer.Error(key, absl::StrCat("must be true, false or auto, got ", Describe(value)));
+    }
+    t->gradient_checkpointing = on ? CheckpointingMode::kAll : CheckpointingMode::kNone;
+  }
+  QLORA_RETURN_IF_ERROR(
+      trainer.ReadNumber("max_memory_gib", {0, false}, {1e6, true}, &t->max_memory_gib));
+  if (trainer.Has("max_memory_gib") && t->gradient_checkpointing != CheckpointingMode::kAuto) {
+    return trainer.Error("max_memory_gib",
+                         absl::StrCat("applies only with enable_gradient_checkpointing: auto "
+                                      "(it is ", EnumName(t->gradient_checkpointing),
+                                      "); set auto or remove max_memory_gib"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
   QLORA_ASSIGN_OR_RETURN(MapReader trainer, top.OpenMap("trainer"));
   QLORA_RETURN_IF_ERROR(trainer.ReadChoice("type", {"finetune", "none"}, &t->type));
@@ -439,8 +464,7 @@ absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
   if (norm.IsDefined() && norm.IsNull()) t->max_grad_norm = 0;  // null: no clipping
   QLORA_RETURN_IF_ERROR(
       clipping.ReadNumber("clipglobalnorm", {0, true}, {kInf, true}, &t->max_grad_norm));
-  QLORA_RETURN_IF_ERROR(
-      trainer.ReadBool("enable_gradient_checkpointing", &t->gradient_checkpointing));
+  QLORA_RETURN_IF_ERROR(ReadCheckpointing(trainer, t));
   QLORA_RETURN_IF_ERROR(
       trainer.ReadInt("steps_per_checkpoint", 0, kInt64Max, &t->steps_per_checkpoint));
   QLORA_RETURN_IF_ERROR(

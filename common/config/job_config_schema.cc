@@ -71,7 +71,8 @@ SchemaNode BuildSchema() {
            Map("optimizer", {Leaf("type"), Leaf("weight_decay"), Leaf("betas"), Leaf("eps")}),
            Map("learning_rate_scheduler", {Leaf("decay"), Leaf("warmup_fraction")}),
            Map("gradient_clipping", {Leaf("clipglobalnorm")}),
-           Leaf("enable_gradient_checkpointing"), Leaf("steps_per_checkpoint"), Leaf("checkpoint_every_minutes"),
+           Leaf("enable_gradient_checkpointing"), Leaf("max_memory_gib"),
+           Leaf("steps_per_checkpoint"), Leaf("checkpoint_every_minutes"),
            Leaf("eval_steps"), Leaf("seed"), Leaf("max_restarts"), Leaf("keep_checkpoints"),
            Refused("use_mixed_precision",
                    "DeepSpeed's AMP does not work with ZeRO; the compute dtype is "

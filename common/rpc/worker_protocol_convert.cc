@@ -65,6 +65,12 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   s->set_partitioned_gradients(in.strategy.partitioned_gradients);
   ToProto(in.epoch_records, out->mutable_epoch_records());
   ToProto(in.total_records, out->mutable_total_records());
+  v1::CheckpointingReport* c = out->mutable_checkpointing();
+  c->set_checkpointed_layers(in.checkpointing.checkpointed_layers);
+  c->set_layers(in.checkpointing.layers);
+  c->set_planned_peak_bytes(in.checkpointing.planned_peak_bytes);
+  c->set_budget_bytes(in.checkpointing.budget_bytes);
+  c->set_measured_peak_bytes(in.checkpointing.measured_peak_bytes);
 }
 
 ProgressSnapshot FromProto(const v1::Progress& in) {
@@ -87,6 +93,11 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
                 s.partitioned_optimizer(), s.partitioned_gradients()};
   p.epoch_records = FromProto(in.epoch_records());
   p.total_records = FromProto(in.total_records());
+  if (in.has_checkpointing()) {
+    const v1::CheckpointingReport& c = in.checkpointing();
+    p.checkpointing = {c.checkpointed_layers(), c.layers(), c.planned_peak_bytes(),
+                       c.budget_bytes(), c.measured_peak_bytes()};
+  }
   return p;
 }
 

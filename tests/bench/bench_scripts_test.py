@@ -213,6 +213,47 @@ class SummarizeTest(unittest.TestCase):
         self.assertAlmostEqual(got["tokens_per_s"], 8 * 4 * 2048 / 10.0, places=0)
         self.assertAlmostEqual(got["mean_of_per_step_rates"], (7 * 8192 + 8192 / 3) / 8, places=0)
 
+    def test_auto_checkpointing_reports_the_split_and_counts_its_recompute(self):
+        lines = []
+        for line in events(1, 9, [1.0]).splitlines():
+            m = json.loads(line)
+            prog = m["event"].get("progress")
+            if prog:
+                prog["checkpointing"] = {"checkpointed_layers": "17", "layers": "32",
+                                         "planned_peak_bytes": str(21 * 2**30), "budget_bytes": str(24 * 2**30)}
+            lines.append(json.dumps(m))
+        got, _ = self.run_summarize("\n".join(lines) + "\n", "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8", "--checkpointing", "auto",
+                                    "--max-memory-gib", "24")
+        self.assertEqual(got["checkpointing"], "auto")
+        self.assertEqual(got["checkpointed_layers"], [17])
+        self.assertEqual(got["layers"], 32)
+        self.assertEqual(got["max_memory_gib"], 24.0)
+        self.assertEqual(got["planned_peak_gib"], [21.0])
+        f = flops.flops_per_token(LLAMA_7B, 2048, 16, 17 / 32)
+        self.assertAlmostEqual(got["hfu"], round(got["tokens_per_s"] * f["hardware"] / flops.PEAK_BF16_FLOPS, 4))
+
+    def test_fair_summary_compares_auto_with_the_best_anchor_within_its_budget(self):
+        rows = [
+            {"impl": "ours", "checkpointing": "auto", "max_memory_gib": 24.0, "checkpointed_layers": [17],
+             "layers": 32, "gpus": 1, "micro_batch": 4, "tokens_per_s": 14000.0, "peak_allocated_gib": 21.0},
+            {"impl": "hf", "anchor": "bitsandbytes", "liger": True, "checkpointing": True, "gpus": 1,
+             "micro_batch": 4, "tokens_per_s": 10000.0, "peak_allocated_gib": 7.5},
+            {"impl": "hf", "anchor": "bitsandbytes", "liger": True, "checkpointing": False, "gpus": 1,
+             "micro_batch": 4, "tokens_per_s": 15000.0, "peak_allocated_gib": 36.8},
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "results.jsonl")
+            with open(path, "w") as f:
+                f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+            out = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "fair_summary.py"), path],
+                                 capture_output=True, text=True, check=True).stdout
+        auto = [line for line in out.splitlines() if "auto, 24.0 GiB budget" in line]
+        self.assertEqual(len(auto), 2, out)  # ours and the checkpointing anchor; the 36.8 GiB one does not fit
+        self.assertIn("17 of 32 layers checkpointed", auto[0])
+        self.assertTrue(auto[0].rstrip().endswith("| 1.40x |"), auto[0])
+        self.assertIn("(checkpointing)", auto[1])
+
     def test_a_missing_step_is_an_error(self):
         text = "\n".join(line for line in events(1, 9, [1.0]).splitlines() if '"step": "6"' not in line) + "\n"
         with tempfile.TemporaryDirectory() as d:

@@ -112,7 +112,8 @@ TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {
   c.trainer.max_grad_norm = 0;
   c.trainer.steps_per_checkpoint = 10;
   c.trainer.eval_steps = 20;
-  c.trainer.gradient_checkpointing = false;
+  c.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
+  c.trainer.max_memory_gib = 23.75;
   c.trainer.seed = 18446744073709551615u;
   c.data.train_path = "/data/train: \"quoted\".jsonl";
   c.data.validation_path = "";
@@ -149,6 +150,24 @@ TEST(ConfigEmitTest, LudwigSectionsShowAsTheKeysTheyBecame) {
   EXPECT_THAT(yaml, ::testing::Not(HasSubstr("top_k")));  // unset stays unset
   ExpectRoundTrip(*c);
   EXPECT_THAT(EmitResolvedJobYaml(JobConfig{}), ::testing::Not(HasSubstr("generation")));
+}
+
+TEST(ConfigEmitTest, GradientCheckpointingModesRoundTrip) {
+  for (const char* trainer : {"{enable_gradient_checkpointing: false}", "{}",
+                              "{enable_gradient_checkpointing: auto}",
+                              "{enable_gradient_checkpointing: auto, max_memory_gib: 24}"}) {
+    absl::StatusOr<JobConfig> c = testing::ParseNoPaths(
+        absl::StrCat("base_model: m\nadapter: {type: lora}\ntrainer: ", trainer, "\n"));
+    ASSERT_TRUE(c.ok()) << c.status();
+    ExpectRoundTrip(*c);
+  }
+  JobConfig c;
+  EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("enable_gradient_checkpointing: true"));
+  EXPECT_THAT(EmitResolvedJobYaml(c), ::testing::Not(HasSubstr("max_memory_gib")));
+  c.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
+  c.trainer.max_memory_gib = 24;
+  EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("enable_gradient_checkpointing: auto"));
+  EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("max_memory_gib: 24"));
 }
 
 TEST(ConfigEmitTest, DdpAndNoQuantizationRoundTrip) {

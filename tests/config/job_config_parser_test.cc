@@ -3,6 +3,7 @@
 #include "common/config/job_config_parser.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -145,7 +146,8 @@ TEST(ConfigParserTest, DefaultsAreResolved) {
   EXPECT_EQ(c.trainer.lr_scheduler, LrScheduler::kCosine);
   EXPECT_EQ(c.trainer.warmup_fraction, 0.03);
   EXPECT_EQ(c.trainer.max_grad_norm, 0.3);
-  EXPECT_TRUE(c.trainer.gradient_checkpointing);
+  EXPECT_EQ(c.trainer.gradient_checkpointing, CheckpointingMode::kAll);
+  EXPECT_EQ(c.trainer.max_memory_gib, 0);  // unset: the worker's free GPU memory
   EXPECT_EQ(c.trainer.seed, 42u);
   EXPECT_EQ(c.data.format, DatasetFormat::kAuto);
   EXPECT_EQ(c.data.max_sequence_length, 512);
@@ -313,10 +315,58 @@ TEST(ConfigParserTest, TrainerFieldsAndOptimizerMapping) {
   EXPECT_EQ(t.lr_scheduler, LrScheduler::kLinear);
   EXPECT_EQ(t.warmup_fraction, 0.1);
   EXPECT_EQ(t.max_grad_norm, 1.0);
-  EXPECT_FALSE(t.gradient_checkpointing);
+  EXPECT_EQ(t.gradient_checkpointing, CheckpointingMode::kNone);
   EXPECT_EQ(t.steps_per_checkpoint, 50);
   EXPECT_EQ(t.eval_steps, 25);
   EXPECT_EQ(t.seed, 7u);
+}
+
+TEST(ConfigParserTest, GradientCheckpointingTrueFalseAutoAndItsBudget) {
+  auto mode = [](const std::string& trainer) {
+    return ParseOk(absl::StrCat(kMinimal, "trainer: ", trainer, "\n")).trainer;
+  };
+  EXPECT_EQ(mode("{enable_gradient_checkpointing: true}").gradient_checkpointing,
+            CheckpointingMode::kAll);
+  EXPECT_EQ(mode("{enable_gradient_checkpointing: false}").gradient_checkpointing,
+            CheckpointingMode::kNone);
+  const TrainerConfig automatic = mode("{enable_gradient_checkpointing: auto}");
+  EXPECT_EQ(automatic.gradient_checkpointing, CheckpointingMode::kAuto);
+  EXPECT_EQ(automatic.max_memory_gib, 0);
+  const TrainerConfig budget =
+      mode("{enable_gradient_checkpointing: auto, max_memory_gib: 23.5}");
+  EXPECT_EQ(budget.gradient_checkpointing, CheckpointingMode::kAuto);
+  EXPECT_EQ(budget.max_memory_gib, 23.5);
+}
+
+TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
+  struct Case {
+    const char* trainer;
+    const char* message;
+  };
+  for (const Case& k : std::vector<Case>{
+           {"{enable_gradient_checkpointing: sometimes}",
+            "trainer.enable_gradient_checkpointing: must be true, false or auto, got 'sometimes'"},
+           {"{enable_gradient_checkpointing: \"auto\"}",
+            "trainer.enable_gradient_checkpointing: must be true, false or auto"},
+           {"{enable_gradient_checkpointing: [auto]}",
+            "trainer.enable_gradient_checkpointing: must be true, false or auto, got a list"},
+           {"{enable_gradient_checkpointing: auto, max_memory_gib: 0}",
+            "trainer.max_memory_gib: must be a number > 0 and <= 1000000, got 0"},
+           {"{enable_gradient_checkpointing: auto, max_memory_gib: -4}",
+            "trainer.max_memory_gib: must be a number > 0 and <= 1000000, got -4"},
+           {"{enable_gradient_checkpointing: auto, max_memory_gib: lots}",
+            "trainer.max_memory_gib: must be a number"},
+           {"{max_memory_gib: 24}",
+            "trainer.max_memory_gib: applies only with enable_gradient_checkpointing: auto (it "
+            "is true); set auto or remove max_memory_gib"},
+           {"{enable_gradient_checkpointing: false, max_memory_gib: 24}",
+            "(it is false)"},
+       }) {
+    absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(kMinimal, "trainer: ", k.trainer, "\n"));
+    ASSERT_FALSE(c.ok()) << k.trainer;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << k.trainer;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(k.message)) << k.trainer;
+  }
 }
 
 TEST(ConfigParserTest, OptimizerAsBareNameAndSchedulerNone) {

@@ -58,6 +58,7 @@ JobEvent ProgressEvent(int64_t seq, int rank, int64_t step, double loss) {
   p.memory.device_allocated_bytes = 1 << 20;
   p.memory.device_reserved_peak_bytes = 3 << 20;
   p.strategy = {1, 4, 1792, 448, true, false};
+  p.checkpointing = {20, 32, int64_t{21} << 30, int64_t{24} << 30, int64_t{22} << 30};
   p.memory.host_rss_bytes = 5 << 20;
   e.progress = p;
   return e;
@@ -203,6 +204,11 @@ TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence
   EXPECT_TRUE(p.strategy.partitioned_optimizer);
   EXPECT_FALSE(p.strategy.partitioned_gradients);
   EXPECT_EQ(p.memory.host_rss_bytes, 5 << 20);
+  EXPECT_EQ(p.checkpointing.checkpointed_layers, 20);
+  EXPECT_EQ(p.checkpointing.layers, 32);
+  EXPECT_EQ(p.checkpointing.planned_peak_bytes, int64_t{21} << 30);
+  EXPECT_EQ(p.checkpointing.budget_bytes, int64_t{24} << 30);
+  EXPECT_EQ(p.checkpointing.measured_peak_bytes, int64_t{22} << 30);
 
   absl::StatusOr<std::vector<JobEvent>> after = store->LoadEvents("job-000001", 2);
   ASSERT_TRUE(after.ok()) << after.status();

@@ -255,6 +255,40 @@ TEST(EngineModel, ActivationCheckpointingGivesTheSameGradients) {
   }
 }
 
+// Checkpointing the first n of L layers (the auto mode's split, memory_plan.h) computes exactly
+// what all or none does: the same ops on the same values, the dropout masks replayed.
+TEST(EngineModel, CheckpointingTheFirstNLayersGivesBitwiseTheSameLossAndGradients) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.config.num_hidden_layers = 4;
+  auto model = MakeAndLoad(dir / "model", tiny);
+  ASSERT_NE(model, nullptr);
+  LoraOptions lora;
+  lora.target_modules = {"all-linear"};
+  lora.dropout = 0.3;
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  model->SetTraining(true);
+  EXPECT_EQ(model->checkpointed_layers(), 4);  // all by default
+  const at::Tensor ids = RandomIds(model->config(), 2, 9);
+  const at::Tensor labels = LabelsFor(ids);
+  model->SetGradientCheckpointing(false);
+  EXPECT_EQ(model->checkpointed_layers(), 0);
+  at::manual_seed(123);
+  const auto none = Gradients(*model, ids, labels);
+  for (int64_t n : {1, 2, 3, 4, 9}) {
+    model->SetCheckpointedLayers(n);
+    EXPECT_EQ(model->checkpointed_layers(), std::min<int64_t>(n, 4));
+    at::manual_seed(123);
+    const auto split = Gradients(*model, ids, labels);
+    ASSERT_EQ(split.size(), none.size());
+    for (const auto& [name, g] : none) {
+      EXPECT_TRUE(at::equal(g, split.at(name))) << name << " with " << n << " checkpointed";
+    }
+  }
+}
+
 // The recomputation skips the down projection's frozen GEMM (checkpoint.h's `recompute`): also
 // where that projection has no adapter and a 4-bit weight (the Linear4bit node's own skip).
 TEST(EngineModel, ActivationCheckpointingGivesTheSameGradientsWithNf4AndPartialAdapters) {

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/config/job_config_parser.h"
 #include "common/dataset/shard_planner.h"
 #include "common/posix_files.h"
@@ -22,6 +24,7 @@
 #include "tests/engine/torch_test_util.h"
 #include "tests/zero/gloo_world.h"
 #include "worker/comm/in_memory_store.h"
+#include "worker/engine/tiny_model.h"
 #include "tests/run/tiny_model_dir.h"
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/run_options.h"
@@ -278,6 +281,50 @@ TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical)
   for (const auto& [name, tensor] : first) {
     EXPECT_TRUE(at::equal(tensor, second.at(name))) << name;
   }
+}
+
+// trainer.enable_gradient_checkpointing: auto plans the split for max_memory_gib once the model
+// and the strategy are built, and reports it with every progress report; a budget below what
+// every layer checkpointed needs fails the start naming both numbers; auto without a budget on
+// a CPU checkpoints every layer; true and false are all and none.
+TEST_F(TrainerPhases, AutoCheckpointingPlansForTheBudgetAndReportsItsChoice) {
+  const int64_t layers = engine::TinyLlamaConfig().num_hidden_layers;
+  struct Case {
+    CheckpointingMode mode;
+    double gib;
+    int64_t checkpointed;
+  };
+  for (const Case& k : {Case{CheckpointingMode::kAuto, 1.0, 0}, Case{CheckpointingMode::kAuto, 0, layers},
+                        Case{CheckpointingMode::kAll, 0, layers}, Case{CheckpointingMode::kNone, 0, 0}}) {
+    SCOPED_TRACE(absl::StrCat(EnumName(k.mode), " ", k.gib));
+    TrainingContext context = Context(tmp_ / absl::StrCat("ckpt-", EnumName(k.mode), k.gib));
+    context.config.trainer.gradient_checkpointing = k.mode;
+    context.config.trainer.max_memory_gib = k.gib;
+    context.config.trainer.train_steps = 1;
+    std::vector<ProgressSnapshot> reports;
+    context.report_progress = [&](const ProgressSnapshot& p) { reports.push_back(p); };
+    auto trainer = Trainer::Create(context);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const CheckpointingReport chosen = (*trainer)->checkpointing();
+    EXPECT_EQ(chosen.checkpointed_layers, k.checkpointed);
+    EXPECT_EQ(chosen.layers, layers);
+    EXPECT_EQ(chosen.budget_bytes, static_cast<int64_t>(k.gib * (1 << 30)));
+    EXPECT_EQ(chosen.planned_peak_bytes > 0, k.gib > 0);
+    if (k.gib > 0) EXPECT_LT(chosen.planned_peak_bytes, chosen.budget_bytes);
+    ASSERT_TRUE((*trainer)->Run().ok());
+    ASSERT_EQ(reports.size(), 1u);
+    EXPECT_EQ(reports[0].checkpointing.checkpointed_layers, k.checkpointed);
+    EXPECT_EQ(reports[0].checkpointing.budget_bytes, chosen.budget_bytes);
+  }
+  TrainingContext tight = Context(tmp_ / "ckpt-tight");
+  tight.config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
+  tight.config.trainer.max_memory_gib = 1e-5;  // 10.5 KiB
+  auto refused = Trainer::Create(tight);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("trainer.max_memory_gib: a budget of 0.0 MiB is below what this "
+                                   "step needs with every decoder layer checkpointed: a planned peak of "));
 }
 
 // trainer.checkpoint_every_minutes: once the time has passed (here at once: 1e-6 minutes), the

@@ -1,6 +1,7 @@
 // LlamaForCausalLM: rotary tables, RMSNorm, attention, SwiGLU, LoRA set-up and names.
 #include "worker/engine/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -94,6 +95,29 @@ LlamaForCausalLM::LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dt
       device_(device),
       inv_freq_(RopeInverseFrequencies(config_).to(device)) {
   layers.resize(config_.num_hidden_layers);
+  checkpointed_layers_ = config_.num_hidden_layers;
+}
+
+void LlamaForCausalLM::SetCheckpointedLayers(int64_t n) {
+  checkpointed_layers_ = std::clamp<int64_t>(n, 0, static_cast<int64_t>(layers.size()));
+}
+
+int64_t LlamaForCausalLM::ResidentBytes() const {
+  auto bytes = [](const at::Tensor& t) -> int64_t { return t.defined() ? t.nbytes() : 0; };
+  int64_t total = bytes(embed_tokens) + bytes(norm) + (lm_head.is_same(embed_tokens) ? 0 : bytes(lm_head));
+  for (const DecoderLayer& layer : layers) {
+    total += bytes(layer.input_layernorm) + bytes(layer.post_attention_layernorm);
+    for (const char* name : kLinearModuleNames) {
+      const LinearLayer& linear = layer.Linear(name);
+      total += bytes(linear.base.dense) + bytes(linear.base.bias);
+      if (linear.base.quantized) {
+        const kernels::Quantized4bit& q = *linear.base.quantized;
+        total += bytes(q.packed) + bytes(q.absmax) + bytes(q.nested_absmax);
+      }
+      if (linear.lora) total += bytes(linear.lora->a) + bytes(linear.lora->b);
+    }
+  }
+  return total;
 }
 
 absl::Status LlamaForCausalLM::AddLora(const LoraOptions& options) {
@@ -227,11 +251,11 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   const at::Tensor window_mask = windowed ? causal_mask(config_.sliding_window) : full_mask;
 
   at::Tensor x = at::embedding(embed_tokens, ids);
-  const bool checkpoint = training_ && checkpointing_ && at::GradMode::is_enabled();
+  const bool checkpoint = training_ && at::GradMode::is_enabled();
   for (size_t i = 0; i < layers.size(); ++i) {
     const DecoderLayer& layer = layers[i];
     const at::Tensor mask = config_.SlidingLayer(static_cast<int64_t>(i)) ? window_mask : full_mask;
-    if (checkpoint) {
+    if (checkpoint && static_cast<int64_t>(i) < checkpointed_layers_) {
       x = Checkpoint(
           [this, &layer, cos, sin, mask](const at::Tensor& h, bool recompute) {
             return LayerForward(layer, h, cos, sin, mask, /*value_unused=*/recompute);

@@ -10,9 +10,10 @@
 // i + d/2 (HF convention) with default, linear or llama3 frequencies; attention is
 // at::scaled_dot_product_attention (causal, GQA), or with a block-diagonal causal mask for packed
 // rows; a sliding layer's mask also drops keys at or beyond `sliding_window` positions back
-// (transformers: key > query - window), built only when a row is longer than the window. Each decoder layer is activation-checkpointed while training (on by default); its
-// recomputation stops at what backward reads (the down projection's frozen GEMM and the last
-// residual add, whose values nothing reads, are skipped).
+// (transformers: key > query - window), built only when a row is longer than the window. Each
+// decoder layer is activation-checkpointed while training (all by default; SetCheckpointedLayers
+// picks the first n); its recomputation stops at what backward reads (the down projection's
+// frozen GEMM and the last residual add, whose values nothing reads, are skipped).
 //
 // Thread-safety: Forward may run concurrently with itself; setters and AddLora may not.
 #pragma once
@@ -90,8 +91,19 @@ class LlamaForCausalLM {
   // Training mode enables LoRA dropout and activation checkpointing (if on).
   void SetTraining(bool training) { training_ = training; }
   bool training() const { return training_; }
-  void SetGradientCheckpointing(bool on) { checkpointing_ = on; }
-  bool gradient_checkpointing() const { return checkpointing_; }
+  // While training, the first `n` decoder layers (clamped to [0, layers]) are activation-
+  // checkpointed and the others keep their activations for backward; all by default. The last
+  // layers are the plain ones because backward frees their activations before the first
+  // recomputation (memory_plan.h). Every split computes the same values and gradients.
+  void SetCheckpointedLayers(int64_t n);
+  int64_t checkpointed_layers() const { return checkpointed_layers_; }
+  void SetGradientCheckpointing(bool on) {
+    SetCheckpointedLayers(on ? static_cast<int64_t>(layers.size()) : 0);
+  }
+  bool gradient_checkpointing() const { return checkpointed_layers_ > 0; }
+  // Bytes of the model's tensors: weights (4-bit blocks and their scales), norms, biases and
+  // adapters (tied embeddings counted once).
+  int64_t ResidentBytes() const;
 
   // input_ids [batch, seq] int64 -> final hidden states [batch, seq, hidden] (after the last
   // RMSNorm), in the compute dtype. Throws c10::Error on bad shapes.
@@ -121,7 +133,7 @@ class LlamaForCausalLM {
   at::Tensor inv_freq_;  // [head_dim / 2] float32, with the config's rope scaling
   std::optional<LoraOptions> lora_;
   bool training_ = false;
-  bool checkpointing_ = true;
+  int64_t checkpointed_layers_ = 0;  // the constructor: every layer
 };
 
 // RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, computed in float32 with one rounding to x's

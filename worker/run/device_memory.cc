@@ -44,4 +44,26 @@ int64_t PeakMemoryBytes(const c10::Device& device) {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+int64_t DeviceAllocatedBytes(const c10::Device& device) {
+  if (!device.is_cuda()) return 0;
+  MemorySnapshot memory;
+  FillDeviceMemory(device, &memory);
+  return memory.device_allocated_bytes;
+}
+
+int64_t DeviceAvailableBytes(const c10::Device& device) {
+#ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
+  if (device.is_cuda()) {
+    const size_t free = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(device.index()).first;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto& reserved =
+        stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    return static_cast<int64_t>(free) + reserved.current;
+  }
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
 }  // namespace qlora::worker

@@ -1,5 +1,5 @@
 // Fills the device and host figures of a progress report: CUDA allocator statistics (allocated
-// now, peak) and the process's resident set size; and the peak of a run.
+// now, peak) and the process's resident set size; the peak of a run; what a GPU has left.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -13,5 +13,12 @@ void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory);
 // This process's peak memory for the end-of-run summary: the CUDA allocator's peak allocation
 // on a GPU, the peak resident set size (getrusage) on the CPU.
 int64_t PeakMemoryBytes(const c10::Device& device);
+
+// A GPU: the caching allocator's bytes allocated now. 0 on the CPU.
+int64_t DeviceAllocatedBytes(const c10::Device& device);
+
+// A GPU: what this process can still allocate in all, the device's free memory plus what the
+// caching allocator holds already (reserved). 0 on the CPU.
+int64_t DeviceAvailableBytes(const c10::Device& device);
 
 }  // namespace qlora::worker

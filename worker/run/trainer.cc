@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainingContext& 
   QLORA_RETURN_IF_ERROR(trainer->Connect());
   QLORA_RETURN_IF_ERROR(trainer->LoadModel());
   QLORA_RETURN_IF_ERROR(trainer->BuildStrategy());
+  QLORA_RETURN_IF_ERROR(trainer->ChooseCheckpointing());
   QLORA_RETURN_IF_ERROR(trainer->OpenData());
   QLORA_RETURN_IF_ERROR(trainer->PlanSchedule());
   return trainer;
@@ -107,8 +108,7 @@ absl::Status Trainer::LoadModel() {
                       model_->config().num_hidden_layers, q.enabled ? EnumName(q.quant_type) : "unquantized",
                       SteadySeconds() - start));
   QLORA_RETURN_IF_ERROR(model_->AddLora(LoraOptionsFor(config_)));
-  model_->SetTraining(true);
-  model_->SetGradientCheckpointing(config_.trainer.gradient_checkpointing);
+  model_->SetTraining(true);  // every layer checkpointed until ChooseCheckpointing
   if (context_.observer != nullptr) context_.observer->OnLoraReady(*model_);
   return absl::OkStatus();
 }
@@ -123,6 +123,22 @@ absl::Status Trainer::BuildStrategy() {
                       d.world_size, d.trainable_elements, d.partition_elements,
                       d.partitions_optimizer_state ? ", optimizer state partitioned" : "",
                       d.partitions_gradients ? ", gradients partitioned" : ""));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ChooseCheckpointing() {
+  CheckpointingBudgetOptions o;
+  o.config = &config_;
+  o.model = model_.get();
+  o.device = device_;
+  o.trainable_elements = strategy_->Describe().trainable_elements;
+  o.strategy_bytes = strategy_->Memory().total();
+  o.available_bytes = DeviceAvailableBytes(device_);
+  o.allocated_bytes = DeviceAllocatedBytes(device_);
+  o.peak_bytes = device_.is_cuda() ? PeakMemoryBytes(device_) : 0;
+  QLORA_ASSIGN_OR_RETURN(CheckpointingBudget budget, CheckpointingBudget::Start(o));
+  checkpointing_ = std::move(budget);
+  Log(checkpointing_->Describe());
   return absl::OkStatus();
 }
 
@@ -237,6 +253,10 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   result.global_target_tokens = scale.global_target_tokens;
   result.seconds = SteadySeconds() - start;
   totals_.steps += 1;
+  if (device_.is_cuda()) {
+    const std::string measured = checkpointing_->AfterStep(totals_.steps, PeakMemoryBytes(device_));
+    if (!measured.empty()) Log(measured);
+  }
   totals_.last_step = result.step;
   totals_.loss_sum += result.loss;
   totals_.last_loss = result.loss;
@@ -360,6 +380,7 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) const {
   p.strategy.partitioned_gradients = d.partitions_gradients;
   p.epoch_records = steps_->epoch_records();
   p.total_records = steps_->total_records();
+  p.checkpointing = checkpointing_->Report();
   return p;
 }
 

@@ -1,7 +1,8 @@
 // One rank's training run as named phases:
 //
 //   Create   join the other ranks (Gloo on CPU, NCCL on GPU), load the model (NF4 base + LoRA),
-//            build the ZeRO strategy, open this rank's data, plan the steps and the LR schedule
+//            build the ZeRO strategy, choose the activation-checkpointed layers (auto: for the
+//            memory budget), open this rank's data, plan the steps and the LR schedule
 //   Resume   restore the newest complete checkpoint of this job and replay the data order to it
 //   Step     one optimizer step: accumulate the step's micro-batches, reduce, clip, AdamW
 //   After    evaluate, checkpoint and report progress as the job's settings ask
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -23,6 +25,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/engine/llama_model.h"
 #include "worker/optim/lr_schedule.h"
+#include "worker/run/checkpointing_budget.h"
 #include "worker/run/micro_batches.h"
 #include "worker/run/run_metrics.h"
 #include "worker/run/step_batches.h"
@@ -58,12 +61,15 @@ class Trainer {
 
   int64_t total_steps() const { return total_steps_; }
   const strategy::DistributedStrategy& strategy() const { return *strategy_; }
+  // The activation checkpointing this rank runs (the progress reports carry it too).
+  CheckpointingReport checkpointing() const { return checkpointing_->Report(); }
 
  private:
   explicit Trainer(const TrainingContext& context);
   absl::Status Connect();
   absl::Status LoadModel();
   absl::Status BuildStrategy();
+  absl::Status ChooseCheckpointing();
   absl::Status OpenData();
   absl::Status PlanSchedule();
   void Log(const std::string& line) const;
@@ -87,6 +93,7 @@ class Trainer {
   std::unique_ptr<engine::LlamaForCausalLM> model_;
   std::vector<strategy::TrainableParam> params_;
   std::unique_ptr<strategy::DistributedStrategy> strategy_;
+  std::optional<CheckpointingBudget> checkpointing_;
   std::unique_ptr<MicroBatchSource> train_;
   std::unique_ptr<MicroBatchSource> validation_;   // null without validation data
   std::unique_ptr<StepBatches> steps_;

@@ -1,0 +1,126 @@
+// The checkpointing memory plan (worker/engine/memory_plan.h): monotone in the budget, every
+// layer checkpointed at a low budget, none at a huge one, a clear error below the minimum, and
+// the figures of the benchmark's shape.
+#include "worker/engine/memory_plan.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace qlora::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// LLaMA-2-7B (the LlamaConfig defaults), the benchmark job (bench/bench_job.yaml): micro-batch 4,
+// sequence 2048, bf16, LoRA r 16 on all linear layers without dropout; resident 4.5 GB: the NF4
+// base with double quantization (3.34 GB), bf16 embeddings and head (0.52 GB), the adapters'
+// 40.0 M fp32 elements (the ZeRO flat buffer), AdamW state and gradient buffer (0.64 GB).
+MemoryPlanRequest SevenB(int64_t budget_gib) {
+  MemoryPlanRequest r;
+  r.micro_batch = 4;
+  r.sequence_length = 2048;
+  r.dtype_bytes = 2;
+  r.lora_r = 16;
+  r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  r.trainable_elements = 39976960;
+  r.resident_bytes = 4500000000;
+  r.budget_bytes = budget_gib * kGiB;
+  return r;
+}
+
+// The 7B figures (per token, bytes): a plain layer saves 131,944 (x, q, k, v, attention output,
+// logsumexp, h, gate, up, the shared LoRA inputs n, m and SwiGLU output, 7 x r d), a
+// checkpointed one 8,192; one layer's backward 82,432. At 8,192 tokens per micro-batch:
+//   every layer checkpointed  planned peak  8.2 GiB   (the H200 bench measured 7.82 GiB)
+//   none checkpointed                      37.5 GiB   (measured 36.97 GiB)
+//   (micro-batch 1: 5.4 GiB all checkpointed, measured 5.21 GiB)
+//   budget 12 GiB  ->  28 of 32 checkpointed, planned peak 11.0 GiB
+//   budget 16 GiB  ->  25 of 32 checkpointed, planned peak 13.9 GiB
+//   budget 24 GiB  ->  17 of 32 checkpointed, planned peak 21.4 GiB (22.08 usable after 8%)
+//   budget 32 GiB  ->   9 of 32 checkpointed, planned peak 29.0 GiB
+//   budget 40 GiB  ->   1 of 32 checkpointed, planned peak 36.5 GiB
+//   budget 48 GiB  ->   0 of 32 checkpointed, planned peak 37.5 GiB
+//   budget  8 GiB  ->   FAILED_PRECONDITION (8.9 GiB needed with the margin)
+TEST(EngineMemoryPlan, SevenBAtMicroBatch4Sequence2048) {
+  const MemoryPlanRequest r = SevenB(24);
+  const LayerActivationBytes per = PerTokenLayerBytes(r);
+  EXPECT_EQ(per.plain, 131944);
+  EXPECT_EQ(per.checkpointed, 8192);
+  EXPECT_EQ(per.backward, 82432);
+  EXPECT_NEAR(static_cast<double>(PlannedPeakBytes(r, 32)) / kGiB, 8.19, 0.01);
+  EXPECT_NEAR(static_cast<double>(PlannedPeakBytes(r, 0)) / kGiB, 37.46, 0.01);
+  absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layers, 32);
+  EXPECT_EQ(plan->checkpointed_layers, 17);
+  EXPECT_LE(plan->planned_peak_bytes, static_cast<int64_t>(0.92 * 24 * kGiB));
+  EXPECT_GT(PlannedPeakBytes(r, plan->checkpointed_layers - 1),
+            static_cast<int64_t>(0.92 * 24 * kGiB));  // one fewer would not fit
+  EXPECT_EQ(DescribePlan(*plan),
+            "activation checkpointing: 17 of 32 layers checkpointed, planned peak 21.4 GiB of a "
+            "24.0 GiB budget");
+  EXPECT_EQ(PlanCheckpointing(SevenB(40))->checkpointed_layers, 1);
+  EXPECT_EQ(PlanCheckpointing(SevenB(48))->checkpointed_layers, 0);
+}
+
+TEST(EngineMemoryPlan, PeakGrowsWithEveryPlainLayer) {
+  const MemoryPlanRequest r = SevenB(24);
+  for (int64_t c = 32; c > 0; --c) EXPECT_LE(PlannedPeakBytes(r, c), PlannedPeakBytes(r, c - 1)) << c;
+}
+
+TEST(EngineMemoryPlan, MonotoneInTheBudget) {
+  int64_t previous = 33;
+  for (int64_t gib = 9; gib <= 64; ++gib) {
+    absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(SevenB(gib));
+    ASSERT_TRUE(plan.ok()) << gib << ": " << plan.status();
+    EXPECT_LE(plan->checkpointed_layers, previous) << gib;
+    EXPECT_LE(plan->planned_peak_bytes, static_cast<int64_t>(0.92 * static_cast<double>(gib * kGiB)));
+    previous = plan->checkpointed_layers;
+  }
+  // Just what every layer checkpointed needs: all but the top one, which is free (backward would
+  // recompute it first thing, at the same peak as keeping its activations).
+  MemoryPlanRequest low = SevenB(0);
+  low.budget_bytes = static_cast<int64_t>(static_cast<double>(PlannedPeakBytes(low, 32)) / 0.92) + 1;
+  EXPECT_EQ(PlannedPeakBytes(low, 31), PlannedPeakBytes(low, 32));
+  EXPECT_EQ(PlanCheckpointing(low)->checkpointed_layers, 31);
+  EXPECT_LT(PlannedPeakBytes(low, 31), PlannedPeakBytes(low, 30));
+  EXPECT_EQ(PlanCheckpointing(SevenB(1000))->checkpointed_layers, 0);  // huge: none
+}
+
+TEST(EngineMemoryPlan, BelowTheMinimumNamesBothNumbers) {
+  absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(SevenB(6));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(plan.status().message());
+  EXPECT_THAT(message, HasSubstr("trainer.max_memory_gib: a budget of 6.0 GiB is below"));
+  EXPECT_THAT(message, HasSubstr("a planned peak of 8.2 GiB, 8.9 GiB with the 8% margin"));
+  EXPECT_THAT(message, HasSubstr("raise max_memory_gib to at least 9.0"));
+  EXPECT_EQ(PlanCheckpointing(SevenB(0)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EngineMemoryPlan, CorrectionAndDropoutRaiseThePeak) {
+  MemoryPlanRequest r = SevenB(24);
+  const int64_t base = PlannedPeakBytes(r, 16);
+  r.correction_bytes = kGiB;
+  EXPECT_EQ(PlannedPeakBytes(r, 16), base + kGiB);
+  EXPECT_GT(PlanCheckpointing(r)->checkpointed_layers, 17);
+  r.correction_bytes = 0;
+  r.lora_dropout = true;  // each adapted module keeps its own dropped input and mask
+  EXPECT_GT(PerTokenLayerBytes(r).plain, PerTokenLayerBytes(SevenB(24)).plain);
+  r.lora_r = 0;           // no adapters: the 4-bit GEMMs save no inputs
+  EXPECT_EQ(PerTokenLayerBytes(r).plain, 131944 - 4096 * 2 * 2 - 11008 * 2 - 7 * 16 * 2);
+}
+
+TEST(EngineMemoryPlan, FormatMemory) {
+  EXPECT_EQ(FormatMemory(24 * kGiB), "24.0 GiB");
+  EXPECT_EQ(FormatMemory(512 << 20), "512.0 MiB");
+}
+
+}  // namespace
+}  // namespace qlora::engine

@@ -1,0 +1,139 @@
+// The step's memory model and the checkpointing choice (see memory_plan.h for the terms).
+#include "worker/engine/memory_plan.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+
+namespace qlora::engine {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+bool Targets(const MemoryPlanRequest& r, const std::string& module) {
+  return r.lora_r > 0 &&
+         std::find(r.lora_targets.begin(), r.lora_targets.end(), module) != r.lora_targets.end();
+}
+
+// The plan's fixed part: resident tensors, parameter gradients, one dequantized weight.
+int64_t FixedBytes(const MemoryPlanRequest& r) {
+  const LlamaConfig& m = r.model;
+  const int64_t largest_weight =
+      std::max(m.intermediate_size * m.hidden_size,
+               m.num_attention_heads * m.head_dim * m.hidden_size) * r.dtype_bytes;
+  return r.resident_bytes + r.correction_bytes + 4 * r.trainable_elements + largest_weight;
+}
+
+}  // namespace
+
+LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
+  const LlamaConfig& m = r.model;
+  const int64_t d = r.dtype_bytes, H = m.hidden_size, I = m.intermediate_size;
+  const int64_t Q = m.num_attention_heads * m.head_dim, K = m.num_key_value_heads * m.head_dim;
+  LayerActivationBytes b;
+  b.checkpointed = H * d;
+  int64_t plain = (H * d + 4)                          // input_layernorm: x, rstd
+                  + (2 * Q + 2 * K) * d                // q, k, v, attention output
+                  + 4 * m.num_attention_heads          // logsumexp
+                  + (H * d + 4)                        // post_attention_layernorm: h, rstd
+                  + 2 * I * d;                         // SwiGLU: gate, up
+  struct Module {
+    const char* name;
+    int64_t in;
+  };
+  const Module modules[] = {{"q_proj", H},    {"k_proj", H},  {"v_proj", H},   {"o_proj", Q},
+                            {"gate_proj", H}, {"up_proj", H}, {"down_proj", I}};
+  bool saves_n = false, saves_m = false, saves_gated = false;
+  for (const Module& module : modules) {
+    if (!Targets(r, module.name)) continue;
+    plain += r.lora_r * d;  // h A^T
+    const std::string name = module.name;
+    if (r.lora_dropout) {
+      plain += module.in * (d + r.dropout_mask_bytes);  // the dropped input and its mask
+    } else if (name == "q_proj" || name == "k_proj" || name == "v_proj") {
+      saves_n = true;
+    } else if (name == "gate_proj" || name == "up_proj") {
+      saves_m = true;
+    } else if (name == "down_proj") {
+      saves_gated = true;
+    }  // o_proj's input is the attention output, already counted
+  }
+  plain += (saves_n ? H * d : 0) + (saves_m ? H * d : 0) + (saves_gated ? I * d : 0);
+  b.plain = plain;
+  b.backward = std::max((2 * H + 3 * I) * d, (2 * H + 2 * Q + 2 * K) * d + 4 * Q);
+  return b;
+}
+
+int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers) {
+  const LlamaConfig& m = r.model;
+  const int64_t layers = m.num_hidden_layers;
+  const int64_t c = std::clamp<int64_t>(checkpointed_layers, 0, layers), plain = layers - c;
+  const int64_t tokens = r.micro_batch * r.sequence_length;
+  const int64_t d = r.dtype_bytes, H = m.hidden_size;
+  const LayerActivationBytes per = PerTokenLayerBytes(r);
+  const int64_t around = 3 * H * d + 4 + 2 * m.head_dim * d;  // final norm, loss copy, rotary
+  const int64_t held = tokens * (c * per.checkpointed + plain * per.plain + around);
+  const int64_t chunk = std::min(r.loss_chunk, tokens);
+  const int64_t loss_backward = tokens * H * d + chunk * m.vocab_size * (2 * d + 8);
+  // A checkpointed layer's recomputation saves what a plain one does, its input aside (the
+  // checkpoint holds that already, and the recomputation saves the same storage).
+  const int64_t recomputed = per.plain - per.checkpointed;
+  // The top layer's backward: a plain layer's gradients, or a checkpointed layer recomputed.
+  const int64_t top_layer = tokens * (per.backward + (plain == 0 ? recomputed : 0));
+  int64_t peak = held + std::max(loss_backward, top_layer);
+  if (c > 0 && plain > 0) {  // the top checkpointed layer, the plain ones freed by then
+    peak = std::max(peak, tokens * (c * per.checkpointed + recomputed + per.backward + around));
+  }
+  return FixedBytes(r) + peak;
+}
+
+absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
+  if (r.budget_bytes <= 0) {
+    return absl::InvalidArgumentError("trainer.max_memory_gib: the memory budget must be > 0");
+  }
+  if (r.model.num_hidden_layers < 1 || r.micro_batch < 1 || r.sequence_length < 1) {
+    return absl::InvalidArgumentError(
+        "memory plan: the model needs layers and the micro-batch tokens");
+  }
+  const int64_t layers = r.model.num_hidden_layers;
+  const int64_t usable = static_cast<int64_t>(static_cast<double>(r.budget_bytes) *
+                                              (1.0 - r.margin_fraction));
+  const int64_t minimum = PlannedPeakBytes(r, layers);
+  if (minimum > usable) {
+    const int64_t needed =
+        static_cast<int64_t>(static_cast<double>(minimum) / (1.0 - r.margin_fraction)) + 1;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "trainer.max_memory_gib: a budget of %s is below what this step needs with every "
+        "decoder layer checkpointed: a planned peak of %s, %s with the %.0f%% margin; raise "
+        "max_memory_gib to at least %.1f, or lower trainer.batch_size (%d) or "
+        "data.max_sequence_length (%d)",
+        FormatMemory(r.budget_bytes), FormatMemory(minimum), FormatMemory(needed),
+        100 * r.margin_fraction, static_cast<double>(needed) / kGiB + 0.05, r.micro_batch,
+        r.sequence_length));
+  }
+  // The peak grows with every plain layer; find the fewest checkpointed that fit.
+  int64_t checkpointed = layers;
+  while (checkpointed > 0 && PlannedPeakBytes(r, checkpointed - 1) <= usable) --checkpointed;
+  MemoryPlan plan;
+  plan.checkpointed_layers = checkpointed;
+  plan.layers = layers;
+  plan.planned_peak_bytes = PlannedPeakBytes(r, checkpointed);
+  plan.budget_bytes = r.budget_bytes;
+  return plan;
+}
+
+std::string FormatMemory(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= kGiB) return absl::StrFormat("%.1f GiB", b / kGiB);
+  return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024.0));
+}
+
+std::string DescribePlan(const MemoryPlan& plan) {
+  return absl::StrFormat(
+      "activation checkpointing: %d of %d layers checkpointed, planned peak %s of a %s budget",
+      plan.checkpointed_layers, plan.layers, FormatMemory(plan.planned_peak_bytes),
+      FormatMemory(plan.budget_bytes));
+}
+
+}  // namespace qlora::engine

@@ -1,0 +1,102 @@
+// How many decoder layers to activation-checkpoint so that a training step fits a memory budget
+// (trainer.enable_gradient_checkpointing: auto). Torch-free: a model of what this engine keeps
+// alive during a step, in bytes, from the model's shape and the step's size.
+//
+// Which layers: the first `checkpointed_layers` are checkpointed, the last ones run plainly
+// (LlamaForCausalLM::SetCheckpointedLayers). Backward visits the layers last to first, so the
+// plain layers' saved activations are freed before the first recomputation starts: the
+// recomputed layer's activations then come on top of the checkpointed layers' inputs only. With
+// the plain layers first instead, every one of them would still be held while the top
+// checkpointed layer is recomputed, one layer's activations more at the peak.
+//
+// Per token, with d the compute dtype's bytes, H hidden, I intermediate, Q = heads * head_dim,
+// K = kv_heads * head_dim (what LayerForward, linear4bit.cc, fused_ops.cc and
+// causal_lm_loss.cc save for backward):
+//   plain layer        input_layernorm: x (H d) + rstd (4); q, k, v, attention output (2Q + 2K)
+//                      d and its logsumexp (4 heads) (flash SDPA); post_attention_layernorm: h
+//                      (H d) + rstd (4); SwiGLU: gate and up (2 I d); the 4-bit GEMMs save only
+//                      their (frozen) weight. LoRA: each adapted module saves its input (shared:
+//                      n = norm(x) for q/k/v, the attention output for o, m = norm(h) for
+//                      gate/up, the SwiGLU output (I d) for down; counted once each) and h A^T
+//                      (r d). With LoRA dropout each adapted module keeps its own dropped input
+//                      (in d) and the dropout mask (in bytes of `dropout_mask_bytes`) instead.
+//   checkpointed layer its input only (H d)
+//   one layer's backward  (recompute +) gradients: max of the MLP's (2H + 3I) d and the
+//                      attention's (2H + 2Q + 2K) d + 4Q (the flash kernel's float32 dq)
+//   around the layers  final norm input, its output and the loss's row-major copy (3 H d + 4),
+//                      the rotary tables (2 head_dim d); the loss's backward adds grad_hidden
+//                      (H d per token) and one chunk of float32 logits (chunk x vocab x (2d + 8))
+// and, besides tokens: what is resident once the model, the adapters and the optimizer are
+// built (measured by the caller), the parameters' gradients (4 bytes per trainable element),
+// and one dequantized weight (the largest, out x in x d) in backward.
+//
+// The peak is the largest of: the loss's backward with every layer's saved tensors held; the
+// top layer's backward; the top checkpointed layer's recompute-and-backward once the plain
+// layers are freed. (So the top layer runs plainly for free when the recomputation sets the
+// peak: backward would recompute it first thing, with every other layer's input still held.) The plan keeps it under (1 - margin_fraction) x budget; the margin is for
+// the caching allocator's fragmentation and what the model leaves out (cuBLAS workspaces,
+// kernels' scratch). The packed rows' block-diagonal attention mask path is modelled as the
+// causal one; the worker's measurement of the first steps corrects what the model misses.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/llama_config.h"
+
+namespace qlora::engine {
+
+struct MemoryPlanRequest {
+  LlamaConfig model;                  // the shape: hidden, intermediate, heads, layers, vocab
+  int64_t micro_batch = 1;
+  int64_t sequence_length = 512;      // the longest row a micro-batch may have
+  int64_t dtype_bytes = 2;            // compute dtype
+  int64_t lora_r = 0;                 // 0: no adapters
+  std::vector<std::string> lora_targets;  // module names (q_proj, ...), already expanded
+  bool lora_dropout = false;          // dropout > 0 while training
+  int64_t dropout_mask_bytes = 1;     // per element: a bool mask on CUDA, d on the CPU
+  int64_t trainable_elements = 0;     // their gradients (float32) exist during backward
+  // Allocated once the model, adapters and optimizer are built (weights, NF4 blocks, adapters,
+  // fp32 master copy, AdamW state, gradient buffers).
+  int64_t resident_bytes = 0;
+  // Measured minus planned of an earlier step (the worker's correction; 0 at first).
+  int64_t correction_bytes = 0;
+  int64_t loss_chunk = 1024;          // positions per loss chunk (causal_lm_loss.h)
+  int64_t budget_bytes = 0;
+  double margin_fraction = 0.08;      // of the budget, kept free
+};
+
+// Bytes per token of one decoder layer.
+struct LayerActivationBytes {
+  int64_t plain = 0;         // saved for backward by a layer that is not checkpointed
+  int64_t checkpointed = 0;  // kept by a checkpointed layer (its input)
+  int64_t backward = 0;      // transient of one layer's backward (gradients, workspaces)
+};
+
+LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& request);
+
+// The planned peak allocation of a step with the first `checkpointed_layers` checkpointed.
+int64_t PlannedPeakBytes(const MemoryPlanRequest& request, int64_t checkpointed_layers);
+
+struct MemoryPlan {
+  int64_t checkpointed_layers = 0;
+  int64_t layers = 0;
+  int64_t planned_peak_bytes = 0;  // PlannedPeakBytes of the choice
+  int64_t budget_bytes = 0;
+};
+
+// The fewest checkpointed layers whose planned peak stays under the budget less its margin.
+// InvalidArgument for a budget <= 0 or a shape without layers or tokens; FailedPrecondition
+// when even every layer checkpointed does not fit (the message names both numbers).
+absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& request);
+
+// "activation checkpointing: 20 of 32 layers checkpointed, planned peak 21.3 GiB of a 24.0 GiB
+// budget".
+std::string DescribePlan(const MemoryPlan& plan);
+
+// "21.3 GiB", or "412.0 MiB" under one GiB.
+std::string FormatMemory(int64_t bytes);
+
+}  // namespace qlora::engine

@@ -1,0 +1,126 @@
+// One rank's activation-checkpointing split and its correction (see checkpointing_budget.h).
+#include "worker/run/checkpointing_budget.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace qlora::worker {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
+  const JobConfig& c = *o.config;
+  const engine::LlamaForCausalLM& model = *o.model;
+  engine::MemoryPlanRequest r;
+  r.model = model.config();
+  r.micro_batch = c.trainer.batch_size;
+  r.sequence_length = c.data.max_sequence_length;
+  r.dtype_bytes = static_cast<int64_t>(c10::elementSize(model.compute_dtype()));
+  if (model.has_lora()) {
+    const engine::LoraOptions& lora = model.lora_options();
+    r.lora_r = lora.r;
+    const bool all = lora.target_modules.size() == 1 && lora.target_modules[0] == "all-linear";
+    for (const char* name : engine::kLinearModuleNames) {
+      if (all || std::find(lora.target_modules.begin(), lora.target_modules.end(), name) !=
+                     lora.target_modules.end()) {
+        r.lora_targets.emplace_back(name);
+      }
+    }
+    r.lora_dropout = lora.dropout > 0;
+  }
+  // CUDA's dropout keeps a bool mask; the CPU's keeps the scaled mask in the input's dtype.
+  r.dropout_mask_bytes = o.device.is_cuda() ? 1 : r.dtype_bytes;
+  r.trainable_elements = o.trainable_elements;
+  r.resident_bytes =
+      o.allocated_bytes > 0 ? o.allocated_bytes : model.ResidentBytes() + o.strategy_bytes;
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const CheckpointingBudgetOptions& o) {
+  CheckpointingBudget b;
+  b.model_ = o.model;
+  const TrainerConfig& t = o.config->trainer;
+  b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
+  if (!b.automatic_) {
+    o.model->SetGradientCheckpointing(t.gradient_checkpointing == CheckpointingMode::kAll);
+    return b;
+  }
+  const int64_t budget = t.max_memory_gib > 0 ? static_cast<int64_t>(t.max_memory_gib * kGiB)
+                                              : o.available_bytes;
+  if (budget <= 0) {  // a CPU without max_memory_gib
+    o.model->SetGradientCheckpointing(true);
+    return b;
+  }
+  b.request_ = RequestFor(o);
+  b.request_.budget_bytes = budget;
+  absl::StatusOr<engine::MemoryPlan> plan = engine::PlanCheckpointing(b.request_);
+  if (!plan.ok()) return plan.status();
+  b.plan_ = *plan;
+  b.planned_ = true;
+  b.peak_before_ = o.peak_bytes;
+  o.model->SetCheckpointedLayers(b.plan_.checkpointed_layers);
+  return b;
+}
+
+std::string CheckpointingBudget::Describe() const {
+  const int64_t layers = static_cast<int64_t>(model_->layers.size());
+  if (planned_) return engine::DescribePlan(plan_);
+  const int64_t n = model_->checkpointed_layers();
+  return absl::StrCat("activation checkpointing: ", n, " of ", layers, " layers checkpointed (",
+                      automatic_ ? "auto on a CPU without trainer.max_memory_gib: every layer"
+                      : n > 0    ? "enable_gradient_checkpointing: true"
+                                 : "enable_gradient_checkpointing: false",
+                      ")");
+}
+
+CheckpointingReport CheckpointingBudget::Report() const {
+  CheckpointingReport r;
+  r.checkpointed_layers = model_->checkpointed_layers();
+  r.layers = static_cast<int64_t>(model_->layers.size());
+  if (planned_) {
+    r.planned_peak_bytes = plan_.planned_peak_bytes;
+    r.budget_bytes = plan_.budget_bytes;
+  }
+  r.measured_peak_bytes = measured_peak_;
+  return r;
+}
+
+std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
+  if (!planned_ || step > 2 || peak_bytes <= peak_before_) return "";
+  measured_peak_ = std::max(measured_peak_, peak_bytes);
+  std::string line = absl::StrFormat(
+      "activation checkpointing: step %d measured a peak of %s (planned %s, budget %s)", step,
+      engine::FormatMemory(peak_bytes), engine::FormatMemory(plan_.planned_peak_bytes),
+      engine::FormatMemory(plan_.budget_bytes));
+  if (peak_bytes <= plan_.planned_peak_bytes) return line;
+  // The model missed something: count it in the fixed part and plan again.
+  request_.correction_bytes += peak_bytes - plan_.planned_peak_bytes;
+  absl::StatusOr<engine::MemoryPlan> replanned = engine::PlanCheckpointing(request_);
+  const int64_t layers = plan_.layers;
+  if (!replanned.ok()) {
+    model_->SetCheckpointedLayers(layers);
+    plan_.checkpointed_layers = layers;
+    plan_.planned_peak_bytes = engine::PlannedPeakBytes(request_, layers);
+    return absl::StrCat(line, "; above the plan, and even every layer checkpointed exceeds the "
+                              "budget by the measured difference: now all ", layers,
+                        " layers checkpointed, planned peak ",
+                        engine::FormatMemory(plan_.planned_peak_bytes));
+  }
+  if (replanned->checkpointed_layers <= plan_.checkpointed_layers) {
+    plan_.planned_peak_bytes = engine::PlannedPeakBytes(request_, plan_.checkpointed_layers);
+    return absl::StrCat(line, "; above the plan but within the budget: the split stays");
+  }
+  plan_ = *replanned;
+  model_->SetCheckpointedLayers(plan_.checkpointed_layers);
+  return absl::StrCat(line, "; above the plan, so from the next step: ", engine::DescribePlan(plan_));
+}
+
+}  // namespace qlora::worker

@@ -1,0 +1,72 @@
+// trainer.enable_gradient_checkpointing on one rank: true and false set every layer or none;
+// auto plans the split for the memory budget (worker/engine/memory_plan.h) once the model, the
+// adapters and the optimizer are built, and corrects it from what the first steps measure.
+//
+// The budget: trainer.max_memory_gib, else (a GPU) what this process could allocate when the plan
+// is made, the device's free memory plus what the caching allocator holds (the model is counted in
+// the plan, so this is what was free when the worker started less the CUDA context and NCCL).
+// A CPU worker with auto and no budget checkpoints every layer (a CPU has no figure of its own
+// to plan for; the host's RAM is shared with everything else).
+//
+// Correction (a GPU): after each of the first two steps, the allocator's peak is compared with
+// the plan. A peak above the plan raises the plan's fixed part by the difference and plans again;
+// when that needs more checkpointed layers, the next steps use them (the split only ever grows
+// towards all checkpointed: each split computes the same values). The peak before the first
+// step (loading) is remembered so that only a peak a step set counts. Torch side.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "absl/status/statusor.h"
+#include "common/config/job_config.h"
+#include "common/worker_protocol.h"
+#include "worker/engine/llama_model.h"
+#include "worker/engine/memory_plan.h"
+
+namespace qlora::worker {
+
+struct CheckpointingBudgetOptions {
+  const JobConfig* config = nullptr;
+  engine::LlamaForCausalLM* model = nullptr;  // its split is set here
+  c10::Device device = c10::Device(c10::kCPU);
+  int64_t trainable_elements = 0;
+  // Bytes the strategy holds (master, AdamW state, gradient buffers): counted on a CPU, where no
+  // allocator measures them.
+  int64_t strategy_bytes = 0;
+  // The budget when trainer.max_memory_gib is unset: DeviceAvailableBytes (0 on a CPU).
+  int64_t available_bytes = 0;
+  // Allocated now (the model, adapters and strategy), on a GPU; 0: counted from the tensors.
+  int64_t allocated_bytes = 0;
+  int64_t peak_bytes = 0;  // the allocator's peak so far (loading), on a GPU
+};
+
+class CheckpointingBudget {
+ public:
+  // Sets the model's split. FailedPrecondition when auto's budget is below what every layer
+  // checkpointed needs (the message names both).
+  static absl::StatusOr<CheckpointingBudget> Start(const CheckpointingBudgetOptions& options);
+
+  // What was chosen, as the log line and the progress report say it.
+  std::string Describe() const;
+  CheckpointingReport Report() const;
+
+  // After a step (`step` 1-based in this run) with the allocator's peak so far (GPU only). Returns
+  // a line for the log when it measured or changed something, else "".
+  std::string AfterStep(int64_t step, int64_t peak_bytes);
+
+ private:
+  CheckpointingBudget() = default;
+
+  engine::LlamaForCausalLM* model_ = nullptr;
+  bool automatic_ = false;
+  bool planned_ = false;             // auto with a budget (else: every layer, nothing to correct)
+  engine::MemoryPlanRequest request_;
+  engine::MemoryPlan plan_;
+  int64_t peak_before_ = 0;
+  int64_t measured_peak_ = 0;        // the largest peak a step set (0: none measured)
+};
+
+}  // namespace qlora::worker
