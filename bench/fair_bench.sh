@@ -19,6 +19,13 @@
 #   ours-auto24      ours, 1 GPU, micro-batch 4, enable_gradient_checkpointing: auto with
 #                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
 #                    summary compares it with the best anchor whose peak allocation fits 24 GiB
+# The 70B-width slice (issue 13: bench/make_llama_folder.py --layers 6 --hidden 8192
+# --intermediate 28672 --heads 64, 12 GB of random bf16 weights, made by the first part that
+# needs it, in the 7B folder's parent), also optional (BENCH_FAIR_PARTS="ours-70b-mb4 ..."):
+#   ours-70b-mb4     ours, 1 GPU, micro-batch 4, checkpointing
+#   ours-70b-mb1     ours, 1 GPU, micro-batch 1, checkpointing
+#   liger-70b        HF + peft + bnb + autocast + Liger: mb 4, mb 1 (one process)
+#   hf-70b           HF + peft + bnb + autocast: mb 4, mb 1 (one process)
 # Every measurement: BENCH_WARMUP (3) warm-up steps, then BENCH_WINDOWS (3) windows of
 # BENCH_WINDOW_STEPS (5) steps, tokens / wall time per window (bench/summarize.py and
 # bench/anchor_common.py say how). The whole run keeps within BENCH_BUDGET_S (560) seconds: a part
@@ -175,7 +182,20 @@ echo "== setup: model folder $model made in $((SECONDS - start))s (total $((SECO
 echo "{\"part\": \"setup\", \"rc\": 0, \"seconds\": $((SECONDS - t0)), \"note\": \"model folder in $model\"}" >> "$parts_file"
 finish
 
-export -f ours_job attribute
+# The 70B-width slice folder, made on first use; runs COMMAND... with $model set to it.
+model70=${BENCH_MODEL70_DIR:-$(dirname "$model")/llama70b-slice}
+with_70b() {
+  if [ ! -f "$model70/config.json" ]; then
+    local start=$SECONDS
+    timeout 400 python3 "$root/bench/make_llama_folder.py" "$model70" --layers 6 --hidden 8192 \
+      --intermediate 28672 --heads 64 2>&1 | tail -2
+    echo "70B-width slice folder $model70 made in $((SECONDS - start))s"
+  fi
+  model=$model70 "$@"
+}
+
+export -f ours_job attribute with_70b
+export model70
 export root work logs model warmup windows window_steps OUT
 for part in $parts; do
   case $part in
@@ -194,6 +214,12 @@ for part in $parts; do
       "$root/bench/anchor_deepspeed.py" "$model" --micro-batch 4 --liger "${measure[@]}" ;;
     ours-mb4-nockpt) run_part ours-mb4-nockpt 45 ours_job ours-mb4-nockpt "$gpus_1" 4 false ;;
     ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
+    ours-70b-mb4) run_part ours-70b-mb4 150 with_70b ours_job ours-70b-mb4 "$gpus_1" 4 true ;;
+    ours-70b-mb1) run_part ours-70b-mb1 60 with_70b ours_job ours-70b-mb1 "$gpus_1" 1 true ;;
+    liger-70b) run_part liger-70b 150 with_70b python3 "$root/bench/anchor_hf.py" "$model70" --liger \
+      --micro-batches 4 1 "${measure[@]}" "${anchor_args[@]}" ;;
+    hf-70b) run_part hf-70b 120 with_70b python3 "$root/bench/anchor_hf.py" "$model70" --micro-batches 4 1 \
+      "${measure[@]}" "${anchor_args[@]}" ;;
     attr-liger) run_part attr-liger 25 attribute "$work/trace-liger-mb4.json" \
       "Profile of HF + peft + bnb + autocast + Liger: 1 GPU, micro-batch 4, checkpointing, 1 step" liger-mb4 ;;
     *) echo "== $part: unknown part" ;;

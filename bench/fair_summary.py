@@ -80,6 +80,20 @@ def budget_of(mode):
     return None
 
 
+def shape_of(r):
+    """The setting's model and row shape: the folder's name, the sequence length, packed or not."""
+    return (os.path.basename((r.get("model") or "").rstrip("/")) or "?", r.get("seq", 2048), bool(r.get("packing")))
+
+
+def shape_text(shape):
+    """'' for the 7B folder at sequence 2048, unpacked; else what differs, ending in ', '."""
+    folder, seq, packed = shape
+    parts = [] if folder in ("llama7b", "?") else [folder]
+    if seq != 2048 or packed:
+        parts.append(f"{'packed rows of' if packed else 'seq'} {seq}")
+    return "".join(p + ", " for p in parts)
+
+
 def figures(r, flop_cache):
     model = r.get("model")
     mfu = hfu = None
@@ -99,20 +113,21 @@ def table(results):
     flop_cache = {}
     rows = [r for r in results if "tokens_per_s" in r and not r.get("error")]
     order = {"checkpointing": 0, "no checkpointing": 1}
-    settings = sorted({(r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) for r in rows},
-                      key=lambda s: (s[0], order.get(s[2], 2), -s[1]))
+    settings = sorted({(shape_of(r), r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) for r in rows},
+                      key=lambda s: (s[0][0] != "llama7b", s[0], s[1], order.get(s[3], 2), -s[2]))
     lines = ["| setting | implementation | tokens/s per GPU: median (min-max) | step time | peak allocated "
              "| peak reserved | MFU | HFU | vs best anchor |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for gpus, mb, mode in settings:
-        group = [r for r in rows if (r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) == (gpus, mb, mode)]
+    for shape, gpus, mb, mode in settings:
+        group = [r for r in rows
+                 if (shape_of(r), r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) == (shape, gpus, mb, mode)]
         budget = budget_of(mode)
         if budget is not None:  # auto: against every anchor of the same size whose peak fits the budget
-            group += [r for r in rows if r.get("impl") != "ours" and (r.get("gpus", 1), r.get("micro_batch")) ==
-                      (gpus, mb) and r.get("peak_allocated_gib", float("inf")) <= budget]
+            group += [r for r in rows if r.get("impl") != "ours" and (shape_of(r), r.get("gpus", 1), r.get("micro_batch"))
+                      == (shape, gpus, mb) and r.get("peak_allocated_gib", float("inf")) <= budget]
         anchors = [r for r in group if r.get("impl") != "ours"]
         best = max(anchors, key=lambda r: r["tokens_per_s"]) if anchors else None
-        setting = f"{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {mode}"
+        setting = f"{shape_text(shape)}{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {mode}"
         for r in sorted(group, key=lambda r: (r.get("impl") != "ours", -r["tokens_per_s"])):
             mfu, hfu = figures(r, flop_cache)
             vs = ""

@@ -254,6 +254,32 @@ class SummarizeTest(unittest.TestCase):
         self.assertTrue(auto[0].rstrip().endswith("| 1.40x |"), auto[0])
         self.assertIn("(checkpointing)", auto[1])
 
+    def test_fair_summary_keeps_models_and_row_lengths_apart(self):
+        seven, slice70 = "/dev/shm/llama7b", "/dev/shm/llama70b-slice"
+        rows = [
+            {"impl": "ours", "model": seven, "seq": 2048, "gpus": 1, "micro_batch": 4, "tokens_per_s": 13000.0},
+            {"impl": "hf", "anchor": "bitsandbytes", "liger": True, "model": seven, "seq": 2048, "gpus": 1,
+             "micro_batch": 4, "tokens_per_s": 10000.0},
+            {"impl": "ours", "model": slice70, "seq": 2048, "gpus": 1, "micro_batch": 4, "tokens_per_s": 15000.0},
+            {"impl": "hf", "anchor": "bitsandbytes", "liger": True, "model": slice70, "seq": 2048, "gpus": 1,
+             "micro_batch": 4, "tokens_per_s": 12000.0},
+            {"impl": "ours", "model": seven, "seq": 8192, "packing": True, "gpus": 1, "micro_batch": 1,
+             "tokens_per_s": 11000.0},
+        ]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "results.jsonl")
+            with open(path, "w") as f:
+                f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+            out = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "fair_summary.py"), path],
+                                 capture_output=True, text=True, check=True).stdout
+        lines = [line for line in out.splitlines() if line.startswith("| ") and ", mb " in line]
+        self.assertTrue(lines[0].startswith("| 1 GPU, mb 4, checkpointing | **ours**"), out)
+        self.assertTrue(lines[0].rstrip().endswith("| 1.30x |"), lines[0])
+        slice_rows = [line for line in lines if line.startswith("| llama70b-slice, 1 GPU, mb 4")]
+        self.assertEqual(len(slice_rows), 2, out)
+        self.assertTrue(slice_rows[0].rstrip().endswith("| 1.25x |"), slice_rows[0])
+        self.assertTrue(any(line.startswith("| packed rows of 8192, 1 GPU, mb 1") for line in lines), out)
+
     def test_a_missing_step_is_an_error(self):
         text = "\n".join(line for line in events(1, 9, [1.0]).splitlines() if '"step": "6"' not in line) + "\n"
         with tempfile.TemporaryDirectory() as d:
