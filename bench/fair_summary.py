@@ -56,7 +56,7 @@ def name_of(r):
 def figures(r, flop_cache):
     model = r.get("model")
     mfu = hfu = None
-    if model and "tokens_per_s" in r:
+    if model and "tokens_per_s" in r and not r.get("packing"):  # flops.py: attention over whole rows
         key = (model, r.get("seq", 2048), r.get("lora_r", 16), r.get("checkpointing", True))
         if key not in flop_cache:
             try:
@@ -68,20 +68,30 @@ def figures(r, flop_cache):
     return mfu, hfu
 
 
+def setting_of(r):
+    return (r.get("gpus", 1), r.get("micro_batch"), bool(r.get("checkpointing", True)), r.get("seq", 2048),
+            bool(r.get("packing")))
+
+
+def setting_name(gpus, mb, ckpt, seq, packed):
+    name = f"{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {'checkpointing' if ckpt else 'no checkpointing'}"
+    if seq != 2048 or packed:
+        name += f", seq {seq}" + (", packed" if packed else "")
+    return name
+
+
 def table(results):
     flop_cache = {}
     rows = [r for r in results if "tokens_per_s" in r and not r.get("error")]
-    settings = sorted({(r.get("gpus", 1), r.get("micro_batch"), bool(r.get("checkpointing", True))) for r in rows},
-                      key=lambda s: (s[0], not s[2], -s[1]))
+    settings = sorted({setting_of(r) for r in rows}, key=lambda s: (s[0], not s[2], s[3], s[4], -s[1]))
     lines = ["| setting | implementation | tokens/s per GPU: median (min-max) | step time | peak allocated "
              "| peak reserved | MFU | HFU | vs best anchor |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for gpus, mb, ckpt in settings:
-        group = [r for r in rows if (r.get("gpus", 1), r.get("micro_batch"), bool(r.get("checkpointing", True)))
-                 == (gpus, mb, ckpt)]
+    for key in settings:
+        group = [r for r in rows if setting_of(r) == key]
         anchors = [r for r in group if r.get("impl") != "ours"]
         best = max(anchors, key=lambda r: r["tokens_per_s"]) if anchors else None
-        setting = f"{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {'checkpointing' if ckpt else 'no checkpointing'}"
+        setting = setting_name(*key)
         for r in sorted(group, key=lambda r: (r.get("impl") != "ours", -r["tokens_per_s"])):
             mfu, hfu = figures(r, flop_cache)
             vs = ""
@@ -94,6 +104,43 @@ def table(results):
                 f"{r.get('peak_reserved_gib', float('nan')):.2f} GiB | "
                 f"{'' if mfu is None else f'{mfu:.1%}'} | {'' if hfu is None else f'{hfu:.1%}'} | {vs} |")
     return "\n".join(lines)
+
+
+def packing_notes(results):
+    """Ours packed against ours unpacked at the same row length, and how the anchors packed."""
+    rows = [r for r in results if "tokens_per_s" in r and not r.get("error")]
+    lines = []
+    for r in rows:
+        if r.get("impl") != "ours" or not r.get("packing"):
+            continue
+        same = [u for u in rows if u.get("impl") == "ours" and not u.get("packing") and
+                setting_of(u)[:4] == setting_of(r)[:4]]
+        fill = f", rows {r['row_fill']:.1%} full" if "row_fill" in r else ""
+        if same:
+            u = same[0]
+            lines.append(f"- seq {r.get('seq')}: ours packed {r['tokens_per_s']:,.0f} non-padding tok/s{fill} against "
+                         f"ours unpacked {u['tokens_per_s']:,.0f} tok/s: {r['tokens_per_s'] / u['tokens_per_s']:.2f}x")
+        else:
+            lines.append(f"- seq {r.get('seq')}: ours packed {r['tokens_per_s']:,.0f} non-padding tok/s{fill} "
+                         "(no unpacked run at this length)")
+    for r in rows:
+        if r.get("impl") != "ours" and r.get("packing"):
+            docs = r.get("documents_per_row") or []
+            mean_docs = f"{sum(docs) / len(docs):.1f}" if docs else "?"
+            detected = r.get("packing_detected_by_transformers")
+            attention = {True: "transformers detects the packing and builds a dense block-diagonal causal mask "
+                               "[batch, 1, seq, seq] bool, so SDPA runs with a mask, without its flash kernel",
+                         False: "transformers does not detect the packing: documents attend to each other"}.get(
+                detected, "whether transformers detects the packing is unknown (no find_packed_sequence_indices)")
+            lines.append(
+                f"- seq {r.get('seq')}: {name_of(r)} packed with {r.get('packing_collator', '?')} (documents of "
+                f"{r.get('doc_tokens')} tokens, {mean_docs} per row; position ids restart at 0, no attention "
+                f"mask, use_cache=False), attn_implementation sdpa, transformers "
+                f"{(r.get('versions') or {}).get('transformers', '?')}: {attention}")
+    if not lines:
+        return []
+    return ["Packed rows (ours: varlen flash attention per document; MFU left out, since flops.py counts "
+            "attention over whole rows):", ""] + lines + [""]
 
 
 def main():
@@ -110,6 +157,7 @@ def main():
     out.append(METHOD.format(warmup=first.get("warmup_steps", "?"), windows=first.get("windows", "?"),
                              window_steps=first.get("window_steps", "?"), peak=PEAK_BF16_FLOPS / 1e12))
     out += ["", table(results), ""]
+    out += packing_notes(results)
     ours = [r for r in results if r.get("impl") == "ours" and "mean_of_per_step_rates" in r]
     if ours:
         out += ["Ours, the mean of the per-step rates over the same steps (what the service's progress shows; "

@@ -213,6 +213,18 @@ class SummarizeTest(unittest.TestCase):
         self.assertAlmostEqual(got["tokens_per_s"], 8 * 4 * 2048 / 10.0, places=0)
         self.assertAlmostEqual(got["mean_of_per_step_rates"], (7 * 8192 + 8192 / 3) / 8, places=0)
 
+    def test_packed_rows_count_their_non_padding_tokens(self):
+        # Rows 90% full: each step's rate counts non-padding tokens; no MFU (attention per document).
+        text = events(1, 9, [1.0]).replace(f'"tokens_per_second": {4 * 2048 / 1.0}',
+                                           f'"tokens_per_second": {0.9 * 4 * 2048}')
+        got, table = self.run_summarize(text, "--micro-batch", "4", "--warmup", "1", "--windows", "2",
+                                        "--window-steps", "4", "--packing", "true")
+        self.assertTrue(got["packing"])
+        self.assertAlmostEqual(got["tokens_per_s"], 0.9 * 4 * 2048, places=0)
+        self.assertAlmostEqual(got["row_fill"], 0.9, places=4)
+        self.assertNotIn("mfu", got)
+        self.assertIn("| ours | 1 GPU | mb 4 | seq 2048 packed (90.0% full) | ZeRO-2 |", table)
+
     def test_a_missing_step_is_an_error(self):
         text = "\n".join(line for line in events(1, 9, [1.0]).splitlines() if '"step": "6"' not in line) + "\n"
         with tempfile.TemporaryDirectory() as d:
