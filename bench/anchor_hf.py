@@ -9,8 +9,19 @@ model with Liger kernels before it is built (RoPE, RMSNorm, SwiGLU, fused linear
 One model load, then one measurement per micro-batch given (bench/anchor_common.py: warm-up
 steps, then windows of steps timed as tokens / wall time; median, min, max), and optionally the
 first one again without activation checkpointing. One JSON line per measurement.
+
+--packed packs rows the way HF users do: transformers' DataCollatorWithFlattening over documents
+of --doc-tokens MIN MAX tokens (uniform; the last one cut so each row holds exactly --seq tokens),
+which gives one row of input_ids, labels with -100 at each document's first token and
+position_ids restarting at 0 per document, and no attention mask. Under attn_implementation
+"sdpa" transformers (5.x: masking_utils.find_packed_sequence_indices, then sdpa_mask) turns
+those position ids into a dense block-diagonal causal mask [batch, 1, seq, seq] bool, so SDPA runs
+with a mask (no flash kernel). It looks for packing only when no cache is in use (use_cache=False,
+which checkpointing implies and the packed batches pass; with a cache, documents would silently
+see each other). The JSON line records whether transformers detects the packing.
   python3 bench/anchor_hf.py MODEL_DIR --micro-batches 1 4 [--liger] [--no-checkpointing-too]
       [--warmup 3 --windows 3 --window-steps 5] [--profile-out trace.json --profile-micro-batch 4]
+      [--packed --doc-tokens 500 4000]
 """
 import argparse
 import os
@@ -42,6 +53,9 @@ p.add_argument("--profile-micro-batch", type=int, help="which micro-batch to pro
 p.add_argument("--profile-steps", type=int, default=2)
 p.add_argument("--lora-r", type=int, default=16)
 p.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (a dry run of this script)")
+p.add_argument("--packed", action="store_true", help="rows of several documents (DataCollatorWithFlattening)")
+p.add_argument("--doc-tokens", type=int, nargs=2, default=[500, 4000], metavar=("MIN", "MAX"),
+               help="document lengths for --packed (uniform)")
 a = p.parse_args()
 if a.micro_batch:
     a.micro_batches = [a.micro_batch]
@@ -55,6 +69,7 @@ liger_version = apply_liger() if a.liger else None  # before the model is built
 
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import __version__ as transformers_version  # noqa: E402
 
 kwargs = {"dtype": torch.bfloat16, "device_map": {"": 0} if cuda else {"": "cpu"}, "attn_implementation": "sdpa"}
 bnb_version = None
@@ -78,23 +93,62 @@ opt = torch.optim.AdamW(params, lr=1e-4, fused=cuda)  # HF Trainer's default: ad
 load_s = time.perf_counter() - started
 vocab = model.config.vocab_size
 gen = torch.Generator().manual_seed(0)
-variant = ("bf16-base" if a.bf16_base else "nf4-dq") + ("+autocast" if autocast else "") + ("+liger" if a.liger else "")
+variant = ("bf16-base" if a.bf16_base else "nf4-dq") + ("+autocast" if autocast else "") + ("+liger" if a.liger else "") + \
+    ("+packed" if a.packed else "")
 print(f"# anchor hf {variant}: loaded and set up in {load_s:.1f} s; trainable {sum(q.numel() for q in params):,}",
       file=sys.stderr, flush=True)
 
 
-def make_step(micro_batch):
+def packed_row():
+    """One row of --seq tokens: random documents through DataCollatorWithFlattening."""
+    from transformers import DataCollatorWithFlattening
+
+    features, total = [], 0
+    while total < a.seq:
+        length = int(torch.randint(a.doc_tokens[0], a.doc_tokens[1] + 1, (1,), generator=gen))
+        length = min(length, a.seq - total)
+        features.append({"input_ids": torch.randint(3, min(vocab, 500), (length,), generator=gen).tolist()})
+        total += length
+    batch = DataCollatorWithFlattening(return_tensors="pt")(features)
+    assert "attention_mask" not in batch and batch["input_ids"].shape == (1, a.seq)
+    return batch, len(features)
+
+
+def packing_detected(position_ids):
+    """Whether transformers sees packed documents in these position ids (None: no such check)."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices
+    except ImportError:
+        return None
+    return find_packed_sequence_indices(position_ids) is not None
+
+
+def make_step(micro_batch, record):
     # A pool of batches on the device, made before timing (random ids, as the old anchors).
-    pool = [torch.randint(3, min(vocab, 500), (micro_batch, a.seq), generator=gen).to(a.device) for _ in range(4)]
+    pool = []
+    for _ in range(4):
+        if not a.packed:
+            ids = torch.randint(3, min(vocab, 500), (micro_batch, a.seq), generator=gen).to(a.device)
+            pool.append({"input_ids": ids, "labels": ids})
+            continue
+        rows = [packed_row() for _ in range(micro_batch)]
+        inputs = {k: torch.cat([r[k] for r, _ in rows]).to(a.device) for k in ("input_ids", "labels", "position_ids")}
+        # transformers looks for packed documents only without a cache (checkpointing implies it)
+        pool.append(dict(inputs, use_cache=False))
+        record.setdefault("documents_per_row", []).extend(n for _, n in rows)
+    if a.packed:
+        record["packing_collator"] = "DataCollatorWithFlattening"
+        record["doc_tokens"] = a.doc_tokens
+        record["packing_detected_by_transformers"] = packing_detected(pool[0]["position_ids"])
     state = {"i": 0}
 
     def step():
-        ids = pool[state["i"] % len(pool)]
+        inputs = pool[state["i"] % len(pool)]
         state["i"] += 1
         with scope("qlora::step"):
             with scope("qlora::forward"), torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16,
                                                          enabled=autocast):
-                loss = model(input_ids=ids, labels=ids).loss
+                loss = model(**inputs).loss
             with scope("qlora::backward"):
                 loss.backward()
             with scope("qlora::optimizer"):
@@ -113,14 +167,16 @@ failed = False
 for mb, checkpointing in runs:
     record = {"impl": "hf", "anchor": "transformers+peft" + ("" if a.bf16_base else "+bitsandbytes"),
               "variant": variant, "gpus": 1, "micro_batch": mb, "seq": a.seq, "checkpointing": checkpointing,
+              "packing": a.packed,
               "autocast": autocast, "liger": a.liger, "model": os.path.abspath(a.model), "lora_r": a.lora_r,
               "load_s": round(load_s, 1), "versions": {"torch": torch.__version__, "bitsandbytes": bnb_version,
-                                                       "liger_kernel": liger_version}}
+                                                       "liger_kernel": liger_version,
+                                                       "transformers": transformers_version}}
     try:
         if not checkpointing:
             model.gradient_checkpointing_disable()
             model.train()
-        step = make_step(mb)
+        step = make_step(mb, record)
         t0 = time.perf_counter()
         record.update(measure(step, mb, a.seq, a.warmup, a.windows, a.window_steps, a.device))
         record["wall_s"] = round(time.perf_counter() - t0, 1)

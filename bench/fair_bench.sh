@@ -26,6 +26,22 @@
 #   ours-70b-mb1     ours, 1 GPU, micro-batch 1, checkpointing
 #   liger-70b        HF + peft + bnb + autocast + Liger: mb 4, mb 1 (one process)
 #   hf-70b           HF + peft + bnb + autocast: mb 4, mb 1 (one process)
+# Long rows (issue 13, "Packing at long sequences"; not in the default list, ask for them by name,
+# e.g. BENCH_FAIR_PARTS="ours-pack8k ours-seq8k ours-pack16k ours-seq16k" in one call and
+# "liger-pack8k liger-pack16k" in another, as together they overrun the budget). All on 1 GPU,
+# micro-batch 1, checkpointing; estimates in seconds after the setup:
+#   ours-pack8k      60   ours, packed rows of 8192 tokens (data.packing: true; documents of
+#                         BENCH_DOC_TOKENS "500 4000" tokens, so a row holds several), the rate in
+#                         non-padding tokens
+#   ours-pack16k     90   the same with rows of 16384 tokens
+#   ours-seq8k       60   ours unpacked at 8192 (one document longer than the row per row), the
+#                         reference for "packed within 5% of unpacked"
+#   ours-seq16k     100   the same at 16384
+#   liger-pack8k    110   HF + peft + bnb + autocast + Liger packed as HF users pack: rows of 8192
+#                         from DataCollatorWithFlattening (position ids restart at 0, no attention
+#                         mask), attn_implementation sdpa (bench/anchor_hf.py --packed says what
+#                         transformers does with them)
+#   liger-pack16k   160   the same with rows of 16384
 # Every measurement: BENCH_WARMUP (3) warm-up steps, then BENCH_WINDOWS (3) windows of
 # BENCH_WINDOW_STEPS (5) steps, tokens / wall time per window (bench/summarize.py and
 # bench/anchor_common.py say how). The whole run keeps within BENCH_BUDGET_S (560) seconds: a part
@@ -47,8 +63,11 @@ budget=${BENCH_BUDGET_S:-560}
 warmup=${BENCH_WARMUP:-3} windows=${BENCH_WINDOWS:-3} window_steps=${BENCH_WINDOW_STEPS:-5}
 parts=${BENCH_FAIR_PARTS:-"ours-mb4 attr-ours liger hf ours-mb1 ours-2gpu deepspeed ours-mb4-nockpt attr-liger"}
 # For a dry run on a machine without GPUs: BENCH_GPUS_1=none BENCH_MODEL_DIR=a-tiny-folder
-# BENCH_SEQ=128 BENCH_ANCHOR_ARGS="--device cpu --bf16-base --seq 128" (the real run sets none of these).
+# BENCH_SEQ=128 BENCH_ANCHOR_ARGS="--device cpu --bf16-base --seq 128", and for the long rows
+# BENCH_SEQ_8K=256 BENCH_SEQ_16K=512 BENCH_DOC_TOKENS="20 100" (the real run sets none of these).
 gpus_1=${BENCH_GPUS_1:-0} gpus_2=${BENCH_GPUS_2:-0,1}
+seq_8k=${BENCH_SEQ_8K:-8192} seq_16k=${BENCH_SEQ_16K:-16384}
+read -r doc_min doc_max <<< "${BENCH_DOC_TOKENS:-500 4000}"
 read -r -a anchor_args <<< "${BENCH_ANCHOR_ARGS:-}"
 work=/tmp/fair
 logs=$work/logs
@@ -122,10 +141,12 @@ for line in sys.stdin:
   finish
 }
 
-# ours: one job through the real service. ours_job LABEL GPUS MICRO_BATCH CHECKPOINTING [TRACE]
+# ours: one job through the real service.
+#   ours_job LABEL GPUS MICRO_BATCH CHECKPOINTING [TRACE] [SEQ PACKING DATA]   (TRACE "": none)
 # (CHECKPOINTING: true, false, or auto:GIB for auto with that budget)
 ours_job() {
   local label=$1 gpus=$2 mb=$3 ckpt=$4 trace=${5:-}
+  local seq=${6:-${BENCH_SEQ:-2048}} packing=${7:-false} data=${8:-$work/bench.txt}
   local budget_gib=""
   if [[ $ckpt == auto:* ]]; then budget_gib=${ckpt#auto:}; ckpt=auto; fi
   local steps=$((warmup + windows * window_steps))
@@ -137,8 +158,8 @@ ours_job() {
   fi
   env BENCH_WARMUP="$warmup" BENCH_WINDOWS="$windows" BENCH_WINDOW_STEPS="$window_steps" BENCH_CHECKPOINTING="$ckpt" \
     BENCH_MAX_MEMORY_GIB="$budget_gib" \
-    BENCH_KEEP="$logs/$label" BENCH_LABEL="$label" "${profile[@]}" \
-    "$root/bench/run_service_bench.sh" "$model" "$work/bench.txt" "$gpus" "$mb" 2 "$steps"
+    BENCH_KEEP="$logs/$label" BENCH_LABEL="$label" BENCH_SEQ="$seq" BENCH_PACKING="$packing" "${profile[@]}" \
+    "$root/bench/run_service_bench.sh" "$model" "$data" "$gpus" "$mb" 2 "$steps"
 }
 
 attribute() {  # TRACE TITLE NAME
@@ -178,6 +199,13 @@ model=${BENCH_MODEL_DIR:-$model}
 start=$SECONDS
 [ -f "$model/config.json" ] || timeout 240 python3 "$root/bench/make_llama_folder.py" "$model" 2>&1 | tail -2
 python3 "$root/bench/make_text_data.py" "$work/bench.txt" --lines 200
+if [[ " $parts " == *" ours-pack"* || " $parts " == *" ours-seq"* ]]; then
+  # Packed rows: documents of doc_min..doc_max tokens (about 3.1 tokens a word); unpacked long
+  # rows: every document longer than the longest row.
+  python3 "$root/bench/make_text_data.py" "$work/packed.txt" --lines 600 \
+    --min-words $((doc_min * 10 / 31)) --words $((doc_max * 10 / 31))
+  python3 "$root/bench/make_text_data.py" "$work/long.txt" --lines 200 --words $((seq_16k / 2))
+fi
 echo "== setup: model folder $model made in $((SECONDS - start))s (total $((SECONDS - t0))s)"
 echo "{\"part\": \"setup\", \"rc\": 0, \"seconds\": $((SECONDS - t0)), \"note\": \"model folder in $model\"}" >> "$parts_file"
 finish
@@ -222,6 +250,14 @@ for part in $parts; do
       "${measure[@]}" "${anchor_args[@]}" ;;
     attr-liger) run_part attr-liger 25 attribute "$work/trace-liger-mb4.json" \
       "Profile of HF + peft + bnb + autocast + Liger: 1 GPU, micro-batch 4, checkpointing, 1 step" liger-mb4 ;;
+    ours-pack8k) run_part ours-pack8k 60 ours_job ours-pack8k "$gpus_1" 1 true "" "$seq_8k" true "$work/packed.txt" ;;
+    ours-pack16k) run_part ours-pack16k 90 ours_job ours-pack16k "$gpus_1" 1 true "" "$seq_16k" true "$work/packed.txt" ;;
+    ours-seq8k) run_part ours-seq8k 60 ours_job ours-seq8k "$gpus_1" 1 true "" "$seq_8k" false "$work/long.txt" ;;
+    ours-seq16k) run_part ours-seq16k 100 ours_job ours-seq16k "$gpus_1" 1 true "" "$seq_16k" false "$work/long.txt" ;;
+    liger-pack8k) run_part liger-pack8k 110 python3 "$root/bench/anchor_hf.py" "$model" --liger --micro-batches 1 \
+      "${measure[@]}" "${anchor_args[@]}" --seq "$seq_8k" --packed --doc-tokens "$doc_min" "$doc_max" ;;
+    liger-pack16k) run_part liger-pack16k 160 python3 "$root/bench/anchor_hf.py" "$model" --liger --micro-batches 1 \
+      "${measure[@]}" "${anchor_args[@]}" --seq "$seq_16k" --packed --doc-tokens "$doc_min" "$doc_max" ;;
     *) echo "== $part: unknown part" ;;
   esac
 done

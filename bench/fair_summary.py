@@ -97,7 +97,7 @@ def shape_text(shape):
 def figures(r, flop_cache):
     model = r.get("model")
     mfu = hfu = None
-    if model and "tokens_per_s" in r:
+    if model and "tokens_per_s" in r and not r.get("packing"):  # flops.py: attention over whole rows
         key = (model, r.get("seq", 2048), r.get("lora_r", 16), recomputed_fraction(r))
         if key not in flop_cache:
             try:
@@ -147,6 +147,44 @@ def table(results):
     return "\n".join(lines)
 
 
+def packing_notes(results):
+    """Ours packed against ours unpacked at the same row length, and how the anchors packed."""
+    rows = [r for r in results if "tokens_per_s" in r and not r.get("error")]
+    lines = []
+    for r in rows:
+        if r.get("impl") != "ours" or not r.get("packing"):
+            continue
+        same = [u for u in rows if u.get("impl") == "ours" and not u.get("packing") and
+                shape_of(u)[:2] == shape_of(r)[:2] and (u.get("gpus", 1), u.get("micro_batch"), mode_of(u)) ==
+                (r.get("gpus", 1), r.get("micro_batch"), mode_of(r))]
+        fill = f", rows {r['row_fill']:.1%} full" if "row_fill" in r else ""
+        if same:
+            u = same[0]
+            lines.append(f"- seq {r.get('seq')}: ours packed {r['tokens_per_s']:,.0f} non-padding tok/s{fill} against "
+                         f"ours unpacked {u['tokens_per_s']:,.0f} tok/s: {r['tokens_per_s'] / u['tokens_per_s']:.2f}x")
+        else:
+            lines.append(f"- seq {r.get('seq')}: ours packed {r['tokens_per_s']:,.0f} non-padding tok/s{fill} "
+                         "(no unpacked run at this length)")
+    for r in rows:
+        if r.get("impl") != "ours" and r.get("packing"):
+            docs = r.get("documents_per_row") or []
+            mean_docs = f"{sum(docs) / len(docs):.1f}" if docs else "?"
+            detected = r.get("packing_detected_by_transformers")
+            attention = {True: "transformers detects the packing and builds a dense block-diagonal causal mask "
+                               "[batch, 1, seq, seq] bool, so SDPA runs with a mask, without its flash kernel",
+                         False: "transformers does not detect the packing: documents attend to each other"}.get(
+                detected, "whether transformers detects the packing is unknown (no find_packed_sequence_indices)")
+            lines.append(
+                f"- seq {r.get('seq')}: {name_of(r)} packed with {r.get('packing_collator', '?')} (documents of "
+                f"{r.get('doc_tokens')} tokens, {mean_docs} per row; position ids restart at 0, no attention "
+                f"mask, use_cache=False), attn_implementation sdpa, transformers "
+                f"{(r.get('versions') or {}).get('transformers', '?')}: {attention}")
+    if not lines:
+        return []
+    return ["Packed rows (ours: varlen flash attention per document; MFU left out, since flops.py counts "
+            "attention over whole rows):", ""] + lines + [""]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("results")
@@ -161,6 +199,7 @@ def main():
     out.append(METHOD.format(warmup=first.get("warmup_steps", "?"), windows=first.get("windows", "?"),
                              window_steps=first.get("window_steps", "?"), peak=PEAK_BF16_FLOPS / 1e12))
     out += ["", table(results), ""]
+    out += packing_notes(results)
     ours = [r for r in results if r.get("impl") == "ours" and "mean_of_per_step_rates" in r]
     if ours:
         out += ["Ours, the mean of the per-step rates over the same steps (what the service's progress shows; "

@@ -9,6 +9,8 @@
 #   BENCH_CHECKPOINTING=false                             activation checkpointing off (or auto)
 #   BENCH_MAX_MEMORY_GIB=24                               auto's budget (trainer.max_memory_gib)
 #   BENCH_SEQ=2048                                        the sequence length
+#   BENCH_PACKING=true                                    packed rows (data.packing; the rate then
+#                                                         counts non-padding tokens, summarize.py)
 #   BENCH_PROFILE_STEPS=FIRST:COUNT BENCH_PROFILE_OUT=F   a trace of rank 0 (worker/run/step_profiler.h)
 #   BENCH_KEEP=DIR                                        keep the job's logs, events and job file there
 #   BENCH_LABEL=ours                                      the name in the JSON and the table
@@ -20,9 +22,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${QLORA_BINARY_DIR:-$root/build}
 model=$1 data=$2 gpus=$3 mb=$4 stage=$5 steps=$6
 warmup=${BENCH_WARMUP:-2} windows=${BENCH_WINDOWS:-1} window_steps=${BENCH_WINDOW_STEPS:-$((steps - ${BENCH_WARMUP:-2}))}
-checkpointing=${BENCH_CHECKPOINTING:-true} seq_len=${BENCH_SEQ:-2048}
+checkpointing=${BENCH_CHECKPOINTING:-true} seq_len=${BENCH_SEQ:-2048} packing=${BENCH_PACKING:-false}
 work=$(mktemp -d /tmp/qlora-bench-XXXXXX)
-sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps|; s|CHECKPOINTING|$checkpointing|; s|SEQ|$seq_len|" \
+sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps|; s|CHECKPOINTING|$checkpointing|; s|SEQ|$seq_len|; s|PACKING|$packing|" \
   "$root/bench/bench_job.yaml" > "$work/job.yaml"
 if [ -n "${BENCH_MAX_MEMORY_GIB:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  max_memory_gib: $BENCH_MAX_MEMORY_GIB|" "$work/job.yaml"
@@ -62,4 +64,4 @@ fi
 python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-batch "$mb" --stage "$stage" \
   --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
   --warmup "$warmup" --windows "$windows" \
-  --window-steps "$window_steps" --label "${BENCH_LABEL:-ours}"
+  --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}"

@@ -5,9 +5,13 @@ the anchors are (bench/anchor_common.py):
   window's rate on a rank is its tokens / its wall time, where the wall time is the difference of
   the rank's `elapsed_seconds` (steady clock since the start of its first step, read when the
   step's progress is reported) at the window's last step and at the step before its first; its
-  tokens are steps x micro-batch x sequence (every row of the benchmark's data is full). A
-  window's rate per GPU is the mean over ranks; the figure is the median of the windows, with
-  their min and max. The mean of the per-step rates (`tokens_per_second` of each progress
+  tokens are steps x micro-batch x sequence (every row of the benchmark's data is full). Packed
+  rows (--packing true) end in padding where the next document does not fit, so there a window's
+  tokens are the non-padding ones: the sum over its steps of the step's rate (`tokens_per_second`,
+  non-padding tokens / the step's time) x the step's share of the elapsed clock (which also holds
+  the progress report between steps: a slight overcount, well under 1%). `row_fill` is those
+  tokens / steps x micro-batch x sequence. A window's rate per GPU is the mean over ranks; the
+  figure is the median of the windows, with their min and max. The mean of the per-step rates (`tokens_per_second` of each progress
   event, what the service shows) is printed beside it for comparison.
 
 Memory: the largest peak allocated and peak reserved bytes any progress event of a rank carried
@@ -41,22 +45,33 @@ def read_events(path):
     return state, progress
 
 
-def windows_of(progress, warmup, windows, window_steps, tokens_per_step):
-    """Per-GPU window rates (mean over ranks) and per-rank details. A missing step boundary is an
-    error: every progress event is stored and replayed by the coordinator."""
-    rates, seconds = [], []
+def window_tokens(steps, first, last, tokens_per_step, packing):
+    """Tokens a rank trained in steps first+1..last: full rows, or the non-padding ones (packing)."""
+    if not packing:
+        return (last - first) * tokens_per_step
+    return sum(float(steps[s].get("tokens_per_second", 0)) *
+               (float(steps[s].get("elapsed_seconds", 0)) - float(steps[s - 1].get("elapsed_seconds", 0)))
+               for s in range(first + 1, last + 1))
+
+
+def windows_of(progress, warmup, windows, window_steps, tokens_per_step, packing=False):
+    """Per-GPU window rates (mean over ranks), mean window seconds and row fill. A missing step
+    boundary is an error: every progress event is stored and replayed by the coordinator."""
+    rates, seconds, fills = [], [], []
     for w in range(windows):
         first, last = warmup + w * window_steps, warmup + (w + 1) * window_steps
         per_rank = []
         for rank, steps in sorted(progress.items()):
-            if first not in steps or last not in steps:
-                raise SystemExit(f"rank {rank}: no progress event at step {first} or {last} "
+            missing = [s for s in (range(first, last + 1) if packing else (first, last)) if s not in steps]
+            if missing:
+                raise SystemExit(f"rank {rank}: no progress event at step {missing[0]} "
                                  f"(have steps {min(steps)}..{max(steps)}); the job ran fewer steps?")
             dt = float(steps[last].get("elapsed_seconds", 0)) - float(steps[first].get("elapsed_seconds", 0))
-            per_rank.append(dt)
-        seconds.append(statistics.mean(per_rank))
-        rates.append(statistics.mean(window_steps * tokens_per_step / dt for dt in per_rank))
-    return rates, seconds
+            per_rank.append((dt, window_tokens(steps, first, last, tokens_per_step, packing)))
+        seconds.append(statistics.mean(dt for dt, _ in per_rank))
+        rates.append(statistics.mean(tokens / dt for dt, tokens in per_rank))
+        fills.append(statistics.mean(tokens / (window_steps * tokens_per_step) for _, tokens in per_rank))
+    return rates, seconds, fills
 
 
 def main():
@@ -73,6 +88,7 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--windows", type=int, default=1)
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
+    p.add_argument("--packing", default="false", help="packed rows: count non-padding tokens")
     p.add_argument("--label", default="ours")
     a = p.parse_args()
     state, progress = read_events(a.events)
@@ -81,7 +97,8 @@ def main():
     last_step = min(max(steps) for steps in progress.values())
     window_steps = a.window_steps or max(1, (last_step - a.warmup) // a.windows)
     tokens_per_step = a.micro_batch * a.seq
-    rates, seconds = windows_of(progress, a.warmup, a.windows, window_steps, tokens_per_step)
+    packing = a.packing.lower() in ("1", "true", "yes", "on")
+    rates, seconds, fills = windows_of(progress, a.warmup, a.windows, window_steps, tokens_per_step, packing)
     measured = range(a.warmup + 1, a.warmup + a.windows * window_steps + 1)
     per_step_mean = statistics.mean(
         statistics.mean(float(progress[r][s].get("tokens_per_second", 0)) for r in progress) for s in measured)
@@ -105,7 +122,8 @@ def main():
     gpus = len(a.gpus.split(","))
     out = {"impl": "ours", "label": a.label, "variant": f"nf4-dq+bf16 ZeRO-{a.stage}", "state": state,
            "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": a.seq,
-           "checkpointing": checkpointing, "model": os.path.abspath(a.model) if a.model else None,
+           "checkpointing": checkpointing, "packing": packing, "row_fill": round(statistics.mean(fills), 4),
+           "model": os.path.abspath(a.model) if a.model else None,
            "lora_r": a.lora_r,
            "tokens_per_s": round(statistics.median(rates), 1), "tokens_per_s_min": round(min(rates), 1),
            "tokens_per_s_max": round(max(rates), 1), "window_tokens_per_s": [round(r, 1) for r in rates],
@@ -117,7 +135,7 @@ def main():
            "peak_allocated_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(peak.items())},
            "peak_reserved_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(reserved.items())}}
     out.update(auto)
-    if a.model:
+    if a.model and not packing:  # flops.py counts attention over the whole row, not per document
         f = flops_per_token(load_config(a.model), a.seq, a.lora_r, fraction)
         mfu, hfu = utilisation(out["tokens_per_s"], f)
         out.update({"gflop_per_token_model": round(f["model"] / 1e9, 2),
@@ -125,7 +143,8 @@ def main():
                     "mfu": round(mfu, 4), "hfu": round(hfu, 4)})
     print(json.dumps(out))
     mfu_text = f" | MFU {out['mfu']:.1%} HFU {out['hfu']:.1%}" if "mfu" in out else ""
-    print(f"| {a.label} | {gpus} GPU | mb {a.micro_batch} | ZeRO-{a.stage} | {out['tokens_per_s']:,.0f} tok/s/GPU "
+    packed = f" seq {a.seq} packed ({out['row_fill']:.1%} full) |" if packing else ""
+    print(f"| {a.label} | {gpus} GPU | mb {a.micro_batch} |{packed} ZeRO-{a.stage} | {out['tokens_per_s']:,.0f} tok/s/GPU "
           f"({out['tokens_per_s_min']:,.0f}-{out['tokens_per_s_max']:,.0f}) | {out['peak_allocated_gib']:.2f} GiB "
           f"({out['peak_reserved_gib']:.2f} reserved){mfu_text} |", file=sys.stderr)
 

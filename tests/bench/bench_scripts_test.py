@@ -280,6 +280,18 @@ class SummarizeTest(unittest.TestCase):
         self.assertTrue(slice_rows[0].rstrip().endswith("| 1.25x |"), slice_rows[0])
         self.assertTrue(any(line.startswith("| packed rows of 8192, 1 GPU, mb 1") for line in lines), out)
 
+    def test_packed_rows_count_their_non_padding_tokens(self):
+        # Rows 90% full: each step's rate counts non-padding tokens; no MFU (attention per document).
+        text = events(1, 9, [1.0]).replace(f'"tokens_per_second": {4 * 2048 / 1.0}',
+                                           f'"tokens_per_second": {0.9 * 4 * 2048}')
+        got, table = self.run_summarize(text, "--micro-batch", "4", "--warmup", "1", "--windows", "2",
+                                        "--window-steps", "4", "--packing", "true")
+        self.assertTrue(got["packing"])
+        self.assertAlmostEqual(got["tokens_per_s"], 0.9 * 4 * 2048, places=0)
+        self.assertAlmostEqual(got["row_fill"], 0.9, places=4)
+        self.assertNotIn("mfu", got)
+        self.assertIn("| ours | 1 GPU | mb 4 | seq 2048 packed (90.0% full) | ZeRO-2 |", table)
+
     def test_a_missing_step_is_an_error(self):
         text = "\n".join(line for line in events(1, 9, [1.0]).splitlines() if '"step": "6"' not in line) + "\n"
         with tempfile.TemporaryDirectory() as d:

@@ -200,9 +200,10 @@ TEST(EngineModel, SlidingWindowHoldsInsidePackedRows) {
 
 // Loss and LoRA gradients for one batch; dropout uses the global RNG, seeded by the caller.
 std::map<std::string, at::Tensor> Gradients(LlamaForCausalLM& model, const at::Tensor& ids,
-                                            const at::Tensor& labels) {
+                                            const at::Tensor& labels,
+                                            const ForwardOptions& forward = {}) {
   for (const auto& [name, p] : model.TrainableParameters()) p.mutable_grad() = at::Tensor();
-  const at::Tensor hidden = model.Forward(ids);
+  const at::Tensor hidden = model.Forward(ids, forward);
   const CausalLmLoss loss = model.Loss(hidden, labels, {5});
   loss.loss_sum.backward();
   std::map<std::string, at::Tensor> grads{{"loss_sum", loss.loss_sum.detach()}};
@@ -315,6 +316,49 @@ TEST(EngineModel, ActivationCheckpointingGivesTheSameGradientsWithNf4AndPartialA
   for (const auto& [name, g] : plain) {
     EXPECT_LT(MaxAbsDiff(g, checkpointed.at(name)), 1e-6) << name;
     if (name != "loss_sum") EXPECT_GT(g.abs().max().item<double>(), 0) << name;
+  }
+}
+
+// Packed rows train as their documents would separately (loss and LoRA gradients), with and
+// without activation checkpointing, on sliding-window layers whose window (4) is shorter than
+// the documents: the document layout is shared by every layer and survives until the
+// checkpoints' recomputation in backward.
+TEST(EngineModel, PackedRowGradientsEqualSeparateSequences) {
+  TempDir dir;
+  auto model = MakeAndLoad(dir / "model", TinyFamily("mistral", 4));
+  ASSERT_NE(model, nullptr);
+  LoraOptions lora;
+  lora.target_modules = {"all-linear"};
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  model->SetTraining(true);
+  const std::vector<int64_t> lengths = {6, 1, 9};
+  std::vector<at::Tensor> docs, doc_labels, positions;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    docs.push_back(RandomIds(model->config(), 1, lengths[i], 10 + i));
+    at::Tensor labels = docs.back().clone();
+    labels.index_put_({0, 0}, kIgnoreIndex);  // the batcher's rule: a document's first label
+    doc_labels.push_back(labels);
+    positions.push_back(at::arange(lengths[i], at::kLong));
+  }
+  model->SetGradientCheckpointing(false);
+  std::map<std::string, at::Tensor> separate;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    for (const auto& [name, g] : Gradients(*model, docs[i], doc_labels[i])) {
+      separate[name] = separate.count(name) ? separate[name] + g : g;
+    }
+  }
+  ForwardOptions packed;
+  packed.position_ids = at::cat(positions).unsqueeze(0);
+  packed.block_diagonal = true;
+  for (const bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpointed" : "plain");
+    model->SetGradientCheckpointing(checkpointing);
+    const auto together = Gradients(*model, at::cat(docs, 1), at::cat(doc_labels, 1), packed);
+    ASSERT_EQ(together.size(), separate.size());
+    for (const auto& [name, g] : separate) {
+      EXPECT_LT(MaxAbsDiff(g, together.at(name)), 1e-5) << name;
+    }
   }
 }
 

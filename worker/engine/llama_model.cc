@@ -179,7 +179,8 @@ absl::Status LlamaForCausalLM::AddLora(const LoraOptions& options) {
 
 at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::Tensor& x,
                                           const at::Tensor& cos, const at::Tensor& sin,
-                                          const at::Tensor& mask, bool value_unused) const {
+                                          const LayerAttention& attention,
+                                          bool value_unused) const {
   const int64_t batch = x.size(0), seq = x.size(1);
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
   const int64_t head_dim = config_.head_dim;
@@ -196,10 +197,14 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   const at::Tensor k = Rotary(split(qkv[1], kv_heads), cos, sin);
   const at::Tensor v = split(qkv[2], kv_heads);
   const bool gqa = kv_heads != heads;
-  const at::Tensor attn =
-      mask.defined()
-          ? at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, std::nullopt, gqa)
-          : at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+  at::Tensor attn;
+  if (attention.documents) {
+    attn = VarlenCausalAttention(q, k, v, *attention.documents, attention.window);
+  } else if (attention.mask.defined()) {
+    attn = at::scaled_dot_product_attention(q, k, v, attention.mask, 0.0, false, std::nullopt, gqa);
+  } else {
+    attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+  }
   const at::Tensor h =
       x + layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}),
                                training_);
@@ -233,36 +238,34 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   const at::Tensor cos = emb.cos().to(compute_dtype_).unsqueeze(1);
   const at::Tensor sin = emb.sin().to(compute_dtype_).unsqueeze(1);
 
-  // Attention masks (true = attend); undefined means plain causal attention.
-  at::Tensor same_run;  // packed rows: [batch, seq, seq], query and key in the same example
+  // Each layer's attention: packed rows share one document layout; unpacked rows use plain
+  // causal SDPA, with a dense mask only for sliding layers shorter than the row.
+  LayerAttention full_attention, window_attention;
   if (options.block_diagonal) {
-    const at::Tensor run = positions.eq(0).cumsum(-1);  // [batch, seq]: which packed example
-    same_run = run.unsqueeze(-1).eq(run.unsqueeze(-2));
+    full_attention.documents = window_attention.documents =
+        DocumentLayout::FromPositions(options.position_ids, device_);
+    window_attention.window = config_.sliding_window;
+  } else if (config_.sliding_window > 0 && seq > config_.sliding_window) {
+    window_attention.mask = at::ones({seq, seq}, at::dtype(at::kBool).device(device_))
+                                .tril()
+                                .triu(-(config_.sliding_window - 1))  // key > query - window
+                                .view({1, 1, seq, seq});
   }
-  auto causal_mask = [&](int64_t window) {  // window 0: no window
-    at::Tensor allowed = at::ones({seq, seq}, at::dtype(at::kBool).device(device_)).tril();
-    if (window > 0) allowed = allowed.triu(-(window - 1));  // key > query - window (HF)
-    return (same_run.defined() ? at::logical_and(same_run, allowed) : allowed.unsqueeze(0))
-        .unsqueeze(1);  // [batch or 1, 1, seq, seq]
-  };
-  const at::Tensor full_mask = same_run.defined() ? causal_mask(0) : at::Tensor();
-  // Sliding layers differ from full ones only once a row is longer than the window.
-  const bool windowed = config_.sliding_window > 0 && seq > config_.sliding_window;
-  const at::Tensor window_mask = windowed ? causal_mask(config_.sliding_window) : full_mask;
 
   at::Tensor x = at::embedding(embed_tokens, ids);
   const bool checkpoint = training_ && at::GradMode::is_enabled();
   for (size_t i = 0; i < layers.size(); ++i) {
     const DecoderLayer& layer = layers[i];
-    const at::Tensor mask = config_.SlidingLayer(static_cast<int64_t>(i)) ? window_mask : full_mask;
+    const LayerAttention& attention =
+        config_.SlidingLayer(static_cast<int64_t>(i)) ? window_attention : full_attention;
     if (checkpoint && static_cast<int64_t>(i) < checkpointed_layers_) {
-      x = Checkpoint(
-          [this, &layer, cos, sin, mask](const at::Tensor& h, bool recompute) {
-            return LayerForward(layer, h, cos, sin, mask, /*value_unused=*/recompute);
+      x = Checkpoint(  // the lambda outlives Forward: it copies the layout (tensor handles)
+          [this, &layer, cos, sin, attention](const at::Tensor& h, bool recompute) {
+            return LayerForward(layer, h, cos, sin, attention, /*value_unused=*/recompute);
           },
           x, LayerParameters(layer));
     } else {
-      x = LayerForward(layer, x, cos, sin, mask);
+      x = LayerForward(layer, x, cos, sin, attention);
     }
   }
   return RmsNorm(x, norm, config_.rms_norm_eps);

@@ -7,13 +7,16 @@
 //   out = h + down_proj(silu(gate_proj(m)) * up_proj(m))                     m = RMSNorm(h)
 //
 // RMSNorm computes in float32 and casts back before the weight; rotary embeddings pair dim i with
-// i + d/2 (HF convention) with default, linear or llama3 frequencies; attention is
-// at::scaled_dot_product_attention (causal, GQA), or with a block-diagonal causal mask for packed
-// rows; a sliding layer's mask also drops keys at or beyond `sliding_window` positions back
-// (transformers: key > query - window), built only when a row is longer than the window. Each
-// decoder layer is activation-checkpointed while training (all by default; SetCheckpointedLayers
-// picks the first n); its recomputation stops at what backward reads (the down projection's
-// frozen GEMM and the last residual add, whose values nothing reads, are skipped).
+// i + d/2 (HF convention) with default, linear or llama3 frequencies. Attention is
+// at::scaled_dot_product_attention (causal, GQA) for unpacked rows; a sliding layer drops keys at
+// or beyond `sliding_window` positions back (transformers: key > query - window) through a mask
+// built only when a row is longer than the window. Packed rows (ForwardOptions::block_diagonal)
+// attend within their documents through varlen_attention.h: flash-attention's varlen kernels on
+// CUDA in bf16/fp16 (no mask: memory and time as unpacked rows), the dense block-diagonal mask
+// elsewhere; the document layout is computed once per Forward. Each decoder layer is
+// activation-checkpointed while training (all by default; SetCheckpointedLayers picks the first
+// n); its recomputation stops at what backward reads (the down projection's frozen GEMM and the
+// last residual add, whose values nothing reads, are skipped).
 //
 // Thread-safety: Forward may run concurrently with itself; setters and AddLora may not.
 #pragma once
@@ -30,6 +33,7 @@
 #include "absl/status/status.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/linear4bit.h"
+#include "worker/engine/varlen_attention.h"
 #include "common/model/llama_config.h"
 
 namespace qlora::engine {
@@ -49,10 +53,11 @@ struct LoraOptions {
 };
 
 struct ForwardOptions {
-  // [batch, seq] int64; default arange(seq) per row.
+  // [batch, seq] int64; default arange(seq) per row. Any device: packed rows read them on the
+  // host (documents' offsets and lengths), so host tensors spare a device synchronization.
   at::Tensor position_ids;
-  // Packed rows: attention is causal within the runs that start where position_ids == 0, and
-  // never crosses into another run (needs position_ids).
+  // Packed rows: attention is causal within the runs that start where position_ids == 0 (and at
+  // each row's start), and never crosses into another run (needs position_ids).
   bool block_diagonal = false;
 };
 
@@ -122,9 +127,18 @@ class LlamaForCausalLM {
   std::vector<std::pair<std::string, at::Tensor>> TrainableParameters() const;
 
  private:
+  // One layer's attention: plain causal SDPA (nothing set), SDPA with a dense mask (unpacked
+  // rows of a sliding layer longer than its window), or within documents (packed rows; window 0
+  // for full layers).
+  struct LayerAttention {
+    at::Tensor mask;  // [1, 1, seq, seq] bool, true = attend
+    std::optional<DocumentLayout> documents;
+    int64_t window = 0;
+  };
+
   // value_unused: the checkpoint's recomputation (the output carries the graph only).
   at::Tensor LayerForward(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
-                          const at::Tensor& sin, const at::Tensor& mask,
+                          const at::Tensor& sin, const LayerAttention& attention,
                           bool value_unused = false) const;
 
   LlamaConfig config_;

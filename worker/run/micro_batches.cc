@@ -31,7 +31,9 @@ class LoaderSource : public MicroBatchSource {
     b.input_ids = ToTensor(mb->input_ids, mb->rows, mb->seq_len, device_);
     b.labels = ToTensor(mb->labels, mb->rows, mb->seq_len, device_);
     if (packing_) {
-      b.forward.position_ids = ToTensor(mb->position_ids, mb->rows, mb->seq_len, device_);
+      // On the host: the model reads the documents' layout there (no device synchronization)
+      // and copies the positions to the device itself.
+      b.forward.position_ids = ToTensor(mb->position_ids, mb->rows, mb->seq_len, at::kCPU);
       b.forward.block_diagonal = true;
     }
     // Each row's first label is -100 (the batcher's rule), so these are exactly the labels that

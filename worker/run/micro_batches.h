@@ -22,7 +22,8 @@ namespace qlora::worker {
 struct DeviceBatch {
   at::Tensor input_ids;              // [rows, seq] int64
   at::Tensor labels;                 // [rows, seq] int64, -100 = no loss
-  engine::ForwardOptions forward;    // position ids and block-diagonal attention when packed
+  engine::ForwardOptions forward;    // position ids (on the host) and block-diagonal attention
+                                     // when packed
   int64_t target_tokens = 0;         // labels that count after the causal shift
   int64_t input_tokens = 0;          // non-padding tokens
   int64_t examples = 0;              // examples (records) in it
