@@ -5,7 +5,11 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "kernels/fused_elementwise.h"
+#include "worker/engine/fused_ops.h"
 
 namespace qlora::engine {
 namespace {
@@ -95,6 +99,79 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
   return DequantizeWeight(FromSaved(ctx, prefix), dtype);
 }
 
+// The LoRA layer's forward for rows x [T, in] with the adapters' input h (x, or dropout(x)):
+// {y, h A^T}, where y = scale * (h A^T) B^T written by the rank-r GEMM (beta = 0), then
+// y += x W^T accumulated by the base GEMM (beta = 1); y is left unset with value_unused.
+std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Tensor& h,
+                                              const at::Tensor& a, const at::Tensor& b,
+                                              const FrozenWeight& base, double scale,
+                                              bool value_unused) {
+  const at::ScalarType dtype = x.scalar_type();
+  const at::Tensor ha = at::mm(h, a.to(dtype).t());  // [T, r]
+  at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
+  if (!value_unused) {
+    at::addmm_out(y, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
+    y.addmm_(x, base.Materialize(dtype).t());
+  }
+  return {y, ha};
+}
+
+struct LoraGradients {
+  at::Tensor lora_in;  // dh' A [T, in]: the adapters' part of the input gradient
+  at::Tensor a, b;     // float32, the adapters' dtype
+};
+
+// The adapters' gradients for g [T, out] (in h's dtype):
+//   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = (h^T dh')^T;  dB = ((h A^T)^T g * scale)^T
+LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
+                           const at::Tensor& a, const at::Tensor& b, double scale) {
+  const at::ScalarType dtype = h.scalar_type();
+  const at::Tensor dha = at::mm(g, b.to(dtype)).mul_(scale);  // [T, r]
+  LoraGradients d;
+  d.a = at::mm(h.t(), dha).t().to(a.scalar_type());
+  d.b = at::mm(ha.t(), g).mul_(scale).t().to(b.scalar_type());
+  d.lora_in = at::mm(dha, a.to(dtype));  // [T, in]
+  return d;
+}
+
+// The down projection with its adapter applied to silu(gate) * up, as one node that keeps gate
+// and up (which SwiGLU's backward needs anyway) but not their product, the projection's input
+// ([T, intermediate], the largest tensor a layer would otherwise save): backward recomputes it
+// (one pass over memory) for the adapter's gradients, then takes the input gradient through
+// SwiGLU's backward. The same values and gradients as Swiglu followed by LoraLinearFunction
+// (without dropout); for layers that are not activation-checkpointed, whose saved tensors are
+// held from forward to backward.
+struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
+                            double scale) {
+    const at::Tensor x = kernels::SwigluForward(gate, up);
+    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, /*value_unused=*/false);
+    SaveBase(ctx, *base);
+    ctx->save_for_backward({gate, up, ha, a, b});
+    ctx->saved_data["scale"] = scale;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const at::Tensor& g = grad_outputs[0];
+    if (!g.defined()) return variable_list(6);
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const at::ScalarType dtype = gate.scalar_type();
+    const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
+    LoraGradients d;
+    {
+      const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before SwiGLU's backward
+      d = LoraBackward(grad, x, ha, a, b, scale);
+    }
+    const at::Tensor dx = d.lora_in.addmm_(grad, SavedBase(ctx, dtype));
+    auto [grad_gate, grad_up] = kernels::SwigluBackward(dx, gate, up);
+    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor()};
+  }
+};
+
 // y = x W^T + scale * (h A^T) B^T for rows of tokens x [T, in] (h = dropout(x), or x itself: the
 // same tensor, which then gets no gradient of its own), as one autograd node, so that no pass over
 // [T, out] or [T, in] is spent on adding partial results and no separate nodes or casts run:
@@ -113,15 +190,8 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& h,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
                             double scale, bool value_unused) {
-    const at::ScalarType dtype = x.scalar_type();
     const at::Tensor& lora_in = h;
-    const at::Tensor a_c = a.to(dtype), b_c = b.to(dtype);
-    const at::Tensor ha = at::mm(lora_in, a_c.t());  // [T, r]
-    at::Tensor y = at::empty({x.size(0), base->out_features}, x.options());
-    if (!value_unused) {
-      at::addmm_out(y, y, ha, b_c.t(), /*beta=*/0, /*alpha=*/scale);
-      y.addmm_(x, base->Materialize(dtype).t());
-    }
+    auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused);
     SaveBase(ctx, *base);
     ctx->save_for_backward({lora_in, ha, a, b});
     ctx->saved_data["dropout"] = !h.is_same(x);
@@ -138,18 +208,15 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     if (!g.defined()) return variable_list(7);
     const at::ScalarType dtype = lora_in.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
-    const at::Tensor dha = at::mm(grad, b.to(dtype)).mul_(scale);  // [T, r]
-    const at::Tensor da = at::mm(lora_in.t(), dha).t().to(a.scalar_type());
-    const at::Tensor db = at::mm(ha.t(), grad).mul_(scale).t().to(b.scalar_type());
-    at::Tensor dlora = at::mm(dha, a.to(dtype));  // [T, in]
+    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale);
     at::Tensor dx, dh;
     if (dropout) {
       dx = at::mm(grad, SavedBase(ctx, dtype));
-      dh = dlora;
+      dh = d.lora_in;
     } else {
-      dx = dlora.addmm_(grad, SavedBase(ctx, dtype));
+      dx = d.lora_in.addmm_(grad, SavedBase(ctx, dtype));
     }
-    return {dx, dh, da, db, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -312,6 +379,24 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
     out.push_back(bias.defined() ? y + bias.to(y.scalar_type()) : y);
   }
   return out;
+}
+
+}  // namespace qlora::engine
+
+namespace qlora::engine {
+
+at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
+                             bool training) {
+  if (!down.lora || (training && down.lora->dropout > 0)) {
+    return down.Forward(Swiglu(gate, up), training);
+  }
+  std::vector<int64_t> out_sizes = gate.sizes().vec();
+  out_sizes.back() = down.base.out_features;
+  const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
+  const at::Tensor y = SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
+                                                 down.lora->scale)
+                           .view(out_sizes);
+  return down.base.bias.defined() ? y + down.base.bias.to(y.scalar_type()) : y;
 }
 
 }  // namespace qlora::engine

@@ -71,4 +71,11 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
                                            const at::Tensor& x, bool training,
                                            bool value_unused = false);
 
+// down.Forward(silu(gate) * up): with an adapter (and no dropout running) as one node that saves
+// gate and up but not their product, which backward recomputes (see SwigluLoraFunction in the
+// .cc): [tokens, intermediate] less held per layer from forward to backward, one more pass over
+// memory. For layers that are not activation-checkpointed.
+at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
+                             bool training);
+
 }  // namespace qlora::engine

@@ -212,8 +212,14 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
   const std::vector<at::Tensor> gate_up =
       SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
-  const at::Tensor gated = Swiglu(gate_up[0], gate_up[1]);
-  const at::Tensor down = layer.down_proj.Forward(gated, training_, value_unused);
+  // A layer that keeps its activations until backward (no checkpoint) saves gate and up but not
+  // their product: the down node recomputes it in backward. A checkpointed layer's forward keeps
+  // nothing and its recomputation lives one layer's backward, so it keeps the product.
+  const bool saves_until_backward = at::GradMode::is_enabled() && !value_unused;
+  const at::Tensor down =
+      saves_until_backward
+          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_)
+          : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1]), training_, value_unused);
   return value_unused ? SumGraphOnly(h, down) : h + down;
 }
 

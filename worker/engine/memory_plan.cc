@@ -59,8 +59,11 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
       saves_gated = true;
     }  // o_proj's input is the attention output, already counted
   }
-  plain += (saves_n ? H * d : 0) + (saves_m ? H * d : 0) + (saves_gated ? I * d : 0);
+  plain += (saves_n ? H * d : 0) + (saves_m ? H * d : 0);
+  // down_proj's input, silu(gate) * up: a plain layer's down node recomputes it in backward
+  // (SwigluThenForward); a checkpointed layer's recomputation saves it.
   b.plain = plain;
+  b.recomputed = plain + (saves_gated ? I * d : 0) - b.checkpointed;
   b.backward = std::max((2 * H + 3 * I) * d, (2 * H + 2 * Q + 2 * K) * d + 4 * Q);
   return b;
 }
@@ -78,7 +81,7 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   const int64_t loss_backward = tokens * H * d + chunk * m.vocab_size * (2 * d + 8);
   // A checkpointed layer's recomputation saves what a plain one does, its input aside (the
   // checkpoint holds that already, and the recomputation saves the same storage).
-  const int64_t recomputed = per.plain - per.checkpointed;
+  const int64_t recomputed = per.recomputed;
   // The top layer's backward: a plain layer's gradients, or a checkpointed layer recomputed.
   const int64_t top_layer = tokens * (per.backward + (plain == 0 ? recomputed : 0));
   int64_t peak = held + std::max(loss_backward, top_layer);
@@ -99,12 +102,16 @@ absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
   const int64_t layers = r.model.num_hidden_layers;
   const int64_t usable = static_cast<int64_t>(static_cast<double>(r.budget_bytes) *
                                               (1.0 - r.margin_fraction));
-  const int64_t minimum = PlannedPeakBytes(r, layers);
+  // The leanest split: every layer checkpointed, or all but the top one when keeping the top
+  // layer's activations costs less than recomputing it (its down node saves no SwiGLU output).
+  int64_t leanest = layers;
+  if (layers > 1 && PlannedPeakBytes(r, layers - 1) < PlannedPeakBytes(r, layers)) leanest = layers - 1;
+  const int64_t minimum = PlannedPeakBytes(r, leanest);
   if (minimum > usable) {
     const int64_t needed =
         static_cast<int64_t>(static_cast<double>(minimum) / (1.0 - r.margin_fraction)) + 1;
     return absl::FailedPreconditionError(absl::StrFormat(
-        "trainer.max_memory_gib: a budget of %s is below what this step needs with every "
+        "trainer.max_memory_gib: a budget of %s is below what this step needs with (nearly) every "
         "decoder layer checkpointed: a planned peak of %s, %s with the %.0f%% margin; raise "
         "max_memory_gib to at least %.1f, or lower trainer.batch_size (%d) or "
         "data.max_sequence_length (%d)",
@@ -112,8 +119,9 @@ absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
         100 * r.margin_fraction, static_cast<double>(needed) / kGiB + 0.05, r.micro_batch,
         r.sequence_length));
   }
-  // The peak grows with every plain layer; find the fewest checkpointed that fit.
-  int64_t checkpointed = layers;
+  // Below the leanest split the peak grows with every plain layer; find the fewest checkpointed
+  // that fit.
+  int64_t checkpointed = leanest;
   while (checkpointed > 0 && PlannedPeakBytes(r, checkpointed - 1) <= usable) --checkpointed;
   MemoryPlan plan;
   plan.checkpointed_layers = checkpointed;

@@ -17,10 +17,12 @@
 //                      (H d) + rstd (4); SwiGLU: gate and up (2 I d); the 4-bit GEMMs save only
 //                      their (frozen) weight. LoRA: each adapted module saves its input (shared:
 //                      n = norm(x) for q/k/v, the attention output for o, m = norm(h) for
-//                      gate/up, the SwiGLU output (I d) for down; counted once each) and h A^T
-//                      (r d). With LoRA dropout each adapted module keeps its own dropped input
+//                      gate/up; counted once each) and h A^T (r d); down's input, the SwiGLU
+//                      output, is recomputed in its backward (SwigluThenForward), not saved.
+//                      With LoRA dropout each adapted module keeps its own dropped input
 //                      (in d) and the dropout mask (in bytes of `dropout_mask_bytes`) instead.
-//   checkpointed layer its input only (H d)
+//   checkpointed layer its input only (H d); its recomputation saves what a plain layer does
+//                      and the SwiGLU output (I d) for an adapted down_proj
 //   one layer's backward  (recompute +) gradients: max of the MLP's (2H + 3I) d and the
 //                      attention's (2H + 2Q + 2K) d + 4Q (the flash kernel's float32 dq)
 //   around the layers  final norm input, its output and the loss's row-major copy (3 H d + 4),
@@ -72,6 +74,7 @@ struct MemoryPlanRequest {
 struct LayerActivationBytes {
   int64_t plain = 0;         // saved for backward by a layer that is not checkpointed
   int64_t checkpointed = 0;  // kept by a checkpointed layer (its input)
+  int64_t recomputed = 0;    // saved by a checkpointed layer's recomputation, its input aside
   int64_t backward = 0;      // transient of one layer's backward (gradients, workspaces)
 };
 
