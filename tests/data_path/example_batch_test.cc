@@ -226,6 +226,37 @@ std::vector<MicroBatch> Batches(const std::vector<Example>& examples, bool packi
   return out;
 }
 
+// A micro-batch is as wide as its longest row, rounded up to kPadMultiple and at most seq_len,
+// packed or not; every row's tail is padding (label -100).
+TEST(DataBatcher, MicroBatchesAreAsWideAsTheirLongestRow) {
+  auto example = [](int n) {
+    Example e;
+    e.input_ids.assign(n, 7);
+    e.labels.assign(n, 7);
+    return e;
+  };
+  for (const bool packing : {false, true}) {
+    SCOPED_TRACE(packing ? "packed" : "unpacked");
+    Batcher wide({/*rows=*/2, /*seq_len=*/512, packing, /*pad_id=*/0});
+    EXPECT_FALSE(wide.Add(example(10)).has_value());
+    std::optional<MicroBatch> b = packing ? (wide.Add(example(70)), wide.Flush()) : wide.Add(example(70));
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(b->seq_len, 128);  // 80 packed in one row, or 70 in the longer row
+    EXPECT_EQ(b->input_ids.size(), 2u * b->seq_len);
+    EXPECT_EQ(b->labels[b->seq_len - 1], kIgnoreIndex);
+    Batcher narrow({/*rows=*/1, /*seq_len=*/100, packing, /*pad_id=*/0});
+    std::optional<MicroBatch> c = narrow.Add(example(90));
+    if (!c) c = narrow.Flush();
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->seq_len, 100);  // 128 capped at max_sequence_length
+    Batcher exact({/*rows=*/1, /*seq_len=*/512, packing, /*pad_id=*/0});
+    std::optional<MicroBatch> d = exact.Add(example(64));
+    if (!d) d = exact.Flush();
+    ASSERT_TRUE(d.has_value());
+    EXPECT_EQ(d->seq_len, 64);
+  }
+}
+
 TEST_F(DataExampleTest, PackedAndUnpackedGiveSameTokensLabelsPositionsAndLoss) {
   ExampleBuilder builder = Builder({"instruction"}, {"output"}, "{instruction}=", 40);
   std::mt19937 rng(3);

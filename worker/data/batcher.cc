@@ -47,15 +47,23 @@ std::optional<MicroBatch> Batcher::Flush() {
 MicroBatch Batcher::Emit() {
   MicroBatch batch;
   batch.rows = options_.rows;
-  batch.seq_len = options_.seq_len;
-  const size_t size = static_cast<size_t>(options_.rows) * options_.seq_len;
+  int longest = 1;
+  for (const Row& row : rows_) {
+    int used = 0;
+    for (const Example& example : row.examples) used += static_cast<int>(example.input_ids.size());
+    longest = std::max(longest, used);
+  }
+  const int width = (longest + kPadMultiple - 1) / kPadMultiple * kPadMultiple;
+  batch.seq_len = std::min(width, options_.seq_len);
+  const int seq_len = batch.seq_len;
+  const size_t size = static_cast<size_t>(options_.rows) * seq_len;
   batch.input_ids.assign(size, options_.pad_id);
   batch.labels.assign(size, kIgnoreIndex);
   batch.position_ids.assign(size, 0);
   batch.sequence_lengths.resize(options_.rows);
   for (int r = 0; r < options_.rows; ++r) {
     Row& row = rows_[r];
-    size_t at = static_cast<size_t>(r) * options_.seq_len;
+    size_t at = static_cast<size_t>(r) * seq_len;
     for (Example& example : row.examples) {
       const size_t n = example.input_ids.size();
       std::copy(example.input_ids.begin(), example.input_ids.end(), batch.input_ids.begin() + at);
@@ -70,7 +78,7 @@ MicroBatch Batcher::Emit() {
       ++batch.num_examples;
       at += n;
     }
-    const size_t row_end = static_cast<size_t>(r + 1) * options_.seq_len;
+    const size_t row_end = static_cast<size_t>(r + 1) * seq_len;
     for (size_t i = at; i < row_end; ++i) batch.position_ids[i] = static_cast<int32_t>(i - at);
     row.examples.clear();
     row.used = 0;

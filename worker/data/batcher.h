@@ -1,4 +1,8 @@
-// Groups examples into fixed-shape micro-batches (rows x seq_len), padded or packed.
+// Groups examples into micro-batches (rows x seq_len), padded or packed. A micro-batch is as wide
+// as its longest row, rounded up to a multiple of kPadMultiple (64) and at most the options'
+// seq_len (data.max_sequence_length), as transformers' collators pad to the longest: padding is
+// compute that trains nothing, and trailing padding changes no value (causal attention: nothing
+// before it attends to it; in packed rows it is a segment of its own).
 //
 // Unpacked: one example per row. Packed (padding-free, as transformers
 // DataCollatorWithFlattening): examples are placed first-fit into the micro-batch's rows; a
@@ -19,9 +23,12 @@
 
 namespace qlora::data {
 
+// Micro-batch widths are multiples of this (tensor-core and attention tiles), up to seq_len.
+inline constexpr int kPadMultiple = 64;
+
 struct MicroBatch {
   int rows = 0;
-  int seq_len = 0;
+  int seq_len = 0;  // the micro-batch's width: its longest row, rounded up (see above)
   std::vector<int32_t> input_ids;     // [rows * seq_len], row-major
   std::vector<int32_t> labels;        // [rows * seq_len], -100 = no loss
   std::vector<int32_t> position_ids;  // [rows * seq_len]
@@ -33,7 +40,7 @@ struct MicroBatch {
 
 struct BatchOptions {
   int rows = 1;        // trainer.batch_size
-  int seq_len = 512;   // data.max_sequence_length
+  int seq_len = 512;   // data.max_sequence_length: the widest a micro-batch gets
   bool packing = false;
   int32_t pad_id = 0;  // tokenizer pad, else EOS (no new token: the adapter fits the stock model)
 };
