@@ -168,6 +168,16 @@ def events(ranks, steps, step_s, mb=4, seq=2048):
     return "\n".join(json.dumps(x) for x in lines) + "\n"
 
 
+def fair_summary(rows):
+    """bench/fair_summary.py's report for these results.jsonl rows."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "results.jsonl")
+        with open(path, "w") as f:
+            f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+        return subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "fair_summary.py"), path],
+                              capture_output=True, text=True, check=True).stdout
+
+
 class SummarizeTest(unittest.TestCase):
     def run_summarize(self, text, *args):
         with tempfile.TemporaryDirectory() as d:
@@ -242,12 +252,7 @@ class SummarizeTest(unittest.TestCase):
             {"impl": "hf", "anchor": "bitsandbytes", "liger": True, "checkpointing": False, "gpus": 1,
              "micro_batch": 4, "tokens_per_s": 15000.0, "peak_allocated_gib": 36.8},
         ]
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "results.jsonl")
-            with open(path, "w") as f:
-                f.write("\n".join(json.dumps(r) for r in rows) + "\n")
-            out = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "fair_summary.py"), path],
-                                 capture_output=True, text=True, check=True).stdout
+        out = fair_summary(rows)
         auto = [line for line in out.splitlines() if "auto, 24.0 GiB budget" in line]
         self.assertEqual(len(auto), 2, out)  # ours and the checkpointing anchor; the 36.8 GiB one does not fit
         self.assertIn("17 of 32 layers checkpointed", auto[0])
@@ -266,12 +271,7 @@ class SummarizeTest(unittest.TestCase):
             {"impl": "ours", "model": seven, "seq": 8192, "packing": True, "gpus": 1, "micro_batch": 1,
              "tokens_per_s": 11000.0},
         ]
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "results.jsonl")
-            with open(path, "w") as f:
-                f.write("\n".join(json.dumps(r) for r in rows) + "\n")
-            out = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "fair_summary.py"), path],
-                                 capture_output=True, text=True, check=True).stdout
+        out = fair_summary(rows)
         lines = [line for line in out.splitlines() if line.startswith("| ") and ", mb " in line]
         self.assertTrue(lines[0].startswith("| 1 GPU, mb 4, checkpointing | **ours**"), out)
         self.assertTrue(lines[0].rstrip().endswith("| 1.30x |"), lines[0])
