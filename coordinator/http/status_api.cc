@@ -60,6 +60,16 @@ std::string JobDetailJson(const JobRecord& job, const std::vector<JobEvent>& eve
   summary["started_unix"] = job.started_unix;
   summary["finished_unix"] = job.finished_unix;
   summary["adapter_path"] = job.adapter_path;
+  // Rank 0's activation checkpointing: its split of the layers and, with auto, the plan.
+  summary["checkpointing"] = nullptr;
+  if (!job.progress.empty() && job.progress.front().checkpointing.checkpointed_layers >= 0) {
+    const CheckpointingReport& c = job.progress.front().checkpointing;
+    summary["checkpointing"] = {{"checkpointed_layers", c.checkpointed_layers},
+                                {"layers", c.layers},
+                                {"planned_peak_bytes", c.planned_peak_bytes},
+                                {"budget_bytes", c.budget_bytes},
+                                {"measured_peak_bytes", c.measured_peak_bytes}};
+  }
 
   std::vector<const JobEvent*> progress;
   int64_t last = after_sequence;

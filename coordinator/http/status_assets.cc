@@ -194,6 +194,16 @@ const char kStatusPageJs[] = R"js('use strict';
     svg.replaceChildren(...children);
   }
 
+  // "13 of 32 layers checkpointed, planned 22.0 of a 24.0 GiB budget" (rank 0), or ''.
+  function checkpointingText(c) {
+    if (!c) return '';
+    const gib = (b) => (b / 1073741824).toFixed(1);
+    let text = c.checkpointed_layers + ' of ' + c.layers + ' layers checkpointed';
+    if (c.budget_bytes > 0) text += ', planned ' + gib(c.planned_peak_bytes) + ' of a ' + gib(c.budget_bytes) + ' GiB budget';
+    if (c.measured_peak_bytes > 0) text += ', measured ' + gib(c.measured_peak_bytes) + ' GiB';
+    return text;
+  }
+
   function showFields(job) {
     const fields = [
       ['name', job.name], ['owner', job.owner], ['state', job.state],
@@ -201,6 +211,7 @@ const char kStatusPageJs[] = R"js('use strict';
       ['learning rate', fmt(job.learning_rate, 6)], ['tokens/s', fmt(job.tokens_per_second, 1)],
       ['workers', job.num_workers], ['restarts', job.restarts], ['reason', job.reason_code],
       ['message', job.message], ['adapter', job.adapter_path],
+      ['checkpointing', checkpointingText(job.checkpointing)],
     ];
     const out = [];
     for (const [k, v] of fields) {
