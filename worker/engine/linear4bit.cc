@@ -99,21 +99,27 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
   return DequantizeWeight(FromSaved(ctx, prefix), dtype);
 }
 
+// y = scale * (h A^T) B^T written by the rank-r GEMM from ha = h A^T (beta = 0), then
+// y += x W^T accumulated by the base GEMM (beta = 1), for rows x [T, in]; unset with value_unused.
+at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tensor& b,
+                      const FrozenWeight& base, double scale, bool value_unused) {
+  at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
+  if (!value_unused) {
+    const at::ScalarType dtype = x.scalar_type();
+    at::addmm_out(y, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
+    y.addmm_(x, base.Materialize(dtype).t());
+  }
+  return y;
+}
+
 // The LoRA layer's forward for rows x [T, in] with the adapters' input h (x, or dropout(x)):
-// {y, h A^T}, where y = scale * (h A^T) B^T written by the rank-r GEMM (beta = 0), then
-// y += x W^T accumulated by the base GEMM (beta = 1); y is left unset with value_unused.
+// {LoraOutput, h A^T}.
 std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Tensor& h,
                                               const at::Tensor& a, const at::Tensor& b,
                                               const FrozenWeight& base, double scale,
                                               bool value_unused) {
-  const at::ScalarType dtype = x.scalar_type();
-  const at::Tensor ha = at::mm(h, a.to(dtype).t());  // [T, r]
-  at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
-  if (!value_unused) {
-    at::addmm_out(y, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
-    y.addmm_(x, base.Materialize(dtype).t());
-  }
-  return {y, ha};
+  const at::Tensor ha = at::mm(h, a.to(x.scalar_type()).t());  // [T, r]
+  return {LoraOutput(x, ha, b, base, scale, value_unused), ha};
 }
 
 struct LoraGradients {
@@ -246,14 +252,9 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     std::vector<double> scales;
     for (size_t i = 0; i < n; ++i) {
       const LinearLayer& layer = *(*group)[i];
-      at::Tensor y = at::empty({x.size(0), layer.base.out_features}, x.options());
-      if (!value_unused) {
-        at::addmm_out(y, y, ha_i[i], b[i].to(dtype).t(), /*beta=*/0, /*alpha=*/layer.lora->scale);
-        y.addmm_(x, layer.base.Materialize(dtype).t());
-      }
+      outputs.push_back(LoraOutput(x, ha_i[i], b[i], layer.base, layer.lora->scale, value_unused));
       SaveBase(ctx, layer.base, std::to_string(i) + ".");
       scales.push_back(layer.lora->scale);
-      outputs.push_back(y);
     }
     variable_list saved = {x, ha};
     saved.insert(saved.end(), a.begin(), a.end());
@@ -278,8 +279,7 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
       const at::Tensor& a = saved[2 + i];
       const at::Tensor& b = saved[2 + n + i];
       a_c[i] = a.to(dtype);
-      g[i] = grad_outputs[i].defined() ? grad_outputs[i].to(dtype)
-                                       : at::zeros({x.size(0), b.size(0)}, x.options());
+      g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
       dha[i] = at::mm(g[i], b.to(dtype)).mul_(scales[i]);  // [T, r_i]
       grads[1 + n + i] = at::mm(ha_i[i].t(), g[i]).mul_(scales[i]).t().to(b.scalar_type());
     }
@@ -289,12 +289,28 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i].to(saved[2 + i].scalar_type());
     at::Tensor dx = at::mm(dha_all, at::cat(a_c));          // [T, in]
     for (size_t i = 0; i < n; ++i) {
-      if (grad_outputs[i].defined()) dx.addmm_(g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+      dx.addmm_(g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
     }
     grads[0] = dx;
     return grads;
   }
 };
+
+// A layer's rows [T, out] back in the shape of its input (`input_sizes`, last dim out), plus
+// its frozen bias.
+at::Tensor ToLayerOutput(const at::Tensor& rows, at::IntArrayRef input_sizes,
+                         const FrozenWeight& base) {
+  std::vector<int64_t> sizes = input_sizes.vec();
+  sizes.back() = base.out_features;
+  const at::Tensor y = rows.view(sizes);
+  return base.bias.defined() ? y + base.bias.to(y.scalar_type()) : y;
+}
+
+// Whether the layer's adapter runs without dropout (the fused nodes' condition: each PEFT layer
+// draws its own dropout mask, which they do not).
+bool AdapterWithoutDropout(const LinearLayer& layer, bool training) {
+  return layer.lora && !(training && layer.lora->dropout > 0);
+}
 
 }  // namespace
 
@@ -332,14 +348,12 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_u
     }
     return base.Apply(x);
   }
-  std::vector<int64_t> out_sizes = x.sizes().vec();
-  out_sizes.back() = base.out_features;
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
-  const at::Tensor h = lora->dropout > 0 && training ? at::dropout(x2, lora->dropout, training) : x2;
-  const at::Tensor y =
-      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused)
-          .view(out_sizes);
-  return base.bias.defined() ? y + base.bias.to(y.scalar_type()) : y;
+  const at::Tensor h =
+      AdapterWithoutDropout(*this, training) ? x2 : at::dropout(x2, lora->dropout, training);
+  return ToLayerOutput(
+      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused),
+      x.sizes(), base);
 }
 
 at::Tensor LinearLayer::MergedWeight() const {
@@ -348,19 +362,17 @@ at::Tensor LinearLayer::MergedWeight() const {
   return w;
 }
 
-}  // namespace qlora::engine
-
-namespace qlora::engine {
-
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
                                            const at::Tensor& x, bool training, bool value_unused) {
   bool grouped = layers.size() > 1;
   for (const LinearLayer* layer : layers) {
-    grouped = grouped && layer->lora && !(training && layer->lora->dropout > 0);
+    grouped = grouped && AdapterWithoutDropout(*layer, training);
   }
   std::vector<at::Tensor> out;
   if (!grouped) {
-    for (const LinearLayer* layer : layers) out.push_back(layer->Forward(x, training, value_unused));
+    for (const LinearLayer* layer : layers) {
+      out.push_back(layer->Forward(x, training, value_unused));
+    }
     return out;
   }
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
@@ -372,31 +384,18 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
   const variable_list ys =
       LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers, value_unused);
   for (size_t i = 0; i < layers.size(); ++i) {
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes.back() = layers[i]->base.out_features;
-    const at::Tensor y = ys[i].view(sizes);
-    const at::Tensor& bias = layers[i]->base.bias;
-    out.push_back(bias.defined() ? y + bias.to(y.scalar_type()) : y);
+    out.push_back(ToLayerOutput(ys[i], x.sizes(), layers[i]->base));
   }
   return out;
 }
 
-}  // namespace qlora::engine
-
-namespace qlora::engine {
-
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
                              bool training) {
-  if (!down.lora || (training && down.lora->dropout > 0)) {
-    return down.Forward(Swiglu(gate, up), training);
-  }
-  std::vector<int64_t> out_sizes = gate.sizes().vec();
-  out_sizes.back() = down.base.out_features;
+  if (!AdapterWithoutDropout(down, training)) return down.Forward(Swiglu(gate, up), training);
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
-  const at::Tensor y = SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale)
-                           .view(out_sizes);
-  return down.base.bias.defined() ? y + down.base.bias.to(y.scalar_type()) : y;
+  return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
+                                                 down.lora->scale),
+                       gate.sizes(), down.base);
 }
 
 }  // namespace qlora::engine
