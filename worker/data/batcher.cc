@@ -1,4 +1,4 @@
-// Padding and first-fit packing into fixed-shape micro-batches (see batcher.h).
+// Padding and first-fit packing into micro-batches as wide as their longest row (see batcher.h).
 #include "worker/data/batcher.h"
 
 #include <algorithm>
@@ -48,11 +48,7 @@ MicroBatch Batcher::Emit() {
   MicroBatch batch;
   batch.rows = options_.rows;
   int longest = 1;
-  for (const Row& row : rows_) {
-    int used = 0;
-    for (const Example& example : row.examples) used += static_cast<int>(example.input_ids.size());
-    longest = std::max(longest, used);
-  }
+  for (const Row& row : rows_) longest = std::max(longest, row.used);
   const int width = (longest + kPadMultiple - 1) / kPadMultiple * kPadMultiple;
   batch.seq_len = std::min(width, options_.seq_len);
   const int seq_len = batch.seq_len;
