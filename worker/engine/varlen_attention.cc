@@ -111,11 +111,21 @@ at::Tensor MaskedVarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, const DocumentLayout& documents,
                                        int64_t window) {
   const int64_t seq = q.size(2);
-  const at::Tensor& run = documents.document_ids;
-  const at::Tensor same_run = run.unsqueeze(-1).eq(run.unsqueeze(-2));  // [batch, seq, seq]
-  at::Tensor allowed = at::ones({seq, seq}, at::dtype(at::kBool).device(q.device())).tril();
-  if (window > 0 && seq > window) allowed = allowed.triu(-(window - 1));  // key > query - window
-  const at::Tensor mask = at::logical_and(same_run, allowed).unsqueeze(1);  // [batch, 1, seq, seq]
+  const int64_t effective_window = window > 0 && seq > window ? window : 0;
+  at::Tensor mask;
+  {
+    std::lock_guard<std::mutex> lock(documents.masks->mutex);
+    at::Tensor& cached = documents.masks->by_window[effective_window];
+    if (!cached.defined()) {
+      const at::Tensor& run = documents.document_ids;
+      const at::Tensor same_run = run.unsqueeze(-1).eq(run.unsqueeze(-2));  // [batch, seq, seq]
+      at::Tensor allowed = at::ones({seq, seq}, at::dtype(at::kBool).device(q.device())).tril();
+      // key > query - window
+      if (effective_window > 0) allowed = allowed.triu(-(effective_window - 1));
+      cached = at::logical_and(same_run, allowed).unsqueeze(1);  // [batch, 1, seq, seq]
+    }
+    mask = cached;
+  }
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, std::nullopt,
                                           /*enable_gqa=*/k.size(1) != q.size(1));
 }

@@ -15,6 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -29,6 +32,13 @@ struct DocumentLayout {
   // flattened batch * seq tokens, then the total (for the flash path).
   at::Tensor cu_seqlens;
   int64_t max_length = 0;  // the longest document, in tokens
+  // The masked path's [batch, 1, seq, seq] masks by window, built on first use and then shared
+  // by every layer (and every copy of this layout, e.g. a checkpoint's) of one forward pass.
+  struct MaskCache {
+    std::mutex mutex;
+    std::map<int64_t, at::Tensor> by_window;
+  };
+  std::shared_ptr<MaskCache> masks = std::make_shared<MaskCache>();
 
   // position_ids [batch, seq] (int, any device; on the host the layout costs no device
   // synchronization, on a GPU one small copy back). Throws c10::Error on a bad shape.
