@@ -25,12 +25,12 @@ engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
   if (model.has_lora()) {
     const engine::LoraOptions& lora = model.lora_options();
     r.lora_r = lora.r;
-    const bool all = lora.target_modules.size() == 1 && lora.target_modules[0] == "all-linear";
+    // The modules that got adapters (AddLora matched target_modules) in any layer.
     for (const char* name : engine::kLinearModuleNames) {
-      if (all || std::find(lora.target_modules.begin(), lora.target_modules.end(), name) !=
-                     lora.target_modules.end()) {
-        r.lora_targets.emplace_back(name);
-      }
+      const bool adapted = std::any_of(
+          model.layers.begin(), model.layers.end(),
+          [&](const engine::DecoderLayer& layer) { return layer.Linear(name).lora.has_value(); });
+      if (adapted) r.lora_targets.emplace_back(name);
     }
     r.lora_dropout = lora.dropout > 0;
   }
