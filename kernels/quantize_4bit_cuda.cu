@@ -7,7 +7,7 @@
 // Kernels:
 //   Quantize4bitKernel          one warp per quantization block: absmax, then codes, packed pairs
 //   QuantizeBlockwise8bitKernel one warp per block of absmax values, dynamic map in shared memory
-//   Dequantize4bitKernel        one thread per 4 packed bytes (8 outputs), 16-byte stores
+//   Dequantize4bitKernel        4 packed words (32 outputs) a thread, loads first, 16-byte stores
 //   DequantizeBlockwise8bitKernel  absmax = code[q] * absmax2 + offset, one thread per value
 #include <cstdint>
 
@@ -123,10 +123,32 @@ __device__ __forceinline__ T ToOutput(float v) {
   return static_cast<T>(v);  // c10::Half / c10::BFloat16 convert with round-to-nearest-even
 }
 
-// Thread t decodes packed bytes [4t, 4t+4) into outputs [8t, 8t+8). Blocksizes are powers of two
-// >= 32, so those 8 outputs share one absmax. Full, aligned chunks use one 4-byte load and
-// 16-byte stores (a warp writes 512 contiguous bytes of bf16 per instruction); the tail (and
-// unaligned views) take the byte-by-byte path.
+// A chunk is 4 packed bytes (one 4-byte word) -> 8 outputs; blocksizes are powers of two >= 32,
+// so a chunk's 8 outputs share one absmax. Thread t of a CUDA block decodes chunks
+// tile + u * blockDim + t for u < kChunksPerThread: for each u a warp loads 128 contiguous
+// bytes and stores 512 contiguous bytes of bf16 (16 bytes a lane). The kernel is bound by the
+// latency of its loads (the packed word, then the nested absmax's dependent pair), so all of a
+// thread's loads are issued before any decode: four words in flight per thread instead of one.
+// The last, partial tile (and unaligned views) take the chunk-by-chunk path, byte by byte at
+// the tail.
+constexpr int kChunksPerThread = 4;
+
+template <typename T>
+__device__ __forceinline__ void DecodeChunk(unsigned int word, float a, const float* lut, T* dst) {
+  alignas(4) uint8_t bytes[kPackedPerThread];
+  *reinterpret_cast<unsigned int*>(bytes) = word;
+  alignas(16) T vals[2 * kPackedPerThread];
+#pragma unroll
+  for (int j = 0; j < kPackedPerThread; ++j) {
+    vals[2 * j] = ToOutput<T>(math::MulFtz(lut[bytes[j] >> 4], a));
+    vals[2 * j + 1] = ToOutput<T>(math::MulFtz(lut[bytes[j] & 0x0F], a));
+  }
+  constexpr int kStores = sizeof(vals) / sizeof(uint4);
+  uint4* out = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+  for (int s = 0; s < kStores; ++s) out[s] = reinterpret_cast<const uint4*>(vals)[s];
+}
+
 template <typename T>
 __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
@@ -134,31 +156,41 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = table.v[threadIdx.x];
   __syncthreads();
-  const int64_t chunk = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const int64_t first = chunk * 2 * kPackedPerThread;
-  if (first >= n) return;
-  const float a = LoadAbsmax(absmax_args, first >> log2_blocksize);
-  if (vector_io && first + 2 * kPackedPerThread <= n) {
-    alignas(4) uint8_t bytes[kPackedPerThread];
-    *reinterpret_cast<unsigned int*>(bytes) =
-        __ldg(reinterpret_cast<const unsigned int*>(packed + chunk * kPackedPerThread));
-    alignas(16) T vals[2 * kPackedPerThread];
+  constexpr int64_t kOutputsPerChunk = 2 * kPackedPerThread;
+  const int64_t tile = int64_t{blockIdx.x} * blockDim.x * kChunksPerThread;
+  const int64_t last_chunk = tile + (kChunksPerThread - 1) * blockDim.x + threadIdx.x;
+  const auto* words = reinterpret_cast<const unsigned int*>(packed);
+  if (vector_io && (last_chunk + 1) * kOutputsPerChunk <= n) {
+    unsigned int word[kChunksPerThread];
+    float a[kChunksPerThread];
 #pragma unroll
-    for (int j = 0; j < kPackedPerThread; ++j) {
-      vals[2 * j] = ToOutput<T>(math::MulFtz(lut[bytes[j] >> 4], a));
-      vals[2 * j + 1] = ToOutput<T>(math::MulFtz(lut[bytes[j] & 0x0F], a));
+    for (int u = 0; u < kChunksPerThread; ++u) {
+      const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
+      word[u] = __ldg(words + chunk);
+      a[u] = LoadAbsmax(absmax_args, (chunk * kOutputsPerChunk) >> log2_blocksize);
     }
-    constexpr int kStores = sizeof(vals) / sizeof(uint4);
-    uint4* dst = reinterpret_cast<uint4*>(out + first);
 #pragma unroll
-    for (int s = 0; s < kStores; ++s) dst[s] = reinterpret_cast<const uint4*>(vals)[s];
+    for (int u = 0; u < kChunksPerThread; ++u) {
+      const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
+      DecodeChunk(word[u], a[u], lut, out + chunk * kOutputsPerChunk);
+    }
     return;
   }
-  const int64_t last = min(n, first + 2 * kPackedPerThread);
-  for (int64_t i = first; i < last; ++i) {
-    const uint8_t byte = packed[i / 2];
-    const uint8_t nibble = (i & 1) ? (byte & 0x0F) : (byte >> 4);
-    out[i] = ToOutput<T>(math::MulFtz(lut[nibble], a));
+  for (int u = 0; u < kChunksPerThread; ++u) {
+    const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
+    const int64_t first = chunk * kOutputsPerChunk;
+    if (first >= n) return;
+    const float a = LoadAbsmax(absmax_args, first >> log2_blocksize);
+    if (vector_io && first + kOutputsPerChunk <= n) {
+      DecodeChunk(__ldg(words + chunk), a, lut, out + first);
+      continue;
+    }
+    const int64_t last = min(n, first + kOutputsPerChunk);
+    for (int64_t i = first; i < last; ++i) {
+      const uint8_t byte = packed[i / 2];
+      const uint8_t nibble = (i & 1) ? (byte & 0x0F) : (byte >> 4);
+      out[i] = ToOutput<T>(math::MulFtz(lut[nibble], a));
+    }
   }
 }
 
@@ -254,7 +286,8 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
     T* dst = out.mutable_data_ptr<T>();
     const bool vector_io = reinterpret_cast<uintptr_t>(in) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-    Dequantize4bitKernel<T><<<Grid(CeilDiv(n, 2 * kPackedPerThread)), kThreads, 0, stream>>>(
+    const int64_t chunks = CeilDiv(n, 2 * kPackedPerThread);
+    Dequantize4bitKernel<T><<<Grid(CeilDiv(chunks, kChunksPerThread)), kThreads, 0, stream>>>(
         in, n, Log2(blocksize), args, table, vector_io, dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
