@@ -51,6 +51,18 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
   if (!b.automatic_) {
     o.model->SetGradientCheckpointing(t.gradient_checkpointing == CheckpointingMode::kAll);
+    if (t.gradient_checkpointing == CheckpointingMode::kAll) {
+      // Backward recomputes the top layer first thing, so checkpointing it lowers the peak only
+      // when the loss's backward sets it: the top layer runs plainly whenever the plan shows
+      // that costs no memory (same values either way, one layer's recomputation less).
+      const engine::MemoryPlanRequest request = RequestFor(o);
+      const int64_t layers = static_cast<int64_t>(o.model->layers.size());
+      if (layers > 1 && engine::PlannedPeakBytes(request, layers - 1) <=
+                            engine::PlannedPeakBytes(request, layers)) {
+        o.model->SetCheckpointedLayers(layers - 1);
+        b.top_layer_plain_ = true;
+      }
+    }
     return b;
   }
   const int64_t budget = t.max_memory_gib > 0 ? static_cast<int64_t>(t.max_memory_gib * kGiB)
@@ -76,8 +88,11 @@ std::string CheckpointingBudget::Describe() const {
   const int64_t n = model_->checkpointed_layers();
   return absl::StrCat("activation checkpointing: ", n, " of ", layers, " layers checkpointed (",
                       automatic_ ? "auto on a CPU without trainer.max_memory_gib: every layer"
-                      : n > 0    ? "enable_gradient_checkpointing: true"
-                                 : "enable_gradient_checkpointing: false",
+                      : top_layer_plain_
+                          ? "enable_gradient_checkpointing: true; the top layer runs plainly, as "
+                            "recomputing it would not lower the peak"
+                      : n > 0 ? "enable_gradient_checkpointing: true"
+                              : "enable_gradient_checkpointing: false",
                       ")");
 }
 

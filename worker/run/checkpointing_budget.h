@@ -1,4 +1,5 @@
-// trainer.enable_gradient_checkpointing on one rank: true and false set every layer or none;
+// trainer.enable_gradient_checkpointing on one rank: true sets every layer (but the top one when
+// the plan shows its recomputation lowers no peak), false none;
 // auto plans the split for the memory budget (worker/engine/memory_plan.h) once the model, the
 // adapters and the optimizer are built, and corrects it from what the first steps measure.
 //
@@ -63,6 +64,7 @@ class CheckpointingBudget {
   engine::LlamaForCausalLM* model_ = nullptr;
   bool automatic_ = false;
   bool planned_ = false;             // auto with a budget (else: every layer, nothing to correct)
+  bool top_layer_plain_ = false;     // true: every layer but the top (its recomputation saves nothing)
   engine::MemoryPlanRequest request_;
   engine::MemoryPlan plan_;
   int64_t peak_before_ = 0;

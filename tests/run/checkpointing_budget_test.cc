@@ -1,0 +1,88 @@
+// trainer.enable_gradient_checkpointing: true on the CPU, no weights needed: the top layer runs
+// plainly exactly when the plan shows its recomputation would not lower the peak (backward
+// recomputes it first thing); otherwise every layer is checkpointed.
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "worker/engine/llama_model.h"
+#include "worker/engine/memory_plan.h"
+#include "worker/engine/tiny_model.h"
+#include "worker/run/checkpointing_budget.h"
+
+namespace qlora::worker {
+namespace {
+
+engine::LlamaConfig Llama2_7bShape() {
+  engine::LlamaConfig c = engine::TinyLlamaConfig();
+  c.vocab_size = 32000;
+  c.hidden_size = 4096;
+  c.intermediate_size = 11008;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = c.num_key_value_heads = 32;
+  c.head_dim = 128;
+  c.max_position_embeddings = 4096;
+  return c;
+}
+
+struct Chosen {
+  int64_t checkpointed = 0;
+  std::string describe;
+  int64_t peak_all = 0, peak_all_but_top = 0;
+};
+
+// Start() for `true` on a weightless model of `shape` (its layers hold no tensors), 7 GiB
+// counted as resident, with the planner's figures for all and all-but-the-top checkpointed.
+Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int64_t sequence) {
+  engine::LlamaForCausalLM model(shape, at::kBFloat16, at::Device(at::kCPU));
+  JobConfig config;
+  config.trainer.batch_size = micro_batch;
+  config.data.max_sequence_length = sequence;
+  config.trainer.gradient_checkpointing = CheckpointingMode::kAll;
+  CheckpointingBudgetOptions o;
+  o.config = &config;
+  o.model = &model;
+  o.allocated_bytes = int64_t{7} << 30;
+  auto budget = CheckpointingBudget::Start(o);
+  EXPECT_TRUE(budget.ok()) << budget.status();
+  Chosen c;
+  if (!budget.ok()) return c;
+  c.checkpointed = model.checkpointed_layers();
+  c.describe = budget->Describe();
+  engine::MemoryPlanRequest r;
+  r.model = shape;
+  r.micro_batch = micro_batch;
+  r.sequence_length = sequence;
+  r.resident_bytes = o.allocated_bytes;
+  c.peak_all = engine::PlannedPeakBytes(r, shape.num_hidden_layers);
+  c.peak_all_but_top = engine::PlannedPeakBytes(r, shape.num_hidden_layers - 1);
+  return c;
+}
+
+TEST(CheckpointingBudget, TrueRunsTheTopLayerPlainlyWhenThatCostsNoMemory) {
+  // 7B at 4 x 2048: the top layer's recompute-and-backward sets the peak, so it runs plainly.
+  const Chosen wide = ChooseForTrue(Llama2_7bShape(), 4, 2048);
+  EXPECT_LE(wide.peak_all_but_top, wide.peak_all);
+  EXPECT_EQ(wide.checkpointed, 31);
+  EXPECT_THAT(wide.describe, ::testing::HasSubstr("31 of 32 layers checkpointed"));
+  EXPECT_THAT(wide.describe, ::testing::HasSubstr("the top layer runs plainly"));
+
+  // A large vocabulary over a narrow model: the loss's backward sets the peak, where a plain top
+  // layer's activations would still be held, so every layer is checkpointed.
+  engine::LlamaConfig narrow = Llama2_7bShape();
+  narrow.hidden_size = 256;
+  narrow.intermediate_size = 512;
+  narrow.num_attention_heads = narrow.num_key_value_heads = 4;
+  narrow.head_dim = 64;
+  narrow.vocab_size = 256000;
+  const Chosen loss_bound = ChooseForTrue(narrow, 4, 2048);
+  EXPECT_GT(loss_bound.peak_all_but_top, loss_bound.peak_all);
+  EXPECT_EQ(loss_bound.checkpointed, 32);
+  EXPECT_THAT(loss_bound.describe, ::testing::HasSubstr("32 of 32 layers checkpointed "
+                                                        "(enable_gradient_checkpointing: true)"));
+}
+
+}  // namespace
+}  // namespace qlora::worker
