@@ -7,7 +7,7 @@
 // Kernels:
 //   Quantize4bitKernel          one warp per quantization block: absmax, then codes, packed pairs
 //   QuantizeBlockwise8bitKernel one warp per block of absmax values, dynamic map in shared memory
-//   Dequantize4bitKernel        8 packed words (64 outputs) a thread, loads first, 16-byte stores
+//   Dequantize4bitKernel        4 packed words (32 outputs) a thread, loads first, 16-byte stores
 //   DequantizeBlockwise8bitKernel  absmax = code[q] * absmax2 + offset, one thread per value
 #include <cstdint>
 
@@ -128,11 +128,12 @@ __device__ __forceinline__ T ToOutput(float v) {
 // tile + u * blockDim + t for u < kChunksPerThread: for each u a warp loads 128 contiguous
 // bytes and stores 512 contiguous bytes of bf16 (16 bytes a lane). The kernel is bound by the
 // latency of its loads (the packed word, then the nested absmax's dependent pair), so all of a
-// thread's loads are issued before any decode: eight words in flight per thread instead of one
-// (one: 21.6 ms of dequantize in a 7B step at micro-batch 4; four: 16.0 ms, ~2.8 TB/s).
+// thread's loads are issued before any decode: four words in flight per thread instead of one
+// (one: 21.6 ms of dequantize in a 7B step at micro-batch 4; four: 16.0 ms, ~2.8 TB/s; eight:
+// 17.5 ms, so more words in flight do not help: the stores bound it now).
 // The last, partial tile (and unaligned views) take the chunk-by-chunk path, byte by byte at
 // the tail.
-constexpr int kChunksPerThread = 8;
+constexpr int kChunksPerThread = 4;
 
 template <typename T>
 __device__ __forceinline__ void DecodeChunk(unsigned int word, float a, const float* lut, T* dst) {
