@@ -212,18 +212,15 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
   const std::vector<at::Tensor> gate_up =
       SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
-  // A plain layer (gradients, value used): one node that saves gate and up but not their product
-  // (its backward recomputes it, one SwiGLU pass, and frees it before the input gradient's
-  // buffer exists). A checkpointed layer's recomputation lives one layer's backward only, so its
-  // down node keeps the product (no second SwiGLU pass). Either way SwiGLU's backward writes
-  // gate's and up's gradients over them: no new [tokens, intermediate] buffers there.
-  const bool grad = at::GradMode::is_enabled();
+  // With gradients (a plain layer, or a checkpointed one's recomputation): one node that saves
+  // gate and up but not their product (its backward recomputes it, one SwiGLU pass, and frees it
+  // before the input gradient's buffer exists) and writes their gradients over them, so a layer's
+  // backward never holds more than one [tokens, intermediate] buffer beyond gate and up.
   const at::Tensor down =
-      grad && !value_unused
-          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_,
-                              /*value_unused=*/false, /*consume_inputs=*/true)
-          : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1], /*consume_inputs=*/grad),
-                                    training_, value_unused);
+      at::GradMode::is_enabled()
+          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_, value_unused,
+                              /*consume_inputs=*/true)
+          : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1]), training_, value_unused);
   return value_unused ? SumGraphOnly(h, down) : h + down;
 }
 
