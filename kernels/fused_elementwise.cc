@@ -79,21 +79,4 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
   return {grad_gate, grad_up};
 }
 
-void SwigluBackwardInPlace(const at::Tensor& grad_out, at::Tensor& gate, at::Tensor& up) {
-  TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes() &&
-                  grad_out.scalar_type() == gate.scalar_type() &&
-                  up.scalar_type() == gate.scalar_type(),
-              "swiglu: the gradient, gate and up must have one shape and dtype");
-  TORCH_CHECK(gate.is_contiguous() && up.is_contiguous(),
-              "swiglu: the in-place backward needs contiguous gate and up");
-  if (OnCuda(gate)) {
-#ifdef QLORA_HAVE_CUDA
-    if (cuda::SwigluBackward(grad_out.contiguous(), gate, up, gate, up)) return;
-#endif
-  }
-  auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
-  gate.copy_(grad_gate);
-  up.copy_(grad_up);
-}
-
 }  // namespace qlora::kernels

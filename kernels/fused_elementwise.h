@@ -29,9 +29,5 @@ at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
 // {grad_gate, grad_up} for the gradient of SwigluForward's output.
 std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
                                                  const at::Tensor& gate, const at::Tensor& up);
-// The same gradients written over gate and up (grad_gate into gate, grad_up into up; each
-// element is read before it is written), for a caller that owns both and needs them no more:
-// no new buffers of their size. gate and up: contiguous, of grad_out's shape and dtype.
-void SwigluBackwardInPlace(const at::Tensor& grad_out, at::Tensor& gate, at::Tensor& up);
 
 }  // namespace qlora::kernels

@@ -13,7 +13,6 @@ bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, b
             at::Tensor& out);
 // Contiguous tensors of one shape and dtype.
 bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out);
-// grad_gate and grad_up may be gate and up themselves (the in-place backward).
 bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
                     at::Tensor& grad_gate, at::Tensor& grad_up);
 

@@ -129,11 +129,10 @@ __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du) 
   dg = static_cast<T>(SiluBackward(dsilu, fg));
 }
 
-// grad_gate and grad_up may alias gate and up (the in-place backward): no __restrict__ on them;
-// every element's inputs are loaded, by the thread that stores its outputs, before the stores.
 template <typename T, int V>
-__global__ void SwigluBackwardKernel(const T* __restrict__ grad, const T* gate, const T* up,
-                                     T* grad_gate, T* grad_up, int64_t n) {
+__global__ void SwigluBackwardKernel(const T* __restrict__ grad, const T* __restrict__ gate,
+                                     const T* __restrict__ up, T* __restrict__ grad_gate,
+                                     T* __restrict__ grad_up, int64_t n) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {

@@ -104,13 +104,6 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
         ExpectBitEqual(SwigluForward(g, u), ref.detach(), "forward");
         const auto [dg, du] = SwigluBackward(dy, g, u);
         ExpectBitEqual(du, ref_grads[1], "grad up");
-        // The in-place variant writes the same gradients over gate and up, and nothing else.
-        at::Tensor gi = g.clone(), ui = u.clone();
-        const at::Tensor dy_before = dy.clone();
-        SwigluBackwardInPlace(dy, gi, ui);
-        ExpectBitEqual(gi, dg, "in place: grad gate");
-        ExpectBitEqual(ui, du, "in place: grad up");
-        ExpectBitEqual(dy, dy_before, "in place: the gradient is untouched");
         if (device.is_cpu()) {
           ExpectBitEqual(dg, ref_grads[0], "grad gate");
         } else {

@@ -31,23 +31,17 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
 };
 
 struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
-                            bool consume_inputs) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
-    ctx->saved_data["consume"] = consume_inputs;
     return kernels::SwigluForward(gate, up);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& grad = grad_outputs[0];
-    if (!grad.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grad.defined()) return {at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
-    if (ctx->saved_data["consume"].toBool()) {
-      auto [grad_gate, grad_up] = SwigluBackwardOverInputs(grad, saved[0], saved[1]);
-      return {grad_gate, grad_up, at::Tensor()};
-    }
     auto [grad_gate, grad_up] = kernels::SwigluBackward(grad, saved[0], saved[1]);
-    return {grad_gate, grad_up, at::Tensor()};
+    return {grad_gate, grad_up};
   }
 };
 
@@ -66,19 +60,8 @@ at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return RotaryFunction::apply(x, cos, sin);
 }
 
-at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up, bool consume_inputs) {
-  return SwigluFunction::apply(gate, up, consume_inputs);
-}
-
-std::pair<at::Tensor, at::Tensor> SwigluBackwardOverInputs(const at::Tensor& grad,
-                                                           const at::Tensor& gate,
-                                                           const at::Tensor& up) {
-  if (gate.is_contiguous() && up.is_contiguous() && grad.scalar_type() == gate.scalar_type()) {
-    at::Tensor g = gate.detach(), u = up.detach();  // aliases of the storage, without autograd
-    kernels::SwigluBackwardInPlace(grad, g, u);
-    return {g, u};
-  }
-  return kernels::SwigluBackward(grad, gate, up);
+at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  return SwigluFunction::apply(gate, up);
 }
 
 at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {

@@ -4,11 +4,8 @@
 //
 //   Rotary(x, cos, sin) = x * cos + rotate_half(x) * sin      differentiable in x only
 //   Swiglu(gate, up)    = silu(gate) * up                     saves gate and up, not silu(gate)
-//                                                             (and may overwrite them in backward)
 //   SumGraphOnly(a, b)  = a + b's autograd node, value unset   for a checkpointed recomputation
 #pragma once
-
-#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -17,17 +14,7 @@ namespace qlora::engine {
 // x [batch, heads, seq, head_dim]; cos, sin [batch or 1, 1, seq, head_dim] (constants).
 at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// consume_inputs: backward writes the gradients over gate and up instead of into new buffers
-// ([tokens, intermediate] each: two such buffers less at the peak of a layer's backward). Only
-// for tensors that nothing reads once this node's backward has run: the decoder layer's own
-// gate/up projections' outputs, never a caller's tensors.
-at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up, bool consume_inputs = false);
-
-// {grad_gate, grad_up} of silu(gate) * up for `grad`, written over gate and up (returned as
-// detached aliases of them) when they are contiguous and of grad's dtype, else new tensors.
-std::pair<at::Tensor, at::Tensor> SwigluBackwardOverInputs(const at::Tensor& grad,
-                                                           const at::Tensor& gate,
-                                                           const at::Tensor& up);
+at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 // An output of a's shape whose gradient goes to a and b as a + b's would, with an unspecified
 // value and no pass over memory: the end of a checkpointed block's recomputation, whose output

@@ -123,55 +123,45 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
 }
 
 struct LoraGradients {
-  at::Tensor dha;      // dh' = (g B) * scale [T, r]
   at::Tensor lora_in;  // dh' A [T, in]: the adapters' part of the input gradient
   at::Tensor a, b;     // float32, the adapters' dtype
 };
 
 // The adapters' gradients for g [T, out] (in h's dtype):
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = (h^T dh')^T;  dB = ((h A^T)^T g * scale)^T
-// Without input_gradient, lora_in is left for the caller (LoraInputGradient), which can then
-// free h before that [T, in] buffer exists.
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
-                           const at::Tensor& a, const at::Tensor& b, double scale,
-                           bool input_gradient = true) {
+                           const at::Tensor& a, const at::Tensor& b, double scale) {
   const at::ScalarType dtype = h.scalar_type();
+  const at::Tensor dha = at::mm(g, b.to(dtype)).mul_(scale);  // [T, r]
   LoraGradients d;
-  d.dha = at::mm(g, b.to(dtype)).mul_(scale);  // [T, r]
-  d.a = at::mm(h.t(), d.dha).t().to(a.scalar_type());
+  d.a = at::mm(h.t(), dha).t().to(a.scalar_type());
   d.b = at::mm(ha.t(), g).mul_(scale).t().to(b.scalar_type());
-  if (input_gradient) d.lora_in = at::mm(d.dha, a.to(dtype));  // [T, in]
+  d.lora_in = at::mm(dha, a.to(dtype));  // [T, in]
   return d;
-}
-
-at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a) {
-  return at::mm(d.dha, a.to(d.dha.scalar_type()));
 }
 
 // The down projection with its adapter applied to silu(gate) * up, as one node that keeps gate
 // and up (which SwiGLU's backward needs anyway) but not their product, the projection's input
 // ([T, intermediate], the largest tensor a layer would otherwise save): backward recomputes it
-// (one pass over memory) for the adapter's gradients and frees it before the input gradient's
-// [T, intermediate] buffer is made, then takes the input gradient through SwiGLU's backward
-// (written over gate and up with consume_inputs). The same values and gradients as Swiglu
-// followed by LoraLinearFunction (without dropout). With value_unused (a checkpointed layer's
-// recomputation) the frozen GEMM is skipped and the output is unset, as LoraLinearFunction's.
+// (one pass over memory) for the adapter's gradients, then takes the input gradient through
+// SwiGLU's backward. The same values and gradients as Swiglu followed by LoraLinearFunction
+// (without dropout); for layers that are not activation-checkpointed, whose saved tensors are
+// held from forward to backward.
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, bool value_unused, bool consume_inputs) {
+                            double scale) {
     const at::Tensor x = kernels::SwigluForward(gate, up);
-    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused);
+    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, /*value_unused=*/false);
     SaveBase(ctx, *base);
     ctx->save_for_backward({gate, up, ha, a, b});
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["consume"] = consume_inputs;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return variable_list(8);
+    if (!g.defined()) return variable_list(6);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -179,14 +169,12 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
     LoraGradients d;
     {
-      const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before lora_in is made
-      d = LoraBackward(grad, x, ha, a, b, scale, /*input_gradient=*/false);
+      const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before SwiGLU's backward
+      d = LoraBackward(grad, x, ha, a, b, scale);
     }
-    const at::Tensor dx = LoraInputGradient(d, a).addmm_(grad, SavedBase(ctx, dtype));
-    auto [grad_gate, grad_up] = ctx->saved_data["consume"].toBool()
-                                    ? SwigluBackwardOverInputs(dx, gate, up)
-                                    : kernels::SwigluBackward(dx, gate, up);
-    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor dx = d.lora_in.addmm_(grad, SavedBase(ctx, dtype));
+    auto [grad_gate, grad_up] = kernels::SwigluBackward(dx, gate, up);
+    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -402,13 +390,11 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 }
 
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, bool value_unused, bool consume_inputs) {
-  if (!AdapterWithoutDropout(down, training)) {
-    return down.Forward(Swiglu(gate, up, consume_inputs), training, value_unused);
-  }
+                             bool training) {
+  if (!AdapterWithoutDropout(down, training)) return down.Forward(Swiglu(gate, up), training);
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
   return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale, value_unused, consume_inputs),
+                                                 down.lora->scale),
                        gate.sizes(), down.base);
 }
 

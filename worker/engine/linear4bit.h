@@ -73,11 +73,9 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 
 // down.Forward(silu(gate) * up): with an adapter (and no dropout running) as one node that saves
 // gate and up but not their product, which backward recomputes (see SwigluLoraFunction in the
-// .cc): [tokens, intermediate] less held from forward to backward, one more pass over memory.
-// value_unused as LinearLayer::Forward's. consume_inputs: backward writes gate's and up's
-// gradients over them (see Swiglu in fused_ops.h: only for the layer's own gate/up outputs).
+// .cc): [tokens, intermediate] less held per layer from forward to backward, one more pass over
+// memory. For layers that are not activation-checkpointed.
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, bool value_unused = false,
-                             bool consume_inputs = false);
+                             bool training);
 
 }  // namespace qlora::engine

@@ -212,14 +212,13 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
   const std::vector<at::Tensor> gate_up =
       SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
-  // With gradients (a plain layer, or a checkpointed one's recomputation): one node that saves
-  // gate and up but not their product (its backward recomputes it, one SwiGLU pass, and frees it
-  // before the input gradient's buffer exists) and writes their gradients over them, so a layer's
-  // backward never holds more than one [tokens, intermediate] buffer beyond gate and up.
+  // A layer that keeps its activations until backward (no checkpoint) saves gate and up but not
+  // their product: the down node recomputes it in backward. A checkpointed layer's forward keeps
+  // nothing and its recomputation lives one layer's backward, so it keeps the product.
+  const bool saves_until_backward = at::GradMode::is_enabled() && !value_unused;
   const at::Tensor down =
-      at::GradMode::is_enabled()
-          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_, value_unused,
-                              /*consume_inputs=*/true)
+      saves_until_backward
+          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_)
           : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1]), training_, value_unused);
   return value_unused ? SumGraphOnly(h, down) : h + down;
 }

@@ -44,7 +44,7 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   };
   const Module modules[] = {{"q_proj", H},    {"k_proj", H},  {"v_proj", H},   {"o_proj", Q},
                             {"gate_proj", H}, {"up_proj", H}, {"down_proj", I}};
-  bool saves_n = false, saves_m = false;
+  bool saves_n = false, saves_m = false, saves_gated = false;
   for (const Module& module : modules) {
     if (!Targets(r, module.name)) continue;
     plain += r.lora_r * d;  // h A^T
@@ -55,17 +55,16 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
       saves_n = true;
     } else if (name == "gate_proj" || name == "up_proj") {
       saves_m = true;
-    }  // o_proj's input is the attention output, already counted; down_proj's is recomputed
+    } else if (name == "down_proj") {
+      saves_gated = true;
+    }  // o_proj's input is the attention output, already counted
   }
   plain += (saves_n ? H * d : 0) + (saves_m ? H * d : 0);
-  // down_proj's input, silu(gate) * up, is never saved: the down node recomputes it in backward
-  // (SwigluThenForward), in a plain layer and in a checkpointed layer's recomputation alike.
+  // down_proj's input, silu(gate) * up: a plain layer's down node recomputes it in backward
+  // (SwigluThenForward); a checkpointed layer's recomputation saves it.
   b.plain = plain;
-  b.recomputed = plain - b.checkpointed;
-  // The MLP's backward: the output gradient and h's (2 H), and one [T, I] buffer (the recomputed
-  // SwiGLU output, freed before the input gradient's); gate's and up's gradients are written
-  // over them. The attention's: its gradients and the flash kernel's float32 dq.
-  b.backward = std::max((2 * H + I) * d, (2 * H + 2 * Q + 2 * K) * d + 4 * Q);
+  b.recomputed = plain + (saves_gated ? I * d : 0) - b.checkpointed;
+  b.backward = std::max((2 * H + 3 * I) * d, (2 * H + 2 * Q + 2 * K) * d + 4 * Q);
   return b;
 }
 
@@ -106,7 +105,7 @@ absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
   // The leanest split: every layer checkpointed, or all but the top one when keeping the top
   // layer's activations costs less than recomputing it (its down node saves no SwiGLU output).
   int64_t leanest = layers;
-  if (layers > 1 && PlannedPeakBytes(r, layers - 1) <= PlannedPeakBytes(r, layers)) leanest = layers - 1;
+  if (layers > 1 && PlannedPeakBytes(r, layers - 1) < PlannedPeakBytes(r, layers)) leanest = layers - 1;
   const int64_t minimum = PlannedPeakBytes(r, leanest);
   if (minimum > usable) {
     const int64_t needed =

@@ -22,9 +22,8 @@
 //                      With LoRA dropout each adapted module keeps its own dropped input
 //                      (in d) and the dropout mask (in bytes of `dropout_mask_bytes`) instead.
 //   checkpointed layer its input only (H d); its recomputation saves what a plain layer does
-//   one layer's backward  (recompute +) gradients: max of the MLP's (2H + I) d (gate's and up's
-//                      gradients are written over them; one [T, I] buffer at a time: the
-//                      recomputed SwiGLU output, then down's input gradient) and the
+//                      and the SwiGLU output (I d) for an adapted down_proj
+//   one layer's backward  (recompute +) gradients: max of the MLP's (2H + 3I) d and the
 //                      attention's (2H + 2Q + 2K) d + 4Q (the flash kernel's float32 dq)
 //   around the layers  final norm input, its output and the loss's row-major copy (3 H d + 4),
 //                      the rotary tables (2 head_dim d); the loss's backward adds grad_hidden
