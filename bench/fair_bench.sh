@@ -23,7 +23,8 @@
 # --intermediate 28672 --heads 64, 12 GB of random bf16 weights, made by the first part that
 # needs it, in the 7B folder's parent), also optional (BENCH_FAIR_PARTS="ours-70b-mb4 ..."):
 #   ours-70b-mb4     ours, 1 GPU, micro-batch 4, checkpointing
-#   ours-70b-mb1     ours, 1 GPU, micro-batch 1, checkpointing
+#   ours-70b-mb1     ours, 1 GPU, micro-batch 1, checkpointing, then a profile of 2 more steps
+#   attr-ours-70b-mb1  the attribution of that trace (the weakest line against issue 13's targets)
 #   liger-70b        HF + peft + bnb + autocast + Liger: mb 4, mb 1 (one process)
 #   hf-70b           HF + peft + bnb + autocast: mb 4, mb 1 (one process)
 # Long rows (issue 13, "Packing at long sequences"; not in the default list, ask for them by name,
@@ -55,6 +56,7 @@
 #   logs.tar.gz                every part's full output, ours' job files, events and worker logs
 #   trace-ours-mb4.json.gz     ours' profile (slimmed: no flow arrows, strides or dtypes)
 #   trace-liger-mb4.json.gz    the Liger anchor's profile
+#   trace-ours-70b-mb1.json.gz ours' profile at the 70B-width slice, micro-batch 1 (attr-ours-70b-mb1)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}
@@ -243,7 +245,10 @@ for part in $parts; do
     ours-mb4-nockpt) run_part ours-mb4-nockpt 45 ours_job ours-mb4-nockpt "$gpus_1" 4 false ;;
     ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
     ours-70b-mb4) run_part ours-70b-mb4 150 with_70b ours_job ours-70b-mb4 "$gpus_1" 4 true ;;
-    ours-70b-mb1) run_part ours-70b-mb1 60 with_70b ours_job ours-70b-mb1 "$gpus_1" 1 true ;;
+    ours-70b-mb1) run_part ours-70b-mb1 60 with_70b ours_job ours-70b-mb1 "$gpus_1" 1 true \
+      "$work/trace-ours-70b-mb1.json" ;;
+    attr-ours-70b-mb1) run_part attr-ours-70b-mb1 20 with_70b attribute "$work/trace-ours-70b-mb1.json" \
+      "Profile of ours: 70B-width slice, 1 GPU, micro-batch 1, checkpointing, 2 steps" ours-70b-mb1 ;;
     liger-70b) run_part liger-70b 150 with_70b python3 "$root/bench/anchor_hf.py" "$model70" --liger \
       --micro-batches 4 1 "${measure[@]}" "${anchor_args[@]}" ;;
     hf-70b) run_part hf-70b 120 with_70b python3 "$root/bench/anchor_hf.py" "$model70" --micro-batches 4 1 \
