@@ -2,6 +2,8 @@
 # Builds everything here (CUDA kernels for sm_90 included) and packs the binaries, the test
 # binaries and the non-system libraries they need into .device-bundle/, to be carried to the GPU
 # machine (whose torch 2.11.0+cu130 is the same build as ours) and run there by run_on_gpu.sh.
+# The whole bundle is ~40 MB: with .device-wheels/site (13 MB) and the tree it overruns the 64 MiB
+# carry, so name the test binaries a run needs in BUNDLE_TESTS (below).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -10,6 +12,20 @@ out=$root/.device-bundle
 rm -rf "$out" && mkdir -p "$out/tree/lib"
 cd "$build"
 mapfile -t bins < <(find . -type f -executable \( -name 'qlora-*' -o -name qloractl -o -name '*_test' -o -name '*_bench' \) -not -path '*/CMakeFiles/*')
+# BUNDLE_TESTS="kernels_* engine_model_test": only the test binaries whose names match one of
+# these globs (the service binaries always), so that the bundle and .device-wheels fit one carry.
+if [ -n "${BUNDLE_TESTS:-}" ]; then
+  kept=()
+  for b in "${bins[@]}"; do
+    name=$(basename "$b")
+    case "$name" in *_test) ;; *) kept+=("$b"); continue ;; esac
+    for pattern in $BUNDLE_TESTS; do
+      # shellcheck disable=SC2053  # the pattern is a glob on purpose
+      if [[ $name == $pattern ]]; then kept+=("$b"); break; fi
+    done
+  done
+  bins=("${kept[@]}")
+fi
 for b in "${bins[@]}"; do
   mkdir -p "$out/tree/$(dirname "$b")"
   cp "$b" "$out/tree/$b"
