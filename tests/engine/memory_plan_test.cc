@@ -79,6 +79,7 @@ TEST(EngineMemoryPlan, PeakGrowsWithEveryPlainLayerBelowTheTop) {
   const MemoryPlanRequest r = SevenB(24);
   // The top layer kept costs less than recomputing it (which saves the SwiGLU output too).
   EXPECT_LT(PlannedPeakBytes(r, 31), PlannedPeakBytes(r, 32));
+  EXPECT_EQ(LeanestCheckpointedLayers(r), 31);  // what enable_gradient_checkpointing: true runs
   for (int64_t c = 31; c > 0; --c) EXPECT_LE(PlannedPeakBytes(r, c), PlannedPeakBytes(r, c - 1)) << c;
 }
 

@@ -91,6 +91,12 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   return FixedBytes(r) + peak;
 }
 
+int64_t LeanestCheckpointedLayers(const MemoryPlanRequest& r) {
+  const int64_t layers = r.model.num_hidden_layers;
+  if (layers > 1 && PlannedPeakBytes(r, layers - 1) <= PlannedPeakBytes(r, layers)) return layers - 1;
+  return layers;
+}
+
 absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
   if (r.budget_bytes <= 0) {
     return absl::InvalidArgumentError("trainer.max_memory_gib: the memory budget must be > 0");
@@ -102,10 +108,7 @@ absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
   const int64_t layers = r.model.num_hidden_layers;
   const int64_t usable = static_cast<int64_t>(static_cast<double>(r.budget_bytes) *
                                               (1.0 - r.margin_fraction));
-  // The leanest split: every layer checkpointed, or all but the top one when keeping the top
-  // layer's activations costs less than recomputing it (its down node saves no SwiGLU output).
-  int64_t leanest = layers;
-  if (layers > 1 && PlannedPeakBytes(r, layers - 1) < PlannedPeakBytes(r, layers)) leanest = layers - 1;
+  const int64_t leanest = LeanestCheckpointedLayers(r);
   const int64_t minimum = PlannedPeakBytes(r, leanest);
   if (minimum > usable) {
     const int64_t needed =

@@ -90,6 +90,12 @@ struct MemoryPlan {
   int64_t budget_bytes = 0;
 };
 
+// The split with the least memory and, at that, the least recomputation: every layer
+// checkpointed, or all but the top one when keeping the top layer's activations costs no more
+// than recomputing it (backward recomputes it first thing). trainer.enable_gradient_checkpointing:
+// true runs this split; auto never checkpoints more.
+int64_t LeanestCheckpointedLayers(const MemoryPlanRequest& request);
+
 // The fewest checkpointed layers whose planned peak stays under the budget less its margin.
 // InvalidArgument for a budget <= 0 or a shape without layers or tokens; FailedPrecondition
 // when even every layer checkpointed does not fit (the message names both numbers).

@@ -52,16 +52,9 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   if (!b.automatic_) {
     o.model->SetGradientCheckpointing(t.gradient_checkpointing == CheckpointingMode::kAll);
     if (t.gradient_checkpointing == CheckpointingMode::kAll) {
-      // Backward recomputes the top layer first thing, so checkpointing it lowers the peak only
-      // when the loss's backward sets it: the top layer runs plainly whenever the plan shows
-      // that costs no memory (same values either way, one layer's recomputation less).
-      const engine::MemoryPlanRequest request = RequestFor(o);
-      const int64_t layers = static_cast<int64_t>(o.model->layers.size());
-      if (layers > 1 && engine::PlannedPeakBytes(request, layers - 1) <=
-                            engine::PlannedPeakBytes(request, layers)) {
-        o.model->SetCheckpointedLayers(layers - 1);
-        b.top_layer_plain_ = true;
-      }
+      // Every layer, or all but the top one when the plan shows that costs no memory (same
+      // values either way, one layer's recomputation less).
+      o.model->SetCheckpointedLayers(engine::LeanestCheckpointedLayers(RequestFor(o)));
     }
     return b;
   }
@@ -86,9 +79,10 @@ std::string CheckpointingBudget::Describe() const {
   const int64_t layers = static_cast<int64_t>(model_->layers.size());
   if (planned_) return engine::DescribePlan(plan_);
   const int64_t n = model_->checkpointed_layers();
+  const bool top_layer_plain = !automatic_ && n > 0 && n < layers;  // true's leanest split
   return absl::StrCat("activation checkpointing: ", n, " of ", layers, " layers checkpointed (",
                       automatic_ ? "auto on a CPU without trainer.max_memory_gib: every layer"
-                      : top_layer_plain_
+                      : top_layer_plain
                           ? "enable_gradient_checkpointing: true; the top layer runs plainly, as "
                             "recomputing it would not lower the peak"
                       : n > 0 ? "enable_gradient_checkpointing: true"

@@ -64,7 +64,6 @@ class CheckpointingBudget {
   engine::LlamaForCausalLM* model_ = nullptr;
   bool automatic_ = false;
   bool planned_ = false;             // auto with a budget (else: every layer, nothing to correct)
-  bool top_layer_plain_ = false;     // true: every layer but the top (its recomputation saves nothing)
   engine::MemoryPlanRequest request_;
   engine::MemoryPlan plan_;
   int64_t peak_before_ = 0;
