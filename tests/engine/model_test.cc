@@ -697,6 +697,13 @@ TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
     (*model)->SetTraining(true);
     const at::Tensor ids = RandomIds((*model)->config(), 2, 64);
     results[d] = Gradients(**model, ids, LabelsFor(ids));
+    // The GPU's GEMMs went through the tuner (kernels/tuned_gemm.h); the CPU has none.
+    if (devices[d].is_cuda()) {
+      ASSERT_NE((*model)->gemm_tuner(), nullptr);
+      EXPECT_GT((*model)->gemm_tuner()->tuned_shapes(), 0);
+    } else {
+      EXPECT_EQ((*model)->gemm_tuner(), nullptr);
+    }
   }
   const double loss = results[0].at("loss_sum").item<double>();
   EXPECT_NEAR(results[2].at("loss_sum").item<double>(), loss, 2e-2 * std::abs(loss));

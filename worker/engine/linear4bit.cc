@@ -39,6 +39,43 @@ kernels::Quantized4bit FromSaved(AutogradContext* ctx, const std::string& prefix
   return q;
 }
 
+// The layers' GEMM tuner in autograd's saved data, as its address (see LinearLayer::gemm).
+void SaveGemm(AutogradContext* ctx, kernels::GemmTuner* gemm) {
+  ctx->saved_data["gemm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(gemm));
+}
+
+kernels::GemmTuner* SavedGemm(AutogradContext* ctx) {
+  return reinterpret_cast<kernels::GemmTuner*>(
+      static_cast<intptr_t>(ctx->saved_data.at("gemm").toInt()));
+}
+
+// out = beta * out + alpha * (a b) through the tuner, or ATen's GEMM without one.
+void Addmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor& a,
+           const at::Tensor& b, double beta = 1.0, double alpha = 1.0) {
+  if (gemm != nullptr) {
+    gemm->Addmm(out, a, b, beta, alpha);
+  } else {
+    at::Tensor o = out;
+    at::addmm_out(o, out, a, b, beta, alpha);
+  }
+}
+
+// a [m, k] b [k, n] as a new [m, n] tensor.
+at::Tensor Mm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b) {
+  if (gemm == nullptr) return at::mm(a, b);
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  gemm->Addmm(out, a, b, /*beta=*/0.0);
+  return out;
+}
+
+// x [..., k] b [k, n] as [..., n], through the tuner when there is one.
+at::Tensor Matmul(kernels::GemmTuner* gemm, const at::Tensor& x, const at::Tensor& b) {
+  if (gemm == nullptr) return at::matmul(x, b);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = b.size(1);
+  return Mm(gemm, x.reshape({-1, x.size(-1)}), b).view(sizes);
+}
+
 void Save(AutogradContext* ctx, const kernels::Quantized4bit& q, const std::string& prefix = "") {
   auto& s = ctx->saved_data;
   // Frozen tensors: saving them in saved_data keeps a reference, not a copy.
@@ -59,8 +96,10 @@ void Save(AutogradContext* ctx, const kernels::Quantized4bit& q, const std::stri
 
 struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            const kernels::Quantized4bit* weight, bool value_unused) {
+                            const kernels::Quantized4bit* weight, bool value_unused,
+                            kernels::GemmTuner* gemm) {
     Save(ctx, *weight);
+    SaveGemm(ctx, gemm);
     ctx->saved_data["compute_dtype"] = static_cast<int64_t>(x.scalar_type());
     if (value_unused) {  // only the graph is used: backward needs W alone
       std::vector<int64_t> sizes = x.sizes().vec();
@@ -68,15 +107,17 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
       return at::empty(sizes, x.options());
     }
     // The dequantized weight is a temporary: freed when this scope ends.
-    return at::linear(x, DequantizeWeight(*weight, x.scalar_type()));
+    return Matmul(gemm, x, DequantizeWeight(*weight, x.scalar_type()).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["compute_dtype"].toInt());
     const at::Tensor& grad = grad_outputs[0];
     at::Tensor grad_x;
-    if (grad.defined()) grad_x = at::matmul(grad.to(dtype), DequantizeWeight(FromSaved(ctx), dtype));
-    return {grad_x, at::Tensor(), at::Tensor()};
+    if (grad.defined()) {
+      grad_x = Matmul(SavedGemm(ctx), grad.to(dtype), DequantizeWeight(FromSaved(ctx), dtype));
+    }
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -102,12 +143,13 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
 // y = scale * (h A^T) B^T written by the rank-r GEMM from ha = h A^T (beta = 0), then
 // y += x W^T accumulated by the base GEMM (beta = 1), for rows x [T, in]; unset with value_unused.
 at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tensor& b,
-                      const FrozenWeight& base, double scale, bool value_unused) {
+                      const FrozenWeight& base, double scale, bool value_unused,
+                      kernels::GemmTuner* gemm) {
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   if (!value_unused) {
     const at::ScalarType dtype = x.scalar_type();
-    at::addmm_out(y, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
-    y.addmm_(x, base.Materialize(dtype).t());
+    Addmm(gemm, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
+    Addmm(gemm, y, x, base.Materialize(dtype).t());
   }
   return y;
 }
@@ -117,9 +159,9 @@ at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tenso
 std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Tensor& h,
                                               const at::Tensor& a, const at::Tensor& b,
                                               const FrozenWeight& base, double scale,
-                                              bool value_unused) {
-  const at::Tensor ha = at::mm(h, a.to(x.scalar_type()).t());  // [T, r]
-  return {LoraOutput(x, ha, b, base, scale, value_unused), ha};
+                                              bool value_unused, kernels::GemmTuner* gemm) {
+  const at::Tensor ha = Mm(gemm, h, a.to(x.scalar_type()).t());  // [T, r]
+  return {LoraOutput(x, ha, b, base, scale, value_unused, gemm), ha};
 }
 
 struct LoraGradients {
@@ -130,13 +172,14 @@ struct LoraGradients {
 // The adapters' gradients for g [T, out] (in h's dtype):
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = (h^T dh')^T;  dB = ((h A^T)^T g * scale)^T
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
-                           const at::Tensor& a, const at::Tensor& b, double scale) {
+                           const at::Tensor& a, const at::Tensor& b, double scale,
+                           kernels::GemmTuner* gemm) {
   const at::ScalarType dtype = h.scalar_type();
-  const at::Tensor dha = at::mm(g, b.to(dtype)).mul_(scale);  // [T, r]
+  const at::Tensor dha = Mm(gemm, g, b.to(dtype)).mul_(scale);  // [T, r]
   LoraGradients d;
-  d.a = at::mm(h.t(), dha).t().to(a.scalar_type());
-  d.b = at::mm(ha.t(), g).mul_(scale).t().to(b.scalar_type());
-  d.lora_in = at::mm(dha, a.to(dtype));  // [T, in]
+  d.a = Mm(gemm, h.t(), dha).t().to(a.scalar_type());
+  d.b = Mm(gemm, ha.t(), g).mul_(scale).t().to(b.scalar_type());
+  d.lora_in = Mm(gemm, dha, a.to(dtype));  // [T, in]
   return d;
 }
 
@@ -150,10 +193,11 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale) {
+                            double scale, kernels::GemmTuner* gemm) {
     const at::Tensor x = kernels::SwigluForward(gate, up);
-    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, /*value_unused=*/false);
+    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, /*value_unused=*/false, gemm);
     SaveBase(ctx, *base);
+    SaveGemm(ctx, gemm);
     ctx->save_for_backward({gate, up, ha, a, b});
     ctx->saved_data["scale"] = scale;
     return y;
@@ -161,20 +205,21 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return variable_list(6);
+    if (!g.defined()) return variable_list(7);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::ScalarType dtype = gate.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
+    kernels::GemmTuner* gemm = SavedGemm(ctx);
     LoraGradients d;
     {
       const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before SwiGLU's backward
-      d = LoraBackward(grad, x, ha, a, b, scale);
+      d = LoraBackward(grad, x, ha, a, b, scale, gemm);
     }
-    const at::Tensor dx = d.lora_in.addmm_(grad, SavedBase(ctx, dtype));
-    auto [grad_gate, grad_up] = kernels::SwigluBackward(dx, gate, up);
-    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor()};
+    Addmm(gemm, d.lora_in, grad, SavedBase(ctx, dtype));
+    auto [grad_gate, grad_up] = kernels::SwigluBackward(d.lora_in, gate, up);
+    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -195,10 +240,11 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
 struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& h,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, bool value_unused) {
+                            double scale, bool value_unused, kernels::GemmTuner* gemm) {
     const at::Tensor& lora_in = h;
-    auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused);
+    auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused, gemm);
     SaveBase(ctx, *base);
+    SaveGemm(ctx, gemm);
     ctx->save_for_backward({lora_in, ha, a, b});
     ctx->saved_data["dropout"] = !h.is_same(x);
     ctx->saved_data["scale"] = scale;
@@ -211,18 +257,20 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const at::Tensor &lora_in = saved[0], &ha = saved[1], &a = saved[2], &b = saved[3];
     const bool dropout = ctx->saved_data["dropout"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
-    if (!g.defined()) return variable_list(7);
+    if (!g.defined()) return variable_list(8);
     const at::ScalarType dtype = lora_in.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
-    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale);
+    kernels::GemmTuner* gemm = SavedGemm(ctx);
+    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale, gemm);
     at::Tensor dx, dh;
     if (dropout) {
-      dx = at::mm(grad, SavedBase(ctx, dtype));
+      dx = Mm(gemm, grad, SavedBase(ctx, dtype));
       dh = d.lora_in;
     } else {
-      dx = d.lora_in.addmm_(grad, SavedBase(ctx, dtype));
+      dx = d.lora_in;
+      Addmm(gemm, dx, grad, SavedBase(ctx, dtype));
     }
-    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -246,13 +294,16 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
       a_c.push_back(a[i].to(dtype));
       ranks.push_back(a[i].size(0));
     }
-    const at::Tensor ha = at::mm(x, at::cat(a_c).t());  // [T, sum of r]
+    kernels::GemmTuner* gemm = (*group)[0]->gemm;
+    SaveGemm(ctx, gemm);
+    const at::Tensor ha = Mm(gemm, x, at::cat(a_c).t());  // [T, sum of r]
     const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
     variable_list outputs;
     std::vector<double> scales;
     for (size_t i = 0; i < n; ++i) {
       const LinearLayer& layer = *(*group)[i];
-      outputs.push_back(LoraOutput(x, ha_i[i], b[i], layer.base, layer.lora->scale, value_unused));
+      outputs.push_back(
+          LoraOutput(x, ha_i[i], b[i], layer.base, layer.lora->scale, value_unused, gemm));
       SaveBase(ctx, layer.base, std::to_string(i) + ".");
       scales.push_back(layer.lora->scale);
     }
@@ -274,22 +325,23 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     const at::ScalarType dtype = x.scalar_type();
     const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
     variable_list grads(1 + 2 * n + 2);  // x, the As, the Bs, then group and value_unused
+    kernels::GemmTuner* gemm = SavedGemm(ctx);
     std::vector<at::Tensor> g(n), dha(n), a_c(n);
     for (size_t i = 0; i < n; ++i) {
       const at::Tensor& a = saved[2 + i];
       const at::Tensor& b = saved[2 + n + i];
       a_c[i] = a.to(dtype);
       g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
-      dha[i] = at::mm(g[i], b.to(dtype)).mul_(scales[i]);  // [T, r_i]
-      grads[1 + n + i] = at::mm(ha_i[i].t(), g[i]).mul_(scales[i]).t().to(b.scalar_type());
+      dha[i] = Mm(gemm, g[i], b.to(dtype)).mul_(scales[i]);  // [T, r_i]
+      grads[1 + n + i] = Mm(gemm, ha_i[i].t(), g[i]).mul_(scales[i]).t().to(b.scalar_type());
     }
     const at::Tensor dha_all = at::cat(dha, 1);             // [T, sum of r]
-    const at::Tensor da_all = at::mm(x.t(), dha_all).t();   // [sum of r, in]
+    const at::Tensor da_all = Mm(gemm, x.t(), dha_all).t();  // [sum of r, in]
     const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
     for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i].to(saved[2 + i].scalar_type());
-    at::Tensor dx = at::mm(dha_all, at::cat(a_c));          // [T, in]
+    at::Tensor dx = Mm(gemm, dha_all, at::cat(a_c));        // [T, in]
     for (size_t i = 0; i < n; ++i) {
-      dx.addmm_(g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+      Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
     }
     grads[0] = dx;
     return grads;
@@ -326,7 +378,8 @@ at::Tensor DequantizeWeight(const kernels::Quantized4bit& q, at::ScalarType dtyp
 at::Tensor BitsandbytesQuantMap(kernels::QuantType type) { return kernels::SerializedQuantMap(type); }
 
 at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight) {
-  return Linear4bitFunction::apply(x, &weight, /*value_unused=*/false);
+  return Linear4bitFunction::apply(x, &weight, /*value_unused=*/false,
+                                   static_cast<kernels::GemmTuner*>(nullptr));
 }
 
 at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
@@ -344,7 +397,10 @@ at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
 at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_unused) const {
   if (!lora) {
     if (value_unused && base.quantized && !base.bias.defined()) {
-      return Linear4bitFunction::apply(x, &*base.quantized, true);
+      return Linear4bitFunction::apply(x, &*base.quantized, true, gemm);
+    }
+    if (gemm != nullptr && base.quantized && !base.bias.defined()) {
+      return Linear4bitFunction::apply(x, &*base.quantized, false, gemm);
     }
     return base.Apply(x);
   }
@@ -352,7 +408,7 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_u
   const at::Tensor h =
       AdapterWithoutDropout(*this, training) ? x2 : at::dropout(x2, lora->dropout, training);
   return ToLayerOutput(
-      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused),
+      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused, gemm),
       x.sizes(), base);
 }
 
@@ -394,7 +450,7 @@ at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, co
   if (!AdapterWithoutDropout(down, training)) return down.Forward(Swiglu(gate, up), training);
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
   return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale),
+                                                 down.lora->scale, down.gemm),
                        gate.sizes(), down.base);
 }
 

@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "kernels/quantize_4bit.h"
+#include "kernels/tuned_gemm.h"
 
 namespace qlora::engine {
 
@@ -54,6 +55,9 @@ struct LoraWeights {
 struct LinearLayer {
   FrozenWeight base;
   std::optional<LoraWeights> lora;
+  // Runs the layer's GEMMs with cuBLASLt's fastest algorithm per shape (kernels/tuned_gemm.h);
+  // owned by the model, which outlives every graph its layers build. Null: ATen's GEMMs.
+  kernels::GemmTuner* gemm = nullptr;
 
   // x: [..., in] in the compute dtype; returns [..., out] in the same dtype. With value_unused
   // (a checkpointed block's recomputation, where only the graph matters) the result's value is

@@ -77,6 +77,8 @@ class LlamaForCausalLM {
   LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dtype, at::Device device);
 
   const LlamaConfig& config() const { return config_; }
+  // The layers' GEMM tuner (on CUDA; null elsewhere): shapes tuned so far, for logs and tests.
+  const kernels::GemmTuner* gemm_tuner() const { return gemm_tuner_.get(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   at::Device device() const { return device_; }
 
@@ -148,6 +150,7 @@ class LlamaForCausalLM {
   std::optional<LoraOptions> lora_;
   bool training_ = false;
   int64_t checkpointed_layers_ = 0;  // the constructor: every layer
+  std::shared_ptr<kernels::GemmTuner> gemm_tuner_;  // shared by every LinearLayer::gemm
 };
 
 // RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, computed in float32 with one rounding to x's

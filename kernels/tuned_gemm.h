@@ -1,0 +1,71 @@
+// Half-precision GEMMs (bf16/fp16 on CUDA) through cuBLASLt with, for each shape, the fastest of
+// the library's candidate algorithms, timed once on first use. ATen's matmul runs cuBLAS's first
+// heuristic pick, which for some of the engine's shapes is several percent slower than the best
+// kernel the library has. Everywhere else (CPU, float32, strides cuBLASLt cannot take) it is
+// at::addmm_out, so callers need no second path.
+//
+// Tuning: the first call of a shape times ATen's call and up to `candidates` algorithms of
+// cuBLASLt's heuristic (each the median of three batches) on scratch memory taken from the
+// driver, outside ATen's caching allocator (its peaks, which the memory plan reads, do not
+// move; where the driver has no memory left the shape stays on ATen's call). A candidate is kept
+// only when it beats ATen's call by 1.5 %, and among those within 1.5 % of the fastest the
+// first in the heuristic's order, so that timing noise rarely changes the choice.
+//
+// Numerics: every candidate accumulates in float32 and none splits K (split-K sums K in parts
+// across blocks), so the chosen kernel sums in K order as cuBLAS's does; results may differ from
+// ATen's in the last bit where tile shapes differ. The choice is fixed per tuner: one process's
+// steps are reproducible, and a resumed process equal up to those last bits where it chose
+// otherwise.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::kernels {
+
+struct GemmTunerOptions {
+  int candidates = 16;           // heuristic results asked of cuBLASLt per shape
+  int timing_repetitions = 5;    // runs per timed batch (three batches; the median counts)
+  int64_t workspace_bytes = 32 << 20;
+  // Shapes tuned at most; calls of further shapes run ATen's GEMM (rows that vary from step to
+  // step, e.g. padded to each batch's longest, would otherwise tune every step).
+  int64_t max_shapes = 256;
+};
+
+// One candidate of a shape, as the benchmark prints it.
+struct GemmCandidateTiming {
+  std::string algorithm;  // "algo=6 tile=... stages=..." (cuBLASLt's configuration ids)
+  double milliseconds = 0;
+};
+
+class GemmTuner {
+ public:
+  explicit GemmTuner(GemmTunerOptions options = {});
+  ~GemmTuner();
+  GemmTuner(const GemmTuner&) = delete;
+  GemmTuner& operator=(const GemmTuner&) = delete;
+
+  // out = beta * out + alpha * (a @ b), for a [m, k] and b [k, n] (contiguous, or transposed
+  // views of contiguous matrices) and out [m, n] with unit column stride. beta = 0 never reads
+  // out. Tunes the shape first when it is new.
+  void Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
+             double alpha = 1.0);
+
+  // Every candidate's time for this call's shape, fastest first, without writing out; empty
+  // where the call would not go through cuBLASLt.
+  std::vector<GemmCandidateTiming> TimeCandidates(const at::Tensor& out, const at::Tensor& a,
+                                                  const at::Tensor& b, double beta);
+
+  // Shapes tuned so far.
+  int64_t tuned_shapes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qlora::kernels

@@ -1,0 +1,66 @@
+// qlora-tuned-gemm-bench: for the base projections' GEMMs of one decoder layer, as the engine
+// issues them, every cuBLASLt candidate's time against ATen's own call (cuBLAS's pick).
+//   tuned_gemm_bench [tokens hidden intermediate kv_hidden]   (default 8192 4096 11008 4096)
+// Prints, per GEMM, ATen's milliseconds and TFLOP/s, the fastest candidate's, and the top three.
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/tuned_gemm.h"
+
+int main(int argc, char** argv) {
+  using qlora::kernels::GemmTuner;
+  if (!at::hasCUDA()) {
+    std::printf("no GPU: nothing to time\n");
+    return 0;
+  }
+  const int64_t t = argc > 1 ? std::atoll(argv[1]) : 8192;
+  const int64_t h = argc > 2 ? std::atoll(argv[2]) : 4096;
+  const int64_t i = argc > 3 ? std::atoll(argv[3]) : 11008;
+  const int64_t kv = argc > 4 ? std::atoll(argv[4]) : 4096;
+  const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  GemmTuner tuner;
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+  };
+  const std::vector<Shape> shapes = {{"q/o", h, h}, {"k/v", kv, h}, {"gate/up", i, h},
+                                     {"down", h, i}};
+  double aten_total = 0, best_total = 0;
+  for (const Shape& s : shapes) {
+    const at::Tensor w = at::randn({s.out, s.in}, opt);
+    for (bool backward : {false, true}) {
+      for (double beta : {0.0, 1.0}) {
+        // forward: y [t, out] (+)= x [t, in] W^T;  backward: dx [t, in] (+)= dy [t, out] W
+        const at::Tensor a = at::randn({t, backward ? s.out : s.in}, opt);
+        const at::Tensor b = backward ? w : w.t();
+        const at::Tensor out = at::randn({t, backward ? s.in : s.out}, opt);
+        const auto timings = tuner.TimeCandidates(out, a, b, beta);
+        if (timings.empty()) continue;
+        const double flop = 2.0 * t * s.out * s.in;
+        double aten = 0;
+        for (const auto& c : timings) {
+          if (c.algorithm == "aten") aten = c.milliseconds;
+        }
+        const auto& best = timings.front();
+        aten_total += aten;
+        best_total += best.milliseconds;
+        std::printf("%-8s %-8s beta=%.0f  aten %.3f ms %.0f TFLOP/s  best %.3f ms %.0f TFLOP/s "
+                    "(%+.1f%%) %s\n",
+                    s.name, backward ? "backward" : "forward", beta, aten, flop / aten / 1e9,
+                    best.milliseconds, flop / best.milliseconds / 1e9,
+                    100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str());
+        for (size_t k = 1; k < timings.size() && k < 4; ++k) {
+          std::printf("           %.3f ms %s\n", timings[k].milliseconds,
+                      timings[k].algorithm.c_str());
+        }
+      }
+    }
+  }
+  std::printf("total: aten %.3f ms, best %.3f ms (%+.1f%%)\n", aten_total, best_total,
+              100.0 * (aten_total / best_total - 1));
+  return 0;
+}

@@ -1,0 +1,349 @@
+// cuBLASLt GEMMs with the fastest algorithm per shape, timed once against ATen's own call.
+//
+// Row-major out [m, n] = a [m, k] @ b [k, n] is, column-major, out^T [n, m] = b^T [n, k] @ a^T
+// [k, m]: cuBLASLt's A is b's storage and its B is a's, each with N or T by which stride is 1.
+#include "kernels/tuned_gemm_cublaslt.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace qlora::kernels::cublaslt {
+namespace {
+
+void Check(cublasStatus_t status, const char* what) {
+  TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLASLt ", what, " failed: status ",
+              static_cast<int>(status));
+}
+
+// A matrix as cuBLASLt reads it: stored column-major [rows, cols] with leading dimension ld,
+// used as is (N) or transposed (T).
+struct Operand {
+  cublasOperation_t op = CUBLAS_OP_N;
+  int64_t rows = 0, cols = 0, ld = 0;
+};
+
+// The column-major operand whose op() is the transpose of row-major `t` [r, c] (so [c, r]), or
+// nothing when t's strides are not those of a contiguous matrix or its transpose.
+std::optional<Operand> TransposedOperand(const at::Tensor& t) {
+  const int64_t r = t.size(0), c = t.size(1), s0 = t.stride(0), s1 = t.stride(1);
+  if (s1 == 1 && s0 >= std::max<int64_t>(c, 1)) return Operand{CUBLAS_OP_N, c, r, s0};
+  if (s0 == 1 && s1 >= std::max<int64_t>(r, 1)) return Operand{CUBLAS_OP_T, r, c, s1};
+  return std::nullopt;
+}
+
+bool Aligned16(const at::Tensor& t, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (ld * t.element_size()) % 16 == 0;
+}
+
+using ShapeKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int64_t, int64_t,
+                            int64_t, bool>;
+
+// What one shape runs: its descriptors and the chosen algorithm (none: ATen's call was fastest).
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t x = nullptr, y = nullptr, d = nullptr;
+  std::optional<cublasLtMatmulAlgo_t> algorithm;
+  size_t workspace = 0;
+};
+
+std::string Describe(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    int32_t v = 0;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+    return v;
+  };
+  return "algo=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) +
+         " tile=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
+         " stages=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) +
+         " swizzle=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+}
+
+int32_t SplitK(const cublasLtMatmulAlgo_t& algo) {
+  int32_t v = 1;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v, sizeof(v),
+                                       &written);
+  return v;
+}
+
+}  // namespace
+
+class AlgorithmCache {
+ public:
+  explicit AlgorithmCache(const GemmTunerOptions& options) : options_(options) {}
+  ~AlgorithmCache() {
+    for (auto& [key, plan] : plans_) {
+      cublasLtMatrixLayoutDestroy(plan.x);
+      cublasLtMatrixLayoutDestroy(plan.y);
+      cublasLtMatrixLayoutDestroy(plan.d);
+      cublasLtMatmulDescDestroy(plan.desc);
+    }
+  }
+
+  int64_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(plans_.size());
+  }
+
+  bool Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
+             double alpha) {
+    Call call;
+    if (!Prepare(out, a, b, beta, &call)) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plans_.find(call.key);
+    if (it == plans_.end()) {
+      Plan plan = MakePlan(call);
+      std::vector<Candidate> candidates = Candidates(call, plan);
+      if (static_cast<int64_t>(plans_.size()) >= options_.max_shapes) return false;
+      const int chosen = Choose(Time(call, plan, candidates, out));
+      if (chosen >= 0) {
+        plan.algorithm = candidates[chosen].algorithm;
+        plan.workspace = candidates[chosen].workspace;
+      }
+      it = plans_.emplace(call.key, plan).first;
+    }
+    const Plan& plan = it->second;
+    if (!plan.algorithm) return false;  // ATen's own call was the fastest
+    Run(call, plan, *plan.algorithm, plan.workspace, out, beta, alpha);
+    return true;
+  }
+
+  std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(const at::Tensor& out,
+                                                                 const at::Tensor& a,
+                                                                 const at::Tensor& b,
+                                                                 double beta) {
+    Call call;
+    if (!Prepare(out, a, b, beta, &call)) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mu_);
+    Plan plan = MakePlan(call);
+    std::vector<Candidate> candidates = Candidates(call, plan);
+    std::vector<GemmCandidateTiming> result;
+    for (const Timing& t : Time(call, plan, candidates, out)) {
+      result.push_back({t.index < 0 ? "aten" : Describe(candidates[t.index].algorithm), t.ms});
+    }
+    cublasLtMatrixLayoutDestroy(plan.x);
+    cublasLtMatrixLayoutDestroy(plan.y);
+    cublasLtMatrixLayoutDestroy(plan.d);
+    cublasLtMatmulDescDestroy(plan.desc);
+    return result;
+  }
+
+ private:
+  struct Call {
+    at::Tensor a, b;
+    Operand x, y;  // cuBLASLt's A (b's storage) and B (a's storage)
+    int64_t m = 0, n = 0, k = 0, ldo = 0;
+    cudaDataType_t type = CUDA_R_16BF;
+    ShapeKey key;
+  };
+  struct Candidate {
+    cublasLtMatmulAlgo_t algorithm;
+    size_t workspace = 0;
+  };
+  struct Timing {
+    int index = -1;  // into the candidates; -1 is ATen's call
+    double ms = 0;
+  };
+
+  static bool Prepare(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                      double beta, Call* call) {
+    if (!out.is_cuda() || out.dim() != 2 || a.dim() != 2 || b.dim() != 2) return false;
+    const auto dtype = out.scalar_type();
+    if ((dtype != at::kBFloat16 && dtype != at::kHalf) || a.scalar_type() != dtype ||
+        b.scalar_type() != dtype || a.device() != out.device() || b.device() != out.device()) {
+      return false;
+    }
+    call->m = out.size(0);
+    call->n = out.size(1);
+    call->k = a.size(1);
+    if (call->m == 0 || call->n == 0 || call->k == 0 || a.size(0) != call->m ||
+        b.size(0) != call->k || b.size(1) != call->n || out.stride(1) != 1 ||
+        out.stride(0) < call->n) {
+      return false;
+    }
+    auto x = TransposedOperand(b), y = TransposedOperand(a);
+    if (!x || !y) return false;
+    call->ldo = out.stride(0);
+    if (!Aligned16(out, call->ldo) || !Aligned16(b, x->ld) || !Aligned16(a, y->ld)) return false;
+    call->a = a;
+    call->b = b;
+    call->x = *x;
+    call->y = *y;
+    call->type = dtype == at::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+    call->key = ShapeKey(out.get_device(), static_cast<int>(dtype), call->m, call->n, call->k,
+                         static_cast<int>(x->op), static_cast<int>(y->op), x->ld, y->ld,
+                         call->ldo, beta == 0);
+    return true;
+  }
+
+  static Plan MakePlan(const Call& c) {
+    Plan plan;
+    Check(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    Check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &c.x.op,
+                                         sizeof(c.x.op)), "transa");
+    Check(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &c.y.op,
+                                         sizeof(c.y.op)), "transb");
+    Check(cublasLtMatrixLayoutCreate(&plan.x, c.type, c.x.rows, c.x.cols, c.x.ld), "layout");
+    Check(cublasLtMatrixLayoutCreate(&plan.y, c.type, c.y.rows, c.y.cols, c.y.ld), "layout");
+    Check(cublasLtMatrixLayoutCreate(&plan.d, c.type, c.n, c.m, c.ldo), "layout");
+    return plan;
+  }
+
+  std::vector<Candidate> Candidates(const Call& c, const Plan& plan) const {
+    cublasLtMatmulPreference_t pref = nullptr;
+    Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const uint64_t ws = static_cast<uint64_t>(options_.workspace_bytes);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(options_.candidates, 1));
+    int returned = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x, plan.y, plan.d, plan.d, pref,
+        static_cast<int>(results.size()), results.data(), &returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+    std::vector<Candidate> candidates;
+    if (status != CUBLAS_STATUS_SUCCESS) return candidates;
+    for (int i = 0; i < returned; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS || SplitK(results[i].algo) > 1) continue;
+      candidates.push_back({results[i].algo, results[i].workspaceSize});
+    }
+    (void)c;
+    return candidates;
+  }
+
+  void Run(const Call& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo, size_t workspace,
+           const at::Tensor& out, double beta, double alpha) const {
+    const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    at::Tensor ws;
+    if (workspace > 0) {
+      ws = at::empty({static_cast<int64_t>(workspace)}, out.options().dtype(at::kByte));
+    }
+    Check(cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
+                         c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f, out.data_ptr(),
+                         plan.d, out.data_ptr(), plan.d, &algo,
+                         workspace > 0 ? ws.data_ptr() : nullptr, workspace,
+                         at::cuda::getCurrentCUDAStream()),
+          "matmul");
+  }
+
+  // ATen's call and every candidate, each the median of three batches of timing_repetitions
+  // runs, on scratch memory of out's layout taken straight from the driver: outside the caching
+  // allocator, so the tuning moves neither its statistics nor its pools (the peaks the memory
+  // plan is checked against). Fastest first; empty when the scratch memory is not there.
+  std::vector<Timing> Time(const Call& c, const Plan& plan, const std::vector<Candidate>& cands,
+                           const at::Tensor& out) const {
+    const c10::cuda::CUDAGuard guard(out.device());
+    const int64_t out_bytes = (out.stride(0) * (out.size(0) - 1) + out.size(1)) * out.element_size();
+    size_t workspace = 0;
+    for (const Candidate& cand : cands) workspace = std::max(workspace, cand.workspace);
+    void* memory = nullptr;
+    const size_t scratch_bytes = (static_cast<size_t>(out_bytes) + 255) / 256 * 256;
+    if (cudaMalloc(&memory, scratch_bytes + workspace) != cudaSuccess) {
+      cudaGetLastError();  // clear the error: the shape stays on ATen's call
+      return {};
+    }
+    at::Tensor scratch = at::from_blob(memory, out.sizes(), out.strides(), out.options()).zero_();
+    at::Tensor ws;
+    if (workspace > 0) {
+      ws = at::from_blob(static_cast<char*>(memory) + scratch_bytes,
+                         {static_cast<int64_t>(workspace)}, out.options().dtype(at::kByte));
+    }
+    const double beta = std::get<10>(c.key) ? 0.0 : 1.0;
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    const int reps = std::max(options_.timing_repetitions, 1);
+    cudaEvent_t start, end;
+    cudaEventCreate(&start);
+    cudaEventCreate(&end);
+    auto time = [&](auto&& fn) {
+      fn();  // warm-up
+      std::vector<double> batches;
+      for (int batch = 0; batch < 3; ++batch) {
+        cudaEventRecord(start, stream);
+        for (int i = 0; i < reps; ++i) fn();
+        cudaEventRecord(end, stream);
+        cudaEventSynchronize(end);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start, end);
+        batches.push_back(static_cast<double>(ms) / reps);
+      }
+      std::sort(batches.begin(), batches.end());
+      return batches[1];
+    };
+    std::vector<Timing> timings;
+    timings.push_back({-1, time([&] { at::addmm_out(scratch, scratch, c.a, c.b, beta, 1.0); })});
+    for (size_t i = 0; i < cands.size(); ++i) {
+      const float alpha_f = 1.0f, beta_f = static_cast<float>(beta);
+      auto run = [&] {
+        return cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
+                              c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
+                              scratch.data_ptr(), plan.d, scratch.data_ptr(), plan.d,
+                              &cands[i].algorithm, ws.defined() ? ws.data_ptr() : nullptr,
+                              cands[i].workspace, stream);
+      };
+      if (run() != CUBLAS_STATUS_SUCCESS) continue;  // offered, but cannot run this call
+      timings.push_back({static_cast<int>(i), time(run)});
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+    cudaStreamSynchronize(stream);
+    cudaFree(memory);
+    std::stable_sort(timings.begin(), timings.end(),
+                     [](const Timing& l, const Timing& r) { return l.ms < r.ms; });
+    return timings;
+  }
+
+  // The candidate a shape keeps (-1: ATen's call): none unless one beats ATen's by the margin
+  // (noise would otherwise make the choice, and so the last bits, differ between runs); then
+  // the first in cuBLASLt's heuristic order among those within the margin of the fastest.
+  static int Choose(const std::vector<Timing>& timings) {
+    constexpr double kMargin = 0.015;
+    double aten = 0, fastest = 0;
+    for (const Timing& t : timings) {
+      if (t.index < 0) aten = t.ms;
+    }
+    if (timings.empty() || aten <= 0) return -1;
+    fastest = timings.front().ms;
+    if (fastest > aten * (1 - kMargin)) return -1;
+    int chosen = -1;
+    for (const Timing& t : timings) {
+      if (t.index >= 0 && t.ms <= fastest * (1 + kMargin) && (chosen < 0 || t.index < chosen)) {
+        chosen = t.index;
+      }
+    }
+    return chosen;
+  }
+
+  GemmTunerOptions options_;
+  mutable std::mutex mu_;
+  std::map<ShapeKey, Plan> plans_;
+};
+
+std::shared_ptr<AlgorithmCache> NewAlgorithmCache(const GemmTunerOptions& options) {
+  return std::make_shared<AlgorithmCache>(options);
+}
+
+int64_t CachedShapes(const AlgorithmCache& cache) { return cache.size(); }
+
+bool Addmm(AlgorithmCache& cache, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+           double beta, double alpha) {
+  return cache.Addmm(out, a, b, beta, alpha);
+}
+
+std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(AlgorithmCache& cache,
+                                                               const at::Tensor& out,
+                                                               const at::Tensor& a,
+                                                               const at::Tensor& b, double beta) {
+  return cache.TimeCandidates(out, a, b, beta);
+}
+
+}  // namespace qlora::kernels::cublaslt

@@ -1,0 +1,90 @@
+// GemmTuner: on CPU it is at::addmm_out; on CUDA (bf16/fp16) every layout the engine issues
+// (a or b transposed, beta 0 and 1, alpha, out a view with a wider row stride) equals the float32
+// product within the dtype's rounding, the chosen kernel is kept per shape, and calls it cannot
+// take (float32, misaligned rows) still compute the right thing through ATen.
+#include "kernels/tuned_gemm.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace qlora::kernels {
+namespace {
+
+at::Tensor Reference(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                     double beta, double alpha) {
+  return out.to(at::kFloat) * beta + at::mm(a.to(at::kFloat), b.to(at::kFloat)) * alpha;
+}
+
+TEST(KernelsTunedGemm, CpuIsAtenAddmm) {
+  GemmTuner tuner;
+  const at::Tensor a = at::randn({37, 19}), b = at::randn({23, 19}).t();
+  at::Tensor out = at::randn({37, 23});
+  const at::Tensor expected = at::addmm(out, a, b, 0.5, 2.0);
+  tuner.Addmm(out, a, b, 0.5, 2.0);
+  EXPECT_TRUE(at::equal(out, expected));
+  EXPECT_EQ(tuner.tuned_shapes(), 0);
+  EXPECT_TRUE(tuner.TimeCandidates(out, a, b, 0.0).empty());
+}
+
+class KernelsTunedGemmCuda : public ::testing::TestWithParam<at::ScalarType> {
+ protected:
+  void SetUp() override {
+    if (!at::hasCUDA()) GTEST_SKIP() << "no GPU";
+  }
+  at::TensorOptions Options() const { return at::TensorOptions().device(at::kCUDA).dtype(GetParam()); }
+};
+
+TEST_P(KernelsTunedGemmCuda, EveryLayoutEqualsTheFloatProduct) {
+  GemmTuner tuner;
+  const int64_t m = 512, k = 384, n = 640;
+  int64_t calls = 0;
+  for (bool a_transposed : {false, true}) {
+    for (bool b_transposed : {false, true}) {
+      for (double beta : {0.0, 1.0}) {
+        const at::Tensor a = a_transposed ? at::randn({k, m}, Options()).t() : at::randn({m, k}, Options());
+        const at::Tensor b = b_transposed ? at::randn({n, k}, Options()).t() : at::randn({k, n}, Options());
+        // out: a view of the first n columns of a wider buffer (row stride n + 64)
+        at::Tensor wide = at::randn({m, n + 64}, Options());
+        at::Tensor out = wide.narrow(1, 0, n);
+        const at::Tensor expected = Reference(out, a, b, beta, 0.75);
+        const at::Tensor right_columns = wide.narrow(1, n, 64).clone();
+        tuner.Addmm(out, a, b, beta, 0.75);
+        ++calls;
+        const double tol = GetParam() == at::kBFloat16 ? 0.5 : 0.06;  // |values| ~ sqrt(k)
+        EXPECT_TRUE(at::allclose(out.to(at::kFloat), expected, 1e-2, tol))
+            << "a^T " << a_transposed << " b^T " << b_transposed << " beta " << beta
+            << " max error " << (out.to(at::kFloat) - expected).abs().max().item<double>();
+        EXPECT_TRUE(at::equal(wide.narrow(1, n, 64), right_columns)) << "wrote past out";
+      }
+    }
+  }
+  EXPECT_EQ(tuner.tuned_shapes(), calls);
+  // The same shape again: no new tuning, the same bits.
+  const at::Tensor a = at::randn({m, k}, Options()), b = at::randn({k, n}, Options());
+  at::Tensor first = at::empty({m, n}, Options()), second = at::empty({m, n}, Options());
+  tuner.Addmm(first, a, b, 0.0);
+  tuner.Addmm(second, a, b, 0.0);
+  EXPECT_TRUE(at::equal(first, second));
+  EXPECT_EQ(tuner.tuned_shapes(), calls);
+  EXPECT_FALSE(tuner.TimeCandidates(first, a, b, 0.0).empty());
+}
+
+TEST_P(KernelsTunedGemmCuda, CallsItCannotTakeGoThroughAten) {
+  GemmTuner tuner;
+  // k = 7: rows of 14 bytes are not 16-byte aligned; and a float32 call.
+  const at::Tensor a = at::randn({64, 7}, Options()), b = at::randn({7, 32}, Options());
+  at::Tensor out = at::zeros({64, 32}, Options());
+  tuner.Addmm(out, a, b, 0.0);
+  EXPECT_TRUE(at::allclose(out.to(at::kFloat), Reference(out, a, b, 0.0, 1.0), 1e-2, 0.05));
+  const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
+  at::Tensor outf = at::zeros({64, 32}, af.options());
+  tuner.Addmm(outf, af, bf, 0.0);
+  EXPECT_TRUE(at::allclose(outf, at::mm(af, bf), 1e-5, 1e-5));
+  EXPECT_EQ(tuner.tuned_shapes(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, KernelsTunedGemmCuda,
+                         ::testing::Values(at::kBFloat16, at::kHalf));
+
+}  // namespace
+}  // namespace qlora::kernels
