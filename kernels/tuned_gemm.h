@@ -7,9 +7,9 @@
 // Tuning: the first call of a shape times ATen's call and up to `candidates` algorithms of
 // cuBLASLt's heuristic (each the median of three batches) on scratch memory taken from the
 // driver, outside ATen's caching allocator (its peaks, which the memory plan reads, do not
-// move; where the driver has no memory left the shape stays on ATen's call). A candidate is kept
-// only when it beats ATen's call by 1.5 %, and among those within 1.5 % of the fastest the
-// first in the heuristic's order, so that timing noise rarely changes the choice.
+// move; where the driver has no memory left the shape stays on ATen's call). The fastest
+// candidate is kept only when it beats ATen's call by 1.5 %, so that timing noise rarely moves a
+// shape off ATen's choice.
 //
 // Numerics: every candidate accumulates in float32 and none splits K (split-K sums K in parts
 // across blocks), so the chosen kernel sums in K order as cuBLAS's does; results may differ from

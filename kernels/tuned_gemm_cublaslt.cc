@@ -302,25 +302,16 @@ class AlgorithmCache {
     return timings;
   }
 
-  // The candidate a shape keeps (-1: ATen's call): none unless one beats ATen's by the margin
-  // (noise would otherwise make the choice, and so the last bits, differ between runs); then
-  // the first in cuBLASLt's heuristic order among those within the margin of the fastest.
+  // The candidate a shape keeps (-1: ATen's call): the fastest, if it beats ATen's call by the
+  // margin (noise would otherwise make the choice, and so the last bits, differ between runs).
   static int Choose(const std::vector<Timing>& timings) {
     constexpr double kMargin = 0.015;
-    double aten = 0, fastest = 0;
+    double aten = 0;
     for (const Timing& t : timings) {
       if (t.index < 0) aten = t.ms;
     }
-    if (timings.empty() || aten <= 0) return -1;
-    fastest = timings.front().ms;
-    if (fastest > aten * (1 - kMargin)) return -1;
-    int chosen = -1;
-    for (const Timing& t : timings) {
-      if (t.index >= 0 && t.ms <= fastest * (1 + kMargin) && (chosen < 0 || t.index < chosen)) {
-        chosen = t.index;
-      }
-    }
-    return chosen;
+    if (timings.empty() || aten <= 0 || timings.front().ms > aten * (1 - kMargin)) return -1;
+    return timings.front().index;
   }
 
   GemmTunerOptions options_;

@@ -60,11 +60,13 @@ void Addmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor& a,
   }
 }
 
-// a [m, k] b [k, n] as a new [m, n] tensor.
-at::Tensor Mm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b) {
-  if (gemm == nullptr) return at::mm(a, b);
+// alpha * a [m, k] b [k, n] as a new [m, n] tensor (with the tuner alpha scales inside the
+// GEMM, sparing a pass over the product).
+at::Tensor Mm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b,
+              double alpha = 1.0) {
+  if (gemm == nullptr) return alpha == 1.0 ? at::mm(a, b) : at::mm(a, b).mul_(alpha);
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-  gemm->Addmm(out, a, b, /*beta=*/0.0);
+  gemm->Addmm(out, a, b, /*beta=*/0.0, alpha);
   return out;
 }
 
@@ -169,16 +171,17 @@ struct LoraGradients {
   at::Tensor a, b;     // float32, the adapters' dtype
 };
 
-// The adapters' gradients for g [T, out] (in h's dtype):
-//   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = (h^T dh')^T;  dB = ((h A^T)^T g * scale)^T
+// The adapters' gradients for g [T, out] (in h's dtype), each GEMM writing its result's layout
+// (no transposed copies):
+//   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = dh'^T h;  dB = g^T (h A^T) * scale
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
                            const at::Tensor& a, const at::Tensor& b, double scale,
                            kernels::GemmTuner* gemm) {
   const at::ScalarType dtype = h.scalar_type();
-  const at::Tensor dha = Mm(gemm, g, b.to(dtype)).mul_(scale);  // [T, r]
+  const at::Tensor dha = Mm(gemm, g, b.to(dtype), scale);  // [T, r]
   LoraGradients d;
-  d.a = Mm(gemm, h.t(), dha).t().to(a.scalar_type());
-  d.b = Mm(gemm, ha.t(), g).mul_(scale).t().to(b.scalar_type());
+  d.a = Mm(gemm, dha.t(), h).to(a.scalar_type());
+  d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
   d.lora_in = Mm(gemm, dha, a.to(dtype));  // [T, in]
   return d;
 }
@@ -332,14 +335,14 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
       const at::Tensor& b = saved[2 + n + i];
       a_c[i] = a.to(dtype);
       g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
-      dha[i] = Mm(gemm, g[i], b.to(dtype)).mul_(scales[i]);  // [T, r_i]
-      grads[1 + n + i] = Mm(gemm, ha_i[i].t(), g[i]).mul_(scales[i]).t().to(b.scalar_type());
+      dha[i] = Mm(gemm, g[i], b.to(dtype), scales[i]);  // [T, r_i]
+      grads[1 + n + i] = Mm(gemm, g[i].t(), ha_i[i], scales[i]).to(b.scalar_type());
     }
-    const at::Tensor dha_all = at::cat(dha, 1);             // [T, sum of r]
-    const at::Tensor da_all = Mm(gemm, x.t(), dha_all).t();  // [sum of r, in]
+    const at::Tensor dha_all = at::cat(dha, 1);          // [T, sum of r]
+    const at::Tensor da_all = Mm(gemm, dha_all.t(), x);  // [sum of r, in]
     const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
     for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i].to(saved[2 + i].scalar_type());
-    at::Tensor dx = Mm(gemm, dha_all, at::cat(a_c));        // [T, in]
+    at::Tensor dx = Mm(gemm, dha_all, at::cat(a_c));     // [T, in]
     for (size_t i = 0; i < n; ++i) {
       Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
     }
