@@ -4,12 +4,15 @@
 // kernel the library has. Everywhere else (CPU, float32, strides cuBLASLt cannot take) it is
 // at::addmm_out, so callers need no second path.
 //
-// Tuning: the first call of a shape times ATen's call and up to `candidates` algorithms of
+// Tuning: the first call of a shape class (the operations, beta == 0, and the octave of m, n and
+// k: rows that vary from step to step, as packed or padded batches do, fall in one or two octaves
+// and are tuned once or twice) times ATen's call and up to `candidates` algorithms of
 // cuBLASLt's heuristic (each the median of three batches) on scratch memory taken from the
 // driver, outside ATen's caching allocator (its peaks, which the memory plan reads, do not
-// move; where the driver has no memory left the shape stays on ATen's call). The fastest
+// move; where the driver has no memory left the class stays on ATen's call). The fastest
 // candidate is kept only when it beats ATen's call by 1.5 %, so that timing noise rarely moves a
-// shape off ATen's choice.
+// shape off ATen's choice; other shapes of the class run it where cuBLASLt accepts it for them
+// (cublasLtMatmulAlgoCheck), else ATen's call.
 //
 // Numerics: every candidate accumulates in float32 and none splits K (split-K sums K in parts
 // across blocks), so the chosen kernel sums in K order as cuBLAS's does; results may differ from
@@ -31,8 +34,7 @@ struct GemmTunerOptions {
   int candidates = 16;           // heuristic results asked of cuBLASLt per shape
   int timing_repetitions = 5;    // runs per timed batch (three batches; the median counts)
   int64_t workspace_bytes = 32 << 20;
-  // Shapes tuned at most; calls of further shapes run ATen's GEMM (rows that vary from step to
-  // step, e.g. padded to each batch's longest, would otherwise tune every step).
+  // Shape classes tuned at most; calls of further classes run ATen's GEMM.
   int64_t max_shapes = 256;
 };
 
@@ -60,7 +62,7 @@ class GemmTuner {
   std::vector<GemmCandidateTiming> TimeCandidates(const at::Tensor& out, const at::Tensor& a,
                                                   const at::Tensor& b, double beta);
 
-  // Shapes tuned so far.
+  // Shape classes tuned so far.
   int64_t tuned_shapes() const;
 
  private:

@@ -44,16 +44,41 @@ bool Aligned16(const at::Tensor& t, int64_t ld) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (ld * t.element_size()) % 16 == 0;
 }
 
+// A call's exact shape: device, dtype, m, n, k, the operations, leading dimensions, beta == 0.
 using ShapeKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int64_t, int64_t,
                             int64_t, bool>;
+// What a tuning decides for: device, dtype, the operations, beta == 0, and the octave (floor of
+// log2) of m, n and k. Rows that vary from step to step (packed or padded batches) fall in a few
+// octaves, so they are tuned a few times, not every step.
+using TuningKey = std::tuple<int, int, int, int, bool, int, int, int>;
 
-// What one shape runs: its descriptors and the chosen algorithm (none: ATen's call was fastest).
+int Octave(int64_t v) {
+  int o = 0;
+  while ((int64_t{2} << o) <= v) ++o;
+  return o;
+}
+
+// The algorithm a tuning chose for its key (none: ATen's call was the fastest).
+struct Choice {
+  std::optional<cublasLtMatmulAlgo_t> algorithm;
+  size_t workspace = 0;
+};
+
+// What one exact shape runs: its descriptors and the tuned algorithm where cuBLASLt accepts it
+// for this shape (none: ATen's call).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t x = nullptr, y = nullptr, d = nullptr;
   std::optional<cublasLtMatmulAlgo_t> algorithm;
   size_t workspace = 0;
 };
+
+void Destroy(Plan& plan) {
+  cublasLtMatrixLayoutDestroy(plan.x);
+  cublasLtMatrixLayoutDestroy(plan.y);
+  cublasLtMatrixLayoutDestroy(plan.d);
+  cublasLtMatmulDescDestroy(plan.desc);
+}
 
 std::string Describe(const cublasLtMatmulAlgo_t& algo) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
@@ -82,17 +107,12 @@ class AlgorithmCache {
  public:
   explicit AlgorithmCache(const GemmTunerOptions& options) : options_(options) {}
   ~AlgorithmCache() {
-    for (auto& [key, plan] : plans_) {
-      cublasLtMatrixLayoutDestroy(plan.x);
-      cublasLtMatrixLayoutDestroy(plan.y);
-      cublasLtMatrixLayoutDestroy(plan.d);
-      cublasLtMatmulDescDestroy(plan.desc);
-    }
+    for (auto& [key, plan] : plans_) Destroy(plan);
   }
 
   int64_t size() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(plans_.size());
+    return static_cast<int64_t>(choices_.size());
   }
 
   bool Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
@@ -101,21 +121,35 @@ class AlgorithmCache {
     if (!Prepare(out, a, b, beta, &call)) return false;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(call.key);
-    if (it == plans_.end()) {
-      Plan plan = MakePlan(call);
-      std::vector<Candidate> candidates = Candidates(call, plan);
-      if (static_cast<int64_t>(plans_.size()) >= options_.max_shapes) return false;
-      const int chosen = Choose(Time(call, plan, candidates, out));
-      if (chosen >= 0) {
-        plan.algorithm = candidates[chosen].algorithm;
-        plan.workspace = candidates[chosen].workspace;
-      }
-      it = plans_.emplace(call.key, plan).first;
+    if (it != plans_.end()) {
+      if (!it->second.algorithm) return false;  // ATen's call
+      Run(call, it->second, *it->second.algorithm, it->second.workspace, out, beta, alpha);
+      return true;
     }
-    const Plan& plan = it->second;
-    if (!plan.algorithm) return false;  // ATen's own call was the fastest
-    Run(call, plan, *plan.algorithm, plan.workspace, out, beta, alpha);
-    return true;
+    Plan plan = MakePlan(call);
+    auto choice = choices_.find(call.tuning);
+    if (choice == choices_.end()) {
+      if (static_cast<int64_t>(choices_.size()) >= options_.max_shapes) {
+        Destroy(plan);
+        return false;
+      }
+      const std::vector<Candidate> candidates = Candidates(call, plan);
+      Choice chosen;
+      const int index = Choose(Time(call, plan, candidates, out));
+      if (index >= 0) chosen = {candidates[index].algorithm, candidates[index].workspace};
+      choice = choices_.emplace(call.tuning, chosen).first;
+    }
+    if (choice->second.algorithm) Accept(plan, *choice->second.algorithm);
+    const bool ran = plan.algorithm.has_value();
+    if (ran) Run(call, plan, *plan.algorithm, plan.workspace, out, beta, alpha);
+    // Exact shapes are remembered up to a bound (descriptors are small, but rows that vary every
+    // step would make them many); past it each call builds its plan and drops it.
+    if (static_cast<int64_t>(plans_.size()) < kMaxPlans) {
+      plans_.emplace(call.key, plan);
+    } else {
+      Destroy(plan);
+    }
+    return ran;
   }
 
   std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(const at::Tensor& out,
@@ -131,10 +165,7 @@ class AlgorithmCache {
     for (const Timing& t : Time(call, plan, candidates, out)) {
       result.push_back({t.index < 0 ? "aten" : Describe(candidates[t.index].algorithm), t.ms});
     }
-    cublasLtMatrixLayoutDestroy(plan.x);
-    cublasLtMatrixLayoutDestroy(plan.y);
-    cublasLtMatrixLayoutDestroy(plan.d);
-    cublasLtMatmulDescDestroy(plan.desc);
+    Destroy(plan);
     return result;
   }
 
@@ -145,6 +176,7 @@ class AlgorithmCache {
     int64_t m = 0, n = 0, k = 0, ldo = 0;
     cudaDataType_t type = CUDA_R_16BF;
     ShapeKey key;
+    TuningKey tuning;
   };
   struct Candidate {
     cublasLtMatmulAlgo_t algorithm;
@@ -183,7 +215,23 @@ class AlgorithmCache {
     call->key = ShapeKey(out.get_device(), static_cast<int>(dtype), call->m, call->n, call->k,
                          static_cast<int>(x->op), static_cast<int>(y->op), x->ld, y->ld,
                          call->ldo, beta == 0);
+    call->tuning = TuningKey(out.get_device(), static_cast<int>(dtype), static_cast<int>(x->op),
+                             static_cast<int>(y->op), beta == 0, Octave(call->m),
+                             Octave(call->n), Octave(call->k));
     return true;
+  }
+
+  // Sets the plan's algorithm when cuBLASLt accepts `algo` (tuned for another shape of the same
+  // key) for this exact shape within the workspace bound.
+  void Accept(Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+    cublasLtMatmulHeuristicResult_t result{};
+    if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x,
+                                plan.y, plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS ||
+        result.workspaceSize > static_cast<size_t>(options_.workspace_bytes)) {
+      return;
+    }
+    plan.algorithm = algo;
+    plan.workspace = result.workspaceSize;
   }
 
   static Plan MakePlan(const Call& c) {
@@ -314,8 +362,11 @@ class AlgorithmCache {
     return timings.front().index;
   }
 
+  static constexpr int64_t kMaxPlans = 4096;
+
   GemmTunerOptions options_;
   mutable std::mutex mu_;
+  std::map<TuningKey, Choice> choices_;
   std::map<ShapeKey, Plan> plans_;
 };
 

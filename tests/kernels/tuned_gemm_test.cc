@@ -59,15 +59,24 @@ TEST_P(KernelsTunedGemmCuda, EveryLayoutEqualsTheFloatProduct) {
     }
   }
   EXPECT_EQ(tuner.tuned_shapes(), calls);
-  // A new shape (out's rows not widened) is tuned once: the second call reuses its choice and
-  // gives the same bits.
-  const at::Tensor a = at::randn({m, k}, Options()), b = at::randn({k, n}, Options());
-  at::Tensor first = at::empty({m, n}, Options()), second = at::empty({m, n}, Options());
-  tuner.Addmm(first, a, b, 0.0);
-  tuner.Addmm(second, a, b, 0.0);
-  EXPECT_TRUE(at::equal(first, second));
+  // Another shape of a tuned class (out's rows not widened; then other row counts in the same
+  // octave, as packed batches give) is not tuned again, computes the right thing, and gives the
+  // same bits call after call; a row count in another octave is a new class.
+  for (int64_t rows : {m, m + 100, m + 300}) {
+    const at::Tensor a = at::randn({rows, k}, Options()), b = at::randn({k, n}, Options());
+    at::Tensor first = at::empty({rows, n}, Options()), second = at::empty({rows, n}, Options());
+    tuner.Addmm(first, a, b, 0.0);
+    tuner.Addmm(second, a, b, 0.0);
+    EXPECT_TRUE(at::equal(first, second)) << rows;
+    EXPECT_TRUE(at::allclose(first.to(at::kFloat), Reference(first, a, b, 0.0, 1.0), 1e-2, 0.5))
+        << rows;
+    EXPECT_EQ(tuner.tuned_shapes(), calls) << rows;
+  }
+  const at::Tensor a = at::randn({2 * m, k}, Options()), b = at::randn({k, n}, Options());
+  at::Tensor out = at::empty({2 * m, n}, Options());
+  tuner.Addmm(out, a, b, 0.0);
   EXPECT_EQ(tuner.tuned_shapes(), calls + 1);
-  EXPECT_FALSE(tuner.TimeCandidates(first, a, b, 0.0).empty());
+  EXPECT_FALSE(tuner.TimeCandidates(out, a, b, 0.0).empty());
 }
 
 TEST_P(KernelsTunedGemmCuda, CallsItCannotTakeGoThroughAten) {
