@@ -116,14 +116,21 @@ class AlgorithmCache {
   }
 
   bool Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
-             double alpha) {
+             double alpha, const at::Tensor& c) {
     Call call;
     if (!Prepare(out, a, b, beta, &call)) return false;
+    if (beta != 0 && !c.is_same(out) &&
+        (c.device() != out.device() || c.scalar_type() != out.scalar_type() ||
+         c.sizes() != out.sizes() || c.strides() != out.strides() ||
+         reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0)) {
+      return false;  // a C that cuBLASLt cannot read with D's layout: ATen's call
+    }
+    const at::Tensor& input = beta != 0 ? c : out;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(call.key);
     if (it != plans_.end()) {
       if (!it->second.algorithm) return false;  // ATen's call
-      Run(call, it->second, *it->second.algorithm, it->second.workspace, out, beta, alpha);
+      Run(call, it->second, *it->second.algorithm, it->second.workspace, out, beta, alpha, input);
       return true;
     }
     Plan plan = MakePlan(call);
@@ -141,7 +148,7 @@ class AlgorithmCache {
     }
     if (choice->second.algorithm) Accept(plan, *choice->second.algorithm);
     const bool ran = plan.algorithm.has_value();
-    if (ran) Run(call, plan, *plan.algorithm, plan.workspace, out, beta, alpha);
+    if (ran) Run(call, plan, *plan.algorithm, plan.workspace, out, beta, alpha, input);
     // Exact shapes are remembered up to a bound (descriptors are small, but rows that vary every
     // step would make them many); past it each call builds its plan and drops it.
     if (static_cast<int64_t>(plans_.size()) < kMaxPlans) {
@@ -270,15 +277,15 @@ class AlgorithmCache {
   }
 
   void Run(const Call& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo, size_t workspace,
-           const at::Tensor& out, double beta, double alpha) const {
+           const at::Tensor& out, double beta, double alpha, const at::Tensor& input) const {
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
     at::Tensor ws;
     if (workspace > 0) {
       ws = at::empty({static_cast<int64_t>(workspace)}, out.options().dtype(at::kByte));
     }
     Check(cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
-                         c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f, out.data_ptr(),
-                         plan.d, out.data_ptr(), plan.d, &algo,
+                         c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
+                         input.data_ptr(), plan.d, out.data_ptr(), plan.d, &algo,
                          workspace > 0 ? ws.data_ptr() : nullptr, workspace,
                          at::cuda::getCurrentCUDAStream()),
           "matmul");
@@ -377,8 +384,8 @@ std::shared_ptr<AlgorithmCache> NewAlgorithmCache(const GemmTunerOptions& option
 int64_t CachedShapes(const AlgorithmCache& cache) { return cache.size(); }
 
 bool Addmm(AlgorithmCache& cache, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-           double beta, double alpha) {
-  return cache.Addmm(out, a, b, beta, alpha);
+           double beta, double alpha, const at::Tensor& c) {
+  return cache.Addmm(out, a, b, beta, alpha, c);
 }
 
 std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(AlgorithmCache& cache,
