@@ -58,19 +58,18 @@ int Octave(int64_t v) {
   return o;
 }
 
-// The algorithm a tuning chose for its key (none: ATen's call was the fastest).
+// What a tuning chose for its key: the algorithm (none: ATen's call was the fastest), and the
+// fastest cuBLASLt candidate, for calls whose C is not D (ATen would first copy C into D).
 struct Choice {
-  std::optional<cublasLtMatmulAlgo_t> algorithm;
-  size_t workspace = 0;
+  std::optional<cublasLtMatmulAlgo_t> algorithm, fastest_lt;
 };
 
-// What one exact shape runs: its descriptors and the tuned algorithm where cuBLASLt accepts it
-// for this shape (none: ATen's call).
+// What one exact shape runs: its descriptors and the tuning's algorithms where cuBLASLt accepts
+// them for this shape (none: ATen's call).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t x = nullptr, y = nullptr, d = nullptr;
-  std::optional<cublasLtMatmulAlgo_t> algorithm;
-  size_t workspace = 0;
+  std::optional<cublasLtMatmulAlgo_t> algorithm, fastest_lt;
 };
 
 void Destroy(Plan& plan) {
@@ -126,13 +125,10 @@ class AlgorithmCache {
       return false;  // a C that cuBLASLt cannot read with D's layout: ATen's call
     }
     const at::Tensor& input = beta != 0 ? c : out;
+    const bool separate_c = !input.is_same(out);
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(call.key);
-    if (it != plans_.end()) {
-      if (!it->second.algorithm) return false;  // ATen's call
-      Run(call, it->second, *it->second.algorithm, it->second.workspace, out, beta, alpha, input);
-      return true;
-    }
+    if (it != plans_.end()) return Run(call, it->second, separate_c, out, beta, alpha, input);
     Plan plan = MakePlan(call);
     auto choice = choices_.find(call.tuning);
     if (choice == choices_.end()) {
@@ -141,14 +137,21 @@ class AlgorithmCache {
         return false;
       }
       const std::vector<Candidate> candidates = Candidates(call, plan);
+      const std::vector<Timing> timings = Time(call, plan, candidates, out);
       Choice chosen;
-      const int index = Choose(Time(call, plan, candidates, out));
-      if (index >= 0) chosen = {candidates[index].algorithm, candidates[index].workspace};
+      const int index = Choose(timings);
+      if (index >= 0) chosen.algorithm = candidates[index].algorithm;
+      for (const Timing& t : timings) {
+        if (t.index >= 0) {
+          chosen.fastest_lt = candidates[t.index].algorithm;
+          break;
+        }
+      }
       choice = choices_.emplace(call.tuning, chosen).first;
     }
-    if (choice->second.algorithm) Accept(plan, *choice->second.algorithm);
-    const bool ran = plan.algorithm.has_value();
-    if (ran) Run(call, plan, *plan.algorithm, plan.workspace, out, beta, alpha, input);
+    plan.algorithm = Accepted(plan, choice->second.algorithm);
+    plan.fastest_lt = Accepted(plan, choice->second.fastest_lt);
+    const bool ran = Run(call, plan, separate_c, out, beta, alpha, input);
     // Exact shapes are remembered up to a bound (descriptors are small, but rows that vary every
     // step would make them many); past it each call builds its plan and drops it.
     if (static_cast<int64_t>(plans_.size()) < kMaxPlans) {
@@ -187,7 +190,6 @@ class AlgorithmCache {
   };
   struct Candidate {
     cublasLtMatmulAlgo_t algorithm;
-    size_t workspace = 0;
   };
   struct Timing {
     int index = -1;  // into the candidates; -1 is ATen's call
@@ -228,17 +230,25 @@ class AlgorithmCache {
     return true;
   }
 
-  // Sets the plan's algorithm when cuBLASLt accepts `algo` (tuned for another shape of the same
-  // key) for this exact shape within the workspace bound.
-  void Accept(Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+  // `algo` (tuned on another shape of the same key) where cuBLASLt accepts it for this plan's
+  // exact shape within the workspace, else nothing.
+  std::optional<cublasLtMatmulAlgo_t> Accepted(
+      const Plan& plan, const std::optional<cublasLtMatmulAlgo_t>& algo) const {
+    if (!algo) return std::nullopt;
     cublasLtMatmulHeuristicResult_t result{};
     if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x,
-                                plan.y, plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS ||
-        result.workspaceSize > static_cast<size_t>(options_.workspace_bytes)) {
-      return;
+                                plan.y, plan.d, plan.d, &*algo, &result) != CUBLAS_STATUS_SUCCESS ||
+        result.workspaceSize > WorkspaceBytes()) {
+      return std::nullopt;
     }
-    plan.algorithm = algo;
-    plan.workspace = result.workspaceSize;
+    return algo;
+  }
+
+  // The workspace the algorithms may use: ATen's cuBLASLt workspace of the current stream (already
+  // there for ATen's own calls), within the options' bound.
+  size_t WorkspaceBytes() const {
+    return std::min(static_cast<size_t>(options_.workspace_bytes),
+                    at::cuda::getCUDABlasLtWorkspaceSize());
   }
 
   static Plan MakePlan(const Call& c) {
@@ -257,7 +267,7 @@ class AlgorithmCache {
   std::vector<Candidate> Candidates(const Call& c, const Plan& plan) const {
     cublasLtMatmulPreference_t pref = nullptr;
     Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    const uint64_t ws = static_cast<uint64_t>(options_.workspace_bytes);
+    const uint64_t ws = WorkspaceBytes();
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof(ws));
     std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(options_.candidates, 1));
@@ -270,25 +280,27 @@ class AlgorithmCache {
     if (status != CUBLAS_STATUS_SUCCESS) return candidates;
     for (int i = 0; i < returned; ++i) {
       if (results[i].state != CUBLAS_STATUS_SUCCESS || SplitK(results[i].algo) > 1) continue;
-      candidates.push_back({results[i].algo, results[i].workspaceSize});
+      candidates.push_back({results[i].algo});
     }
     (void)c;
     return candidates;
   }
 
-  void Run(const Call& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo, size_t workspace,
-           const at::Tensor& out, double beta, double alpha, const at::Tensor& input) const {
+  // Runs the plan's algorithm (with a C other than D, the fastest cuBLASLt candidate where the
+  // tuning kept ATen's call, which would copy C into D first); false: ATen's call is to run.
+  bool Run(const Call& c, const Plan& plan, bool separate_c, const at::Tensor& out, double beta,
+           double alpha, const at::Tensor& input) const {
+    const std::optional<cublasLtMatmulAlgo_t>& algo =
+        plan.algorithm || !separate_c ? plan.algorithm : plan.fastest_lt;
+    if (!algo) return false;
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-    at::Tensor ws;
-    if (workspace > 0) {
-      ws = at::empty({static_cast<int64_t>(workspace)}, out.options().dtype(at::kByte));
-    }
     Check(cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
                          c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
-                         input.data_ptr(), plan.d, out.data_ptr(), plan.d, &algo,
-                         workspace > 0 ? ws.data_ptr() : nullptr, workspace,
+                         input.data_ptr(), plan.d, out.data_ptr(), plan.d, &*algo,
+                         at::cuda::getCUDABlasLtWorkspace(), WorkspaceBytes(),
                          at::cuda::getCurrentCUDAStream()),
           "matmul");
+    return true;
   }
 
   // ATen's call and every candidate, each the median of three batches of timing_repetitions
@@ -299,20 +311,14 @@ class AlgorithmCache {
                            const at::Tensor& out) const {
     const c10::cuda::CUDAGuard guard(out.device());
     const int64_t out_bytes = (out.stride(0) * (out.size(0) - 1) + out.size(1)) * out.element_size();
-    size_t workspace = 0;
-    for (const Candidate& cand : cands) workspace = std::max(workspace, cand.workspace);
     void* memory = nullptr;
-    const size_t scratch_bytes = (static_cast<size_t>(out_bytes) + 255) / 256 * 256;
-    if (cudaMalloc(&memory, scratch_bytes + workspace) != cudaSuccess) {
+    if (cudaMalloc(&memory, static_cast<size_t>(out_bytes)) != cudaSuccess) {
       cudaGetLastError();  // clear the error: the shape stays on ATen's call
       return {};
     }
     at::Tensor scratch = at::from_blob(memory, out.sizes(), out.strides(), out.options()).zero_();
-    at::Tensor ws;
-    if (workspace > 0) {
-      ws = at::from_blob(static_cast<char*>(memory) + scratch_bytes,
-                         {static_cast<int64_t>(workspace)}, out.options().dtype(at::kByte));
-    }
+    void* workspace = at::cuda::getCUDABlasLtWorkspace();
+    const size_t workspace_bytes = WorkspaceBytes();
     const double beta = std::get<10>(c.key) ? 0.0 : 1.0;
     const auto stream = at::cuda::getCurrentCUDAStream();
     const int reps = std::max(options_.timing_repetitions, 1);
@@ -342,8 +348,7 @@ class AlgorithmCache {
         return cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
                               c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
                               scratch.data_ptr(), plan.d, scratch.data_ptr(), plan.d,
-                              &cands[i].algorithm, ws.defined() ? ws.data_ptr() : nullptr,
-                              cands[i].workspace, stream);
+                              &cands[i].algorithm, workspace, workspace_bytes, stream);
       };
       if (run() != CUBLAS_STATUS_SUCCESS) continue;  // offered, but cannot run this call
       timings.push_back({static_cast<int>(i), time(run)});
