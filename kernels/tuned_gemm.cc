@@ -27,13 +27,12 @@ GemmTuner::GemmTuner(GemmTunerOptions options) : impl_(std::make_unique<Impl>())
 GemmTuner::~GemmTuner() = default;
 
 void GemmTuner::Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                      double beta, double alpha, const at::Tensor& c) {
-  const at::Tensor& input = c.defined() ? c : out;
+                      double beta, double alpha) {
 #ifdef QLORA_HAVE_CUDA
-  if (cublaslt::Addmm(*impl_->cache, out, a, b, beta, alpha, input)) return;
+  if (cublaslt::Addmm(*impl_->cache, out, a, b, beta, alpha)) return;
 #endif
   at::Tensor o = out;
-  at::addmm_out(o, input, a, b, beta, alpha);
+  at::addmm_out(o, out, a, b, beta, alpha);
 }
 
 std::vector<GemmCandidateTiming> GemmTuner::TimeCandidates(const at::Tensor& out,

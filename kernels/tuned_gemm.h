@@ -51,12 +51,11 @@ class GemmTuner {
   GemmTuner(const GemmTuner&) = delete;
   GemmTuner& operator=(const GemmTuner&) = delete;
 
-  // out = beta * c + alpha * (a @ b), for a [m, k] and b [k, n] (contiguous, or transposed
-  // views of contiguous matrices), out [m, n] with unit column stride, and c = out when
-  // undefined (else c [m, n], read where cuBLASLt reads C, e.g. a residual stream added on the
-  // way). beta = 0 never reads c. Tunes the shape first when it is new.
+  // out = beta * out + alpha * (a @ b), for a [m, k] and b [k, n] (contiguous, or transposed
+  // views of contiguous matrices) and out [m, n] with unit column stride. beta = 0 never reads
+  // out. Tunes the shape first when it is new.
   void Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
-             double alpha = 1.0, const at::Tensor& c = {});
+             double alpha = 1.0);
 
   // Every candidate's time for this call's shape, fastest first, without writing out; empty
   // where the call would not go through cuBLASLt.

@@ -58,18 +58,17 @@ int Octave(int64_t v) {
   return o;
 }
 
-// What a tuning chose for its key: the algorithm (none: ATen's call was the fastest), and the
-// fastest cuBLASLt candidate, for calls whose C is not D (ATen would first copy C into D).
+// The algorithm a tuning chose for its key (none: ATen's call was the fastest).
 struct Choice {
-  std::optional<cublasLtMatmulAlgo_t> algorithm, fastest_lt;
+  std::optional<cublasLtMatmulAlgo_t> algorithm;
 };
 
-// What one exact shape runs: its descriptors and the tuning's algorithms where cuBLASLt accepts
-// them for this shape (none: ATen's call).
+// What one exact shape runs: its descriptors and the tuned algorithm where cuBLASLt accepts it
+// for this shape (none: ATen's call).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t x = nullptr, y = nullptr, d = nullptr;
-  std::optional<cublasLtMatmulAlgo_t> algorithm, fastest_lt;
+  std::optional<cublasLtMatmulAlgo_t> algorithm;
 };
 
 void Destroy(Plan& plan) {
@@ -115,20 +114,16 @@ class AlgorithmCache {
   }
 
   bool Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
-             double alpha, const at::Tensor& c) {
+             double alpha) {
     Call call;
     if (!Prepare(out, a, b, beta, &call)) return false;
-    if (beta != 0 && !c.is_same(out) &&
-        (c.device() != out.device() || c.scalar_type() != out.scalar_type() ||
-         c.sizes() != out.sizes() || c.strides() != out.strides() ||
-         reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0)) {
-      return false;  // a C that cuBLASLt cannot read with D's layout: ATen's call
-    }
-    const at::Tensor& input = beta != 0 ? c : out;
-    const bool separate_c = !input.is_same(out);
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(call.key);
-    if (it != plans_.end()) return Run(call, it->second, separate_c, out, beta, alpha, input);
+    if (it != plans_.end()) {
+      if (!it->second.algorithm) return false;  // ATen's call
+      Run(call, it->second, *it->second.algorithm, out, beta, alpha);
+      return true;
+    }
     Plan plan = MakePlan(call);
     auto choice = choices_.find(call.tuning);
     if (choice == choices_.end()) {
@@ -137,21 +132,14 @@ class AlgorithmCache {
         return false;
       }
       const std::vector<Candidate> candidates = Candidates(call, plan);
-      const std::vector<Timing> timings = Time(call, plan, candidates, out);
       Choice chosen;
-      const int index = Choose(timings);
+      const int index = Choose(Time(call, plan, candidates, out));
       if (index >= 0) chosen.algorithm = candidates[index].algorithm;
-      for (const Timing& t : timings) {
-        if (t.index >= 0) {
-          chosen.fastest_lt = candidates[t.index].algorithm;
-          break;
-        }
-      }
       choice = choices_.emplace(call.tuning, chosen).first;
     }
-    plan.algorithm = Accepted(plan, choice->second.algorithm);
-    plan.fastest_lt = Accepted(plan, choice->second.fastest_lt);
-    const bool ran = Run(call, plan, separate_c, out, beta, alpha, input);
+    if (choice->second.algorithm) Accept(plan, *choice->second.algorithm);
+    const bool ran = plan.algorithm.has_value();
+    if (ran) Run(call, plan, *plan.algorithm, out, beta, alpha);
     // Exact shapes are remembered up to a bound (descriptors are small, but rows that vary every
     // step would make them many); past it each call builds its plan and drops it.
     if (static_cast<int64_t>(plans_.size()) < kMaxPlans) {
@@ -230,22 +218,20 @@ class AlgorithmCache {
     return true;
   }
 
-  // `algo` (tuned on another shape of the same key) where cuBLASLt accepts it for this plan's
-  // exact shape within the workspace, else nothing.
-  std::optional<cublasLtMatmulAlgo_t> Accepted(
-      const Plan& plan, const std::optional<cublasLtMatmulAlgo_t>& algo) const {
-    if (!algo) return std::nullopt;
+  // Sets the plan's algorithm when cuBLASLt accepts `algo` (tuned for another shape of the same
+  // key) for this exact shape within the workspace.
+  void Accept(Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
     cublasLtMatmulHeuristicResult_t result{};
     if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x,
-                                plan.y, plan.d, plan.d, &*algo, &result) != CUBLAS_STATUS_SUCCESS ||
+                                plan.y, plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS ||
         result.workspaceSize > WorkspaceBytes()) {
-      return std::nullopt;
+      return;
     }
-    return algo;
+    plan.algorithm = algo;
   }
 
-  // The workspace the algorithms may use: ATen's cuBLASLt workspace of the current stream (already
-  // there for ATen's own calls), within the options' bound.
+  // The workspace the algorithms may use: ATen's cuBLASLt workspace of the current stream
+  // (already there for ATen's own calls; no allocation per call), within the options' bound.
   size_t WorkspaceBytes() const {
     return std::min(static_cast<size_t>(options_.workspace_bytes),
                     at::cuda::getCUDABlasLtWorkspaceSize());
@@ -286,21 +272,14 @@ class AlgorithmCache {
     return candidates;
   }
 
-  // Runs the plan's algorithm (with a C other than D, the fastest cuBLASLt candidate where the
-  // tuning kept ATen's call, which would copy C into D first); false: ATen's call is to run.
-  bool Run(const Call& c, const Plan& plan, bool separate_c, const at::Tensor& out, double beta,
-           double alpha, const at::Tensor& input) const {
-    const std::optional<cublasLtMatmulAlgo_t>& algo =
-        plan.algorithm || !separate_c ? plan.algorithm : plan.fastest_lt;
-    if (!algo) return false;
+  void Run(const Call& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+           const at::Tensor& out, double beta, double alpha) const {
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
     Check(cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
-                         c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
-                         input.data_ptr(), plan.d, out.data_ptr(), plan.d, &*algo,
-                         at::cuda::getCUDABlasLtWorkspace(), WorkspaceBytes(),
-                         at::cuda::getCurrentCUDAStream()),
+                         c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f, out.data_ptr(),
+                         plan.d, out.data_ptr(), plan.d, &algo, at::cuda::getCUDABlasLtWorkspace(),
+                         WorkspaceBytes(), at::cuda::getCurrentCUDAStream()),
           "matmul");
-    return true;
   }
 
   // ATen's call and every candidate, each the median of three batches of timing_repetitions
@@ -389,8 +368,8 @@ std::shared_ptr<AlgorithmCache> NewAlgorithmCache(const GemmTunerOptions& option
 int64_t CachedShapes(const AlgorithmCache& cache) { return cache.size(); }
 
 bool Addmm(AlgorithmCache& cache, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-           double beta, double alpha, const at::Tensor& c) {
-  return cache.Addmm(out, a, b, beta, alpha, c);
+           double beta, double alpha) {
+  return cache.Addmm(out, a, b, beta, alpha);
 }
 
 std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(AlgorithmCache& cache,

@@ -19,9 +19,8 @@ class AlgorithmCache;
 std::shared_ptr<AlgorithmCache> NewAlgorithmCache(const GemmTunerOptions& options);
 int64_t CachedShapes(const AlgorithmCache& cache);
 
-// c: C, read with beta (out itself, or a tensor of out's sizes and strides).
 bool Addmm(AlgorithmCache& cache, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-           double beta, double alpha, const at::Tensor& c);
+           double beta, double alpha);
 std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(AlgorithmCache& cache,
                                                                const at::Tensor& out,
                                                                const at::Tensor& a,

@@ -55,21 +55,18 @@ TEST(EngineFused, RmsNormEqualsTheHfFormulaInFloat32AndWithinOneUlpInBf16) {
   }
 }
 
-// out 48: the rank-r GEMM writes and the base GEMM accumulates; out 80 (wider than twice in):
-// the other order (linear4bit.cc, LoraOutput).
 TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
   for (const at::Device& device : Devices()) {
-   for (const int64_t out : {48, 80}) {
-    SCOPED_TRACE(device.str() + " out " + std::to_string(out));
+    SCOPED_TRACE(device.str());
     at::manual_seed(1);
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     LinearLayer layer;
-    layer.base.dense = at::randn({out, 32}, f32) * 0.1;
-    layer.base.out_features = out;
+    layer.base.dense = at::randn({48, 32}, f32) * 0.1;
+    layer.base.out_features = 48;
     layer.base.in_features = 32;
     LoraWeights lora;
     lora.a = (at::randn({4, 32}, f32) * 0.2).requires_grad_();
-    lora.b = (at::randn({out, 4}, f32) * 0.2).requires_grad_();
+    lora.b = (at::randn({48, 4}, f32) * 0.2).requires_grad_();
     lora.scale = 2.5;
     layer.lora = lora;
     at::Tensor x = at::randn({2, 5, 32}, f32).requires_grad_();
@@ -79,10 +76,8 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
     at::Tensor g = at::randn_like(ours);
     const auto go = torch::autograd::grad({ours}, {x, lora.a, lora.b}, {g});
     const auto gr = torch::autograd::grad({ref}, {x, lora.a, lora.b}, {g});
-    for (size_t i = 0; i < go.size(); ++i) {  // float32: summation order, relative to the size
-      EXPECT_LE((go[i] - gr[i]).abs().max().item<double>(),
-                1e-5 * std::max(1.0, gr[i].abs().max().item<double>()))
-          << "gradient " << i;
+    for (size_t i = 0; i < go.size(); ++i) {
+      EXPECT_LE((go[i] - gr[i]).abs().max().item<double>(), 1e-5) << "gradient " << i;
     }
     // bf16 compute: the fused GEMM rounds once, the unfused formula three times.
     at::Tensor xh = x.detach().to(at::kBFloat16);
@@ -122,7 +117,6 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
       std::cout << "; gradient " << i << " node " << error(gn[i], ge[i]) << ", ops " << error(gs[i], ge[i]);
     }
     std::cout << "\n";
-   }
   }
 }
 
@@ -199,52 +193,6 @@ TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
 // The down projection over silu(gate) * up as one node that recomputes the product in backward,
 // against Swiglu then the LoRA layer (4-bit base and dense, with a bias): values and the
 // gradients of gate, up, A and B, bit for bit in float32 and bf16.
-// The decoder's residual add riding in the projection's first GEMM (LinearLayer::Forward's
-// residual, both GEMM orders: out 48 and the wide out 80): residual + the layer, within the
-// dtype's rounding, with the residual's gradient passed through unchanged; the SwiGLU + down node
-// with a residual equals the layer on SwiGLU's output with the same residual, to the bit.
-TEST(EngineFused, ResidualInTheGemmEqualsTheAddAfter) {
-  for (const at::Device& device : Devices()) {
-    SCOPED_TRACE(device.str());
-    at::manual_seed(7);
-    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-    for (const int64_t out : {48, 80}) {
-      for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-        SCOPED_TRACE(std::string(c10::toString(dtype)) + " out " + std::to_string(out));
-        LinearLayer layer;
-        layer.base.quantized = QuantizeWeight(at::randn({out, 32}, f32) * 0.1, kernels::Quantize4bitOptions());
-        layer.base.out_features = out;
-        layer.base.in_features = 32;
-        LoraWeights lora;
-        lora.a = (at::randn({4, 32}, f32) * 0.2).requires_grad_();
-        lora.b = (at::randn({out, 4}, f32) * 0.2).requires_grad_();
-        lora.scale = 2.0;
-        layer.lora = lora;
-        const at::Tensor x0 = at::randn({2, 5, 32}, f32).to(dtype), r0 = at::randn({2, 5, out}, f32).to(dtype);
-        at::Tensor x1 = x0.clone().requires_grad_(), r1 = r0.clone().requires_grad_();
-        at::Tensor x2 = x0.clone().requires_grad_(), r2 = r0.clone().requires_grad_();
-        const at::Tensor folded = layer.Forward(x1, /*training=*/true, false, r1);
-        const at::Tensor after = r2 + layer.Forward(x2, /*training=*/true);
-        const double bound = (dtype == at::kFloat ? 1e-5 : 1.0 / 64) * after.abs().max().item<double>();
-        EXPECT_LE((folded - after).abs().max().item<double>(), bound);
-        const at::Tensor seed = at::randn_like(after);
-        const auto a = torch::autograd::grad({folded}, {x1, r1, lora.a, lora.b}, {seed});
-        const auto b = torch::autograd::grad({after}, {x2, r2, lora.a, lora.b}, {seed});
-        EXPECT_TRUE(at::equal(a[1], seed)) << "the residual's gradient";
-        for (size_t i = 0; i < a.size(); ++i) {
-          const double g_bound = (dtype == at::kFloat ? 1e-5 : 1.0 / 64) * b[i].abs().max().item<double>();
-          EXPECT_LE((a[i] - b[i]).abs().max().item<double>(), g_bound) << "gradient " << i;
-        }
-        // SwiGLU + down as one node, with the residual: the layer on SwiGLU's output, to the bit.
-        const at::Tensor gate0 = at::randn({2, 5, 32}, f32).to(dtype), up0 = at::randn({2, 5, 32}, f32).to(dtype);
-        const at::Tensor node = SwigluThenForward(layer, gate0, up0, /*training=*/true, r0);
-        const at::Tensor ops = layer.Forward(Swiglu(gate0, up0), /*training=*/true, false, r0);
-        EXPECT_TRUE(at::equal(node, ops));
-      }
-    }
-  }
-}
-
 TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());

@@ -49,15 +49,14 @@ kernels::GemmTuner* SavedGemm(AutogradContext* ctx) {
       static_cast<intptr_t>(ctx->saved_data.at("gemm").toInt()));
 }
 
-// out = beta * c + alpha * (a b) (c: out when undefined) through the tuner, or ATen's GEMM
-// without one.
+// out = beta * out + alpha * (a b) through the tuner, or ATen's GEMM without one.
 void Addmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor& a,
-           const at::Tensor& b, double beta = 1.0, double alpha = 1.0, const at::Tensor& c = {}) {
+           const at::Tensor& b, double beta = 1.0, double alpha = 1.0) {
   if (gemm != nullptr) {
-    gemm->Addmm(out, a, b, beta, alpha, c);
+    gemm->Addmm(out, a, b, beta, alpha);
   } else {
     at::Tensor o = out;
-    at::addmm_out(o, c.defined() ? c : out, a, b, beta, alpha);
+    at::addmm_out(o, out, a, b, beta, alpha);
   }
 }
 
@@ -124,11 +123,6 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
   }
 };
 
-// The nodes' residual input: rows [T, out], or, for none, an empty 1-D tensor (autograd's
-// custom functions take no undefined tensor inputs).
-at::Tensor NoResidual(const at::Tensor& like) { return at::empty({0}, like.options()); }
-bool IsResidual(const at::Tensor& residual) { return residual.dim() == 2; }
-
 // The base weight of a LoRA layer as autograd's saved data: 4-bit (the kernels' descriptor, as
 // Linear4bitFunction keeps it) or dense.
 void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string& prefix = "") {
@@ -148,29 +142,16 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
   return DequantizeWeight(FromSaved(ctx, prefix), dtype);
 }
 
-// y = residual + x W^T + scale * (h A^T) B^T for rows x [T, in] from ha = h A^T (the residual
-// [T, out], a decoder layer's stream, optional); unset with value_unused. The first GEMM writes y
-// (reading the residual as its C: no separate pass adds it) and the other accumulates into it. Usually the rank-r
-// GEMM writes (a pass over y that is cheap at rank r) and the base GEMM accumulates, so the large
-// base term is rounded once, in its epilogue. Where out is much wider than in (gate/up), cuBLAS's
-// accumulating kernels are slow (H200, bf16, 8192 rows: 8192 -> 28672 takes 5.50 ms with beta = 1
-// against 4.78 with beta = 0, 4096 -> 11008 0.980 against 0.926; bench/results/
-// 2026-12-01-h200-tuned-gemm.txt), so there the base GEMM writes and the rank-r GEMM adds to it
-// (one more read of y, ~0.1 ms at the larger shape), the rounding PEFT's separate ops do.
+// y = scale * (h A^T) B^T written by the rank-r GEMM from ha = h A^T (beta = 0), then
+// y += x W^T accumulated by the base GEMM (beta = 1), for rows x [T, in]; unset with value_unused.
 at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tensor& b,
                       const FrozenWeight& base, double scale, bool value_unused,
-                      kernels::GemmTuner* gemm, const at::Tensor& residual = {}) {
+                      kernels::GemmTuner* gemm) {
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   if (!value_unused) {
     const at::ScalarType dtype = x.scalar_type();
-    const double first_beta = residual.defined() ? 1.0 : 0.0;
-    if (base.out_features > 2 * base.in_features) {
-      Addmm(gemm, y, x, base.Materialize(dtype).t(), first_beta, 1.0, residual);
-      Addmm(gemm, y, ha, b.to(dtype).t(), /*beta=*/1, /*alpha=*/scale);
-    } else {
-      Addmm(gemm, y, ha, b.to(dtype).t(), first_beta, /*alpha=*/scale, residual);
-      Addmm(gemm, y, x, base.Materialize(dtype).t());
-    }
+    Addmm(gemm, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
+    Addmm(gemm, y, x, base.Materialize(dtype).t());
   }
   return y;
 }
@@ -180,10 +161,9 @@ at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tenso
 std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Tensor& h,
                                               const at::Tensor& a, const at::Tensor& b,
                                               const FrozenWeight& base, double scale,
-                                              bool value_unused, kernels::GemmTuner* gemm,
-                                              const at::Tensor& residual = {}) {
+                                              bool value_unused, kernels::GemmTuner* gemm) {
   const at::Tensor ha = Mm(gemm, h, a.to(x.scalar_type()).t());  // [T, r]
-  return {LoraOutput(x, ha, b, base, scale, value_unused, gemm, residual), ha};
+  return {LoraOutput(x, ha, b, base, scale, value_unused, gemm), ha};
 }
 
 struct LoraGradients {
@@ -216,12 +196,9 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, kernels::GemmTuner* gemm, const at::Tensor& residual) {
+                            double scale, kernels::GemmTuner* gemm) {
     const at::Tensor x = kernels::SwigluForward(gate, up);
-    const bool has_residual = IsResidual(residual);
-    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, /*value_unused=*/false, gemm,
-                               has_residual ? residual : at::Tensor());
-    ctx->saved_data["residual"] = has_residual;
+    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, /*value_unused=*/false, gemm);
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
     ctx->save_for_backward({gate, up, ha, a, b});
@@ -231,7 +208,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return variable_list(8);
+    if (!g.defined()) return variable_list(7);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -245,9 +222,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     }
     Addmm(gemm, d.lora_in, grad, SavedBase(ctx, dtype));
     auto [grad_gate, grad_up] = kernels::SwigluBackward(d.lora_in, gate, up);
-    // The residual's gradient is g itself (y = residual + ...).
-    const at::Tensor grad_residual = ctx->saved_data["residual"].toBool() ? g : at::Tensor();
-    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), grad_residual};
+    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -268,13 +243,9 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
 struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& h,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, bool value_unused, kernels::GemmTuner* gemm,
-                            const at::Tensor& residual) {
+                            double scale, bool value_unused, kernels::GemmTuner* gemm) {
     const at::Tensor& lora_in = h;
-    const bool has_residual = IsResidual(residual);
-    auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused, gemm,
-                               has_residual ? residual : at::Tensor());
-    ctx->saved_data["residual"] = has_residual;
+    auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused, gemm);
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
     ctx->save_for_backward({lora_in, ha, a, b});
@@ -289,7 +260,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const at::Tensor &lora_in = saved[0], &ha = saved[1], &a = saved[2], &b = saved[3];
     const bool dropout = ctx->saved_data["dropout"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
-    if (!g.defined()) return variable_list(9);
+    if (!g.defined()) return variable_list(8);
     const at::ScalarType dtype = lora_in.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
     kernels::GemmTuner* gemm = SavedGemm(ctx);
@@ -302,8 +273,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
       dx = d.lora_in;
       Addmm(gemm, dx, grad, SavedBase(ctx, dtype));
     }
-    const at::Tensor grad_residual = ctx->saved_data["residual"].toBool() ? g : at::Tensor();
-    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), grad_residual};
+    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -427,28 +397,22 @@ at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }
 
-at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_unused,
-                                const at::Tensor& residual) const {
-  if (lora) {  // the residual rides in the node's first GEMM as its C
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
-    const at::Tensor h =
-        AdapterWithoutDropout(*this, training) ? x2 : at::dropout(x2, lora->dropout, training);
-    const at::Tensor residual_rows =
-        residual.defined() ? residual.reshape({-1, base.out_features}) : NoResidual(x);
-    return ToLayerOutput(LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale,
-                                                   value_unused, gemm, residual_rows),
-                         x.sizes(), base);
+at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_unused) const {
+  if (!lora) {
+    if (value_unused && base.quantized && !base.bias.defined()) {
+      return Linear4bitFunction::apply(x, &*base.quantized, true, gemm);
+    }
+    if (gemm != nullptr && base.quantized && !base.bias.defined()) {
+      return Linear4bitFunction::apply(x, &*base.quantized, false, gemm);
+    }
+    return base.Apply(x);
   }
-  at::Tensor y;
-  if (value_unused && base.quantized && !base.bias.defined()) {
-    y = Linear4bitFunction::apply(x, &*base.quantized, true, gemm);
-  } else if (gemm != nullptr && base.quantized && !base.bias.defined()) {
-    y = Linear4bitFunction::apply(x, &*base.quantized, false, gemm);
-  } else {
-    y = base.Apply(x);
-  }
-  if (!residual.defined()) return y;
-  return value_unused ? SumGraphOnly(residual, y) : residual + y;
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
+  const at::Tensor h =
+      AdapterWithoutDropout(*this, training) ? x2 : at::dropout(x2, lora->dropout, training);
+  return ToLayerOutput(
+      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused, gemm),
+      x.sizes(), base);
 }
 
 at::Tensor LinearLayer::MergedWeight() const {
@@ -485,15 +449,11 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 }
 
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, const at::Tensor& residual) {
-  if (!AdapterWithoutDropout(down, training)) {
-    return down.Forward(Swiglu(gate, up), training, /*value_unused=*/false, residual);
-  }
+                             bool training) {
+  if (!AdapterWithoutDropout(down, training)) return down.Forward(Swiglu(gate, up), training);
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
-  const at::Tensor residual_rows =
-      residual.defined() ? residual.reshape({-1, down.base.out_features}) : NoResidual(gate);
   return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale, down.gemm, residual_rows),
+                                                 down.lora->scale, down.gemm),
                        gate.sizes(), down.base);
 }
 

@@ -59,13 +59,10 @@ struct LinearLayer {
   // owned by the model, which outlives every graph its layers build. Null: ATen's GEMMs.
   kernels::GemmTuner* gemm = nullptr;
 
-  // x: [..., in] in the compute dtype; returns [..., out] in the same dtype, plus `residual`
-  // ([..., out], e.g. the decoder's residual stream) when given: with an adapter the first GEMM
-  // reads it as its C, so no separate pass adds it. With value_unused (a checkpointed block's
-  // recomputation, where only the graph matters) the result's value is unspecified and the frozen
-  // GEMM is skipped; every gradient is the same.
-  at::Tensor Forward(const at::Tensor& x, bool training, bool value_unused = false,
-                     const at::Tensor& residual = {}) const;
+  // x: [..., in] in the compute dtype; returns [..., out] in the same dtype. With value_unused
+  // (a checkpointed block's recomputation, where only the graph matters) the result's value is
+  // unspecified and the frozen GEMM is skipped; every gradient is the same.
+  at::Tensor Forward(const at::Tensor& x, bool training, bool value_unused = false) const;
   // W + scale * B A as float32 [out, in] (the base weight when there is no adapter).
   at::Tensor MergedWeight() const;
 };
@@ -83,6 +80,6 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 // .cc): [tokens, intermediate] less held per layer from forward to backward, one more pass over
 // memory. For layers that are not activation-checkpointed.
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, const at::Tensor& residual = {});
+                             bool training);
 
 }  // namespace qlora::engine

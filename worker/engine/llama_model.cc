@@ -211,9 +211,9 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   } else {
     attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
   }
-  // The residual adds ride in the projections' GEMMs (LinearLayer::Forward's residual).
-  const at::Tensor h = layer.o_proj.Forward(
-      attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_, false, x);
+  const at::Tensor h =
+      x + layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}),
+                               training_);
 
   const at::Tensor m = RmsNorm(h, layer.post_attention_layernorm, eps);
   const std::vector<at::Tensor> gate_up =
@@ -222,9 +222,11 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // their product: the down node recomputes it in backward. A checkpointed layer's forward keeps
   // nothing and its recomputation lives one layer's backward, so it keeps the product.
   const bool saves_until_backward = at::GradMode::is_enabled() && !value_unused;
-  return saves_until_backward
-             ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_, h)
-             : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1]), training_, value_unused, h);
+  const at::Tensor down =
+      saves_until_backward
+          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_)
+          : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1]), training_, value_unused);
+  return value_unused ? SumGraphOnly(h, down) : h + down;
 }
 
 at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
