@@ -131,10 +131,10 @@ class AlgorithmCache {
         Destroy(plan);
         return false;
       }
-      const std::vector<Candidate> candidates = Candidates(call, plan);
+      const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(plan);
       Choice chosen;
       const int index = Choose(Time(call, plan, candidates, out));
-      if (index >= 0) chosen.algorithm = candidates[index].algorithm;
+      if (index >= 0) chosen.algorithm = candidates[index];
       choice = choices_.emplace(call.tuning, chosen).first;
     }
     if (choice->second.algorithm) Accept(plan, *choice->second.algorithm);
@@ -158,10 +158,10 @@ class AlgorithmCache {
     if (!Prepare(out, a, b, beta, &call)) return std::nullopt;
     std::lock_guard<std::mutex> lock(mu_);
     Plan plan = MakePlan(call);
-    std::vector<Candidate> candidates = Candidates(call, plan);
+    const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(plan);
     std::vector<GemmCandidateTiming> result;
     for (const Timing& t : Time(call, plan, candidates, out)) {
-      result.push_back({t.index < 0 ? "aten" : Describe(candidates[t.index].algorithm), t.ms});
+      result.push_back({t.index < 0 ? "aten" : Describe(candidates[t.index]), t.ms});
     }
     Destroy(plan);
     return result;
@@ -175,9 +175,6 @@ class AlgorithmCache {
     cudaDataType_t type = CUDA_R_16BF;
     ShapeKey key;
     TuningKey tuning;
-  };
-  struct Candidate {
-    cublasLtMatmulAlgo_t algorithm;
   };
   struct Timing {
     int index = -1;  // into the candidates; -1 is ATen's call
@@ -250,7 +247,8 @@ class AlgorithmCache {
     return plan;
   }
 
-  std::vector<Candidate> Candidates(const Call& c, const Plan& plan) const {
+  // cuBLASLt's heuristic candidates for the plan's shape, split-K ones left out.
+  std::vector<cublasLtMatmulAlgo_t> Candidates(const Plan& plan) const {
     cublasLtMatmulPreference_t pref = nullptr;
     Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const uint64_t ws = WorkspaceBytes();
@@ -262,31 +260,37 @@ class AlgorithmCache {
         at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x, plan.y, plan.d, plan.d, pref,
         static_cast<int>(results.size()), results.data(), &returned);
     cublasLtMatmulPreferenceDestroy(pref);
-    std::vector<Candidate> candidates;
+    std::vector<cublasLtMatmulAlgo_t> candidates;
     if (status != CUBLAS_STATUS_SUCCESS) return candidates;
     for (int i = 0; i < returned; ++i) {
       if (results[i].state != CUBLAS_STATUS_SUCCESS || SplitK(results[i].algo) > 1) continue;
-      candidates.push_back({results[i].algo});
+      candidates.push_back(results[i].algo);
     }
-    (void)c;
     return candidates;
+  }
+
+  // out = beta * out + alpha * (a @ b) with `algo`, on the current stream and ATen's workspace.
+  cublasStatus_t Matmul(const Call& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                        const at::Tensor& out, double beta, double alpha) const {
+    const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    return cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
+                          c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
+                          out.data_ptr(), plan.d, out.data_ptr(), plan.d, &algo,
+                          at::cuda::getCUDABlasLtWorkspace(), WorkspaceBytes(),
+                          at::cuda::getCurrentCUDAStream());
   }
 
   void Run(const Call& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
            const at::Tensor& out, double beta, double alpha) const {
-    const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-    Check(cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
-                         c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f, out.data_ptr(),
-                         plan.d, out.data_ptr(), plan.d, &algo, at::cuda::getCUDABlasLtWorkspace(),
-                         WorkspaceBytes(), at::cuda::getCurrentCUDAStream()),
-          "matmul");
+    Check(Matmul(c, plan, algo, out, beta, alpha), "matmul");
   }
 
   // ATen's call and every candidate, each the median of three batches of timing_repetitions
   // runs, on scratch memory of out's layout taken straight from the driver: outside the caching
   // allocator, so the tuning moves neither its statistics nor its pools (the peaks the memory
   // plan is checked against). Fastest first; empty when the scratch memory is not there.
-  std::vector<Timing> Time(const Call& c, const Plan& plan, const std::vector<Candidate>& cands,
+  std::vector<Timing> Time(const Call& c, const Plan& plan,
+                           const std::vector<cublasLtMatmulAlgo_t>& cands,
                            const at::Tensor& out) const {
     const c10::cuda::CUDAGuard guard(out.device());
     const int64_t out_bytes = (out.stride(0) * (out.size(0) - 1) + out.size(1)) * out.element_size();
@@ -296,8 +300,6 @@ class AlgorithmCache {
       return {};
     }
     at::Tensor scratch = at::from_blob(memory, out.sizes(), out.strides(), out.options()).zero_();
-    void* workspace = at::cuda::getCUDABlasLtWorkspace();
-    const size_t workspace_bytes = WorkspaceBytes();
     const double beta = std::get<10>(c.key) ? 0.0 : 1.0;
     const auto stream = at::cuda::getCurrentCUDAStream();
     const int reps = std::max(options_.timing_repetitions, 1);
@@ -322,13 +324,7 @@ class AlgorithmCache {
     std::vector<Timing> timings;
     timings.push_back({-1, time([&] { at::addmm_out(scratch, scratch, c.a, c.b, beta, 1.0); })});
     for (size_t i = 0; i < cands.size(); ++i) {
-      const float alpha_f = 1.0f, beta_f = static_cast<float>(beta);
-      auto run = [&] {
-        return cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
-                              c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
-                              scratch.data_ptr(), plan.d, scratch.data_ptr(), plan.d,
-                              &cands[i].algorithm, workspace, workspace_bytes, stream);
-      };
+      auto run = [&] { return Matmul(c, plan, cands[i], scratch, beta, 1.0); };
       if (run() != CUBLAS_STATUS_SUCCESS) continue;  // offered, but cannot run this call
       timings.push_back({static_cast<int>(i), time(run)});
     }

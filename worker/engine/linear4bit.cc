@@ -399,11 +399,9 @@ at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
 
 at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_unused) const {
   if (!lora) {
-    if (value_unused && base.quantized && !base.bias.defined()) {
-      return Linear4bitFunction::apply(x, &*base.quantized, true, gemm);
-    }
-    if (gemm != nullptr && base.quantized && !base.bias.defined()) {
-      return Linear4bitFunction::apply(x, &*base.quantized, false, gemm);
+    // The 4-bit node itself where the recomputation skips its GEMM or the tuner runs it.
+    if (base.quantized && !base.bias.defined() && (value_unused || gemm != nullptr)) {
+      return Linear4bitFunction::apply(x, &*base.quantized, value_unused, gemm);
     }
     return base.Apply(x);
   }
