@@ -309,5 +309,37 @@ TEST(EngineFused, RotaryAndSwigluNodesEqualAutogradThroughTheirFormulas) {
   }
 }
 
+// The residual add + RMSNorm node as the decoder uses it: h continues the residual stream and
+// the norm of h feeds the projections, so x and delta get the norm's gradient plus h's own.
+TEST(EngineFused, ResidualRmsNormNodeEqualsAddThenNormUnderAutograd) {
+  for (const at::Device& device : Devices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
+      at::manual_seed(9);
+      const auto opts = at::TensorOptions().dtype(dtype).device(device);
+      const at::Tensor x = at::randn({2, 9, 256}, opts) * 2, delta = at::randn({2, 9, 256}, opts);
+      const at::Tensor w = (1 + 0.1 * at::randn({256}, opts.dtype(at::kFloat))).to(dtype);
+      at::Tensor xa = x.detach().requires_grad_(), da = delta.detach().requires_grad_();
+      at::Tensor xb = x.detach().requires_grad_(), db = delta.detach().requires_grad_();
+      const auto [h, n] = ResidualRmsNorm(xa, da, w, 1e-5);
+      const at::Tensor h_ref = xb + db;
+      const at::Tensor n_ref = at::rms_norm(h_ref, {256}, w, 1e-5);
+      EXPECT_TRUE(at::equal(h, h_ref));
+      const double tol = dtype == at::kFloat ? 1e-5 : 0.05;
+      EXPECT_LT((n - n_ref).abs().max().item<double>(), tol);
+      // What a decoder layer does with them: h goes on (times gh), n into the projections (gn).
+      const at::Tensor gh = at::randn_like(h), gn = at::randn_like(n);
+      const auto ours = torch::autograd::grad({h, n}, {xa, da}, {gh, gn});
+      const auto ref = torch::autograd::grad({h_ref, n_ref}, {xb, db}, {gh, gn});
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_LT((ours[i].to(at::kFloat) - ref[i].to(at::kFloat)).abs().max().item<double>(),
+                  dtype == at::kFloat ? 1e-5 : 0.1)
+            << i;
+      }
+      EXPECT_TRUE(at::equal(ours[0], ours[1]));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qlora::engine

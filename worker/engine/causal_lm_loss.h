@@ -1,9 +1,12 @@
 // Causal-LM cross-entropy without materialising float32 logits for every position at once.
 //
-// Positions are processed in chunks (default 1024): each chunk's logits are computed
-// (hidden @ lm_head^T in the compute dtype, then float32, as transformers does), reduced to a
-// summed token loss and dropped; backward recomputes each chunk's logits to form
-// grad_hidden = (softmax - onehot) @ lm_head. Peak extra memory is one chunk x vocab in float32.
+// Positions are processed in chunks (default 1024): each chunk's logits are computed once
+// (hidden @ lm_head^T in the compute dtype, read as float32, as transformers does), reduced to a
+// summed token loss by kernels/cross_entropy.h, which overwrites them with their gradient
+// (softmax - onehot) * grad_scale, and taken to grad_hidden = that @ lm_head right away (when
+// hidden requires grad), as Liger's fused linear cross-entropy does: one lm_head GEMM less per
+// chunk than recomputing the logits in backward. Peak extra memory: one chunk x vocab in the
+// compute dtype, plus grad_hidden (hidden's size) kept until backward.
 //
 // Labels follow the HF convention: same shape as input_ids, NOT shifted (position t's hidden
 // state predicts labels[t + 1]), -100 = ignored. The result is the SUM of token losses and the
@@ -20,6 +23,10 @@ inline constexpr int64_t kIgnoreIndex = -100;
 
 struct LossOptions {
   int64_t chunk_size = 1024;  // positions per chunk
+  // The gradient backward is expected to bring to loss_sum (the trainer's loss scale): forward
+  // folds it into the logits' gradient before rounding it; backward multiplies by the incoming
+  // gradient over this (exactly 1 when it is right, so nothing is rounded twice). Not zero.
+  double grad_scale = 1.0;
 };
 
 struct CausalLmLoss {

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/fused_elementwise.h"
+#include "kernels/rms_norm.h"
 
 namespace qlora::engine {
 namespace {
@@ -54,6 +55,27 @@ struct SumGraphOnlyFunction : public torch::autograd::Function<SumGraphOnlyFunct
   }
 };
 
+struct ResidualRmsNormFunction : public torch::autograd::Function<ResidualRmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, double eps) {
+    kernels::ResidualRmsNormResult r = kernels::ResidualRmsNormForward(x, delta, weight, eps);
+    ctx->saved_data["weight"] = weight;  // frozen: kept by reference, never differentiated
+    ctx->save_for_backward({r.h, r.rstd});
+    return {r.h, r.n};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const at::Tensor &grad_h = grad_outputs[0], &grad_n = grad_outputs[1];
+    at::Tensor dx = grad_h;
+    if (grad_n.defined()) {
+      const variable_list saved = ctx->get_saved_variables();
+      dx = kernels::RmsNormBackward(grad_n, saved[0], saved[1],
+                                    ctx->saved_data["weight"].toTensor(), grad_h);
+    }
+    return {dx, dx, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -66,6 +88,13 @@ at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up) {
 
 at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {
   return SumGraphOnlyFunction::apply(a, b);
+}
+
+std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
+                                                  const at::Tensor& weight, double eps) {
+  TORCH_CHECK(!weight.requires_grad(), "ResidualRmsNorm: the norm weight must be frozen");
+  const variable_list out = ResidualRmsNormFunction::apply(x, delta, weight, eps);
+  return {out[0], out[1]};
 }
 
 }  // namespace qlora::engine

@@ -5,7 +5,12 @@
 //   Rotary(x, cos, sin) = x * cos + rotate_half(x) * sin      differentiable in x only
 //   Swiglu(gate, up)    = silu(gate) * up                     saves gate and up, not silu(gate)
 //   SumGraphOnly(a, b)  = a + b's autograd node, value unset   for a checkpointed recomputation
+//   ResidualRmsNorm(x, delta, w) = {h = x + delta, rms_norm(h) * w}   differentiable in x and
+//                         delta (one gradient for both: the norm's plus h's own, summed in the
+//                         kernel); saves h and rstd
 #pragma once
+
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -20,5 +25,10 @@ at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up);
 // value and no pass over memory: the end of a checkpointed block's recomputation, whose output
 // only carries the graph (checkpoint.h).
 at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b);
+
+// The residual add and the RMSNorm of its result as one node ({h, normalized h}); weight in x's
+// dtype and frozen.
+std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
+                                                  const at::Tensor& weight, double eps);
 
 }  // namespace qlora::engine

@@ -78,13 +78,13 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   const int64_t around = 3 * H * d + 4 + 2 * m.head_dim * d;  // final norm, loss copy, rotary
   const int64_t held = tokens * (c * per.checkpointed + plain * per.plain + around);
   const int64_t chunk = std::min(r.loss_chunk, tokens);
-  const int64_t loss_backward = tokens * H * d + chunk * m.vocab_size * (2 * d + 8);
+  const int64_t loss = tokens * H * d + chunk * m.vocab_size * d;  // grad_hidden, one chunk
   // A checkpointed layer's recomputation saves what a plain one does, its input aside (the
   // checkpoint holds that already, and the recomputation saves the same storage).
   const int64_t recomputed = per.recomputed;
   // The top layer's backward: a plain layer's gradients, or a checkpointed layer recomputed.
   const int64_t top_layer = tokens * (per.backward + (plain == 0 ? recomputed : 0));
-  int64_t peak = held + std::max(loss_backward, top_layer);
+  int64_t peak = held + std::max(loss, top_layer);
   if (c > 0 && plain > 0) {  // the top checkpointed layer, the plain ones freed by then
     peak = std::max(peak, tokens * (c * per.checkpointed + recomputed + per.backward + around));
   }

@@ -26,13 +26,14 @@
 //   one layer's backward  (recompute +) gradients: max of the MLP's (2H + 3I) d and the
 //                      attention's (2H + 2Q + 2K) d + 4Q (the flash kernel's float32 dq)
 //   around the layers  final norm input, its output and the loss's row-major copy (3 H d + 4),
-//                      the rotary tables (2 head_dim d); the loss's backward adds grad_hidden
-//                      (H d per token) and one chunk of float32 logits (chunk x vocab x (2d + 8))
+//                      the rotary tables (2 head_dim d); the loss (computed with its gradient
+//                      in forward) adds grad_hidden (H d per token) and one chunk of logits in
+//                      the compute dtype (chunk x vocab x d), which become their own gradient
 // and, besides tokens: what is resident once the model, the adapters and the optimizer are
 // built (measured by the caller), the parameters' gradients (4 bytes per trainable element),
 // and one dequantized weight (the largest, out x in x d) in backward.
 //
-// The peak is the largest of: the loss's backward with every layer's saved tensors held; the
+// The peak is the largest of: the loss with every layer's saved tensors held; the
 // top layer's backward; the top checkpointed layer's recompute-and-backward once the plain
 // layers are freed. (So the top layer runs plainly for free when the recomputation sets the
 // peak: backward would recompute it first thing, with every other layer's input still held.) The plan keeps it under (1 - margin_fraction) x budget; the margin is for

@@ -214,7 +214,11 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     }
     {
       RECORD_USER_SCOPE("qlora::loss");
-      engine::CausalLmLoss loss = engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels);
+      engine::LossOptions loss_options;
+      // The gradient backward brings to loss_sum (0 when no rank has a target token).
+      if (scale.scale != 0) loss_options.grad_scale = scale.scale;
+      engine::CausalLmLoss loss =
+          engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels, loss_options);
       const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
       local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
       scaled_loss = loss.loss_sum * scale.scale;

@@ -1,0 +1,32 @@
+// The decoder's residual add fused with the RMSNorm that reads its result, forward and backward:
+//
+//   forward:   h = x + delta                               (rounded to the dtype, as ATen's add)
+//              n = h * rstd * weight,  rstd = 1 / sqrt(mean(h^2) + eps)   (float32 inside, one
+//                                                          rounding: ATen's rms_norm formula)
+//   backward:  dx = rstd * (w * dn) - h * rstd^3 * mean(w * dn * h) + dh   (float32, one rounding)
+//
+// dh is the gradient that reaches h along the residual stream; the result is the gradient of
+// both x and delta. CPU (and any tensor the CUDA kernels do not take): ATen ops, the oracle of
+// tests/kernels/rms_norm_test.cc. CUDA: one block per row, 16-byte accesses, one kernel each way
+// (the add and the norm's extra read of h, and backward's separate add of dh, are gone).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::kernels {
+
+struct ResidualRmsNormResult {
+  at::Tensor h, n;  // x's shape and dtype
+  at::Tensor rstd;  // float32, one per row (x's shape without the last dim)
+};
+
+// x, delta: one shape and dtype, last dim = weight's size; weight: x's dtype.
+ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta,
+                                             const at::Tensor& weight, double eps);
+
+// grad_n, h: h's shape and dtype; rstd from forward; grad_h: h's shape and dtype, or undefined
+// (no residual gradient). Returns dx in h's dtype.
+at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Tensor& rstd,
+                           const at::Tensor& weight, const at::Tensor& grad_h);
+
+}  // namespace qlora::kernels
