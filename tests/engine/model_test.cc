@@ -707,18 +707,27 @@ TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
   }
   const double loss = results[0].at("loss_sum").item<double>();
   EXPECT_NEAR(results[2].at("loss_sum").item<double>(), loss, 2e-2 * std::abs(loss));
+  // Each gradient's error relative to its max, on the GPU and on the CPU (both bf16).
+  std::map<std::string, std::pair<double, double>> errors;
   double worst_gpu = 0, worst_cpu = 0;
   for (const auto& [name, g] : results[0]) {
     const double scale = g.abs().max().item<double>();
     const double gpu = MaxAbsDiff(g, results[2].at(name).to(at::kFloat)) / (scale + 1e-12);
     const double cpu = MaxAbsDiff(g, results[1].at(name).to(at::kFloat)) / (scale + 1e-12);
-    // bf16 rounding alone moves some gradients by ~5% of their max (the CPU's bf16 step too:
-    // measured on an H200, worst gradient 0.0507 on the GPU, 0.0560 on the CPU): the GPU step is
-    // within 5%, or no more than a quarter further from float32 than the CPU's bf16 step.
-    EXPECT_LT(gpu, std::max(5e-2, 1.25 * cpu)) << name << " (bf16 on the CPU: " << cpu << ")";
+    errors[name] = {gpu, cpu};
     worst_gpu = std::max(worst_gpu, gpu);
     worst_cpu = std::max(worst_cpu, cpu);
   }
+  // bf16 rounding alone moves some gradients by ~5% of their max (the CPU's bf16 step too:
+  // measured on an H200, worst gradient 0.0504 on the GPU, 0.0560 on the CPU; which gradient is
+  // worst moves with any change of rounding order): every GPU gradient is within 1.1x the CPU
+  // step's worst error, or no more than a quarter further from float32 than the CPU's same
+  // gradient; and the GPU's worst is within 1.1x the CPU's.
+  for (const auto& [name, e] : errors) {
+    EXPECT_LT(e.first, std::max(1.1 * worst_cpu, 1.25 * e.second))
+        << name << " (bf16 on the CPU: " << e.second << ")";
+  }
+  EXPECT_LE(worst_gpu, worst_cpu * 1.1);
   std::cout << "bf16 step against float32, worst gradient (relative to its max): GPU " << worst_gpu
             << ", CPU " << worst_cpu << "\n";
 }
