@@ -79,4 +79,21 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
   return {grad_gate, grad_up};
 }
 
+at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
+                                 const at::Tensor& up) {
+  TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
+              "swiglu: the gradient, gate and up must have one shape");
+  TORCH_CHECK(grad_out.is_contiguous(), "swiglu: an in-place gradient must be contiguous");
+  if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type()) {
+#ifdef QLORA_HAVE_CUDA
+    const at::Tensor a = gate.contiguous(), b = up.contiguous();
+    at::Tensor grad_up = at::empty_like(b);
+    if (cuda::SwigluBackward(grad_out, a, b, grad_out, grad_up)) return grad_up;
+#endif
+  }
+  auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
+  grad_out.copy_(grad_gate);
+  return grad_up;
+}
+
 }  // namespace qlora::kernels

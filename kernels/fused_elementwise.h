@@ -29,5 +29,9 @@ at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
 // {grad_gate, grad_up} for the gradient of SwigluForward's output.
 std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
                                                  const at::Tensor& gate, const at::Tensor& up);
+// The same, with grad_gate written over grad_out (contiguous, and not read by anyone afterwards):
+// returns grad_up. One buffer of gate's size less at the MLP's backward, the step's memory peak.
+at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
+                                 const at::Tensor& up);
 
 }  // namespace qlora::kernels

@@ -217,18 +217,24 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
         lora.scale = 1.5;
         down.lora = lora;
         const at::Tensor gate0 = at::randn({2, 7, 96}, f32).to(dtype), up0 = at::randn({2, 7, 96}, f32).to(dtype);
-        at::Tensor gf = gate0.clone().requires_grad_(), uf = up0.clone().requires_grad_();
-        at::Tensor gs = gate0.clone().requires_grad_(), us = up0.clone().requires_grad_();
-        const at::Tensor fused = SwigluThenForward(down, gf, uf, /*training=*/true);
-        const at::Tensor separate = down.Forward(Swiglu(gs, us), /*training=*/true);
-        // The same kernels on the same inputs in the same order: equal to the bit.
-        EXPECT_TRUE(at::equal(fused, separate));
-        const at::Tensor seed = at::randn_like(separate);
-        const auto a = torch::autograd::grad({fused}, {gf, uf, lora.a, lora.b}, {seed});
-        const auto b = torch::autograd::grad({separate}, {gs, us, lora.a, lora.b}, {seed});
-        for (size_t i = 0; i < a.size(); ++i) {
-          EXPECT_GT(b[i].abs().max().item<double>(), 0) << "gradient " << i;
-          EXPECT_TRUE(at::equal(a[i], b[i])) << "gradient " << i;
+        // value_unused: a checkpointed layer's recomputation (the node keeps SwiGLU's output and
+        // writes the input gradient over it; the output carries only the graph).
+        for (const bool value_unused : {false, true}) {
+          SCOPED_TRACE(value_unused ? "recomputation" : "plain");
+          at::Tensor gf = gate0.clone().requires_grad_(), uf = up0.clone().requires_grad_();
+          at::Tensor gs = gate0.clone().requires_grad_(), us = up0.clone().requires_grad_();
+          const at::Tensor fused = SwigluThenForward(down, gf, uf, /*training=*/true, value_unused);
+          const at::Tensor separate = down.Forward(Swiglu(gs, us), /*training=*/true);
+          // The same kernels on the same inputs in the same order: equal to the bit.
+          if (!value_unused) EXPECT_TRUE(at::equal(fused, separate));
+          EXPECT_EQ(fused.sizes(), separate.sizes());
+          const at::Tensor seed = at::randn_like(separate);
+          const auto a = torch::autograd::grad({fused}, {gf, uf, lora.a, lora.b}, {seed});
+          const auto b = torch::autograd::grad({separate}, {gs, us, lora.a, lora.b}, {seed});
+          for (size_t i = 0; i < a.size(); ++i) {
+            EXPECT_GT(b[i].abs().max().item<double>(), 0) << "gradient " << i;
+            EXPECT_TRUE(at::equal(a[i], b[i])) << "gradient " << i;
+          }
         }
       }
     }

@@ -114,6 +114,13 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
           const at::Tensor excess = (a - b).abs() - b.abs() * ulp - 1e-30;
           EXPECT_LE(excess.max().item<double>(), 0.0) << "grad gate";
         }
+        // In place: grad_gate lands in the incoming gradient's buffer, bit for bit the same.
+        at::Tensor in_place = dy.clone();
+        const void* buffer = in_place.const_data_ptr();
+        const at::Tensor du2 = SwigluBackwardInPlace(in_place, g, u);
+        EXPECT_EQ(in_place.const_data_ptr(), buffer);
+        ExpectBitEqual(in_place, dg, "grad gate in place");
+        ExpectBitEqual(du2, du, "grad up next to an in-place grad gate");
       }
     }
   }

@@ -167,6 +167,7 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
 }
 
 struct LoraGradients {
+  at::Tensor dha;      // dh' [T, r]
   at::Tensor lora_in;  // dh' A [T, in]: the adapters' part of the input gradient
   at::Tensor a, b;     // float32, the adapters' dtype
 };
@@ -174,41 +175,52 @@ struct LoraGradients {
 // The adapters' gradients for g [T, out] (in h's dtype), each GEMM writing its result's layout
 // (no transposed copies):
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = dh'^T h;  dB = g^T (h A^T) * scale
+// Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first.
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
                            const at::Tensor& a, const at::Tensor& b, double scale,
-                           kernels::GemmTuner* gemm) {
+                           kernels::GemmTuner* gemm, bool input_gradient = true) {
   const at::ScalarType dtype = h.scalar_type();
-  const at::Tensor dha = Mm(gemm, g, b.to(dtype), scale);  // [T, r]
   LoraGradients d;
-  d.a = Mm(gemm, dha.t(), h).to(a.scalar_type());
+  d.dha = Mm(gemm, g, b.to(dtype), scale);  // [T, r]
+  d.a = Mm(gemm, d.dha.t(), h).to(a.scalar_type());
   d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
-  d.lora_in = Mm(gemm, dha, a.to(dtype));  // [T, in]
+  if (input_gradient) d.lora_in = Mm(gemm, d.dha, a.to(dtype));  // [T, in]
   return d;
 }
 
-// The down projection with its adapter applied to silu(gate) * up, as one node that keeps gate
-// and up (which SwiGLU's backward needs anyway) but not their product, the projection's input
-// ([T, intermediate], the largest tensor a layer would otherwise save): backward recomputes it
-// (one pass over memory) for the adapter's gradients, then takes the input gradient through
-// SwiGLU's backward. The same values and gradients as Swiglu followed by LoraLinearFunction
-// (without dropout); for layers that are not activation-checkpointed, whose saved tensors are
-// held from forward to backward.
+at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::ScalarType dtype,
+                             kernels::GemmTuner* gemm) {
+  return Mm(gemm, d.dha, a.to(dtype));
+}
+
+// The down projection with its adapter applied to silu(gate) * up, as one node. The same values
+// and gradients as Swiglu followed by LoraLinearFunction (without dropout), in one of two modes:
+//   plain (a layer whose saved tensors live from forward to backward): keeps gate and up (which
+//     SwiGLU's backward needs anyway) but not their product x, the projection's input
+//     ([T, intermediate], the largest tensor a layer would otherwise save): backward recomputes
+//     it (one pass over memory) for the adapter's gradients and frees it before dx is allocated;
+//   value_unused (a checkpointed layer's recomputation, which lives one layer's backward): keeps
+//     x as well, computes only h A^T (the output only carries the graph, checkpoint.h), and
+//     backward writes dx over x once the adapter's gradients have read it.
+// Either way SwiGLU's backward then writes grad_gate over dx, so that at the layer's backward,
+// the step's memory peak, gate, up, dx and grad_up are the only [T, intermediate] tensors.
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, kernels::GemmTuner* gemm) {
+                            double scale, kernels::GemmTuner* gemm, bool value_unused) {
     const at::Tensor x = kernels::SwigluForward(gate, up);
-    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, /*value_unused=*/false, gemm);
+    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm);
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
-    ctx->save_for_backward({gate, up, ha, a, b});
+    // x, never seen outside this node, is saved only by a recomputation.
+    ctx->save_for_backward({gate, up, ha, a, b, value_unused ? x : at::Tensor()});
     ctx->saved_data["scale"] = scale;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return variable_list(7);
+    if (!g.defined()) return variable_list(8);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -216,13 +228,21 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
     kernels::GemmTuner* gemm = SavedGemm(ctx);
     LoraGradients d;
-    {
-      const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before SwiGLU's backward
-      d = LoraBackward(grad, x, ha, a, b, scale, gemm);
+    at::Tensor dx;
+    if (saved[5].defined()) {
+      dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
+      d = LoraBackward(grad, dx, ha, a, b, scale, gemm, /*input_gradient=*/false);
+      Addmm(gemm, dx, d.dha, a.to(dtype), /*beta=*/0.0);
+    } else {
+      {
+        const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
+        d = LoraBackward(grad, x, ha, a, b, scale, gemm, /*input_gradient=*/false);
+      }
+      dx = LoraInputGradient(d, a, dtype, gemm);
     }
-    Addmm(gemm, d.lora_in, grad, SavedBase(ctx, dtype));
-    auto [grad_gate, grad_up] = kernels::SwigluBackward(d.lora_in, gate, up);
-    return {grad_gate, grad_up, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor()};
+    Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
+    at::Tensor grad_up = kernels::SwigluBackwardInPlace(dx, gate, up);
+    return {dx, grad_up, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -447,11 +467,13 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 }
 
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training) {
-  if (!AdapterWithoutDropout(down, training)) return down.Forward(Swiglu(gate, up), training);
+                             bool training, bool value_unused) {
+  if (!AdapterWithoutDropout(down, training)) {
+    return down.Forward(Swiglu(gate, up), training, value_unused);
+  }
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
   return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale, down.gemm),
+                                                 down.lora->scale, down.gemm, value_unused),
                        gate.sizes(), down.base);
 }
 

@@ -75,11 +75,13 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
                                            const at::Tensor& x, bool training,
                                            bool value_unused = false);
 
-// down.Forward(silu(gate) * up): with an adapter (and no dropout running) as one node that saves
-// gate and up but not their product, which backward recomputes (see SwigluLoraFunction in the
-// .cc): [tokens, intermediate] less held per layer from forward to backward, one more pass over
-// memory. For layers that are not activation-checkpointed.
+// down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout
+// running) as one node whose backward writes SwiGLU's gate gradient over its own input gradient
+// (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product,
+// which backward recomputes ([tokens, intermediate] less held from forward to backward, one more
+// pass over memory). A checkpointed layer's recomputation (value_unused): it keeps the product
+// and writes the input gradient over it.
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training);
+                             bool training, bool value_unused = false);
 
 }  // namespace qlora::engine

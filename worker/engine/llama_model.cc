@@ -227,13 +227,13 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   }
   const std::vector<at::Tensor> gate_up =
       SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
-  // A layer that keeps its activations until backward (no checkpoint) saves gate and up but not
-  // their product: the down node recomputes it in backward. A checkpointed layer's forward keeps
-  // nothing and its recomputation lives one layer's backward, so it keeps the product.
-  const bool saves_until_backward = at::GradMode::is_enabled() && !value_unused;
+  // With grad, one node for SwiGLU and down (SwigluThenForward): a layer that keeps its
+  // activations until backward (no checkpoint) saves gate and up but not their product, which
+  // the node recomputes in backward; a checkpointed layer's recomputation lives one layer's
+  // backward, so it keeps the product. A checkpointed layer's first forward keeps nothing.
   const at::Tensor down =
-      saves_until_backward
-          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_)
+      at::GradMode::is_enabled()
+          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_, value_unused)
           : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1]), training_, value_unused);
   return value_unused ? SumGraphOnly(h, down) : h + down;
 }

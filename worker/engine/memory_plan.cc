@@ -64,7 +64,7 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   // (SwigluThenForward); a checkpointed layer's recomputation saves it.
   b.plain = plain;
   b.recomputed = plain + (saves_gated ? I * d : 0) - b.checkpointed;
-  b.backward = std::max((2 * H + 3 * I) * d, (2 * H + 2 * Q + 2 * K) * d + 4 * Q);
+  b.backward = std::max((2 * H + 2 * I) * d, (2 * H + 2 * Q + 2 * K) * d + 4 * Q);
   return b;
 }
 

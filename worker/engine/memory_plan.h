@@ -23,7 +23,8 @@
 //                      (in d) and the dropout mask (in bytes of `dropout_mask_bytes`) instead.
 //   checkpointed layer its input only (H d); its recomputation saves what a plain layer does
 //                      and the SwiGLU output (I d) for an adapted down_proj
-//   one layer's backward  (recompute +) gradients: max of the MLP's (2H + 3I) d and the
+//   one layer's backward  (recompute +) gradients: max of the MLP's (2H + 2I) d (SwiGLU's gate
+//                      gradient written over the down projection's input gradient) and the
 //                      attention's (2H + 2Q + 2K) d + 4Q (the flash kernel's float32 dq)
 //   around the layers  final norm input, its output and the loss's row-major copy (3 H d + 4),
 //                      the rotary tables (2 head_dim d); the loss (computed with its gradient
