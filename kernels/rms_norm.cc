@@ -18,7 +18,8 @@ at::Tensor Rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
 ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta,
                                              const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type(),
+  TORCH_CHECK(!delta.defined() ||
+                  (x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type()),
               "residual rms_norm: x and delta must have one shape and dtype");
   TORCH_CHECK(weight.dim() == 1 && x.dim() >= 1 && weight.size(0) == x.size(-1) &&
                   weight.scalar_type() == x.scalar_type(),
@@ -27,17 +28,19 @@ ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tens
   row_shape.pop_back();
   if (OnCuda(x)) {
 #ifdef QLORA_HAVE_CUDA
-    const at::Tensor xr = Rows(x).contiguous(), dr = Rows(delta).contiguous();
-    ResidualRmsNormResult r{at::empty_like(xr), at::empty_like(xr),
+    const at::Tensor xr = Rows(x).contiguous();
+    const at::Tensor dr = delta.defined() ? Rows(delta).contiguous() : at::Tensor();
+    ResidualRmsNormResult r{delta.defined() ? at::empty_like(xr) : xr, at::empty_like(xr),
                             at::empty({xr.size(0)}, xr.options().dtype(at::kFloat))};
     if (cuda::ResidualRmsNormForward(xr, dr, weight.contiguous(), static_cast<float>(eps), r.h,
                                      r.n, r.rstd)) {
-      return {r.h.view(x.sizes()), r.n.view(x.sizes()), r.rstd.view(row_shape)};
+      return {delta.defined() ? r.h.view(x.sizes()) : x, r.n.view(x.sizes()),
+              r.rstd.view(row_shape)};
     }
 #endif
   }
   ResidualRmsNormResult r;
-  r.h = x + delta;
+  r.h = delta.defined() ? x + delta : x;
   r.n = at::rms_norm(r.h, {r.h.size(-1)}, weight, eps);
   r.rstd = at::rsqrt(r.h.to(at::kFloat).pow(2).mean(-1) + eps);
   return r;

@@ -1,6 +1,7 @@
 // The decoder's residual add fused with the RMSNorm that reads its result, forward and backward:
 //
-//   forward:   h = x + delta                               (rounded to the dtype, as ATen's add)
+//   forward:   h = x + delta                               (rounded to the dtype, as ATen's add;
+//                                                          h = x without a delta)
 //              n = h * rstd * weight,  rstd = 1 / sqrt(mean(h^2) + eps)   (float32 inside, one
 //                                                          rounding: ATen's rms_norm formula)
 //   backward:  dx = rstd * (w * dn) - h * rstd^3 * mean(w * dn * h) + dh   (float32, one rounding)
@@ -20,7 +21,8 @@ struct ResidualRmsNormResult {
   at::Tensor rstd;  // float32, one per row (x's shape without the last dim)
 };
 
-// x, delta: one shape and dtype, last dim = weight's size; weight: x's dtype.
+// x, delta: one shape and dtype, last dim = weight's size; weight: x's dtype. delta may be
+// undefined: h is then x itself (the RMSNorm alone, with the rstd that backward wants).
 ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta,
                                              const at::Tensor& weight, double eps);
 

@@ -7,7 +7,8 @@
 
 namespace qlora::kernels::cuda {
 
-// Contiguous [rows, dim] tensors of one dtype (weight [dim]); rstd float32 [rows].
+// Contiguous [rows, dim] tensors of one dtype (weight [dim]); rstd float32 [rows]. delta may be
+// undefined (h is then x, and the h given is not written).
 bool ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                             float eps, at::Tensor& h, at::Tensor& n, at::Tensor& rstd);
 // grad_h may be undefined.

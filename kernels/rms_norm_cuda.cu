@@ -1,7 +1,8 @@
 // CUDA kernels of rms_norm.h, one block per row, 16-byte accesses:
 //
-//   ResidualRmsNormForwardKernel  pass 1: h = x + delta (rounded), written, its squares summed;
-//                                 pass 2: n = h * rstd * w from the h this thread just wrote
+//   ResidualRmsNormForwardKernel  pass 1: h = x + delta (rounded), written, its squares summed
+//                                 (no delta: h is x, nothing written); pass 2: n = h * rstd * w
+//                                 from the h this thread just wrote (or x)
 //   RmsNormBackwardKernel         pass 1: sum of w * dn * h; pass 2: dx, with dh added, rounded once
 // Products and sums are rounded as the formulas in rms_norm.h round them (__fmul_rn / __fadd_rn
 // where ATen stores nothing between them would still round each op: float32 throughout).
@@ -57,26 +58,32 @@ __device__ float BlockSum(float v) {
 template <typename T, int V>
 __global__ void ResidualRmsNormForwardKernel(const T* __restrict__ x, const T* __restrict__ delta,
                                              const T* __restrict__ weight, int64_t dim, float eps,
-                                             T* __restrict__ h, T* __restrict__ n,
+                                             T* h, T* __restrict__ n,
                                              float* __restrict__ rstd_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
   const int64_t vectors = dim / V;
   float sumsq = 0.0f;
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    const Vec<T, V> a = Load<T, V>(x + row + i * V), b = Load<T, V>(delta + row + i * V);
-    Vec<T, V> s;
+    Vec<T, V> s = Load<T, V>(x + row + i * V);
+    if (delta != nullptr) {
+      const Vec<T, V> b = Load<T, V>(delta + row + i * V);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        s.v[k] = static_cast<T>(__fadd_rn(static_cast<float>(s.v[k]), static_cast<float>(b.v[k])));
+      }
+      Store<T, V>(h + row + i * V, s);
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      s.v[k] = static_cast<T>(__fadd_rn(static_cast<float>(a.v[k]), static_cast<float>(b.v[k])));
       const float f = static_cast<float>(s.v[k]);
       sumsq += f * f;
     }
-    Store<T, V>(h + row + i * V, s);
   }
   const float rstd = rsqrtf(BlockSum(sumsq) / static_cast<float>(dim) + eps);
   if (threadIdx.x == 0) rstd_out[blockIdx.x] = rstd;
+  const T* normed = delta != nullptr ? h : x;  // h as written above (this thread's own values)
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    const Vec<T, V> s = Load<T, V>(h + row + i * V), w = Load<T, V>(weight + i * V);
+    const Vec<T, V> s = Load<T, V>(normed + row + i * V), w = Load<T, V>(weight + i * V);
     Vec<T, V> o;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -165,8 +172,9 @@ bool ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta, const 
     const c10::cuda::CUDAGuard guard(x.device());
     ResidualRmsNormForwardKernel<T, V><<<static_cast<unsigned>(rows), kThreads, 0,
                                          at::cuda::getCurrentCUDAStream()>>>(
-        x.const_data_ptr<T>(), delta.const_data_ptr<T>(), weight.const_data_ptr<T>(), dim, eps,
-        h.mutable_data_ptr<T>(), n.mutable_data_ptr<T>(), rstd.mutable_data_ptr<float>());
+        x.const_data_ptr<T>(), delta.defined() ? delta.const_data_ptr<T>() : nullptr,
+        weight.const_data_ptr<T>(), dim, eps, delta.defined() ? h.mutable_data_ptr<T>() : nullptr,
+        n.mutable_data_ptr<T>(), rstd.mutable_data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

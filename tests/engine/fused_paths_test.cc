@@ -343,6 +343,18 @@ TEST(EngineFused, ResidualRmsNormNodeEqualsAddThenNormUnderAutograd) {
             << i;
       }
       EXPECT_TRUE(at::equal(ours[0], ours[1]));
+
+      // Without delta: x passes through as the residual stream; its gradient is the norm's plus
+      // the stream's own.
+      at::Tensor xc = x.detach().requires_grad_(), xd = x.detach().requires_grad_();
+      const auto [pass, n2] = ResidualRmsNorm(xc, at::Tensor(), w, 1e-5);
+      EXPECT_TRUE(at::equal(pass, xc));
+      const at::Tensor n2_ref = at::rms_norm(xd, {256}, w, 1e-5);
+      EXPECT_LT((n2 - n2_ref).abs().max().item<double>(), tol);
+      const at::Tensor dx2 = torch::autograd::grad({pass, n2}, {xc}, {gh, gn})[0];
+      const at::Tensor dx2_ref = torch::autograd::grad({xd * 1, n2_ref}, {xd}, {gh, gn})[0];
+      EXPECT_LT((dx2.to(at::kFloat) - dx2_ref.to(at::kFloat)).abs().max().item<double>(),
+                dtype == at::kFloat ? 1e-5 : 0.1);
     }
   }
 }

@@ -37,20 +37,24 @@ TEST(KernelsRmsNorm, ForwardAndBackwardEqualTheUnfusedFormulaAndItsAutogradGradi
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (const int64_t dim : {int64_t{4096}, int64_t{64}, int64_t{12}}) {
         for (const bool residual_grad : {true, false}) {
+         for (const bool with_delta : {true, false}) {
           SCOPED_TRACE(testing::Message() << device << " " << dtype << " dim " << dim
-                                          << (residual_grad ? " with dh" : " without dh"));
+                                          << (residual_grad ? " with dh" : " without dh")
+                                          << (with_delta ? "" : ", no delta"));
           auto gen = at::make_generator<at::CPUGeneratorImpl>(dim);
           auto make = [&](std::vector<int64_t> shape) {
             return at::randn(shape, gen).to(dtype).to(device);
           };
-          const at::Tensor x = make({3, 7, dim}), delta = make({3, 7, dim});
+          const at::Tensor x = make({3, 7, dim});
+          const at::Tensor delta = with_delta ? make({3, 7, dim}) : at::Tensor();
           const at::Tensor weight = (at::rand({dim}, gen) + 0.5).to(dtype).to(device);
           const at::Tensor dn = make({3, 7, dim});
           const at::Tensor dh = residual_grad ? make({3, 7, dim}) : at::Tensor();
 
           const ResidualRmsNormResult r = ResidualRmsNormForward(x, delta, weight, eps);
-          const at::Tensor h_ref = x + delta;
+          const at::Tensor h_ref = with_delta ? x + delta : x;
           EXPECT_TRUE(r.h.equal(h_ref));
+          if (!with_delta) EXPECT_TRUE(r.h.is_same(x));  // passed through, not copied
           EXPECT_LT(MaxDiff(r.n, at::rms_norm(h_ref, {dim}, weight, eps)), Ulps(dtype, 4));
           const at::Tensor rstd_ref = at::rsqrt(h_ref.to(at::kFloat).pow(2).mean(-1) + eps);
           EXPECT_LT(MaxDiff(r.rstd, rstd_ref), 1e-5);
@@ -66,6 +70,7 @@ TEST(KernelsRmsNorm, ForwardAndBackwardEqualTheUnfusedFormulaAndItsAutogradGradi
           const at::Tensor dx = RmsNormBackward(dn, r.h, r.rstd, weight, dh);
           ASSERT_EQ(dx.scalar_type(), dtype);
           EXPECT_LT(MaxDiff(dx, dx_ref), Ulps(dtype, 8) + 1e-5);
+         }
         }
       }
     }

@@ -55,24 +55,45 @@ struct SumGraphOnlyFunction : public torch::autograd::Function<SumGraphOnlyFunct
   }
 };
 
+// The gradient reaching x (and delta) of {h, rms_norm(h) * w}: the norm's plus h's own.
+at::Tensor ResidualRmsNormGradient(AutogradContext* ctx, const variable_list& grad_outputs) {
+  const at::Tensor &grad_h = grad_outputs[0], &grad_n = grad_outputs[1];
+  if (!grad_n.defined()) return grad_h;
+  const variable_list saved = ctx->get_saved_variables();
+  return kernels::RmsNormBackward(grad_n, saved[0], saved[1], ctx->saved_data["weight"].toTensor(),
+                                  grad_h);
+}
+
+variable_list ResidualRmsNormOutputs(AutogradContext* ctx, const at::Tensor& x,
+                                     const at::Tensor& delta, const at::Tensor& weight,
+                                     double eps) {
+  kernels::ResidualRmsNormResult r = kernels::ResidualRmsNormForward(x, delta, weight, eps);
+  ctx->saved_data["weight"] = weight;  // frozen: kept by reference, never differentiated
+  ctx->save_for_backward({r.h, r.rstd});
+  return {r.h, r.n};
+}
+
 struct ResidualRmsNormFunction : public torch::autograd::Function<ResidualRmsNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
                                const at::Tensor& weight, double eps) {
-    kernels::ResidualRmsNormResult r = kernels::ResidualRmsNormForward(x, delta, weight, eps);
-    ctx->saved_data["weight"] = weight;  // frozen: kept by reference, never differentiated
-    ctx->save_for_backward({r.h, r.rstd});
-    return {r.h, r.n};
+    return ResidualRmsNormOutputs(ctx, x, delta, weight, eps);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const at::Tensor &grad_h = grad_outputs[0], &grad_n = grad_outputs[1];
-    at::Tensor dx = grad_h;
-    if (grad_n.defined()) {
-      const variable_list saved = ctx->get_saved_variables();
-      dx = kernels::RmsNormBackward(grad_n, saved[0], saved[1],
-                                    ctx->saved_data["weight"].toTensor(), grad_h);
-    }
+    const at::Tensor dx = ResidualRmsNormGradient(ctx, grad_outputs);
     return {dx, dx, at::Tensor(), at::Tensor()};
+  }
+};
+
+// The same without delta: h is x itself (autograd returns it as a view of x).
+struct RmsNormPassThroughFunction : public torch::autograd::Function<RmsNormPassThroughFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               double eps) {
+    return ResidualRmsNormOutputs(ctx, x, at::Tensor(), weight, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    return {ResidualRmsNormGradient(ctx, grad_outputs), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -93,7 +114,9 @@ at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps) {
   TORCH_CHECK(!weight.requires_grad(), "ResidualRmsNorm: the norm weight must be frozen");
-  const variable_list out = ResidualRmsNormFunction::apply(x, delta, weight, eps);
+  const variable_list out = delta.defined()
+                                ? ResidualRmsNormFunction::apply(x, delta, weight, eps)
+                                : RmsNormPassThroughFunction::apply(x, weight, eps);
   return {out[0], out[1]};
 }
 

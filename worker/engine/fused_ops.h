@@ -7,7 +7,9 @@
 //   SumGraphOnly(a, b)  = a + b's autograd node, value unset   for a checkpointed recomputation
 //   ResidualRmsNorm(x, delta, w) = {h = x + delta, rms_norm(h) * w}   differentiable in x and
 //                         delta (one gradient for both: the norm's plus h's own, summed in the
-//                         kernel); saves h and rstd
+//                         kernel); saves h and rstd. Without delta, h is x passed through: the
+//                         norm of a residual stream whose other use adds its gradient in the
+//                         norm's backward kernel instead of a separate pass
 #pragma once
 
 #include <utility>
@@ -27,7 +29,7 @@ at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b);
 
 // The residual add and the RMSNorm of its result as one node ({h, normalized h}); weight in x's
-// dtype and frozen.
+// dtype and frozen; delta may be undefined (h = x).
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps);
 

@@ -193,7 +193,19 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   const int64_t head_dim = config_.head_dim;
   const double eps = config_.rms_norm_eps;
 
-  const at::Tensor n = RmsNorm(x, layer.input_layernorm, eps);
+  // On CUDA both norms are fused nodes (fused_ops.h): the input norm passes x through as the
+  // residual stream (its gradient joins the norm's in one kernel), the post-attention norm adds
+  // the attention output first. ATen's ops elsewhere, which the CPU tests pin to transformers.
+  auto fused_norm = [&](const at::Tensor& w) {
+    return x.is_cuda() && w.scalar_type() == x.scalar_type() && !w.requires_grad();
+  };
+  at::Tensor residual, n;
+  if (fused_norm(layer.input_layernorm)) {
+    std::tie(residual, n) = ResidualRmsNorm(x, at::Tensor(), layer.input_layernorm, eps);
+  } else {
+    residual = x;
+    n = RmsNorm(x, layer.input_layernorm, eps);
+  }
   // [batch, seq, heads * head_dim] -> [batch, heads, seq, head_dim]
   auto split = [&](const at::Tensor& t, int64_t h) {
     return t.view({batch, seq, h, head_dim}).transpose(1, 2);
@@ -214,16 +226,12 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   }
   const at::Tensor o =
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
-  // h = x + o and its norm: one fused node on CUDA (one kernel each way, the residual's gradient
-  // added inside the norm's backward); ATen's ops elsewhere, which the CPU tests pin to
-  // transformers' values.
   at::Tensor h, m;
-  const at::Tensor& post_norm = layer.post_attention_layernorm;
-  if (x.is_cuda() && post_norm.scalar_type() == x.scalar_type() && !post_norm.requires_grad()) {
-    std::tie(h, m) = ResidualRmsNorm(x, o, post_norm, eps);
+  if (fused_norm(layer.post_attention_layernorm)) {
+    std::tie(h, m) = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps);
   } else {
-    h = x + o;
-    m = RmsNorm(h, post_norm, eps);
+    h = residual + o;
+    m = RmsNorm(h, layer.post_attention_layernorm, eps);
   }
   const std::vector<at::Tensor> gate_up =
       SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
