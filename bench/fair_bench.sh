@@ -13,6 +13,8 @@
 #   deepspeed        DeepSpeed ZeRO-2 + HF + peft + bnb + autocast + Liger, 2 GPUs, micro-batch 4
 #   ours-mb4-nockpt  ours, 1 GPU, micro-batch 4, no activation checkpointing
 #   attr-liger       the attribution of the Liger anchor's trace
+#   mem-ours         (optional) ours at micro-batch 4 profiled with the allocator's events, and
+#                    where its memory peaks: memory-peak-ours-mb4.md (bench/memory_peak.py)
 # Optional (not in the default list: BENCH_FAIR_PARTS="ours-auto24 liger" runs it with the anchor
 # it is compared with; or concatenate this run's results.jsonl with an earlier run's and give that
 # to bench/fair_summary.py):
@@ -224,12 +226,22 @@ with_70b() {
   model=$model70 "$@"
 }
 
-export -f ours_job attribute with_70b
+# ours at micro-batch 4 with checkpointing, profiled with the allocator's events: where the step's
+# memory peaks (bench/memory_peak.py); its measurement is not a result (the JSON lines stay out).
+memory_peak() {
+  local trace=$work/trace-ours-mb4-memory.json
+  BENCH_PROFILE_MEMORY=1 ours_job mem-ours "$gpus_1" 4 true "$trace" | grep -v '^{' || return 1
+  python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb4.md"
+}
+
+export -f ours_job attribute with_70b memory_peak
+export gpus_1
 export model70
 export root work logs model warmup windows window_steps OUT
 for part in $parts; do
   case $part in
     ours-mb4) run_part ours-mb4 60 ours_job ours-mb4 "$gpus_1" 4 true "$work/trace-ours-mb4.json" ;;
+    mem-ours) run_part mem-ours 60 memory_peak ;;
     attr-ours) run_part attr-ours 20 attribute "$work/trace-ours-mb4.json" \
       "Profile of ours: 1 GPU, micro-batch 4, checkpointing, 2 steps" ours-mb4 ;;
     liger) run_part liger 150 python3 "$root/bench/anchor_hf.py" "$model" --liger --micro-batches 4 1 \

@@ -12,6 +12,7 @@
 #   BENCH_PACKING=true                                    packed rows (data.packing; the rate then
 #                                                         counts non-padding tokens, summarize.py)
 #   BENCH_PROFILE_STEPS=FIRST:COUNT BENCH_PROFILE_OUT=F   a trace of rank 0 (worker/run/step_profiler.h)
+#   BENCH_PROFILE_MEMORY=1             with the allocator's [memory] events (bench/memory_peak.py)
 #   BENCH_KEEP=DIR                                        keep the job's logs, events and job file there
 #   BENCH_LABEL=ours                                      the name in the JSON and the table
 #   BENCH_RAY_ADDRESS=http://HOST:8265                    the workers through the Ray launcher
@@ -37,7 +38,8 @@ if [ -n "${BENCH_RAY_ADDRESS:-}" ]; then
 fi
 profile_env=()
 if [ -n "${BENCH_PROFILE_STEPS:-}" ]; then
-  profile_env=(QLORA_PROFILE_STEPS="$BENCH_PROFILE_STEPS" QLORA_PROFILE_OUT="$BENCH_PROFILE_OUT")
+  profile_env=(QLORA_PROFILE_STEPS="$BENCH_PROFILE_STEPS" QLORA_PROFILE_OUT="$BENCH_PROFILE_OUT"
+               QLORA_PROFILE_MEMORY="${BENCH_PROFILE_MEMORY:-}")
 fi
 # The workers inherit the coordinator's environment (the profiler's settings with it).
 env "${profile_env[@]}" "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$work/state" \

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,9 +33,10 @@ double SteadySeconds() {
 }
 
 // CPU ops with their input shapes (the attribution tells LoRA GEMMs from base GEMMs by the
-// rank in their shapes); no stacks, no memory events: the trace of a 7B step stays small.
-ProfilerConfig Config() {
-  return ProfilerConfig(ProfilerState::KINETO, /*report_input_shapes=*/true, /*profile_memory=*/false,
+// rank in their shapes); no stacks; memory events only when asked: the trace of a 7B step stays
+// small.
+ProfilerConfig Config(bool memory) {
+  return ProfilerConfig(ProfilerState::KINETO, /*report_input_shapes=*/true, /*profile_memory=*/memory,
                         /*with_stack=*/false, /*with_flops=*/false, /*with_modules=*/false);
 }
 
@@ -68,11 +70,14 @@ absl::StatusOr<std::unique_ptr<StepProfiler>> StepProfiler::FromEnvironment(int 
   } else if (rank != 0) {
     return std::unique_ptr<StepProfiler>();
   }
-  return std::make_unique<StepProfiler>(rank, first, count, std::move(path));
+  const char* memory = std::getenv("QLORA_PROFILE_MEMORY");
+  const bool with_memory = memory != nullptr && std::string(memory) == "1";
+  return std::make_unique<StepProfiler>(rank, first, count, std::move(path), with_memory);
 }
 
-StepProfiler::StepProfiler(int rank, int64_t first_step, int64_t steps, std::string path)
-    : rank_(rank), first_step_(first_step), steps_(steps), path_(std::move(path)) {}
+StepProfiler::StepProfiler(int rank, int64_t first_step, int64_t steps, std::string path,
+                           bool memory)
+    : rank_(rank), first_step_(first_step), steps_(steps), path_(std::move(path)), memory_(memory) {}
 
 StepProfiler::~StepProfiler() {
   const absl::Status stopped = Stop();
@@ -81,13 +86,13 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::Prepare() {
   if (prepared_) return;
-  kineto::prepareProfiler(Config(), Activities());
+  kineto::prepareProfiler(Config(memory_), Activities());
   prepared_ = true;
 }
 
 void StepProfiler::Start() {
   Prepare();
-  kineto::enableProfiler(Config(), Activities());
+  kineto::enableProfiler(Config(memory_), Activities());
   running_ = true;
   started_at_ = SteadySeconds();
   fprintf(stderr, "[rank %d] profiler: on for steps %ld..%ld (0-based)\n", rank_,

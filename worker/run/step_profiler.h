@@ -6,6 +6,8 @@
 //   QLORA_PROFILE_STEPS=FIRST:COUNT   the 0-based optimizer step to start at, and how many
 //   QLORA_PROFILE_OUT=PATH            the trace to write; "{rank}" in PATH becomes the rank,
 //                                     without it only rank 0 profiles
+//   QLORA_PROFILE_MEMORY=1            also every allocation and free of the caching allocator
+//                                     ([memory] events: bench/memory_peak.py finds the peak)
 //
 // The profiler starts before micro-batch 0 of step FIRST and stops before micro-batch 0 of step
 // FIRST + COUNT (or when Stop() is called, at the latest when the run ends), so the trace holds
@@ -29,7 +31,8 @@ class StepProfiler final : public TrainingObserver {
   // when QLORA_PROFILE_STEPS or QLORA_PROFILE_OUT is malformed or missing its partner.
   static absl::StatusOr<std::unique_ptr<StepProfiler>> FromEnvironment(int rank);
 
-  StepProfiler(int rank, int64_t first_step, int64_t steps, std::string path);
+  StepProfiler(int rank, int64_t first_step, int64_t steps, std::string path,
+               bool memory = false);
   ~StepProfiler() override;  // stops and writes the trace if it is still running
 
   void OnMicroBatch(int64_t step, int index, const DeviceBatch& batch) override;
@@ -47,6 +50,7 @@ class StepProfiler final : public TrainingObserver {
   const int64_t first_step_;
   const int64_t steps_;
   const std::string path_;
+  const bool memory_;
   bool prepared_ = false;
   bool running_ = false;
   bool written_ = false;
