@@ -230,7 +230,8 @@ with_70b() {
 # memory peaks (bench/memory_peak.py); its measurement is not a result (the JSON lines stay out).
 memory_peak() {
   local trace=$work/trace-ours-mb4-memory.json
-  BENCH_PROFILE_MEMORY=1 ours_job mem-ours "$gpus_1" 4 true "$trace" | grep -v '^{' || return 1
+  BENCH_PROFILE_MEMORY=1 ours_job mem-ours "$gpus_1" 4 true "$trace" > "$work/mem-ours.out" || return 1
+  grep -v '^{' "$work/mem-ours.out"
   python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb4.md"
 }
 

@@ -28,6 +28,10 @@ at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up);
 // only carries the graph (checkpoint.h).
 at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b);
 
+// A tensor of `sizes` whose value is never read (a recomputation's outputs that only carry the
+// graph): one element expanded, so that it holds no memory.
+at::Tensor ValueUnused(at::IntArrayRef sizes, const at::TensorOptions& options);
+
 // The residual add and the RMSNorm of its result as one node ({h, normalized h}); weight in x's
 // dtype and frozen; delta may be undefined (h = x).
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,

@@ -106,7 +106,7 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
     if (value_unused) {  // only the graph is used: backward needs W alone
       std::vector<int64_t> sizes = x.sizes().vec();
       sizes.back() = weight->shape[0];
-      return at::empty(sizes, x.options());
+      return ValueUnused(sizes, x.options());
     }
     // The dequantized weight is a temporary: freed when this scope ends.
     return Matmul(gemm, x, DequantizeWeight(*weight, x.scalar_type()).t());
@@ -147,12 +147,11 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
 at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tensor& b,
                       const FrozenWeight& base, double scale, bool value_unused,
                       kernels::GemmTuner* gemm) {
+  if (value_unused) return ValueUnused({x.size(0), base.out_features}, x.options());
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
-  if (!value_unused) {
-    const at::ScalarType dtype = x.scalar_type();
-    Addmm(gemm, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
-    Addmm(gemm, y, x, base.Materialize(dtype).t());
-  }
+  const at::ScalarType dtype = x.scalar_type();
+  Addmm(gemm, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
+  Addmm(gemm, y, x, base.Materialize(dtype).t());
   return y;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -210,11 +211,14 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   auto split = [&](const at::Tensor& t, int64_t h) {
     return t.view({batch, seq, h, head_dim}).transpose(1, 2);
   };
-  const std::vector<at::Tensor> qkv =
+  // Every temporary is let go after its last reader (std::exchange): a recomputation's dead
+  // projection outputs (q and k before rotary, o) would otherwise live until LayerForward
+  // returns, through the step's memory peak.
+  std::vector<at::Tensor> qkv =
       SharedInputForward({&layer.q_proj, &layer.k_proj, &layer.v_proj}, n, training_);
-  const at::Tensor q = Rotary(split(qkv[0], heads), cos, sin);
-  const at::Tensor k = Rotary(split(qkv[1], kv_heads), cos, sin);
-  const at::Tensor v = split(qkv[2], kv_heads);
+  const at::Tensor q = Rotary(split(std::exchange(qkv[0], {}), heads), cos, sin);
+  const at::Tensor k = Rotary(split(std::exchange(qkv[1], {}), kv_heads), cos, sin);
+  const at::Tensor v = split(std::exchange(qkv[2], {}), kv_heads);
   const bool gqa = kv_heads != heads;
   at::Tensor attn;
   if (attention.documents) {
@@ -224,7 +228,7 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   } else {
     attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
   }
-  const at::Tensor o =
+  at::Tensor o =
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
   at::Tensor h, m;
   if (fused_norm(layer.post_attention_layernorm)) {
@@ -233,16 +237,21 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
     h = residual + o;
     m = RmsNorm(h, layer.post_attention_layernorm, eps);
   }
-  const std::vector<at::Tensor> gate_up =
+  o.reset();
+  std::vector<at::Tensor> gate_up =
       SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
   // With grad, one node for SwiGLU and down (SwigluThenForward): a layer that keeps its
   // activations until backward (no checkpoint) saves gate and up but not their product, which
   // the node recomputes in backward; a checkpointed layer's recomputation lives one layer's
   // backward, so it keeps the product. A checkpointed layer's first forward keeps nothing.
-  const at::Tensor down =
-      at::GradMode::is_enabled()
-          ? SwigluThenForward(layer.down_proj, gate_up[0], gate_up[1], training_, value_unused)
-          : layer.down_proj.Forward(Swiglu(gate_up[0], gate_up[1]), training_, value_unused);
+  at::Tensor gate = std::exchange(gate_up[0], {}), up = std::exchange(gate_up[1], {});
+  at::Tensor down;
+  if (at::GradMode::is_enabled()) {
+    down = SwigluThenForward(layer.down_proj, gate, up, training_, value_unused);
+  } else {
+    at::Tensor product = Swiglu(std::exchange(gate, {}), std::exchange(up, {}));
+    down = layer.down_proj.Forward(std::exchange(product, {}), training_, value_unused);
+  }
   return value_unused ? SumGraphOnly(h, down) : h + down;
 }
 
