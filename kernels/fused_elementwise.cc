@@ -96,4 +96,20 @@ at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
   return grad_up;
 }
 
+void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up) {
+  TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
+              "swiglu: the gradient, gate and up must have one shape");
+  TORCH_CHECK(grad_out.is_contiguous() && up.is_contiguous(),
+              "swiglu: gradients written in place need contiguous buffers");
+  if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
+      up.scalar_type() == gate.scalar_type()) {
+#ifdef QLORA_HAVE_CUDA
+    if (cuda::SwigluBackward(grad_out, gate.contiguous(), up, grad_out, up)) return;
+#endif
+  }
+  auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
+  grad_out.copy_(grad_gate);
+  up.copy_(grad_up);
+}
+
 }  // namespace qlora::kernels

@@ -33,5 +33,8 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
 // returns grad_up. One buffer of gate's size less at the MLP's backward, the step's memory peak.
 at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
                                  const at::Tensor& up);
+// The same with grad_up written over up too (contiguous, read by no one afterwards): no new
+// buffer at all.
+void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up);
 
 }  // namespace qlora::kernels

@@ -6,7 +6,8 @@
 //   RotaryKernel   one thread per V pairs (i, i + D/2) of one row (b, h, s): 16-byte loads of x,
 //                  cos and sin at both halves, 16-byte stores; strides from the tensors
 //   SwigluForwardKernel / SwigluBackwardKernel   one thread per V elements, 16-byte accesses
-//                  (backward may write grad_gate over grad: each thread loads before it stores)
+//                  (backward may write grad_gate over grad and grad_up over up: each thread
+//                  loads before it stores)
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
@@ -131,9 +132,8 @@ __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du) 
 }
 
 template <typename T, int V>
-__global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate,
-                                     const T* __restrict__ up, T* grad_gate,
-                                     T* __restrict__ grad_up, int64_t n) {
+__global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, const T* up,
+                                     T* grad_gate, T* grad_up, int64_t n) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {

@@ -219,11 +219,18 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
         const at::Tensor gate0 = at::randn({2, 7, 96}, f32).to(dtype), up0 = at::randn({2, 7, 96}, f32).to(dtype);
         // value_unused: a checkpointed layer's recomputation (the node keeps SwiGLU's output and
         // writes the input gradient over it; the output carries only the graph).
+        // overwrite_inputs: gate and up are intermediates the node may overwrite with their
+        // gradients (the decoder layer's case), here copies made inside the graph.
         for (const bool value_unused : {false, true}) {
-          SCOPED_TRACE(value_unused ? "recomputation" : "plain");
+         for (const bool overwrite : {false, true}) {
+          SCOPED_TRACE(std::string(value_unused ? "recomputation" : "plain") +
+                       (overwrite ? ", overwriting its inputs" : ""));
           at::Tensor gf = gate0.clone().requires_grad_(), uf = up0.clone().requires_grad_();
           at::Tensor gs = gate0.clone().requires_grad_(), us = up0.clone().requires_grad_();
-          const at::Tensor fused = SwigluThenForward(down, gf, uf, /*training=*/true, value_unused);
+          const at::Tensor fused =
+              overwrite ? SwigluThenForward(down, gf.clone(), uf.clone(), /*training=*/true,
+                                            value_unused, /*overwrite_inputs=*/true)
+                        : SwigluThenForward(down, gf, uf, /*training=*/true, value_unused);
           const at::Tensor separate = down.Forward(Swiglu(gs, us), /*training=*/true);
           // The same kernels on the same inputs in the same order: equal to the bit.
           if (!value_unused) EXPECT_TRUE(at::equal(fused, separate));
@@ -235,6 +242,8 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
             EXPECT_GT(b[i].abs().max().item<double>(), 0) << "gradient " << i;
             EXPECT_TRUE(at::equal(a[i], b[i])) << "gradient " << i;
           }
+          EXPECT_TRUE(at::equal(uf, up0));  // the caller's own tensors are never written
+         }
         }
       }
     }

@@ -121,6 +121,13 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
         EXPECT_EQ(in_place.const_data_ptr(), buffer);
         ExpectBitEqual(in_place, dg, "grad gate in place");
         ExpectBitEqual(du2, du, "grad up next to an in-place grad gate");
+        // Both over their inputs: grad_gate over the gradient, grad_up over up.
+        at::Tensor over_grad = dy.clone(), over_up = u.clone();
+        const void* up_buffer = over_up.const_data_ptr();
+        SwigluBackwardOverInputs(over_grad, g, over_up);
+        EXPECT_EQ(over_up.const_data_ptr(), up_buffer);
+        ExpectBitEqual(over_grad, dg, "grad gate over the gradient");
+        ExpectBitEqual(over_up, du, "grad up over up");
       }
     }
   }

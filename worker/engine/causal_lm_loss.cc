@@ -1,6 +1,8 @@
 // The chunked cross-entropy autograd function.
 #include "worker/engine/causal_lm_loss.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -41,6 +43,7 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     }
     ctx->save_for_backward({grad_hidden});
     ctx->saved_data["grad_scale"] = options.grad_scale;
+    ctx->saved_data["chunk"] = options.chunk_size;
     return losses.empty() ? at::zeros({}, hidden.options().dtype(at::kFloat))
                           : at::cat(losses).sum();
   }
@@ -52,7 +55,14 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
                 "did not require grad)");
     const at::Tensor ratio =
         grad_outputs[0].to(at::kFloat) / static_cast<float>(ctx->saved_data["grad_scale"].toDouble());
-    const at::Tensor grad = (grad_hidden.to(at::kFloat) * ratio).to(grad_hidden.scalar_type());
+    // In place, in float32, a chunk of rows at a time: no [tokens, hidden] float32 copies at
+    // the start of backward, where every layer's activations are still held.
+    at::Tensor grad = grad_hidden;
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    for (int64_t start = 0; start < grad.size(0); start += chunk) {
+      at::Tensor rows = grad.narrow(0, start, std::min(chunk, grad.size(0) - start));
+      rows.copy_(rows.to(at::kFloat).mul_(ratio));
+    }
     return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

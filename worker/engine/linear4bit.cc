@@ -202,11 +202,14 @@ at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::Sc
 //     x as well, computes only h A^T (the output only carries the graph, checkpoint.h), and
 //     backward writes dx over x once the adapter's gradients have read it.
 // Either way SwiGLU's backward then writes grad_gate over dx, so that at the layer's backward,
-// the step's memory peak, gate, up, dx and grad_up are the only [T, intermediate] tensors.
+// the step's memory peak, gate, up, dx and grad_up are the only [T, intermediate] tensors; with
+// overwrite_inputs (gate and up are the caller's to give up: the decoder layer's own
+// intermediates, which no one reads after this node) grad_up is written over up as well.
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, kernels::GemmTuner* gemm, bool value_unused) {
+                            double scale, kernels::GemmTuner* gemm, bool value_unused,
+                            bool overwrite_inputs) {
     const at::Tensor x = kernels::SwigluForward(gate, up);
     auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm);
     SaveBase(ctx, *base);
@@ -214,12 +217,13 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     // x, never seen outside this node, is saved only by a recomputation.
     ctx->save_for_backward({gate, up, ha, a, b, value_unused ? x : at::Tensor()});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["overwrite_inputs"] = overwrite_inputs;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return variable_list(8);
+    if (!g.defined()) return variable_list(9);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -240,8 +244,15 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
       dx = LoraInputGradient(d, a, dtype, gemm);
     }
     Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
-    at::Tensor grad_up = kernels::SwigluBackwardInPlace(dx, gate, up);
-    return {dx, grad_up, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    at::Tensor grad_up;
+    if (ctx->saved_data["overwrite_inputs"].toBool() && up.is_contiguous()) {
+      grad_up = up;
+      kernels::SwigluBackwardOverInputs(dx, gate, grad_up);
+    } else {
+      grad_up = kernels::SwigluBackwardInPlace(dx, gate, up);
+    }
+    return {dx,           grad_up,      d.a,          d.b,         at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -466,13 +477,14 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 }
 
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, bool value_unused) {
+                             bool training, bool value_unused, bool overwrite_inputs) {
   if (!AdapterWithoutDropout(down, training)) {
     return down.Forward(Swiglu(gate, up), training, value_unused);
   }
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
   return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale, down.gemm, value_unused),
+                                                 down.lora->scale, down.gemm, value_unused,
+                                                 overwrite_inputs),
                        gate.sizes(), down.base);
 }
 

@@ -80,8 +80,10 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 // (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product,
 // which backward recomputes ([tokens, intermediate] less held from forward to backward, one more
 // pass over memory). A checkpointed layer's recomputation (value_unused): it keeps the product
-// and writes the input gradient over it.
+// and writes the input gradient over it. With overwrite_inputs, gate and up are the caller's to
+// give up (no one reads them after this node's backward, which writes up's gradient over up).
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, bool value_unused = false);
+                             bool training, bool value_unused = false,
+                             bool overwrite_inputs = false);
 
 }  // namespace qlora::engine

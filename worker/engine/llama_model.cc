@@ -247,7 +247,9 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   at::Tensor gate = std::exchange(gate_up[0], {}), up = std::exchange(gate_up[1], {});
   at::Tensor down;
   if (at::GradMode::is_enabled()) {
-    down = SwigluThenForward(layer.down_proj, gate, up, training_, value_unused);
+    // gate and up are this layer's own: their gradients may take their memory.
+    down = SwigluThenForward(layer.down_proj, gate, up, training_, value_unused,
+                             /*overwrite_inputs=*/true);
   } else {
     at::Tensor product = Swiglu(std::exchange(gate, {}), std::exchange(up, {}));
     down = layer.down_proj.Forward(std::exchange(product, {}), training_, value_unused);
