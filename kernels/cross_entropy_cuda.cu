@@ -17,17 +17,13 @@
 #include <c10/util/Half.h>
 
 #include "kernels/cross_entropy_backend.h"
+#include "kernels/cuda_vectors.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarp = 32;
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
 
 // A running maximum and the sum of exp(x - max) over the values seen.
 struct MaxSum {
@@ -80,7 +76,7 @@ __global__ void CrossEntropyKernel(T* __restrict__ logits, const int64_t* __rest
 
   MaxSum acc{-INFINITY, 0.0f};
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(row)[i];
+    const Vec<T, V> x = Load<T, V>(row + i * V);
 #pragma unroll
     for (int k = 0; k < V; ++k) acc = Add(acc, static_cast<float>(x.v[k]));
   }
@@ -92,7 +88,7 @@ __global__ void CrossEntropyKernel(T* __restrict__ logits, const int64_t* __rest
   if (!write_gradient) return;
 
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(row)[i];
+    Vec<T, V> x = Load<T, V>(row + i * V);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       float g = 0.0f;
@@ -103,17 +99,7 @@ __global__ void CrossEntropyKernel(T* __restrict__ logits, const int64_t* __rest
       }
       x.v[k] = static_cast<T>(g);
     }
-    reinterpret_cast<Vec<T, V>*>(row)[i] = x;
-  }
-}
-
-template <typename F>
-bool DispatchFloating(at::ScalarType type, F&& f) {
-  switch (type) {
-    case at::kFloat: return f(float{});
-    case at::kHalf: return f(c10::Half{});
-    case at::kBFloat16: return f(c10::BFloat16{});
-    default: return false;
+    Store<T, V>(row + i * V, x);
   }
 }
 
@@ -131,8 +117,7 @@ bool CrossEntropyWithGradient(at::Tensor& logits, const at::Tensor& targets, int
   return DispatchFloating(logits.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int kVec = 16 / sizeof(T);
-    const bool vectorized =
-        vocab % kVec == 0 && reinterpret_cast<uintptr_t>(logits.const_data_ptr()) % 16 == 0;
+    const bool vectorized = vocab % kVec == 0 && Aligned16(logits.const_data_ptr());
     const c10::cuda::CUDAGuard guard(logits.device());
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     auto kernel = vectorized ? CrossEntropyKernel<T, kVec> : CrossEntropyKernel<T, 1>;

@@ -18,6 +18,7 @@
 #include <c10/util/Half.h>
 
 #include "kernels/fused_elementwise_backend.h"
+#include "kernels/cuda_vectors.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
@@ -26,25 +27,10 @@ constexpr int kThreads = 256;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
-
 // A float32 value stored as T: what ATen keeps between two ops.
 template <typename T>
 __device__ __forceinline__ float Round(float x) {
   return static_cast<float>(static_cast<T>(x));
-}
-
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> Load(const T* p) {
-  return *reinterpret_cast<const Vec<T, V>*>(p);
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void Store(T* p, const Vec<T, V>& v) {
-  *reinterpret_cast<Vec<T, V>*>(p) = v;
 }
 
 struct Strides4 {
@@ -147,18 +133,6 @@ __global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, 
     for (int64_t e = i; e < n; ++e) SwigluBackwardOne(grad[e], gate[e], up[e], grad_gate[e], grad_up[e]);
   }
 }
-
-template <typename F>
-bool DispatchFloating(at::ScalarType type, F&& f) {
-  switch (type) {
-    case at::kFloat: return f(float{});
-    case at::kHalf: return f(c10::Half{});
-    case at::kBFloat16: return f(c10::BFloat16{});
-    default: return false;
-  }
-}
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 unsigned Grid(int64_t threads) {
   const int64_t grid = CeilDiv(threads, kThreads);

@@ -16,27 +16,13 @@
 #include <c10/util/Half.h>
 
 #include "kernels/rms_norm_backend.h"
+#include "kernels/cuda_vectors.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
-
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> Load(const T* p) {
-  return *reinterpret_cast<const Vec<T, V>*>(p);
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void Store(T* p, const Vec<T, V>& v) {
-  *reinterpret_cast<Vec<T, V>*>(p) = v;
-}
 
 // The sum over the block; every thread gets it.
 __device__ float BlockSum(float v) {
@@ -130,18 +116,8 @@ __global__ void RmsNormBackwardKernel(const T* __restrict__ grad_n, const T* __r
   }
 }
 
-template <typename F>
-bool DispatchFloating(at::ScalarType type, F&& f) {
-  switch (type) {
-    case at::kFloat: return f(float{});
-    case at::kHalf: return f(c10::Half{});
-    case at::kBFloat16: return f(c10::BFloat16{});
-    default: return false;
-  }
-}
-
-bool Aligned16(const at::Tensor& t) {
-  return !t.defined() || reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+bool Aligned16OrUndefined(const at::Tensor& t) {
+  return !t.defined() || Aligned16(t.const_data_ptr());
 }
 
 // [rows, dim] contiguous CUDA tensors of `dtype` whose rows split into 16-byte vectors.
@@ -150,7 +126,7 @@ bool Takes(std::initializer_list<const at::Tensor*> rows, int64_t dim, at::Scala
   if (dim % vec != 0) return false;
   for (const at::Tensor* t : rows) {
     if (!t->defined()) continue;
-    if (!t->is_cuda() || t->scalar_type() != dtype || !t->is_contiguous() || !Aligned16(*t) ||
+    if (!t->is_cuda() || t->scalar_type() != dtype || !t->is_contiguous() || !Aligned16OrUndefined(*t) ||
         t->size(-1) != dim) {
       return false;
     }

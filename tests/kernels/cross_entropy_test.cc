@@ -9,16 +9,10 @@
 #include <vector>
 
 #include "kernels/cross_entropy.h"
-#include "kernels/quantize_4bit.h"
+#include "tests/kernels/test_devices.h"
 
 namespace qlora::kernels {
 namespace {
-
-std::vector<at::Device> Devices() {
-  std::vector<at::Device> devices = {at::kCPU};
-  if (at::hasCUDA() && HasCudaKernels()) devices.emplace_back(at::kCUDA, 0);
-  return devices;
-}
 
 struct Reference {
   at::Tensor losses, grad;  // float32
@@ -37,7 +31,7 @@ double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
 }
 
 TEST(KernelsCrossEntropy, LossesAndGradientEqualTheFloat32Formula) {
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (const int64_t vocab : {int64_t{4000}, int64_t{997}, int64_t{8}}) {
         SCOPED_TRACE(testing::Message() << device << " " << dtype << " vocab " << vocab);
@@ -71,7 +65,7 @@ TEST(KernelsCrossEntropy, LossesAndGradientEqualTheFloat32Formula) {
 }
 
 TEST(KernelsCrossEntropy, MinusInfinityLogitsAddNothing) {
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : KernelTestDevices()) {
     at::Tensor logits = at::zeros({2, 16}, at::kFloat);
     logits.index_put_({at::indexing::Slice(), at::indexing::Slice(8, 16)}, -INFINITY);
     logits = logits.to(device);

@@ -10,16 +10,10 @@
 #include <vector>
 
 #include "kernels/fused_elementwise.h"
-#include "kernels/quantize_4bit.h"
+#include "tests/kernels/test_devices.h"
 
 namespace qlora::kernels {
 namespace {
-
-std::vector<at::Device> Devices() {
-  std::vector<at::Device> devices = {at::kCPU};
-  if (at::hasCUDA() && HasCudaKernels()) devices.emplace_back(at::kCUDA, 0);
-  return devices;
-}
 
 at::Tensor RotateHalf(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -55,7 +49,7 @@ TEST(KernelsFused, RotaryEqualsTheUnfusedFormulaAndItsAutogradGradient) {
   const std::vector<RotaryCase> cases = {
       {2, 4, 33, 128, true, false}, {1, 3, 17, 64, false, true},
       {3, 2, 9, 16, true, true},    {2, 2, 5, 6, false, false}};  // dim 6: not vectorizable
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (const RotaryCase& c : cases) {
         SCOPED_TRACE(::testing::Message() << device << " " << dtype << " dim " << c.dim << " seq "
@@ -78,7 +72,7 @@ TEST(KernelsFused, RotaryEqualsTheUnfusedFormulaAndItsAutogradGradient) {
 }
 
 TEST(KernelsFused, RotaryKeepsTheInputsLayout) {
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : KernelTestDevices()) {
     const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device);
     const at::Tensor x = at::randn({2, 8, 4, 32}, opts).transpose(1, 2);  // [2, 4, 8, 32] view
     const at::Tensor cos = at::ones({2, 1, 8, 32}, opts), sin = at::zeros({2, 1, 8, 32}, opts);
@@ -89,7 +83,7 @@ TEST(KernelsFused, RotaryKeepsTheInputsLayout) {
 }
 
 TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (const int64_t n : {int64_t{4 * 1031 * 8}, int64_t{3 * 7 * 11}}) {  // tail when not / 8
         SCOPED_TRACE(::testing::Message() << device << " " << dtype << " n " << n);

@@ -9,17 +9,11 @@
 
 #include <vector>
 
-#include "kernels/quantize_4bit.h"
 #include "kernels/rms_norm.h"
+#include "tests/kernels/test_devices.h"
 
 namespace qlora::kernels {
 namespace {
-
-std::vector<at::Device> Devices() {
-  std::vector<at::Device> devices = {at::kCPU};
-  if (at::hasCUDA() && HasCudaKernels()) devices.emplace_back(at::kCUDA, 0);
-  return devices;
-}
 
 double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kFloat).cpu() - b.to(at::kFloat).cpu()).abs().max().item<double>();
@@ -33,7 +27,7 @@ double Ulps(at::ScalarType dtype, double scale) {
 
 TEST(KernelsRmsNorm, ForwardAndBackwardEqualTheUnfusedFormulaAndItsAutogradGradient) {
   const double eps = 1e-5;
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (const int64_t dim : {int64_t{4096}, int64_t{64}, int64_t{12}}) {
         for (const bool residual_grad : {true, false}) {
