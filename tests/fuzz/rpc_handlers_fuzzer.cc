@@ -93,7 +93,8 @@ void Dispatch(RpcFuzzEnv& env, uint8_t selector, const std::string& bytes) {
     default:
       return Call(bytes, workers, &WorkerServiceImpl::StoreGet, [&env](v1::StoreGetRequest* r) {
         FixToken(env, r);
-        if (r->timeout_ms() > 5) r->set_timeout_ms(5);
+        // Zero or negative means the service's 60 s default: capped like any other.
+        if (r->timeout_ms() <= 0 || r->timeout_ms() > 5) r->set_timeout_ms(5);
       });
   }
 }
