@@ -171,6 +171,12 @@ struct LoraGradients {
   at::Tensor a, b;     // float32, the adapters' dtype
 };
 
+// dh = dh' A [T, in], the adapters' part of the input gradient.
+at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::ScalarType dtype,
+                             kernels::GemmTuner* gemm) {
+  return Mm(gemm, d.dha, a.to(dtype));
+}
+
 // The adapters' gradients for g [T, out] (in h's dtype), each GEMM writing its result's layout
 // (no transposed copies):
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = dh'^T h;  dB = g^T (h A^T) * scale
@@ -183,13 +189,8 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
   d.dha = Mm(gemm, g, b.to(dtype), scale);  // [T, r]
   d.a = Mm(gemm, d.dha.t(), h).to(a.scalar_type());
   d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
-  if (input_gradient) d.lora_in = Mm(gemm, d.dha, a.to(dtype));  // [T, in]
+  if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm);
   return d;
-}
-
-at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::ScalarType dtype,
-                             kernels::GemmTuner* gemm) {
-  return Mm(gemm, d.dha, a.to(dtype));
 }
 
 // The down projection with its adapter applied to silu(gate) * up, as one node. The same values

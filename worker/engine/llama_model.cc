@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint.h"
+#include "worker/engine/cudnn_attention.h"
 #include "worker/engine/fused_ops.h"
 
 namespace qlora::engine {
@@ -226,7 +227,7 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   } else if (attention.mask.defined()) {
     attn = at::scaled_dot_product_attention(q, k, v, attention.mask, 0.0, false, std::nullopt, gqa);
   } else {
-    attn = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+    attn = DenseCausalAttention(q, k, v);
   }
   at::Tensor o =
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
