@@ -670,8 +670,13 @@ namespace {
 // float32 compute: loss and LoRA gradients within bf16 rounding of the float32 step, and no less
 // accurate than the same bf16 step on the CPU, measured against the same reference (the two bf16
 // runs round at different points, so they differ from each other by up to both errors).
-TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
+// Rows of a batch of 2 and a single row (cuDNN attention takes each; its backward once went
+// wrong for single rows, engine_cudnn_attention_cuda_test).
+class EngineCudaRows : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(EngineCudaRows, Nf4Bf16TrainingStepMatchesCpu) {
   if (!at::hasCUDA() || at::getNumGPUs() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t rows = GetParam();
   TempDir dir;
   TinyModelOptions tiny;
   tiny.init_std = 0.1;
@@ -695,7 +700,7 @@ TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
     ASSERT_TRUE((*model)->AddLora(lora).ok());
     RandomizeLoraB(**model);
     (*model)->SetTraining(true);
-    const at::Tensor ids = RandomIds((*model)->config(), 2, 64);
+    const at::Tensor ids = RandomIds((*model)->config(), rows, 64);
     results[d] = Gradients(**model, ids, LabelsFor(ids));
     // The GPU's GEMMs went through the tuner (kernels/tuned_gemm.h); the CPU has none.
     if (devices[d].is_cuda()) {
@@ -731,6 +736,8 @@ TEST(EngineCuda, Nf4Bf16TrainingStepMatchesCpu) {
   std::cout << "bf16 step against float32, worst gradient (relative to its max): GPU " << worst_gpu
             << ", CPU " << worst_cpu << "\n";
 }
+
+INSTANTIATE_TEST_SUITE_P(Batch, EngineCudaRows, ::testing::Values(2, 1));
 
 }  // namespace
 }  // namespace qlora::engine

@@ -18,12 +18,16 @@ namespace qlora::engine {
 bool CudnnAttentionApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Causal attention, scale 1 / sqrt(head_dim) -> [batch, heads, seq, head_dim] in q's dtype;
-// differentiable in q, k and v (ATen's autograd formula for the op). Throws c10::Error where
+// differentiable in q, k and v (one node over ATen's cuDNN forward and backward). Throws c10::Error where
 // CudnnAttentionApplies is false.
 at::Tensor CudnnCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Unmasked causal attention as the model runs it: cuDNN where it applies, else
 // at::scaled_dot_product_attention (grouped-query heads expanded by SDPA itself).
 at::Tensor DenseCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// t (same sizes as `like`) with like's strides: t itself when they already agree, else a copy.
+// cuDNN's backward is handed its incoming gradient in the output's layout this way.
+at::Tensor InLayoutOf(const at::Tensor& t, const at::Tensor& like);
 
 }  // namespace qlora::engine

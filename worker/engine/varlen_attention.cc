@@ -85,7 +85,7 @@ struct CudnnVarlenFunction : public torch::autograd::Function<CudnnVarlenFunctio
     const at::Tensor cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
     const int64_t max_length = ctx->saved_data["max_length"].toInt();
     auto [grad_q, grad_k, grad_v] = at::_cudnn_attention_backward(
-        grad.contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
+        InLayoutOf(grad, saved[3]), saved[0], saved[1], saved[2], saved[3], saved[4],
         ctx->saved_data["philox_seed"].toTensor(), ctx->saved_data["philox_offset"].toTensor(),
         /*attn_bias=*/at::Tensor(), cu_seqlens, cu_seqlens, max_length, max_length,
         /*dropout_p=*/0.0, /*is_causal=*/true);
