@@ -1,12 +1,10 @@
-// Varlen attention on the GPU (skips without one): the flash and cuDNN paths against the masked
-// path in bfloat16 (output and q/k/v gradients, each compared with the float32 masked result:
-// a fast path's error must stay within a small multiple of the masked bf16 error), with GQA and
-// windows; and memory: a packed 16384-token row trains (forward + backward, tiny bf16 model)
-// through cuDNN and through flash without any seq^2 allocation, while the masked path, forced
-// for contrast, makes one.
+// Varlen attention on the GPU (skips without one): the flash path against the masked path in
+// bfloat16 (output and q/k/v gradients, each compared with the float32 masked result: flash's
+// error must stay within a small multiple of the masked bf16 error), with GQA and windows; and
+// memory: a packed 16384-token row trains (forward + backward, tiny bf16 model) without any
+// seq^2 allocation, while the masked path, forced for contrast, makes one.
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <iostream>
 #include <string>
 
@@ -42,66 +40,35 @@ class EngineVarlenCuda : public ::testing::TestWithParam<PackedCase> {
   }
 };
 
-// One fast path (flash or cuDNN) against the masked path, in bf16: each compared with the
-// float32 masked result.
-void ExpectFastPathMatchesMasked(const PackedCase& c, const std::string& path,
-                                 const std::function<at::Tensor(const at::Tensor&,
-                                                                const at::Tensor&,
-                                                                const at::Tensor&,
-                                                                const DocumentLayout&)>& fast) {
+TEST_P(EngineVarlenCuda, FlashMatchesTheMaskedPathInBf16) {
+  PackedCase c = GetParam();
+  c.head_dim = 64;  // flash needs head_dim % 8 == 0
   const at::Device gpu(at::kCUDA, 0);
   const at::Tensor positions = testing::PositionIds(c);
   const DocumentLayout layout = DocumentLayout::FromPositions(positions, gpu);
-  auto fast_fn = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return fast(q, k, v, layout);
+  auto flash = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    EXPECT_TRUE(FlashVarlenApplies(q, k, v));
+    return VarlenCausalAttention(q, k, v, layout, c.window);
   };
   auto masked = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     return MaskedVarlenCausalAttention(q, k, v, layout, c.window);
   };
   const AttentionResult truth = testing::RunAttention(c, masked, at::kFloat, gpu);
   const AttentionResult masked_bf16 = testing::RunAttention(c, masked, at::kBFloat16, gpu);
-  const AttentionResult fast_bf16 = testing::RunAttention(c, fast_fn, at::kBFloat16, gpu);
+  const AttentionResult flash_bf16 = testing::RunAttention(c, flash, at::kBFloat16, gpu);
   auto check = [&](const at::Tensor& got, const at::Tensor& reference, const at::Tensor& exact,
                    const char* what) {
     const double scale = std::max(exact.abs().max().item<double>(), 1.0);
-    const double fast_error = MaxAbsDiff(got, exact), masked_error = MaxAbsDiff(reference, exact);
-    std::cout << c.name << " " << what << ": " << path << " error " << fast_error
-              << ", masked bf16 error " << masked_error << " (scale " << scale << ")\n";
-    EXPECT_LE(fast_error, 3 * masked_error + 2e-3 * scale) << path << " " << what;
-    EXPECT_LT(MaxAbsDiff(got, reference) / scale, 3e-2) << path << " " << what;
+    const double flash_error = MaxAbsDiff(got, exact), masked_error = MaxAbsDiff(reference, exact);
+    std::cout << c.name << " " << what << ": flash error " << flash_error << ", masked bf16 error "
+              << masked_error << " (scale " << scale << ")\n";
+    EXPECT_LE(flash_error, 3 * masked_error + 2e-3 * scale) << what;
+    EXPECT_LT(MaxAbsDiff(got, reference) / scale, 3e-2) << what;
   };
-  check(fast_bf16.out, masked_bf16.out, truth.out, "output");
-  check(fast_bf16.grad_q, masked_bf16.grad_q, truth.grad_q, "grad q");
-  check(fast_bf16.grad_k, masked_bf16.grad_k, truth.grad_k, "grad k");
-  check(fast_bf16.grad_v, masked_bf16.grad_v, truth.grad_v, "grad v");
-}
-
-PackedCase WithHeadDim64(PackedCase c) {
-  c.head_dim = 64;  // flash and cuDNN need head_dim % 8 == 0
-  return c;
-}
-
-TEST_P(EngineVarlenCuda, FlashMatchesTheMaskedPathInBf16) {
-  const PackedCase c = WithHeadDim64(GetParam());
-  ExpectFastPathMatchesMasked(
-      c, "flash", [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const DocumentLayout& layout) {
-        EXPECT_TRUE(FlashVarlenApplies(q, k, v));
-        return FlashVarlenCausalAttention(q, k, v, layout, c.window);
-      });
-}
-
-// cuDNN takes the rows without a window (and is what VarlenCausalAttention picks for them);
-// windowed rows go to flash.
-TEST_P(EngineVarlenCuda, CudnnMatchesTheMaskedPathInBf16) {
-  const PackedCase c = WithHeadDim64(GetParam());
-  ExpectFastPathMatchesMasked(
-      c, "cuDNN", [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const DocumentLayout& layout) {
-        EXPECT_EQ(CudnnVarlenApplies(q, k, v, c.window), c.window == 0);
-        return c.window == 0 ? CudnnVarlenCausalAttention(q, k, v, layout)
-                             : VarlenCausalAttention(q, k, v, layout, c.window);
-      });
+  check(flash_bf16.out, masked_bf16.out, truth.out, "output");
+  check(flash_bf16.grad_q, masked_bf16.grad_q, truth.grad_q, "grad q");
+  check(flash_bf16.grad_k, masked_bf16.grad_k, truth.grad_k, "grad k");
+  check(flash_bf16.grad_v, masked_bf16.grad_v, truth.grad_v, "grad v");
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, EngineVarlenCuda, ::testing::ValuesIn(testing::PackedCases()),
@@ -153,11 +120,6 @@ TEST(EngineVarlenCudaMemory, PackedRowOf16kTokensAllocatesNoSeqSquaredMask) {
   // A first step makes what lives from then on (cuBLAS workspaces, the GEMM tuner's choices) so
   // that the measured step counts only what a step allocates.
   PackedStepPeakBytes(**model, kSeq);
-  const int64_t cudnn_peak = PackedStepPeakBytes(**model, kSeq);
-  std::cout << "packed 16384-token step, cuDNN: peak " << cudnn_peak / (1 << 20) << " MiB\n";
-  EXPECT_LT(cudnn_peak, seq_squared / 4);
-
-  at::globalContext().setSDPUseCuDNN(false);  // flash
   const int64_t flash_peak = PackedStepPeakBytes(**model, kSeq);
   std::cout << "packed 16384-token step, flash: peak " << flash_peak / (1 << 20) << " MiB\n";
   EXPECT_LT(flash_peak, seq_squared / 4);
@@ -165,7 +127,6 @@ TEST(EngineVarlenCudaMemory, PackedRowOf16kTokensAllocatesNoSeqSquaredMask) {
   at::globalContext().setSDPUseFlash(false);  // the masked path, to show the check can fail
   const int64_t masked_peak = PackedStepPeakBytes(**model, kSeq);
   at::globalContext().setSDPUseFlash(true);
-  at::globalContext().setSDPUseCuDNN(true);
   std::cout << "packed 16384-token step, dense mask: peak " << masked_peak / (1 << 20) << " MiB\n";
   EXPECT_GE(masked_peak, seq_squared);
 }

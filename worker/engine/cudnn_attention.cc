@@ -20,11 +20,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// One autograd node over ATen's cuDNN forward and backward ops rather than the op's own
-// formula, whose backward hands cuDNN the incoming gradient in whatever layout it arrives: on
-// an H200 (cuDNN 9.19) that gave wrong q/k/v gradients for grouped-query heads and single rows
-// when the gradient's strides differed from the first call's (engine_cudnn_attention_cuda_test).
-// Here backward always passes it in the output's own layout.
+// One autograd node over ATen's cuDNN forward and backward ops (not the op's own formula: see
+// the header), its backward passing the incoming gradient in the output's layout.
 struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v) {

@@ -1,12 +1,18 @@
-// Causal attention through cuDNN's fused attention kernels (ATen's cuDNN SDPA backend), called
-// directly: at::scaled_dot_product_attention's priority order takes flash-attention 2 first,
-// which on an H200 at the training shapes runs at ~270-300 TFLOP/s forward and ~230 backward
-// where cuDNN's run at ~475-515 and ~400 (bench/attention_backends.py; results in
-// bench/results/2026-12-01-h200-attention-backends.txt).
+// Causal attention through cuDNN's fused attention kernels, as one autograd node of our own.
+//
+// at::scaled_dot_product_attention already picks cuDNN on an H200 for the model's shapes (torch
+// 2.11, cuDNN 9.19: faster than flash-attention 2 there, ~480 against ~270 TFLOP/s forward,
+// bench/attention_backends.py), but its backward hands cuDNN the incoming gradient in whatever
+// layout it arrives, and ATen caches one cuDNN plan per shape without that layout: once one
+// layout has run for a shape, a gradient of another layout gets wrong q/k/v gradients (relative
+// error ~1.5; seen on the H200 for every shape tried, plain and grouped-query heads,
+// bench/results/2026-12-01-h200-cudnn-gradient-layout.txt). This node hands cuDNN the gradient
+// in the output's own layout, always, so every call for a shape agrees with its cached plan.
 //
 // Used where ATen says cuDNN can run these inputs (sdp::can_use_cudnn_attention: a CUDA build,
 // bf16/fp16, supported head sizes and hardware, SDPA's cuDNN backend enabled, deterministic
-// algorithms off); everything else keeps its old path, so CPU results do not move.
+// algorithms off); everything else goes to at::scaled_dot_product_attention, so CPU results do
+// not move.
 #pragma once
 
 #include <ATen/core/Tensor.h>

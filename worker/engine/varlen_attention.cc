@@ -6,13 +6,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
-#include <ATen/ops/_cudnn_attention_backward.h>
-#include <ATen/ops/_cudnn_attention_forward.h>
 #include <ATen/ops/_flash_attention_backward.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <torch/csrc/autograd/custom_function.h>
-
-#include "worker/engine/cudnn_attention.h"
 
 namespace qlora::engine {
 namespace {
@@ -57,39 +53,6 @@ struct FlashVarlenFunction : public torch::autograd::Function<FlashVarlenFunctio
         /*scale=*/std::nullopt, /*window_size_left=*/ctx->saved_data["window_left"].toInt(),
         /*window_size_right=*/0);
     return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-// The same over cuDNN's ragged-sequence attention kernels (no window).
-struct CudnnVarlenFunction : public torch::autograd::Function<CudnnVarlenFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& cu_seqlens,
-                            int64_t max_length) {
-    auto [out, logsumexp, cum_q, cum_k, max_q, max_k, philox_seed, philox_offset, debug_mask] =
-        at::_cudnn_attention_forward(q, k, v, /*attn_bias=*/std::nullopt, cu_seqlens, cu_seqlens,
-                                     max_length, max_length, /*compute_log_sumexp=*/true,
-                                     /*dropout_p=*/0.0, /*is_causal=*/true);
-    ctx->save_for_backward({q, k, v, out, logsumexp});
-    ctx->saved_data["cu_seqlens"] = cu_seqlens;
-    ctx->saved_data["philox_seed"] = philox_seed;
-    ctx->saved_data["philox_offset"] = philox_offset;
-    ctx->saved_data["max_length"] = max_length;
-    return out;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const at::Tensor& grad = grad_outputs[0];
-    if (!grad.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-                                 at::Tensor()};
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
-    const int64_t max_length = ctx->saved_data["max_length"].toInt();
-    auto [grad_q, grad_k, grad_v] = at::_cudnn_attention_backward(
-        InLayoutOf(grad, saved[3]), saved[0], saved[1], saved[2], saved[3], saved[4],
-        ctx->saved_data["philox_seed"].toTensor(), ctx->saved_data["philox_offset"].toTensor(),
-        /*attn_bias=*/at::Tensor(), cu_seqlens, cu_seqlens, max_length, max_length,
-        /*dropout_p=*/0.0, /*is_causal=*/true);
-    return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -144,22 +107,6 @@ at::Tensor FlashVarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
   return out.view({batch, seq, heads, head_dim}).transpose(1, 2);
 }
 
-bool CudnnVarlenApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        int64_t window) {
-  return window <= 0 && CudnnAttentionApplies(q, k, v);
-}
-
-at::Tensor CudnnVarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, const DocumentLayout& documents) {
-  TORCH_CHECK(CudnnVarlenApplies(q, k, v, /*window=*/0),
-              "cuDNN varlen attention cannot run these inputs (q ", q.sizes(), " ",
-              q.scalar_type(), " on ", q.device(), ")");
-  const int64_t batch = q.size(0), heads = q.size(1), seq = q.size(2), head_dim = q.size(3);
-  const at::Tensor out = CudnnVarlenFunction::apply(Tokens(q), Tokens(k), Tokens(v),
-                                                    documents.cu_seqlens, documents.max_length);
-  return out.view({batch, seq, heads, head_dim}).transpose(1, 2);
-}
-
 at::Tensor MaskedVarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, const DocumentLayout& documents,
                                        int64_t window) {
@@ -185,7 +132,6 @@ at::Tensor MaskedVarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
 
 at::Tensor VarlenCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const DocumentLayout& documents, int64_t window) {
-  if (CudnnVarlenApplies(q, k, v, window)) return CudnnVarlenCausalAttention(q, k, v, documents);
   return FlashVarlenApplies(q, k, v) ? FlashVarlenCausalAttention(q, k, v, documents, window)
                                      : MaskedVarlenCausalAttention(q, k, v, documents, window);
 }

@@ -3,12 +3,8 @@
 //
 // A document starts at each position id 0 and at the start of every row (so a row's leading
 // tokens before its first 0 form one document, as do padding runs). The layout keeps both
-// forms the paths need, computed once per forward pass and shared by all layers; the first path
-// that can run is taken:
+// forms the two paths need, computed once per forward pass and shared by all layers:
 //
-//   cuDNN  (no window, where cudnn_attention.h's cuDNN attention applies): cuDNN's ragged-
-//          sequence kernels over the same flattened tokens and cu_seqlens as flash (faster on
-//          Hopper, bench/attention_backends.py).
 //   flash  (CUDA, bf16/fp16, head_dim % 8 == 0 and <= 256): ATen's flash-attention varlen
 //          kernels over the flattened [batch * seq, heads, head_dim] tokens, split by
 //          cu_seqlens; memory and time as for unpacked causal attention (no mask).
@@ -55,18 +51,11 @@ struct DocumentLayout {
 at::Tensor VarlenCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const DocumentLayout& documents, int64_t window);
 
-// Whether the flash path can run these inputs (and SDPA's flash backend is enabled:
-// at::globalContext().setSDPUseFlash(false) turns it off).
+// Whether VarlenCausalAttention takes the flash path for these inputs (and SDPA's flash
+// backend is enabled: at::globalContext().setSDPUseFlash(false) forces the masked path).
 bool FlashVarlenApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
-// Whether the cuDNN path can run these inputs with this window (setSDPUseCuDNN(false) turns it
-// off).
-bool CudnnVarlenApplies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        int64_t window);
-
-// The paths, for tests. The cuDNN and flash ones throw c10::Error where their Applies is false.
-at::Tensor CudnnVarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, const DocumentLayout& documents);
+// The two paths, for tests. The flash one throws c10::Error where FlashVarlenApplies is false.
 at::Tensor FlashVarlenCausalAttention(const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const DocumentLayout& documents,
                                       int64_t window);
