@@ -146,6 +146,11 @@ class Thread:
             i = self.parent[i]
         return chain[::-1]
 
+    def op_names(self, indices):
+        """The names of the CPU ops among these events (annotations left out)."""
+        return [self.events[i]["name"] for i in indices
+                if str(self.events[i].get("cat", "")).lower() == "cpu_op"]
+
     def chain(self, i):
         out = []
         while i >= 0:
@@ -240,26 +245,34 @@ def whole_steps(ranges):
     return out
 
 
-def analyse(events, r=16, vocab=None):
+def cpu_threads(events):
+    """The CPU ops and annotations of each thread, keyed by (pid, tid), as Threads; and the
+    trainer's qlora:: ranges as (start, end, name)."""
     cpu = collections.defaultdict(list)
     ranges = []
+    for e in events:
+        cat = str(e.get("cat", "")).lower()
+        if e.get("ph") == "X" and cat in ("cpu_op", "user_annotation"):
+            cpu[(e.get("pid"), e.get("tid"))].append(e)
+            if cat == "user_annotation" and str(e.get("name", "")).startswith("qlora::"):
+                ranges.append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
+    return {k: Thread(v) for k, v in cpu.items()}, ranges
+
+
+def analyse(events, r=16, vocab=None):
+    threads, ranges = cpu_threads(events)
     runtime = {}
     gpu = []
     for e in events:
         if e.get("ph") != "X":
             continue
         cat = str(e.get("cat", "")).lower()
-        if cat in ("cpu_op", "user_annotation"):
-            cpu[(e.get("pid"), e.get("tid"))].append(e)
-            if cat == "user_annotation" and str(e.get("name", "")).startswith("qlora::"):
-                ranges.append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
-        elif cat in ("cuda_runtime", "cuda_driver", "runtime", "driver"):
+        if cat in ("cuda_runtime", "cuda_driver", "runtime", "driver"):
             c = e.get("args", {}).get("correlation")
             if c is not None:
                 runtime[c] = e
         elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             gpu.append(e)
-    threads = {k: Thread(v) for k, v in cpu.items()}
     steps = whole_steps(ranges)
     items = []
 
@@ -267,8 +280,9 @@ def analyse(events, r=16, vocab=None):
         th = threads.get(thread_key)
         if th is None:
             return [], None
-        chain = [th.events[i] for i in (th.chain(index) if index is not None else th.enclosing(t))]
-        ops = [c["name"] for c in chain if str(c.get("cat", "")).lower() == "cpu_op"]
+        indices = th.chain(index) if index is not None else th.enclosing(t)
+        chain = [th.events[i] for i in indices]
+        ops = th.op_names(indices)
         dims = None
         for c in reversed(chain):
             dims = dims_of(c)

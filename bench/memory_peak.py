@@ -29,27 +29,15 @@ def op_label(ops):
 
 
 def analyse(events):
-    threads = collections.defaultdict(list)
-    ranges = []
-    memory = []
-    for e in events:
-        cat = str(e.get("cat", "")).lower()
-        if e.get("ph") == "X" and cat in ("cpu_op", "user_annotation"):
-            threads[(e.get("pid"), e.get("tid"))].append(e)
-            if cat == "user_annotation" and str(e.get("name", "")).startswith("qlora::"):
-                ranges.append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
-        elif e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == CUDA:
-            memory.append(e)
+    threads, ranges = ap.cpu_threads(events)
+    memory = [e for e in events
+              if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == CUDA]
     if not memory:
         raise SystemExit("no CUDA [memory] events: profile with QLORA_PROFILE_MEMORY=1")
-    threads = {k: ap.Thread(v) for k, v in threads.items()}
 
     def ops_at(e):
         th = threads.get((e.get("pid"), e.get("tid")))
-        if th is None:
-            return []
-        return [th.events[i]["name"] for i in th.enclosing(e["ts"])
-                if str(th.events[i].get("cat", "")).lower() == "cpu_op"]
+        return th.op_names(th.enclosing(e["ts"])) if th else []
 
     memory.sort(key=lambda e: e["ts"])
     live = {}

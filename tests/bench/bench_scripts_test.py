@@ -2,6 +2,7 @@
 """Tests of the benchmark's analysis scripts, on fixtures made here (standard library only):
 bench/attribute_profile.py on a small Chrome trace shaped like Kineto's GPU traces (two CPU
 threads, correlation ids, two streams, a memcpy, idle gaps: every row known in advance),
+bench/memory_peak.py on the allocator's [memory] events of such a trace,
 bench/summarize.py on progress events shaped like `qloractl watch -o json`, and bench/flops.py
 against the LLaMA-2-7B figures of shared/reference/peers.md.
   python3 tests/bench/bench_scripts_test.py [SOURCE_DIR]
@@ -19,6 +20,7 @@ sys.path.insert(0, os.path.join(SOURCE, "bench"))
 
 import attribute_profile  # noqa: E402
 import flops  # noqa: E402
+import memory_peak  # noqa: E402
 
 LLAMA_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
             "num_key_value_heads": 32, "vocab_size": 32000}
@@ -318,6 +320,49 @@ class FlopsTest(unittest.TestCase):
         a, b = flops.flops_per_token(LLAMA_7B, 2048), flops.flops_per_token(gqa, 2048)
         self.assertEqual(a["n_layers"] - b["n_layers"], 32 * 2 * 4096 * (4096 - 1024))
         self.assertEqual(a["attention_forward"], b["attention_forward"])
+
+
+def memory(ts, addr, size, total, tid=MAIN, device_type=1):
+    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": PID, "tid": tid, "ts": ts,
+            "args": {"Device Type": device_type, "Addr": addr, "Bytes": size, "Total Allocated": total,
+                     "Total Reserved": 4096}}
+
+
+class MemoryPeakTest(unittest.TestCase):
+    """1000 bytes allocated before the trace; inside it, A (100 B, forward) and B (200 B, in the
+    recomputation) make the peak of 1300; A freed and C allocated after it; a CPU allocation is
+    not counted."""
+
+    def trace(self):
+        return [
+            op("qlora::forward", 0, 100, cat="user_annotation"),
+            op("aten::mm", 5, 10),
+            memory(10, "A", 100, 1100),
+            op("qlora::backward", 100, 200, cat="user_annotation"),
+            op("autograd::engine::evaluate_function: qlora::engine::CheckpointBackward", 110, 100, tid=AUTOGRAD),
+            op("qlora::engine::CheckpointBackward", 110, 100, tid=AUTOGRAD),
+            op("aten::empty", 115, 10, tid=AUTOGRAD),
+            memory(120, "B", 200, 1300, tid=AUTOGRAD),
+            memory(130, "X", 5000, 9999, device_type=0),
+            memory(150, "A", -100, 1200),
+            memory(160, "C", 50, 1250),
+        ]
+
+    def test_the_peak_its_phase_and_who_allocated_what_was_alive(self):
+        r = memory_peak.analyse(self.trace())
+        self.assertEqual(r["peak"], 1300)
+        self.assertEqual(r["phase"], "recompute")
+        self.assertEqual(r["ops"][-1], "aten::empty")
+        self.assertEqual(r["in_trace"], 300)
+        self.assertEqual(r["reserved"], 4096)
+        self.assertEqual(dict(r["groups"]), {
+            ("aten::mm", 100): [1, 100],
+            ("qlora::engine::CheckpointBackward / aten::empty", 200): [1, 200],
+        })
+
+    def test_a_trace_without_memory_events_is_an_error(self):
+        with self.assertRaises(SystemExit):
+            memory_peak.analyse([op("aten::mm", 5, 10)])
 
 
 if __name__ == "__main__":
