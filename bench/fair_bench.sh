@@ -11,7 +11,8 @@
 #   ours-mb1         ours, 1 GPU, micro-batch 1
 #   ours-2gpu        ours, 2 GPUs, ZeRO-2, micro-batch 4
 #   deepspeed        DeepSpeed ZeRO-2 + HF + peft + bnb + autocast + Liger, 2 GPUs, micro-batch 4
-#   ours-mb4-nockpt  ours, 1 GPU, micro-batch 4, no activation checkpointing
+#   ours-mb4-nockpt  ours, 1 GPU, micro-batch 4, no activation checkpointing, then a profile
+#   attr-ours-nockpt the attribution of that trace
 #   attr-liger       the attribution of the Liger anchor's trace
 #   mem-ours         (optional) ours at micro-batch 4 profiled with the allocator's events, and
 #                    where its memory peaks: memory-peak-ours-mb4.md (bench/memory_peak.py)
@@ -59,6 +60,7 @@
 #   trace-ours-mb4.json.gz     ours' profile (slimmed: no flow arrows, strides or dtypes)
 #   trace-liger-mb4.json.gz    the Liger anchor's profile
 #   trace-ours-70b-mb1.json.gz ours' profile at the 70B-width slice, micro-batch 1 (attr-ours-70b-mb1)
+#   trace-ours-mb4-nockpt.json.gz  ours' profile without checkpointing (attr-ours-nockpt)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}
@@ -255,7 +257,10 @@ for part in $parts; do
     deepspeed) ((ngpu > 1)) && run_part deepspeed 80 env PYTHONPATH="/tmp/dssite:${PYTHONPATH:-}" \
       PATH="/tmp/dssite/bin:$PATH" DS_BUILD_OPS=0 torchrun --nproc_per_node "$ngpu" \
       "$root/bench/anchor_deepspeed.py" "$model" --micro-batch 4 --liger "${measure[@]}" ;;
-    ours-mb4-nockpt) run_part ours-mb4-nockpt 45 ours_job ours-mb4-nockpt "$gpus_1" 4 false ;;
+    ours-mb4-nockpt) run_part ours-mb4-nockpt 45 ours_job ours-mb4-nockpt "$gpus_1" 4 false \
+      "$work/trace-ours-mb4-nockpt.json" ;;
+    attr-ours-nockpt) run_part attr-ours-nockpt 20 attribute "$work/trace-ours-mb4-nockpt.json" \
+      "Profile of ours: 1 GPU, micro-batch 4, no checkpointing, 2 steps" ours-mb4-nockpt ;;
     ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
     ours-70b-mb4) run_part ours-70b-mb4 150 with_70b ours_job ours-70b-mb4 "$gpus_1" 4 true ;;
     ours-70b-mb1) run_part ours-70b-mb1 60 with_70b ours_job ours-70b-mb1 "$gpus_1" 1 true \

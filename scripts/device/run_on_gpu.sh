@@ -11,7 +11,9 @@
 #   scripts/device/run_on_gpu.sh bench-fair       ours against the anchors at their best, with a
 #                                                 profile and its attribution (bench/fair_bench.sh;
 #                                                 needs .device-wheels from scripts/device/wheels.sh)
-# Results and logs go to $OUT.
+#   scripts/device/run_on_gpu.sh gemm             kernels/tuned_gemm_bench $GEMM_ARGS -> $OUT/gemm.txt
+# Results and logs go to $OUT. With SMI_LOG=1 the GPUs' SM clock, power draw, temperature and
+# clock-event (throttle) reasons are sampled every 200 ms meanwhile -> $OUT/smi.csv.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export OUT=${OUT:-/tmp/out}
@@ -23,7 +25,13 @@ extra=$(ls -d "$nv"/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH=/tmp/qb/lib:$torch_lib:$extra${LD_LIBRARY_PATH:-}
 export QLORA_BINARY_DIR=/tmp/qb QLORA_SOURCE_DIR=$root QLORA_PYTHON=python3 NCCL_NVLS_ENABLE=0
 export PYTHONPATH=$root/.device-wheels/site:${PYTHONPATH:-} QLORA_SPM_MODULE=/tmp/qb/lib/libqlora_spm.so
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm --format=csv,noheader | tee "$OUT/gpus.txt"
+if [ "${SMI_LOG:-0}" = 1 ]; then
+  nvidia-smi --query-gpu=index,timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active \
+    --format=csv -lms 200 > "$OUT/smi.csv" &
+  smi_pid=$!
+  trap 'kill "$smi_pid" 2>/dev/null' EXIT
+fi
 for what in "$@"; do
   case "$what" in
     tests)
@@ -42,5 +50,8 @@ for what in "$@"; do
       "$root/scripts/device/gpu_ray_run.sh" run ;;
     bench-fair)
       "$root/bench/fair_bench.sh" 2>&1 | tee "$OUT/bench.log" ;;
+    gemm)
+      # shellcheck disable=SC2086  # GEMM_ARGS is a list of arguments
+      /tmp/qb/kernels/tuned_gemm_bench ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" ;;
   esac
 done

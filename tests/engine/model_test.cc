@@ -12,6 +12,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -253,6 +256,80 @@ TEST(EngineModel, ActivationCheckpointingGivesTheSameGradients) {
   for (const auto& [name, g] : plain) {
     EXPECT_LT(MaxAbsDiff(g, checkpointed.at(name)), 1e-6) << name;
     if (name != "loss_sum") EXPECT_GT(g.abs().max().item<double>(), 0) << name;
+  }
+}
+
+// The adapters' copies made once per step (adapter_copies.h, what the trainer does) change no
+// bit of the loss or the gradients, checkpointed or not, with two micro-batches accumulated in
+// one scope; the scope held one bf16 copy of every adapter; and a scope opened after the
+// adapters changed computes with their new values (no copy outlives its scope).
+TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.dtype = "bfloat16";
+  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  std::vector<at::Device> devices = {at::kCPU};
+  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
+  for (const at::Device& device : devices) {
+    for (bool checkpointing : {true, false}) {
+      SCOPED_TRACE(device.str() + (checkpointing ? " checkpointed" : " plain"));
+      LoadOptions options;
+      options.device = device;
+      options.compute_dtype = at::kBFloat16;
+      auto loaded = LoadLlama(dir.path(), options);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      LlamaForCausalLM& model = **loaded;
+      LoraOptions lora;
+      lora.target_modules = {"all-linear"};
+      ASSERT_TRUE(model.AddLora(lora).ok());
+      RandomizeLoraB(model);
+      model.SetTraining(true);
+      model.SetGradientCheckpointing(checkpointing);
+      const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
+      const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
+      // Two micro-batches' gradients, accumulated.
+      auto step = [&](bool scoped) {
+        for (const auto& [name, p] : model.TrainableParameters()) p.mutable_grad() = at::Tensor();
+        std::optional<AdapterCopyScope> scope;
+        if (scoped) scope.emplace(model.adapter_copies());
+        std::map<std::string, at::Tensor> out;
+        for (int micro = 0; micro < 2; ++micro) {
+          const at::Tensor hidden = model.Forward(micro == 0 ? ids : ids.flip(1));
+          const CausalLmLoss loss = model.Loss(hidden, labels, {5});
+          loss.loss_sum.backward();
+          out["loss_sum_" + std::to_string(micro)] = loss.loss_sum.detach().cpu();
+        }
+        if (scoped) {
+          int64_t adapter_elements = 0;
+          for (const auto& [name, p] : model.TrainableParameters()) adapter_elements += p.numel();
+          EXPECT_EQ(model.adapter_copies().cached_bytes(), adapter_elements * 2);
+        }
+        for (const auto& [name, p] : model.TrainableParameters()) out[name] = p.grad().cpu().clone();
+        return out;
+      };
+      const auto cast_each_use = step(false);
+      const auto cached = step(true);
+      EXPECT_EQ(model.adapter_copies().cached_bytes(), 0);
+      for (const auto& [name, g] : cast_each_use) {
+        EXPECT_TRUE(at::equal(g, cached.at(name))) << name << ": " << MaxAbsDiff(g, cached.at(name));
+      }
+      // The adapters change between steps (as the optimizer changes them): the next scope
+      // computes with the new values, bit for bit as casting at each use does.
+      RandomizeLoraB(model);
+      {
+        at::NoGradGuard no_grad;
+        for (const auto& [name, p] : model.TrainableParameters()) {
+          if (name.find("lora_A") != std::string::npos) const_cast<at::Tensor&>(p).mul_(1.5);
+        }
+      }
+      const auto after = step(true);
+      const auto after_reference = step(false);
+      for (const auto& [name, g] : after_reference) {
+        EXPECT_TRUE(at::equal(g, after.at(name))) << name;
+        if (name.rfind("loss_sum", 0) == 0) EXPECT_FALSE(at::equal(g, cached.at(name))) << name;
+      }
+    }
   }
 }
 

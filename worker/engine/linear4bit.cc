@@ -49,6 +49,24 @@ kernels::GemmTuner* SavedGemm(AutogradContext* ctx) {
       static_cast<intptr_t>(ctx->saved_data.at("gemm").toInt()));
 }
 
+// The layers' adapter copies in autograd's saved data, as their address (see
+// LinearLayer::adapter_copies).
+void SaveCopies(AutogradContext* ctx, AdapterCopies* copies) {
+  ctx->saved_data["adapter_copies"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(copies));
+}
+
+AdapterCopies* SavedCopies(AutogradContext* ctx) {
+  return reinterpret_cast<AdapterCopies*>(
+      static_cast<intptr_t>(ctx->saved_data.at("adapter_copies").toInt()));
+}
+
+// An adapter tensor (or several, concatenated along dim 0) in the compute dtype: the scope's
+// copy where the layers have AdapterCopies, else a cast.
+at::Tensor InDtype(AdapterCopies* copies, at::TensorList params, at::ScalarType dtype) {
+  if (copies != nullptr) return copies->Get(params, dtype);
+  return params.size() == 1 ? params[0].to(dtype) : at::cat(params).to(dtype);
+}
+
 // out = beta * out + alpha * (a b) through the tuner, or ATen's GEMM without one.
 void Addmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor& a,
            const at::Tensor& b, double beta = 1.0, double alpha = 1.0) {
@@ -68,6 +86,22 @@ at::Tensor Mm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   gemm->Addmm(out, a, b, /*beta=*/0.0, alpha);
   return out;
+}
+
+// alpha * a b as a new tensor of `dtype` (an adapter's gradient, in the adapter's float32). On
+// CUDA a half-precision product is written as float32 by the GEMM itself (which accumulates in
+// float32 anyway), sparing the cast kernel and the rounding to the compute dtype; elsewhere the
+// product is rounded to a's dtype and cast.
+at::Tensor MmAs(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b, double alpha,
+                at::ScalarType dtype) {
+  if (a.scalar_type() == dtype) return Mm(gemm, a, b, alpha);
+  if (a.is_cuda() && dtype == at::kFloat &&
+      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf)) {
+    at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options().dtype(dtype));
+    at::addmm_out(out, out, a, b, dtype, /*beta=*/0, alpha);
+    return out;
+  }
+  return Mm(gemm, a, b, alpha).to(dtype);
 }
 
 // x [..., k] b [k, n] as [..., n], through the tuner when there is one.
@@ -146,11 +180,11 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
 // y += x W^T accumulated by the base GEMM (beta = 1), for rows x [T, in]; unset with value_unused.
 at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tensor& b,
                       const FrozenWeight& base, double scale, bool value_unused,
-                      kernels::GemmTuner* gemm) {
+                      kernels::GemmTuner* gemm, AdapterCopies* copies) {
   if (value_unused) return ValueUnused({x.size(0), base.out_features}, x.options());
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   const at::ScalarType dtype = x.scalar_type();
-  Addmm(gemm, y, ha, b.to(dtype).t(), /*beta=*/0, /*alpha=*/scale);
+  Addmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/0, /*alpha=*/scale);
   Addmm(gemm, y, x, base.Materialize(dtype).t());
   return y;
 }
@@ -160,9 +194,10 @@ at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tenso
 std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Tensor& h,
                                               const at::Tensor& a, const at::Tensor& b,
                                               const FrozenWeight& base, double scale,
-                                              bool value_unused, kernels::GemmTuner* gemm) {
-  const at::Tensor ha = Mm(gemm, h, a.to(x.scalar_type()).t());  // [T, r]
-  return {LoraOutput(x, ha, b, base, scale, value_unused, gemm), ha};
+                                              bool value_unused, kernels::GemmTuner* gemm,
+                                              AdapterCopies* copies) {
+  const at::Tensor ha = Mm(gemm, h, InDtype(copies, a, x.scalar_type()).t());  // [T, r]
+  return {LoraOutput(x, ha, b, base, scale, value_unused, gemm, copies), ha};
 }
 
 struct LoraGradients {
@@ -173,8 +208,8 @@ struct LoraGradients {
 
 // dh = dh' A [T, in], the adapters' part of the input gradient.
 at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::ScalarType dtype,
-                             kernels::GemmTuner* gemm) {
-  return Mm(gemm, d.dha, a.to(dtype));
+                             kernels::GemmTuner* gemm, AdapterCopies* copies) {
+  return Mm(gemm, d.dha, InDtype(copies, a, dtype));
 }
 
 // The adapters' gradients for g [T, out] (in h's dtype), each GEMM writing its result's layout
@@ -183,13 +218,14 @@ at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::Sc
 // Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first.
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
                            const at::Tensor& a, const at::Tensor& b, double scale,
-                           kernels::GemmTuner* gemm, bool input_gradient = true) {
+                           kernels::GemmTuner* gemm, AdapterCopies* copies,
+                           bool input_gradient = true) {
   const at::ScalarType dtype = h.scalar_type();
   LoraGradients d;
-  d.dha = Mm(gemm, g, b.to(dtype), scale);  // [T, r]
-  d.a = Mm(gemm, d.dha.t(), h).to(a.scalar_type());
-  d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
-  if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm);
+  d.dha = Mm(gemm, g, InDtype(copies, b, dtype), scale);  // [T, r]
+  d.a = MmAs(gemm, d.dha.t(), h, 1.0, a.scalar_type());
+  d.b = MmAs(gemm, g.t(), ha, scale, b.scalar_type());
+  if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
 }
 
@@ -209,12 +245,13 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, kernels::GemmTuner* gemm, bool value_unused,
-                            bool overwrite_inputs) {
+                            double scale, kernels::GemmTuner* gemm, AdapterCopies* copies,
+                            bool value_unused, bool overwrite_inputs) {
     const at::Tensor x = kernels::SwigluForward(gate, up);
-    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm);
+    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm, copies);
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
+    SaveCopies(ctx, copies);
     // x, never seen outside this node, is saved only by a recomputation.
     ctx->save_for_backward({gate, up, ha, a, b, value_unused ? x : at::Tensor()});
     ctx->saved_data["scale"] = scale;
@@ -224,25 +261,26 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return variable_list(9);
+    if (!g.defined()) return variable_list(10);
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::ScalarType dtype = gate.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
     kernels::GemmTuner* gemm = SavedGemm(ctx);
+    AdapterCopies* copies = SavedCopies(ctx);
     LoraGradients d;
     at::Tensor dx;
     if (saved[5].defined()) {
       dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
-      d = LoraBackward(grad, dx, ha, a, b, scale, gemm, /*input_gradient=*/false);
-      Addmm(gemm, dx, d.dha, a.to(dtype), /*beta=*/0.0);
+      d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
+      Addmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
     } else {
       {
         const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
-        d = LoraBackward(grad, x, ha, a, b, scale, gemm, /*input_gradient=*/false);
+        d = LoraBackward(grad, x, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
       }
-      dx = LoraInputGradient(d, a, dtype, gemm);
+      dx = LoraInputGradient(d, a, dtype, gemm, copies);
     }
     Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
     at::Tensor grad_up;
@@ -252,8 +290,8 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     } else {
       grad_up = kernels::SwigluBackwardInPlace(dx, gate, up);
     }
-    return {dx,           grad_up,      d.a,          d.b,         at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx,           grad_up,      d.a,          d.b,          at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -274,11 +312,13 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
 struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& h,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, bool value_unused, kernels::GemmTuner* gemm) {
+                            double scale, bool value_unused, kernels::GemmTuner* gemm,
+                            AdapterCopies* copies) {
     const at::Tensor& lora_in = h;
-    auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused, gemm);
+    auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused, gemm, copies);
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
+    SaveCopies(ctx, copies);
     ctx->save_for_backward({lora_in, ha, a, b});
     ctx->saved_data["dropout"] = !h.is_same(x);
     ctx->saved_data["scale"] = scale;
@@ -291,11 +331,11 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const at::Tensor &lora_in = saved[0], &ha = saved[1], &a = saved[2], &b = saved[3];
     const bool dropout = ctx->saved_data["dropout"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
-    if (!g.defined()) return variable_list(8);
+    if (!g.defined()) return variable_list(9);
     const at::ScalarType dtype = lora_in.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
     kernels::GemmTuner* gemm = SavedGemm(ctx);
-    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale, gemm);
+    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale, gemm, SavedCopies(ctx));
     at::Tensor dx, dh;
     if (dropout) {
       dx = Mm(gemm, grad, SavedBase(ctx, dtype));
@@ -304,7 +344,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
       dx = d.lora_in;
       Addmm(gemm, dx, grad, SavedBase(ctx, dtype));
     }
-    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -322,22 +362,20 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
                                bool value_unused) {
     const at::ScalarType dtype = x.scalar_type();
     const size_t n = group->size();
-    std::vector<at::Tensor> a_c;
     std::vector<int64_t> ranks;
-    for (size_t i = 0; i < n; ++i) {
-      a_c.push_back(a[i].to(dtype));
-      ranks.push_back(a[i].size(0));
-    }
+    for (size_t i = 0; i < n; ++i) ranks.push_back(a[i].size(0));
     kernels::GemmTuner* gemm = (*group)[0]->gemm;
+    AdapterCopies* copies = (*group)[0]->adapter_copies;
     SaveGemm(ctx, gemm);
-    const at::Tensor ha = Mm(gemm, x, at::cat(a_c).t());  // [T, sum of r]
+    SaveCopies(ctx, copies);
+    const at::Tensor ha = Mm(gemm, x, InDtype(copies, a, dtype).t());  // [T, sum of r]
     const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
     variable_list outputs;
     std::vector<double> scales;
     for (size_t i = 0; i < n; ++i) {
       const LinearLayer& layer = *(*group)[i];
       outputs.push_back(
-          LoraOutput(x, ha_i[i], b[i], layer.base, layer.lora->scale, value_unused, gemm));
+          LoraOutput(x, ha_i[i], b[i], layer.base, layer.lora->scale, value_unused, gemm, copies));
       SaveBase(ctx, layer.base, std::to_string(i) + ".");
       scales.push_back(layer.lora->scale);
     }
@@ -360,20 +398,21 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
     variable_list grads(1 + 2 * n + 2);  // x, the As, the Bs, then group and value_unused
     kernels::GemmTuner* gemm = SavedGemm(ctx);
-    std::vector<at::Tensor> g(n), dha(n), a_c(n);
+    AdapterCopies* copies = SavedCopies(ctx);
+    std::vector<at::Tensor> g(n), dha(n), a(n);
     for (size_t i = 0; i < n; ++i) {
-      const at::Tensor& a = saved[2 + i];
+      a[i] = saved[2 + i];
       const at::Tensor& b = saved[2 + n + i];
-      a_c[i] = a.to(dtype);
       g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
-      dha[i] = Mm(gemm, g[i], b.to(dtype), scales[i]);  // [T, r_i]
-      grads[1 + n + i] = Mm(gemm, g[i].t(), ha_i[i], scales[i]).to(b.scalar_type());
+      dha[i] = Mm(gemm, g[i], InDtype(copies, b, dtype), scales[i]);  // [T, r_i]
+      grads[1 + n + i] = MmAs(gemm, g[i].t(), ha_i[i], scales[i], b.scalar_type());
     }
-    const at::Tensor dha_all = at::cat(dha, 1);          // [T, sum of r]
-    const at::Tensor da_all = Mm(gemm, dha_all.t(), x);  // [sum of r, in]
+    const at::Tensor dha_all = at::cat(dha, 1);  // [T, sum of r]
+    // [sum of r, in], in the adapters' dtype, then one view per adapter.
+    const at::Tensor da_all = MmAs(gemm, dha_all.t(), x, 1.0, a[0].scalar_type());
     const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
-    for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i].to(saved[2 + i].scalar_type());
-    at::Tensor dx = Mm(gemm, dha_all, at::cat(a_c));     // [T, in]
+    for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i];
+    at::Tensor dx = Mm(gemm, dha_all, InDtype(copies, a, dtype));  // [T, in]
     for (size_t i = 0; i < n; ++i) {
       Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
     }
@@ -440,7 +479,8 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_u
   const at::Tensor h =
       AdapterWithoutDropout(*this, training) ? x2 : at::dropout(x2, lora->dropout, training);
   return ToLayerOutput(
-      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused, gemm),
+      LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused, gemm,
+                                adapter_copies),
       x.sizes(), base);
 }
 
@@ -484,7 +524,8 @@ at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, co
   }
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
   return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale, down.gemm, value_unused,
+                                                 down.lora->scale, down.gemm,
+                                                 down.adapter_copies, value_unused,
                                                  overwrite_inputs),
                        gate.sizes(), down.base);
 }

@@ -17,6 +17,7 @@
 
 #include "kernels/quantize_4bit.h"
 #include "kernels/tuned_gemm.h"
+#include "worker/engine/adapter_copies.h"
 
 namespace qlora::engine {
 
@@ -58,6 +59,9 @@ struct LinearLayer {
   // Runs the layer's GEMMs with cuBLASLt's fastest algorithm per shape (kernels/tuned_gemm.h);
   // owned by the model, which outlives every graph its layers build. Null: ATen's GEMMs.
   kernels::GemmTuner* gemm = nullptr;
+  // The adapters' compute-dtype copies (adapter_copies.h); owned by the model like `gemm`. Null:
+  // the adapters are cast at every use.
+  AdapterCopies* adapter_copies = nullptr;
 
   // x: [..., in] in the compute dtype; returns [..., out] in the same dtype. With value_unused
   // (a checkpointed block's recomputation, where only the graph matters) the result's value is

@@ -99,10 +99,12 @@ LlamaForCausalLM::LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dt
       inv_freq_(RopeInverseFrequencies(config_).to(device)) {
   layers.resize(config_.num_hidden_layers);
   checkpointed_layers_ = config_.num_hidden_layers;
-  if (device_.is_cuda()) {
-    gemm_tuner_ = std::make_shared<kernels::GemmTuner>();
-    for (DecoderLayer& layer : layers) {
-      for (const char* name : kLinearModuleNames) layer.Linear(name).gemm = gemm_tuner_.get();
+  adapter_copies_ = std::make_shared<AdapterCopies>();
+  if (device_.is_cuda()) gemm_tuner_ = std::make_shared<kernels::GemmTuner>();
+  for (DecoderLayer& layer : layers) {
+    for (const char* name : kLinearModuleNames) {
+      layer.Linear(name).gemm = gemm_tuner_.get();
+      layer.Linear(name).adapter_copies = adapter_copies_.get();
     }
   }
 }

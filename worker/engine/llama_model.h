@@ -80,6 +80,9 @@ class LlamaForCausalLM {
   // The layers' GEMM tuner (on CUDA; null elsewhere): shapes tuned so far, for logs and tests.
   const kernels::GemmTuner* gemm_tuner() const { return gemm_tuner_.get(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // The adapters' compute-dtype copies: open an AdapterCopyScope on them over work during which
+  // no adapter changes (an optimizer step's forwards and backwards) to cast each adapter once.
+  AdapterCopies& adapter_copies() const { return *adapter_copies_; }
   at::Device device() const { return device_; }
 
   // Weights (filled by the loader).
@@ -151,6 +154,7 @@ class LlamaForCausalLM {
   bool training_ = false;
   int64_t checkpointed_layers_ = 0;  // the constructor: every layer
   std::shared_ptr<kernels::GemmTuner> gemm_tuner_;  // shared by every LinearLayer::gemm
+  std::shared_ptr<AdapterCopies> adapter_copies_;   // every LinearLayer::adapter_copies
 };
 
 // RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, computed in float32 with one rounding to x's

@@ -16,13 +16,15 @@ bool Targets(const MemoryPlanRequest& r, const std::string& module) {
          std::find(r.lora_targets.begin(), r.lora_targets.end(), module) != r.lora_targets.end();
 }
 
-// The plan's fixed part: resident tensors, parameter gradients, one dequantized weight.
+// The plan's fixed part: resident tensors, parameter gradients, the adapters' compute-dtype
+// copies (adapter_copies.h, held through the step), one dequantized weight.
 int64_t FixedBytes(const MemoryPlanRequest& r) {
   const LlamaConfig& m = r.model;
   const int64_t largest_weight =
       std::max(m.intermediate_size * m.hidden_size,
                m.num_attention_heads * m.head_dim * m.hidden_size) * r.dtype_bytes;
-  return r.resident_bytes + r.correction_bytes + 4 * r.trainable_elements + largest_weight;
+  return r.resident_bytes + r.correction_bytes + (4 + r.dtype_bytes) * r.trainable_elements +
+         largest_weight;
 }
 
 }  // namespace

@@ -31,8 +31,9 @@
 //                      in forward) adds grad_hidden (H d per token) and one chunk of logits in
 //                      the compute dtype (chunk x vocab x d), which become their own gradient
 // and, besides tokens: what is resident once the model, the adapters and the optimizer are
-// built (measured by the caller), the parameters' gradients (4 bytes per trainable element),
-// and one dequantized weight (the largest, out x in x d) in backward.
+// built (measured by the caller), the parameters' gradients (4 bytes per trainable element), the
+// adapters' copies in the compute dtype (d per trainable element, adapter_copies.h), and one
+// dequantized weight (the largest, out x in x d) in backward.
 //
 // The peak is the largest of: the loss with every layer's saved tensors held; the
 // top layer's backward; the top checkpointed layer's recompute-and-backward once the plain

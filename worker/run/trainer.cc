@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -19,6 +21,7 @@
 #include "common/status_macros.h"
 #include "common/train_summary_text.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/engine/adapter_copies.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/peft_io.h"
@@ -204,6 +207,9 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   // Summed on the device and read once after the last backward is queued: reading it per
   // micro-batch would stall the host between forward and backward while the GPU drains.
   at::Tensor local_loss_sum;
+  // The adapters cast to the compute dtype once for all of this step's micro-batches; the copies
+  // go before the optimizer changes the adapters.
+  std::optional<engine::AdapterCopyScope> adapter_copies(std::in_place, model_->adapter_copies());
   for (size_t i = 0; i < batches.size(); ++i) {
     const DeviceBatch& b = batches[i];
     if (context_.observer != nullptr) context_.observer->OnMicroBatch(step, static_cast<int>(i), b);
@@ -233,6 +239,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
       QLORA_RETURN_IF_ERROR(strategy_->EndMicroBatch());
     }
   }
+  adapter_copies.reset();
   const double lr = optim::LearningRate(schedule_, strategy_->steps_taken());
   {
     RECORD_USER_SCOPE("qlora::optimizer");

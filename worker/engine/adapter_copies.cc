@@ -1,0 +1,54 @@
+// AdapterCopies: compute-dtype copies of the adapters, kept for the length of a scope.
+#include "worker/engine/adapter_copies.h"
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+namespace qlora::engine {
+namespace {
+
+at::Tensor Cast(at::TensorList params, at::ScalarType dtype) {
+  if (params.size() == 1) return params[0].to(dtype);
+  return at::cat(params).to(dtype);
+}
+
+}  // namespace
+
+at::Tensor AdapterCopies::Get(at::TensorList params, at::ScalarType dtype) {
+  // Detached: the copies feed the LoRA nodes' own GEMMs, never autograd.
+  std::vector<at::Tensor> sources;
+  for (const at::Tensor& p : params) sources.push_back(p.detach());
+  if (sources.size() == 1 && sources[0].scalar_type() == dtype) return sources[0];  // no copy
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (scopes_ == 0) return Cast(sources, dtype);
+  }
+  Key key;
+  for (const at::Tensor& p : sources) std::get<0>(key).emplace_back(p.data_ptr(), p.sizes().vec());
+  std::get<1>(key) = static_cast<int>(dtype);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = copies_.find(key);
+  if (it == copies_.end()) it = copies_.emplace(std::move(key), Cast(sources, dtype)).first;
+  return it->second;
+}
+
+int64_t AdapterCopies::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t total = 0;
+  for (const auto& [key, copy] : copies_) total += copy.nbytes();
+  return total;
+}
+
+void AdapterCopies::Enter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++scopes_;
+}
+
+void AdapterCopies::Leave() {
+  std::map<Key, at::Tensor> dropped;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--scopes_ == 0) dropped.swap(copies_);
+}
+
+}  // namespace qlora::engine
