@@ -7,7 +7,9 @@
 // Tuning: the first call of a shape class (the operations, beta == 0, and the octave of m, n and
 // k: rows that vary from step to step, as packed or padded batches do, fall in one or two octaves
 // and are tuned once or twice) times ATen's call and up to `candidates` algorithms of
-// cuBLASLt's heuristic (each the median of three batches) on scratch memory taken from the
+// cuBLASLt's heuristic (each the median of three batches, taken in turns across the candidates
+// after the GPU has been heated to its power limit: what wins on a cool GPU is not always what
+// wins in a training step, ~20 % lower clocked) on scratch memory taken from the
 // driver, outside ATen's caching allocator (its peaks, which the memory plan reads, do not
 // move; where the driver has no memory left the class stays on ATen's call). The fastest
 // candidate is kept only when it beats ATen's call by 1.5 %, so that timing noise rarely moves a
@@ -32,7 +34,10 @@ namespace qlora::kernels {
 
 struct GemmTunerOptions {
   int candidates = 16;           // heuristic results asked of cuBLASLt per shape
-  int timing_repetitions = 5;    // runs per timed batch (three batches; the median counts)
+  int timing_repetitions = 8;    // runs per timed batch (three batches; the median counts)
+  // ATen's call runs back to back this long before a shape's timing, so that the candidates are
+  // timed at the GPU's power limit, where a training step keeps it (see Time in the .cc).
+  double heat_ms = 50;
   int64_t workspace_bytes = 32 << 20;
   // Shape classes tuned at most; calls of further classes run ATen's GEMM.
   int64_t max_shapes = 256;

@@ -1,21 +1,16 @@
 // qlora-tuned-gemm-bench: for the base projections' GEMMs of one decoder layer, as the engine
 // issues them, every cuBLASLt candidate's time against ATen's own call (cuBLAS's pick).
 //   tuned_gemm_bench [tokens hidden intermediate kv_hidden [repetitions heat_ms]]
-//   (default 8192 4096 11008 4096 5 0)
-// Prints, per GEMM, ATen's milliseconds and TFLOP/s, the fastest candidate's, and the top three.
-// `repetitions` is the runs per timed batch (the tuner's timing_repetitions); with `heat_ms`, ATen's
-// GEMM first runs back to back for that long, so that the candidates are timed on a GPU in the
-// state a training step keeps it in (at its power limit, clocks down) rather than a cool one: the
-// tuner's short bursts rank the candidates on a cool GPU.
+//   (default 8192 4096 11008 4096, and the tuner's timing_repetitions and heat_ms)
+// Prints, per GEMM, ATen's milliseconds and TFLOP/s, the fastest candidate's, and the top three,
+// as the tuner times them (GemmTunerOptions: `repetitions` runs per batch; ATen's GEMM first runs
+// back to back for `heat_ms`, 0 to time on a cool GPU).
 #include <ATen/ATen.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
 
 #include "kernels/tuned_gemm.h"
 
@@ -31,24 +26,9 @@ int main(int argc, char** argv) {
   const int64_t kv = argc > 4 ? std::atoll(argv[4]) : 4096;
   qlora::kernels::GemmTunerOptions options;
   options.timing_repetitions = argc > 5 ? std::atoi(argv[5]) : options.timing_repetitions;
-  const double heat_ms = argc > 6 ? std::atof(argv[6]) : 0.0;
-  const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  options.heat_ms = argc > 6 ? std::atof(argv[6]) : options.heat_ms;
   GemmTuner tuner(options);
-  // Back-to-back GEMMs of the layer's largest shape for heat_ms milliseconds.
-  auto heat = [&] {
-    if (heat_ms <= 0) return;
-    const at::Tensor x = at::randn({t, h}, opt), w = at::randn({h, i}, opt);
-    at::Tensor y = at::empty({t, i}, opt);
-    auto start = at::cuda::CUDAEvent(cudaEventDefault), end = at::cuda::CUDAEvent(cudaEventDefault);
-    const auto stream = at::cuda::getCurrentCUDAStream();
-    for (double spent = 0; spent < heat_ms;) {
-      start.record(stream);
-      for (int k = 0; k < 20; ++k) at::mm_out(y, x, w);
-      end.record(stream);
-      end.synchronize();
-      spent += start.elapsed_time(end);
-    }
-  };
+  const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   struct Shape {
     const char* name;
     int64_t out, in;
@@ -64,7 +44,6 @@ int main(int argc, char** argv) {
         const at::Tensor a = at::randn({t, backward ? s.out : s.in}, opt);
         const at::Tensor b = backward ? w : w.t();
         const at::Tensor out = at::randn({t, backward ? s.in : s.out}, opt);
-        heat();
         const auto timings = tuner.TimeCandidates(out, a, b, beta);
         if (timings.empty()) continue;
         const double flop = 2.0 * t * s.out * s.in;

@@ -88,22 +88,6 @@ at::Tensor Mm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b
   return out;
 }
 
-// alpha * a b as a new tensor of `dtype` (an adapter's gradient, in the adapter's float32). On
-// CUDA a half-precision product is written as float32 by the GEMM itself (which accumulates in
-// float32 anyway), sparing the cast kernel and the rounding to the compute dtype; elsewhere the
-// product is rounded to a's dtype and cast.
-at::Tensor MmAs(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b, double alpha,
-                at::ScalarType dtype) {
-  if (a.scalar_type() == dtype) return Mm(gemm, a, b, alpha);
-  if (a.is_cuda() && dtype == at::kFloat &&
-      (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf)) {
-    at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options().dtype(dtype));
-    at::addmm_out(out, out, a, b, dtype, /*beta=*/0, alpha);
-    return out;
-  }
-  return Mm(gemm, a, b, alpha).to(dtype);
-}
-
 // x [..., k] b [k, n] as [..., n], through the tuner when there is one.
 at::Tensor Matmul(kernels::GemmTuner* gemm, const at::Tensor& x, const at::Tensor& b) {
   if (gemm == nullptr) return at::matmul(x, b);
@@ -223,8 +207,8 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
   const at::ScalarType dtype = h.scalar_type();
   LoraGradients d;
   d.dha = Mm(gemm, g, InDtype(copies, b, dtype), scale);  // [T, r]
-  d.a = MmAs(gemm, d.dha.t(), h, 1.0, a.scalar_type());
-  d.b = MmAs(gemm, g.t(), ha, scale, b.scalar_type());
+  d.a = Mm(gemm, d.dha.t(), h).to(a.scalar_type());
+  d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
 }
@@ -405,11 +389,12 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
       const at::Tensor& b = saved[2 + n + i];
       g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
       dha[i] = Mm(gemm, g[i], InDtype(copies, b, dtype), scales[i]);  // [T, r_i]
-      grads[1 + n + i] = MmAs(gemm, g[i].t(), ha_i[i], scales[i], b.scalar_type());
+      grads[1 + n + i] = Mm(gemm, g[i].t(), ha_i[i], scales[i]).to(b.scalar_type());
     }
     const at::Tensor dha_all = at::cat(dha, 1);  // [T, sum of r]
-    // [sum of r, in], in the adapters' dtype, then one view per adapter.
-    const at::Tensor da_all = MmAs(gemm, dha_all.t(), x, 1.0, a[0].scalar_type());
+    // [sum of r, in] in the adapters' dtype (float32: the GEMM rounds to x's dtype, one cast for
+    // all), then one view per adapter.
+    const at::Tensor da_all = Mm(gemm, dha_all.t(), x).to(a[0].scalar_type());
     const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
     for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i];
     at::Tensor dx = Mm(gemm, dha_all, InDtype(copies, a, dtype));  // [T, in]
