@@ -20,6 +20,7 @@
 #include "worker/run/training_job.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/grpc_rendezvous_store.h"
+#include "worker/service/progress_publisher.h"
 
 ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
 ABSL_FLAG(std::string, job, "", "job id");
@@ -138,10 +139,12 @@ int main(int argc, char** argv) {
     context.assignment = *assignment;
     context.store = &store;
     context.should_stop = [&] { return cancelled.load() || g_stop_requested.load(); };
-    context.report_progress = [&](const qlora::ProgressSnapshot& p) {
-      absl::Status s = client->ReportProgress(p);
-      if (!s.ok()) Log(absl::StrCat("progress not delivered: ", s.ToString()));
-    };
+    // Progress goes to the coordinator from a thread of its own (a step never waits for the
+    // RPC), in order, all of it before the completion below.
+    qlora::worker::ProgressPublisher progress(
+        [&](const qlora::ProgressSnapshot& p) { return client->ReportProgress(p); },
+        [](const std::string& line) { Log(line); });
+    context.report_progress = [&](const qlora::ProgressSnapshot& p) { progress.Publish(p); };
     // Tests of the coordinator's restarts may arm a crash here (fault_injection.h).
     std::unique_ptr<qlora::worker::TrainingObserver> fault =
         qlora::worker::FaultInjectorFromEnvironment(assignment->rank);
@@ -149,6 +152,7 @@ int main(int argc, char** argv) {
     if (!host_address.empty()) context.gloo_hostname = host_address;
     context.gloo_iface = Environment("GLOO_SOCKET_IFNAME");
     outcome = qlora::worker::RunTrainingJob(context);
+    progress.Close();
   }
   done.Notify();
   heartbeat.join();
