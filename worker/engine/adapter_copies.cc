@@ -4,32 +4,32 @@
 #include <ATen/ATen.h>
 
 #include <utility>
+#include <vector>
 
 namespace qlora::engine {
-namespace {
 
-at::Tensor Cast(at::TensorList params, at::ScalarType dtype) {
+at::Tensor CastAdapters(at::TensorList params, at::ScalarType dtype) {
   if (params.size() == 1) return params[0].to(dtype);
   return at::cat(params).to(dtype);
 }
-
-}  // namespace
 
 at::Tensor AdapterCopies::Get(at::TensorList params, at::ScalarType dtype) {
   // Detached: the copies feed the LoRA nodes' own GEMMs, never autograd.
   std::vector<at::Tensor> sources;
   for (const at::Tensor& p : params) sources.push_back(p.detach());
   if (sources.size() == 1 && sources[0].scalar_type() == dtype) return sources[0];  // no copy
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (scopes_ == 0) return Cast(sources, dtype);
+  // One lock for the scope test and the insertion, so that no copy enters the map after the
+  // last scope has emptied it (a later scope would be handed stale values).
+  std::unique_lock<std::mutex> lock(mu_);
+  if (scopes_ == 0) {
+    lock.unlock();
+    return CastAdapters(sources, dtype);
   }
   Key key;
   for (const at::Tensor& p : sources) std::get<0>(key).emplace_back(p.data_ptr(), p.sizes().vec());
   std::get<1>(key) = static_cast<int>(dtype);
-  std::lock_guard<std::mutex> lock(mu_);
   auto it = copies_.find(key);
-  if (it == copies_.end()) it = copies_.emplace(std::move(key), Cast(sources, dtype)).first;
+  if (it == copies_.end()) it = copies_.emplace(std::move(key), CastAdapters(sources, dtype)).first;
   return it->second;
 }
 

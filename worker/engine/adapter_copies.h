@@ -25,11 +25,14 @@
 
 namespace qlora::engine {
 
+// The tensors (each [rows_i, cols], same cols) concatenated along dim 0 and cast to `dtype`;
+// one tensor: just cast. What AdapterCopies::Get hands back outside a scope.
+at::Tensor CastAdapters(at::TensorList params, at::ScalarType dtype);
+
 class AdapterCopies {
  public:
-  // The tensors (each [rows_i, cols], same cols) concatenated along dim 0 and cast to `dtype`;
-  // one tensor: just cast (the tensor itself, detached and never cached, when it has that dtype
-  // already).
+  // CastAdapters(params, dtype): inside a scope the copy made on first use; a single tensor that
+  // has `dtype` already is handed back itself (detached, never cached).
   at::Tensor Get(at::TensorList params, at::ScalarType dtype);
   at::Tensor Get(const at::Tensor& param, at::ScalarType dtype) { return Get(at::TensorList(param), dtype); }
 

@@ -63,8 +63,7 @@ AdapterCopies* SavedCopies(AutogradContext* ctx) {
 // An adapter tensor (or several, concatenated along dim 0) in the compute dtype: the scope's
 // copy where the layers have AdapterCopies, else a cast.
 at::Tensor InDtype(AdapterCopies* copies, at::TensorList params, at::ScalarType dtype) {
-  if (copies != nullptr) return copies->Get(params, dtype);
-  return params.size() == 1 ? params[0].to(dtype) : at::cat(params).to(dtype);
+  return copies != nullptr ? copies->Get(params, dtype) : CastAdapters(params, dtype);
 }
 
 // out = beta * out + alpha * (a b) through the tuner, or ATen's GEMM without one.

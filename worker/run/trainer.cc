@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -207,39 +206,40 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   // Summed on the device and read once after the last backward is queued: reading it per
   // micro-batch would stall the host between forward and backward while the GPU drains.
   at::Tensor local_loss_sum;
-  // The adapters cast to the compute dtype once for all of this step's micro-batches; the copies
-  // go before the optimizer changes the adapters.
-  std::optional<engine::AdapterCopyScope> adapter_copies(std::in_place, model_->adapter_copies());
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const DeviceBatch& b = batches[i];
-    if (context_.observer != nullptr) context_.observer->OnMicroBatch(step, static_cast<int>(i), b);
-    at::Tensor hidden, scaled_loss;
-    {
-      RECORD_USER_SCOPE("qlora::forward");
-      hidden = model_->Forward(b.input_ids, b.forward);
-    }
-    {
-      RECORD_USER_SCOPE("qlora::loss");
-      engine::LossOptions loss_options;
-      // The gradient backward brings to loss_sum (0 when no rank has a target token).
-      if (scale.scale != 0) loss_options.grad_scale = scale.scale;
-      engine::CausalLmLoss loss =
-          engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels, loss_options);
-      const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
-      local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
-      scaled_loss = loss.loss_sum * scale.scale;
-    }
-    {
-      RECORD_USER_SCOPE("qlora::backward");
-      scaled_loss.backward();
-    }
-    {
-      RECORD_USER_SCOPE("qlora::grads");
-      QLORA_RETURN_IF_ERROR(strategy_->TakeGradsFromParams());
-      QLORA_RETURN_IF_ERROR(strategy_->EndMicroBatch());
+  {
+    // The adapters cast to the compute dtype once for all of this step's micro-batches; the
+    // copies go (the scope ends) before the optimizer changes the adapters.
+    const engine::AdapterCopyScope adapter_copies(model_->adapter_copies());
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const DeviceBatch& b = batches[i];
+      if (context_.observer != nullptr) context_.observer->OnMicroBatch(step, static_cast<int>(i), b);
+      at::Tensor hidden, scaled_loss;
+      {
+        RECORD_USER_SCOPE("qlora::forward");
+        hidden = model_->Forward(b.input_ids, b.forward);
+      }
+      {
+        RECORD_USER_SCOPE("qlora::loss");
+        engine::LossOptions loss_options;
+        // The gradient backward brings to loss_sum (0 when no rank has a target token).
+        if (scale.scale != 0) loss_options.grad_scale = scale.scale;
+        engine::CausalLmLoss loss =
+            engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels, loss_options);
+        const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
+        local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
+        scaled_loss = loss.loss_sum * scale.scale;
+      }
+      {
+        RECORD_USER_SCOPE("qlora::backward");
+        scaled_loss.backward();
+      }
+      {
+        RECORD_USER_SCOPE("qlora::grads");
+        QLORA_RETURN_IF_ERROR(strategy_->TakeGradsFromParams());
+        QLORA_RETURN_IF_ERROR(strategy_->EndMicroBatch());
+      }
     }
   }
-  adapter_copies.reset();
   const double lr = optim::LearningRate(schedule_, strategy_->steps_taken());
   {
     RECORD_USER_SCOPE("qlora::optimizer");
