@@ -12,6 +12,7 @@
 #                                                 profile and its attribution (bench/fair_bench.sh;
 #                                                 needs .device-wheels from scripts/device/wheels.sh)
 #   scripts/device/run_on_gpu.sh gemm             kernels/tuned_gemm_bench $GEMM_ARGS -> $OUT/gemm.txt
+#   scripts/device/run_on_gpu.sh dequant          kernels/dequantize_bench -> $OUT/dequant.txt
 # Results and logs go to $OUT. With SMI_LOG=1 the GPUs' SM clock, power draw, temperature and
 # clock-event (throttle) reasons are sampled every 200 ms meanwhile -> $OUT/smi.csv.
 set -uo pipefail
@@ -53,5 +54,7 @@ for what in "$@"; do
     gemm)
       # shellcheck disable=SC2086  # GEMM_ARGS is a list of arguments
       /tmp/qb/kernels/tuned_gemm_bench ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" ;;
+    dequant)
+      /tmp/qb/kernels/dequantize_bench 2>&1 | tee "$OUT/dequant.txt" ;;
   esac
 done

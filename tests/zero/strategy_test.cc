@@ -186,6 +186,28 @@ TEST(ZeroStrategy, RefusesACheckpointOfOtherParameters) {
   }
 }
 
+// The loss scale is 1 / the target tokens of all ranks (one rank: its own count, taken without
+// a collective); a step in which no rank has any is refused.
+TEST(ZeroStrategy, LossScaleCountsEveryRanksTargetTokens) {
+  for (const int world : {1, 2}) {
+    auto statuses = testing::RunGlooWorld(world, [&](int rank, comm::Communicator& c) {
+      SyntheticProblem p;
+      auto s = strategy::MakeStrategy(2, {}, c, p.MakeParams());
+      if (!s.ok()) return s.status();
+      auto scale = (*s)->ComputeLossScale(10 + rank);
+      if (!scale.ok()) return scale.status();
+      const int64_t expected = world == 1 ? 10 : 21;
+      EXPECT_EQ(scale->global_target_tokens, expected) << "world " << world;
+      EXPECT_EQ(scale->scale, 1.0 / static_cast<double>(expected)) << "world " << world;
+      auto none = (*s)->ComputeLossScale(0);
+      EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << "world " << world;
+      EXPECT_EQ((*s)->ComputeLossScale(-1).status().code(), absl::StatusCode::kInvalidArgument);
+      return absl::OkStatus();
+    });
+    for (const absl::Status& status : statuses) EXPECT_TRUE(status.ok()) << status;
+  }
+}
+
 TEST(ZeroStrategy, FactoryKnowsStagesZeroToTwo) {
   auto statuses = testing::RunGlooWorld(1, [&](int, comm::Communicator& c) {
     SyntheticProblem p;

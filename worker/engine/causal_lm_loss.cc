@@ -81,7 +81,7 @@ CausalLmLoss ComputeCausalLmLoss(const at::Tensor& hidden, const at::Tensor& lm_
   const at::Tensor targets =
       labels.to(hidden.device(), at::kLong).narrow(1, 1, seq - 1).reshape({batch * (seq - 1)});
   CausalLmLoss result;
-  result.num_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
+  if (options.count_tokens) result.num_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
   const bool with_gradient = at::GradMode::is_enabled() && hidden.requires_grad();
   result.loss_sum =
       ChunkedCrossEntropy::apply(h, lm_head.detach(), targets, options, with_gradient);

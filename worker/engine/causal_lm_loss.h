@@ -27,11 +27,15 @@ struct LossOptions {
   // folds it into the logits' gradient before rounding it; backward multiplies by the incoming
   // gradient over this (exactly 1 when it is right, so nothing is rounded twice). Not zero.
   double grad_scale = 1.0;
+  // Count the target tokens into CausalLmLoss::num_tokens: a read back from the device, which
+  // waits for every kernel queued so far. A caller that knows the count (the trainer counts its
+  // batches' targets on the host) turns it off and leaves the GPU's queue full.
+  bool count_tokens = true;
 };
 
 struct CausalLmLoss {
   at::Tensor loss_sum;  // float32 scalar, differentiable w.r.t. hidden
-  int64_t num_tokens = 0;  // labels != -100 after the shift
+  int64_t num_tokens = 0;  // labels != -100 after the shift (0 without count_tokens)
 };
 
 // hidden [batch, seq, hidden] (compute dtype), lm_head [vocab, hidden] (frozen),

@@ -1,5 +1,5 @@
 // Sums a few doubles over every rank of a communicator (losses, token counts, per-rank counts).
-// Collective. Torch side.
+// Collective (with one rank, the values themselves: no device work). Torch side.
 #pragma once
 
 #include <vector>

@@ -223,6 +223,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
         engine::LossOptions loss_options;
         // The gradient backward brings to loss_sum (0 when no rank has a target token).
         if (scale.scale != 0) loss_options.grad_scale = scale.scale;
+        loss_options.count_tokens = false;  // b.target_tokens has it, counted on the host
         engine::CausalLmLoss loss =
             engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels, loss_options);
         const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);

@@ -106,11 +106,14 @@ absl::StatusOr<LossScale> ZeroStrategy::ComputeLossScale(int64_t local_target_to
   if (local_target_tokens < 0) {
     return absl::InvalidArgumentError("strategy: negative target-token count");
   }
-  at::Tensor count = at::full({1}, static_cast<double>(local_target_tokens),
-                              Fp32().dtype(at::kDouble));
-  QLORA_RETURN_IF_ERROR(Collective(comm_.AllReduceSum(count, options_.collective_timeout)));
   LossScale scale;
-  scale.global_target_tokens = static_cast<int64_t>(count.item<double>());
+  scale.global_target_tokens = local_target_tokens;
+  if (comm_.world_size() > 1) {  // one rank's count is the global one: no device round trip
+    at::Tensor count = at::full({1}, static_cast<double>(local_target_tokens),
+                                Fp32().dtype(at::kDouble));
+    QLORA_RETURN_IF_ERROR(Collective(comm_.AllReduceSum(count, options_.collective_timeout)));
+    scale.global_target_tokens = static_cast<int64_t>(count.item<double>());
+  }
   if (scale.global_target_tokens == 0) {
     return absl::InvalidArgumentError("strategy: no rank has target tokens in this step");
   }
