@@ -1,9 +1,9 @@
 // qlora-dequantize-bench: the NF4 (double-quantized) -> bf16 dequantize kernel's time and memory
-// throughput for each work split (Dequantize4bitShape), at the base projections' weight shapes,
-// next to two bounds on the same output: a bf16 fill (writes only) and a bf16 copy.
+// throughput at the base projections' weight shapes, next to two bounds on the same output: a
+// bf16 fill (writes only: the dequantize writes 4 bytes for each one it reads) and a bf16 copy.
 //   dequantize_bench [repetitions]   (default 100 per batch, 3 batches, the best batch printed)
 // Bytes counted per weight: the packed codes (0.5 a value), the bf16 output (2 a value) and the
-// per-block absmax codes. Prints one line per shape and split, GB/s and microseconds.
+// per-block absmax codes. Prints microseconds and GB/s per weight shape.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 
@@ -18,8 +18,6 @@
 #include "kernels/quantize_4bit.h"
 
 namespace {
-
-using qlora::kernels::Dequantize4bitShape;
 
 // Milliseconds per call: the best of 3 batches of `repetitions` calls, timed by CUDA events.
 double TimeMs(const std::function<void()>& call, int repetitions) {
@@ -49,12 +47,6 @@ int main(int argc, char** argv) {
       {"7B gate 11008x4096", {11008, 4096}},
       {"70B q/o 8192x8192", {8192, 8192}},
       {"70B gate 28672x8192", {28672, 8192}}};
-  const std::vector<std::pair<const char*, Dequantize4bitShape>> shapes = {
-      {"4 B x 4", Dequantize4bitShape::k4BytesBy4},
-      {"8 B x 2", Dequantize4bitShape::k8BytesBy2},
-      {"16 B x 1", Dequantize4bitShape::k16BytesBy1},
-      {"16 B x 2", Dequantize4bitShape::k16BytesBy2},
-      {"default", Dequantize4bitShape::kDefault}};
   for (const auto& [name, dims] : weights) {
     const auto [rows, cols] = dims;
     const qlora::kernels::Quantized4bit q = qlora::kernels::Quantize4bit(
@@ -62,12 +54,10 @@ int main(int argc, char** argv) {
         qlora::kernels::Quantize4bitOptions{});
     const double values = static_cast<double>(rows) * static_cast<double>(cols);
     const double bytes = values * 2.5 + static_cast<double>(q.absmax.numel());
-    for (const auto& [split, shape] : shapes) {
-      const double ms = TimeMs([&] { (void)qlora::kernels::Dequantize4bit(q, at::kBFloat16, shape); },
-                               repetitions);
-      std::printf("%-20s dequantize %-8s %8.1f us %7.0f GB/s\n", name, split, ms * 1e3,
-                  bytes / ms / 1e6);
-    }
+    const double ms =
+        TimeMs([&] { (void)qlora::kernels::Dequantize4bit(q, at::kBFloat16); }, repetitions);
+    std::printf("%-20s dequantize nf4-dq    %8.1f us %7.0f GB/s\n", name, ms * 1e3,
+                bytes / ms / 1e6);
     at::Tensor out = at::empty({rows, cols}, at::dtype(at::kBFloat16).device(at::kCUDA));
     const at::Tensor source = at::randn_like(out);
     const double fill = TimeMs([&] { out.fill_(1.0); }, repetitions);

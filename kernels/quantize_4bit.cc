@@ -150,7 +150,7 @@ at::Tensor BlockAbsmax(const Quantized4bit& q) {
 
 at::Tensor Dequantize4bit(const Quantized4bit& q) { return Dequantize4bit(q, q.dtype); }
 
-at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype, Dequantize4bitShape shape) {
+at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype) {
   TORCH_CHECK(IsFloating(dtype), "Dequantize4bit produces float32, float16 or bfloat16, not ",
               dtype);
   TORCH_CHECK(IsPowerOfTwoIn(q.blocksize, 32, 4096),
@@ -195,12 +195,7 @@ at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype, Dequanti
     TORCH_CHECK(q.absmax.scalar_type() == at::kFloat, "absmax must be float32");
     source.absmax = &absmax;
   }
-  if (device.is_cuda()) {
-    TORCH_CHECK(HasCudaKernels(), "qlora_kernels was built without CUDA kernels");
-    CudaOnly(cuda::Dequantize4bit(packed, source, q.type, q.blocksize, out_flat, shape));
-  } else {
-    QLORA_DISPATCH_DEVICE(device, Dequantize4bit(packed, source, q.type, q.blocksize, out_flat));
-  }
+  QLORA_DISPATCH_DEVICE(device, Dequantize4bit(packed, source, q.type, q.blocksize, out_flat));
   return out;
 }
 

@@ -54,15 +54,9 @@ struct Quantized4bit {
 // Quantizes a float32, float16 or bfloat16 tensor (CPU or CUDA). Throws c10::Error on bad input.
 Quantized4bit Quantize4bit(const at::Tensor& input, const Quantize4bitOptions& options);
 
-// How the CUDA dequantize kernel splits its work: each thread loads `chunks` chunks of `bytes`
-// packed bytes (2 x bytes outputs each) before it decodes any. The same values whichever (the
-// CPU ignores it); kernels/dequantize_bench times them, and kDefault is the fastest there.
-enum class Dequantize4bitShape { k4BytesBy4, k8BytesBy2, k16BytesBy1, k16BytesBy2, kDefault };
-
 // Dequantizes to `q.dtype` (or `dtype` when given) with q.shape, on q.packed's device.
 at::Tensor Dequantize4bit(const Quantized4bit& q);
-at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype,
-                          Dequantize4bitShape shape = Dequantize4bitShape::kDefault);
+at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.
 at::Tensor BlockAbsmax(const Quantized4bit& q);

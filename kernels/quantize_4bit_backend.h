@@ -1,5 +1,4 @@
-// Internal: the two implementations behind quantize_4bit.h, with identical signatures (the
-// CUDA dequantize also takes its work split). The
+// Internal: the two implementations behind quantize_4bit.h, with identical signatures. The
 // entry points in quantize_4bit.cc validate arguments, allocate outputs and pick one by device;
 // these functions assume contiguous, correctly sized tensors on their device.
 #pragma once
@@ -51,10 +50,9 @@ void QuantizeBlockwise8bit(const at::Tensor& x, int64_t blocksize, at::Tensor& c
 void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
                              const at::Tensor& code, int64_t blocksize, float offset,
                              at::Tensor& out);
-// out [n] (float32/float16/bfloat16) = lut[nibble] * absmax[block], the work split by `shape`.
+// out [n] (float32/float16/bfloat16) = lut[nibble] * absmax[block].
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& absmax, QuantType type,
-                    int64_t blocksize, at::Tensor& out,
-                    Dequantize4bitShape shape = Dequantize4bitShape::kDefault);
+                    int64_t blocksize, at::Tensor& out);
 }  // namespace cuda
 
 }  // namespace qlora::kernels

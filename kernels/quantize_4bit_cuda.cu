@@ -7,8 +7,7 @@
 // Kernels:
 //   Quantize4bitKernel          one warp per quantization block: absmax, then codes, packed pairs
 //   QuantizeBlockwise8bitKernel one warp per block of absmax values, dynamic map in shared memory
-//   Dequantize4bitKernel        kChunks loads of kBytes packed bytes a thread, loads first,
-//                               16-byte stores
+//   Dequantize4bitKernel        4 packed words (32 outputs) a thread, loads first, 16-byte stores
 //   DequantizeBlockwise8bitKernel  absmax = code[q] * absmax2 + offset, one thread per value
 #include <cstdint>
 
@@ -28,6 +27,7 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kThreads = 256;
+constexpr int kPackedPerThread = 4;  // one 4-byte load of packed codes -> 8 outputs
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -123,34 +123,28 @@ __device__ __forceinline__ T ToOutput(float v) {
   return static_cast<T>(v);  // c10::Half / c10::BFloat16 convert with round-to-nearest-even
 }
 
-// A chunk is kBytes packed bytes (one 4-, 8- or 16-byte load) -> 2 kBytes outputs; blocksizes
-// are powers of two >= 32, so a chunk's outputs share one absmax. Thread t of a CUDA block
-// decodes chunks tile + u * blockDim + t for u < kChunks: for each u a warp loads 32 kBytes
-// contiguous bytes and stores 128 kBytes contiguous bytes of bf16 (4 kBytes a lane, in 16-byte
-// stores). The kernel is bound by the latency of its loads (the packed word, then the nested
-// absmax's dependent pair), so all of a thread's loads are issued before any decode. History at
-// 4-byte chunks: one chunk a thread: 21.6 ms of dequantize in a 7B step at micro-batch 4; four:
-// 16.0 ms, ~2.8 TB/s; eight: 17.5 ms. Dequantize4bitShape names the shapes
-// kernels/dequantize_bench times; kDefaultShape is the fastest there.
+// A chunk is 4 packed bytes (one 4-byte word) -> 8 outputs; blocksizes are powers of two >= 32,
+// so a chunk's 8 outputs share one absmax. Thread t of a CUDA block decodes chunks
+// tile + u * blockDim + t for u < kChunksPerThread: for each u a warp loads 128 contiguous
+// bytes and stores 512 contiguous bytes of bf16 (16 bytes a lane). The kernel is bound by the
+// latency of its loads (the packed word, then the nested absmax's dependent pair), so all of a
+// thread's loads are issued before any decode: four words in flight per thread instead of one
+// (one: 21.6 ms of dequantize in a 7B step at micro-batch 4; four: 16.0 ms, ~2.8 TB/s; eight:
+// 17.5 ms, so more words in flight do not help: the stores bound it now). kernels/
+// dequantize_bench on an H200 (bench/results/2026-12-01-h200-round8-dequant.txt): 3.0-3.5 TB/s
+// counting the bytes read and written, i.e. its bf16 writes as fast as a bf16 fill's (2.8-3.3
+// TB/s); 8- and 16-byte chunks a thread were 5-45 % slower.
 // The last, partial tile (and unaligned views) take the chunk-by-chunk path, byte by byte at
 // the tail.
-template <int kBytes>
-struct PackedLoad;
-template <>
-struct PackedLoad<4> { using type = unsigned int; };
-template <>
-struct PackedLoad<8> { using type = uint2; };
-template <>
-struct PackedLoad<16> { using type = uint4; };
+constexpr int kChunksPerThread = 4;
 
-template <typename T, int kBytes>
-__device__ __forceinline__ void DecodeChunk(const typename PackedLoad<kBytes>::type& word,
-                                            float a, const float* lut, T* dst) {
-  alignas(kBytes) uint8_t bytes[kBytes];
-  *reinterpret_cast<typename PackedLoad<kBytes>::type*>(bytes) = word;
-  alignas(16) T vals[2 * kBytes];
+template <typename T>
+__device__ __forceinline__ void DecodeChunk(unsigned int word, float a, const float* lut, T* dst) {
+  alignas(4) uint8_t bytes[kPackedPerThread];
+  *reinterpret_cast<unsigned int*>(bytes) = word;
+  alignas(16) T vals[2 * kPackedPerThread];
 #pragma unroll
-  for (int j = 0; j < kBytes; ++j) {
+  for (int j = 0; j < kPackedPerThread; ++j) {
     vals[2 * j] = ToOutput<T>(math::MulFtz(lut[bytes[j] >> 4], a));
     vals[2 * j + 1] = ToOutput<T>(math::MulFtz(lut[bytes[j] & 0x0F], a));
   }
@@ -160,41 +154,40 @@ __device__ __forceinline__ void DecodeChunk(const typename PackedLoad<kBytes>::t
   for (int s = 0; s < kStores; ++s) out[s] = reinterpret_cast<const uint4*>(vals)[s];
 }
 
-template <typename T, int kBytes, int kChunks>
+template <typename T>
 __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
                                      bool vector_io, T* __restrict__ out) {
-  using Word = typename PackedLoad<kBytes>::type;
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = table.v[threadIdx.x];
   __syncthreads();
-  constexpr int64_t kOutputsPerChunk = 2 * kBytes;
-  const int64_t tile = int64_t{blockIdx.x} * blockDim.x * kChunks;
-  const int64_t last_chunk = tile + (kChunks - 1) * blockDim.x + threadIdx.x;
-  const auto* words = reinterpret_cast<const Word*>(packed);
+  constexpr int64_t kOutputsPerChunk = 2 * kPackedPerThread;
+  const int64_t tile = int64_t{blockIdx.x} * blockDim.x * kChunksPerThread;
+  const int64_t last_chunk = tile + (kChunksPerThread - 1) * blockDim.x + threadIdx.x;
+  const auto* words = reinterpret_cast<const unsigned int*>(packed);
   if (vector_io && (last_chunk + 1) * kOutputsPerChunk <= n) {
-    Word word[kChunks];
-    float a[kChunks];
+    unsigned int word[kChunksPerThread];
+    float a[kChunksPerThread];
 #pragma unroll
-    for (int u = 0; u < kChunks; ++u) {
+    for (int u = 0; u < kChunksPerThread; ++u) {
       const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
       word[u] = __ldg(words + chunk);
       a[u] = LoadAbsmax(absmax_args, (chunk * kOutputsPerChunk) >> log2_blocksize);
     }
 #pragma unroll
-    for (int u = 0; u < kChunks; ++u) {
+    for (int u = 0; u < kChunksPerThread; ++u) {
       const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
-      DecodeChunk<T, kBytes>(word[u], a[u], lut, out + chunk * kOutputsPerChunk);
+      DecodeChunk(word[u], a[u], lut, out + chunk * kOutputsPerChunk);
     }
     return;
   }
-  for (int u = 0; u < kChunks; ++u) {
+  for (int u = 0; u < kChunksPerThread; ++u) {
     const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
     const int64_t first = chunk * kOutputsPerChunk;
     if (first >= n) return;
     const float a = LoadAbsmax(absmax_args, first >> log2_blocksize);
     if (vector_io && first + kOutputsPerChunk <= n) {
-      DecodeChunk<T, kBytes>(__ldg(words + chunk), a, lut, out + first);
+      DecodeChunk(__ldg(words + chunk), a, lut, out + first);
       continue;
     }
     const int64_t last = min(n, first + kOutputsPerChunk);
@@ -276,23 +269,8 @@ void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-namespace {
-
-template <typename T, int kBytes, int kChunks>
-void LaunchDequantize4bit(const uint8_t* in, int64_t n, int log2_blocksize, const AbsmaxArgs& args,
-                          const Codebook16& table, T* dst, cudaStream_t stream) {
-  const bool vector_io = reinterpret_cast<uintptr_t>(in) % kBytes == 0 &&
-                         reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  const int64_t chunks = CeilDiv(n, 2 * kBytes);
-  Dequantize4bitKernel<T, kBytes, kChunks><<<Grid(CeilDiv(chunks, kChunks)), kThreads, 0, stream>>>(
-      in, n, log2_blocksize, args, table, vector_io, dst);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-}  // namespace
-
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantType type,
-                    int64_t blocksize, at::Tensor& out, Dequantize4bitShape shape) {
+                    int64_t blocksize, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(packed.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t n = out.numel();
@@ -308,21 +286,15 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
   }
   const Codebook16 table = type == QuantType::kNF4 ? kNf4Values : kFp4Values;
   const uint8_t* in = packed.const_data_ptr<uint8_t>();
-  const int log2_blocksize = Log2(blocksize);
   DispatchFloating(out.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     T* dst = out.mutable_data_ptr<T>();
-    switch (shape) {
-      case Dequantize4bitShape::kDefault:
-      case Dequantize4bitShape::k4BytesBy4:
-        return LaunchDequantize4bit<T, 4, 4>(in, n, log2_blocksize, args, table, dst, stream);
-      case Dequantize4bitShape::k8BytesBy2:
-        return LaunchDequantize4bit<T, 8, 2>(in, n, log2_blocksize, args, table, dst, stream);
-      case Dequantize4bitShape::k16BytesBy1:
-        return LaunchDequantize4bit<T, 16, 1>(in, n, log2_blocksize, args, table, dst, stream);
-      case Dequantize4bitShape::k16BytesBy2:
-        return LaunchDequantize4bit<T, 16, 2>(in, n, log2_blocksize, args, table, dst, stream);
-    }
+    const bool vector_io = reinterpret_cast<uintptr_t>(in) % 4 == 0 &&
+                           reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+    const int64_t chunks = CeilDiv(n, 2 * kPackedPerThread);
+    Dequantize4bitKernel<T><<<Grid(CeilDiv(chunks, kChunksPerThread)), kThreads, 0, stream>>>(
+        in, n, Log2(blocksize), args, table, vector_io, dst);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 

@@ -10,7 +10,6 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -163,10 +162,7 @@ class AlgorithmCache {
     const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(plan);
     std::vector<GemmCandidateTiming> result;
     for (const Timing& t : Time(call, plan, candidates, out)) {
-      result.push_back({t.index < 0 ? "aten"
-                                    : Describe(candidates[t.index]) + " workspace=" +
-                                          std::to_string(WorkspaceOf(plan, candidates[t.index])),
-                        t.ms});
+      result.push_back({t.index < 0 ? "aten" : Describe(candidates[t.index]), t.ms});
     }
     Destroy(plan);
     return result;
@@ -252,56 +248,26 @@ class AlgorithmCache {
     return plan;
   }
 
-  // cuBLASLt's heuristic candidates for the plan's shape, split-K ones left out: those it
-  // proposes within the workspace, then (half as many) those it proposes with none. The
-  // former's kernels (Hopper's nvjet) mostly zero 4 bytes of the workspace before each launch:
-  // ~1,280 one-microsecond memsets in a 7B step at micro-batch 4 (round 7's trace), each with
-  // its own ~1.7 us gap before the GEMM starts. The tuner times both kinds, memsets included.
+  // cuBLASLt's heuristic candidates for the plan's shape, split-K ones left out.
   std::vector<cublasLtMatmulAlgo_t> Candidates(const Plan& plan) const {
-    std::vector<cublasLtMatmulAlgo_t> candidates;
-    const int n = std::max(options_.candidates, 1);
-    for (const auto& [ws, count] : {std::pair<uint64_t, int>{WorkspaceBytes(), n},
-                                    std::pair<uint64_t, int>{0, std::max(n / 2, 1)}}) {
-      for (const cublasLtMatmulAlgo_t& algo : Heuristic(plan, ws, count)) {
-        const bool seen = std::any_of(candidates.begin(), candidates.end(), [&](const auto& c) {
-          return std::memcmp(&c, &algo, sizeof(algo)) == 0;
-        });
-        if (!seen) candidates.push_back(algo);
-      }
-    }
-    return candidates;
-  }
-
-  // Up to `count` of cuBLASLt's heuristic results within `workspace` bytes, split-K left out.
-  std::vector<cublasLtMatmulAlgo_t> Heuristic(const Plan& plan, uint64_t workspace,
-                                              int count) const {
     cublasLtMatmulPreference_t pref = nullptr;
     Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &workspace, sizeof(workspace));
-    std::vector<cublasLtMatmulHeuristicResult_t> results(count);
+    const uint64_t ws = WorkspaceBytes();
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(options_.candidates, 1));
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x, plan.y, plan.d, plan.d, pref,
         static_cast<int>(results.size()), results.data(), &returned);
     cublasLtMatmulPreferenceDestroy(pref);
-    std::vector<cublasLtMatmulAlgo_t> algos;
-    if (status != CUBLAS_STATUS_SUCCESS) return algos;
+    std::vector<cublasLtMatmulAlgo_t> candidates;
+    if (status != CUBLAS_STATUS_SUCCESS) return candidates;
     for (int i = 0; i < returned; ++i) {
       if (results[i].state != CUBLAS_STATUS_SUCCESS || SplitK(results[i].algo) > 1) continue;
-      algos.push_back(results[i].algo);
+      candidates.push_back(results[i].algo);
     }
-    return algos;
-  }
-
-  // The workspace bytes cuBLASLt says `algo` takes for the plan's shape.
-  size_t WorkspaceOf(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
-    cublasLtMatmulHeuristicResult_t result{};
-    if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x,
-                                plan.y, plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS) {
-      return 0;
-    }
-    return result.workspaceSize;
+    return candidates;
   }
 
   // out = beta * out + alpha * (a @ b) with `algo`, on the current stream and ATen's workspace.

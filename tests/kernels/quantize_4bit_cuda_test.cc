@@ -2,6 +2,7 @@
 // (plain, double-quantized, every output dtype, aligned and unaligned packed views), quantization
 // with identical absmax and at most rare neighbouring-code differences (CUDA's approximate
 // reciprocal vs the CPU's exact one), and the 8-bit double-quantization step. Skips without a GPU.
+// (The dequantize kernel's speed: kernels/dequantize_bench.)
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -137,41 +138,6 @@ TEST_F(KernelsCuda, UnalignedPackedViewTakesTheScalarPath) {
   shifted.packed.copy_(q.packed);
   EXPECT_TRUE(BitEqual(Dequantize4bit(shifted), Dequantize4bit(q)));
   EXPECT_TRUE(BitEqual(Dequantize4bit(shifted), Dequantize4bit(ToDevice(q, at::kCPU))));
-}
-
-// Every work split of the dequantize kernel gives the CPU oracle's values bit for bit: sizes
-// with partial tiles and odd tails, every output dtype, plain and double-quantized absmax, and a
-// packed view off the 16-byte alignment the widest loads need. (Their speeds:
-// kernels/dequantize_bench.)
-TEST_F(KernelsCuda, EveryDequantizeWorkSplitMatchesTheOracle) {
-  at::manual_seed(11);
-  const Dequantize4bitShape splits[] = {Dequantize4bitShape::k4BytesBy4,
-                                        Dequantize4bitShape::k8BytesBy2,
-                                        Dequantize4bitShape::k16BytesBy1,
-                                        Dequantize4bitShape::k16BytesBy2,
-                                        Dequantize4bitShape::kDefault};
-  for (const int64_t n : {int64_t{64} * 4096 * 3, int64_t{1} << 20 | 1, int64_t{32 * 257 + 7}}) {
-    for (const bool double_quant : {false, true}) {
-      Quantize4bitOptions o;
-      o.double_quant = double_quant;
-      const Quantized4bit q = Quantize4bit(at::randn({n}).cuda(), o);
-      Quantized4bit shifted = q;  // the same codes 4 bytes past a 16-byte boundary
-      at::Tensor storage = at::empty({q.packed.numel() + 4}, q.packed.options());
-      shifted.packed = storage.slice(0, 4);
-      shifted.packed.copy_(q.packed);
-      const Quantized4bit on_cpu = ToDevice(q, at::kCPU);
-      for (at::ScalarType out : {at::kFloat, at::kHalf, at::kBFloat16}) {
-        const at::Tensor oracle = Dequantize4bit(on_cpu, out);
-        for (const Dequantize4bitShape split : splits) {
-          const std::string what = "n " + std::to_string(n) + " dq " +
-                                   std::to_string(double_quant) + " -> " + c10::toString(out) +
-                                   " split " + std::to_string(static_cast<int>(split));
-          EXPECT_TRUE(BitEqual(Dequantize4bit(q, out, split), oracle)) << what;
-          EXPECT_TRUE(BitEqual(Dequantize4bit(shifted, out, split), oracle)) << what << " shifted";
-        }
-      }
-    }
-  }
 }
 
 }  // namespace
