@@ -1,6 +1,7 @@
 // AdapterCopies (worker/engine/adapter_copies.h): inside a scope each adapter is cast once and
-// the copy handed back afterwards; outside, a fresh cast every time; the last scope's end drops
-// every copy, so the next scope sees the adapters' new values.
+// the copy handed back afterwards; outside, a fresh cast every time; after the last scope's end
+// the next scope casts the adapters' new values again, into the same storage, and a copy that a
+// scope did not use is freed at its end.
 #include <ATen/ATen.h>
 
 #include "gtest/gtest.h"
@@ -21,9 +22,11 @@ TEST(EngineAdapterCopies, OutsideAScopeEveryCallCasts) {
 TEST(EngineAdapterCopies, InsideAScopeTheFirstCastIsHandedBack) {
   AdapterCopies copies;
   const at::Tensor a = at::randn({4, 8}), b = at::randn({16, 4});
+  const void* a1_storage = nullptr;
   {
     AdapterCopyScope scope(copies);
     const at::Tensor a1 = copies.Get(a, at::kBFloat16);
+    a1_storage = a1.data_ptr();
     EXPECT_TRUE(at::equal(a1, a.to(at::kBFloat16)));
     EXPECT_EQ(copies.Get(a, at::kBFloat16).data_ptr(), a1.data_ptr());
     // Another dtype or another tensor is another copy.
@@ -34,22 +37,39 @@ TEST(EngineAdapterCopies, InsideAScopeTheFirstCastIsHandedBack) {
     at::Tensor(a).mul_(2);
     EXPECT_TRUE(at::equal(copies.Get(a, at::kBFloat16), a1));
   }
-  EXPECT_EQ(copies.cached_bytes(), 0);
-  // A new scope casts again, from the parameter's current values.
-  AdapterCopyScope scope(copies);
-  EXPECT_TRUE(at::equal(copies.Get(a, at::kBFloat16), a.to(at::kBFloat16)));
+  EXPECT_EQ(copies.cached_bytes(), (32 + 32 + 64) * 2);  // kept for the next scope
+  {
+    // A new scope casts again, from the parameter's current values, into the same storage.
+    AdapterCopyScope scope(copies);
+    const at::Tensor again = copies.Get(a, at::kBFloat16);
+    EXPECT_TRUE(at::equal(again, a.to(at::kBFloat16)));
+    EXPECT_FALSE(at::equal(again, (a / 2).to(at::kBFloat16)));
+    EXPECT_EQ(again.data_ptr(), a1_storage);
+  }
+  // The copies of b and of a in half precision were not used in that scope: freed.
+  EXPECT_EQ(copies.cached_bytes(), 32 * 2);
 }
 
 TEST(EngineAdapterCopies, ConcatenationsAreCachedByTheirMembers) {
   AdapterCopies copies;
   const at::Tensor q = at::randn({4, 8}), k = at::randn({2, 8}), v = at::randn({4, 8});
+  const void* storage = nullptr;
+  {
+    AdapterCopyScope scope(copies);
+    const at::Tensor qkv = copies.Get({q, k, v}, at::kBFloat16);
+    storage = qkv.data_ptr();
+    EXPECT_TRUE(at::equal(qkv, at::cat({q, k, v}).to(at::kBFloat16)));
+    EXPECT_EQ(copies.Get({q, k, v}, at::kBFloat16).data_ptr(), qkv.data_ptr());
+    // Other members or another order: another copy.
+    EXPECT_NE(copies.Get({q, v, k}, at::kBFloat16).data_ptr(), qkv.data_ptr());
+    EXPECT_TRUE(at::equal(copies.Get({q, v}, at::kBFloat16), at::cat({q, v}).to(at::kBFloat16)));
+  }
+  // The next scope casts the members' new values into the same storage, member by member.
+  at::Tensor(k).add_(1);
   AdapterCopyScope scope(copies);
-  const at::Tensor qkv = copies.Get({q, k, v}, at::kBFloat16);
-  EXPECT_TRUE(at::equal(qkv, at::cat({q, k, v}).to(at::kBFloat16)));
-  EXPECT_EQ(copies.Get({q, k, v}, at::kBFloat16).data_ptr(), qkv.data_ptr());
-  // Other members or another order: another copy.
-  EXPECT_NE(copies.Get({q, v, k}, at::kBFloat16).data_ptr(), qkv.data_ptr());
-  EXPECT_TRUE(at::equal(copies.Get({q, v}, at::kBFloat16), at::cat({q, v}).to(at::kBFloat16)));
+  const at::Tensor again = copies.Get({q, k, v}, at::kBFloat16);
+  EXPECT_EQ(again.data_ptr(), storage);
+  EXPECT_TRUE(at::equal(again, at::cat({q, k, v}).to(at::kBFloat16)));
 }
 
 TEST(EngineAdapterCopies, NestedScopesKeepTheCopiesUntilTheLastEnds) {
@@ -62,8 +82,13 @@ TEST(EngineAdapterCopies, NestedScopesKeepTheCopiesUntilTheLastEnds) {
     first = copies.Get(a, at::kBFloat16);
   }
   EXPECT_EQ(copies.Get(a, at::kBFloat16).data_ptr(), first.data_ptr());
+  const at::Tensor before = a.to(at::kBFloat16);
+  at::Tensor(a).mul_(3);
+  // Still the outer scope: the copy is not cast again.
+  EXPECT_TRUE(at::equal(copies.Get(a, at::kBFloat16), before));
   outer.reset();
-  EXPECT_EQ(copies.cached_bytes(), 0);
+  AdapterCopyScope next(copies);
+  EXPECT_TRUE(at::equal(copies.Get(a, at::kBFloat16), a.to(at::kBFloat16)));
 }
 
 }  // namespace

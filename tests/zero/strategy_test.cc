@@ -39,6 +39,7 @@ struct RunSpec {
   std::string load;
   std::string save;
   int64_t bucket_elements = 40;  // several stage-2 buckets, one parameter larger than a bucket
+  bool one_by_one = false;       // gradients through OnGradientReady, one call per parameter
 };
 
 RunResult RunWorld(const SyntheticProblem& p, const RunSpec& spec) {
@@ -61,7 +62,8 @@ RunResult RunWorld(const SyntheticProblem& p, const RunSpec& spec) {
       if (!resumed.ok()) return resumed.status();
       result.resumed[rank] = *resumed;
     }
-    absl::Status st = testing::TrainSteps(p, **s, spec.world, rank, spec.from, spec.to);
+    absl::Status st =
+        testing::TrainSteps(p, **s, spec.world, rank, spec.from, spec.to, spec.one_by_one);
     if (st.ok() && !spec.save.empty()) st = (*s)->SaveCheckpoint(spec.save);
     for (const auto& param : (*s)->params()) result.params[rank].push_back(param.tensor.detach().clone());
     result.memory[rank] = (*s)->Memory();
@@ -205,6 +207,27 @@ TEST(ZeroStrategy, LossScaleCountsEveryRanksTargetTokens) {
       return absl::OkStatus();
     });
     for (const absl::Status& status : statuses) EXPECT_TRUE(status.ok()) << status;
+  }
+}
+
+// TakeGradsFromParams hands all of a micro-batch's gradients over at once (one multi-tensor
+// add where nothing is reduced in buckets: stages 0-1, and stage 2 on one rank); the weights
+// are bit for bit those of reporting them one OnGradientReady call at a time.
+TEST(ZeroStrategy, GradientsTakenTogetherEqualThemOneByOne) {
+  SyntheticProblem p;
+  for (const int world : {1, 2}) {
+    for (const int stage : {0, 1, 2}) {
+      RunSpec together;
+      together.stage = stage;
+      together.world = world;
+      RunSpec one_by_one = together;
+      one_by_one.one_by_one = true;
+      const RunResult a = RunWorld(p, together), b = RunWorld(p, one_by_one);
+      for (size_t k = 0; k < a.params[0].size(); ++k) {
+        EXPECT_TRUE(at::equal(a.params[0][k], b.params[0][k]))
+            << "world " << world << " stage " << stage << " parameter " << k;
+      }
+    }
   }
 }
 

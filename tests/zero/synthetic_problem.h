@@ -99,9 +99,22 @@ inline std::vector<at::Tensor> ReferenceTrain(const SyntheticProblem& p, int ste
   return out;
 }
 
-// One rank's training steps [from, to) through a strategy, as the engine drives it.
+// Hands the micro-batch's gradients to the strategy one OnGradientReady call per parameter
+// (last first, as backward produces them) instead of TakeGradsFromParams' one batch.
+inline absl::Status ReportGradsOneByOne(strategy::DistributedStrategy& s) {
+  for (int i = static_cast<int>(s.params().size()) - 1; i >= 0; --i) {
+    at::Tensor& grad = s.params()[i].tensor.mutable_grad();
+    if (!grad.defined()) continue;
+    if (absl::Status st = s.OnGradientReady(i, grad); !st.ok()) return st;
+    grad.reset();
+  }
+  return absl::OkStatus();
+}
+
+// One rank's training steps [from, to) through a strategy, as the engine drives it
+// (one_by_one: the gradients reported parameter by parameter).
 inline absl::Status TrainSteps(const SyntheticProblem& p, strategy::DistributedStrategy& s,
-                               int world, int rank, int from, int to) {
+                               int world, int rank, int from, int to, bool one_by_one = false) {
   for (int step = from; step < to; ++step) {
     auto scale = s.ComputeLossScale(p.StepTokens(step, world, rank));
     if (!scale.ok()) return scale.status();
@@ -113,7 +126,7 @@ inline absl::Status TrainSteps(const SyntheticProblem& p, strategy::DistributedS
         loss = loss + p.SampleLoss(s.params(), step, mine[i]);
       }
       (loss * scale->scale).backward();
-      absl::Status st = s.TakeGradsFromParams();
+      absl::Status st = one_by_one ? ReportGradsOneByOne(s) : s.TakeGradsFromParams();
       if (st.ok()) st = s.EndMicroBatch();
       if (!st.ok()) return st;
     }

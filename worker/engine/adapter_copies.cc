@@ -1,4 +1,4 @@
-// AdapterCopies: compute-dtype copies of the adapters, kept for the length of a scope.
+// AdapterCopies: compute-dtype copies of the adapters, cast once a scope into kept storage.
 #include "worker/engine/adapter_copies.h"
 
 #include <ATen/ATen.h>
@@ -29,14 +29,23 @@ at::Tensor AdapterCopies::Get(at::TensorList params, at::ScalarType dtype) {
   for (const at::Tensor& p : sources) std::get<0>(key).emplace_back(p.data_ptr(), p.sizes().vec());
   std::get<1>(key) = static_cast<int>(dtype);
   auto it = copies_.find(key);
-  if (it == copies_.end()) it = copies_.emplace(std::move(key), CastAdapters(sources, dtype)).first;
-  return it->second;
+  if (it == copies_.end()) {
+    it = copies_.emplace(std::move(key), Copy{CastAdapters(sources, dtype), true}).first;
+  } else if (!it->second.current) {  // made in an earlier scope: cast again into its storage
+    int64_t row = 0;
+    for (const at::Tensor& p : sources) {
+      it->second.tensor.narrow(0, row, p.size(0)).copy_(p);
+      row += p.size(0);
+    }
+    it->second.current = true;
+  }
+  return it->second.tensor;
 }
 
 int64_t AdapterCopies::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t total = 0;
-  for (const auto& [key, copy] : copies_) total += copy.nbytes();
+  for (const auto& [key, copy] : copies_) total += copy.tensor.nbytes();
   return total;
 }
 
@@ -46,9 +55,17 @@ void AdapterCopies::Enter() {
 }
 
 void AdapterCopies::Leave() {
-  std::map<Key, at::Tensor> dropped;  // freed outside the lock
+  std::vector<at::Tensor> dropped;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mu_);
-  if (--scopes_ == 0) dropped.swap(copies_);
+  if (--scopes_ > 0) return;
+  for (auto it = copies_.begin(); it != copies_.end();) {
+    if (it->second.current) {
+      (it++)->second.current = false;
+    } else {  // not used in the scope that ended
+      dropped.push_back(std::move(it->second.tensor));
+      it = copies_.erase(it);
+    }
+  }
 }
 
 }  // namespace qlora::engine

@@ -22,7 +22,9 @@ void AdamW::Step(double lr, const at::Tensor& param, const at::Tensor& grad) {
   const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_));
   const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(step_));
   const double step_size = lr / bias_correction1;
-  at::Tensor denom = (exp_avg_sq_.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
+  // One temporary (the same roundings as sqrt(v) / sqrt(bc2) + eps written out of place).
+  at::Tensor denom = exp_avg_sq_.sqrt();
+  denom.div_(std::sqrt(bias_correction2)).add_(o.eps);
   param.addcdiv_(exp_avg_, denom, -step_size);
 }
 

@@ -1,5 +1,5 @@
 // MakeStrategy (the only place that maps a ZeRO stage to a plan) and the shared
-// DistributedStrategy::TakeGradsFromParams.
+// DistributedStrategy::TakeGradsFromParams and OnGradientsReady.
 #include "worker/strategy/strategy.h"
 
 #include <utility>
@@ -12,15 +12,28 @@
 
 namespace qlora::strategy {
 
+absl::Status DistributedStrategy::OnGradientsReady(const std::vector<int>& param_indices,
+                                                   const std::vector<at::Tensor>& grads) {
+  if (param_indices.size() != grads.size()) {
+    return absl::InvalidArgumentError("strategy: one gradient per parameter index");
+  }
+  for (size_t k = 0; k < grads.size(); ++k) {
+    QLORA_RETURN_IF_ERROR(OnGradientReady(param_indices[k], grads[k]));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DistributedStrategy::TakeGradsFromParams() {
   const std::vector<TrainableParam>& all = params();
+  std::vector<int> indices;
+  std::vector<at::Tensor> grads;
   for (int i = static_cast<int>(all.size()) - 1; i >= 0; --i) {
     at::Tensor& grad = all[i].tensor.mutable_grad();
     if (!grad.defined()) continue;
-    QLORA_RETURN_IF_ERROR(OnGradientReady(i, grad));
-    grad.reset();
+    indices.push_back(i);
+    grads.push_back(std::exchange(grad, at::Tensor()));
   }
-  return absl::OkStatus();
+  return OnGradientsReady(indices, grads);
 }
 
 absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(

@@ -103,6 +103,11 @@ class DistributedStrategy {
   // once per parameter and micro-batch, in any order; parameters never reported count as zero.
   virtual absl::Status OnGradientReady(int param_index, const at::Tensor& grad) = 0;
 
+  // The same for several parameters at once (param_indices[k]'s gradient is grads[k]): what
+  // OnGradientReady does for each, in order; a strategy may do it in fewer launches.
+  virtual absl::Status OnGradientsReady(const std::vector<int>& param_indices,
+                                        const std::vector<at::Tensor>& grads);
+
   // For engines that let autograd accumulate into .grad(): reports every defined .grad() (last
   // parameter first, the order of backward) and resets it.
   absl::Status TakeGradsFromParams();

@@ -153,7 +153,7 @@ absl::Status ZeroStrategy::OnGradientReady(int param_index, const at::Tensor& gr
         "strategy: gradient of '", params_[param_index].name, "' has the wrong size"));
   }
   at::Tensor flat_grad = grad.detach().reshape({-1});
-  if (!plan_.partition_gradients) {
+  if (!ReducesInBuckets()) {
     Slice(grad_, range).add_(flat_grad);
     return absl::OkStatus();
   }
@@ -174,6 +174,32 @@ absl::Status ZeroStrategy::OnGradientReady(int param_index, const at::Tensor& gr
     --bucket.pending;
   }
   return LaunchReadyBuckets(/*flush=*/false);
+}
+
+absl::Status ZeroStrategy::OnGradientsReady(const std::vector<int>& param_indices,
+                                            const std::vector<at::Tensor>& grads) {
+  if (ReducesInBuckets() || param_indices.size() != grads.size()) {
+    return DistributedStrategy::OnGradientsReady(param_indices, grads);
+  }
+  if (!broken_.ok()) return absl::FailedPreconditionError(broken_.message());
+  // One multi-tensor add for all of them: the same sums as one add_ each, without a launch
+  // (and ~5 us of host time, longer than the add itself) per parameter.
+  std::vector<at::Tensor> sums, addends;
+  for (size_t k = 0; k < grads.size(); ++k) {
+    const int i = param_indices[k];
+    if (i < 0 || i >= layout_.num_params()) {
+      return absl::InvalidArgumentError(absl::StrCat("strategy: no parameter ", i));
+    }
+    const FlatRange range = layout_.Param(i);
+    if (!grads[k].defined() || grads[k].numel() != range.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("strategy: gradient of '", params_[i].name, "' has the wrong size"));
+    }
+    sums.push_back(Slice(grad_, range));
+    addends.push_back(grads[k].detach().reshape({-1}));
+  }
+  at::_foreach_add_(sums, addends);
+  return absl::OkStatus();
 }
 
 absl::Status ZeroStrategy::LaunchReadyBuckets(bool flush) {
@@ -203,7 +229,7 @@ absl::Status ZeroStrategy::LaunchReadyBuckets(bool flush) {
 
 absl::Status ZeroStrategy::EndMicroBatch() {
   if (!broken_.ok()) return absl::FailedPreconditionError(broken_.message());
-  if (!plan_.partition_gradients) return absl::OkStatus();
+  if (!ReducesInBuckets()) return absl::OkStatus();
   QLORA_RETURN_IF_ERROR(LaunchReadyBuckets(/*flush=*/true));
   next_bucket_ = 0;
   std::fill(reported_.begin(), reported_.end(), false);
@@ -213,30 +239,34 @@ absl::Status ZeroStrategy::EndMicroBatch() {
 
 absl::StatusOr<StepReport> ZeroStrategy::Step(double lr) {
   if (!broken_.ok()) return absl::FailedPreconditionError(broken_.message());
-  if (plan_.partition_gradients &&
+  if (ReducesInBuckets() &&
       std::any_of(reported_.begin(), reported_.end(), [](bool r) { return r; })) {
     QLORA_RETURN_IF_ERROR(EndMicroBatch());
   }
   const absl::Duration timeout = options_.collective_timeout;
+  const bool alone = comm_.world_size() == 1;  // owns everything: nothing to reduce
   at::Tensor grad = grad_;  // this rank's owned gradient, Owned().size() elements
-  if (!plan_.partition_optimizer) {
+  if (!alone && !plan_.partition_optimizer) {
     for (int64_t begin = 0; begin < layout_.padded_numel(); begin += options_.bucket_elements) {
       const int64_t end = std::min(layout_.padded_numel(), begin + options_.bucket_elements);
       QLORA_RETURN_IF_ERROR(Collective(comm_.AllReduceSum(grad_.slice(0, begin, end), timeout)));
     }
-  } else if (!plan_.partition_gradients) {
+  } else if (!alone && !plan_.partition_gradients) {
     grad = at::empty({layout_.partition_numel()}, Fp32());
     NoteCommBuffer(grad.nbytes());
     const std::vector<int64_t> counts(comm_.world_size(), layout_.partition_numel());
     QLORA_RETURN_IF_ERROR(Collective(comm_.ReduceScatterSum(grad_, grad, counts, timeout)));
   }
-  at::Tensor sum_sq = grad.to(at::kDouble).pow(2).sum().reshape({1});
-  if (plan_.partition_optimizer) {
+  // The L2 norm accumulated in float64 by one reduction (no float64 copy of the gradient).
+  at::Tensor norm = at::linalg_vector_norm(grad, 2, std::nullopt, false, at::kDouble);
+  if (plan_.partition_optimizer && !alone) {  // the partitions' squared norms, summed
+    at::Tensor sum_sq = norm.square().reshape({1});
     QLORA_RETURN_IF_ERROR(Collective(comm_.AllReduceSum(sum_sq, timeout)));
+    norm = sum_sq.sqrt();
   }
   StepReport report;
   report.lr = lr;
-  report.grad_norm = std::sqrt(sum_sq.item<double>());
+  report.grad_norm = norm.item<double>();
   report.clip_coefficient = optim::ClipCoefficient(report.grad_norm, options_.max_grad_norm);
   if (report.clip_coefficient < 1.0) grad.mul_(report.clip_coefficient);
   adamw_->Step(lr, master_, grad);

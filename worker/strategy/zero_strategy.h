@@ -39,6 +39,8 @@ class ZeroStrategy final : public DistributedStrategy {
 
   absl::StatusOr<LossScale> ComputeLossScale(int64_t local_target_tokens) override;
   absl::Status OnGradientReady(int param_index, const at::Tensor& grad) override;
+  absl::Status OnGradientsReady(const std::vector<int>& param_indices,
+                                const std::vector<at::Tensor>& grads) override;
   absl::Status EndMicroBatch() override;
   absl::StatusOr<StepReport> Step(double lr) override;
   int64_t steps_taken() const override { return adamw_->step(); }
@@ -60,6 +62,9 @@ class ZeroStrategy final : public DistributedStrategy {
   };
 
   absl::Status Collective(const absl::Status& status);
+  // Stage 2 across ranks: gradients go through the buckets' reduce-scatters as they appear. One
+  // rank owns every partition, so its gradients go straight into grad_ (as under stages 0-1).
+  bool ReducesInBuckets() const { return plan_.partition_gradients && comm_.world_size() > 1; }
   at::TensorOptions Fp32() const;
   FlatRange Owned() const;  // the flat range this rank keeps master + AdamW state for
   void NoteCommBuffer(int64_t bytes);
