@@ -46,6 +46,15 @@ void Log(const std::string& line) {
   fflush(stderr);
 }
 
+// Reports a failed run; the coordinator also learns of it from the exit, so a report that does
+// not arrive is logged, not fatal.
+void ReportFailure(qlora::worker::CoordinatorClient& client, const absl::Status& failure) {
+  if (absl::Status reported = client.ReportCompletion(qlora::FailedCompletion(failure));
+      !reported.ok()) {
+    Log(absl::StrCat("failure not delivered: ", reported.ToString()));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,7 +118,7 @@ int main(int argc, char** argv) {
     absl::Status published = nccl_id.ok() ? client->PublishNcclId(*nccl_id) : nccl_id.status();
     if (!published.ok()) {
       Log(absl::StrCat("cannot publish the NCCL id: ", published.ToString()));
-      client->ReportCompletion(qlora::FailedCompletion(published));
+      ReportFailure(*client, published);
       return 1;
     }
   }
@@ -167,7 +176,7 @@ int main(int argc, char** argv) {
     if (!host_address.empty()) {
       failure = absl::Status(failure.code(), absl::StrCat("on host ", host_address, ": ", failure.message()));
     }
-    client->ReportCompletion(qlora::FailedCompletion(failure));
+    ReportFailure(*client, failure);
     return 1;
   }
   qlora::WorkerCompletion completed;
