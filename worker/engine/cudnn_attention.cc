@@ -4,9 +4,11 @@
 #include <optional>
 #include <tuple>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -51,6 +53,17 @@ struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionF
   }
 };
 
+// cuDNN's causal attention for inputs CudnnAttentionApplies accepts (not checked again here).
+at::Tensor RunCudnnCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const bool graph = c10::GradMode::is_enabled() &&
+                     (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (graph) return CudnnAttentionFunction::apply(q, k, v);
+  // Without a graph to build, no log-sum-exp for backward either.
+  return std::get<0>(at::_scaled_dot_product_cudnn_attention(
+      q, k, v, /*attn_bias=*/std::nullopt, /*compute_log_sumexp=*/false, /*dropout_p=*/0.0,
+      /*is_causal=*/true, /*return_debug_mask=*/false));
+}
+
 }  // namespace
 
 at::Tensor InLayoutOf(const at::Tensor& t, const at::Tensor& like) {
@@ -79,17 +92,11 @@ at::Tensor CudnnCausalAttention(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK(CudnnAttentionApplies(q, k, v),
               "cuDNN attention cannot run these inputs (q ", q.sizes(), " ", q.scalar_type(),
               " on ", q.device(), ")");
-  const bool graph = c10::GradMode::is_enabled() &&
-                     (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (graph) return CudnnAttentionFunction::apply(q, k, v);
-  // Without a graph to build, no log-sum-exp for backward either.
-  return std::get<0>(at::_scaled_dot_product_cudnn_attention(
-      q, k, v, /*attn_bias=*/std::nullopt, /*compute_log_sumexp=*/false, /*dropout_p=*/0.0,
-      /*is_causal=*/true, /*return_debug_mask=*/false));
+  return RunCudnnCausalAttention(q, k, v);
 }
 
 at::Tensor DenseCausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (CudnnAttentionApplies(q, k, v)) return CudnnCausalAttention(q, k, v);
+  if (CudnnAttentionApplies(q, k, v)) return RunCudnnCausalAttention(q, k, v);  // checked once
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt,
                                           /*enable_gqa=*/k.size(1) != q.size(1));
 }
