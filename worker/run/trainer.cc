@@ -208,7 +208,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   at::Tensor local_loss_sum;
   {
     // The adapters cast to the compute dtype once for all of this step's micro-batches; the
-    // copies go (the scope ends) before the optimizer changes the adapters.
+    // copies go stale (the scope ends) before the optimizer changes the adapters.
     const engine::AdapterCopyScope adapter_copies(model_->adapter_copies());
     for (size_t i = 0; i < batches.size(); ++i) {
       const DeviceBatch& b = batches[i];

@@ -108,7 +108,7 @@ absl::StatusOr<LossScale> ZeroStrategy::ComputeLossScale(int64_t local_target_to
   }
   LossScale scale;
   scale.global_target_tokens = local_target_tokens;
-  if (comm_.world_size() > 1) {  // one rank's count is the global one: no device round trip
+  if (!Alone()) {  // one rank's count is the global one: no device round trip
     at::Tensor count = at::full({1}, static_cast<double>(local_target_tokens),
                                 Fp32().dtype(at::kDouble));
     QLORA_RETURN_IF_ERROR(Collective(comm_.AllReduceSum(count, options_.collective_timeout)));
@@ -142,16 +142,21 @@ void ZeroStrategy::PlanBuckets() {
   reported_.assign(layout_.num_params(), false);
 }
 
-absl::Status ZeroStrategy::OnGradientReady(int param_index, const at::Tensor& grad) {
-  if (!broken_.ok()) return absl::FailedPreconditionError(broken_.message());
+absl::Status ZeroStrategy::CheckGradient(int param_index, const at::Tensor& grad) const {
   if (param_index < 0 || param_index >= layout_.num_params()) {
     return absl::InvalidArgumentError(absl::StrCat("strategy: no parameter ", param_index));
   }
-  const FlatRange range = layout_.Param(param_index);
-  if (!grad.defined() || grad.numel() != range.size()) {
+  if (!grad.defined() || grad.numel() != layout_.Param(param_index).size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "strategy: gradient of '", params_[param_index].name, "' has the wrong size"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroStrategy::OnGradientReady(int param_index, const at::Tensor& grad) {
+  if (!broken_.ok()) return absl::FailedPreconditionError(broken_.message());
+  QLORA_RETURN_IF_ERROR(CheckGradient(param_index, grad));
+  const FlatRange range = layout_.Param(param_index);
   at::Tensor flat_grad = grad.detach().reshape({-1});
   if (!ReducesInBuckets()) {
     Slice(grad_, range).add_(flat_grad);
@@ -186,16 +191,8 @@ absl::Status ZeroStrategy::OnGradientsReady(const std::vector<int>& param_indice
   // (and ~5 us of host time, longer than the add itself) per parameter.
   std::vector<at::Tensor> sums, addends;
   for (size_t k = 0; k < grads.size(); ++k) {
-    const int i = param_indices[k];
-    if (i < 0 || i >= layout_.num_params()) {
-      return absl::InvalidArgumentError(absl::StrCat("strategy: no parameter ", i));
-    }
-    const FlatRange range = layout_.Param(i);
-    if (!grads[k].defined() || grads[k].numel() != range.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("strategy: gradient of '", params_[i].name, "' has the wrong size"));
-    }
-    sums.push_back(Slice(grad_, range));
+    QLORA_RETURN_IF_ERROR(CheckGradient(param_indices[k], grads[k]));
+    sums.push_back(Slice(grad_, layout_.Param(param_indices[k])));
     addends.push_back(grads[k].detach().reshape({-1}));
   }
   at::_foreach_add_(sums, addends);
@@ -244,7 +241,7 @@ absl::StatusOr<StepReport> ZeroStrategy::Step(double lr) {
     QLORA_RETURN_IF_ERROR(EndMicroBatch());
   }
   const absl::Duration timeout = options_.collective_timeout;
-  const bool alone = comm_.world_size() == 1;  // owns everything: nothing to reduce
+  const bool alone = Alone();
   at::Tensor grad = grad_;  // this rank's owned gradient, Owned().size() elements
   if (!alone && !plan_.partition_optimizer) {
     for (int64_t begin = 0; begin < layout_.padded_numel(); begin += options_.bucket_elements) {

@@ -62,9 +62,13 @@ class ZeroStrategy final : public DistributedStrategy {
   };
 
   absl::Status Collective(const absl::Status& status);
-  // Stage 2 across ranks: gradients go through the buckets' reduce-scatters as they appear. One
-  // rank owns every partition, so its gradients go straight into grad_ (as under stages 0-1).
-  bool ReducesInBuckets() const { return plan_.partition_gradients && comm_.world_size() > 1; }
+  // One rank owns every partition: nothing to reduce, no collective needed.
+  bool Alone() const { return comm_.world_size() == 1; }
+  // Stage 2 across ranks: gradients go through the buckets' reduce-scatters as they appear. Alone,
+  // its gradients go straight into grad_ (as under stages 0-1).
+  bool ReducesInBuckets() const { return plan_.partition_gradients && !Alone(); }
+  // INVALID_ARGUMENT unless `grad` is parameter `param_index`'s size.
+  absl::Status CheckGradient(int param_index, const at::Tensor& grad) const;
   at::TensorOptions Fp32() const;
   FlatRange Owned() const;  // the flat range this rank keeps master + AdamW state for
   void NoteCommBuffer(int64_t bytes);
