@@ -19,6 +19,9 @@
 # Optional (not in the default list: BENCH_FAIR_PARTS="ours-auto24 liger" runs it with the anchor
 # it is compared with; or concatenate this run's results.jsonl with an earlier run's and give that
 # to bench/fair_summary.py):
+#   ours-mb4-offN, ours-mb1-offN, ours-70b-mb4-offN, ours-70b-mb1-offN
+#                    ours with checkpointing and trainer.offload_activation_layers: N (ours-mb4-offN
+#                    is profiled: attr-ours-mb4-offN attributes it)
 #   ours-auto24      ours, 1 GPU, micro-batch 4, enable_gradient_checkpointing: auto with
 #                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
 #                    summary compares it with the best anchor whose peak allocation fits 24 GiB
@@ -262,6 +265,16 @@ for part in $parts; do
     attr-ours-nockpt) run_part attr-ours-nockpt 20 attribute "$work/trace-ours-mb4-nockpt.json" \
       "Profile of ours: 1 GPU, micro-batch 4, no checkpointing, 2 steps" ours-mb4-nockpt ;;
     ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
+    ours-mb4-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-mb4-off}" \
+      bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 true "$work/trace-$part.json" ;;
+    attr-ours-mb4-off*) run_part "$part" 20 attribute "$work/trace-${part#attr-}.json" \
+      "Profile of ours: 1 GPU, micro-batch 4, checkpointing, ${part#attr-ours-mb4-off} layers offloaded, 2 steps" "${part#attr-}" ;;
+    ours-mb1-off*) run_part "$part" 40 env BENCH_OFFLOAD_LAYERS="${part#ours-mb1-off}" \
+      bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
+    ours-70b-mb4-off*) run_part "$part" 150 env BENCH_OFFLOAD_LAYERS="${part#ours-70b-mb4-off}" \
+      bash -c 'with_70b ours_job "$@"' _ "$part" "$gpus_1" 4 true ;;
+    ours-70b-mb1-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-70b-mb1-off}" \
+      bash -c 'with_70b ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
     ours-70b-mb4) run_part ours-70b-mb4 150 with_70b ours_job ours-70b-mb4 "$gpus_1" 4 true ;;
     ours-70b-mb1) run_part ours-70b-mb1 60 with_70b ours_job ours-70b-mb1 "$gpus_1" 1 true \
       "$work/trace-ours-70b-mb1.json" ;;

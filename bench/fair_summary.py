@@ -54,7 +54,10 @@ def name_of(r):
 
 
 def recomputed_fraction(r):
-    """The share of decoder layers recomputed in backward: 1 or 0, or auto's split."""
+    """The share of decoder layers recomputed in backward: 1 or 0, auto's split, or what ours
+    reported (offloaded layers are not recomputed)."""
+    if "recomputed_fraction" in r:
+        return r["recomputed_fraction"]
     c = r.get("checkpointing", True)
     if c == "auto":
         split, layers = r.get("checkpointed_layers") or [], r.get("layers") or 0

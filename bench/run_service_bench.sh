@@ -8,6 +8,7 @@
 #   BENCH_WARMUP=3 BENCH_WINDOWS=3 BENCH_WINDOW_STEPS=5   the measurement (STEPS must cover it)
 #   BENCH_CHECKPOINTING=false                             activation checkpointing off (or auto)
 #   BENCH_MAX_MEMORY_GIB=24                               auto's budget (trainer.max_memory_gib)
+#   BENCH_OFFLOAD_LAYERS=8                                trainer.offload_activation_layers
 #   BENCH_SEQ=2048                                        the sequence length
 #   BENCH_PACKING=true                                    packed rows (data.packing; the rate then
 #                                                         counts non-padding tokens, summarize.py)
@@ -29,6 +30,9 @@ sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps
   "$root/bench/bench_job.yaml" > "$work/job.yaml"
 if [ -n "${BENCH_MAX_MEMORY_GIB:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  max_memory_gib: $BENCH_MAX_MEMORY_GIB|" "$work/job.yaml"
+fi
+if [ -n "${BENCH_OFFLOAD_LAYERS:-}" ]; then
+  sed -i "s|^  enable_gradient_checkpointing: .*|&\n  offload_activation_layers: $BENCH_OFFLOAD_LAYERS|" "$work/job.yaml"
 fi
 ray_flags=()
 if [ -n "${BENCH_RAY_ADDRESS:-}" ]; then
@@ -65,5 +69,6 @@ if ! grep -q JOB_STATE_SUCCEEDED "$work/events.jsonl"; then
 fi
 python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-batch "$mb" --stage "$stage" \
   --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
+  --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" \
   --warmup "$warmup" --windows "$windows" \
   --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}"

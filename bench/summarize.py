@@ -85,6 +85,8 @@ def main():
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--checkpointing", default="true", help="true, false or auto")
     p.add_argument("--max-memory-gib", help="auto's budget (trainer.max_memory_gib)")
+    p.add_argument("--offloaded-layers", type=int, default=0,
+                   help="trainer.offload_activation_layers: layers neither recomputed nor kept on the GPU")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--windows", type=int, default=1)
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
@@ -119,10 +121,16 @@ def main():
                 "max_memory_gib": float(a.max_memory_gib) if a.max_memory_gib else None,
                 "planned_peak_gib": [round(int(c.get("planned_peak_bytes", 0)) / 2**30, 2) for c in reports],
                 "measured_peak_gib": [round(int(c.get("measured_peak_bytes", 0)) / 2**30, 2) for c in reports]}
+    variant = f"nf4-dq+bf16 ZeRO-{a.stage}"
+    if a.offloaded_layers > 0 and a.model:  # offloaded layers are not recomputed
+        with open(os.path.join(a.model, "config.json")) as f:
+            layers = int(json.load(f)["num_hidden_layers"])
+        fraction = max(0.0, fraction - min(a.offloaded_layers, layers - 1) / layers)
+        variant += f", {min(a.offloaded_layers, layers - 1)} of {layers} layers offloaded"
     gpus = len(a.gpus.split(","))
-    out = {"impl": "ours", "label": a.label, "variant": f"nf4-dq+bf16 ZeRO-{a.stage}", "state": state,
+    out = {"impl": "ours", "label": a.label, "variant": variant, "state": state,
            "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": a.seq,
-           "checkpointing": checkpointing, "packing": packing, "row_fill": round(statistics.mean(fills), 4),
+           "checkpointing": checkpointing, "recomputed_fraction": round(fraction, 4), "packing": packing, "row_fill": round(statistics.mean(fills), 4),
            "model": os.path.abspath(a.model) if a.model else None,
            "lora_r": a.lora_r,
            "tokens_per_s": round(statistics.median(rates), 1), "tokens_per_s_min": round(min(rates), 1),

@@ -102,6 +102,10 @@ struct TrainerConfig {
   // what PyTorch allocates during a step. 0 = unset: the GPU's free memory when the worker
   // starts; on a CPU worker, unset means every layer checkpointed.
   double max_memory_gib = 0;
+  // On a GPU: this many decoder layers keep what they save for backward in pinned host memory
+  // instead of being recomputed or holding device memory (worker/engine/activation_offload.h);
+  // taken from the checkpointed layers first. 0 = off. Ignored on a CPU worker.
+  int64_t offload_activation_layers = 0;
   uint64_t seed = 42;
 };
 

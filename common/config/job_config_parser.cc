@@ -435,7 +435,7 @@ absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t) {
                                       "(it is ", EnumName(t->gradient_checkpointing),
                                       "); set auto or remove max_memory_gib"));
   }
-  return absl::OkStatus();
+  return trainer.ReadInt("offload_activation_layers", 0, kIntMax, &t->offload_activation_layers);
 }
 
 absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {

@@ -336,6 +336,8 @@ TEST(ConfigParserTest, GradientCheckpointingTrueFalseAutoAndItsBudget) {
       mode("{enable_gradient_checkpointing: auto, max_memory_gib: 23.5}");
   EXPECT_EQ(budget.gradient_checkpointing, CheckpointingMode::kAuto);
   EXPECT_EQ(budget.max_memory_gib, 23.5);
+  EXPECT_EQ(automatic.offload_activation_layers, 0);  // off unless asked for
+  EXPECT_EQ(mode("{offload_activation_layers: 8}").offload_activation_layers, 8);
 }
 
 TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
@@ -361,6 +363,8 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
             "is true); set auto or remove max_memory_gib"},
            {"{enable_gradient_checkpointing: false, max_memory_gib: 24}",
             "(it is false)"},
+           {"{offload_activation_layers: -1}", "trainer.offload_activation_layers"},
+           {"{offload_activation_layers: some}", "trainer.offload_activation_layers"},
        }) {
     absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(kMinimal, "trainer: ", k.trainer, "\n"));
     ASSERT_FALSE(c.ok()) << k.trainer;

@@ -84,6 +84,26 @@ TEST(EngineMemoryPlan, PeakGrowsWithEveryPlainLayerBelowTheTop) {
   for (int64_t c = 31; c > 0; --c) EXPECT_LE(PlannedPeakBytes(r, c), PlannedPeakBytes(r, c - 1)) << c;
 }
 
+// Offloaded layers (activation_offload.h) hold neither their inputs nor their activations on the
+// device but one layer's activations are in transit, and the other checkpointed layers' inputs
+// wait in host memory too (two on the device): with every layer checkpointed, offloading 8 of
+// them trades 30 inputs for one plain layer's activations at the peak (the top layer's
+// recomputation); among plain layers each one offloaded frees a plain layer's activations, up to
+// all but the top one.
+TEST(EngineMemoryPlan, OffloadedLayersTradeTheirActivationsForOneInTransit) {
+  MemoryPlanRequest r = SevenB(24);
+  const LayerActivationBytes per = PerTokenLayerBytes(r);
+  const int64_t tokens = 4 * 2048;
+  const int64_t all_checkpointed = PlannedPeakBytes(r, 32), none = PlannedPeakBytes(r, 0);
+  r.offloaded_layers = 8;
+  EXPECT_EQ(PlannedPeakBytes(r, 32) - all_checkpointed,
+            tokens * (per.plain - 30 * per.checkpointed));
+  // 8 of 32 plain layers offloaded: 7 fewer held (one is in transit).
+  EXPECT_EQ(none - PlannedPeakBytes(r, 0), 7 * tokens * per.plain);
+  r.offloaded_layers = 40;  // more than there are: all but the top layer
+  EXPECT_EQ(none - PlannedPeakBytes(r, 0), 30 * tokens * per.plain);
+}
+
 TEST(EngineMemoryPlan, MonotoneInTheBudget) {
   int64_t previous = 33;
   for (int64_t gib = 9; gib <= 64; ++gib) {

@@ -23,6 +23,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/lora_test_util.h"
 #include "tests/engine/torch_test_util.h"
 #include "common/status_macros.h"
 #include "worker/engine/causal_lm_loss.h"
@@ -56,11 +57,6 @@ std::unique_ptr<LlamaForCausalLM> MakeAndLoad(const std::string& dir, TinyModelO
   auto model = LoadLlama(dir, load);
   EXPECT_TRUE(model.ok()) << model.status();
   return model.ok() ? std::move(*model) : nullptr;
-}
-
-at::Tensor RandomIds(const LlamaConfig& c, int64_t batch, int64_t seq, uint64_t seed = 1) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randint(c.vocab_size, {batch, seq}, gen, at::kLong);
 }
 
 struct ParityCase {
@@ -212,22 +208,6 @@ std::map<std::string, at::Tensor> Gradients(LlamaForCausalLM& model, const at::T
   std::map<std::string, at::Tensor> grads{{"loss_sum", loss.loss_sum.detach()}};
   for (const auto& [name, p] : model.TrainableParameters()) grads[name] = p.grad().clone();
   return grads;
-}
-
-void RandomizeLoraB(LlamaForCausalLM& model) {
-  at::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  for (const auto& [name, p] : model.TrainableParameters()) {
-    if (name.find("lora_B") != std::string::npos) {
-      const_cast<at::Tensor&>(p).copy_(at::randn(p.sizes(), gen) * 0.1);
-    }
-  }
-}
-
-at::Tensor LabelsFor(const at::Tensor& ids) {
-  at::Tensor labels = ids.clone();
-  labels.index_put_({0, at::indexing::Slice(0, 3)}, kIgnoreIndex);  // a masked prompt
-  return labels;
 }
 
 TEST(EngineModel, ActivationCheckpointingGivesTheSameGradients) {

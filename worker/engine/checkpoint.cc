@@ -44,20 +44,30 @@ class RngState {
 
 class CheckpointBackward : public torch::autograd::Node {
  public:
-  CheckpointBackward(CheckpointedFn fn, at::Tensor input, std::vector<at::Tensor> params,
-                     RngState rng)
-      : fn_(std::move(fn)), input_(std::move(input)), params_(std::move(params)),
-        rng_(std::move(rng)) {}
+  // `input` (detached) is kept, or, with an offloader, handed to it: then only its ticket is.
+  CheckpointBackward(CheckpointedFn fn, const at::Tensor& input, std::vector<at::Tensor> params,
+                     RngState rng, CheckpointOffload offload)
+      : fn_(std::move(fn)), params_(std::move(params)), rng_(std::move(rng)),
+        offloader_(offload.offloader), input_requires_grad_(input.requires_grad()),
+        device_(input.device()) {
+    at::Tensor detached = input.detach();
+    if (offloader_ != nullptr && offloader_->Offloadable(detached)) {
+      ticket_ = offloader_->Offload(detached, offload.group);
+    } else {
+      input_ = std::move(detached);
+    }
+  }
 
   std::string name() const override { return "qlora::engine::CheckpointBackward"; }
 
   variable_list apply(variable_list&& grads) override {
     TORCH_CHECK(fn_, "checkpointed block was already backpropagated (retain_graph is unsupported)");
     at::Tensor output;
-    at::Tensor input = input_.detach().requires_grad_(input_.requires_grad());
+    at::Tensor input = ticket_ >= 0 ? offloader_->Restore(std::exchange(ticket_, -1)) : input_;
+    input = input.detach().requires_grad_(input_requires_grad_);
     {
       // Recompute with the forward's RNG stream, then give the caller's stream back.
-      const RngState now = RngState::Capture(input_.device());
+      const RngState now = RngState::Capture(device_);
       rng_.Restore();
       at::AutoGradMode enable(true);
       output = fn_(input, /*recompute=*/true);
@@ -95,15 +105,19 @@ class CheckpointBackward : public torch::autograd::Node {
 
  private:
   CheckpointedFn fn_;
-  at::Tensor input_;
   std::vector<at::Tensor> params_;
   RngState rng_;
+  ActivationOffloader* offloader_;
+  bool input_requires_grad_;
+  at::Device device_;
+  at::Tensor input_;      // when not offloaded
+  int64_t ticket_ = -1;   // when offloaded
 };
 
 }  // namespace
 
 at::Tensor Checkpoint(CheckpointedFn fn, const at::Tensor& input,
-                      const std::vector<at::Tensor>& params) {
+                      const std::vector<at::Tensor>& params, CheckpointOffload offload) {
   bool needs_grad = input.requires_grad();
   for (const at::Tensor& p : params) needs_grad = needs_grad || p.requires_grad();
   if (!at::GradMode::is_enabled() || !needs_grad) return fn(input, /*recompute=*/false);
@@ -115,8 +129,7 @@ at::Tensor Checkpoint(CheckpointedFn fn, const at::Tensor& input,
     output = fn(input, /*recompute=*/false);
   }
   auto node = std::shared_ptr<CheckpointBackward>(
-      new CheckpointBackward(std::move(fn), input.detach().requires_grad_(input.requires_grad()),
-                             params, std::move(rng)),
+      new CheckpointBackward(std::move(fn), input, params, std::move(rng), offload),
       torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(input, params));
   torch::autograd::create_gradient_edge(output, node);

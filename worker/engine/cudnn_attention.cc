@@ -12,6 +12,8 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "worker/engine/activation_offload.h"
+
 #ifdef QLORA_HAVE_CUDA
 #include <ATen/native/transformers/cuda/sdp_utils.h>
 #endif
@@ -31,7 +33,7 @@ struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionF
         at::_scaled_dot_product_cudnn_attention(q, k, v, /*attn_bias=*/std::nullopt,
                                                 /*compute_log_sumexp=*/true, /*dropout_p=*/0.0,
                                                 /*is_causal=*/true, /*return_debug_mask=*/false);
-    ctx->save_for_backward({q, k, v, out, logsumexp});
+    SaveForBackward(ctx, {q, k, v, out, logsumexp});
     ctx->saved_data["philox_seed"] = philox_seed;
     ctx->saved_data["philox_offset"] = philox_offset;
     ctx->saved_data["max_q"] = max_q.expect_int();
@@ -41,7 +43,7 @@ struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionF
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     if (!grad_outputs[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const at::Tensor& out = saved[3];
     auto [grad_q, grad_k, grad_v] = at::_scaled_dot_product_cudnn_attention_backward(
         InLayoutOf(grad_outputs[0], out), saved[0], saved[1], saved[2], out, saved[4],

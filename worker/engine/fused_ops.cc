@@ -6,6 +6,7 @@
 
 #include "kernels/fused_elementwise.h"
 #include "kernels/rms_norm.h"
+#include "worker/engine/activation_offload.h"
 
 namespace qlora::engine {
 namespace {
@@ -34,14 +35,14 @@ struct RotaryFunction : public torch::autograd::Function<RotaryFunction> {
 
 struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
-    ctx->save_for_backward({gate, up});
+    SaveForBackward(ctx, {gate, up});
     return kernels::SwigluForward(gate, up);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& grad = grad_outputs[0];
     if (!grad.defined()) return {at::Tensor(), at::Tensor()};
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     auto [grad_gate, grad_up] = kernels::SwigluBackward(grad, saved[0], saved[1]);
     return {grad_gate, grad_up};
   }
@@ -60,7 +61,7 @@ struct SumGraphOnlyFunction : public torch::autograd::Function<SumGraphOnlyFunct
 at::Tensor ResidualRmsNormGradient(AutogradContext* ctx, const variable_list& grad_outputs) {
   const at::Tensor &grad_h = grad_outputs[0], &grad_n = grad_outputs[1];
   if (!grad_n.defined()) return grad_h;
-  const variable_list saved = ctx->get_saved_variables();
+  const variable_list saved = SavedForBackward(ctx);
   return kernels::RmsNormBackward(grad_n, saved[0], saved[1], ctx->saved_data["weight"].toTensor(),
                                   grad_h);
 }
@@ -70,7 +71,7 @@ variable_list ResidualRmsNormOutputs(AutogradContext* ctx, const at::Tensor& x,
                                      double eps) {
   kernels::ResidualRmsNormResult r = kernels::ResidualRmsNormForward(x, delta, weight, eps);
   ctx->saved_data["weight"] = weight;  // frozen: kept by reference, never differentiated
-  ctx->save_for_backward({r.h, r.rstd});
+  SaveForBackward(ctx, {r.h, r.rstd});
   return {r.h, r.n};
 }
 

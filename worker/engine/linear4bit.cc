@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/fused_elementwise.h"
+#include "worker/engine/activation_offload.h"
 #include "worker/engine/fused_ops.h"
 
 namespace qlora::engine {
@@ -236,7 +237,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     SaveGemm(ctx, gemm);
     SaveCopies(ctx, copies);
     // x, never seen outside this node, is saved only by a recomputation.
-    ctx->save_for_backward({gate, up, ha, a, b, value_unused ? x : at::Tensor()});
+    SaveForBackward(ctx, {gate, up, ha, a, b, value_unused ? x : at::Tensor()});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["overwrite_inputs"] = overwrite_inputs;
     return y;
@@ -245,7 +246,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
     if (!g.defined()) return variable_list(10);
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::ScalarType dtype = gate.scalar_type();
@@ -302,7 +303,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
     SaveCopies(ctx, copies);
-    ctx->save_for_backward({lora_in, ha, a, b});
+    SaveForBackward(ctx, {lora_in, ha, a, b});
     ctx->saved_data["dropout"] = !h.is_same(x);
     ctx->saved_data["scale"] = scale;
     return y;
@@ -310,7 +311,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const at::Tensor &lora_in = saved[0], &ha = saved[1], &a = saved[2], &b = saved[3];
     const bool dropout = ctx->saved_data["dropout"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
@@ -365,14 +366,14 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     variable_list saved = {x, ha};
     saved.insert(saved.end(), a.begin(), a.end());
     saved.insert(saved.end(), b.begin(), b.end());
-    ctx->save_for_backward(saved);
+    SaveForBackward(ctx, saved);
     ctx->saved_data["ranks"] = ranks;
     ctx->saved_data["scales"] = scales;
     return outputs;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const at::Tensor &x = saved[0], &ha = saved[1];
     const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
     const std::vector<double> scales = ctx->saved_data["scales"].toDoubleVector();

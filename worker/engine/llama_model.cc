@@ -111,6 +111,48 @@ LlamaForCausalLM::LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dt
 
 void LlamaForCausalLM::SetCheckpointedLayers(int64_t n) {
   checkpointed_layers_ = std::clamp<int64_t>(n, 0, static_cast<int64_t>(layers.size()));
+  PlaceOffloadedLayers();
+}
+
+void LlamaForCausalLM::SetOffloadedLayers(int64_t n, ActivationOffloadOptions options) {
+  offload_request_ = std::clamp<int64_t>(n, 0, static_cast<int64_t>(layers.size()));
+  offloader_ = offload_request_ > 0 ? std::make_shared<ActivationOffloader>(device_, options)
+                                    : nullptr;
+  PlaceOffloadedLayers();
+}
+
+int64_t LlamaForCausalLM::offloaded_layers() const {
+  return std::count(offloaded_.begin(), offloaded_.end(), true);
+}
+
+void LlamaForCausalLM::PlaceOffloadedLayers() {
+  const int64_t count = static_cast<int64_t>(layers.size());
+  offloaded_.assign(count, false);
+  prefetch_at_.assign(count, {});
+  int64_t n = offload_request_;
+  // Evenly over the checkpointed layers [0, c): each one offloaded is then followed by
+  // checkpointed ones whose forward hides its copy to the host, and whose backward its copy back.
+  const int64_t c = checkpointed_layers_;
+  const int64_t from_checkpointed = std::min(n, c);
+  for (int64_t k = 0; k < from_checkpointed; ++k) offloaded_[(2 * k + 1) * c / (2 * from_checkpointed)] = true;
+  // Then plain layers, top layer excepted (backward needs it first), from the lowest up.
+  for (int64_t i = c; i < count - 1 && from_checkpointed + (i - c) < n; ++i) offloaded_[i] = true;
+  if (n == 0) return;
+  // Offloaded layer j's tensors are fetched by the hook on the output of the layer two above it
+  // (which runs before that layer's backward), or of the next offloaded layer above if nearer; a
+  // checkpointed layer's input (offloaded too, but the top layer's) by the hook one layer above.
+  for (int64_t j = 0; j + 1 < count; ++j) {
+    int64_t at = j + 1;
+    if (offloaded_[j]) {
+      at = std::min(j + 2, count - 1);
+      for (int64_t i = j + 1; i < at; ++i) {
+        if (offloaded_[i]) at = i;
+      }
+    } else if (j >= c) {
+      continue;  // a plain layer: nothing of it is offloaded
+    }
+    prefetch_at_[at].push_back(j);
+  }
 }
 
 int64_t LlamaForCausalLM::ResidentBytes() const {
@@ -297,18 +339,32 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
 
   at::Tensor x = at::embedding(embed_tokens, ids);
   const bool checkpoint = training_ && at::GradMode::is_enabled();
+  ActivationOffloader* offloader = checkpoint && offload_request_ > 0 ? offloader_.get() : nullptr;
   for (size_t i = 0; i < layers.size(); ++i) {
     const DecoderLayer& layer = layers[i];
     const LayerAttention& attention =
         config_.SlidingLayer(static_cast<int64_t>(i)) ? window_attention : full_attention;
-    if (checkpoint && static_cast<int64_t>(i) < checkpointed_layers_) {
+    if (offloader != nullptr && offloaded_[i]) {
+      OffloadScope scope(offloader, static_cast<int64_t>(i));
+      x = LayerForward(layer, x, cos, sin, attention);
+    } else if (checkpoint && static_cast<int64_t>(i) < checkpointed_layers_) {
+      CheckpointOffload input_offload;  // the input waits in host memory (not the top layer's)
+      if (offloader != nullptr && i + 1 < layers.size()) {
+        input_offload = {offloader, static_cast<int64_t>(i)};
+      }
       x = Checkpoint(  // the lambda outlives Forward: it copies the layout (tensor handles)
           [this, &layer, cos, sin, attention](const at::Tensor& h, bool recompute) {
             return LayerForward(layer, h, cos, sin, attention, /*value_unused=*/recompute);
           },
-          x, LayerParameters(layer));
+          x, LayerParameters(layer), input_offload);
     } else {
       x = LayerForward(layer, x, cos, sin, attention);
+    }
+    if (offloader != nullptr && !prefetch_at_[i].empty() && x.requires_grad()) {
+      // Runs when x's gradient is ready: before this layer's backward.
+      x.register_hook([offloader, groups = prefetch_at_[i]](const at::TensorBase&) {
+        for (int64_t group : groups) offloader->Prefetch(group);
+      });
     }
   }
   return RmsNorm(x, norm, config_.rms_norm_eps);

@@ -31,6 +31,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/status.h"
+#include "worker/engine/activation_offload.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/linear4bit.h"
 #include "worker/engine/varlen_attention.h"
@@ -111,6 +112,18 @@ class LlamaForCausalLM {
     SetCheckpointedLayers(on ? static_cast<int64_t>(layers.size()) : 0);
   }
   bool gradient_checkpointing() const { return checkpointed_layers_ > 0; }
+  // While training, `n` layers (clamped to [0, layers]) keep what they save for backward in
+  // pinned host memory (activation_offload.h) instead of on the device, and are neither
+  // recomputed nor hold device memory between their forward and backward. They are taken from
+  // the checkpointed layers, spread evenly over them, then (n larger than those) from the plain
+  // ones below the top layer; 0 (the default) turns offloading off. With offloading on, the
+  // checkpointed layers' inputs wait in host memory too (but the top layer's). Prefetching starts
+  // two layers ahead of an offloaded layer's backward, one ahead of a checkpointed input's. Same
+  // values and gradients as any split.
+  void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
+  int64_t offloaded_layers() const;
+  // The offloader (null until SetOffloadedLayers > 0): bytes moved, for logs and tests.
+  const ActivationOffloader* activation_offloader() const { return offloader_.get(); }
   // Bytes of the model's tensors: weights (4-bit blocks and their scales), norms, biases and
   // adapters (tied embeddings counted once).
   int64_t ResidentBytes() const;
@@ -153,6 +166,12 @@ class LlamaForCausalLM {
   std::optional<LoraOptions> lora_;
   bool training_ = false;
   int64_t checkpointed_layers_ = 0;  // the constructor: every layer
+  int64_t offload_request_ = 0;      // SetOffloadedLayers' n, re-applied when the split changes
+  std::vector<bool> offloaded_;      // per layer
+  // Per layer: the groups (layers) whose offloaded tensors its output's hook fetches.
+  std::vector<std::vector<int64_t>> prefetch_at_;
+  std::shared_ptr<ActivationOffloader> offloader_;
+  void PlaceOffloadedLayers();
   std::shared_ptr<kernels::GemmTuner> gemm_tuner_;  // shared by every LinearLayer::gemm
   std::shared_ptr<AdapterCopies> adapter_copies_;   // every LinearLayer::adapter_copies
 };

@@ -78,7 +78,17 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   const int64_t d = r.dtype_bytes, H = m.hidden_size;
   const LayerActivationBytes per = PerTokenLayerBytes(r);
   const int64_t around = 3 * H * d + 4 + 2 * m.head_dim * d;  // final norm, loss copy, rotary
-  const int64_t held = tokens * (c * per.checkpointed + plain * per.plain + around);
+  // Offloaded layers, checkpointed ones first (the top layer never): on the device only while
+  // in transit, one layer's worth in forward, two in backward.
+  const int64_t offloaded_checkpointed = std::min(r.offloaded_layers, c);
+  const int64_t offloaded_plain =
+      std::min(r.offloaded_layers - offloaded_checkpointed, std::max<int64_t>(plain - 1, 0));
+  const int64_t in_transit = offloaded_checkpointed + offloaded_plain > 0 ? per.plain : 0;
+  // Checkpointed inputs held on the device: all, or with offloading the two in transit.
+  const int64_t inputs = std::min(c - offloaded_checkpointed, in_transit > 0 ? int64_t{2} : c);
+  const int64_t held =
+      tokens * (inputs * per.checkpointed + (plain - offloaded_plain) * per.plain + around +
+                in_transit);
   const int64_t chunk = std::min(r.loss_chunk, tokens);
   const int64_t loss = tokens * H * d + chunk * m.vocab_size * d;  // grad_hidden, one chunk
   // A checkpointed layer's recomputation saves what a plain one does, its input aside (the
@@ -88,7 +98,10 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   const int64_t top_layer = tokens * (per.backward + (plain == 0 ? recomputed : 0));
   int64_t peak = held + std::max(loss, top_layer);
   if (c > 0 && plain > 0) {  // the top checkpointed layer, the plain ones freed by then
-    peak = std::max(peak, tokens * (c * per.checkpointed + recomputed + per.backward + around));
+    peak = std::max(peak, tokens * (inputs * per.checkpointed + recomputed + per.backward + around));
+  }
+  if (in_transit > 0) {  // an offloaded layer's backward, the next one's tensors arriving
+    peak = std::max(peak, tokens * (inputs * per.checkpointed + 2 * per.plain + per.backward + around));
   }
   return FixedBytes(r) + peak;
 }

@@ -68,7 +68,13 @@ struct MemoryPlanRequest {
   int64_t resident_bytes = 0;
   // Measured minus planned of an earlier step (the worker's correction; 0 at first).
   int64_t correction_bytes = 0;
+  int64_t offloaded_layers = 0;
   int64_t loss_chunk = 1024;          // positions per loss chunk (causal_lm_loss.h)
+  // Layers whose saved tensors wait in host memory (LlamaForCausalLM::SetOffloadedLayers),
+  // taken from the checkpointed ones first: they hold no device memory between forward and
+  // backward; one layer's worth waits for its copy in forward, and in backward an offloaded
+  // layer's tensors are back on the device with the next one's on their way (two layers). The
+  // other checkpointed layers' inputs are offloaded as well: two of them on the device at most.
   int64_t budget_bytes = 0;
   double margin_fraction = 0.08;      // of the budget, kept free
 };

@@ -10,6 +10,8 @@
 #include <ATen/ops/_flash_attention_forward.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "worker/engine/activation_offload.h"
+
 namespace qlora::engine {
 namespace {
 
@@ -30,7 +32,7 @@ struct FlashVarlenFunction : public torch::autograd::Function<FlashVarlenFunctio
         q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, /*dropout_p=*/0.0,
         /*is_causal=*/true, /*return_debug_mask=*/false, /*scale=*/std::nullopt,
         /*window_size_left=*/window_left, /*window_size_right=*/0);
-    ctx->save_for_backward({q, k, v, out, logsumexp});
+    SaveForBackward(ctx, {q, k, v, out, logsumexp});
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["rng_state"] = rng_state;
     ctx->saved_data["philox_offset"] = philox_offset;
@@ -43,7 +45,7 @@ struct FlashVarlenFunction : public torch::autograd::Function<FlashVarlenFunctio
     const at::Tensor& grad = grad_outputs[0];
     if (!grad.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
                                  at::Tensor(), at::Tensor()};
-    const variable_list saved = ctx->get_saved_variables();
+    const variable_list saved = SavedForBackward(ctx);
     const at::Tensor cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
     const int64_t max_length = ctx->saved_data["max_length"].toInt();
     auto [grad_q, grad_k, grad_v] = at::_flash_attention_backward(

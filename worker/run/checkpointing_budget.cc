@@ -14,6 +14,11 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// trainer.offload_activation_layers on a GPU (a CPU model's memory is host memory already).
+int64_t OffloadedLayers(const CheckpointingBudgetOptions& o) {
+  return o.device.is_cuda() ? o.config->trainer.offload_activation_layers : 0;
+}
+
 engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
   const JobConfig& c = *o.config;
   const engine::LlamaForCausalLM& model = *o.model;
@@ -39,6 +44,7 @@ engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
   r.trainable_elements = o.trainable_elements;
   r.resident_bytes =
       o.allocated_bytes > 0 ? o.allocated_bytes : model.ResidentBytes() + o.strategy_bytes;
+  r.offloaded_layers = OffloadedLayers(o);
   return r;
 }
 
@@ -47,6 +53,7 @@ engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
 absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const CheckpointingBudgetOptions& o) {
   CheckpointingBudget b;
   b.model_ = o.model;
+  o.model->SetOffloadedLayers(OffloadedLayers(o));  // placed among whatever split follows
   const TrainerConfig& t = o.config->trainer;
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
   if (!b.automatic_) {
@@ -76,6 +83,13 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
 }
 
 std::string CheckpointingBudget::Describe() const {
+  const int64_t offloaded = model_->offloaded_layers();
+  if (offloaded == 0) return DescribeSplit();
+  return absl::StrCat(DescribeSplit(), "; activation offloading: ", offloaded,
+                      " of them keep their saved tensors in host memory instead");
+}
+
+std::string CheckpointingBudget::DescribeSplit() const {
   const int64_t layers = static_cast<int64_t>(model_->layers.size());
   if (planned_) return engine::DescribePlan(plan_);
   const int64_t n = model_->checkpointed_layers();

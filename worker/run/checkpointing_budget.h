@@ -52,6 +52,7 @@ class CheckpointingBudget {
 
   // What was chosen, as the log line and the progress report say it.
   std::string Describe() const;
+  std::string DescribeSplit() const;  // Describe without the offloaded layers
   CheckpointingReport Report() const;
 
   // After a step (`step` 1-based in this run) with the allocator's peak so far (GPU only). Returns

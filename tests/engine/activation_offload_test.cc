@@ -1,0 +1,164 @@
+// Activation offloading (worker/engine/activation_offload.h): saved tensors come back with the
+// same bytes, a storage saved twice travels once, parameters and small tensors stay, a ticket is
+// restored once; and a model whose layers offload computes bit for bit the loss and gradients of
+// one that does not, checkpointed or not, with two micro-batches, leaving no host memory held.
+// On the CPU, and on a GPU when there is one (pinned memory, side streams, prefetch).
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "gtest/gtest.h"
+#include "tests/engine/lora_test_util.h"
+#include "tests/engine/test_util.h"
+#include "tests/engine/torch_test_util.h"
+#include "worker/engine/activation_offload.h"
+#include "worker/engine/hf_loader.h"
+#include "worker/engine/llama_model.h"
+#include "worker/engine/tiny_model.h"
+
+namespace qlora::engine {
+namespace {
+
+using ::qlora::testing::MaxAbsDiff;
+using ::qlora::testing::TempDir;
+
+std::vector<at::Device> Devices() {
+  std::vector<at::Device> devices = {at::kCPU};
+  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
+  return devices;
+}
+
+TEST(EngineActivationOffload, TensorsComeBackBitForBitAndSharedStoragesTravelOnce) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    ActivationOffloadOptions options;
+    options.min_bytes = 64;
+    ActivationOffloader offloader(device, options);
+    const at::Tensor a = at::randn({64, 32}, at::dtype(at::kBFloat16).device(device));
+    const at::Tensor a_t = a.t();        // a view of a's storage
+    const at::Tensor b = at::randn({1000}, at::dtype(at::kFloat).device(device));
+    const at::Tensor small = at::randn({4}, at::dtype(at::kFloat).device(device));
+    const at::Tensor param = at::randn({64, 64}, at::device(device)).requires_grad_(true);
+    EXPECT_TRUE(offloader.Offloadable(a));
+    EXPECT_FALSE(offloader.Offloadable(small));
+    EXPECT_FALSE(offloader.Offloadable(param));
+    EXPECT_FALSE(offloader.Offloadable(at::Tensor()));
+    // A narrow view of a much larger buffer stays on the device (it would move the whole buffer).
+    EXPECT_FALSE(offloader.Offloadable(b.narrow(0, 0, 100)));
+
+    const int64_t ta = offloader.Offload(a, 0), ta_t = offloader.Offload(a_t, 0);
+    const int64_t tb = offloader.Offload(b, 1);
+    EXPECT_EQ(offloader.offloaded_bytes(), a.nbytes() + b.nbytes());  // a's storage once
+    offloader.Prefetch(1);
+    offloader.Prefetch(7);  // no such group: nothing
+    const at::Tensor rb = offloader.Restore(tb), ra_t = offloader.Restore(ta_t);
+    const at::Tensor ra = offloader.Restore(ta);
+    EXPECT_TRUE(at::equal(ra, a));
+    EXPECT_TRUE(at::equal(ra_t, a_t));
+    EXPECT_EQ(ra_t.strides(), a_t.strides());
+    EXPECT_TRUE(at::equal(rb, b));
+    EXPECT_EQ(ra.device(), device);
+    EXPECT_EQ(offloader.host_bytes(), 0);  // every ticket restored: nothing held
+    EXPECT_THROW(offloader.Restore(ta), c10::Error);
+    // Clear forgets what was not restored.
+    const int64_t again = offloader.Offload(b, 2);
+    offloader.Clear();
+    EXPECT_EQ(offloader.host_bytes(), 0);
+    EXPECT_THROW(offloader.Restore(again), c10::Error);
+  }
+}
+
+// The values saved are those at Offload, even when the compute stream writes the tensor later
+// (the copy to the host waits for the work before Offload, and the storage is not reused).
+TEST(EngineActivationOffload, LaterWritesDoNotReachTheSavedCopy) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    ActivationOffloadOptions options;
+    options.min_bytes = 0;
+    ActivationOffloader offloader(device, options);
+    at::Tensor x = at::zeros({1 << 20}, at::device(device));
+    x.add_(1);  // queued before Offload
+    const int64_t ticket = offloader.Offload(x, 0);
+    const at::Tensor expected = at::ones({1 << 20});
+    x.add_(5);  // queued after: must not be seen
+    x = at::Tensor();
+    EXPECT_TRUE(at::equal(offloader.Restore(ticket).cpu(), expected));
+  }
+}
+
+std::map<std::string, at::Tensor> TwoMicroBatchGradients(LlamaForCausalLM& model,
+                                                         const at::Tensor& ids,
+                                                         const at::Tensor& labels) {
+  for (const auto& [name, p] : model.TrainableParameters()) p.mutable_grad() = at::Tensor();
+  std::map<std::string, at::Tensor> out;
+  for (int micro = 0; micro < 2; ++micro) {
+    const at::Tensor hidden = model.Forward(micro == 0 ? ids : ids.flip(1));
+    const CausalLmLoss loss = model.Loss(hidden, labels, {5});
+    loss.loss_sum.backward();
+    out["loss_sum_" + std::to_string(micro)] = loss.loss_sum.detach().cpu();
+  }
+  for (const auto& [name, p] : model.TrainableParameters()) out[name] = p.grad().cpu().clone();
+  return out;
+}
+
+TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.dtype = "bfloat16";
+  tiny.config.num_hidden_layers = 5;
+  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  for (const at::Device& device : Devices()) {
+    for (double dropout : {0.0, 0.2}) {
+      SCOPED_TRACE(device.str() + " dropout " + std::to_string(dropout));
+      LoadOptions options;
+      options.device = device;
+      options.compute_dtype = at::kBFloat16;
+      auto loaded = LoadLlama(dir.path(), options);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      LlamaForCausalLM& model = **loaded;
+      LoraOptions lora;
+      lora.target_modules = {"all-linear"};
+      lora.dropout = dropout;
+      ASSERT_TRUE(model.AddLora(lora).ok());
+      RandomizeLoraB(model);
+      model.SetTraining(true);
+      const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
+      const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
+      at::manual_seed(7);
+      const auto reference = TwoMicroBatchGradients(model, ids, labels);  // all checkpointed
+      ActivationOffloadOptions offload;
+      offload.min_bytes = 0;  // the tiny model's tensors are small
+      // {checkpointed layers, offloaded layers}: offloading among checkpointed layers, among
+      // plain ones, and more than there are (the top layer is never offloaded).
+      for (auto [checkpointed, offloaded] :
+           std::vector<std::pair<int64_t, int64_t>>{{5, 1}, {5, 2}, {4, 4}, {0, 2}, {2, 9}}) {
+        SCOPED_TRACE(std::to_string(checkpointed) + " checkpointed, " +
+                     std::to_string(offloaded) + " offloaded");
+        model.SetCheckpointedLayers(checkpointed);
+        model.SetOffloadedLayers(offloaded, offload);
+        EXPECT_EQ(model.offloaded_layers(), std::min<int64_t>(offloaded, 4));
+        at::manual_seed(7);
+        const auto split = TwoMicroBatchGradients(model, ids, labels);
+        ASSERT_EQ(split.size(), reference.size());
+        for (const auto& [name, g] : reference) {
+          EXPECT_TRUE(at::equal(g, split.at(name))) << name << ": " << MaxAbsDiff(g, split.at(name));
+        }
+        const ActivationOffloader* offloader = model.activation_offloader();
+        ASSERT_NE(offloader, nullptr);
+        EXPECT_GT(offloader->offloaded_bytes(), 0);
+        EXPECT_EQ(offloader->host_bytes(), 0);  // backward restored every tensor
+      }
+      model.SetOffloadedLayers(0);
+      model.SetCheckpointedLayers(5);
+      EXPECT_EQ(model.offloaded_layers(), 0);
+      EXPECT_EQ(model.activation_offloader(), nullptr);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qlora::engine

@@ -1,0 +1,309 @@
+// ActivationOffloader: saved activations in pinned host memory between forward and backward
+// (activation_offload.h).
+#include "worker/engine/activation_offload.h"
+
+#include <string>
+#include <utility>
+
+#include <ATen/ops/empty.h>
+#include <c10/core/Storage.h>
+
+#ifdef QLORA_HAVE_CUDA
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace qlora::engine {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The scope open on this thread (the autograd analogue: GradMode's thread-local flag).
+thread_local ActivationOffloader* current_offloader = nullptr;
+thread_local int64_t current_group = -1;
+
+constexpr const char* kOffloaderKey = "qlora.offloader";
+constexpr const char* kTicketsKey = "qlora.offload_tickets";
+
+// The bytes of t's storage as a flat uint8 tensor on t's device (no copy).
+at::Tensor StorageBytes(const at::Tensor& t) {
+  const c10::Storage& storage = t.storage();
+  return at::empty({0}, t.options().dtype(at::kByte))
+      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+}
+
+}  // namespace
+
+#ifdef QLORA_HAVE_CUDA
+struct ActivationOffloader::Streams {
+  c10::cuda::CUDAStream to_host;
+  c10::cuda::CUDAStream to_device;
+};
+#else
+struct ActivationOffloader::Streams {};
+#endif
+
+// One storage's trip: its bytes on the host, and on the device before the transfer is done
+// (`source`) and after Prefetch (`restored`).
+struct ActivationOffloader::Entry {
+  int64_t group = -1;
+  int64_t nbytes = 0;
+  at::Tensor host;      // uint8 [nbytes], pinned on a CUDA model
+  at::Tensor source;    // the device bytes, held until the copy to the host is done
+  at::Tensor restored;  // uint8 [nbytes] on the device, once fetched
+  int64_t open_tickets = 0;
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+#ifdef QLORA_HAVE_CUDA
+  c10::cuda::CUDAEvent to_host_done;
+  c10::cuda::CUDAEvent to_device_done;
+#endif
+};
+
+// A saved tensor: a view of its entry's storage.
+struct ActivationOffloader::Ticket {
+  std::shared_ptr<Entry> entry;
+  at::ScalarType dtype = at::kByte;
+  std::vector<int64_t> sizes, strides;
+  int64_t storage_offset = 0;
+};
+
+ActivationOffloader::ActivationOffloader(at::Device device, ActivationOffloadOptions options)
+    : device_(device), options_(options) {
+#ifdef QLORA_HAVE_CUDA
+  if (device_.is_cuda()) {
+    streams_ = std::make_unique<Streams>(
+        Streams{c10::cuda::getStreamFromPool(false, device_.index()),
+                c10::cuda::getStreamFromPool(false, device_.index())});
+  }
+#endif
+  TORCH_CHECK(device_.is_cpu() || streams_, "activation offloading needs a CPU or CUDA model, got ",
+              device_.str());
+}
+
+ActivationOffloader::~ActivationOffloader() = default;
+
+bool ActivationOffloader::Offloadable(const at::Tensor& t) const {
+  if (!t.defined() || t.device() != device_) return false;
+  if (t.is_leaf() && t.requires_grad()) return false;  // a parameter
+  return static_cast<int64_t>(t.nbytes()) >= options_.min_bytes &&
+         t.storage().nbytes() <= 2 * t.nbytes();  // a small view of a big buffer stays
+}
+
+int64_t ActivationOffloader::Offload(const at::Tensor& t, int64_t group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleaseFinishedLocked();
+  const void* key = t.storage().unsafeGetStorageImpl();
+  std::shared_ptr<Entry> entry;
+  auto found = by_storage_.find(key);
+  if (found != by_storage_.end() && found->second->storage.lock().get() == key) {
+    entry = found->second;  // the same live storage, saved again: one transfer
+  } else {
+    entry = std::make_shared<Entry>();
+    entry->group = group;
+    entry->nbytes = static_cast<int64_t>(t.storage().nbytes());
+    entry->storage = t.storage().getWeakStorageImpl();
+    const at::Tensor bytes = StorageBytes(t);
+    if (streams_ == nullptr) {
+      entry->host = bytes.clone();
+    } else {
+#ifdef QLORA_HAVE_CUDA
+      while (pending_bytes_ > 0 && pending_bytes_ + entry->nbytes > options_.max_pending_bytes) {
+        // Wait for the oldest transfer still holding device memory.
+        for (auto& [id, e] : entries_) {
+          if (!e->source.defined()) continue;
+          e->to_host_done.synchronize();
+          break;
+        }
+        ReleaseFinishedLocked();
+      }
+      entry->host = at::empty({entry->nbytes}, at::dtype(at::kByte).pinned_memory(true));
+      entry->source = bytes;
+      const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+      c10::cuda::CUDAEvent produced;
+      produced.record(compute);
+      produced.block(streams_->to_host);
+      {
+        c10::cuda::CUDAStreamGuard guard(streams_->to_host);
+        entry->host.copy_(bytes, /*non_blocking=*/true);
+      }
+      entry->to_host_done.record(streams_->to_host);
+      pending_bytes_ += entry->nbytes;
+#endif
+    }
+    offloaded_bytes_ += entry->nbytes;
+    entries_[next_++] = entry;
+    by_storage_[key] = entry;
+  }
+  ++entry->open_tickets;
+  Ticket ticket;
+  ticket.entry = entry;
+  ticket.dtype = t.scalar_type();
+  ticket.sizes = t.sizes().vec();
+  ticket.strides = t.strides().vec();
+  ticket.storage_offset = t.storage_offset();
+  const int64_t id = next_++;
+  tickets_.emplace(id, std::move(ticket));
+  return id;
+}
+
+void ActivationOffloader::ReleaseFinishedLocked() {
+#ifdef QLORA_HAVE_CUDA
+  for (auto& [id, e] : entries_) {
+    if (e->source.defined() && e->to_host_done.query()) {
+      e->source.reset();
+      pending_bytes_ -= e->nbytes;
+    }
+  }
+#endif
+  for (auto it = by_storage_.begin(); it != by_storage_.end();) {
+    // A storage whose device copy is gone may be freed and its address reused.
+    if (it->second->source.defined() || (streams_ == nullptr && !it->second->storage.expired())) {
+      ++it;
+    } else {
+      it = by_storage_.erase(it);
+    }
+  }
+}
+
+void ActivationOffloader::FetchLocked(Entry& entry) {
+  if (entry.restored.defined()) return;
+  if (entry.source.defined()) {  // still on the device: no round trip
+    entry.restored = entry.source;
+    return;
+  }
+  if (streams_ == nullptr) {
+    entry.restored = entry.host.clone();
+    return;
+  }
+#ifdef QLORA_HAVE_CUDA
+  // Allocated in the compute stream's order; the copy waits for the compute stream's work so far
+  // (whatever used this memory before), and the compute stream waits for the copy at Restore.
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+  entry.restored = at::empty({entry.nbytes}, at::dtype(at::kByte).device(device_));
+  c10::cuda::CUDAEvent allocated;
+  allocated.record(compute);
+  allocated.block(streams_->to_device);
+  {
+    c10::cuda::CUDAStreamGuard guard(streams_->to_device);
+    entry.restored.copy_(entry.host, /*non_blocking=*/true);
+  }
+  entry.to_device_done.record(streams_->to_device);
+#endif
+}
+
+void ActivationOffloader::Prefetch(int64_t group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleaseFinishedLocked();
+  for (auto& [id, e] : entries_) {
+    if (e->group == group) FetchLocked(*e);
+  }
+}
+
+at::Tensor ActivationOffloader::Restore(int64_t ticket_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tickets_.find(ticket_id);
+  TORCH_CHECK(it != tickets_.end(), "activation offload: ticket ", ticket_id,
+              " is unknown or was restored already (backward ran twice, or after Clear)");
+  Ticket ticket = std::move(it->second);
+  tickets_.erase(it);
+  Entry& entry = *ticket.entry;
+  FetchLocked(entry);
+#ifdef QLORA_HAVE_CUDA
+  if (streams_ != nullptr && entry.to_device_done.isCreated()) {
+    entry.to_device_done.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+  }
+#endif
+  at::Tensor restored =
+      at::empty({0}, entry.restored.options().dtype(ticket.dtype))
+          .set_(entry.restored.storage(), ticket.storage_offset, ticket.sizes, ticket.strides);
+  if (--entry.open_tickets == 0) {
+    for (auto e = entries_.begin(); e != entries_.end(); ++e) {
+      if (e->second.get() == &entry) {
+        if (entry.source.defined()) pending_bytes_ -= entry.nbytes;
+        entries_.erase(e);
+        break;
+      }
+    }
+    ReleaseFinishedLocked();
+  }
+  return restored;
+}
+
+void ActivationOffloader::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  tickets_.clear();
+  by_storage_.clear();
+  entries_.clear();
+  pending_bytes_ = 0;
+}
+
+int64_t ActivationOffloader::host_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t total = 0;
+  for (const auto& [id, e] : entries_) total += e->nbytes;
+  return total;
+}
+
+int64_t ActivationOffloader::pending_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_bytes_;
+}
+
+int64_t ActivationOffloader::offloaded_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return offloaded_bytes_;
+}
+
+OffloadScope::OffloadScope(ActivationOffloader* offloader, int64_t group)
+    : previous_(current_offloader), previous_group_(current_group) {
+  if (offloader != nullptr) {
+    current_offloader = offloader;
+    current_group = group;
+  }
+}
+
+OffloadScope::~OffloadScope() {
+  current_offloader = previous_;
+  current_group = previous_group_;
+}
+
+void SaveForBackward(AutogradContext* ctx, const variable_list& tensors) {
+  ActivationOffloader* offloader = current_offloader;
+  if (offloader == nullptr) {
+    ctx->save_for_backward(tensors);
+    return;
+  }
+  variable_list kept(tensors.size());
+  std::vector<int64_t> tickets(tensors.size(), -1);
+  bool any = false;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (offloader->Offloadable(tensors[i])) {
+      tickets[i] = offloader->Offload(tensors[i], current_group);
+      any = true;
+    } else {
+      kept[i] = tensors[i];
+    }
+  }
+  ctx->save_for_backward(kept);
+  if (!any) return;
+  ctx->saved_data[kOffloaderKey] = static_cast<int64_t>(reinterpret_cast<intptr_t>(offloader));
+  ctx->saved_data[kTicketsKey] = tickets;
+}
+
+variable_list SavedForBackward(AutogradContext* ctx) {
+  variable_list saved = ctx->get_saved_variables();
+  auto tickets = ctx->saved_data.find(kTicketsKey);
+  if (tickets == ctx->saved_data.end()) return saved;
+  auto* offloader = reinterpret_cast<ActivationOffloader*>(
+      static_cast<intptr_t>(ctx->saved_data[kOffloaderKey].toInt()));
+  const std::vector<int64_t> ids = tickets->second.toIntVector();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= 0) saved[i] = offloader->Restore(ids[i]);
+  }
+  ctx->saved_data.erase(kTicketsKey);  // a second backward finds no tickets (and fails below)
+  return saved;
+}
+
+}  // namespace qlora::engine

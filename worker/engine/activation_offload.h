@@ -1,0 +1,112 @@
+// Activation offloading: the tensors a decoder layer saves for backward wait in pinned host
+// memory instead of device memory, so the layer needs neither their memory nor a recomputation.
+//
+// Between a layer's forward and its backward there is the rest of forward and the backward of
+// every layer above it; at sequence 2048 a layer's saved activations cross PCIe (both ways, on
+// copy engines beside the compute) in less time than that. So a layer that would be
+// checkpointed for lack of memory can instead be offloaded: its frozen GEMMs, attention and
+// elementwise work run once instead of twice, for PCIe traffic.
+//
+// How: the autograd functions of this engine save through SaveForBackward /
+// SavedForBackward below. While an OffloadScope is open on the calling thread (the model opens
+// one around an offloaded layer's forward) SaveForBackward hands each activation (not the
+// parameters, not tensors under `min_bytes`) to the ActivationOffloader, which copies its
+// storage to pinned host memory on a side stream once the compute stream has produced it, and
+// lets the device copy go when the transfer is done (at most `max_pending_bytes` wait; beyond
+// that the host waits for the oldest transfer). A storage saved twice (the attention output and
+// the o_proj input that views it) travels once. Prefetch(group) starts the copies back on a
+// second side stream into memory allocated on the compute stream; SavedForBackward makes the
+// compute stream wait for them. The model calls Prefetch a few layers ahead of backward (a hook
+// on a higher layer's output), so the copies overlap the layers above.
+//
+// Values are bit-for-bit those a device save keeps. On a CPU model "offloading" copies into
+// fresh host memory synchronously (what the tests use to check the plumbing). Thread-safe; the
+// offloader must outlive the graphs whose saves it holds. Clear() drops what a forward left
+// without a backward.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace qlora::engine {
+
+struct ActivationOffloadOptions {
+  int64_t min_bytes = 1 << 20;                 // smaller tensors stay on the device
+  int64_t max_pending_bytes = int64_t{2} << 30;  // device bytes waiting for their transfer
+};
+
+class ActivationOffloader {
+ public:
+  ActivationOffloader(at::Device device, ActivationOffloadOptions options = {});
+  ~ActivationOffloader();
+  ActivationOffloader(const ActivationOffloader&) = delete;
+  ActivationOffloader& operator=(const ActivationOffloader&) = delete;
+
+  // Whether `t` would be offloaded: defined, on this device, not a parameter (a leaf that
+  // requires grad), at least min_bytes.
+  bool Offloadable(const at::Tensor& t) const;
+  // Starts moving `t` to host memory under `group` (a decoder layer); returns its ticket.
+  int64_t Offload(const at::Tensor& t, int64_t group);
+  // Starts bringing `group`'s tensors back (no-op for tensors already back or unknown groups).
+  void Prefetch(int64_t group);
+  // The ticket's tensor on the device, ready for the compute stream; each ticket once.
+  at::Tensor Restore(int64_t ticket);
+  // Forgets every ticket not restored yet.
+  void Clear();
+
+  // Bytes of pinned host memory held now (tests, logs).
+  int64_t host_bytes() const;
+  // Device bytes still waiting for their transfer to the host.
+  int64_t pending_bytes() const;
+  // Bytes copied to the host since construction (a storage shared by two saves counts once).
+  int64_t offloaded_bytes() const;
+
+ private:
+  struct Entry;
+  struct Ticket;
+  struct Streams;
+
+  void ReleaseFinishedLocked();
+  void FetchLocked(Entry& entry);
+
+  const at::Device device_;
+  const ActivationOffloadOptions options_;
+  std::unique_ptr<Streams> streams_;  // null on a CPU model
+  mutable std::mutex mu_;
+  int64_t next_ = 0;
+  std::map<int64_t, std::shared_ptr<Entry>> entries_;  // by entry id
+  std::map<int64_t, Ticket> tickets_;
+  std::map<const void*, std::shared_ptr<Entry>> by_storage_;  // storages still on the device
+  int64_t pending_bytes_ = 0;
+  int64_t offloaded_bytes_ = 0;
+};
+
+// Offloads what the engine's autograd functions save on this thread while alive (nestable; the
+// innermost wins). `offloader` null: a no-op scope.
+class OffloadScope {
+ public:
+  OffloadScope(ActivationOffloader* offloader, int64_t group);
+  ~OffloadScope();
+  OffloadScope(const OffloadScope&) = delete;
+  OffloadScope& operator=(const OffloadScope&) = delete;
+
+ private:
+  ActivationOffloader* previous_;
+  int64_t previous_group_;
+};
+
+// ctx->save_for_backward(tensors), offloading the activations among them inside an
+// OffloadScope. Undefined tensors are fine.
+void SaveForBackward(torch::autograd::AutogradContext* ctx,
+                     const torch::autograd::variable_list& tensors);
+// ctx->get_saved_variables() with the offloaded ones restored.
+torch::autograd::variable_list SavedForBackward(torch::autograd::AutogradContext* ctx);
+
+}  // namespace qlora::engine
