@@ -1,7 +1,8 @@
 // Activation offloading (worker/engine/activation_offload.h): saved tensors come back with the
 // same bytes, a storage saved twice travels once, parameters and small tensors stay, a ticket is
 // restored once; and a model whose layers offload computes bit for bit the loss and gradients of
-// one that does not, checkpointed or not, with two micro-batches, leaving no host memory held.
+// one that does not, checkpointed or not, with two micro-batches, leaving no host memory held
+// after backward, nor after a graph dropped without one.
 // On the CPU, and on a GPU when there is one (pinned memory, side streams, prefetch).
 #include <map>
 #include <string>
@@ -151,6 +152,12 @@ TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients)
         ASSERT_NE(offloader, nullptr);
         EXPECT_GT(offloader->offloaded_bytes(), 0);
         EXPECT_EQ(offloader->host_bytes(), 0);  // backward restored every tensor
+        // A graph dropped without backward lets go of what it offloaded.
+        {
+          const at::Tensor hidden = model.Forward(ids);
+          EXPECT_GT(offloader->host_bytes(), 0);
+        }
+        EXPECT_EQ(offloader->host_bytes(), 0);
       }
       model.SetOffloadedLayers(0);
       model.SetCheckpointedLayers(5);

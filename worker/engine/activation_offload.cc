@@ -21,11 +21,20 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The scope open on this thread (the autograd analogue: GradMode's thread-local flag).
-thread_local ActivationOffloader* current_offloader = nullptr;
+thread_local std::shared_ptr<ActivationOffloader> current_offloader;
 thread_local int64_t current_group = -1;
 
-constexpr const char* kOffloaderKey = "qlora.offloader";
 constexpr const char* kTicketsKey = "qlora.offload_tickets";
+
+// Kept in a node's saved_data: restores its tickets, and lets go of the ones never restored when
+// the node dies (a backward that never reached it, or a graph dropped without backward).
+struct SavedTickets : torch::CustomClassHolder {
+  SavedTickets(std::shared_ptr<ActivationOffloader> offloader, std::vector<int64_t> ids)
+      : offloader(std::move(offloader)), ids(std::move(ids)) {}
+  ~SavedTickets() override { offloader->Forget(ids); }
+  std::shared_ptr<ActivationOffloader> offloader;
+  std::vector<int64_t> ids;  // -1: kept by the node itself
+};
 
 // The bytes of t's storage as a flat uint8 tensor on t's device (no copy).
 at::Tensor StorageBytes(const at::Tensor& t) {
@@ -218,17 +227,38 @@ at::Tensor ActivationOffloader::Restore(int64_t ticket_id) {
   at::Tensor restored =
       at::empty({0}, entry.restored.options().dtype(ticket.dtype))
           .set_(entry.restored.storage(), ticket.storage_offset, ticket.sizes, ticket.strides);
-  if (--entry.open_tickets == 0) {
-    for (auto e = entries_.begin(); e != entries_.end(); ++e) {
-      if (e->second.get() == &entry) {
-        if (entry.source.defined()) pending_bytes_ -= entry.nbytes;
-        entries_.erase(e);
-        break;
-      }
-    }
-    ReleaseFinishedLocked();
-  }
+  if (--entry.open_tickets == 0) DropEntryLocked(ticket.entry);
   return restored;
+}
+
+void ActivationOffloader::DropEntryLocked(const std::shared_ptr<Entry>& entry) {
+  for (auto e = entries_.begin(); e != entries_.end(); ++e) {
+    if (e->second == entry) {
+      entries_.erase(e);
+      break;
+    }
+  }
+  for (auto s = by_storage_.begin(); s != by_storage_.end(); ++s) {
+    if (s->second == entry) {
+      by_storage_.erase(s);
+      break;
+    }
+  }
+  if (entry->source.defined()) {
+    pending_bytes_ -= entry->nbytes;
+    entry->source.reset();
+  }
+}
+
+void ActivationOffloader::Forget(const std::vector<int64_t>& ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int64_t id : ids) {
+    auto it = tickets_.find(id);
+    if (it == tickets_.end()) continue;  // restored (or cleared) already
+    std::shared_ptr<Entry> entry = std::move(it->second.entry);
+    tickets_.erase(it);
+    if (--entry->open_tickets == 0) DropEntryLocked(entry);
+  }
 }
 
 void ActivationOffloader::Clear() {
@@ -256,10 +286,10 @@ int64_t ActivationOffloader::offloaded_bytes() const {
   return offloaded_bytes_;
 }
 
-OffloadScope::OffloadScope(ActivationOffloader* offloader, int64_t group)
+OffloadScope::OffloadScope(std::shared_ptr<ActivationOffloader> offloader, int64_t group)
     : previous_(current_offloader), previous_group_(current_group) {
   if (offloader != nullptr) {
-    current_offloader = offloader;
+    current_offloader = std::move(offloader);
     current_group = group;
   }
 }
@@ -270,7 +300,7 @@ OffloadScope::~OffloadScope() {
 }
 
 void SaveForBackward(AutogradContext* ctx, const variable_list& tensors) {
-  ActivationOffloader* offloader = current_offloader;
+  const std::shared_ptr<ActivationOffloader>& offloader = current_offloader;
   if (offloader == nullptr) {
     ctx->save_for_backward(tensors);
     return;
@@ -288,21 +318,18 @@ void SaveForBackward(AutogradContext* ctx, const variable_list& tensors) {
   }
   ctx->save_for_backward(kept);
   if (!any) return;
-  ctx->saved_data[kOffloaderKey] = static_cast<int64_t>(reinterpret_cast<intptr_t>(offloader));
-  ctx->saved_data[kTicketsKey] = tickets;
+  ctx->saved_data[kTicketsKey] =
+      at::IValue::make_capsule(c10::make_intrusive<SavedTickets>(offloader, std::move(tickets)));
 }
 
 variable_list SavedForBackward(AutogradContext* ctx) {
   variable_list saved = ctx->get_saved_variables();
-  auto tickets = ctx->saved_data.find(kTicketsKey);
-  if (tickets == ctx->saved_data.end()) return saved;
-  auto* offloader = reinterpret_cast<ActivationOffloader*>(
-      static_cast<intptr_t>(ctx->saved_data[kOffloaderKey].toInt()));
-  const std::vector<int64_t> ids = tickets->second.toIntVector();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] >= 0) saved[i] = offloader->Restore(ids[i]);
+  auto found = ctx->saved_data.find(kTicketsKey);
+  if (found == ctx->saved_data.end()) return saved;
+  const auto tickets = c10::static_intrusive_pointer_cast<SavedTickets>(found->second.toCapsule());
+  for (size_t i = 0; i < tickets->ids.size(); ++i) {
+    if (tickets->ids[i] >= 0) saved[i] = tickets->offloader->Restore(tickets->ids[i]);
   }
-  ctx->saved_data.erase(kTicketsKey);  // a second backward finds no tickets (and fails below)
   return saved;
 }
 

@@ -58,6 +58,8 @@ class ActivationOffloader {
   void Prefetch(int64_t group);
   // The ticket's tensor on the device, ready for the compute stream; each ticket once.
   at::Tensor Restore(int64_t ticket);
+  // Lets go of tickets not restored (a node whose backward never ran: called when the node dies).
+  void Forget(const std::vector<int64_t>& tickets);
   // Forgets every ticket not restored yet.
   void Clear();
 
@@ -75,6 +77,9 @@ class ActivationOffloader {
 
   void ReleaseFinishedLocked();
   void FetchLocked(Entry& entry);
+  // The entry's last ticket is done: drop it (the device copy stays alive while a restored view
+  // of it does).
+  void DropEntryLocked(const std::shared_ptr<Entry>& entry);
 
   const at::Device device_;
   const ActivationOffloadOptions options_;
@@ -92,13 +97,15 @@ class ActivationOffloader {
 // innermost wins). `offloader` null: a no-op scope.
 class OffloadScope {
  public:
-  OffloadScope(ActivationOffloader* offloader, int64_t group);
+  // The nodes saved meanwhile share ownership of `offloader` (their tickets are released when
+  // they die).
+  OffloadScope(std::shared_ptr<ActivationOffloader> offloader, int64_t group);
   ~OffloadScope();
   OffloadScope(const OffloadScope&) = delete;
   OffloadScope& operator=(const OffloadScope&) = delete;
 
  private:
-  ActivationOffloader* previous_;
+  std::shared_ptr<ActivationOffloader> previous_;
   int64_t previous_group_;
 };
 

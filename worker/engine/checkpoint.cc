@@ -48,7 +48,7 @@ class CheckpointBackward : public torch::autograd::Node {
   CheckpointBackward(CheckpointedFn fn, const at::Tensor& input, std::vector<at::Tensor> params,
                      RngState rng, CheckpointOffload offload)
       : fn_(std::move(fn)), params_(std::move(params)), rng_(std::move(rng)),
-        offloader_(offload.offloader), input_requires_grad_(input.requires_grad()),
+        offloader_(std::move(offload.offloader)), input_requires_grad_(input.requires_grad()),
         device_(input.device()) {
     at::Tensor detached = input.detach();
     if (offloader_ != nullptr && offloader_->Offloadable(detached)) {
@@ -56,6 +56,10 @@ class CheckpointBackward : public torch::autograd::Node {
     } else {
       input_ = std::move(detached);
     }
+  }
+
+  ~CheckpointBackward() override {
+    if (ticket_ >= 0) offloader_->Forget({ticket_});  // never backpropagated
   }
 
   std::string name() const override { return "qlora::engine::CheckpointBackward"; }
@@ -107,7 +111,7 @@ class CheckpointBackward : public torch::autograd::Node {
   CheckpointedFn fn_;
   std::vector<at::Tensor> params_;
   RngState rng_;
-  ActivationOffloader* offloader_;
+  std::shared_ptr<ActivationOffloader> offloader_;
   bool input_requires_grad_;
   at::Device device_;
   at::Tensor input_;      // when not offloaded

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -27,7 +28,7 @@
 namespace qlora::engine {
 
 struct CheckpointOffload {
-  ActivationOffloader* offloader = nullptr;  // null: the input stays on its device
+  std::shared_ptr<ActivationOffloader> offloader;  // null: the input stays on its device
   int64_t group = -1;
 };
 

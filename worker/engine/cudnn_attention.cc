@@ -42,8 +42,8 @@ struct CudnnAttentionFunction : public torch::autograd::Function<CudnnAttentionF
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    if (!grad_outputs[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = SavedForBackward(ctx);
+    if (!grad_outputs[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor& out = saved[3];
     auto [grad_q, grad_k, grad_v] = at::_scaled_dot_product_cudnn_attention_backward(
         InLayoutOf(grad_outputs[0], out), saved[0], saved[1], saved[2], out, saved[4],

@@ -41,8 +41,8 @@ struct SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& grad = grad_outputs[0];
-    if (!grad.defined()) return {at::Tensor(), at::Tensor()};
     const variable_list saved = SavedForBackward(ctx);
+    if (!grad.defined()) return {at::Tensor(), at::Tensor()};
     auto [grad_gate, grad_up] = kernels::SwigluBackward(grad, saved[0], saved[1]);
     return {grad_gate, grad_up};
   }
@@ -60,8 +60,8 @@ struct SumGraphOnlyFunction : public torch::autograd::Function<SumGraphOnlyFunct
 // The gradient reaching x (and delta) of {h, rms_norm(h) * w}: the norm's plus h's own.
 at::Tensor ResidualRmsNormGradient(AutogradContext* ctx, const variable_list& grad_outputs) {
   const at::Tensor &grad_h = grad_outputs[0], &grad_n = grad_outputs[1];
-  if (!grad_n.defined()) return grad_h;
   const variable_list saved = SavedForBackward(ctx);
+  if (!grad_n.defined()) return grad_h;
   return kernels::RmsNormBackward(grad_n, saved[0], saved[1], ctx->saved_data["weight"].toTensor(),
                                   grad_h);
 }

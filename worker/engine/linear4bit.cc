@@ -245,8 +245,8 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
-    if (!g.defined()) return variable_list(10);
     const variable_list saved = SavedForBackward(ctx);
+    if (!g.defined()) return variable_list(10);
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::ScalarType dtype = gate.scalar_type();

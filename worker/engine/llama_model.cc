@@ -339,7 +339,8 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
 
   at::Tensor x = at::embedding(embed_tokens, ids);
   const bool checkpoint = training_ && at::GradMode::is_enabled();
-  ActivationOffloader* offloader = checkpoint && offload_request_ > 0 ? offloader_.get() : nullptr;
+  const std::shared_ptr<ActivationOffloader> offloader =
+      checkpoint && offload_request_ > 0 ? offloader_ : nullptr;
   for (size_t i = 0; i < layers.size(); ++i) {
     const DecoderLayer& layer = layers[i];
     const LayerAttention& attention =

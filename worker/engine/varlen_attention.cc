@@ -43,9 +43,9 @@ struct FlashVarlenFunction : public torch::autograd::Function<FlashVarlenFunctio
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& grad = grad_outputs[0];
+    const variable_list saved = SavedForBackward(ctx);
     if (!grad.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
                                  at::Tensor(), at::Tensor()};
-    const variable_list saved = SavedForBackward(ctx);
     const at::Tensor cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
     const int64_t max_length = ctx->saved_data["max_length"].toInt();
     auto [grad_q, grad_k, grad_v] = at::_flash_attention_backward(
