@@ -72,21 +72,22 @@ TEST(EngineActivationOffload, TensorsComeBackBitForBitAndSharedStoragesTravelOnc
   }
 }
 
-// The values saved are those at Offload, even when the compute stream writes the tensor later
-// (the copy to the host waits for the work before Offload, and the storage is not reused).
-TEST(EngineActivationOffload, LaterWritesDoNotReachTheSavedCopy) {
+// The values saved are those at Offload, with the work queued before it done, even when the
+// owner lets the tensor go at once and its memory is asked for again (the offloader holds the
+// device copy until its transfer is done).
+TEST(EngineActivationOffload, ATensorFreedAfterOffloadStillArrivesIntact) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());
     ActivationOffloadOptions options;
     options.min_bytes = 0;
     ActivationOffloader offloader(device, options);
-    at::Tensor x = at::zeros({1 << 20}, at::device(device));
+    at::Tensor x = at::zeros({1 << 22}, at::device(device));
     x.add_(1);  // queued before Offload
     const int64_t ticket = offloader.Offload(x, 0);
-    const at::Tensor expected = at::ones({1 << 20});
-    x.add_(5);  // queued after: must not be seen
     x = at::Tensor();
-    EXPECT_TRUE(at::equal(offloader.Restore(ticket).cpu(), expected));
+    const at::Tensor reuse = at::full({1 << 22}, 7.0, at::device(device));  // the freed size again
+    EXPECT_TRUE(at::equal(offloader.Restore(ticket).cpu(), at::ones({1 << 22})));
+    EXPECT_TRUE(at::equal(reuse.cpu(), at::full({1 << 22}, 7.0)));
   }
 }
 

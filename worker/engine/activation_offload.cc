@@ -167,11 +167,11 @@ void ActivationOffloader::ReleaseFinishedLocked() {
   }
 #endif
   for (auto it = by_storage_.begin(); it != by_storage_.end();) {
-    // A storage whose device copy is gone may be freed and its address reused.
-    if (it->second->source.defined() || (streams_ == nullptr && !it->second->storage.expired())) {
-      ++it;
-    } else {
+    // A storage that died may have its address reused: forget it (a live one is saved once).
+    if (it->second->storage.expired()) {
       it = by_storage_.erase(it);
+    } else {
+      ++it;
     }
   }
 }

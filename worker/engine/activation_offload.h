@@ -13,8 +13,9 @@
 // parameters, not tensors under `min_bytes`) to the ActivationOffloader, which copies its
 // storage to pinned host memory on a side stream once the compute stream has produced it, and
 // lets the device copy go when the transfer is done (at most `max_pending_bytes` wait; beyond
-// that the host waits for the oldest transfer). A storage saved twice (the attention output and
-// the o_proj input that views it) travels once. Prefetch(group) starts the copies back on a
+// that the host waits for the oldest transfer). A storage saved twice while alive (the attention
+// output and the o_proj input that views it) travels once. As with autograd's own saves, a
+// saved tensor must not be written in place before backward (the copy may still be reading it). Prefetch(group) starts the copies back on a
 // second side stream into memory allocated on the compute stream; SavedForBackward makes the
 // compute stream wait for them. The model calls Prefetch a few layers ahead of backward (a hook
 // on a higher layer's output), so the copies overlap the layers above.
