@@ -153,6 +153,9 @@ void LlamaForCausalLM::PlaceOffloadedLayers() {
     }
     prefetch_at_[at].push_back(j);
   }
+  // One copy stream serves them in order: the layer backward reaches first (the highest) goes
+  // first, so that a checkpointed input is not queued behind a whole offloaded layer below it.
+  for (std::vector<int64_t>& groups : prefetch_at_) std::sort(groups.rbegin(), groups.rend());
 }
 
 int64_t LlamaForCausalLM::ResidentBytes() const {
