@@ -17,13 +17,20 @@ What it does:
      assigned (CUDA_VISIBLE_DEVICES); the worker dies with the task's process (PR_SET_PDEATHSIG);
   3. forwards each line a rank prints as "QLORA-LOG <rank> <line>" and reports each rank's end as
      a line "QLORA-EXIT <nonce> {json}" (the coordinator reads both through Ray's job logs API;
-     the nonce, random per start, tells the driver's lines from anything a worker prints);
+     the nonce, random per start, tells the driver's lines from anything a worker prints). Ray
+     forwards a task's output to the driver asynchronously (its log monitor tails the task's log
+     file), so a rank's end could reach the driver's log before its last lines, and the
+     coordinator, which stops reading once every rank has ended, would lose them: the driver
+     counts the rank lines it has printed and reports an end only once all of that rank's lines
+     are through (or after forward_timeout_s);
   4. on SIGTERM (the coordinator stopped the Ray job) passes SIGTERM to every rank and kills what
      is left after stop_grace_s.
 """
+import collections
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +42,41 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 PR_SET_PDEATHSIG = 1
+
+
+FORWARD_TIMEOUT_S = 15.0
+
+
+class ForwardedLines:
+    """The driver's stdout, counting the rank lines Ray's log thread prints through it."""
+
+    MARKER = re.compile(r"QLORA-LOG (\d+) ")
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.counts = collections.Counter()
+        self.lock = threading.Lock()
+
+    def write(self, text):
+        written = self.stream.write(text)
+        with self.lock:
+            for match in self.MARKER.finditer(text):
+                self.counts[int(match.group(1))] += 1
+        return written
+
+    def flush(self):
+        self.stream.flush()
+
+    def wait_for(self, rank, lines, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.counts[rank] >= lines:
+                    return
+            time.sleep(0.05)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 def report_exit(nonce, **end):
@@ -69,10 +111,12 @@ def run_rank(rank, argv, env, use_gpu, stop_grace_s):
                             stderr=subprocess.STDOUT, preexec_fn=lambda: die_with_parent(prctl, parent),
                             bufsize=1, text=True, errors="replace")
     print(f"QLORA-LOG {rank} [qlora-ray] rank {rank} started on {host}, pid {proc.pid}", flush=True)
+    lines = 1
     try:
         for line in proc.stdout:
             sys.stdout.write(f"QLORA-LOG {rank} {line.rstrip(chr(10))}\n")
             sys.stdout.flush()
+            lines += 1
         code = proc.wait()
     except BaseException:  # cancelled (KeyboardInterrupt) or the task is being torn down
         proc.terminate()
@@ -82,7 +126,7 @@ def run_rank(rank, argv, env, use_gpu, stop_grace_s):
             proc.kill()
             code = proc.wait()
     return {"rank": rank, "host": host, "pid": proc.pid,
-            "code": code if code >= 0 else 0, "signal": -code if code < 0 else 0}
+            "code": code if code >= 0 else 0, "signal": -code if code < 0 else 0, "lines": lines}
 
 
 def main():
@@ -96,6 +140,8 @@ def main():
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
 
+    forwarded = ForwardedLines(sys.stdout)
+    sys.stdout = forwarded  # Ray's log thread looks the stream up at each print
     ray.init(log_to_driver=True)
     pg = placement_group([dict(bundle) for _ in ranks], strategy=spec["placement"])
     deadline = time.monotonic() + float(spec["placement_timeout_s"])
@@ -131,13 +177,16 @@ def main():
         for task in done:
             rank = pending.pop(task)
             try:
-                report_exit(nonce, **ray.get(task))
+                end = ray.get(task)
             except Exception as error:  # a lost node, a crashed Ray worker, a cancellation
                 first = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 if len(first) > 160:  # Ray's messages go on with advice; the first sentences say it
                     first = first[:160].rsplit(" ", 1)[0] + " ..."
                 report_exit(nonce, rank=rank, cause=f"its Ray task ended without an exit status: "
                                              f"{type(error).__name__}: {first}")
+                continue
+            forwarded.wait_for(rank, end.pop("lines"), FORWARD_TIMEOUT_S)
+            report_exit(nonce, **end)
     remove_placement_group(pg)
 
 
