@@ -26,14 +26,8 @@ namespace {
 using ::qlora::testing::MaxAbsDiff;
 using ::qlora::testing::TempDir;
 
-std::vector<at::Device> Devices() {
-  std::vector<at::Device> devices = {at::kCPU};
-  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
-  return devices;
-}
-
 TEST(EngineActivationOffload, TensorsComeBackBitForBitAndSharedStoragesTravelOnce) {
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : TestDevices()) {
     SCOPED_TRACE(device.str());
     ActivationOffloadOptions options;
     options.min_bytes = 64;
@@ -76,7 +70,7 @@ TEST(EngineActivationOffload, TensorsComeBackBitForBitAndSharedStoragesTravelOnc
 // owner lets the tensor go at once and its memory is asked for again (the offloader holds the
 // device copy until its transfer is done).
 TEST(EngineActivationOffload, ATensorFreedAfterOffloadStillArrivesIntact) {
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : TestDevices()) {
     SCOPED_TRACE(device.str());
     ActivationOffloadOptions options;
     options.min_bytes = 0;
@@ -113,21 +107,12 @@ TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients)
   tiny.dtype = "bfloat16";
   tiny.config.num_hidden_layers = 5;
   ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
-  for (const at::Device& device : Devices()) {
+  for (const at::Device& device : TestDevices()) {
     for (double dropout : {0.0, 0.2}) {
       SCOPED_TRACE(device.str() + " dropout " + std::to_string(dropout));
-      LoadOptions options;
-      options.device = device;
-      options.compute_dtype = at::kBFloat16;
-      auto loaded = LoadLlama(dir.path(), options);
-      ASSERT_TRUE(loaded.ok()) << loaded.status();
-      LlamaForCausalLM& model = **loaded;
-      LoraOptions lora;
-      lora.target_modules = {"all-linear"};
-      lora.dropout = dropout;
-      ASSERT_TRUE(model.AddLora(lora).ok());
-      RandomizeLoraB(model);
-      model.SetTraining(true);
+      const std::unique_ptr<LlamaForCausalLM> loaded = LoadBf16WithAdapters(dir.path(), device, dropout);
+      ASSERT_NE(loaded, nullptr);
+      LlamaForCausalLM& model = *loaded;
       const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
       const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
       at::manual_seed(7);

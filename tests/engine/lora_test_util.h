@@ -1,15 +1,20 @@
-// Inputs for the engine's LoRA tests: random token ids, labels with a masked prompt, and
-// non-zero B matrices (PEFT starts them at zero, which would hide every gradient but B's).
+// Inputs for the engine's LoRA tests: the devices to run on, a tiny bf16 model with adapters,
+// random token ids, labels with a masked prompt, and non-zero B matrices (PEFT starts them at
+// zero, which would hide every gradient but B's).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "common/model/llama_config.h"
+#include "gtest/gtest.h"
 #include "worker/engine/causal_lm_loss.h"
+#include "worker/engine/hf_loader.h"
 #include "worker/engine/llama_model.h"
 
 namespace qlora::engine {
@@ -27,6 +32,34 @@ inline void RandomizeLoraB(LlamaForCausalLM& model) {
       const_cast<at::Tensor&>(p).copy_(at::randn(p.sizes(), gen) * 0.1);
     }
   }
+}
+
+// The CPU, and the first GPU when there is one.
+inline std::vector<at::Device> TestDevices() {
+  std::vector<at::Device> devices = {at::kCPU};
+  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
+  return devices;
+}
+
+// The model folder at `dir` loaded on `device` in bf16, with adapters on every linear layer
+// (B randomized) and training on; null (and a test failure) when it does not load.
+inline std::unique_ptr<LlamaForCausalLM> LoadBf16WithAdapters(const std::string& dir,
+                                                              at::Device device,
+                                                              double dropout = 0.0) {
+  LoadOptions options;
+  options.device = device;
+  options.compute_dtype = at::kBFloat16;
+  auto loaded = LoadLlama(dir, options);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  if (!loaded.ok()) return nullptr;
+  std::unique_ptr<LlamaForCausalLM> model = std::move(*loaded);
+  LoraOptions lora;
+  lora.target_modules = {"all-linear"};
+  lora.dropout = dropout;
+  EXPECT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  model->SetTraining(true);
+  return model;
 }
 
 inline at::Tensor LabelsFor(const at::Tensor& ids) {

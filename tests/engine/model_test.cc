@@ -249,22 +249,12 @@ TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
   tiny.init_std = 0.1;
   tiny.dtype = "bfloat16";
   ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
-  std::vector<at::Device> devices = {at::kCPU};
-  if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
-  for (const at::Device& device : devices) {
+  for (const at::Device& device : TestDevices()) {
     for (bool checkpointing : {true, false}) {
       SCOPED_TRACE(device.str() + (checkpointing ? " checkpointed" : " plain"));
-      LoadOptions options;
-      options.device = device;
-      options.compute_dtype = at::kBFloat16;
-      auto loaded = LoadLlama(dir.path(), options);
-      ASSERT_TRUE(loaded.ok()) << loaded.status();
-      LlamaForCausalLM& model = **loaded;
-      LoraOptions lora;
-      lora.target_modules = {"all-linear"};
-      ASSERT_TRUE(model.AddLora(lora).ok());
-      RandomizeLoraB(model);
-      model.SetTraining(true);
+      const std::unique_ptr<LlamaForCausalLM> loaded = LoadBf16WithAdapters(dir.path(), device);
+      ASSERT_NE(loaded, nullptr);
+      LlamaForCausalLM& model = *loaded;
       model.SetGradientCheckpointing(checkpointing);
       const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
       const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
