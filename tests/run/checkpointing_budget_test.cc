@@ -84,5 +84,24 @@ TEST(CheckpointingBudget, TrueRunsTheTopLayerPlainlyWhenThatCostsNoMemory) {
                                                         "(enable_gradient_checkpointing: true)"));
 }
 
+// trainer.offload_activation_layers moves activations between a GPU and host memory: a CPU
+// worker ignores it and says so.
+TEST(CheckpointingBudget, OffloadingOnACpuWorkerIsIgnoredAndSaidSo) {
+  engine::LlamaForCausalLM model(Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU));
+  JobConfig config;
+  config.trainer.gradient_checkpointing = CheckpointingMode::kAll;
+  config.trainer.offload_activation_layers = 8;
+  CheckpointingBudgetOptions o;
+  o.config = &config;
+  o.model = &model;
+  o.allocated_bytes = int64_t{7} << 30;
+  auto budget = CheckpointingBudget::Start(o);
+  ASSERT_TRUE(budget.ok()) << budget.status();
+  EXPECT_EQ(model.offloaded_layers(), 0);
+  EXPECT_EQ(model.activation_offloader(), nullptr);
+  EXPECT_THAT(budget->Describe(),
+              ::testing::HasSubstr("; offload_activation_layers: 8 ignored: the model is not on a GPU"));
+}
+
 }  // namespace
 }  // namespace qlora::worker

@@ -54,6 +54,7 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   CheckpointingBudget b;
   b.model_ = o.model;
   o.model->SetOffloadedLayers(OffloadedLayers(o));  // placed among whatever split follows
+  b.offload_requested_ = o.config->trainer.offload_activation_layers;
   const TrainerConfig& t = o.config->trainer;
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
   if (!b.automatic_) {
@@ -84,6 +85,10 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
 
 std::string CheckpointingBudget::Describe() const {
   const int64_t offloaded = model_->offloaded_layers();
+  if (offloaded == 0 && offload_requested_ > 0) {
+    return absl::StrCat(DescribeSplit(), "; offload_activation_layers: ", offload_requested_,
+                        " ignored: the model is not on a GPU");
+  }
   if (offloaded == 0) return DescribeSplit();
   return absl::StrCat(DescribeSplit(), "; activation offloading: ", offloaded,
                       " of them keep their saved tensors in host memory instead");

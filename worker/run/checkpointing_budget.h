@@ -64,6 +64,7 @@ class CheckpointingBudget {
 
   engine::LlamaForCausalLM* model_ = nullptr;
   bool automatic_ = false;
+  int64_t offload_requested_ = 0;    // trainer.offload_activation_layers (GPU workers only)
   bool planned_ = false;             // auto with a budget (else: every layer, nothing to correct)
   engine::MemoryPlanRequest request_;
   engine::MemoryPlan plan_;
