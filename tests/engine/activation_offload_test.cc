@@ -85,21 +85,6 @@ TEST(EngineActivationOffload, ATensorFreedAfterOffloadStillArrivesIntact) {
   }
 }
 
-std::map<std::string, at::Tensor> TwoMicroBatchGradients(LlamaForCausalLM& model,
-                                                         const at::Tensor& ids,
-                                                         const at::Tensor& labels) {
-  for (const auto& [name, p] : model.TrainableParameters()) p.mutable_grad() = at::Tensor();
-  std::map<std::string, at::Tensor> out;
-  for (int micro = 0; micro < 2; ++micro) {
-    const at::Tensor hidden = model.Forward(micro == 0 ? ids : ids.flip(1));
-    const CausalLmLoss loss = model.Loss(hidden, labels, {5});
-    loss.loss_sum.backward();
-    out["loss_sum_" + std::to_string(micro)] = loss.loss_sum.detach().cpu();
-  }
-  for (const auto& [name, p] : model.TrainableParameters()) out[name] = p.grad().cpu().clone();
-  return out;
-}
-
 TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients) {
   TempDir dir;
   TinyModelOptions tiny;

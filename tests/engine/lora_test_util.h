@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,23 @@ inline at::Tensor LabelsFor(const at::Tensor& ids) {
   at::Tensor labels = ids.clone();
   labels.index_put_({0, at::indexing::Slice(0, 3)}, kIgnoreIndex);  // a masked prompt
   return labels;
+}
+
+// The losses of two micro-batches (ids, then ids reversed; "loss_sum_0", "loss_sum_1") and the
+// adapters' gradients accumulated over both (by parameter name), on the CPU.
+inline std::map<std::string, at::Tensor> TwoMicroBatchGradients(LlamaForCausalLM& model,
+                                                                const at::Tensor& ids,
+                                                                const at::Tensor& labels) {
+  for (const auto& [name, p] : model.TrainableParameters()) p.mutable_grad() = at::Tensor();
+  std::map<std::string, at::Tensor> out;
+  for (int micro = 0; micro < 2; ++micro) {
+    const at::Tensor hidden = model.Forward(micro == 0 ? ids : ids.flip(1));
+    const CausalLmLoss loss = model.Loss(hidden, labels, {5});
+    loss.loss_sum.backward();
+    out["loss_sum_" + std::to_string(micro)] = loss.loss_sum.detach().cpu();
+  }
+  for (const auto& [name, p] : model.TrainableParameters()) out[name] = p.grad().cpu().clone();
+  return out;
 }
 
 }  // namespace qlora::engine

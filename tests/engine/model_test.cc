@@ -260,22 +260,14 @@ TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
       const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
       // Two micro-batches' gradients, accumulated.
       auto step = [&](bool scoped) {
-        for (const auto& [name, p] : model.TrainableParameters()) p.mutable_grad() = at::Tensor();
         std::optional<AdapterCopyScope> scope;
         if (scoped) scope.emplace(model.adapter_copies());
-        std::map<std::string, at::Tensor> out;
-        for (int micro = 0; micro < 2; ++micro) {
-          const at::Tensor hidden = model.Forward(micro == 0 ? ids : ids.flip(1));
-          const CausalLmLoss loss = model.Loss(hidden, labels, {5});
-          loss.loss_sum.backward();
-          out["loss_sum_" + std::to_string(micro)] = loss.loss_sum.detach().cpu();
-        }
+        std::map<std::string, at::Tensor> out = TwoMicroBatchGradients(model, ids, labels);
         if (scoped) {
           int64_t adapter_elements = 0;
           for (const auto& [name, p] : model.TrainableParameters()) adapter_elements += p.numel();
           EXPECT_EQ(model.adapter_copies().cached_bytes(), adapter_elements * 2);
         }
-        for (const auto& [name, p] : model.TrainableParameters()) out[name] = p.grad().cpu().clone();
         return out;
       };
       const auto cast_each_use = step(false);

@@ -29,18 +29,22 @@ engine::LlamaConfig Llama2_7bShape() {
 
 struct Chosen {
   int64_t checkpointed = 0;
+  int64_t offloaded = 0;
+  bool has_offloader = false;
   std::string describe;
   int64_t peak_all = 0, peak_all_but_top = 0;
 };
 
 // Start() for `true` on a weightless model of `shape` (its layers hold no tensors), 7 GiB
 // counted as resident, with the planner's figures for all and all-but-the-top checkpointed.
-Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int64_t sequence) {
+Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int64_t sequence,
+                     int64_t offload_activation_layers = 0) {
   engine::LlamaForCausalLM model(shape, at::kBFloat16, at::Device(at::kCPU));
   JobConfig config;
   config.trainer.batch_size = micro_batch;
   config.data.max_sequence_length = sequence;
   config.trainer.gradient_checkpointing = CheckpointingMode::kAll;
+  config.trainer.offload_activation_layers = offload_activation_layers;
   CheckpointingBudgetOptions o;
   o.config = &config;
   o.model = &model;
@@ -50,6 +54,8 @@ Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int6
   Chosen c;
   if (!budget.ok()) return c;
   c.checkpointed = model.checkpointed_layers();
+  c.offloaded = model.offloaded_layers();
+  c.has_offloader = model.activation_offloader() != nullptr;
   c.describe = budget->Describe();
   engine::MemoryPlanRequest r;
   r.model = shape;
@@ -87,19 +93,10 @@ TEST(CheckpointingBudget, TrueRunsTheTopLayerPlainlyWhenThatCostsNoMemory) {
 // trainer.offload_activation_layers moves activations between a GPU and host memory: a CPU
 // worker ignores it and says so.
 TEST(CheckpointingBudget, OffloadingOnACpuWorkerIsIgnoredAndSaidSo) {
-  engine::LlamaForCausalLM model(Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU));
-  JobConfig config;
-  config.trainer.gradient_checkpointing = CheckpointingMode::kAll;
-  config.trainer.offload_activation_layers = 8;
-  CheckpointingBudgetOptions o;
-  o.config = &config;
-  o.model = &model;
-  o.allocated_bytes = int64_t{7} << 30;
-  auto budget = CheckpointingBudget::Start(o);
-  ASSERT_TRUE(budget.ok()) << budget.status();
-  EXPECT_EQ(model.offloaded_layers(), 0);
-  EXPECT_EQ(model.activation_offloader(), nullptr);
-  EXPECT_THAT(budget->Describe(),
+  const Chosen c = ChooseForTrue(Llama2_7bShape(), 1, 512, /*offload_activation_layers=*/8);
+  EXPECT_EQ(c.offloaded, 0);
+  EXPECT_FALSE(c.has_offloader);
+  EXPECT_THAT(c.describe,
               ::testing::HasSubstr("; offload_activation_layers: 8 ignored: the model is not on a GPU"));
 }
 

@@ -57,6 +57,8 @@ struct ActivationOffloader::Streams {};
 // One storage's trip: its bytes on the host, and on the device before the transfer is done
 // (`source`) and after Prefetch (`restored`).
 struct ActivationOffloader::Entry {
+  int64_t id = -1;               // its key in entries_
+  const void* key = nullptr;     // its key in by_storage_ (the storage's address)
   int64_t group = -1;
   int64_t nbytes = 0;
   at::Tensor host;      // uint8 [nbytes], pinned on a CUDA model
@@ -110,6 +112,8 @@ int64_t ActivationOffloader::Offload(const at::Tensor& t, int64_t group) {
     entry = found->second;  // the same live storage, saved again: one transfer
   } else {
     entry = std::make_shared<Entry>();
+    entry->id = next_++;
+    entry->key = key;
     entry->group = group;
     entry->nbytes = static_cast<int64_t>(t.storage().nbytes());
     entry->storage = t.storage().getWeakStorageImpl();
@@ -142,7 +146,7 @@ int64_t ActivationOffloader::Offload(const at::Tensor& t, int64_t group) {
 #endif
     }
     offloaded_bytes_ += entry->nbytes;
-    entries_[next_++] = entry;
+    entries_[entry->id] = entry;
     by_storage_[key] = entry;
   }
   ++entry->open_tickets;
@@ -232,18 +236,9 @@ at::Tensor ActivationOffloader::Restore(int64_t ticket_id) {
 }
 
 void ActivationOffloader::DropEntryLocked(const std::shared_ptr<Entry>& entry) {
-  for (auto e = entries_.begin(); e != entries_.end(); ++e) {
-    if (e->second == entry) {
-      entries_.erase(e);
-      break;
-    }
-  }
-  for (auto s = by_storage_.begin(); s != by_storage_.end(); ++s) {
-    if (s->second == entry) {
-      by_storage_.erase(s);
-      break;
-    }
-  }
+  entries_.erase(entry->id);
+  auto mapped = by_storage_.find(entry->key);
+  if (mapped != by_storage_.end() && mapped->second == entry) by_storage_.erase(mapped);
   if (entry->source.defined()) {
     pending_bytes_ -= entry->nbytes;
     entry->source.reset();
@@ -274,11 +269,6 @@ int64_t ActivationOffloader::host_bytes() const {
   int64_t total = 0;
   for (const auto& [id, e] : entries_) total += e->nbytes;
   return total;
-}
-
-int64_t ActivationOffloader::pending_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return pending_bytes_;
 }
 
 int64_t ActivationOffloader::offloaded_bytes() const {

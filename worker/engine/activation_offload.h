@@ -66,8 +66,6 @@ class ActivationOffloader {
 
   // Bytes of pinned host memory held now (tests, logs).
   int64_t host_bytes() const;
-  // Device bytes still waiting for their transfer to the host.
-  int64_t pending_bytes() const;
   // Bytes copied to the host since construction (a storage shared by two saves counts once).
   int64_t offloaded_bytes() const;
 
@@ -89,7 +87,7 @@ class ActivationOffloader {
   int64_t next_ = 0;
   std::map<int64_t, std::shared_ptr<Entry>> entries_;  // by entry id
   std::map<int64_t, Ticket> tickets_;
-  std::map<const void*, std::shared_ptr<Entry>> by_storage_;  // storages still on the device
+  std::map<const void*, std::shared_ptr<Entry>> by_storage_;  // by storage, while it lives
   int64_t pending_bytes_ = 0;
   int64_t offloaded_bytes_ = 0;
 };

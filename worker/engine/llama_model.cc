@@ -129,13 +129,17 @@ void LlamaForCausalLM::PlaceOffloadedLayers() {
   const int64_t count = static_cast<int64_t>(layers.size());
   offloaded_.assign(count, false);
   prefetch_at_.assign(count, {});
-  int64_t n = offload_request_;
-  // Evenly over the checkpointed layers [0, c): each one offloaded is then followed by
-  // checkpointed ones whose forward hides its copy to the host, and whose backward its copy back.
+  const int64_t n = offload_request_;
+  // Evenly over the checkpointed layers [0, c), the top layer excepted (backward needs it first):
+  // each one offloaded is then followed by checkpointed ones whose forward hides its copy to the
+  // host, and whose backward its copy back.
   const int64_t c = checkpointed_layers_;
-  const int64_t from_checkpointed = std::min(n, c);
-  for (int64_t k = 0; k < from_checkpointed; ++k) offloaded_[(2 * k + 1) * c / (2 * from_checkpointed)] = true;
-  // Then plain layers, top layer excepted (backward needs it first), from the lowest up.
+  const int64_t candidates = std::min(c, count - 1);
+  const int64_t from_checkpointed = std::min(n, candidates);
+  for (int64_t k = 0; k < from_checkpointed; ++k) {
+    offloaded_[(2 * k + 1) * candidates / (2 * from_checkpointed)] = true;
+  }
+  // Then plain layers, the top layer again excepted, from the lowest up.
   for (int64_t i = c; i < count - 1 && from_checkpointed + (i - c) < n; ++i) offloaded_[i] = true;
   if (n == 0) return;
   // Offloaded layer j's tensors are fetched by the hook on the output of the layer two above it
@@ -343,7 +347,7 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   at::Tensor x = at::embedding(embed_tokens, ids);
   const bool checkpoint = training_ && at::GradMode::is_enabled();
   const std::shared_ptr<ActivationOffloader> offloader =
-      checkpoint && offload_request_ > 0 ? offloader_ : nullptr;
+      checkpoint ? offloader_ : nullptr;  // null unless SetOffloadedLayers(n > 0)
   for (size_t i = 0; i < layers.size(); ++i) {
     const DecoderLayer& layer = layers[i];
     const LayerAttention& attention =

@@ -85,7 +85,7 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
 
 std::string CheckpointingBudget::Describe() const {
   const int64_t offloaded = model_->offloaded_layers();
-  if (offloaded == 0 && offload_requested_ > 0) {
+  if (offload_requested_ > 0 && !model_->device().is_cuda()) {
     return absl::StrCat(DescribeSplit(), "; offload_activation_layers: ", offload_requested_,
                         " ignored: the model is not on a GPU");
   }
