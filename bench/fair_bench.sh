@@ -25,6 +25,9 @@
 #   ours-auto24      ours, 1 GPU, micro-batch 4, enable_gradient_checkpointing: auto with
 #                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
 #                    summary compares it with the best anchor whose peak allocation fits 24 GiB
+#   ours-auto24-offN the same with trainer.offload_activation_layers: N (or offauto: auto)
+# (offN parts take N = auto too: ours-mb4-offauto is checkpointing with the count left to the
+# worker, which reports its choice.)
 # The 70B-width slice (issue 13: bench/make_llama_folder.py --layers 6 --hidden 8192
 # --intermediate 28672 --heads 64, 12 GB of random bf16 weights, made by the first part that
 # needs it, in the 7B folder's parent), also optional (BENCH_FAIR_PARTS="ours-70b-mb4 ..."):
@@ -265,6 +268,8 @@ for part in $parts; do
     attr-ours-nockpt) run_part attr-ours-nockpt 20 attribute "$work/trace-ours-mb4-nockpt.json" \
       "Profile of ours: 1 GPU, micro-batch 4, no checkpointing, 2 steps" ours-mb4-nockpt ;;
     ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
+    ours-auto24-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-auto24-off}" \
+      bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 auto:24 ;;
     ours-mb4-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-mb4-off}" \
       bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 true "$work/trace-$part.json" ;;
     attr-ours-mb4-off*) run_part "$part" 20 attribute "$work/trace-${part#attr-}.json" \

@@ -85,8 +85,9 @@ def main():
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--checkpointing", default="true", help="true, false or auto")
     p.add_argument("--max-memory-gib", help="auto's budget (trainer.max_memory_gib)")
-    p.add_argument("--offloaded-layers", type=int, default=0,
-                   help="trainer.offload_activation_layers: layers neither recomputed nor kept on the GPU")
+    p.add_argument("--offloaded-layers", default="0",
+                   help="trainer.offload_activation_layers (a count or auto): layers neither recomputed "
+                        "nor kept on the GPU; the count the workers report wins")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--windows", type=int, default=1)
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
@@ -122,11 +123,21 @@ def main():
                 "planned_peak_gib": [round(int(c.get("planned_peak_bytes", 0)) / 2**30, 2) for c in reports],
                 "measured_peak_gib": [round(int(c.get("measured_peak_bytes", 0)) / 2**30, 2) for c in reports]}
     variant = f"nf4-dq+bf16 ZeRO-{a.stage}"
-    if a.offloaded_layers > 0 and a.model:  # offloaded layers are not recomputed
+    # Offloaded layers are not recomputed: the count the ranks reported (auto's choice), else the
+    # job file's.
+    reported = [int(steps[max(steps)].get("checkpointing", {}).get("offloaded_layers", 0))
+                for steps in progress.values()]
+    offloaded = max(reported) if max(reported) > 0 else (
+        int(a.offloaded_layers) if a.offloaded_layers.isdigit() else 0)
+    if offloaded > 0 and a.model:
         with open(os.path.join(a.model, "config.json")) as f:
             layers = int(json.load(f)["num_hidden_layers"])
-        fraction = max(0.0, fraction - min(a.offloaded_layers, layers - 1) / layers)
-        variant += f", {min(a.offloaded_layers, layers - 1)} of {layers} layers offloaded"
+        fraction = max(0.0, fraction - min(offloaded, layers - 1) / layers)
+        variant += f", {min(offloaded, layers - 1)} of {layers} layers offloaded"
+        if a.offloaded_layers == "auto":
+            variant += " (auto)"
+        if auto:
+            auto["offloaded_layers"] = reported
     gpus = len(a.gpus.split(","))
     out = {"impl": "ours", "label": a.label, "variant": variant, "state": state,
            "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": a.seq,

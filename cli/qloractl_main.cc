@@ -107,6 +107,9 @@ void PrintJob(const v1::Job& job, bool json) {
                c.budget_bytes() / kGiB);
       }
       if (c.measured_peak_bytes() > 0) printf(", measured %.1f GiB", c.measured_peak_bytes() / kGiB);
+      if (c.offloaded_layers() > 0) {
+        printf(", %lld offloaded to host memory", static_cast<long long>(c.offloaded_layers()));
+      }
       printf("\n");
     }
   }

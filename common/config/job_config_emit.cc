@@ -105,7 +105,9 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.Begin("gradient_clipping").Number("clipglobalnorm", t.max_grad_norm).End();
   w.Word("enable_gradient_checkpointing", EnumName(t.gradient_checkpointing));
   if (t.max_memory_gib > 0) w.Number("max_memory_gib", t.max_memory_gib);  // 0: the worker's GPU
-  if (t.offload_activation_layers > 0) {
+  if (t.offload_activation_auto) {
+    w.Word("offload_activation_layers", "auto");
+  } else if (t.offload_activation_layers > 0) {
     w.Integer("offload_activation_layers", t.offload_activation_layers);
   }
   w.Integer("steps_per_checkpoint", t.steps_per_checkpoint)

@@ -435,7 +435,20 @@ absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t) {
                                       "(it is ", EnumName(t->gradient_checkpointing),
                                       "); set auto or remove max_memory_gib"));
   }
-  return trainer.ReadInt("offload_activation_layers", 0, kIntMax, &t->offload_activation_layers);
+  // offload_activation_layers: a count of layers or `auto`.
+  const YAML::Node offload = trainer.Get("offload_activation_layers");
+  if (trainer.Has("offload_activation_layers") && IsPlainScalar(offload) &&
+      offload.Scalar() == "auto") {
+    t->offload_activation_auto = true;
+    return absl::OkStatus();
+  }
+  if (!trainer.ReadInt("offload_activation_layers", 0, kIntMax, &t->offload_activation_layers)
+           .ok()) {
+    return trainer.Error("offload_activation_layers",
+                         absl::StrCat("must be a number of layers (an integer >= 0) or auto, got ",
+                                      Describe(offload)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {

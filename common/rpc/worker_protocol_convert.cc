@@ -71,6 +71,7 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   c->set_planned_peak_bytes(in.checkpointing.planned_peak_bytes);
   c->set_budget_bytes(in.checkpointing.budget_bytes);
   c->set_measured_peak_bytes(in.checkpointing.measured_peak_bytes);
+  c->set_offloaded_layers(in.checkpointing.offloaded_layers);
 }
 
 ProgressSnapshot FromProto(const v1::Progress& in) {
@@ -96,7 +97,7 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   if (in.has_checkpointing()) {
     const v1::CheckpointingReport& c = in.checkpointing();
     p.checkpointing = {c.checkpointed_layers(), c.layers(), c.planned_peak_bytes(),
-                       c.budget_bytes(), c.measured_peak_bytes()};
+                       c.budget_bytes(), c.measured_peak_bytes(), c.offloaded_layers()};
   }
   return p;
 }

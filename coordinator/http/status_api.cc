@@ -68,7 +68,8 @@ std::string JobDetailJson(const JobRecord& job, const std::vector<JobEvent>& eve
                                 {"layers", c.layers},
                                 {"planned_peak_bytes", c.planned_peak_bytes},
                                 {"budget_bytes", c.budget_bytes},
-                                {"measured_peak_bytes", c.measured_peak_bytes}};
+                                {"measured_peak_bytes", c.measured_peak_bytes},
+                                {"offloaded_layers", c.offloaded_layers}};
   }
 
   std::vector<const JobEvent*> progress;

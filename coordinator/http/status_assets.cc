@@ -201,6 +201,7 @@ const char kStatusPageJs[] = R"js('use strict';
     let text = c.checkpointed_layers + ' of ' + c.layers + ' layers checkpointed';
     if (c.budget_bytes > 0) text += ', planned ' + gib(c.planned_peak_bytes) + ' of a ' + gib(c.budget_bytes) + ' GiB budget';
     if (c.measured_peak_bytes > 0) text += ', measured ' + gib(c.measured_peak_bytes) + ' GiB';
+    if (c.offloaded_layers > 0) text += ', ' + c.offloaded_layers + ' offloaded to host memory';
     return text;
   }
 

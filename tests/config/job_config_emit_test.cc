@@ -155,7 +155,9 @@ TEST(ConfigEmitTest, LudwigSectionsShowAsTheKeysTheyBecame) {
 TEST(ConfigEmitTest, GradientCheckpointingModesRoundTrip) {
   for (const char* trainer : {"{enable_gradient_checkpointing: false}", "{}",
                               "{enable_gradient_checkpointing: auto}",
-                              "{enable_gradient_checkpointing: auto, max_memory_gib: 24}"}) {
+                              "{enable_gradient_checkpointing: auto, max_memory_gib: 24}",
+                              "{offload_activation_layers: 6}",
+                              "{offload_activation_layers: auto}"}) {
     absl::StatusOr<JobConfig> c = testing::ParseNoPaths(
         absl::StrCat("base_model: m\nadapter: {type: lora}\ntrainer: ", trainer, "\n"));
     ASSERT_TRUE(c.ok()) << c.status();
@@ -168,6 +170,9 @@ TEST(ConfigEmitTest, GradientCheckpointingModesRoundTrip) {
   c.trainer.max_memory_gib = 24;
   EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("enable_gradient_checkpointing: auto"));
   EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("max_memory_gib: 24"));
+  EXPECT_THAT(EmitResolvedJobYaml(c), ::testing::Not(HasSubstr("offload_activation_layers")));
+  c.trainer.offload_activation_auto = true;
+  EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("offload_activation_layers: auto"));
 }
 
 TEST(ConfigEmitTest, DdpAndNoQuantizationRoundTrip) {

@@ -338,6 +338,11 @@ TEST(ConfigParserTest, GradientCheckpointingTrueFalseAutoAndItsBudget) {
   EXPECT_EQ(budget.max_memory_gib, 23.5);
   EXPECT_EQ(automatic.offload_activation_layers, 0);  // off unless asked for
   EXPECT_EQ(mode("{offload_activation_layers: 8}").offload_activation_layers, 8);
+  EXPECT_FALSE(mode("{offload_activation_layers: 8}").offload_activation_auto);
+  EXPECT_FALSE(automatic.offload_activation_auto);
+  const TrainerConfig offload_auto = mode("{offload_activation_layers: auto}");
+  EXPECT_TRUE(offload_auto.offload_activation_auto);
+  EXPECT_EQ(offload_auto.offload_activation_layers, 0);
 }
 
 TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
@@ -363,8 +368,13 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
             "is true); set auto or remove max_memory_gib"},
            {"{enable_gradient_checkpointing: false, max_memory_gib: 24}",
             "(it is false)"},
-           {"{offload_activation_layers: -1}", "trainer.offload_activation_layers"},
-           {"{offload_activation_layers: some}", "trainer.offload_activation_layers"},
+           {"{offload_activation_layers: -1}",
+            "trainer.offload_activation_layers: must be a number of layers (an integer >= 0) or "
+            "auto, got '-1'"},
+           {"{offload_activation_layers: some}",
+            "trainer.offload_activation_layers: must be a number of layers (an integer >= 0) or "
+            "auto, got 'some'"},
+           {"{offload_activation_layers: \"auto\"}", "trainer.offload_activation_layers"},
        }) {
     absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(kMinimal, "trainer: ", k.trainer, "\n"));
     ASSERT_FALSE(c.ok()) << k.trainer;

@@ -58,7 +58,7 @@ JobEvent ProgressEvent(int64_t seq, int rank, int64_t step, double loss) {
   p.memory.device_allocated_bytes = 1 << 20;
   p.memory.device_reserved_peak_bytes = 3 << 20;
   p.strategy = {1, 4, 1792, 448, true, false};
-  p.checkpointing = {20, 32, int64_t{21} << 30, int64_t{24} << 30, int64_t{22} << 30};
+  p.checkpointing = {20, 32, int64_t{21} << 30, int64_t{24} << 30, int64_t{22} << 30, 7};
   p.memory.host_rss_bytes = 5 << 20;
   e.progress = p;
   return e;
@@ -209,6 +209,7 @@ TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence
   EXPECT_EQ(p.checkpointing.planned_peak_bytes, int64_t{21} << 30);
   EXPECT_EQ(p.checkpointing.budget_bytes, int64_t{24} << 30);
   EXPECT_EQ(p.checkpointing.measured_peak_bytes, int64_t{22} << 30);
+  EXPECT_EQ(p.checkpointing.offloaded_layers, 7);
 
   absl::StatusOr<std::vector<JobEvent>> after = store->LoadEvents("job-000001", 2);
   ASSERT_TRUE(after.ok()) << after.status();

@@ -2,19 +2,23 @@
 // linear layer, a budget halfway between what every layer checkpointed and none need; the plan
 // checkpoints some layers, and a real step's peak allocation stays under the budget and near the
 // plan. Skipped without a CUDA device.
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tests/util/temp_dir.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/memory_plan.h"
+#include "worker/engine/offload_rates.h"
 #include "worker/engine/tiny_model.h"
 #include "worker/run/checkpointing_budget.h"
 #include "worker/run/device_memory.h"
@@ -24,10 +28,14 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  const at::Device cuda(at::kCUDA, 0);
-  testing::TempDir tmp;
+// A small bf16 model with LoRA r 16 on every linear layer, on the GPU.
+struct SmallModel {
+  engine::LlamaConfig shape;
+  std::unique_ptr<engine::LlamaForCausalLM> model;
+  int64_t trainable = 0;
+};
+
+SmallModel MakeSmallModel(const testing::TempDir& tmp, const at::Device& cuda) {
   engine::TinyModelOptions tiny;
   engine::LlamaConfig& shape = tiny.config;
   shape.vocab_size = 8192;
@@ -39,18 +47,46 @@ TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
   shape.head_dim = 64;
   shape.max_position_embeddings = 2048;
   tiny.dtype = "bfloat16";
-  ASSERT_TRUE(engine::MakeTinyModel(tmp / "model", tiny).ok());
+  SmallModel m;
+  m.shape = shape;
+  EXPECT_TRUE(engine::MakeTinyModel(tmp / "model", tiny).ok());
   engine::LoadOptions load;
   load.device = cuda;
   auto model = engine::LoadLlama(tmp / "model", load);
-  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return m;
+  m.model = std::move(*model);
   engine::LoraOptions lora;
   lora.r = 16;
   lora.target_modules = {"all-linear"};
-  ASSERT_TRUE((*model)->AddLora(lora).ok());
-  (*model)->SetTraining(true);
-  int64_t trainable = 0;
-  for (const auto& [name, p] : (*model)->TrainableParameters()) trainable += p.numel();
+  EXPECT_TRUE(m.model->AddLora(lora).ok());
+  m.model->SetTraining(true);
+  for (const auto& [name, p] : m.model->TrainableParameters()) m.trainable += p.numel();
+  return m;
+}
+
+// One forward and backward of 4 x 1024 random tokens; the allocator's peak during it.
+int64_t StepPeak(engine::LlamaForCausalLM& model, const engine::LlamaConfig& shape,
+                 const at::Device& cuda) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(cuda.index());
+  at::manual_seed(0);
+  const at::Tensor ids = at::randint(shape.vocab_size, {4, 1024}, at::dtype(at::kLong).device(cuda));
+  const at::Tensor hidden = model.Forward(ids);
+  engine::CausalLmLoss loss = engine::ComputeCausalLmLoss(hidden, model.lm_head, ids);
+  (loss.loss_sum / static_cast<double>(loss.num_tokens)).backward();
+  c10::cuda::device_synchronize();
+  return PeakMemoryBytes(cuda);
+}
+
+TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  testing::TempDir tmp;
+  SmallModel small = MakeSmallModel(tmp, cuda);
+  ASSERT_NE(small.model, nullptr);
+  const engine::LlamaConfig& shape = small.shape;
+  engine::LlamaForCausalLM* model = small.model.get();
+  const int64_t trainable = small.trainable;
 
   JobConfig config;
   config.trainer.batch_size = 4;
@@ -58,14 +94,14 @@ TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
   config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
   CheckpointingBudgetOptions o;
   o.config = &config;
-  o.model = model->get();
+  o.model = model;
   o.device = cuda;
   o.trainable_elements = trainable;
   o.allocated_bytes = DeviceAllocatedBytes(cuda);
   o.peak_bytes = PeakMemoryBytes(cuda);
   // The budget: halfway between all and none checkpointed, as the plan sees them.
   engine::MemoryPlanRequest r;
-  r.model = (*model)->config();
+  r.model = model->config();
   r.micro_batch = 4;
   r.sequence_length = 1024;
   r.lora_r = 16;
@@ -82,14 +118,7 @@ TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
   EXPECT_GT(plan.checkpointed_layers, 0);
   EXPECT_LT(plan.checkpointed_layers, 8);
 
-  c10::cuda::CUDACachingAllocator::resetPeakStats(cuda.index());
-  at::manual_seed(0);
-  const at::Tensor ids = at::randint(shape.vocab_size, {4, 1024}, at::dtype(at::kLong).device(cuda));
-  const at::Tensor hidden = (*model)->Forward(ids);
-  engine::CausalLmLoss loss = engine::ComputeCausalLmLoss(hidden, (*model)->lm_head, ids);
-  (loss.loss_sum / static_cast<double>(loss.num_tokens)).backward();
-  c10::cuda::device_synchronize();
-  const int64_t measured = PeakMemoryBytes(cuda);
+  const int64_t measured = StepPeak(*model, shape, cuda);
   printf("measured peak %s, planned %s, budget %s\n", engine::FormatMemory(measured).c_str(),
          engine::FormatMemory(plan.planned_peak_bytes).c_str(),
          engine::FormatMemory(plan.budget_bytes).c_str());
@@ -101,6 +130,85 @@ TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
   printf("%s\n", line.c_str());
   if (measured <= plan.planned_peak_bytes) {
     EXPECT_EQ(budget->Report().checkpointed_layers, plan.checkpointed_layers);
+  }
+}
+
+// offload_activation_layers: auto on a GPU: the rates are measured on this GPU, the choice is
+// what the plan allows for them (true: among the checkpointed layers; auto: the budget's plan
+// that recomputes the fewest layers), reported and said, and a step with it stays in the budget.
+TEST(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  testing::TempDir tmp;
+  SmallModel small = MakeSmallModel(tmp, cuda);
+  ASSERT_NE(small.model, nullptr);
+  engine::LlamaForCausalLM& model = *small.model;
+
+  engine::OffloadRateOptions measure;
+  measure.device = cuda;
+  measure.model = small.shape;
+  measure.tokens = 4 * 1024;
+  measure.host_bytes = HostAvailableBytes() / 2;
+  const absl::StatusOr<engine::OffloadRates> rates = engine::MeasureOffloadRates(measure);
+  ASSERT_TRUE(rates.ok()) << rates.status();
+  printf("host link %.1f GB/s, GEMMs %.0f TFLOP/s, host %.1f GiB\n", rates->host_link_bytes_per_s / 1e9,
+         rates->gemm_flops_per_s / 1e12, static_cast<double>(rates->host_bytes) / kGiB);
+  EXPECT_GT(rates->host_link_bytes_per_s, 1e9);
+  EXPECT_GT(rates->gemm_flops_per_s, 1e12);
+  EXPECT_GT(rates->host_bytes, 0);
+  // A hundred times the measured link: these small layers' forward is short, so only a fast
+  // link gives them a layer to offload.
+  engine::OffloadRates generous = *rates;
+  generous.host_link_bytes_per_s *= 100;
+
+  for (const CheckpointingMode mode : {CheckpointingMode::kAll, CheckpointingMode::kAuto}) {
+    JobConfig config;
+    config.trainer.batch_size = 4;
+    config.data.max_sequence_length = 1024;
+    config.trainer.gradient_checkpointing = mode;
+    config.trainer.offload_activation_auto = true;
+    CheckpointingBudgetOptions o;
+    o.config = &config;
+    o.model = &model;
+    o.device = cuda;
+    o.trainable_elements = small.trainable;
+    o.allocated_bytes = DeviceAllocatedBytes(cuda);
+    o.peak_bytes = PeakMemoryBytes(cuda);
+    o.measure_offload_rates = [&] { return absl::StatusOr<engine::OffloadRates>(generous); };
+    engine::MemoryPlanRequest r;
+    r.model = small.shape;
+    r.micro_batch = 4;
+    r.sequence_length = 1024;
+    r.lora_r = 16;
+    r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    r.trainable_elements = small.trainable;
+    r.resident_bytes = o.allocated_bytes;
+    if (mode == CheckpointingMode::kAuto) {
+      const int64_t all = engine::PlannedPeakBytes(r, 8), none = engine::PlannedPeakBytes(r, 0);
+      config.trainer.max_memory_gib = static_cast<double>(all + none) / 2 / 0.92 / kGiB;
+    }
+    auto budget = CheckpointingBudget::Start(o);
+    ASSERT_TRUE(budget.ok()) << budget.status();
+    printf("%s\n", budget->Describe().c_str());
+    const CheckpointingReport chosen = budget->Report();
+    EXPECT_EQ(chosen.offloaded_layers, model.offloaded_layers());
+    EXPECT_THAT(budget->Describe(), ::testing::HasSubstr("(auto: host link "));
+    if (mode == CheckpointingMode::kAll) {  // as many of the checkpointed ones as the link carries
+      EXPECT_EQ(chosen.offloaded_layers,
+                std::min(engine::OffloadableLayers(r, chosen.checkpointed_layers, generous),
+                         std::min<int64_t>(chosen.checkpointed_layers, 7)));
+    } else {
+      r.budget_bytes = chosen.budget_bytes;
+      const absl::StatusOr<engine::OffloadedPlan> plan =
+          engine::PlanCheckpointingWithOffload(r, generous);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_EQ(chosen.offloaded_layers, plan->offloaded_layers);
+      EXPECT_EQ(chosen.checkpointed_layers, plan->memory.checkpointed_layers);
+    }
+    EXPECT_GT(chosen.offloaded_layers, 0);
+    const int64_t measured = StepPeak(model, small.shape, cuda);
+    printf("measured peak %s\n", engine::FormatMemory(measured).c_str());
+    if (mode == CheckpointingMode::kAuto) EXPECT_LE(measured, chosen.budget_bytes);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "worker/engine/llama_model.h"
+#include "absl/status/status.h"
 #include "worker/engine/memory_plan.h"
 #include "worker/engine/tiny_model.h"
 #include "worker/run/checkpointing_budget.h"
@@ -38,16 +39,21 @@ struct Chosen {
 // Start() for `true` on a weightless model of `shape` (its layers hold no tensors), 7 GiB
 // counted as resident, with the planner's figures for all and all-but-the-top checkpointed.
 Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int64_t sequence,
-                     int64_t offload_activation_layers = 0) {
+                     int64_t offload_activation_layers = 0, bool offload_auto = false) {
   engine::LlamaForCausalLM model(shape, at::kBFloat16, at::Device(at::kCPU));
   JobConfig config;
   config.trainer.batch_size = micro_batch;
   config.data.max_sequence_length = sequence;
   config.trainer.gradient_checkpointing = CheckpointingMode::kAll;
   config.trainer.offload_activation_layers = offload_activation_layers;
+  config.trainer.offload_activation_auto = offload_auto;
   CheckpointingBudgetOptions o;
   o.config = &config;
   o.model = &model;
+  o.measure_offload_rates = []() -> absl::StatusOr<engine::OffloadRates> {
+    ADD_FAILURE() << "a CPU worker measured offload rates";
+    return absl::InternalError("measured");
+  };
   o.allocated_bytes = int64_t{7} << 30;
   auto budget = CheckpointingBudget::Start(o);
   EXPECT_TRUE(budget.ok()) << budget.status();
@@ -98,6 +104,12 @@ TEST(CheckpointingBudget, OffloadingOnACpuWorkerIsIgnoredAndSaidSo) {
   EXPECT_FALSE(c.has_offloader);
   EXPECT_THAT(c.describe,
               ::testing::HasSubstr("; offload_activation_layers: 8 ignored: the model is not on a GPU"));
+  const Chosen automatic = ChooseForTrue(Llama2_7bShape(), 1, 512, 0, /*offload_auto=*/true);
+  EXPECT_EQ(automatic.offloaded, 0);
+  EXPECT_FALSE(automatic.has_offloader);
+  EXPECT_THAT(automatic.describe, ::testing::HasSubstr(
+                                      "; offload_activation_layers: auto ignored: the model is "
+                                      "not on a GPU"));
 }
 
 }  // namespace

@@ -53,16 +53,34 @@ engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
 absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const CheckpointingBudgetOptions& o) {
   CheckpointingBudget b;
   b.model_ = o.model;
-  o.model->SetOffloadedLayers(OffloadedLayers(o));  // placed among whatever split follows
-  b.offload_requested_ = o.config->trainer.offload_activation_layers;
   const TrainerConfig& t = o.config->trainer;
+  b.offload_requested_ = t.offload_activation_layers;
+  b.offload_auto_ = t.offload_activation_auto;
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
+  if (b.offload_auto_ && o.device.is_cuda() && t.gradient_checkpointing != CheckpointingMode::kNone) {
+    if (!o.measure_offload_rates) {
+      return absl::InternalError("offload_activation_layers: auto needs the rates measured");
+    }
+    absl::StatusOr<engine::OffloadRates> rates = o.measure_offload_rates();
+    if (!rates.ok()) return rates.status();
+    b.offload_rates_ = *rates;
+  }
+  // Explicit counts are placed among whatever split follows; auto's choice once the split is known.
+  o.model->SetOffloadedLayers(OffloadedLayers(o));
   if (!b.automatic_) {
     o.model->SetGradientCheckpointing(t.gradient_checkpointing == CheckpointingMode::kAll);
     if (t.gradient_checkpointing == CheckpointingMode::kAll) {
       // Every layer, or all but the top one when the plan shows that costs no memory (same
       // values either way, one layer's recomputation less).
-      o.model->SetCheckpointedLayers(engine::LeanestCheckpointedLayers(RequestFor(o)));
+      b.request_ = RequestFor(o);
+      const int64_t c = engine::LeanestCheckpointedLayers(b.request_);
+      o.model->SetCheckpointedLayers(c);
+      if (b.offload_rates_) {  // as many of the checkpointed layers as the link carries
+        const int64_t layers = static_cast<int64_t>(o.model->layers.size());
+        o.model->SetOffloadedLayers(
+            std::min(engine::OffloadableLayers(b.request_, c, *b.offload_rates_),
+                     std::min(c, layers - 1)));
+      }
     }
     return b;
   }
@@ -74,9 +92,18 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   }
   b.request_ = RequestFor(o);
   b.request_.budget_bytes = budget;
-  absl::StatusOr<engine::MemoryPlan> plan = engine::PlanCheckpointing(b.request_);
-  if (!plan.ok()) return plan.status();
-  b.plan_ = *plan;
+  if (b.offload_rates_) {
+    absl::StatusOr<engine::OffloadedPlan> plan =
+        engine::PlanCheckpointingWithOffload(b.request_, *b.offload_rates_);
+    if (!plan.ok()) return plan.status();
+    b.plan_ = plan->memory;
+    b.request_.offloaded_layers = plan->offloaded_layers;
+    o.model->SetOffloadedLayers(plan->offloaded_layers);
+  } else {
+    absl::StatusOr<engine::MemoryPlan> plan = engine::PlanCheckpointing(b.request_);
+    if (!plan.ok()) return plan.status();
+    b.plan_ = *plan;
+  }
   b.planned_ = true;
   b.peak_before_ = o.peak_bytes;
   o.model->SetCheckpointedLayers(b.plan_.checkpointed_layers);
@@ -85,12 +112,28 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
 
 std::string CheckpointingBudget::Describe() const {
   const int64_t offloaded = model_->offloaded_layers();
-  if (offload_requested_ > 0 && !model_->device().is_cuda()) {
-    return absl::StrCat(DescribeSplit(), "; offload_activation_layers: ", offload_requested_,
+  const bool on_gpu = model_->device().is_cuda();
+  if ((offload_requested_ > 0 || offload_auto_) && !on_gpu) {
+    return absl::StrCat(DescribeSplit(), "; offload_activation_layers: ",
+                        offload_auto_ ? "auto" : absl::StrCat(offload_requested_),
                         " ignored: the model is not on a GPU");
   }
-  if (offloaded == 0) return DescribeSplit();
-  return absl::StrCat(DescribeSplit(), "; activation offloading: ", offloaded,
+  if (offload_auto_ && !offload_rates_) {
+    return absl::StrCat(DescribeSplit(),
+                        "; offload_activation_layers: auto: none (no layer is recomputed)");
+  }
+  std::string why;
+  if (offload_rates_) {
+    why = absl::StrCat(" (auto: ",
+                       engine::DescribeOffloadCapacity(request_, model_->checkpointed_layers(),
+                                                       *offload_rates_),
+                       ")");
+  }
+  if (offloaded == 0) {
+    return offload_rates_ ? absl::StrCat(DescribeSplit(), "; activation offloading", why, ": none")
+                          : DescribeSplit();
+  }
+  return absl::StrCat(DescribeSplit(), "; activation offloading", why, ": ", offloaded,
                       " of them keep their saved tensors in host memory instead");
 }
 
@@ -118,6 +161,7 @@ CheckpointingReport CheckpointingBudget::Report() const {
     r.budget_bytes = plan_.budget_bytes;
   }
   r.measured_peak_bytes = measured_peak_;
+  r.offloaded_layers = model_->offloaded_layers();
   return r;
 }
 

@@ -9,6 +9,12 @@
 // A CPU worker with auto and no budget checkpoints every layer (a CPU has no figure of its own
 // to plan for; the host's RAM is shared with everything else).
 //
+// trainer.offload_activation_layers (a GPU): a count places that many layers (offload_plan.h and
+// LlamaForCausalLM::SetOffloadedLayers); auto measures the rates once and offloads what the host
+// link can carry where it spares recomputation: with true, up to the checkpointed layers; with
+// auto, the plan that recomputes the fewest layers in the budget (PlanCheckpointingWithOffload);
+// with false none.
+//
 // Correction (a GPU): after each of the first two steps, the allocator's peak is compared with
 // the plan. A peak above the plan raises the plan's fixed part by the difference and plans again;
 // when that needs more checkpointed layers, the next steps use them (the split only ever grows
@@ -17,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -26,6 +34,7 @@
 #include "common/worker_protocol.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/memory_plan.h"
+#include "worker/engine/offload_plan.h"
 
 namespace qlora::worker {
 
@@ -42,6 +51,9 @@ struct CheckpointingBudgetOptions {
   // Allocated now (the model, adapters and strategy), on a GPU; 0: counted from the tensors.
   int64_t allocated_bytes = 0;
   int64_t peak_bytes = 0;  // the allocator's peak so far (loading), on a GPU
+  // offload_activation_layers: auto on a GPU with checkpointing: measures the host link, the
+  // GEMM rate and the host memory the offloaded tensors may take (engine/offload_rates.h).
+  std::function<absl::StatusOr<engine::OffloadRates>()> measure_offload_rates;
 };
 
 class CheckpointingBudget {
@@ -65,6 +77,8 @@ class CheckpointingBudget {
   engine::LlamaForCausalLM* model_ = nullptr;
   bool automatic_ = false;
   int64_t offload_requested_ = 0;    // trainer.offload_activation_layers (GPU workers only)
+  bool offload_auto_ = false;        // offload_activation_layers: auto
+  std::optional<engine::OffloadRates> offload_rates_;  // measured for auto on a GPU
   bool planned_ = false;             // auto with a budget (else: every layer, nothing to correct)
   engine::MemoryPlanRequest request_;
   engine::MemoryPlan plan_;

@@ -23,6 +23,7 @@
 #include "worker/engine/adapter_copies.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/hf_loader.h"
+#include "worker/engine/offload_rates.h"
 #include "worker/engine/peft_io.h"
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/device_memory.h"
@@ -138,6 +139,16 @@ absl::Status Trainer::ChooseCheckpointing() {
   o.available_bytes = DeviceAvailableBytes(device_);
   o.allocated_bytes = DeviceAllocatedBytes(device_);
   o.peak_bytes = device_.is_cuda() ? PeakMemoryBytes(device_) : 0;
+  o.measure_offload_rates = [this]() {
+    engine::OffloadRateOptions rates;
+    rates.device = device_;
+    rates.model = model_->config();
+    rates.tokens = int64_t{config_.trainer.batch_size} * config_.data.max_sequence_length;
+    rates.dtype = model_->compute_dtype();
+    // Half of what the host has left: the rest for the data, the checkpoints and the host's own.
+    rates.host_bytes = HostAvailableBytes() / 2;
+    return engine::MeasureOffloadRates(rates);
+  };
   QLORA_ASSIGN_OR_RETURN(CheckpointingBudget budget, CheckpointingBudget::Start(o));
   checkpointing_ = std::move(budget);
   Log(checkpointing_->Describe());

@@ -1,0 +1,116 @@
+// offload_activation_layers: auto's model (worker/engine/offload_plan.h): the forward's FLOPs,
+// the layers whose copies fit in a forward at round 9's H200 rates (where the benchmark found its
+// best count), the host memory bound, and the plan under a budget that recomputes the fewest
+// layers.
+#include "worker/engine/offload_plan.h"
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/plan_shapes.h"
+
+namespace qlora::engine {
+namespace {
+
+// One H200 as round 9 measured it: ~55 GB/s pinned copies, GEMMs ~700 TFLOP/s at the power
+// limit, and a host with room to spare.
+OffloadRates H200() { return OffloadRates{55e9, 700e12, int64_t{100} << 30}; }
+
+int64_t Recomputed(const OffloadedPlan& p) {
+  return p.memory.checkpointed_layers - std::min(p.offloaded_layers, p.memory.checkpointed_layers);
+}
+
+TEST(EngineOffloadPlan, ForwardFlopsOfTheSevenBLayer) {
+  // q/k/v/o 4 x 4096^2, gate/up/down 3 x 4096 x 11008, two multiply-adds each; attention: q k^T
+  // and p v over 1024.5 positions on average, 4096 wide, two FLOPs each.
+  const double projections = 4.0 * 4096 * 4096 + 3.0 * 4096 * 11008;
+  EXPECT_DOUBLE_EQ(LayerForwardFlopsPerToken(SevenB(24)), 2 * projections + 2.0 * 4096 * 2049);
+}
+
+// Round 9d measured 14,767 / 14,966 / 15,224 / 14,850 / 14,634 tokens/s with 8 / 10 / 12 / 14 /
+// 16 layers offloaded (31 checkpointed): the forward (~210 ms at 700 TFLOP/s over 0.75) carries
+// 11.6 GB at 55 GB/s, 11 layers' saved tensors (901 MB each) and the other 20 inputs (67 MB).
+TEST(EngineOffloadPlan, SevenBMicroBatch4OffloadsWhatAForwardCarries) {
+  const MemoryPlanRequest r = SevenB(24);
+  EXPECT_EQ(OffloadableLayers(r, 31, H200()), 11);
+  OffloadRates slower = H200();
+  slower.host_link_bytes_per_s = 25e9;  // PCIe 4
+  EXPECT_EQ(OffloadableLayers(r, 31, slower), 3);
+  OffloadRates faster_gemms = H200();
+  faster_gemms.gemm_flops_per_s = 1400e12;  // a shorter forward carries less
+  EXPECT_LT(OffloadableLayers(r, 31, faster_gemms), 11);
+  // Never the top layer, however fast the link.
+  OffloadRates fast_link = H200();
+  fast_link.host_link_bytes_per_s = 1e15;
+  EXPECT_EQ(OffloadableLayers(r, 31, fast_link), 31);
+  // Unknown rates: none.
+  EXPECT_EQ(OffloadableLayers(r, 31, OffloadRates{}), 0);
+}
+
+TEST(EngineOffloadPlan, HostMemoryBoundsTheCount) {
+  OffloadRates rates = H200();
+  // 2 x 901 MB a layer (the pinned allocator's power-of-two blocks): 10 GiB hold 5 layers.
+  rates.host_bytes = int64_t{10} << 30;
+  EXPECT_EQ(OffloadableLayers(SevenB(24), 31, rates), 5);
+  rates.host_bytes = 0;
+  EXPECT_EQ(OffloadableLayers(SevenB(24), 31, rates), 0);
+}
+
+// At 24 GiB the plan alone checkpoints 13 layers (memory_plan_test.cc).
+TEST(EngineOffloadPlan, AutoBudgetRecomputesFewerLayersWithinTheLink) {
+  const MemoryPlanRequest r = SevenB(24);
+  const absl::StatusOr<MemoryPlan> alone = PlanCheckpointing(r);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_EQ(alone->checkpointed_layers, 13);
+  const absl::StatusOr<OffloadedPlan> p = PlanCheckpointingWithOffload(r, H200());
+  ASSERT_TRUE(p.ok()) << p.status();
+  // 13 checkpointed as without offloading, 12 of them offloaded (what the link carries with 13
+  // checkpointed): one layer recomputed instead of 13.
+  EXPECT_EQ(p->memory.checkpointed_layers, 13);
+  EXPECT_EQ(p->offloaded_layers, 12);
+  EXPECT_EQ(p->offloadable_layers, 12);
+  EXPECT_LT(Recomputed(*p), 13);
+  EXPECT_LE(p->memory.planned_peak_bytes, static_cast<int64_t>(0.92 * 24 * kGiB));
+  // The plan's figures are the memory plan's for that split.
+  MemoryPlanRequest with = r;
+  with.offloaded_layers = p->offloaded_layers;
+  EXPECT_EQ(p->memory.planned_peak_bytes, PlannedPeakBytes(with, p->memory.checkpointed_layers));
+  // No fewer offloaded layers recompute as few.
+  for (int64_t n = 0; n < p->offloaded_layers; ++n) {
+    with.offloaded_layers = n;
+    const absl::StatusOr<MemoryPlan> fewer = PlanCheckpointing(with);
+    if (!fewer.ok()) continue;
+    EXPECT_GT(fewer->checkpointed_layers - std::min(n, fewer->checkpointed_layers), Recomputed(*p))
+        << n;
+  }
+}
+
+TEST(EngineOffloadPlan, AutoBudgetThatFitsWithoutCheckpointingOffloadsNothing) {
+  const absl::StatusOr<OffloadedPlan> p = PlanCheckpointingWithOffload(SevenB(40), H200());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->memory.checkpointed_layers, 0);
+  EXPECT_EQ(p->offloaded_layers, 0);
+}
+
+TEST(EngineOffloadPlan, AutoBudgetWithoutALinkIsThePlanAlone) {
+  const absl::StatusOr<OffloadedPlan> p = PlanCheckpointingWithOffload(SevenB(24), OffloadRates{});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->offloaded_layers, 0);
+  EXPECT_EQ(p->memory.checkpointed_layers, 13);
+  // Below what even every layer checkpointed needs, with or without offloading: the plan's error.
+  const absl::StatusOr<OffloadedPlan> small = PlanCheckpointingWithOffload(SevenB(6), H200());
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(small.status().message()), ::testing::HasSubstr("trainer.max_memory_gib"));
+}
+
+TEST(EngineOffloadPlan, DescribesWhatItMeasured) {
+  EXPECT_EQ(DescribeOffloadCapacity(SevenB(24), 31, H200()),
+            "host link 55.0 GB/s, GEMMs 700 TFLOP/s, host memory for 59 layers: 11 layers' copies "
+            "fit in a forward");
+}
+
+}  // namespace
+}  // namespace qlora::engine

@@ -1,0 +1,109 @@
+// The host link's time model behind offload_activation_layers: auto (see offload_plan.h).
+#include "worker/engine/offload_plan.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_format.h"
+
+namespace qlora::engine {
+namespace {
+
+int64_t Tokens(const MemoryPlanRequest& r) { return r.micro_batch * r.sequence_length; }
+
+// The bytes a step sends to host memory with `c` checkpointed and `n` offloaded layers (placed
+// as LlamaForCausalLM::SetOffloadedLayers does: checkpointed ones first, never the top layer):
+// an offloaded layer's saved tensors, each other checkpointed layer's input (but the top one's).
+double OffloadedBytes(const MemoryPlanRequest& r, int64_t c, int64_t n) {
+  const int64_t layers = r.model.num_hidden_layers;
+  if (n == 0) return 0;
+  const LayerActivationBytes per = PerTokenLayerBytes(r);
+  const int64_t inputs = std::min(c, layers - 1) - std::min(n, std::min(c, layers - 1));
+  return static_cast<double>(Tokens(r)) *
+         static_cast<double>(n * per.plain + std::max<int64_t>(inputs, 0) * per.checkpointed);
+}
+
+// The forward's time: its FLOPs at the GEMM rate over the GEMMs' share.
+double ForwardSeconds(const MemoryPlanRequest& r, const OffloadRates& rates) {
+  return static_cast<double>(r.model.num_hidden_layers) * static_cast<double>(Tokens(r)) *
+         LayerForwardFlopsPerToken(r) / (rates.gemm_flops_per_s * kGemmShareOfForward);
+}
+
+// The most layers whose copies fit in the forward's window (0 when none does).
+int64_t LayersByLink(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+                     const OffloadRates& rates) {
+  const double window = rates.host_link_bytes_per_s * ForwardSeconds(r, rates);
+  int64_t n = 0;
+  while (n + 1 < r.model.num_hidden_layers &&
+         OffloadedBytes(r, checkpointed_layers, n + 1) <= window) {
+    ++n;
+  }
+  return n;
+}
+
+int64_t LayersByHostMemory(const MemoryPlanRequest& r, const OffloadRates& rates) {
+  const int64_t per_layer = 2 * PerTokenLayerBytes(r).plain * Tokens(r);  // power-of-two blocks
+  return per_layer > 0 ? rates.host_bytes / per_layer : 0;
+}
+
+// Layers recomputed in a step with `c` checkpointed and `n` offloaded (taken from the
+// checkpointed ones, never the top layer, as LlamaForCausalLM::SetOffloadedLayers places them).
+int64_t Recomputed(int64_t layers, int64_t c, int64_t n) {
+  return c - std::min(n, std::min(c, layers - 1));
+}
+
+}  // namespace
+
+double LayerForwardFlopsPerToken(const MemoryPlanRequest& r) {
+  const LlamaConfig& m = r.model;
+  const double H = static_cast<double>(m.hidden_size), I = static_cast<double>(m.intermediate_size);
+  const double Q = static_cast<double>(m.num_attention_heads * m.head_dim);
+  const double K = static_cast<double>(m.num_key_value_heads * m.head_dim);
+  const double projections = H * (Q + 2 * K) + Q * H + 3 * H * I;
+  // q k^T and p v over the (s + 1) / 2 positions a causal row sees on average.
+  const double attention = 2.0 * Q * (static_cast<double>(r.sequence_length) + 1.0);
+  return 2.0 * projections + attention;
+}
+
+int64_t OffloadableLayers(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+                          const OffloadRates& rates) {
+  if (rates.host_link_bytes_per_s <= 0 || rates.gemm_flops_per_s <= 0 || Tokens(r) <= 0) return 0;
+  const int64_t layers = r.model.num_hidden_layers;
+  return std::clamp<int64_t>(
+      std::min(LayersByLink(r, checkpointed_layers, rates), LayersByHostMemory(r, rates)), 0,
+      std::max<int64_t>(layers - 1, 0));
+}
+
+absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanRequest& request,
+                                                           const OffloadRates& rates) {
+  MemoryPlanRequest r = request;
+  r.offloaded_layers = 0;
+  const absl::StatusOr<MemoryPlan> alone = PlanCheckpointing(r);
+  if (alone.ok() && alone->checkpointed_layers == 0) return OffloadedPlan{*alone, 0, 0};
+  const int64_t layers = r.model.num_hidden_layers;
+  std::optional<OffloadedPlan> best;
+  if (alone.ok()) best = OffloadedPlan{*alone, 0, 0};
+  for (int64_t n = 1; n < layers; ++n) {
+    r.offloaded_layers = n;
+    const absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(r);
+    if (!plan.ok() || n > OffloadableLayers(r, plan->checkpointed_layers, rates)) continue;
+    if (!best || Recomputed(layers, plan->checkpointed_layers, n) <
+                     Recomputed(layers, best->memory.checkpointed_layers, best->offloaded_layers)) {
+      best = OffloadedPlan{*plan, n, 0};
+    }
+  }
+  if (!best) return alone.status();
+  best->offloadable_layers = OffloadableLayers(r, best->memory.checkpointed_layers, rates);
+  return *best;
+}
+
+std::string DescribeOffloadCapacity(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+                                    const OffloadRates& rates) {
+  return absl::StrFormat(
+      "host link %.1f GB/s, GEMMs %.0f TFLOP/s, host memory for %d layers: %d layers' copies fit "
+      "in a forward",
+      rates.host_link_bytes_per_s / 1e9, rates.gemm_flops_per_s / 1e12,
+      LayersByHostMemory(r, rates), LayersByLink(r, checkpointed_layers, rates));
+}
+
+}  // namespace qlora::engine

@@ -1,0 +1,62 @@
+// How many decoder layers to offload (trainer.offload_activation_layers: auto). Torch-free: a
+// model of the host link's time, from the memory plan's bytes (memory_plan.h) and rates the
+// worker measures on its GPU (offload_rates.h).
+//
+// An offloaded layer's saved tensors (and, with offloading on, every other checkpointed layer's
+// input) travel to host memory while the forward runs and come back during backward, on copy
+// engines of their own. Backward has more time than the forward (it runs about twice the
+// FLOPs), so the forward is the window: offloading pays while its copies fit in it, and past that
+// the forward waits for the link (round 9: at 7B micro-batch 4 the tokens/s peaked at 12 layers,
+// ~11 GB a step, against a ~190 ms forward and a ~55 GB/s link). The forward's time is estimated
+// as its FLOPs at the measured GEMM rate over the GEMMs' share of a forward. Host memory bounds
+// it too: the pinned allocator rounds each block up to a power of two, so a layer is counted
+// twice.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/memory_plan.h"
+
+namespace qlora::engine {
+
+struct OffloadRates {
+  double host_link_bytes_per_s = 0;  // pinned copies, the slower of to and from the device
+  double gemm_flops_per_s = 0;       // a warm bf16 GEMM of the model's MLP shape
+  int64_t host_bytes = 0;            // host memory the offloaded tensors may take
+};
+
+// The base GEMMs' share of a forward's time (74.7 % of a 7B micro-batch-4 step without
+// checkpointing in round 8's profile; attention and the elementwise kernels take the rest).
+inline constexpr double kGemmShareOfForward = 0.75;
+
+// Forward FLOPs per token of one decoder layer: its seven projections and causal attention.
+double LayerForwardFlopsPerToken(const MemoryPlanRequest& request);
+
+// The most layers (at most layers - 1: never the top one) whose copies fit in the forward's
+// window and in the host memory, with `checkpointed_layers` checkpointed (their inputs travel
+// too). 0 when the rates are unknown.
+int64_t OffloadableLayers(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+                          const OffloadRates& rates);
+
+struct OffloadedPlan {
+  MemoryPlan memory;              // its checkpointed_layers count the offloaded ones
+  int64_t offloaded_layers = 0;
+  int64_t offloadable_layers = 0;  // what the link and host memory allowed
+};
+
+// enable_gradient_checkpointing: auto with offload_activation_layers: auto. The memory plan for
+// 0 up to OffloadableLayers offloaded layers: the one that recomputes the fewest layers, and at
+// that the fewest offloaded. None when the budget fits without checkpointing (offloading would
+// spare nothing). Offloading lowers the peak, so a budget too small for the plan alone can fit
+// with it. The errors are PlanCheckpointing's without offloading.
+absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanRequest& request,
+                                                           const OffloadRates& rates);
+
+// "host link 54.1 GB/s, GEMMs 702 TFLOP/s, host memory for 27 layers: 12 layers' copies fit in
+// a forward".
+std::string DescribeOffloadCapacity(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+                                    const OffloadRates& rates);
+
+}  // namespace qlora::engine
