@@ -29,27 +29,40 @@ double ForwardSeconds(const MemoryPlanRequest& r, const OffloadRates& rates) {
          LayerForwardFlopsPerToken(r) / (rates.gemm_flops_per_s * kGemmShareOfForward);
 }
 
-// The most layers whose copies fit in the forward's window (0 when none does).
+// Layers recomputed in a step with `c` checkpointed and `n` offloaded (taken from the
+// checkpointed ones, never the top layer, as LlamaForCausalLM::SetOffloadedLayers places them).
+int64_t Recomputed(int64_t layers, int64_t c, int64_t n) {
+  return c - std::min(n, std::min(c, layers - 1));
+}
+
+// Whether the copies of `n` offloaded layers (with `c` checkpointed) keep up with the step. The
+// offloaded layers lie in the lowest `region` layers. Their copies to the host run from the
+// forward's start until backward reaches the region (the forward, then the backward of the
+// layers above it); their copies back, within the region's backward (its layers' backward and
+// the recomputation of those not offloaded).
+bool CopiesFit(const MemoryPlanRequest& r, int64_t c, int64_t n, const OffloadRates& rates) {
+  const int64_t layers = r.model.num_hidden_layers;
+  const double forward = ForwardSeconds(r, rates) / static_cast<double>(layers);
+  const double backward = kBackwardOverForward * forward;
+  const int64_t region = std::max(std::min(c, layers - 1), std::min(n, layers - 1));
+  const double to_host = static_cast<double>(layers) * forward +
+                         static_cast<double>(layers - region) * backward;
+  const double to_device = static_cast<double>(region) * backward +
+                           static_cast<double>(Recomputed(layers, c, n)) * forward;
+  return OffloadedBytes(r, c, n) <= rates.host_link_bytes_per_s * std::min(to_host, to_device);
+}
+
+// The most layers whose copies keep up (0 when none does).
 int64_t LayersByLink(const MemoryPlanRequest& r, int64_t checkpointed_layers,
                      const OffloadRates& rates) {
-  const double window = rates.host_link_bytes_per_s * ForwardSeconds(r, rates);
   int64_t n = 0;
-  while (n + 1 < r.model.num_hidden_layers &&
-         OffloadedBytes(r, checkpointed_layers, n + 1) <= window) {
-    ++n;
-  }
+  while (n + 1 < r.model.num_hidden_layers && CopiesFit(r, checkpointed_layers, n + 1, rates)) ++n;
   return n;
 }
 
 int64_t LayersByHostMemory(const MemoryPlanRequest& r, const OffloadRates& rates) {
   const int64_t per_layer = 2 * PerTokenLayerBytes(r).plain * Tokens(r);  // power-of-two blocks
   return per_layer > 0 ? rates.host_bytes / per_layer : 0;
-}
-
-// Layers recomputed in a step with `c` checkpointed and `n` offloaded (taken from the
-// checkpointed ones, never the top layer, as LlamaForCausalLM::SetOffloadedLayers places them).
-int64_t Recomputed(int64_t layers, int64_t c, int64_t n) {
-  return c - std::min(n, std::min(c, layers - 1));
 }
 
 }  // namespace
@@ -100,8 +113,8 @@ absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanReque
 std::string DescribeOffloadCapacity(const MemoryPlanRequest& r, int64_t checkpointed_layers,
                                     const OffloadRates& rates) {
   return absl::StrFormat(
-      "host link %.1f GB/s, GEMMs %.0f TFLOP/s, host memory for %d layers: %d layers' copies fit "
-      "in a forward",
+      "host link %.1f GB/s, GEMMs %.0f TFLOP/s, host memory for %d layers: the link keeps up "
+      "with %d layers' copies",
       rates.host_link_bytes_per_s / 1e9, rates.gemm_flops_per_s / 1e12,
       LayersByHostMemory(r, rates), LayersByLink(r, checkpointed_layers, rates));
 }

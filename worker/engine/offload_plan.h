@@ -3,14 +3,16 @@
 // worker measures on its GPU (offload_rates.h).
 //
 // An offloaded layer's saved tensors (and, with offloading on, every other checkpointed layer's
-// input) travel to host memory while the forward runs and come back during backward, on copy
-// engines of their own. Backward has more time than the forward (it runs about twice the
-// FLOPs), so the forward is the window: offloading pays while its copies fit in it, and past that
-// the forward waits for the link (round 9: at 7B micro-batch 4 the tokens/s peaked at 12 layers,
-// ~11 GB a step, against a ~190 ms forward and a ~55 GB/s link). The forward's time is estimated
-// as its FLOPs at the measured GEMM rate over the GEMMs' share of a forward. Host memory bounds
-// it too: the pinned allocator rounds each block up to a power of two, so a layer is counted
-// twice.
+// input) travel to host memory from the forward's start until backward reaches them, and back
+// while backward works its way through the layers that hold them, on copy engines of their own.
+// Offloading pays while the link keeps up with both; past that the step waits for the link. Round
+// 9/10 on an H200: at 7B micro-batch 4 with 31 layers checkpointed the tokens/s peaked at 11-12
+// offloaded layers (~11 GB a step, about what a ~190 ms forward carries at ~55 GB/s); with 13
+// checkpointed under a 24 GiB budget, 12 offloaded layers made the step 96 ms slower than none,
+// as the region's backward (13 layers without recomputation) is too short to bring 11 GB back.
+// The layers' times are estimated from their FLOPs at the measured GEMM rate over the GEMMs'
+// share of a forward, backward a fixed multiple of forward. Host memory bounds the count too: the
+// pinned allocator rounds each block up to a power of two, so a layer is counted twice.
 #pragma once
 
 #include <cstdint>
@@ -30,13 +32,16 @@ struct OffloadRates {
 // The base GEMMs' share of a forward's time (74.7 % of a 7B micro-batch-4 step without
 // checkpointing in round 8's profile; attention and the elementwise kernels take the rest).
 inline constexpr double kGemmShareOfForward = 0.75;
+// A layer's backward over its forward without recomputation (round 8's profile of that step:
+// 223.5 ms against 187.1; the frozen base has no weight gradients).
+inline constexpr double kBackwardOverForward = 1.2;
 
 // Forward FLOPs per token of one decoder layer: its seven projections and causal attention.
 double LayerForwardFlopsPerToken(const MemoryPlanRequest& request);
 
-// The most layers (at most layers - 1: never the top one) whose copies fit in the forward's
-// window and in the host memory, with `checkpointed_layers` checkpointed (their inputs travel
-// too). 0 when the rates are unknown.
+// The most layers (at most layers - 1: never the top one) whose copies the link keeps up with and
+// the host memory holds, with `checkpointed_layers` checkpointed (their inputs travel too). 0
+// when the rates are unknown.
 int64_t OffloadableLayers(const MemoryPlanRequest& request, int64_t checkpointed_layers,
                           const OffloadRates& rates);
 
@@ -54,8 +59,8 @@ struct OffloadedPlan {
 absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanRequest& request,
                                                            const OffloadRates& rates);
 
-// "host link 54.1 GB/s, GEMMs 702 TFLOP/s, host memory for 27 layers: 12 layers' copies fit in
-// a forward".
+// "host link 54.1 GB/s, GEMMs 702 TFLOP/s, host memory for 27 layers: the link keeps up with 11
+// layers' copies".
 std::string DescribeOffloadCapacity(const MemoryPlanRequest& request, int64_t checkpointed_layers,
                                     const OffloadRates& rates);
 
