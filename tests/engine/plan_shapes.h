@@ -26,4 +26,17 @@ inline MemoryPlanRequest SevenB(int64_t budget_gib) {
   return r;
 }
 
+// The benchmark's 70B-width slice (bench/make_llama_folder.py --layers 6 --hidden 8192
+// --intermediate 28672 --heads 64) at `micro_batch` x 2048, the same adapters.
+inline MemoryPlanRequest SeventyBSlice(int64_t micro_batch) {
+  MemoryPlanRequest r = SevenB(24);
+  r.model.hidden_size = 8192;
+  r.model.intermediate_size = 28672;
+  r.model.num_hidden_layers = 6;
+  r.model.num_attention_heads = r.model.num_key_value_heads = 64;
+  r.model.head_dim = 128;
+  r.micro_batch = micro_batch;
+  return r;
+}
+
 }  // namespace qlora::engine

@@ -35,21 +35,21 @@ int64_t Recomputed(int64_t layers, int64_t c, int64_t n) {
   return c - std::min(n, std::min(c, layers - 1));
 }
 
-// Whether the copies of `n` offloaded layers (with `c` checkpointed) keep up with the step. The
-// offloaded layers lie in the lowest `region` layers. Their copies to the host run from the
-// forward's start until backward reaches the region (the forward, then the backward of the
-// layers above it); their copies back, within the region's backward (its layers' backward and
-// the recomputation of those not offloaded).
+// Whether the copies of `n` offloaded layers (with `c` checkpointed) keep up with the step: the
+// out, backlog and back windows of offload_plan.h.
 bool CopiesFit(const MemoryPlanRequest& r, int64_t c, int64_t n, const OffloadRates& rates) {
   const int64_t layers = r.model.num_hidden_layers;
   const double forward = ForwardSeconds(r, rates) / static_cast<double>(layers);
   const double backward = kBackwardOverForward * forward;
   const int64_t region = std::max(std::min(c, layers - 1), std::min(n, layers - 1));
-  const double to_host = static_cast<double>(layers) * forward +
-                         static_cast<double>(layers - region) * backward;
-  const double to_device = static_cast<double>(region) * backward +
-                           static_cast<double>(Recomputed(layers, c, n)) * forward;
-  return OffloadedBytes(r, c, n) <= rates.host_link_bytes_per_s * std::min(to_host, to_device);
+  const int64_t above = layers - region;
+  const double bytes = OffloadedBytes(r, c, n), link = rates.host_link_bytes_per_s;
+  const double out = static_cast<double>(layers) * forward + static_cast<double>(above) * backward;
+  const double backlog = bytes - link * static_cast<double>(region) * forward;
+  const double back = static_cast<double>(region + std::min<int64_t>(above, 2)) * backward +
+                      static_cast<double>(Recomputed(layers, c, n)) * forward;
+  return bytes <= link * std::min(out, back) &&
+         backlog <= static_cast<double>(rates.max_pending_bytes);
 }
 
 // The most layers whose copies keep up (0 when none does).

@@ -3,13 +3,20 @@
 // worker measures on its GPU (offload_rates.h).
 //
 // An offloaded layer's saved tensors (and, with offloading on, every other checkpointed layer's
-// input) travel to host memory from the forward's start until backward reaches them, and back
-// while backward works its way through the layers that hold them, on copy engines of their own.
-// Offloading pays while the link keeps up with both; past that the step waits for the link. Round
-// 9/10 on an H200: at 7B micro-batch 4 with 31 layers checkpointed the tokens/s peaked at 11-12
-// offloaded layers (~11 GB a step, about what a ~190 ms forward carries at ~55 GB/s); with 13
-// checkpointed under a 24 GiB budget, 12 offloaded layers made the step 96 ms slower than none,
-// as the region's backward (13 layers without recomputation) is too short to bring 11 GB back.
+// input) travel to host memory on a copy engine of their own, and back during backward. Offloading
+// pays while the link keeps up; past that the step waits for it. Three windows (the offloaded
+// layers lie in the lowest `region` layers):
+//   out      from the forward's start until backward reaches the region: the forward, then the
+//            backward of the layers above the region;
+//   backlog  what the region's forward makes beyond what the link moves meanwhile must stay under
+//            the offloader's pending limit, else the host waits for the copies and the GPU drains;
+//   back     the region's backward (its layers' backward, the recomputation of those not
+//            offloaded) and the two layers above it, where the first prefetch starts.
+// Measured on an H200 (round 9/10): at 7B micro-batch 4 with 31 layers checkpointed the tokens/s
+// peaked at 11-12 offloaded layers (the out window: ~11 GB a step at ~55 GB/s); with 13
+// checkpointed under a 24 GiB budget, 12 offloaded layers (a model of the out window alone) made
+// the step 96 ms slower than none, 8 (out and back) 17 ms faster, where the recomputation they
+// spare is ~45 ms: the backlog; the 70B-width slice at micro-batch 1 did best with 5 of 6.
 // The layers' times are estimated from their FLOPs at the measured GEMM rate over the GEMMs'
 // share of a forward, backward a fixed multiple of forward. Host memory bounds the count too: the
 // pinned allocator rounds each block up to a power of two, so a layer is counted twice.
@@ -27,6 +34,9 @@ struct OffloadRates {
   double host_link_bytes_per_s = 0;  // pinned copies, the slower of to and from the device
   double gemm_flops_per_s = 0;       // a warm bf16 GEMM of the model's MLP shape
   int64_t host_bytes = 0;            // host memory the offloaded tensors may take
+  // Device bytes the offloader lets wait for their copy before the host waits
+  // (ActivationOffloadOptions::max_pending_bytes).
+  int64_t max_pending_bytes = int64_t{2} << 30;
 };
 
 // The base GEMMs' share of a forward's time (74.7 % of a 7B micro-batch-4 step without

@@ -9,6 +9,7 @@
 #include <ATen/ops/randn.h>
 
 #include "absl/status/status.h"
+#include "worker/engine/activation_offload.h"
 
 #ifdef QLORA_HAVE_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -36,6 +37,7 @@ absl::StatusOr<OffloadRates> MeasureOffloadRates(const OffloadRateOptions& o) {
   };
   OffloadRates rates;
   rates.host_bytes = o.host_bytes;
+  rates.max_pending_bytes = ActivationOffloadOptions{}.max_pending_bytes;  // what the model uses
   {
     const at::Tensor host = at::empty({o.link_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
     const at::Tensor device = at::empty({o.link_bytes}, at::TensorOptions().dtype(at::kByte).device(o.device));
