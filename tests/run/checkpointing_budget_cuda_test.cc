@@ -1,7 +1,8 @@
-// trainer.enable_gradient_checkpointing: auto on a GPU: a small NF4 model with LoRA on every
+// trainer.enable_gradient_checkpointing: auto on a GPU: a small bf16 model with LoRA on every
 // linear layer, a budget halfway between what every layer checkpointed and none need; the plan
 // checkpoints some layers, and a real step's peak allocation stays under the budget and near the
-// plan. Skipped without a CUDA device.
+// plan. And offload_activation_layers: auto: the GPU's rates measured, the choice the offload
+// plan makes for them, and a real step with it. Skipped without a CUDA device.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -78,39 +79,71 @@ int64_t StepPeak(engine::LlamaForCausalLM& model, const engine::LlamaConfig& sha
   return PeakMemoryBytes(cuda);
 }
 
-TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  const at::Device cuda(at::kCUDA, 0);
-  testing::TempDir tmp;
-  SmallModel small = MakeSmallModel(tmp, cuda);
-  ASSERT_NE(small.model, nullptr);
-  const engine::LlamaConfig& shape = small.shape;
-  engine::LlamaForCausalLM* model = small.model.get();
-  const int64_t trainable = small.trainable;
-
+// A 4 x 1024 job with `mode` and Start()'s options for the model as it is now (its allocation
+// counted as resident).
+struct BudgetSetup {
   JobConfig config;
-  config.trainer.batch_size = 4;
-  config.data.max_sequence_length = 1024;
-  config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
-  CheckpointingBudgetOptions o;
-  o.config = &config;
-  o.model = model;
+  CheckpointingBudgetOptions options;
+  engine::MemoryPlanRequest request;  // the plan's view of the same step, without a budget
+};
+
+std::unique_ptr<BudgetSetup> SetUpBudget(const SmallModel& small, const at::Device& cuda,
+                                         CheckpointingMode mode) {
+  auto b = std::make_unique<BudgetSetup>();
+  b->config.trainer.batch_size = 4;
+  b->config.data.max_sequence_length = 1024;
+  b->config.trainer.gradient_checkpointing = mode;
+  CheckpointingBudgetOptions& o = b->options;
+  o.config = &b->config;
+  o.model = small.model.get();
   o.device = cuda;
-  o.trainable_elements = trainable;
+  o.trainable_elements = small.trainable;
   o.allocated_bytes = DeviceAllocatedBytes(cuda);
   o.peak_bytes = PeakMemoryBytes(cuda);
-  // The budget: halfway between all and none checkpointed, as the plan sees them.
-  engine::MemoryPlanRequest r;
-  r.model = model->config();
+  engine::MemoryPlanRequest& r = b->request;
+  r.model = small.shape;
   r.micro_batch = 4;
   r.sequence_length = 1024;
   r.lora_r = 16;
   r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  r.trainable_elements = trainable;
+  r.trainable_elements = small.trainable;
   r.resident_bytes = o.allocated_bytes;
-  const int64_t all = engine::PlannedPeakBytes(r, 8), none = engine::PlannedPeakBytes(r, 0);
-  config.trainer.max_memory_gib = static_cast<double>(all + none) / 2 / 0.92 / kGiB;
-  auto budget = CheckpointingBudget::Start(o);
+  return b;
+}
+
+// max_memory_gib halfway between every layer and none checkpointed, as the plan sees them.
+void BudgetHalfway(BudgetSetup& b) {
+  const int64_t layers = b.request.model.num_hidden_layers;
+  const int64_t all = engine::PlannedPeakBytes(b.request, layers);
+  const int64_t none = engine::PlannedPeakBytes(b.request, 0);
+  b.config.trainer.max_memory_gib = static_cast<double>(all + none) / 2 / 0.92 / kGiB;
+}
+
+// Each test: the small model on the first GPU (skipped without one).
+class CheckpointingBudgetCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+    small_ = MakeSmallModel(tmp_, cuda_);
+    ASSERT_NE(small_.model, nullptr);
+  }
+
+  const at::Device cuda_ = at::Device(at::kCUDA, 0);
+  testing::TempDir tmp_;
+  SmallModel small_;
+};
+
+TEST_F(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
+  const at::Device& cuda = cuda_;
+  const SmallModel& small = small_;
+  const engine::LlamaConfig& shape = small.shape;
+  engine::LlamaForCausalLM* model = small.model.get();
+
+  std::unique_ptr<BudgetSetup> setup = SetUpBudget(small, cuda, CheckpointingMode::kAuto);
+  BudgetHalfway(*setup);
+  const int64_t all = engine::PlannedPeakBytes(setup->request, 8);
+  const int64_t none = engine::PlannedPeakBytes(setup->request, 0);
+  auto budget = CheckpointingBudget::Start(setup->options);
   ASSERT_TRUE(budget.ok()) << budget.status();
   const CheckpointingReport plan = budget->Report();
   printf("%s (all: %s, none: %s)\n", budget->Describe().c_str(), engine::FormatMemory(all).c_str(),
@@ -136,12 +169,9 @@ TEST(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
 // offload_activation_layers: auto on a GPU: the rates are measured on this GPU, the choice is
 // what the plan allows for them (true: among the checkpointed layers; auto: the budget's plan
 // that recomputes the fewest layers), reported and said, and a step with it stays in the budget.
-TEST(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  const at::Device cuda(at::kCUDA, 0);
-  testing::TempDir tmp;
-  SmallModel small = MakeSmallModel(tmp, cuda);
-  ASSERT_NE(small.model, nullptr);
+TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
+  const at::Device& cuda = cuda_;
+  const SmallModel& small = small_;
   engine::LlamaForCausalLM& model = *small.model;
 
   engine::OffloadRateOptions measure;
@@ -162,32 +192,14 @@ TEST(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
   generous.host_link_bytes_per_s *= 100;
 
   for (const CheckpointingMode mode : {CheckpointingMode::kAll, CheckpointingMode::kAuto}) {
-    JobConfig config;
-    config.trainer.batch_size = 4;
-    config.data.max_sequence_length = 1024;
-    config.trainer.gradient_checkpointing = mode;
-    config.trainer.offload_activation_auto = true;
-    CheckpointingBudgetOptions o;
-    o.config = &config;
-    o.model = &model;
-    o.device = cuda;
-    o.trainable_elements = small.trainable;
-    o.allocated_bytes = DeviceAllocatedBytes(cuda);
-    o.peak_bytes = PeakMemoryBytes(cuda);
-    o.measure_offload_rates = [&] { return absl::StatusOr<engine::OffloadRates>(generous); };
-    engine::MemoryPlanRequest r;
-    r.model = small.shape;
-    r.micro_batch = 4;
-    r.sequence_length = 1024;
-    r.lora_r = 16;
-    r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    r.trainable_elements = small.trainable;
-    r.resident_bytes = o.allocated_bytes;
-    if (mode == CheckpointingMode::kAuto) {
-      const int64_t all = engine::PlannedPeakBytes(r, 8), none = engine::PlannedPeakBytes(r, 0);
-      config.trainer.max_memory_gib = static_cast<double>(all + none) / 2 / 0.92 / kGiB;
-    }
-    auto budget = CheckpointingBudget::Start(o);
+    std::unique_ptr<BudgetSetup> setup = SetUpBudget(small, cuda, mode);
+    setup->config.trainer.offload_activation_auto = true;
+    setup->options.measure_offload_rates = [&] {
+      return absl::StatusOr<engine::OffloadRates>(generous);
+    };
+    if (mode == CheckpointingMode::kAuto) BudgetHalfway(*setup);
+    engine::MemoryPlanRequest& r = setup->request;
+    auto budget = CheckpointingBudget::Start(setup->options);
     ASSERT_TRUE(budget.ok()) << budget.status();
     printf("%s\n", budget->Describe().c_str());
     const CheckpointingReport chosen = budget->Report();
