@@ -222,6 +222,34 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
     printf("measured peak %s\n", engine::FormatMemory(measured).c_str());
     if (mode == CheckpointingMode::kAuto) EXPECT_LE(measured, chosen.budget_bytes);
   }
+
+  // Without checkpointing nothing is recomputed: no measurement, nothing offloaded.
+  std::unique_ptr<BudgetSetup> none = SetUpBudget(small, cuda, CheckpointingMode::kNone);
+  none->config.trainer.offload_activation_auto = true;
+  bool measured = false;
+  none->options.measure_offload_rates = [&] {
+    measured = true;
+    return absl::StatusOr<engine::OffloadRates>(generous);
+  };
+  auto plain = CheckpointingBudget::Start(none->options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(measured);
+  EXPECT_EQ(model.offloaded_layers(), 0);
+  EXPECT_THAT(plain->Describe(),
+              ::testing::HasSubstr("; offload_activation_layers: auto: none (no layer is recomputed)"));
+  // A measurement that fails leaves offloading off and says why; the job goes on.
+  std::unique_ptr<BudgetSetup> failing = SetUpBudget(small, cuda, CheckpointingMode::kAll);
+  failing->config.trainer.offload_activation_auto = true;
+  failing->options.measure_offload_rates = [] {
+    return absl::StatusOr<engine::OffloadRates>(absl::ResourceExhaustedError("no pinned memory"));
+  };
+  auto unmeasured = CheckpointingBudget::Start(failing->options);
+  ASSERT_TRUE(unmeasured.ok()) << unmeasured.status();
+  EXPECT_EQ(model.offloaded_layers(), 0);
+  EXPECT_EQ(unmeasured->Report().offloaded_layers, 0);
+  EXPECT_THAT(unmeasured->Describe(),
+              ::testing::HasSubstr("; offload_activation_layers: auto: none (the host link could "
+                                   "not be measured: no pinned memory)"));
 }
 
 }  // namespace

@@ -58,12 +58,15 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   b.offload_auto_ = t.offload_activation_auto;
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
   if (b.offload_auto_ && o.device.is_cuda() && t.gradient_checkpointing != CheckpointingMode::kNone) {
-    if (!o.measure_offload_rates) {
-      return absl::InternalError("offload_activation_layers: auto needs the rates measured");
+    // Offloading only speeds a step up: without the rates the job goes on without it.
+    absl::StatusOr<engine::OffloadRates> rates =
+        o.measure_offload_rates ? o.measure_offload_rates()
+                                : absl::UnavailableError("no measurement was given");
+    if (rates.ok()) {
+      b.offload_rates_ = *rates;
+    } else {
+      b.offload_unmeasured_ = std::string(rates.status().message());
     }
-    absl::StatusOr<engine::OffloadRates> rates = o.measure_offload_rates();
-    if (!rates.ok()) return rates.status();
-    b.offload_rates_ = *rates;
   }
   // Explicit counts are placed among whatever split follows; auto's choice once the split is known.
   o.model->SetOffloadedLayers(OffloadedLayers(o));
@@ -119,8 +122,12 @@ std::string CheckpointingBudget::Describe() const {
                         " ignored: the model is not on a GPU");
   }
   if (offload_auto_ && !offload_rates_) {
-    return absl::StrCat(DescribeSplit(),
-                        "; offload_activation_layers: auto: none (no layer is recomputed)");
+    return absl::StrCat(DescribeSplit(), "; offload_activation_layers: auto: none (",
+                        offload_unmeasured_.empty()
+                            ? "no layer is recomputed"
+                            : absl::StrCat("the host link could not be measured: ",
+                                           offload_unmeasured_),
+                        ")");
   }
   std::string why;
   if (offload_rates_) {

@@ -52,7 +52,8 @@ struct CheckpointingBudgetOptions {
   int64_t allocated_bytes = 0;
   int64_t peak_bytes = 0;  // the allocator's peak so far (loading), on a GPU
   // offload_activation_layers: auto on a GPU with checkpointing: measures the host link, the
-  // GEMM rate and the host memory the offloaded tensors may take (engine/offload_rates.h).
+  // GEMM rate and the host memory the offloaded tensors may take (engine/offload_rates.h). An
+  // error leaves offloading off (the log line says why); unset, nothing is offloaded either.
   std::function<absl::StatusOr<engine::OffloadRates>()> measure_offload_rates;
 };
 
@@ -79,6 +80,7 @@ class CheckpointingBudget {
   int64_t offload_requested_ = 0;    // trainer.offload_activation_layers (GPU workers only)
   bool offload_auto_ = false;        // offload_activation_layers: auto
   std::optional<engine::OffloadRates> offload_rates_;  // measured for auto on a GPU
+  std::string offload_unmeasured_;   // why the rates could not be measured (then none offloaded)
   bool planned_ = false;             // auto with a budget (else: every layer, nothing to correct)
   engine::MemoryPlanRequest request_;
   engine::MemoryPlan plan_;
