@@ -145,8 +145,9 @@ absl::Status Trainer::ChooseCheckpointing() {
     rates.model = model_->config();
     rates.tokens = int64_t{config_.trainer.batch_size} * config_.data.max_sequence_length;
     rates.dtype = model_->compute_dtype();
-    // Half of what the host has left: the rest for the data, the checkpoints and the host's own.
-    rates.host_bytes = HostAvailableBytes() / 2;
+    // Half of what the host has left (the rest for the data, the checkpoints and the host's own),
+    // shared with the other ranks, which may all run on this host (local workers do).
+    rates.host_bytes = HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1));
     return engine::MeasureOffloadRates(rates);
   };
   QLORA_ASSIGN_OR_RETURN(CheckpointingBudget budget, CheckpointingBudget::Start(o));
