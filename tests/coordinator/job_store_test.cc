@@ -2,6 +2,8 @@
 // reopen (what a restarted coordinator reads back).
 #include "coordinator/job_store.h"
 
+#include <sqlite3.h>
+
 #include <cmath>
 
 #include "gmock/gmock.h"
@@ -167,6 +169,41 @@ TEST_F(CoordinatorJobStoreTest, PutJobUpdatesInPlaceAndKeepsTheOrder) {
   EXPECT_EQ((*jobs)[0].reason_code, "WORKER_EXITED");
   EXPECT_EQ((*jobs)[0].last_sequence, 9);
   EXPECT_DOUBLE_EQ((*jobs)[0].finished_unix, 1700000100);
+}
+
+// A store written before events had the ckpt_offloaded column (the coordinator upgraded in
+// place): it opens, gains the column, keeps its events (their offloaded count 0) and stores new
+// ones with theirs.
+TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeepsItsEvents) {
+  const std::string path = dir_.path() + "/jobs.sqlite";
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->PutJob(Job("job-000001", JobState::kRunning)).ok());
+    ASSERT_TRUE(store->AppendEvent("job-000001", ProgressEvent(1, 0, 1, 3.5)).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, "ALTER TABLE events DROP COLUMN ckpt_offloaded", nullptr, nullptr, &error),
+            SQLITE_OK)
+      << (error != nullptr ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  JobEvent next = ProgressEvent(2, 0, 2, 3.25);
+  next.progress->checkpointing.offloaded_layers = 5;
+  ASSERT_TRUE(store->AppendEvent("job-000001", next).ok());
+  absl::StatusOr<std::vector<JobEvent>> events = store->LoadEvents("job-000001", 0);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 2u);
+  ASSERT_TRUE((*events)[0].progress.has_value() && (*events)[1].progress.has_value());
+  EXPECT_DOUBLE_EQ((*events)[0].progress->loss, 3.5);
+  EXPECT_EQ((*events)[0].progress->checkpointing.checkpointed_layers, 20);
+  EXPECT_EQ((*events)[0].progress->checkpointing.offloaded_layers, 0);
+  EXPECT_EQ((*events)[1].progress->checkpointing.offloaded_layers, 5);
 }
 
 TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence) {
