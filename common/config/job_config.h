@@ -107,8 +107,9 @@ struct TrainerConfig {
   // taken from the checkpointed layers first. 0 = off. Ignored on a CPU worker.
   int64_t offload_activation_layers = 0;
   // offload_activation_layers: auto (the count above unused): the worker measures its host link
-  // and GEMM rate and offloads as many layers as the link can carry during a forward, where that
-  // spares recomputation (worker/engine/offload_plan.h); none without checkpointing.
+  // and GEMM rate and offloads as many layers as the link keeps up with (copies out, their
+  // backlog, copies back) where that spares recomputation (worker/engine/offload_plan.h); none
+  // without checkpointing.
   bool offload_activation_auto = false;
   uint64_t seed = 42;
 };

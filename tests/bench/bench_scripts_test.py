@@ -245,6 +245,29 @@ class SummarizeTest(unittest.TestCase):
         f = flops.flops_per_token(LLAMA_7B, 2048, 16, 17 / 32)
         self.assertAlmostEqual(got["hfu"], round(got["tokens_per_s"] * f["hardware"] / flops.PEAK_BF16_FLOPS, 4))
 
+    def test_offloaded_layers_the_workers_report_are_not_recomputed(self):
+        # offload_activation_layers: auto: the count comes from the progress reports.
+        lines = []
+        for line in events(1, 9, [1.0]).splitlines():
+            m = json.loads(line)
+            prog = m["event"].get("progress")
+            if prog:
+                prog["checkpointing"] = {"checkpointed_layers": "14", "layers": "32", "offloaded_layers": "7",
+                                         "planned_peak_bytes": str(21 * 2**30), "budget_bytes": str(24 * 2**30)}
+            lines.append(json.dumps(m))
+        got, _ = self.run_summarize("\n".join(lines) + "\n", "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8", "--checkpointing", "auto",
+                                    "--max-memory-gib", "24", "--offloaded-layers", "auto")
+        self.assertEqual(got["recomputed_fraction"], round((14 - 7) / 32, 4))
+        self.assertEqual(got["offloaded_layers"], [7])
+        self.assertIn("7 of 32 layers offloaded (auto)", got["variant"])
+        # A count in the job file, with workers that report none (older ones): the count.
+        got, _ = self.run_summarize(events(1, 9, [1.0]), "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8", "--checkpointing", "true",
+                                    "--offloaded-layers", "12")
+        self.assertEqual(got["recomputed_fraction"], round(1 - 12 / 32, 4))
+        self.assertIn("12 of 32 layers offloaded", got["variant"])
+
     def test_fair_summary_compares_auto_with_the_best_anchor_within_its_budget(self):
         rows = [
             {"impl": "ours", "checkpointing": "auto", "max_memory_gib": 24.0, "checkpointed_layers": [17],

@@ -59,11 +59,30 @@ TEST(EngineOffloadPlan, SeventyBSliceMicroBatch1OffloadsEveryCheckpointedLayer) 
 
 TEST(EngineOffloadPlan, HostMemoryBoundsTheCount) {
   OffloadRates rates = H200();
-  // 2 x 901 MB a layer (the pinned allocator's power-of-two blocks): 10 GiB hold 5 layers.
+  // Each pinned block counted twice (the allocator's power-of-two rounding): 10 GiB hold 3
+  // layers' saved tensors (901 MB each) and the other 28 checkpointed inputs (67 MB each).
   rates.host_bytes = int64_t{10} << 30;
-  EXPECT_EQ(OffloadableLayers(SevenB(24), 31, rates), 5);
+  EXPECT_EQ(OffloadableLayers(SevenB(24), 31, rates), 3);
   rates.host_bytes = 0;
   EXPECT_EQ(OffloadableLayers(SevenB(24), 31, rates), 0);
+}
+
+// true with auto: where a layer in transit raises the planned peak (the 70B slice at micro-batch
+// 4: 504 MB a layer of saved tensors against one 16 MB input less) offloading needs the room.
+TEST(EngineOffloadPlan, TrueOffloadsWhereTheGpuHasRoomForTheLayerInTransit) {
+  const MemoryPlanRequest wide = SeventyBSlice(4);
+  const OffloadRates rates{53.5e9, 695e12, int64_t{100} << 30};
+  MemoryPlanRequest with = wide;
+  with.offloaded_layers = 1;
+  const int64_t alone = PlannedPeakBytes(wide, 5), offloaded = PlannedPeakBytes(with, 5);
+  ASSERT_GT(offloaded, alone);
+  const int64_t capacity = OffloadableLayers(wide, 5, rates);
+  ASSERT_GT(capacity, 0);
+  EXPECT_EQ(OffloadAmongCheckpointed(wide, 5, rates, 140 * kGiB), capacity);  // an H200's room
+  EXPECT_EQ(OffloadAmongCheckpointed(wide, 5, rates, static_cast<int64_t>(alone / 0.92) + 1), 0);
+  // The 7B shape at micro-batch 4: offloading lowers the peak, so it needs no room of its own.
+  const MemoryPlanRequest narrow = SevenB(24);
+  EXPECT_EQ(OffloadAmongCheckpointed(narrow, 31, H200(), 1), 11);
 }
 
 // At 24 GiB the plan alone checkpoints 13 layers (memory_plan_test.cc).
@@ -119,7 +138,7 @@ TEST(EngineOffloadPlan, AutoBudgetWithoutALinkIsThePlanAlone) {
 
 TEST(EngineOffloadPlan, DescribesWhatItMeasured) {
   EXPECT_EQ(DescribeOffloadCapacity(SevenB(24), 31, H200()),
-            "host link 55.0 GB/s, GEMMs 700 TFLOP/s, host memory for 59 layers: the link keeps up "
+            "host link 55.0 GB/s, GEMMs 700 TFLOP/s, host memory for 31 layers: the link keeps up "
             "with 11 layers' copies");
 }
 

@@ -23,6 +23,7 @@
 #include "worker/engine/tiny_model.h"
 #include "worker/run/checkpointing_budget.h"
 #include "worker/run/device_memory.h"
+#include "worker/run/host_memory.h"
 
 namespace qlora::worker {
 namespace {
@@ -194,9 +195,7 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
   for (const CheckpointingMode mode : {CheckpointingMode::kAll, CheckpointingMode::kAuto}) {
     std::unique_ptr<BudgetSetup> setup = SetUpBudget(small, cuda, mode);
     setup->config.trainer.offload_activation_auto = true;
-    setup->options.measure_offload_rates = [&] {
-      return absl::StatusOr<engine::OffloadRates>(generous);
-    };
+    setup->options.offload_rates = absl::StatusOr<engine::OffloadRates>(generous);
     if (mode == CheckpointingMode::kAuto) BudgetHalfway(*setup);
     engine::MemoryPlanRequest& r = setup->request;
     auto budget = CheckpointingBudget::Start(setup->options);
@@ -216,6 +215,12 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
       ASSERT_TRUE(plan.ok()) << plan.status();
       EXPECT_EQ(chosen.offloaded_layers, plan->offloaded_layers);
       EXPECT_EQ(chosen.checkpointed_layers, plan->memory.checkpointed_layers);
+      // Fewer layers recomputed than the plan without offloading checkpoints.
+      const absl::StatusOr<engine::MemoryPlan> alone = engine::PlanCheckpointing(r);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      EXPECT_LT(chosen.checkpointed_layers -
+                    std::min(chosen.offloaded_layers, std::min<int64_t>(chosen.checkpointed_layers, 7)),
+                alone->checkpointed_layers);
     }
     EXPECT_GT(chosen.offloaded_layers, 0);
     const int64_t measured = StepPeak(model, small.shape, cuda);
@@ -223,26 +228,20 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
     if (mode == CheckpointingMode::kAuto) EXPECT_LE(measured, chosen.budget_bytes);
   }
 
-  // Without checkpointing nothing is recomputed: no measurement, nothing offloaded.
+  // Without checkpointing nothing is recomputed: nothing offloaded, whatever the rates.
   std::unique_ptr<BudgetSetup> none = SetUpBudget(small, cuda, CheckpointingMode::kNone);
   none->config.trainer.offload_activation_auto = true;
-  bool measured = false;
-  none->options.measure_offload_rates = [&] {
-    measured = true;
-    return absl::StatusOr<engine::OffloadRates>(generous);
-  };
+  none->options.offload_rates = absl::StatusOr<engine::OffloadRates>(generous);
   auto plain = CheckpointingBudget::Start(none->options);
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_FALSE(measured);
   EXPECT_EQ(model.offloaded_layers(), 0);
   EXPECT_THAT(plain->Describe(),
               ::testing::HasSubstr("; offload_activation_layers: auto: none (no layer is recomputed)"));
   // A measurement that fails leaves offloading off and says why; the job goes on.
   std::unique_ptr<BudgetSetup> failing = SetUpBudget(small, cuda, CheckpointingMode::kAll);
   failing->config.trainer.offload_activation_auto = true;
-  failing->options.measure_offload_rates = [] {
-    return absl::StatusOr<engine::OffloadRates>(absl::ResourceExhaustedError("no pinned memory"));
-  };
+  failing->options.offload_rates =
+      absl::StatusOr<engine::OffloadRates>(absl::ResourceExhaustedError("no pinned memory"));
   auto unmeasured = CheckpointingBudget::Start(failing->options);
   ASSERT_TRUE(unmeasured.ok()) << unmeasured.status();
   EXPECT_EQ(model.offloaded_layers(), 0);

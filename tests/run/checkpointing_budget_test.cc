@@ -50,10 +50,9 @@ Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int6
   CheckpointingBudgetOptions o;
   o.config = &config;
   o.model = &model;
-  o.measure_offload_rates = []() -> absl::StatusOr<engine::OffloadRates> {
-    ADD_FAILURE() << "a CPU worker measured offload rates";
-    return absl::InternalError("measured");
-  };
+  // Rates as a GPU would have them: a CPU worker must not use them.
+  o.offload_rates = absl::StatusOr<engine::OffloadRates>(
+      engine::OffloadRates{55e9, 700e12, int64_t{100} << 30});
   o.allocated_bytes = int64_t{7} << 30;
   auto budget = CheckpointingBudget::Start(o);
   EXPECT_TRUE(budget.ok()) << budget.status();

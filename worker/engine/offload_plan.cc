@@ -60,9 +60,16 @@ int64_t LayersByLink(const MemoryPlanRequest& r, int64_t checkpointed_layers,
   return n;
 }
 
-int64_t LayersByHostMemory(const MemoryPlanRequest& r, const OffloadRates& rates) {
-  const int64_t per_layer = 2 * PerTokenLayerBytes(r).plain * Tokens(r);  // power-of-two blocks
-  return per_layer > 0 ? rates.host_bytes / per_layer : 0;
+// The most layers whose pinned copies the host memory holds, each block counted twice (the pinned
+// allocator rounds it up to a power of two).
+int64_t LayersByHostMemory(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+                           const OffloadRates& rates) {
+  int64_t n = 0;
+  while (n + 1 < r.model.num_hidden_layers &&
+         2 * OffloadedBytes(r, checkpointed_layers, n + 1) <= static_cast<double>(rates.host_bytes)) {
+    ++n;
+  }
+  return n;
 }
 
 }  // namespace
@@ -83,7 +90,9 @@ int64_t OffloadableLayers(const MemoryPlanRequest& r, int64_t checkpointed_layer
   if (rates.host_link_bytes_per_s <= 0 || rates.gemm_flops_per_s <= 0 || Tokens(r) <= 0) return 0;
   const int64_t layers = r.model.num_hidden_layers;
   return std::clamp<int64_t>(
-      std::min(LayersByLink(r, checkpointed_layers, rates), LayersByHostMemory(r, rates)), 0,
+      std::min(LayersByLink(r, checkpointed_layers, rates),
+               LayersByHostMemory(r, checkpointed_layers, rates)),
+      0,
       std::max<int64_t>(layers - 1, 0));
 }
 
@@ -110,13 +119,29 @@ absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanReque
   return *best;
 }
 
+int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+                                 const OffloadRates& rates, int64_t device_bytes) {
+  MemoryPlanRequest r = request;
+  const int64_t c = checkpointed_layers, layers = r.model.num_hidden_layers;
+  r.offloaded_layers = 0;
+  const int64_t alone = PlannedPeakBytes(r, c);
+  const auto usable = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - r.margin_fraction));
+  int64_t n = std::min(OffloadableLayers(r, c, rates), std::min(c, layers - 1));
+  for (; n > 0; --n) {
+    r.offloaded_layers = n;
+    const int64_t peak = PlannedPeakBytes(r, c);
+    if (peak <= alone || peak <= usable) break;
+  }
+  return n;
+}
+
 std::string DescribeOffloadCapacity(const MemoryPlanRequest& r, int64_t checkpointed_layers,
                                     const OffloadRates& rates) {
   return absl::StrFormat(
       "host link %.1f GB/s, GEMMs %.0f TFLOP/s, host memory for %d layers: the link keeps up "
       "with %d layers' copies",
       rates.host_link_bytes_per_s / 1e9, rates.gemm_flops_per_s / 1e12,
-      LayersByHostMemory(r, rates), LayersByLink(r, checkpointed_layers, rates));
+      LayersByHostMemory(r, checkpointed_layers, rates), LayersByLink(r, checkpointed_layers, rates));
 }
 
 }  // namespace qlora::engine

@@ -55,6 +55,13 @@ double LayerForwardFlopsPerToken(const MemoryPlanRequest& request);
 int64_t OffloadableLayers(const MemoryPlanRequest& request, int64_t checkpointed_layers,
                           const OffloadRates& rates);
 
+// enable_gradient_checkpointing: true with offload_activation_layers: auto: OffloadableLayers of
+// the `checkpointed_layers`, or none where their layer in transit would raise the planned peak
+// past `device_bytes` less the plan's margin (offloading lowers the peak where layers are narrow
+// and rows many, raises it where layers are wide and rows few: the 70B-width slice).
+int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+                                 const OffloadRates& rates, int64_t device_bytes);
+
 struct OffloadedPlan {
   MemoryPlan memory;              // its checkpointed_layers count the offloaded ones
   int64_t offloaded_layers = 0;

@@ -59,9 +59,8 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
   if (b.offload_auto_ && o.device.is_cuda() && t.gradient_checkpointing != CheckpointingMode::kNone) {
     // Offloading only speeds a step up: without the rates the job goes on without it.
-    absl::StatusOr<engine::OffloadRates> rates =
-        o.measure_offload_rates ? o.measure_offload_rates()
-                                : absl::UnavailableError("no measurement was given");
+    const absl::StatusOr<engine::OffloadRates> rates =
+        o.offload_rates.value_or(absl::UnavailableError("no measurement was made"));
     if (rates.ok()) {
       b.offload_rates_ = *rates;
     } else {
@@ -79,10 +78,8 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
       const int64_t c = engine::LeanestCheckpointedLayers(b.request_);
       o.model->SetCheckpointedLayers(c);
       if (b.offload_rates_) {  // as many of the checkpointed layers as the link carries
-        const int64_t layers = static_cast<int64_t>(o.model->layers.size());
-        o.model->SetOffloadedLayers(
-            std::min(engine::OffloadableLayers(b.request_, c, *b.offload_rates_),
-                     std::min(c, layers - 1)));
+        o.model->SetOffloadedLayers(engine::OffloadAmongCheckpointed(
+            b.request_, c, *b.offload_rates_, o.available_bytes));
       }
     }
     return b;
@@ -180,8 +177,22 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
       engine::FormatMemory(peak_bytes), engine::FormatMemory(plan_.planned_peak_bytes),
       engine::FormatMemory(plan_.budget_bytes));
   if (peak_bytes <= plan_.planned_peak_bytes) return line;
-  // The model missed something: count it in the fixed part and plan again.
+  // The model missed something: count it in the fixed part and plan again (with offloading, the
+  // offloaded count again too: more checkpointed inputs travel).
   request_.correction_bytes += peak_bytes - plan_.planned_peak_bytes;
+  if (offload_rates_) {
+    absl::StatusOr<engine::OffloadedPlan> again =
+        engine::PlanCheckpointingWithOffload(request_, *offload_rates_);
+    if (again.ok() && again->memory.checkpointed_layers > plan_.checkpointed_layers) {
+      plan_ = again->memory;
+      request_.offloaded_layers = again->offloaded_layers;
+      model_->SetOffloadedLayers(again->offloaded_layers);
+      model_->SetCheckpointedLayers(plan_.checkpointed_layers);
+      return absl::StrCat(line, "; above the plan, so from the next step: ",
+                          engine::DescribePlan(plan_), ", ", again->offloaded_layers,
+                          " of them offloaded");
+    }
+  }
   absl::StatusOr<engine::MemoryPlan> replanned = engine::PlanCheckpointing(request_);
   const int64_t layers = plan_.layers;
   if (!replanned.ok()) {

@@ -23,7 +23,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 
@@ -51,10 +50,11 @@ struct CheckpointingBudgetOptions {
   // Allocated now (the model, adapters and strategy), on a GPU; 0: counted from the tensors.
   int64_t allocated_bytes = 0;
   int64_t peak_bytes = 0;  // the allocator's peak so far (loading), on a GPU
-  // offload_activation_layers: auto on a GPU with checkpointing: measures the host link, the
-  // GEMM rate and the host memory the offloaded tensors may take (engine/offload_rates.h). An
-  // error leaves offloading off (the log line says why); unset, nothing is offloaded either.
-  std::function<absl::StatusOr<engine::OffloadRates>()> measure_offload_rates;
+  // offload_activation_layers: auto on a GPU with checkpointing: the host link, the GEMM rate and
+  // the host memory the offloaded tensors may take, measured before (engine/offload_rates.h; so
+  // that peak_bytes counts the measurement), or why they could not be (then nothing is offloaded,
+  // and the log line says why). Unset: not measured, nothing offloaded.
+  std::optional<absl::StatusOr<engine::OffloadRates>> offload_rates;
 };
 
 class CheckpointingBudget {

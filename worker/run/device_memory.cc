@@ -4,9 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstring>
 
 #ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -66,52 +64,6 @@ int64_t DeviceAvailableBytes(const c10::Device& device) {
   (void)device;
 #endif
   return 0;
-}
-
-namespace {
-
-// The first number in a one-line file (a cgroup's limit or usage); -1 when absent or "max".
-int64_t ReadNumberFile(const char* path) {
-  long long value = -1;
-  if (FILE* f = fopen(path, "r")) {
-    if (fscanf(f, "%lld", &value) != 1) value = -1;
-    fclose(f);
-  }
-  return value;
-}
-
-// /proc/meminfo's MemAvailable in bytes; -1 when absent.
-int64_t MemAvailable() {
-  FILE* f = fopen("/proc/meminfo", "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  long long kib = -1;
-  while (fgets(line, sizeof line, f) != nullptr) {
-    if (strncmp(line, "MemAvailable:", 13) == 0 && sscanf(line + 13, "%lld", &kib) == 1) break;
-  }
-  fclose(f);
-  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
-}
-
-}  // namespace
-
-int64_t HostAvailableBytes() {
-  int64_t available = MemAvailable();
-  struct Cgroup {
-    const char* limit;
-    const char* usage;
-  };
-  for (const Cgroup& c : {Cgroup{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-                          Cgroup{"/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                 "/sys/fs/cgroup/memory/memory.usage_in_bytes"}}) {
-    const int64_t limit = ReadNumberFile(c.limit), usage = ReadNumberFile(c.usage);
-    // v1 reports "no limit" as a huge number; either way MemAvailable then decides.
-    if (limit <= 0 || usage < 0 || limit >= (int64_t{1} << 60)) continue;
-    const int64_t left = std::max<int64_t>(limit - usage, 0);
-    available = available < 0 ? left : std::min(available, left);
-    break;
-  }
-  return std::max<int64_t>(available, 0);
 }
 
 }  // namespace qlora::worker

@@ -21,8 +21,4 @@ int64_t DeviceAllocatedBytes(const c10::Device& device);
 // caching allocator holds already (reserved). 0 on the CPU.
 int64_t DeviceAvailableBytes(const c10::Device& device);
 
-// The host memory this process may still take: the kernel's MemAvailable, lowered to what the
-// cgroup's limit leaves (a Kubernetes pod's memory limit; cgroup v2, else v1). 0 when unknown.
-int64_t HostAvailableBytes();
-
 }  // namespace qlora::worker

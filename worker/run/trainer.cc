@@ -30,6 +30,7 @@
 #include "worker/run/evaluation.h"
 #include "worker/run/model_card.h"
 #include "worker/run/generator_seeds.h"
+#include "worker/run/host_memory.h"
 #include "worker/run/rank_sums.h"
 #include "worker/run/run_options.h"
 #include "worker/run/training_observer.h"
@@ -134,22 +135,24 @@ absl::Status Trainer::ChooseCheckpointing() {
   o.config = &config_;
   o.model = model_.get();
   o.device = device_;
+  const TrainerConfig& t = config_.trainer;
+  if (t.offload_activation_auto && device_.is_cuda() &&
+      t.gradient_checkpointing != CheckpointingMode::kNone) {
+    engine::OffloadRateOptions rates;
+    rates.device = device_;
+    rates.model = model_->config();
+    rates.tokens = int64_t{t.batch_size} * config_.data.max_sequence_length;
+    rates.dtype = model_->compute_dtype();
+    // Half of what the host has left (the rest for the data, the checkpoints and the host's own),
+    // shared with the other ranks, which may all run on this host (local workers do).
+    rates.host_bytes = HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1));
+    o.offload_rates = engine::MeasureOffloadRates(rates);  // before the peak below is read
+  }
   o.trainable_elements = strategy_->Describe().trainable_elements;
   o.strategy_bytes = strategy_->Memory().total();
   o.available_bytes = DeviceAvailableBytes(device_);
   o.allocated_bytes = DeviceAllocatedBytes(device_);
   o.peak_bytes = device_.is_cuda() ? PeakMemoryBytes(device_) : 0;
-  o.measure_offload_rates = [this]() {
-    engine::OffloadRateOptions rates;
-    rates.device = device_;
-    rates.model = model_->config();
-    rates.tokens = int64_t{config_.trainer.batch_size} * config_.data.max_sequence_length;
-    rates.dtype = model_->compute_dtype();
-    // Half of what the host has left (the rest for the data, the checkpoints and the host's own),
-    // shared with the other ranks, which may all run on this host (local workers do).
-    rates.host_bytes = HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1));
-    return engine::MeasureOffloadRates(rates);
-  };
   QLORA_ASSIGN_OR_RETURN(CheckpointingBudget budget, CheckpointingBudget::Start(o));
   checkpointing_ = std::move(budget);
   Log(checkpointing_->Describe());
