@@ -100,6 +100,7 @@ std::unique_ptr<BudgetSetup> SetUpBudget(const SmallModel& small, const at::Devi
   o.device = cuda;
   o.trainable_elements = small.trainable;
   o.allocated_bytes = DeviceAllocatedBytes(cuda);
+  o.available_bytes = DeviceAvailableBytes(cuda);  // as the trainer gives it
   o.peak_bytes = PeakMemoryBytes(cuda);
   engine::MemoryPlanRequest& r = b->request;
   r.model = small.shape;
