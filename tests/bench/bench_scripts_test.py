@@ -225,16 +225,22 @@ class SummarizeTest(unittest.TestCase):
         self.assertAlmostEqual(got["tokens_per_s"], 8 * 4 * 2048 / 10.0, places=0)
         self.assertAlmostEqual(got["mean_of_per_step_rates"], (7 * 8192 + 8192 / 3) / 8, places=0)
 
-    def test_auto_checkpointing_reports_the_split_and_counts_its_recompute(self):
+    @staticmethod
+    def with_checkpointing(text, report):
+        """The events of `text` with `report` as every progress event's checkpointing report."""
         lines = []
-        for line in events(1, 9, [1.0]).splitlines():
+        for line in text.splitlines():
             m = json.loads(line)
-            prog = m["event"].get("progress")
-            if prog:
-                prog["checkpointing"] = {"checkpointed_layers": "17", "layers": "32",
-                                         "planned_peak_bytes": str(21 * 2**30), "budget_bytes": str(24 * 2**30)}
+            if m["event"].get("progress"):
+                m["event"]["progress"]["checkpointing"] = dict(report)
             lines.append(json.dumps(m))
-        got, _ = self.run_summarize("\n".join(lines) + "\n", "--micro-batch", "4", "--warmup", "1",
+        return "\n".join(lines) + "\n"
+
+    def test_auto_checkpointing_reports_the_split_and_counts_its_recompute(self):
+        text = self.with_checkpointing(events(1, 9, [1.0]), {
+            "checkpointed_layers": "17", "layers": "32",
+            "planned_peak_bytes": str(21 * 2**30), "budget_bytes": str(24 * 2**30)})
+        got, _ = self.run_summarize(text, "--micro-batch", "4", "--warmup", "1",
                                     "--windows", "1", "--window-steps", "8", "--checkpointing", "auto",
                                     "--max-memory-gib", "24")
         self.assertEqual(got["checkpointing"], "auto")
@@ -247,15 +253,10 @@ class SummarizeTest(unittest.TestCase):
 
     def test_offloaded_layers_the_workers_report_are_not_recomputed(self):
         # offload_activation_layers: auto: the count comes from the progress reports.
-        lines = []
-        for line in events(1, 9, [1.0]).splitlines():
-            m = json.loads(line)
-            prog = m["event"].get("progress")
-            if prog:
-                prog["checkpointing"] = {"checkpointed_layers": "14", "layers": "32", "offloaded_layers": "7",
-                                         "planned_peak_bytes": str(21 * 2**30), "budget_bytes": str(24 * 2**30)}
-            lines.append(json.dumps(m))
-        got, _ = self.run_summarize("\n".join(lines) + "\n", "--micro-batch", "4", "--warmup", "1",
+        text = self.with_checkpointing(events(1, 9, [1.0]), {
+            "checkpointed_layers": "14", "layers": "32", "offloaded_layers": "7",
+            "planned_peak_bytes": str(21 * 2**30), "budget_bytes": str(24 * 2**30)})
+        got, _ = self.run_summarize(text, "--micro-batch", "4", "--warmup", "1",
                                     "--windows", "1", "--window-steps", "8", "--checkpointing", "auto",
                                     "--max-memory-gib", "24", "--offloaded-layers", "auto")
         self.assertEqual(got["recomputed_fraction"], round((14 - 7) / 32, 4))
