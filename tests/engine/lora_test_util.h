@@ -25,9 +25,9 @@ inline at::Tensor RandomIds(const LlamaConfig& c, int64_t batch, int64_t seq, ui
   return at::randint(c.vocab_size, {batch, seq}, gen, at::kLong);
 }
 
-inline void RandomizeLoraB(LlamaForCausalLM& model) {
+inline void RandomizeLoraB(LlamaForCausalLM& model, uint64_t seed = 7) {
   at::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (const auto& [name, p] : model.TrainableParameters()) {
     if (name.find("lora_B") != std::string::npos) {
       const_cast<at::Tensor&>(p).copy_(at::randn(p.sizes(), gen) * 0.1);

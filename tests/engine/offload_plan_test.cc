@@ -19,7 +19,7 @@ namespace {
 OffloadRates H200() { return OffloadRates{55e9, 700e12, int64_t{100} << 30}; }
 
 int64_t Recomputed(const OffloadedPlan& p) {
-  return p.memory.checkpointed_layers - std::min(p.offloaded_layers, p.memory.checkpointed_layers);
+  return RecomputedLayers(p.memory.layers, p.memory.checkpointed_layers, p.offloaded_layers);
 }
 
 TEST(EngineOffloadPlan, ForwardFlopsOfTheSevenBLayer) {
@@ -112,7 +112,7 @@ TEST(EngineOffloadPlan, AutoBudgetRecomputesFewerLayersWithinTheLink) {
     with.offloaded_layers = n;
     const absl::StatusOr<MemoryPlan> fewer = PlanCheckpointing(with);
     if (!fewer.ok()) continue;
-    EXPECT_GT(fewer->checkpointed_layers - std::min(n, fewer->checkpointed_layers), Recomputed(*p))
+    EXPECT_GT(RecomputedLayers(fewer->layers, fewer->checkpointed_layers, n), Recomputed(*p))
         << n;
   }
 }

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "common/posix_files.h"
 #include "common/safetensors/checkpoint_files.h"
+#include "tests/engine/lora_test_util.h"
 #include "tests/engine/test_util.h"
 #include "tests/engine/torch_test_util.h"
 #include "tests/run/tiny_model_dir.h"
@@ -48,11 +49,7 @@ std::unique_ptr<LlamaForCausalLM> TinyWithLora(const std::string& dir) {
   lora.alpha = 8;
   lora.target_modules = {"all-linear"};
   EXPECT_TRUE((*model)->AddLora(lora).ok());
-  at::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  for (const auto& [name, p] : (*model)->TrainableParameters()) {
-    if (name.find("lora_B") != std::string::npos) const_cast<at::Tensor&>(p).copy_(at::randn(p.sizes(), gen) * 0.1);
-  }
+  RandomizeLoraB(**model, /*seed=*/3);
   return std::move(*model);
 }
 

@@ -3,13 +3,11 @@
 // cgroup, a v1 memory controller, and nothing readable.
 #include "worker/run/host_memory.h"
 
-#include <sys/stat.h>
-
-#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "common/posix_files.h"
 #include "tests/util/temp_dir.h"
 
 namespace qlora::worker {
@@ -28,12 +26,9 @@ class HostMemoryTest : public ::testing::Test {
 
   // Writes `text` to `relative` under the folder, making its folders.
   void Write(const std::string& relative, const std::string& text) {
-    std::string path = dir_.path();
-    for (size_t at = 0, next; (next = relative.find('/', at)) != std::string::npos; at = next + 1) {
-      path = dir_.path() + "/" + relative.substr(0, next);
-      ::mkdir(path.c_str(), 0700);
-    }
-    std::ofstream(dir_.path() + "/" + relative) << text;
+    const std::string path = JoinPath(dir_.path(), relative);
+    ASSERT_TRUE(MakeDirs(path.substr(0, path.rfind('/'))).ok()) << path;
+    ASSERT_TRUE(WriteFileAtomically(path, text).ok()) << path;
   }
 
   testing::TempDir dir_;

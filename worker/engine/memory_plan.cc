@@ -29,6 +29,10 @@ int64_t FixedBytes(const MemoryPlanRequest& r) {
 
 }  // namespace
 
+int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded) {
+  return std::min(offloaded, std::min(checkpointed, layers - 1));
+}
+
 LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   const LlamaConfig& m = r.model;
   const int64_t d = r.dtype_bytes, H = m.hidden_size, I = m.intermediate_size;
@@ -80,7 +84,7 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   const int64_t around = 3 * H * d + 4 + 2 * m.head_dim * d;  // final norm, loss copy, rotary
   // Offloaded layers, checkpointed ones first (the top layer never): on the device only while
   // in transit, one layer's worth in forward, two in backward.
-  const int64_t offloaded_checkpointed = std::min(r.offloaded_layers, std::min(c, layers - 1));
+  const int64_t offloaded_checkpointed = OffloadedCheckpointedLayers(layers, c, r.offloaded_layers);
   const int64_t offloaded_plain =
       std::min(r.offloaded_layers - offloaded_checkpointed, std::max<int64_t>(plain - 1, 0));
   const int64_t in_transit = offloaded_checkpointed + offloaded_plain > 0 ? per.plain : 0;

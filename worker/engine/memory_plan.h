@@ -79,6 +79,10 @@ struct MemoryPlanRequest {
   double margin_fraction = 0.08;      // of the budget, kept free
 };
 
+// Of `offloaded` layers with the first `checkpointed` of `layers` checkpointed, how many are
+// checkpointed ones (LlamaForCausalLM::SetOffloadedLayers takes those first, never the top layer).
+int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded);
+
 // Bytes per token of one decoder layer.
 struct LayerActivationBytes {
   int64_t plain = 0;         // saved for backward by a layer that is not checkpointed

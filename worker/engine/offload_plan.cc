@@ -18,7 +18,7 @@ double OffloadedBytes(const MemoryPlanRequest& r, int64_t c, int64_t n) {
   const int64_t layers = r.model.num_hidden_layers;
   if (n == 0) return 0;
   const LayerActivationBytes per = PerTokenLayerBytes(r);
-  const int64_t inputs = std::min(c, layers - 1) - std::min(n, std::min(c, layers - 1));
+  const int64_t inputs = std::min(c, layers - 1) - OffloadedCheckpointedLayers(layers, c, n);
   return static_cast<double>(Tokens(r)) *
          static_cast<double>(n * per.plain + std::max<int64_t>(inputs, 0) * per.checkpointed);
 }
@@ -27,12 +27,6 @@ double OffloadedBytes(const MemoryPlanRequest& r, int64_t c, int64_t n) {
 double ForwardSeconds(const MemoryPlanRequest& r, const OffloadRates& rates) {
   return static_cast<double>(r.model.num_hidden_layers) * static_cast<double>(Tokens(r)) *
          LayerForwardFlopsPerToken(r) / (rates.gemm_flops_per_s * kGemmShareOfForward);
-}
-
-// Layers recomputed in a step with `c` checkpointed and `n` offloaded (taken from the
-// checkpointed ones, never the top layer, as LlamaForCausalLM::SetOffloadedLayers places them).
-int64_t Recomputed(int64_t layers, int64_t c, int64_t n) {
-  return c - std::min(n, std::min(c, layers - 1));
 }
 
 // Whether the copies of `n` offloaded layers (with `c` checkpointed) keep up with the step: the
@@ -47,29 +41,33 @@ bool CopiesFit(const MemoryPlanRequest& r, int64_t c, int64_t n, const OffloadRa
   const double out = static_cast<double>(layers) * forward + static_cast<double>(above) * backward;
   const double backlog = bytes - link * static_cast<double>(region) * forward;
   const double back = static_cast<double>(region + std::min<int64_t>(above, 2)) * backward +
-                      static_cast<double>(Recomputed(layers, c, n)) * forward;
+                      static_cast<double>(RecomputedLayers(layers, c, n)) * forward;
   return bytes <= link * std::min(out, back) &&
          backlog <= static_cast<double>(rates.max_pending_bytes);
 }
 
-// The most layers whose copies keep up (0 when none does).
+// The most layers, below the top one, for which `fits(n)` holds for every n up to them (0 when
+// not even one layer fits).
+template <typename Fits>
+int64_t MostLayers(const MemoryPlanRequest& r, Fits fits) {
+  int64_t n = 0;
+  while (n + 1 < r.model.num_hidden_layers && fits(n + 1)) ++n;
+  return n;
+}
+
+// The most layers whose copies keep up.
 int64_t LayersByLink(const MemoryPlanRequest& r, int64_t checkpointed_layers,
                      const OffloadRates& rates) {
-  int64_t n = 0;
-  while (n + 1 < r.model.num_hidden_layers && CopiesFit(r, checkpointed_layers, n + 1, rates)) ++n;
-  return n;
+  return MostLayers(r, [&](int64_t n) { return CopiesFit(r, checkpointed_layers, n, rates); });
 }
 
 // The most layers whose pinned copies the host memory holds, each block counted twice (the pinned
 // allocator rounds it up to a power of two).
 int64_t LayersByHostMemory(const MemoryPlanRequest& r, int64_t checkpointed_layers,
                            const OffloadRates& rates) {
-  int64_t n = 0;
-  while (n + 1 < r.model.num_hidden_layers &&
-         2 * OffloadedBytes(r, checkpointed_layers, n + 1) <= static_cast<double>(rates.host_bytes)) {
-    ++n;
-  }
-  return n;
+  return MostLayers(r, [&](int64_t n) {
+    return 2 * OffloadedBytes(r, checkpointed_layers, n) <= static_cast<double>(rates.host_bytes);
+  });
 }
 
 }  // namespace
@@ -85,15 +83,15 @@ double LayerForwardFlopsPerToken(const MemoryPlanRequest& r) {
   return 2.0 * projections + attention;
 }
 
+int64_t RecomputedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded) {
+  return checkpointed - OffloadedCheckpointedLayers(layers, checkpointed, offloaded);
+}
+
 int64_t OffloadableLayers(const MemoryPlanRequest& r, int64_t checkpointed_layers,
                           const OffloadRates& rates) {
   if (rates.host_link_bytes_per_s <= 0 || rates.gemm_flops_per_s <= 0 || Tokens(r) <= 0) return 0;
-  const int64_t layers = r.model.num_hidden_layers;
-  return std::clamp<int64_t>(
-      std::min(LayersByLink(r, checkpointed_layers, rates),
-               LayersByHostMemory(r, checkpointed_layers, rates)),
-      0,
-      std::max<int64_t>(layers - 1, 0));
+  return std::min(LayersByLink(r, checkpointed_layers, rates),
+                  LayersByHostMemory(r, checkpointed_layers, rates));
 }
 
 absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanRequest& request,
@@ -109,8 +107,9 @@ absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanReque
     r.offloaded_layers = n;
     const absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(r);
     if (!plan.ok() || n > OffloadableLayers(r, plan->checkpointed_layers, rates)) continue;
-    if (!best || Recomputed(layers, plan->checkpointed_layers, n) <
-                     Recomputed(layers, best->memory.checkpointed_layers, best->offloaded_layers)) {
+    if (!best || RecomputedLayers(layers, plan->checkpointed_layers, n) <
+                     RecomputedLayers(layers, best->memory.checkpointed_layers,
+                                      best->offloaded_layers)) {
       best = OffloadedPlan{*plan, n, 0};
     }
   }
@@ -126,7 +125,7 @@ int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t check
   r.offloaded_layers = 0;
   const int64_t alone = PlannedPeakBytes(r, c);
   const auto usable = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - r.margin_fraction));
-  int64_t n = std::min(OffloadableLayers(r, c, rates), std::min(c, layers - 1));
+  int64_t n = OffloadedCheckpointedLayers(layers, c, OffloadableLayers(r, c, rates));
   for (; n > 0; --n) {
     r.offloaded_layers = n;
     const int64_t peak = PlannedPeakBytes(r, c);

@@ -62,6 +62,10 @@ int64_t OffloadableLayers(const MemoryPlanRequest& request, int64_t checkpointed
 int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t checkpointed_layers,
                                  const OffloadRates& rates, int64_t device_bytes);
 
+// Layers recomputed in a step with `checkpointed` checkpointed and `offloaded` offloaded (an
+// offloaded checkpointed layer runs unrecomputed).
+int64_t RecomputedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded);
+
 struct OffloadedPlan {
   MemoryPlan memory;              // its checkpointed_layers count the offloaded ones
   int64_t offloaded_layers = 0;

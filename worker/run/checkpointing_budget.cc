@@ -50,6 +50,11 @@ engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
 
 }  // namespace
 
+bool CheckpointingBudget::UsesOffloadRates(const TrainerConfig& t, const c10::Device& device) {
+  return t.offload_activation_auto && device.is_cuda() &&
+         t.gradient_checkpointing != CheckpointingMode::kNone;
+}
+
 absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const CheckpointingBudgetOptions& o) {
   CheckpointingBudget b;
   b.model_ = o.model;
@@ -57,7 +62,7 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   b.offload_requested_ = t.offload_activation_layers;
   b.offload_auto_ = t.offload_activation_auto;
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
-  if (b.offload_auto_ && o.device.is_cuda() && t.gradient_checkpointing != CheckpointingMode::kNone) {
+  if (UsesOffloadRates(t, o.device)) {
     // Offloading only speeds a step up: without the rates the job goes on without it.
     const absl::StatusOr<engine::OffloadRates> rates =
         o.offload_rates.value_or(absl::UnavailableError("no measurement was made"));

@@ -59,6 +59,11 @@ struct CheckpointingBudgetOptions {
 
 class CheckpointingBudget {
  public:
+  // Whether Start uses measured offload rates for this job on `device`
+  // (CheckpointingBudgetOptions::offload_rates): offload_activation_layers: auto on a GPU, with
+  // layers to spare from recomputation (checkpointing true or auto).
+  static bool UsesOffloadRates(const TrainerConfig& trainer, const c10::Device& device);
+
   // Sets the model's split. FailedPrecondition when auto's budget is below what every layer
   // checkpointed needs (the message names both).
   static absl::StatusOr<CheckpointingBudget> Start(const CheckpointingBudgetOptions& options);

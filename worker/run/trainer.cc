@@ -136,8 +136,7 @@ absl::Status Trainer::ChooseCheckpointing() {
   o.model = model_.get();
   o.device = device_;
   const TrainerConfig& t = config_.trainer;
-  if (t.offload_activation_auto && device_.is_cuda() &&
-      t.gradient_checkpointing != CheckpointingMode::kNone) {
+  if (CheckpointingBudget::UsesOffloadRates(t, device_)) {
     engine::OffloadRateOptions rates;
     rates.device = device_;
     rates.model = model_->config();
