@@ -4,6 +4,7 @@
 #include "kernels/quantize_4bit.h"
 
 #include <cstring>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -51,6 +52,14 @@ at::Tensor TableTensor(const float* values, int64_t size) {
   at::Tensor t = at::empty({size}, at::TensorOptions().dtype(at::kFloat));
   std::memcpy(t.mutable_data_ptr<float>(), values, sizeof(float) * size);
   return t;
+}
+
+// q.shape as the [rows, cols] that Dequantize4bitInto writes (rows = shape[0]; a scalar is [1, 1]).
+std::vector<int64_t> WeightRows(const Quantized4bit& q) {
+  int64_t n = 1;
+  for (int64_t d : q.shape) n *= d;
+  const int64_t rows = q.shape.empty() ? 1 : q.shape[0];
+  return {rows, rows == 0 ? 0 : n / rows};
 }
 
 }  // namespace
@@ -153,6 +162,14 @@ at::Tensor Dequantize4bit(const Quantized4bit& q) { return Dequantize4bit(q, q.d
 at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype) {
   TORCH_CHECK(IsFloating(dtype), "Dequantize4bit produces float32, float16 or bfloat16, not ",
               dtype);
+  at::Tensor out = at::empty(q.shape, q.packed.options().dtype(dtype));
+  Dequantize4bitInto(q, out.view(WeightRows(q)));
+  return out;
+}
+
+void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out) {
+  TORCH_CHECK(IsFloating(out.scalar_type()),
+              "Dequantize4bit produces float32, float16 or bfloat16, not ", out.scalar_type());
   TORCH_CHECK(IsPowerOfTwoIn(q.blocksize, 32, 4096),
               "blocksize must be a power of two in [32, 4096], got ", q.blocksize);
   int64_t n = 1;
@@ -166,9 +183,14 @@ at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype) {
   const at::Device device = q.packed.device();
   TORCH_CHECK(q.absmax.device() == device, "absmax must be on the packed tensor's device");
 
+  const std::vector<int64_t> rows = WeightRows(q);
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(rows) && out.stride(1) == 1 &&
+                  out.stride(0) >= out.size(1) && out.device() == q.packed.device(),
+              "Dequantize4bitInto: out must be ", rows,
+              " on the packed tensor's device with unit column stride, got ", out.sizes(),
+              " with strides ", out.strides());
   const at::Tensor packed = q.packed.contiguous().view({-1});
-  at::Tensor out = at::empty(q.shape, packed.options().dtype(dtype));
-  at::Tensor out_flat = out.view({-1});
+  at::Tensor out_flat = out.is_contiguous() ? out.view({-1}) : out;
   const at::Tensor absmax = q.absmax.contiguous();
   AbsmaxSource source;
   at::Tensor absmax2;
@@ -196,7 +218,6 @@ at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype) {
     source.absmax = &absmax;
   }
   QLORA_DISPATCH_DEVICE(device, Dequantize4bit(packed, source, q.type, q.blocksize, out_flat));
-  return out;
 }
 
 }  // namespace qlora::kernels

@@ -57,6 +57,10 @@ Quantized4bit Quantize4bit(const at::Tensor& input, const Quantize4bitOptions& o
 // Dequantizes to `q.dtype` (or `dtype` when given) with q.shape, on q.packed's device.
 at::Tensor Dequantize4bit(const Quantized4bit& q);
 at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype);
+// The same written into `out`: q.shape as [rows, cols] (rows = shape[0]) in a float dtype on
+// q's device, unit column stride, any row stride >= cols (a weight placed in wider rows, as
+// the LoRA-widened GEMMs of worker/engine read it).
+void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.
 at::Tensor BlockAbsmax(const Quantized4bit& q);

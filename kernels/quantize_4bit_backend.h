@@ -33,7 +33,8 @@ void QuantizeBlockwise8bit(const at::Tensor& x, int64_t blocksize, at::Tensor& c
 void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
                              const at::Tensor& code, int64_t blocksize, float offset,
                              at::Tensor& out);
-// out [n] (float32/float16/bfloat16) = lut[nibble] * absmax[block].
+// out [n] (float32/float16/bfloat16) = lut[nibble] * absmax[block]; out may also be the weight's
+// [rows, cols] with a row stride >= cols (values land in row-major order).
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& absmax, QuantType type,
                     int64_t blocksize, at::Tensor& out);
 }  // namespace cpu
@@ -50,7 +51,8 @@ void QuantizeBlockwise8bit(const at::Tensor& x, int64_t blocksize, at::Tensor& c
 void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
                              const at::Tensor& code, int64_t blocksize, float offset,
                              at::Tensor& out);
-// out [n] (float32/float16/bfloat16) = lut[nibble] * absmax[block].
+// out [n] (float32/float16/bfloat16) = lut[nibble] * absmax[block]; out may also be the weight's
+// [rows, cols] with a row stride >= cols (values land in row-major order).
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& absmax, QuantType type,
                     int64_t blocksize, at::Tensor& out);
 }  // namespace cuda

@@ -145,11 +145,14 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
                             source.nested_blocksize, source.offset, absmax);
   }
   const float* lut = type == QuantType::kNF4 ? kNf4Values.v : kFp4Values.v;
+  // A row-strided output (a weight written into wider rows) is filled through a contiguous one.
+  at::Tensor dense = out.is_contiguous() ? out : at::empty(out.sizes(), out.options());
   DispatchFloating(out.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     Dequantize4bitTyped(packed.const_data_ptr<uint8_t>(), absmax.const_data_ptr<float>(), lut,
-                        out.numel(), blocksize, out.mutable_data_ptr<T>());
+                        dense.numel(), blocksize, dense.mutable_data_ptr<T>());
   });
+  if (!dense.is_same(out)) out.copy_(dense);
 }
 
 }  // namespace qlora::kernels::cpu

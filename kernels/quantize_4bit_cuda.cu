@@ -154,10 +154,25 @@ __device__ __forceinline__ void DecodeChunk(unsigned int word, float a, const fl
   for (int s = 0; s < kStores; ++s) out[s] = reinterpret_cast<const uint4*>(vals)[s];
 }
 
+// Where output i (row-major over the weight's [rows, cols]) is stored: i itself, or, for an
+// output with a row stride (a weight written into wider rows), row * row_stride + column. 32-bit
+// division: the host takes this path only for fewer than 2^32 outputs.
+struct OutputRows {
+  bool strided = false;
+  uint32_t cols = 0;
+  int64_t row_stride = 0;
+};
+
+__device__ __forceinline__ int64_t OutputOffset(int64_t i, const OutputRows& rows) {
+  if (!rows.strided) return i;
+  const uint32_t row = static_cast<uint32_t>(i) / rows.cols;
+  return int64_t{row} * rows.row_stride + (static_cast<uint32_t>(i) - row * rows.cols);
+}
+
 template <typename T>
 __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
-                                     bool vector_io, T* __restrict__ out) {
+                                     bool vector_io, OutputRows rows, T* __restrict__ out) {
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = table.v[threadIdx.x];
   __syncthreads();
@@ -177,7 +192,7 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u) {
       const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
-      DecodeChunk(word[u], a[u], lut, out + chunk * kOutputsPerChunk);
+      DecodeChunk(word[u], a[u], lut, out + OutputOffset(chunk * kOutputsPerChunk, rows));
     }
     return;
   }
@@ -187,14 +202,14 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
     if (first >= n) return;
     const float a = LoadAbsmax(absmax_args, first >> log2_blocksize);
     if (vector_io && first + kOutputsPerChunk <= n) {
-      DecodeChunk(__ldg(words + chunk), a, lut, out + first);
+      DecodeChunk(__ldg(words + chunk), a, lut, out + OutputOffset(first, rows));
       continue;
     }
     const int64_t last = min(n, first + kOutputsPerChunk);
     for (int64_t i = first; i < last; ++i) {
       const uint8_t byte = packed[i / 2];
       const uint8_t nibble = (i & 1) ? (byte & 0x0F) : (byte >> 4);
-      out[i] = ToOutput<T>(math::MulFtz(lut[nibble], a));
+      out[OutputOffset(i, rows)] = ToOutput<T>(math::MulFtz(lut[nibble], a));
     }
   }
 }
@@ -286,14 +301,21 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
   }
   const Codebook16 table = type == QuantType::kNF4 ? kNf4Values : kFp4Values;
   const uint8_t* in = packed.const_data_ptr<uint8_t>();
+  OutputRows rows;
+  if (out.dim() == 2 && out.stride(0) != out.size(1)) {
+    TORCH_CHECK(n < (int64_t{1} << 32), "Dequantize4bit: a row-strided output takes < 2^32 values");
+    rows = {true, static_cast<uint32_t>(out.size(1)), out.stride(0)};
+  }
+  // 8 outputs a chunk stay in one row, 16-byte aligned, when rows are multiples of 8 values.
+  const bool rows_in_chunks = !rows.strided || (rows.cols % 8 == 0 && rows.row_stride % 8 == 0);
   DispatchFloating(out.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     T* dst = out.mutable_data_ptr<T>();
-    const bool vector_io = reinterpret_cast<uintptr_t>(in) % 4 == 0 &&
+    const bool vector_io = rows_in_chunks && reinterpret_cast<uintptr_t>(in) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(dst) % 16 == 0;
     const int64_t chunks = CeilDiv(n, 2 * kPackedPerThread);
     Dequantize4bitKernel<T><<<Grid(CeilDiv(chunks, kChunksPerThread)), kThreads, 0, stream>>>(
-        in, n, Log2(blocksize), args, table, vector_io, dst);
+        in, n, Log2(blocksize), args, table, vector_io, rows, dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

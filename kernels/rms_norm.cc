@@ -14,10 +14,39 @@ bool OnCuda(const at::Tensor& t) { return t.is_cuda() && HasCudaKernels(); }
 
 at::Tensor Rows(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 
+// Uninitialized [rows, dim] like `rows`, as the first dim columns of [rows, dim + spare].
+at::Tensor WideRows(const at::Tensor& rows, int64_t spare) {
+  const int64_t dim = rows.size(1);
+  return at::empty({rows.size(0), dim + spare}, rows.options()).narrow(1, 0, dim);
+}
+
+// [rows, dim] (row-strided) viewed in like's shape [..., dim].
+at::Tensor InShapeOf(const at::Tensor& rows, const at::Tensor& like) {
+  std::vector<int64_t> strides(like.dim(), 1);
+  if (like.dim() >= 2) strides[like.dim() - 2] = rows.stride(0);
+  for (int64_t d = like.dim() - 3; d >= 0; --d) strides[d] = strides[d + 1] * like.size(d + 1);
+  return rows.as_strided(like.sizes(), strides);
+}
+
+// [rows, dim] of t: a view where t's rows have unit column stride and evenly spaced rows (the
+// kernel takes a row stride), else a contiguous copy.
+at::Tensor RowsInPlace(const at::Tensor& t) {
+  if (t.dim() >= 1 && t.stride(-1) == 1) {
+    bool even = true;
+    for (int64_t d = t.dim() - 2; d >= 1; --d) {
+      even = even && (t.size(d) == 1 || t.stride(d - 1) == t.stride(d) * t.size(d));
+    }
+    if (even) return t.view({-1, t.size(-1)});
+  }
+  return Rows(t).contiguous();
+}
+
 }  // namespace
 
 ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta,
-                                             const at::Tensor& weight, double eps) {
+                                             const at::Tensor& weight, double eps,
+                                             int64_t spare_columns) {
+  TORCH_CHECK(spare_columns >= 0, "residual rms_norm: spare_columns must be >= 0");
   TORCH_CHECK(!delta.defined() ||
                   (x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type()),
               "residual rms_norm: x and delta must have one shape and dtype");
@@ -30,11 +59,11 @@ ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tens
 #ifdef QLORA_HAVE_CUDA
     const at::Tensor xr = Rows(x).contiguous();
     const at::Tensor dr = delta.defined() ? Rows(delta).contiguous() : at::Tensor();
-    ResidualRmsNormResult r{delta.defined() ? at::empty_like(xr) : xr, at::empty_like(xr),
+    ResidualRmsNormResult r{delta.defined() ? at::empty_like(xr) : xr, WideRows(xr, spare_columns),
                             at::empty({xr.size(0)}, xr.options().dtype(at::kFloat))};
     if (cuda::ResidualRmsNormForward(xr, dr, weight.contiguous(), static_cast<float>(eps), r.h,
                                      r.n, r.rstd)) {
-      return {delta.defined() ? r.h.view(x.sizes()) : x, r.n.view(x.sizes()),
+      return {delta.defined() ? r.h.view(x.sizes()) : x, InShapeOf(r.n, x),
               r.rstd.view(row_shape)};
     }
 #endif
@@ -43,6 +72,11 @@ ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tens
   r.h = delta.defined() ? x + delta : x;
   r.n = at::rms_norm(r.h, {r.h.size(-1)}, weight, eps);
   r.rstd = at::rsqrt(r.h.to(at::kFloat).pow(2).mean(-1) + eps);
+  if (spare_columns > 0) {
+    const at::Tensor rows = WideRows(Rows(r.n), spare_columns);
+    rows.copy_(Rows(r.n));
+    r.n = InShapeOf(rows, x);
+  }
   return r;
 }
 
@@ -59,7 +93,7 @@ at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const 
 #ifdef QLORA_HAVE_CUDA
     const at::Tensor hr = Rows(h).contiguous();
     at::Tensor dx = at::empty_like(hr);
-    if (cuda::RmsNormBackward(Rows(grad_n).contiguous(), hr, rstd.reshape({-1}).contiguous(),
+    if (cuda::RmsNormBackward(RowsInPlace(grad_n), hr, rstd.reshape({-1}).contiguous(),
                               weight.contiguous(),
                               grad_h.defined() ? Rows(grad_h).contiguous() : at::Tensor(), dx)) {
       return dx.view(h.sizes());

@@ -22,12 +22,17 @@ struct ResidualRmsNormResult {
 };
 
 // x, delta: one shape and dtype, last dim = weight's size; weight: x's dtype. delta may be
-// undefined: h is then x itself (the RMSNorm alone, with the rstd that backward wants).
+// undefined: h is then x itself (the RMSNorm alone, with the rstd that backward wants). With
+// spare_columns > 0, n's rows are the first dim values of rows dim + spare_columns long (n's
+// stride says so; the spare values are left unset) for a consumer that puts its own columns
+// beside n's (the LoRA-widened GEMMs of worker/engine/linear4bit.h).
 ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta,
-                                             const at::Tensor& weight, double eps);
+                                             const at::Tensor& weight, double eps,
+                                             int64_t spare_columns = 0);
 
-// grad_n, h: h's shape and dtype; rstd from forward; grad_h: h's shape and dtype, or undefined
-// (no residual gradient). Returns dx in h's dtype.
+// grad_n, h: h's shape and dtype (grad_n may have any strides: rows of a wider buffer are read in
+// place on CUDA); rstd from forward; grad_h: h's shape and dtype, or undefined (no residual
+// gradient). Returns dx in h's dtype.
 at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Tensor& rstd,
                            const at::Tensor& weight, const at::Tensor& grad_h);
 

@@ -7,11 +7,12 @@
 
 namespace qlora::kernels::cuda {
 
-// Contiguous [rows, dim] tensors of one dtype (weight [dim]); rstd float32 [rows]. delta may be
-// undefined (h is then x, and the h given is not written).
+// Contiguous [rows, dim] tensors of one dtype (weight [dim]); rstd float32 [rows]; n may be
+// rows of a wider buffer (any row stride). delta may be undefined (h is then x, and the h given
+// is not written).
 bool ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                             float eps, at::Tensor& h, at::Tensor& n, at::Tensor& rstd);
-// grad_h may be undefined.
+// grad_h may be undefined; grad_n may be rows of a wider buffer.
 bool RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Tensor& rstd,
                      const at::Tensor& weight, const at::Tensor& grad_h, at::Tensor& dx);
 

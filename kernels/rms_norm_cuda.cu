@@ -2,8 +2,10 @@
 //
 //   ResidualRmsNormForwardKernel  pass 1: h = x + delta (rounded), written, its squares summed
 //                                 (no delta: h is x, nothing written); pass 2: n = h * rstd * w
-//                                 from the h this thread just wrote (or x)
+//                                 from the h this thread just wrote (or x), into rows that may be
+//                                 wider than dim (spare columns for the next GEMM's extra inputs)
 //   RmsNormBackwardKernel         pass 1: sum of w * dn * h; pass 2: dx, with dh added, rounded once
+//                                 (dn may be rows of a wider buffer)
 // Products and sums are rounded as the formulas in rms_norm.h round them (__fmul_rn / __fadd_rn
 // where ATen stores nothing between them would still round each op: float32 throughout).
 #include <cstdint>
@@ -44,9 +46,10 @@ __device__ float BlockSum(float v) {
 template <typename T, int V>
 __global__ void ResidualRmsNormForwardKernel(const T* __restrict__ x, const T* __restrict__ delta,
                                              const T* __restrict__ weight, int64_t dim, float eps,
-                                             T* h, T* __restrict__ n,
+                                             T* h, T* __restrict__ n, int64_t n_stride,
                                              float* __restrict__ rstd_out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
+  T* const n_row = n + static_cast<int64_t>(blockIdx.x) * n_stride;
   const int64_t vectors = dim / V;
   float sumsq = 0.0f;
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
@@ -76,7 +79,7 @@ __global__ void ResidualRmsNormForwardKernel(const T* __restrict__ x, const T* _
       o.v[k] = static_cast<T>(
           __fmul_rn(__fmul_rn(static_cast<float>(s.v[k]), rstd), static_cast<float>(w.v[k])));
     }
-    Store<T, V>(n + row + i * V, o);
+    Store<T, V>(n_row + i * V, o);
   }
 }
 
@@ -84,13 +87,14 @@ template <typename T, int V>
 __global__ void RmsNormBackwardKernel(const T* __restrict__ grad_n, const T* __restrict__ h,
                                       const float* __restrict__ rstd_in,
                                       const T* __restrict__ weight, const T* __restrict__ grad_h,
-                                      int64_t dim, T* __restrict__ dx) {
+                                      int64_t dim, int64_t grad_n_stride, T* __restrict__ dx) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
+  const T* const grad_n_row = grad_n + static_cast<int64_t>(blockIdx.x) * grad_n_stride;
   const int64_t vectors = dim / V;
   const float rstd = rstd_in[blockIdx.x];
   float dot = 0.0f;
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    const Vec<T, V> g = Load<T, V>(grad_n + row + i * V), s = Load<T, V>(h + row + i * V);
+    const Vec<T, V> g = Load<T, V>(grad_n_row + i * V), s = Load<T, V>(h + row + i * V);
     const Vec<T, V> w = Load<T, V>(weight + i * V);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -100,7 +104,7 @@ __global__ void RmsNormBackwardKernel(const T* __restrict__ grad_n, const T* __r
   }
   const float c = BlockSum(dot) / static_cast<float>(dim) * rstd * rstd * rstd;
   for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
-    const Vec<T, V> g = Load<T, V>(grad_n + row + i * V), s = Load<T, V>(h + row + i * V);
+    const Vec<T, V> g = Load<T, V>(grad_n_row + i * V), s = Load<T, V>(h + row + i * V);
     const Vec<T, V> w = Load<T, V>(weight + i * V);
     Vec<T, V> r{};
     if (grad_h != nullptr) r = Load<T, V>(grad_h + row + i * V);
@@ -120,13 +124,18 @@ bool Aligned16OrUndefined(const at::Tensor& t) {
   return !t.defined() || Aligned16(t.const_data_ptr());
 }
 
-// [rows, dim] contiguous CUDA tensors of `dtype` whose rows split into 16-byte vectors.
+// [rows, dim] CUDA tensors of `dtype` whose rows split into 16-byte vectors: contiguous, or (a
+// row-strided one) rows of a wider buffer whose stride keeps every row 16-byte aligned.
 bool Takes(std::initializer_list<const at::Tensor*> rows, int64_t dim, at::ScalarType dtype,
-           int vec) {
+           int vec, const at::Tensor* row_strided = nullptr) {
   if (dim % vec != 0) return false;
   for (const at::Tensor* t : rows) {
     if (!t->defined()) continue;
-    if (!t->is_cuda() || t->scalar_type() != dtype || !t->is_contiguous() || !Aligned16OrUndefined(*t) ||
+    const bool layout = t == row_strided
+                            ? t->dim() == 2 && t->stride(1) == 1 && t->stride(0) >= dim &&
+                                  t->stride(0) % vec == 0
+                            : t->is_contiguous();
+    if (!t->is_cuda() || t->scalar_type() != dtype || !layout || !Aligned16OrUndefined(*t) ||
         t->size(-1) != dim) {
       return false;
     }
@@ -143,14 +152,14 @@ bool ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta, const 
   return DispatchFloating(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    if (!Takes({&x, &delta, &weight, &h, &n}, dim, x.scalar_type(), V)) return false;
+    if (!Takes({&x, &delta, &weight, &h, &n}, dim, x.scalar_type(), V, &n)) return false;
     if (rows == 0) return true;
     const c10::cuda::CUDAGuard guard(x.device());
     ResidualRmsNormForwardKernel<T, V><<<static_cast<unsigned>(rows), kThreads, 0,
                                          at::cuda::getCurrentCUDAStream()>>>(
         x.const_data_ptr<T>(), delta.defined() ? delta.const_data_ptr<T>() : nullptr,
         weight.const_data_ptr<T>(), dim, eps, delta.defined() ? h.mutable_data_ptr<T>() : nullptr,
-        n.mutable_data_ptr<T>(), rstd.mutable_data_ptr<float>());
+        n.mutable_data_ptr<T>(), n.stride(0), rstd.mutable_data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });
@@ -166,14 +175,16 @@ bool RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Te
   return DispatchFloating(h.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    if (!Takes({&grad_n, &h, &weight, &grad_h, &dx}, dim, h.scalar_type(), V)) return false;
+    if (!Takes({&grad_n, &h, &weight, &grad_h, &dx}, dim, h.scalar_type(), V, &grad_n)) {
+      return false;
+    }
     if (rows == 0) return true;
     const c10::cuda::CUDAGuard guard(h.device());
     RmsNormBackwardKernel<T, V><<<static_cast<unsigned>(rows), kThreads, 0,
                                   at::cuda::getCurrentCUDAStream()>>>(
         grad_n.const_data_ptr<T>(), h.const_data_ptr<T>(), rstd.const_data_ptr<float>(),
         weight.const_data_ptr<T>(), grad_h.defined() ? grad_h.const_data_ptr<T>() : nullptr, dim,
-        dx.mutable_data_ptr<T>());
+        grad_n.stride(0), dx.mutable_data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

@@ -120,38 +120,51 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
   }
 }
 
-// Three linears reading one input (different widths, ranks and scales, one with a 4-bit base and
-// one with a bias) as one node against each layer's own Forward: values and gradients of x, the
+// Three linears reading one input of 64 features (different widths, ranks and scales, one with
+// a 4-bit base and one with a bias: ranks 4 + 8 + 4 = 16 spare columns when widened).
+std::vector<LinearLayer> SharedInputLayers(const at::Device& device) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const int64_t in = 64, outs[3] = {64, 32, 96}, ranks[3] = {4, 8, 4};
+  const double scales[3] = {2.0, 0.5, 1.25};
+  std::vector<LinearLayer> layers(3);
+  for (int i = 0; i < 3; ++i) {
+    LinearLayer& l = layers[i];
+    l.base.dense = at::randn({outs[i], in}, f32) * 0.1;
+    l.base.out_features = outs[i];
+    l.base.in_features = in;
+    LoraWeights lora;
+    lora.a = (at::randn({ranks[i], in}, f32) * 0.2).requires_grad_();
+    lora.b = (at::randn({outs[i], ranks[i]}, f32) * 0.2).requires_grad_();
+    lora.scale = scales[i];
+    l.lora = lora;
+  }
+  kernels::Quantize4bitOptions nf4;
+  layers[1].base.quantized = QuantizeWeight(layers[1].base.dense, nf4);
+  layers[1].base.dense = at::Tensor();
+  layers[2].base.bias = at::randn({outs[2]}, f32);
+  return layers;
+}
+
+// The layers' dense weights and biases in `dtype` (the 4-bit base stays as it is).
+void CastFrozen(std::vector<LinearLayer>& layers, at::ScalarType dtype) {
+  for (LinearLayer& l : layers) {
+    if (l.base.dense.defined()) l.base.dense = l.base.dense.to(dtype);
+    if (l.base.bias.defined()) l.base.bias = l.base.bias.to(dtype);
+  }
+}
+
+// SharedInputLayers as one node against each layer's own Forward: values and gradients of x, the
 // As and the Bs, also when one output gets no gradient, in float32 and in bf16.
 TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());
     at::manual_seed(3);
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-    const int64_t in = 64, outs[3] = {64, 32, 96}, ranks[3] = {4, 8, 4};
-    const double scales[3] = {2.0, 0.5, 1.25};
-    std::vector<LinearLayer> layers(3);
-    for (int i = 0; i < 3; ++i) {
-      LinearLayer& l = layers[i];
-      l.base.dense = at::randn({outs[i], in}, f32) * 0.1;
-      l.base.out_features = outs[i];
-      l.base.in_features = in;
-      LoraWeights lora;
-      lora.a = (at::randn({ranks[i], in}, f32) * 0.2).requires_grad_();
-      lora.b = (at::randn({outs[i], ranks[i]}, f32) * 0.2).requires_grad_();
-      lora.scale = scales[i];
-      l.lora = lora;
-    }
-    kernels::Quantize4bitOptions nf4;
-    layers[1].base.quantized = QuantizeWeight(layers[1].base.dense, nf4);
-    layers[1].base.dense = at::Tensor();
-    layers[2].base.bias = at::randn({outs[2]}, f32);
+    const int64_t in = 64;
+    std::vector<LinearLayer> layers = SharedInputLayers(device);
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
       SCOPED_TRACE(c10::toString(dtype));
-      for (LinearLayer& l : layers) {
-        if (l.base.dense.defined()) l.base.dense = l.base.dense.to(dtype);
-        if (l.base.bias.defined()) l.base.bias = l.base.bias.to(dtype);
-      }
+      CastFrozen(layers, dtype);
       const at::Tensor x0 = at::randn({2, 9, in}, f32).to(dtype);
       for (const bool all_outputs : {true, false}) {
         at::Tensor xg = x0.clone().requires_grad_(), xs = x0.clone().requires_grad_();
@@ -185,6 +198,79 @@ TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
           const double bound = dtype == at::kFloat ? 1e-5 * scale + 1e-7 : std::ldexp(scale, -6);
           EXPECT_LE((gg[j] - gs[j]).abs().max().item<double>(), bound) << "input " << j;
         }
+      }
+    }
+  }
+}
+
+// The same layers over widened rows, as the decoder runs them: the input is the residual norm's
+// output with SharedInputSpareColumns spare columns, so that the node writes x A^T there and runs
+// each layer's forward as one GEMM over [x | x A^T] and [W | 0 | scale B]. Against the layers one by one on
+// the plain norm's output: the values and the gradients of the norm's inputs (x and delta), the
+// As and the Bs, with one output without a gradient, in float32 and in bf16; and the spare
+// columns hold x A^T (the widened node ran, not the plain one).
+TEST(EngineFused, SharedInputLoraGroupOverWidenedRowsEqualsTheLayersOneByOne) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(13);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int64_t in = 64;
+    std::vector<LinearLayer> layers = SharedInputLayers(device);
+    const std::vector<const LinearLayer*> group = {&layers[0], &layers[1], &layers[2]};
+    const int64_t spare = SharedInputSpareColumns(group, /*training=*/true);
+    ASSERT_EQ(spare, 16);
+    EXPECT_EQ(SharedInputSpareColumns({&layers[0]}, true), 0);  // a single layer: no node
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(c10::toString(dtype));
+      CastFrozen(layers, dtype);
+      const at::Tensor w = (1 + 0.1 * at::randn({in}, f32)).to(dtype);
+      const at::Tensor x0 = at::randn({2, 9, in}, f32).to(dtype);
+      const at::Tensor d0 = at::randn({2, 9, in}, f32).to(dtype);
+      at::Tensor xw = x0.clone().requires_grad_(), dw = d0.clone().requires_grad_();
+      at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
+      const auto [hw, nw] = ResidualRmsNorm(xw, dw, w, 1e-5, spare);
+      const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
+      ASSERT_EQ(nw.stride(1), in + spare);
+      const std::vector<at::Tensor> widened = SharedInputForward(group, nw, /*training=*/true);
+      std::vector<at::Tensor> single;
+      for (const LinearLayer& l : layers) single.push_back(l.Forward(ns, /*training=*/true));
+
+      const at::Tensor rows = nw.detach().as_strided({18, in + spare}, {in + spare, 1});
+      const at::Tensor a_all = at::cat({layers[0].lora->a, layers[1].lora->a, layers[2].lora->a})
+                                   .detach().to(dtype);
+      const at::Tensor ha = at::mm(rows.narrow(1, 0, in), a_all.t());
+      EXPECT_LE((rows.narrow(1, in, spare) - ha).abs().max().item<double>(),
+                (dtype == at::kFloat ? 1e-5 : 1e-2) * ha.abs().max().item<double>());
+
+      std::vector<at::Tensor> inputs_w = {xw, dw}, outs_w, outs_s, seeds;
+      for (int i = 0; i < 3; ++i) {
+        const double scale = single[i].abs().max().item<double>();
+        const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
+        EXPECT_LE((widened[i] - single[i]).abs().max().item<double>(), bound) << "output " << i;
+        inputs_w.push_back(layers[i].lora->a);
+        inputs_w.push_back(layers[i].lora->b);
+        if (i == 1) continue;  // k gets no gradient
+        outs_w.push_back(widened[i]);
+        outs_s.push_back(single[i]);
+        seeds.push_back(at::randn_like(single[i]));
+      }
+      outs_w.push_back(hw);  // the residual stream goes on
+      outs_s.push_back(hs);
+      seeds.push_back(at::randn_like(hs));
+      std::vector<at::Tensor> inputs_s = inputs_w;
+      inputs_s[0] = xs;
+      inputs_s[1] = ds;
+      const auto gw = torch::autograd::grad(outs_w, inputs_w, seeds, true, false, true);
+      const auto gs = torch::autograd::grad(outs_s, inputs_s, seeds, true, false, true);
+      for (size_t j = 0; j < gw.size(); ++j) {
+        if (!gs[j].defined()) {
+          EXPECT_TRUE(!gw[j].defined() || gw[j].abs().max().item<double>() == 0) << "input " << j;
+          continue;
+        }
+        ASSERT_TRUE(gw[j].defined()) << "input " << j;
+        const double scale = gs[j].abs().max().item<double>();
+        const double bound = dtype == at::kFloat ? 1e-5 * scale + 1e-7 : std::ldexp(scale, -6);
+        EXPECT_LE((gw[j] - gs[j]).abs().max().item<double>(), bound) << "input " << j;
       }
     }
   }

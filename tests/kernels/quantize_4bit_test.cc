@@ -167,6 +167,33 @@ TEST(KernelsQuantize4bit, ShapeAndDtypeAreKept) {
                         Quantize4bit(t.contiguous(), Options(QuantType::kNF4, 64, false)).packed));
 }
 
+// A weight dequantized into wider rows (the engine's widened LoRA GEMMs): the same values in the
+// first columns, the spare columns untouched; on CPU and on the GPU (the strided kernel path:
+// rows a multiple of 8 values, and the scalar path: rows of 12), plain and double-quantized.
+TEST(KernelsQuantize4bit, DequantizeIntoWiderRowsEqualsTheDenseResult) {
+  std::vector<at::Device> devices = {at::kCPU};
+  if (HasCudaKernels() && at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
+  for (const at::Device& device : devices) {
+    for (const int64_t cols : {int64_t{256}, int64_t{12}}) {
+      for (const bool double_quant : {false, true}) {
+        SCOPED_TRACE(testing::Message() << device << " cols " << cols << " dq " << double_quant);
+        at::manual_seed(11);
+        Quantize4bitOptions options;
+        options.double_quant = double_quant;
+        const Quantized4bit q = Quantize4bit(at::randn({40, cols}).to(device), options);
+        const at::Tensor dense = Dequantize4bit(q, at::kBFloat16);
+        const at::Tensor wide = at::full({40, cols + 24}, 7.0, dense.options());
+        Dequantize4bitInto(q, wide.narrow(1, 0, cols));
+        EXPECT_TRUE(at::equal(wide.narrow(1, 0, cols), dense));
+        EXPECT_TRUE(at::equal(wide.narrow(1, cols, 24), at::full({40, 24}, 7.0, dense.options())));
+      }
+    }
+  }
+  const Quantized4bit q = Quantize4bit(at::randn({8, 64}), Quantize4bitOptions{});
+  EXPECT_THROW(Dequantize4bitInto(q, at::empty({8, 32})), c10::Error);       // wrong shape
+  EXPECT_THROW(Dequantize4bitInto(q, at::empty({64, 8}).t()), c10::Error);   // column stride
+}
+
 TEST(KernelsQuantize4bit, RejectsBadArguments) {
   at::Tensor x = at::randn({128}, at::kFloat);
   EXPECT_THROW(Quantize4bit(x, Options(QuantType::kNF4, 48, false)), c10::Error);

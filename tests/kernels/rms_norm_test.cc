@@ -71,6 +71,39 @@ TEST(KernelsRmsNorm, ForwardAndBackwardEqualTheUnfusedFormulaAndItsAutogradGradi
   }
 }
 
+// n written into rows with spare columns (for the widened GEMMs that read n) and a gradient
+// that arrives as rows of a wider buffer: bit for bit what the contiguous calls give, with the
+// spare columns left alone.
+TEST(KernelsRmsNorm, SpareColumnsAndRowStridedGradientsGiveTheSameBits) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (const int64_t dim : {int64_t{256}, int64_t{12}}) {
+        SCOPED_TRACE(testing::Message() << device << " " << dtype << " dim " << dim);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(dim + 1);
+        auto make = [&](std::vector<int64_t> shape) {
+          return at::randn(shape, gen).to(dtype).to(device);
+        };
+        const at::Tensor x = make({2, 5, dim}), delta = make({2, 5, dim});
+        const at::Tensor weight = (at::rand({dim}, gen) + 0.5).to(dtype).to(device);
+        const ResidualRmsNormResult dense = ResidualRmsNormForward(x, delta, weight, 1e-5);
+        const ResidualRmsNormResult spare = ResidualRmsNormForward(x, delta, weight, 1e-5, 40);
+        EXPECT_EQ(spare.n.sizes(), x.sizes());
+        EXPECT_EQ(spare.n.stride(1), dim + 40);
+        EXPECT_TRUE(spare.n.equal(dense.n));
+        EXPECT_TRUE(spare.h.equal(dense.h));
+
+        const at::Tensor dn = make({2, 5, dim}), dh = make({2, 5, dim});
+        const at::Tensor wide = at::full({10, dim + 16}, 3.0, dn.options());
+        wide.narrow(1, 0, dim).copy_(dn.reshape({10, dim}));
+        const at::Tensor dn_strided = wide.narrow(1, 0, dim).view({2, 5, dim});
+        ASSERT_FALSE(dn_strided.is_contiguous());
+        EXPECT_TRUE(RmsNormBackward(dn_strided, dense.h, dense.rstd, weight, dh)
+                        .equal(RmsNormBackward(dn, dense.h, dense.rstd, weight, dh)));
+      }
+    }
+  }
+}
+
 TEST(KernelsRmsNorm, RejectsMismatchedInputs) {
   const at::Tensor x = at::zeros({2, 8}), w = at::ones({8});
   EXPECT_THROW(ResidualRmsNormForward(x, at::zeros({2, 4}), w, 1e-6), c10::Error);

@@ -68,8 +68,9 @@ at::Tensor ResidualRmsNormGradient(AutogradContext* ctx, const variable_list& gr
 
 variable_list ResidualRmsNormOutputs(AutogradContext* ctx, const at::Tensor& x,
                                      const at::Tensor& delta, const at::Tensor& weight,
-                                     double eps) {
-  kernels::ResidualRmsNormResult r = kernels::ResidualRmsNormForward(x, delta, weight, eps);
+                                     double eps, int64_t spare_columns) {
+  kernels::ResidualRmsNormResult r =
+      kernels::ResidualRmsNormForward(x, delta, weight, eps, spare_columns);
   ctx->saved_data["weight"] = weight;  // frozen: kept by reference, never differentiated
   SaveForBackward(ctx, {r.h, r.rstd});
   return {r.h, r.n};
@@ -77,25 +78,25 @@ variable_list ResidualRmsNormOutputs(AutogradContext* ctx, const at::Tensor& x,
 
 struct ResidualRmsNormFunction : public torch::autograd::Function<ResidualRmsNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
-                               const at::Tensor& weight, double eps) {
-    return ResidualRmsNormOutputs(ctx, x, delta, weight, eps);
+                               const at::Tensor& weight, double eps, int64_t spare_columns) {
+    return ResidualRmsNormOutputs(ctx, x, delta, weight, eps, spare_columns);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor dx = ResidualRmsNormGradient(ctx, grad_outputs);
-    return {dx, dx, at::Tensor(), at::Tensor()};
+    return {dx, dx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // The same without delta: h is x itself (autograd returns it as a view of x).
 struct RmsNormPassThroughFunction : public torch::autograd::Function<RmsNormPassThroughFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               double eps) {
-    return ResidualRmsNormOutputs(ctx, x, at::Tensor(), weight, eps);
+                               double eps, int64_t spare_columns) {
+    return ResidualRmsNormOutputs(ctx, x, at::Tensor(), weight, eps, spare_columns);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    return {ResidualRmsNormGradient(ctx, grad_outputs), at::Tensor(), at::Tensor()};
+    return {ResidualRmsNormGradient(ctx, grad_outputs), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -118,11 +119,12 @@ at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {
 }
 
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
-                                                  const at::Tensor& weight, double eps) {
+                                                  const at::Tensor& weight, double eps,
+                                                  int64_t spare_columns) {
   TORCH_CHECK(!weight.requires_grad(), "ResidualRmsNorm: the norm weight must be frozen");
-  const variable_list out = delta.defined()
-                                ? ResidualRmsNormFunction::apply(x, delta, weight, eps)
-                                : RmsNormPassThroughFunction::apply(x, weight, eps);
+  const variable_list out =
+      delta.defined() ? ResidualRmsNormFunction::apply(x, delta, weight, eps, spare_columns)
+                      : RmsNormPassThroughFunction::apply(x, weight, eps, spare_columns);
   return {out[0], out[1]};
 }
 

@@ -33,8 +33,11 @@ at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b);
 at::Tensor ValueUnused(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 // The residual add and the RMSNorm of its result as one node ({h, normalized h}); weight in x's
-// dtype and frozen; delta may be undefined (h = x).
+// dtype and frozen; delta may be undefined (h = x). With spare_columns, the normalized h's rows
+// are followed by that many unset values (kernels/rms_norm.h) for SharedInputForward's widened
+// GEMMs (linear4bit.h).
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
-                                                  const at::Tensor& weight, double eps);
+                                                  const at::Tensor& weight, double eps,
+                                                  int64_t spare_columns = 0);
 
 }  // namespace qlora::engine

@@ -151,13 +151,20 @@ void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string&
   }
 }
 
-at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
+// The frozen weight SaveBase kept (without its bias, which the nodes never save).
+FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix = "") {
+  FrozenWeight w;
   auto it = ctx->saved_data.find(prefix + "dense");
   if (it != ctx->saved_data.end()) {
-    const at::Tensor w = it->second.toTensor();
-    return w.scalar_type() == dtype ? w : w.to(dtype);
+    w.dense = it->second.toTensor();
+  } else {
+    w.quantized = FromSaved(ctx, prefix);
   }
-  return DequantizeWeight(FromSaved(ctx, prefix), dtype);
+  return w;
+}
+
+at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
+  return SavedFrozenWeight(ctx, prefix).Materialize(dtype);
 }
 
 // y = scale * (h A^T) B^T written by the rank-r GEMM from ha = h A^T (beta = 0), then
@@ -333,6 +340,45 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
 };
 
 
+// The backward of the layers that read x [T, in] as one node (LoraGroupFunction and
+// LoraWideGroupFunction), from ha = x [A_1; ...; A_n]^T [T, sum of r] and `adapters` (the As,
+// then the Bs): per layer dh'_i = (g_i B_i) * scale_i and dB_i, then one GEMM for all the A
+// gradients and x's gradient built in one buffer, dx = [dh'_1 ... dh'_n] [A_1; ...; A_n] then
+// += g_i W_i for each i.
+variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ha,
+                            at::TensorList adapters, const variable_list& grad_outputs) {
+  const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
+  const std::vector<double> scales = ctx->saved_data["scales"].toDoubleVector();
+  const size_t n = ranks.size();
+  const at::ScalarType dtype = x.scalar_type();
+  const at::TensorList a = adapters.slice(0, n), b = adapters.slice(n, n);
+  variable_list grads(1 + 2 * n + 2);  // x, the As, the Bs, then group and value_unused
+  kernels::GemmTuner* gemm = SavedGemm(ctx);
+  AdapterCopies* copies = SavedCopies(ctx);
+  std::vector<at::Tensor> g(n);
+  const at::Tensor dha = at::empty({x.size(0), ha.size(1)}, x.options());  // [T, sum of r]
+  int64_t offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
+    Addmm(gemm, dha.narrow(1, offset, ranks[i]), g[i], InDtype(copies, b[i], dtype), 0.0,
+          scales[i]);
+    grads[1 + n + i] =
+        Mm(gemm, g[i].t(), ha.narrow(1, offset, ranks[i]), scales[i]).to(b[i].scalar_type());
+    offset += ranks[i];
+  }
+  // [sum of r, in] in the adapters' dtype (float32: the GEMM rounds to x's dtype, one cast for
+  // all), then one view per adapter.
+  const at::Tensor da_all = Mm(gemm, dha.t(), x).to(a[0].scalar_type());
+  const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
+  for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i];
+  at::Tensor dx = Mm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
+  for (size_t i = 0; i < n; ++i) {
+    Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+  }
+  grads[0] = dx;
+  return grads;
+}
+
 // Linears with LoRA adapters that read the same input x [T, in] (q/k/v, gate/up), as one node:
 // the per-layer formula of LoraLinearFunction (rank-r GEMM writes y_i, base GEMM accumulates),
 // with what the layers share done once: one GEMM x [A_1; ...; A_n]^T for all the rank-r
@@ -374,35 +420,113 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = SavedForBackward(ctx);
-    const at::Tensor &x = saved[0], &ha = saved[1];
-    const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
-    const std::vector<double> scales = ctx->saved_data["scales"].toDoubleVector();
-    const size_t n = ranks.size();
+    return GroupBackward(ctx, saved[0], saved[1], at::TensorList(saved).slice(2), grad_outputs);
+  }
+};
+
+// Whether rows x [T, in] begin rows of in + spare values (x.stride(0) == in + spare, within
+// x's storage): the spare columns a producer left for the widened GEMMs (ResidualRmsNorm's
+// spare_columns).
+bool HasSpareColumns(const at::Tensor& x, int64_t spare) {
+  if (spare <= 0 || x.dim() != 2 || x.stride(1) != 1 || x.stride(0) != x.size(1) + spare ||
+      x.size(0) == 0) {
+    return false;
+  }
+  const int64_t last = x.storage_offset() + (x.size(0) - 1) * x.stride(0) + x.size(1) + spare;
+  return static_cast<int64_t>(x.storage().nbytes()) >= last * x.element_size();
+}
+
+// x's rows with their spare columns, [T, in + spare], as a tensor of its own (its own version
+// counter: writing the spare columns is not an in-place change of x for autograd).
+at::Tensor WithSpareColumns(const at::Tensor& x, int64_t spare) {
+  const int64_t width = x.size(1) + spare;
+  return at::empty({0}, x.options()).set_(x.storage(), x.storage_offset(), {x.size(0), width},
+                                          {width, 1});
+}
+
+// Layer i's weight widened for rows [x | h A_1^T | ... | h A_n^T]: [W_i | 0 | scale_i B_i], the
+// base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
+// scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
+// are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
+at::Tensor WidenedWeight(const FrozenWeight& base, const at::Tensor& b, double scale,
+                         int64_t offset, at::ScalarType dtype) {
+  const int64_t in = base.in_features > 0 ? base.in_features
+                     : base.quantized     ? base.quantized->shape[1]
+                                          : base.dense.size(1);
+  const int64_t out = b.size(0), r = b.size(1);
+  at::Tensor wide = at::empty({out, in + offset + r}, b.options().dtype(dtype));
+  base.MaterializeInto(wide.narrow(1, 0, in));
+  if (offset > 0) wide.narrow(1, in, offset).zero_();
+  at::Tensor adapter = wide.narrow(1, in + offset, r);
+  // A CPU 0-dim factor: the product is formed in b's float32 and rounded once into the output.
+  at::mul_out(adapter, b.detach(), at::scalar_tensor(scale, at::kDouble));
+  return wide;
+}
+
+// LoraGroupFunction's layers with their forward as GEMMs over widened rows, for x [T, in] whose
+// rows have sum(r_i) spare columns (HasSpareColumns): the rank-r projections x [A_1; ...; A_n]^T
+// are written there, so that each layer's output is one GEMM,
+//   y_i = [x | ha_1 .. ha_i] [W_i | 0 | s_i B_i]^T
+// with no pass writing s_i ha_i B_i^T for the base GEMM to read back and add to (for q/k/v and
+// gate/up at 7B, micro-batch 4: 550 MB written and read a layer). The extra columns cost one more
+// K step of each GEMM (K = in + 16..48 is one 64-wide step more than in); backward is
+// LoraGroupFunction's (GroupBackward: widening its GEMMs too would widen their outputs, one more
+// column of output tiles, more than the dh' GEMMs it would save), reading ha where forward wrote
+// it. Same inputs and outputs as LoraGroupFunction, and the same values up to rounding
+// (fused_paths_test).
+struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList a,
+                               at::TensorList b, const std::vector<const LinearLayer*>* group,
+                               bool value_unused) {
     const at::ScalarType dtype = x.scalar_type();
-    const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
-    variable_list grads(1 + 2 * n + 2);  // x, the As, the Bs, then group and value_unused
-    kernels::GemmTuner* gemm = SavedGemm(ctx);
-    AdapterCopies* copies = SavedCopies(ctx);
-    std::vector<at::Tensor> g(n), dha(n), a(n);
+    const size_t n = group->size();
+    std::vector<int64_t> ranks;
+    int64_t spare = 0;
     for (size_t i = 0; i < n; ++i) {
-      a[i] = saved[2 + i];
-      const at::Tensor& b = saved[2 + n + i];
-      g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
-      dha[i] = Mm(gemm, g[i], InDtype(copies, b, dtype), scales[i]);  // [T, r_i]
-      grads[1 + n + i] = Mm(gemm, g[i].t(), ha_i[i], scales[i]).to(b.scalar_type());
+      ranks.push_back(a[i].size(0));
+      spare += ranks.back();
     }
-    const at::Tensor dha_all = at::cat(dha, 1);  // [T, sum of r]
-    // [sum of r, in] in the adapters' dtype (float32: the GEMM rounds to x's dtype, one cast for
-    // all), then one view per adapter.
-    const at::Tensor da_all = Mm(gemm, dha_all.t(), x).to(a[0].scalar_type());
-    const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
-    for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i];
-    at::Tensor dx = Mm(gemm, dha_all, InDtype(copies, a, dtype));  // [T, in]
+    kernels::GemmTuner* gemm = (*group)[0]->gemm;
+    AdapterCopies* copies = (*group)[0]->adapter_copies;
+    SaveGemm(ctx, gemm);
+    SaveCopies(ctx, copies);
+    const int64_t rows = x.size(0), in = x.size(1);
+    const at::Tensor wide = WithSpareColumns(x, spare);
+    Addmm(gemm, wide.narrow(1, in, spare), x, InDtype(copies, a, dtype).t(), /*beta=*/0.0);
+    variable_list outputs;
+    std::vector<double> scales;
+    int64_t offset = 0;
     for (size_t i = 0; i < n; ++i) {
-      Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+      const LinearLayer& layer = *(*group)[i];
+      const int64_t out = layer.base.out_features;
+      if (value_unused) {
+        outputs.push_back(ValueUnused({rows, out}, x.options()));
+      } else {
+        at::Tensor y = at::empty({rows, out}, x.options());
+        Addmm(gemm, y, wide.narrow(1, 0, in + offset + ranks[i]),
+              WidenedWeight(layer.base, b[i], layer.lora->scale, offset, dtype).t(), 0.0);
+        outputs.push_back(y);
+      }
+      SaveBase(ctx, layer.base, std::to_string(i) + ".");
+      scales.push_back(layer.lora->scale);
+      offset += ranks[i];
     }
-    grads[0] = dx;
-    return grads;
+    variable_list saved = {x};
+    saved.insert(saved.end(), a.begin(), a.end());
+    saved.insert(saved.end(), b.begin(), b.end());
+    SaveForBackward(ctx, saved);
+    ctx->saved_data["ranks"] = ranks;
+    ctx->saved_data["scales"] = scales;
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = SavedForBackward(ctx);
+    const at::Tensor& x = saved[0];  // rows with their spare columns (restored with them too)
+    int64_t spare = 0;
+    for (int64_t r : ctx->saved_data["ranks"].toIntVector()) spare += r;
+    const at::Tensor ha = WithSpareColumns(x, spare).narrow(1, x.size(1), spare);
+    return GroupBackward(ctx, x, ha, at::TensorList(saved).slice(1), grad_outputs);
   }
 };
 
@@ -420,6 +544,16 @@ at::Tensor ToLayerOutput(const at::Tensor& rows, at::IntArrayRef input_sizes,
 // draws its own dropout mask, which they do not).
 bool AdapterWithoutDropout(const LinearLayer& layer, bool training) {
   return layer.lora && !(training && layer.lora->dropout > 0);
+}
+
+// Whether SharedInputForward runs `layers` as one node: several layers, each with an adapter
+// and no dropout running.
+bool Grouped(const std::vector<const LinearLayer*>& layers, bool training) {
+  bool grouped = layers.size() > 1;
+  for (const LinearLayer* layer : layers) {
+    grouped = grouped && AdapterWithoutDropout(*layer, training);
+  }
+  return grouped;
 }
 
 }  // namespace
@@ -442,6 +576,14 @@ at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight)
 
 at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
   return quantized ? DequantizeWeight(*quantized, dtype) : dense.to(dtype);
+}
+
+void FrozenWeight::MaterializeInto(const at::Tensor& out) const {
+  if (quantized) {
+    kernels::Dequantize4bitInto(*quantized, out);
+  } else {
+    out.copy_(dense);
+  }
 }
 
 at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
@@ -475,12 +617,16 @@ at::Tensor LinearLayer::MergedWeight() const {
   return w;
 }
 
+int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, bool training) {
+  if (!Grouped(layers, training)) return 0;
+  int64_t spare = 0;
+  for (const LinearLayer* layer : layers) spare += layer->lora->a.size(0);
+  return spare;
+}
+
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
                                            const at::Tensor& x, bool training, bool value_unused) {
-  bool grouped = layers.size() > 1;
-  for (const LinearLayer* layer : layers) {
-    grouped = grouped && AdapterWithoutDropout(*layer, training);
-  }
+  const bool grouped = Grouped(layers, training);
   std::vector<at::Tensor> out;
   if (!grouped) {
     for (const LinearLayer* layer : layers) {
@@ -495,7 +641,11 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
     b.push_back(layer->lora->b);
   }
   const variable_list ys =
-      LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers, value_unused);
+      HasSpareColumns(x2, SharedInputSpareColumns(layers, training))
+          ? LoraWideGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
+                                         value_unused)
+          : LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
+                                     value_unused);
   for (size_t i = 0; i < layers.size(); ++i) {
     out.push_back(ToLayerOutput(ys[i], x.sizes(), layers[i]->base));
   }

@@ -42,6 +42,8 @@ struct FrozenWeight {
 
   // The weight as a dense tensor of `dtype` (dequantized when 4-bit).
   at::Tensor Materialize(at::ScalarType dtype) const;
+  // The same written into out [out_features, in_features] (any float dtype; any row stride).
+  void MaterializeInto(const at::Tensor& out) const;
   // x W^T (+ bias) in x's dtype.
   at::Tensor Apply(const at::Tensor& x) const;
 };
@@ -75,9 +77,19 @@ struct LinearLayer {
 // and gradients (up to the GEMMs' summation order), computed as one node when every layer has
 // an adapter and no dropout runs, so that x is read once for the rank-r projections and its
 // gradient is accumulated in one buffer (see LoraGroupFunction in the .cc).
+//
+// Widened rows: when x's rows are followed by SharedInputSpareColumns(layers) spare values (x a
+// view of [T, in + spare] rows, as ResidualRmsNorm's spare_columns makes them), the node writes
+// the adapters' rank-r projections there and runs each layer's forward as one GEMM over the
+// widened rows and its widened weight [W | 0 | scale B], with no separate pass for the
+// adapter's output (LoraWideGroupFunction in the .cc). Same values up to rounding.
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
                                            const at::Tensor& x, bool training,
                                            bool value_unused = false);
+
+// The spare columns SharedInputForward(layers, x, training) uses when x's rows have them: the
+// adapters' ranks summed when the layers run as one node, else 0.
+int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, bool training);
 
 // down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout
 // running) as one node whose backward writes SwiGLU's gate gradient over its own input gradient

@@ -252,9 +252,14 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   auto fused_norm = [&](const at::Tensor& w) {
     return x.is_cuda() && w.scalar_type() == x.scalar_type() && !w.requires_grad();
   };
+  // The fused norms leave their outputs' rows room for the q/k/v and gate/up adapters' rank-r
+  // projections (SharedInputForward's widened GEMMs).
+  const std::vector<const LinearLayer*> qkv_layers = {&layer.q_proj, &layer.k_proj, &layer.v_proj};
+  const std::vector<const LinearLayer*> gate_up_layers = {&layer.gate_proj, &layer.up_proj};
   at::Tensor residual, n;
   if (fused_norm(layer.input_layernorm)) {
-    std::tie(residual, n) = ResidualRmsNorm(x, at::Tensor(), layer.input_layernorm, eps);
+    std::tie(residual, n) = ResidualRmsNorm(x, at::Tensor(), layer.input_layernorm, eps,
+                                            SharedInputSpareColumns(qkv_layers, training_));
   } else {
     residual = x;
     n = RmsNorm(x, layer.input_layernorm, eps);
@@ -266,8 +271,7 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // Every temporary is let go after its last reader (std::exchange): a recomputation's dead
   // projection outputs (q and k before rotary, o) would otherwise live until LayerForward
   // returns, through the step's memory peak.
-  std::vector<at::Tensor> qkv =
-      SharedInputForward({&layer.q_proj, &layer.k_proj, &layer.v_proj}, n, training_);
+  std::vector<at::Tensor> qkv = SharedInputForward(qkv_layers, n, training_);
   const at::Tensor q = Rotary(split(std::exchange(qkv[0], {}), heads), cos, sin);
   const at::Tensor k = Rotary(split(std::exchange(qkv[1], {}), kv_heads), cos, sin);
   const at::Tensor v = split(std::exchange(qkv[2], {}), kv_heads);
@@ -284,14 +288,14 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
   at::Tensor h, m;
   if (fused_norm(layer.post_attention_layernorm)) {
-    std::tie(h, m) = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps);
+    std::tie(h, m) = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps,
+                                     SharedInputSpareColumns(gate_up_layers, training_));
   } else {
     h = residual + o;
     m = RmsNorm(h, layer.post_attention_layernorm, eps);
   }
   o.reset();
-  std::vector<at::Tensor> gate_up =
-      SharedInputForward({&layer.gate_proj, &layer.up_proj}, m, training_);
+  std::vector<at::Tensor> gate_up = SharedInputForward(gate_up_layers, m, training_);
   // With grad, one node for SwiGLU and down (SwigluThenForward): a layer that keeps its
   // activations until backward (no checkpoint) saves gate and up but not their product, which
   // the node recomputes in backward; a checkpointed layer's recomputation lives one layer's
