@@ -88,7 +88,8 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
                                            bool value_unused = false);
 
 // The spare columns SharedInputForward(layers, x, training) uses when x's rows have them: the
-// adapters' ranks summed when the layers run as one node, else 0.
+// adapters' ranks summed, rounded up so that rows are a multiple of 64 values (aligned rows
+// for the GEMMs), when the layers run as one node; else 0.
 int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, bool training);
 
 // down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout
