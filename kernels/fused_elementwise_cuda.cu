@@ -8,14 +8,10 @@
 //   SwigluForwardKernel / SwigluBackwardKernel   one thread per V elements, 16-byte accesses
 //                  (backward may write grad_gate over grad and grad_up over up: each thread
 //                  loads before it stores)
-//   SwigluBackwardProductKernel + SumSplitsKernel   the backward pass that also sums
-//                  left^T (silu(gate) * up) over splits of rows (one thread: 4 bytes of columns
-//                  down a split), then the splits in order
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
@@ -138,104 +134,6 @@ __global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, 
   }
 }
 
-// SwigluBackwardKernel over rows [split * rows_per_split, ...) of C = 4 / sizeof(T) adjacent
-// columns a thread (4-byte accesses: a warp still moves 128 contiguous bytes, and the kMaxRank x
-// C accumulators fit in registers beside the loads), plus the float32 sums over those rows of
-// left[t, j] * x[t, c] for j < rank, where x = silu(gate) * up rounded as SwigluForwardKernel
-// rounds it: partial[split, j, c]. kRows rows' loads are issued before any of them is used (a
-// memory-bound pass needs several loads in flight per thread); left's row is read in 16-byte
-// vectors where its rows allow (left_vectors), else value by value. Rows in order within a
-// split: deterministic.
-constexpr int kRowsInFlight = 4;
-
-template <typename T, int kMaxRank>
-__global__ void SwigluBackwardProductKernel(const T* grad, const T* __restrict__ gate, const T* up,
-                                            T* grad_gate, T* grad_up, const T* __restrict__ left,
-                                            int rank, bool left_vectors, int64_t rows,
-                                            int64_t cols, int64_t rows_per_split,
-                                            float* __restrict__ partial) {
-  constexpr int C = 4 / sizeof(T);
-  constexpr int VL = 16 / sizeof(T);  // left values per 16-byte vector
-  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * C;
-  if (c >= cols) return;
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_split;
-  const int64_t last = min(rows, first + rows_per_split);
-  float acc[kMaxRank][C];
-#pragma unroll
-  for (int j = 0; j < kMaxRank; ++j) {
-#pragma unroll
-    for (int k = 0; k < C; ++k) acc[j][k] = 0.0f;
-  }
-  for (int64_t t0 = first; t0 < last; t0 += kRowsInFlight) {
-    Vec<T, C> dy[kRowsInFlight], g[kRowsInFlight], u[kRowsInFlight];
-#pragma unroll
-    for (int q = 0; q < kRowsInFlight; ++q) {
-      if (t0 + q < last) {
-        const int64_t i = (t0 + q) * cols + c;
-        dy[q] = Load<T, C>(grad + i);
-        g[q] = Load<T, C>(gate + i);
-        u[q] = Load<T, C>(up + i);
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kRowsInFlight; ++q) {
-      const int64_t t = t0 + q;
-      if (t >= last) break;
-      const int64_t i = t * cols + c;
-      Vec<T, C> dg, du;
-      float x[C];
-#pragma unroll
-      for (int k = 0; k < C; ++k) {
-        x[k] = Round<T>(__fmul_rn(Round<T>(Silu(static_cast<float>(g[q].v[k]))),
-                                  static_cast<float>(u[q].v[k])));
-        SwigluBackwardOne(dy[q].v[k], g[q].v[k], u[q].v[k], dg.v[k], du.v[k]);
-      }
-      Store<T, C>(grad_gate + i, dg);
-      Store<T, C>(grad_up + i, du);
-      const T* l = left + t * rank;
-      float lv[kMaxRank];
-      if (left_vectors) {
-#pragma unroll
-        for (int j0 = 0; j0 < kMaxRank; j0 += VL) {
-          if (j0 < rank) {
-            const Vec<T, VL> v = Load<T, VL>(l + j0);
-#pragma unroll
-            for (int k = 0; k < VL; ++k) lv[j0 + k] = static_cast<float>(v.v[k]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kMaxRank; ++j) lv[j] = j < rank ? static_cast<float>(l[j]) : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < kMaxRank; ++j) {
-        if (j < rank) {
-#pragma unroll
-          for (int k = 0; k < C; ++k) acc[j][k] = __fmaf_rn(lv[j], x[k], acc[j][k]);
-        }
-      }
-    }
-  }
-  float* out = partial + static_cast<int64_t>(blockIdx.y) * rank * cols + c;
-#pragma unroll
-  for (int j = 0; j < kMaxRank; ++j) {
-    if (j < rank) {
-#pragma unroll
-      for (int k = 0; k < C; ++k) out[j * cols + k] = acc[j][k];
-    }
-  }
-}
-
-// out[i] = sum over the splits of partial[split, i], in split order.
-__global__ void SumSplitsKernel(const float* __restrict__ partial, int splits, int64_t n,
-                                float* __restrict__ out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float s = 0.0f;
-  for (int p = 0; p < splits; ++p) s = __fadd_rn(s, partial[p * n + i]);
-  out[i] = s;
-}
-
 unsigned Grid(int64_t threads) {
   const int64_t grid = CeilDiv(threads, kThreads);
   TORCH_CHECK(grid < (int64_t{1} << 31), "tensor too large for the fused elementwise kernels");
@@ -288,51 +186,6 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
     const int64_t n = gate.numel();
     SwigluForwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), n);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return true;
-  });
-}
-
-bool SwigluBackwardProduct(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
-                           at::Tensor& grad_gate, at::Tensor& grad_up, const at::Tensor& left,
-                           at::Tensor& left_product) {
-  constexpr int64_t kRowsPerSplit = 256;
-  if (!gate.is_cuda() || gate.numel() == 0 || gate.dim() != 2 || left.size(1) > 32 ||
-      left.size(1) == 0 || !left.is_contiguous() || !left_product.is_contiguous()) {
-    return false;
-  }
-  const int64_t rows = gate.size(0), cols = gate.size(1);
-  const int rank = static_cast<int>(left.size(1));
-  return DispatchFloating(gate.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int C = 4 / sizeof(T);
-    const at::Tensor* tensors[] = {&grad, &gate, &up, &grad_gate, &grad_up};
-    for (const at::Tensor* t : tensors) {
-      if (!t->is_contiguous() || reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 4 != 0) {
-        return false;
-      }
-    }
-    if (cols % C != 0) return false;
-    const c10::cuda::CUDAGuard guard(gate.device());
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const int64_t splits = CeilDiv(rows, kRowsPerSplit);
-    TORCH_CHECK(splits < 65536, "swiglu: too many rows for the product gradient");
-    at::Tensor partial = at::empty({splits, rank, cols}, left_product.options());
-    const dim3 grid(static_cast<unsigned>(CeilDiv(cols / C, kThreads)),
-                    static_cast<unsigned>(splits));
-    auto kernel = rank <= 16 ? SwigluBackwardProductKernel<T, 16> : SwigluBackwardProductKernel<T, 32>;
-    // 16-byte loads of left's rows: whole vectors (rank a multiple of them), aligned rows.
-    constexpr int VL = 16 / sizeof(T);
-    const bool left_vectors = rank % VL == 0 && Aligned16(left.const_data_ptr());
-    kernel<<<grid, kThreads, 0, stream>>>(
-        grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
-        grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), left.const_data_ptr<T>(),
-        rank, left_vectors, rows, cols, kRowsPerSplit, partial.mutable_data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int64_t n = rank * cols;
-    SumSplitsKernel<<<Grid(n), kThreads, 0, stream>>>(partial.const_data_ptr<float>(),
-                                                       static_cast<int>(splits), n,
-                                                       left_product.mutable_data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });
