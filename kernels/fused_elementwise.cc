@@ -96,40 +96,6 @@ at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
   return grad_up;
 }
 
-SwigluBackwardWithProduct SwigluBackwardAndProductGradient(at::Tensor& grad_out,
-                                                           const at::Tensor& gate, at::Tensor& up,
-                                                           bool overwrite_up,
-                                                           const at::Tensor& left) {
-  TORCH_CHECK(grad_out.dim() == 2 && grad_out.sizes() == gate.sizes() &&
-                  gate.sizes() == up.sizes() && left.dim() == 2 && left.size(0) == gate.size(0),
-              "swiglu: the gradient, gate and up must be [rows, n] and left [rows, r]");
-  TORCH_CHECK(grad_out.is_contiguous() && (!overwrite_up || up.is_contiguous()),
-              "swiglu: gradients written in place need contiguous buffers");
-  if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
-      up.scalar_type() == gate.scalar_type() && left.scalar_type() == gate.scalar_type()) {
-#ifdef QLORA_HAVE_CUDA
-    const at::Tensor a = gate.contiguous(), l = left.contiguous();
-    at::Tensor b = overwrite_up ? up : up.contiguous();
-    at::Tensor grad_up = overwrite_up ? up : at::empty_like(b);
-    at::Tensor product =
-        at::empty({left.size(1), gate.size(1)}, gate.options().dtype(at::kFloat));
-    if (cuda::SwigluBackwardProduct(grad_out, a, b, grad_out, grad_up, l, product)) {
-      return {grad_up, product};
-    }
-#endif
-  }
-  const at::Tensor x = SwigluForward(gate, up);  // before up may be overwritten
-  SwigluBackwardWithProduct r;
-  r.left_product = at::mm(left.t(), x).to(at::kFloat);
-  if (overwrite_up) {
-    SwigluBackwardOverInputs(grad_out, gate, up);
-    r.grad_up = up;
-  } else {
-    r.grad_up = SwigluBackwardInPlace(grad_out, gate, up);
-  }
-  return r;
-}
-
 void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
               "swiglu: the gradient, gate and up must have one shape");

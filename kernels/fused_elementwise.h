@@ -37,21 +37,4 @@ at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
 // buffer at all.
 void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up);
 
-// SwigluBackwardInPlace (overwrite_up false) or SwigluBackwardOverInputs (true), which also
-// returns left^T (silu(gate) * up) [r, n] in float32 for left [rows, r] (gate: [rows, n]): the
-// gradient of the A of a rank-r adapter that reads the SwiGLU output (dA = dh'^T x), without
-// the output itself being recomputed and written for it. CUDA (r <= 32): the backward pass
-// computes x as SwigluForward rounds it from the gate and up it reads anyway and accumulates
-// the products in float32, rows in order within splits of 256 rows, the splits summed in order
-// (deterministic; more precise than a bf16 GEMM's rounded result). Elsewhere: SwigluForward,
-// then left^T x as one ATen matmul in the dtype, then float32.
-struct SwigluBackwardWithProduct {
-  at::Tensor grad_up;       // up itself when overwrite_up
-  at::Tensor left_product;  // float32 [r, n]
-};
-SwigluBackwardWithProduct SwigluBackwardAndProductGradient(at::Tensor& grad_out,
-                                                           const at::Tensor& gate, at::Tensor& up,
-                                                           bool overwrite_up,
-                                                           const at::Tensor& left);
-
 }  // namespace qlora::kernels

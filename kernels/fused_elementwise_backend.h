@@ -16,10 +16,5 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
 // grad_gate may be grad itself and grad_up up itself (written in place).
 bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
                     at::Tensor& grad_gate, at::Tensor& grad_up);
-// The same for contiguous [rows, n] tensors, plus left_product [r, n] float32 = left^T (silu(gate)
-// * up) for left [rows, r] contiguous in the dtype, r <= 32.
-bool SwigluBackwardProduct(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
-                           at::Tensor& grad_gate, at::Tensor& grad_up, const at::Tensor& left,
-                           at::Tensor& left_product);
 
 }  // namespace qlora::kernels::cuda

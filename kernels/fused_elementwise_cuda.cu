@@ -8,15 +8,10 @@
 //   SwigluForwardKernel / SwigluBackwardKernel   one thread per V elements, 16-byte accesses
 //                  (backward may write grad_gate over grad and grad_up over up: each thread
 //                  loads before it stores)
-//   SwigluBackwardProductKernel + SumSplitsKernel   the backward pass that also sums
-//                  left^T (silu(gate) * up) over splits of 256 rows (one thread: 4 bytes of
-//                  columns down a split; left's rows staged in shared memory), then the splits
-//                  in order
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
@@ -139,108 +134,6 @@ __global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, 
   }
 }
 
-// SwigluBackwardOne that also gives x = silu(g) * u as SwigluForwardKernel rounds it, from the
-// same silu(g).
-template <typename T>
-__device__ __forceinline__ void SwigluBackwardAndProductOne(T dy, T g, T u, T& dg, T& du,
-                                                            float& x) {
-  const float fdy = static_cast<float>(dy), fg = static_cast<float>(g), fu = static_cast<float>(u);
-  const float silu = Round<T>(Silu(fg));
-  x = Round<T>(__fmul_rn(silu, fu));
-  du = static_cast<T>(__fmul_rn(fdy, silu));
-  const float dsilu = Round<T>(__fmul_rn(fdy, fu));
-  dg = static_cast<T>(SiluBackward(dsilu, fg));
-}
-
-// SwigluBackwardKernel over one split of kSplitRows rows (blockIdx.y) with C = 4 / sizeof(T)
-// adjacent columns a thread (4-byte accesses: a warp still moves 128 contiguous bytes, and the
-// kMaxRank x C accumulators fit in registers beside the loads), plus the float32 sums over the
-// split's rows of left[t, j] * x[t, c]: partial[split, j, c]. The block first stages the split's
-// rows of left in shared memory as float32 (zeros past rank), read back four at a time; each
-// thread issues kRowsInFlight rows' loads before it uses any (a memory-bound pass needs several
-// in flight). Rows in order within a split: deterministic.
-constexpr int kSplitRows = 256;
-constexpr int kRowsInFlight = 4;
-
-template <typename T, int kMaxRank>
-__global__ void SwigluBackwardProductKernel(const T* grad, const T* __restrict__ gate, const T* up,
-                                            T* grad_gate, T* grad_up, const T* __restrict__ left,
-                                            int rank, int64_t rows, int64_t cols,
-                                            float* __restrict__ partial) {
-  constexpr int C = 4 / sizeof(T);
-  static_assert(kMaxRank % 4 == 0, "left rows are read as float4");
-  __shared__ float4 left_rows[kSplitRows][kMaxRank / 4];
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * kSplitRows;
-  const int n = static_cast<int>(min(static_cast<int64_t>(kSplitRows), rows - first));
-  float* staged = reinterpret_cast<float*>(left_rows);
-  for (int e = threadIdx.x; e < n * kMaxRank; e += blockDim.x) {
-    const int q = e / kMaxRank, j = e % kMaxRank;
-    staged[e] = j < rank ? static_cast<float>(left[(first + q) * rank + j]) : 0.0f;
-  }
-  __syncthreads();
-  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * C;
-  if (c >= cols) return;
-  float acc[kMaxRank][C];
-#pragma unroll
-  for (int j = 0; j < kMaxRank; ++j) {
-#pragma unroll
-    for (int k = 0; k < C; ++k) acc[j][k] = 0.0f;
-  }
-  for (int q0 = 0; q0 < n; q0 += kRowsInFlight) {
-    Vec<T, C> dy[kRowsInFlight], g[kRowsInFlight], u[kRowsInFlight];
-#pragma unroll
-    for (int s = 0; s < kRowsInFlight; ++s) {
-      const int64_t i = (first + min(q0 + s, n - 1)) * cols + c;  // past the split: its last row
-      dy[s] = Load<T, C>(grad + i);
-      g[s] = Load<T, C>(gate + i);
-      u[s] = Load<T, C>(up + i);
-    }
-#pragma unroll
-    for (int s = 0; s < kRowsInFlight; ++s) {
-      if (q0 + s < n) {
-        const int64_t i = (first + q0 + s) * cols + c;
-        Vec<T, C> dg, du;
-        float x[C];
-#pragma unroll
-        for (int k = 0; k < C; ++k) {
-          SwigluBackwardAndProductOne(dy[s].v[k], g[s].v[k], u[s].v[k], dg.v[k], du.v[k], x[k]);
-        }
-        Store<T, C>(grad_gate + i, dg);
-        Store<T, C>(grad_up + i, du);
-#pragma unroll
-        for (int j4 = 0; j4 < kMaxRank / 4; ++j4) {
-          const float4 l = left_rows[q0 + s][j4];
-#pragma unroll
-          for (int k = 0; k < C; ++k) {
-            acc[4 * j4][k] = __fmaf_rn(l.x, x[k], acc[4 * j4][k]);
-            acc[4 * j4 + 1][k] = __fmaf_rn(l.y, x[k], acc[4 * j4 + 1][k]);
-            acc[4 * j4 + 2][k] = __fmaf_rn(l.z, x[k], acc[4 * j4 + 2][k]);
-            acc[4 * j4 + 3][k] = __fmaf_rn(l.w, x[k], acc[4 * j4 + 3][k]);
-          }
-        }
-      }
-    }
-  }
-  float* out = partial + static_cast<int64_t>(blockIdx.y) * rank * cols + c;
-#pragma unroll
-  for (int j = 0; j < kMaxRank; ++j) {
-    if (j < rank) {
-#pragma unroll
-      for (int k = 0; k < C; ++k) out[j * cols + k] = acc[j][k];
-    }
-  }
-}
-
-// out[i] = sum over the splits of partial[split, i], in split order.
-__global__ void SumSplitsKernel(const float* __restrict__ partial, int splits, int64_t n,
-                                float* __restrict__ out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float s = 0.0f;
-  for (int p = 0; p < splits; ++p) s = __fadd_rn(s, partial[p * n + i]);
-  out[i] = s;
-}
-
 unsigned Grid(int64_t threads) {
   const int64_t grid = CeilDiv(threads, kThreads);
   TORCH_CHECK(grid < (int64_t{1} << 31), "tensor too large for the fused elementwise kernels");
@@ -293,47 +186,6 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
     const int64_t n = gate.numel();
     SwigluForwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), n);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return true;
-  });
-}
-
-bool SwigluBackwardProduct(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
-                           at::Tensor& grad_gate, at::Tensor& grad_up, const at::Tensor& left,
-                           at::Tensor& left_product) {
-  if (!gate.is_cuda() || gate.numel() == 0 || gate.dim() != 2 || left.size(1) > 32 ||
-      left.size(1) == 0 || !left.is_contiguous() || !left_product.is_contiguous()) {
-    return false;
-  }
-  const int64_t rows = gate.size(0), cols = gate.size(1);
-  const int rank = static_cast<int>(left.size(1));
-  return DispatchFloating(gate.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int C = 4 / sizeof(T);
-    const at::Tensor* tensors[] = {&grad, &gate, &up, &grad_gate, &grad_up};
-    for (const at::Tensor* t : tensors) {
-      if (!t->is_contiguous() || reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 4 != 0) {
-        return false;
-      }
-    }
-    if (cols % C != 0) return false;
-    const c10::cuda::CUDAGuard guard(gate.device());
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const int64_t splits = CeilDiv(rows, kSplitRows);
-    TORCH_CHECK(splits < 65536, "swiglu: too many rows for the product gradient");
-    at::Tensor partial = at::empty({splits, rank, cols}, left_product.options());
-    const dim3 grid(static_cast<unsigned>(CeilDiv(cols / C, kThreads)),
-                    static_cast<unsigned>(splits));
-    auto kernel = rank <= 16 ? SwigluBackwardProductKernel<T, 16> : SwigluBackwardProductKernel<T, 32>;
-    kernel<<<grid, kThreads, 0, stream>>>(
-        grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
-        grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), left.const_data_ptr<T>(),
-        rank, rows, cols, partial.mutable_data_ptr<float>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int64_t n = rank * cols;
-    SumSplitsKernel<<<Grid(n), kThreads, 0, stream>>>(partial.const_data_ptr<float>(),
-                                                       static_cast<int>(splits), n,
-                                                       left_product.mutable_data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

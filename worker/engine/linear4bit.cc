@@ -206,16 +206,15 @@ at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::Sc
 // The adapters' gradients for g [T, out] (in h's dtype), each GEMM writing its result's layout
 // (no transposed copies):
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = dh'^T h;  dB = g^T (h A^T) * scale
-// Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first;
-// with h undefined, so is dA (the caller computes it from dh' without h: SwigluLoraFunction).
+// Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first.
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
                            const at::Tensor& a, const at::Tensor& b, double scale,
                            kernels::GemmTuner* gemm, AdapterCopies* copies,
                            bool input_gradient = true) {
-  const at::ScalarType dtype = g.scalar_type();
+  const at::ScalarType dtype = h.scalar_type();
   LoraGradients d;
   d.dha = Mm(gemm, g, InDtype(copies, b, dtype), scale);  // [T, r]
-  if (h.defined()) d.a = Mm(gemm, d.dha.t(), h).to(a.scalar_type());
+  d.a = Mm(gemm, d.dha.t(), h).to(a.scalar_type());
   d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
@@ -225,9 +224,8 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 // and gradients as Swiglu followed by LoraLinearFunction (without dropout), in one of two modes:
 //   plain (a layer whose saved tensors live from forward to backward): keeps gate and up (which
 //     SwiGLU's backward needs anyway) but not their product x, the projection's input
-//     ([T, intermediate], the largest tensor a layer would otherwise save): the adapter's A
-//     gradient, dh'^T x, is summed inside SwiGLU's backward pass, which reads gate and up anyway
-//     (kernels::SwigluBackwardAndProductGradient), so x is neither kept nor recomputed;
+//     ([T, intermediate], the largest tensor a layer would otherwise save): backward recomputes
+//     it (one pass over memory) for the adapter's gradients and frees it before dx is allocated;
 //   value_unused (a checkpointed layer's recomputation, which lives one layer's backward): keeps
 //     x as well, computes only h A^T (the output only carries the graph, checkpoint.h), and
 //     backward writes dx over x once the adapter's gradients have read it.
@@ -268,20 +266,17 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
       dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
       d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
       Addmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
-    } else {  // dA comes with SwiGLU's backward below, which reads gate and up anyway
-      d = LoraBackward(grad, /*h=*/at::Tensor(), ha, a, b, scale, gemm, copies,
-                       /*input_gradient=*/false);
+    } else {
+      {
+        const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
+        d = LoraBackward(grad, x, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
+      }
       dx = LoraInputGradient(d, a, dtype, gemm, copies);
     }
     Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
-    const bool overwrite_up = ctx->saved_data["overwrite_inputs"].toBool() && up.is_contiguous();
-    at::Tensor grad_up = up;
-    if (!d.a.defined()) {
-      kernels::SwigluBackwardWithProduct r =
-          kernels::SwigluBackwardAndProductGradient(dx, gate, grad_up, overwrite_up, d.dha);
-      grad_up = r.grad_up;
-      d.a = r.left_product.to(a.scalar_type());
-    } else if (overwrite_up) {
+    at::Tensor grad_up;
+    if (ctx->saved_data["overwrite_inputs"].toBool() && up.is_contiguous()) {
+      grad_up = up;
       kernels::SwigluBackwardOverInputs(dx, gate, grad_up);
     } else {
       grad_up = kernels::SwigluBackwardInPlace(dx, gate, up);

@@ -94,10 +94,9 @@ int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, b
 
 // down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout
 // running) as one node whose backward writes SwiGLU's gate gradient over its own input gradient
-// (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product
-// ([tokens, intermediate] less held from forward to backward); backward sums the adapter's A
-// gradient inside SwiGLU's backward pass instead of recomputing the product. A checkpointed
-// layer's recomputation (value_unused): it keeps the product
+// (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product,
+// which backward recomputes ([tokens, intermediate] less held from forward to backward, one more
+// pass over memory). A checkpointed layer's recomputation (value_unused): it keeps the product
 // and writes the input gradient over it. With overwrite_inputs, gate and up are the caller's to
 // give up (no one reads them after this node's backward, which writes up's gradient over up).
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
