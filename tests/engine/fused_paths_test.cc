@@ -153,6 +153,27 @@ void CastFrozen(std::vector<LinearLayer>& layers, at::ScalarType dtype) {
   }
 }
 
+// The gradients of `inputs` from `outs` equal those of `ref_inputs` from `ref_outs` (the same
+// seeds) within summation-order differences (float32) or two bf16 ulps; an input the reference
+// gives no gradient gets none or zeros.
+void ExpectSameGradients(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& ref_outs,
+                         const std::vector<at::Tensor>& ref_inputs,
+                         const std::vector<at::Tensor>& seeds, at::ScalarType dtype) {
+  const auto got = torch::autograd::grad(outs, inputs, seeds, true, false, true);
+  const auto want = torch::autograd::grad(ref_outs, ref_inputs, seeds, true, false, true);
+  for (size_t j = 0; j < got.size(); ++j) {
+    if (!want[j].defined()) {
+      EXPECT_TRUE(!got[j].defined() || got[j].abs().max().item<double>() == 0) << "input " << j;
+      continue;
+    }
+    ASSERT_TRUE(got[j].defined()) << "input " << j;
+    const double scale = want[j].abs().max().item<double>();
+    const double bound = dtype == at::kFloat ? 1e-5 * scale + 1e-7 : std::ldexp(scale, -6);
+    EXPECT_LE((got[j] - want[j]).abs().max().item<double>(), bound) << "input " << j;
+  }
+}
+
 // SharedInputLayers as one node against each layer's own Forward: values and gradients of x, the
 // As and the Bs, also when one output gets no gradient, in float32 and in bf16.
 TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
@@ -186,29 +207,18 @@ TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
         }
         inputs_s = inputs_g;
         inputs_s[0] = xs;
-        const auto gg = torch::autograd::grad(outs_g, inputs_g, seeds, true, false, true);
-        const auto gs = torch::autograd::grad(outs_s, inputs_s, seeds, true, false, true);
-        for (size_t j = 0; j < gg.size(); ++j) {
-          if (!gs[j].defined()) {
-            EXPECT_TRUE(!gg[j].defined() || gg[j].abs().max().item<double>() == 0) << "input " << j;
-            continue;
-          }
-          ASSERT_TRUE(gg[j].defined()) << "input " << j;
-          const double scale = gs[j].abs().max().item<double>();
-          const double bound = dtype == at::kFloat ? 1e-5 * scale + 1e-7 : std::ldexp(scale, -6);
-          EXPECT_LE((gg[j] - gs[j]).abs().max().item<double>(), bound) << "input " << j;
-        }
+        ExpectSameGradients(outs_g, inputs_g, outs_s, inputs_s, seeds, dtype);
       }
     }
   }
 }
 
 // The same layers over widened rows, as the decoder runs them: the input is the residual norm's
-// output with SharedInputSpareColumns spare columns, so that the node writes x A^T there and runs
-// each layer's forward as one GEMM over [x | x A^T] and [W | 0 | scale B]. Against the layers one by one on
-// the plain norm's output: the values and the gradients of the norm's inputs (x and delta), the
-// As and the Bs, with one output without a gradient, in float32 and in bf16; and the spare
-// columns hold x A^T (the widened node ran, not the plain one).
+// output with SharedInputSpareColumns spare columns, so that the node writes x A^T there and
+// runs each layer's forward as one GEMM over [x | x A^T] and [W | 0 | scale B]. Against the
+// layers one by one on the plain norm's output: the values and the gradients of the norm's
+// inputs (x and delta), the As and the Bs, with one output without a gradient, in float32 and in
+// bf16; and the spare columns hold x A^T (the widened node ran, not the plain one).
 TEST(EngineFused, SharedInputLoraGroupOverWidenedRowsEqualsTheLayersOneByOne) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());
@@ -260,18 +270,7 @@ TEST(EngineFused, SharedInputLoraGroupOverWidenedRowsEqualsTheLayersOneByOne) {
       std::vector<at::Tensor> inputs_s = inputs_w;
       inputs_s[0] = xs;
       inputs_s[1] = ds;
-      const auto gw = torch::autograd::grad(outs_w, inputs_w, seeds, true, false, true);
-      const auto gs = torch::autograd::grad(outs_s, inputs_s, seeds, true, false, true);
-      for (size_t j = 0; j < gw.size(); ++j) {
-        if (!gs[j].defined()) {
-          EXPECT_TRUE(!gw[j].defined() || gw[j].abs().max().item<double>() == 0) << "input " << j;
-          continue;
-        }
-        ASSERT_TRUE(gw[j].defined()) << "input " << j;
-        const double scale = gs[j].abs().max().item<double>();
-        const double bound = dtype == at::kFloat ? 1e-5 * scale + 1e-7 : std::ldexp(scale, -6);
-        EXPECT_LE((gw[j] - gs[j]).abs().max().item<double>(), bound) << "input " << j;
-      }
+      ExpectSameGradients(outs_w, inputs_w, outs_s, inputs_s, seeds, dtype);
     }
   }
 }

@@ -340,6 +340,17 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
 };
 
 
+// What the group nodes keep for GroupBackward: `leading` (x, and ha where it is a tensor of its
+// own), then the As and the Bs; and the layers' ranks and scales.
+void SaveGroup(AutogradContext* ctx, variable_list leading, at::TensorList a, at::TensorList b,
+               const std::vector<int64_t>& ranks, const std::vector<double>& scales) {
+  leading.insert(leading.end(), a.begin(), a.end());
+  leading.insert(leading.end(), b.begin(), b.end());
+  SaveForBackward(ctx, leading);
+  ctx->saved_data["ranks"] = ranks;
+  ctx->saved_data["scales"] = scales;
+}
+
 // The backward of the layers that read x [T, in] as one node (LoraGroupFunction and
 // LoraWideGroupFunction), from ha = x [A_1; ...; A_n]^T [T, sum of r] and `adapters` (the As,
 // then the Bs): per layer dh'_i = (g_i B_i) * scale_i and dB_i, then one GEMM for all the A
@@ -409,12 +420,7 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
       SaveBase(ctx, layer.base, std::to_string(i) + ".");
       scales.push_back(layer.lora->scale);
     }
-    variable_list saved = {x, ha};
-    saved.insert(saved.end(), a.begin(), a.end());
-    saved.insert(saved.end(), b.begin(), b.end());
-    SaveForBackward(ctx, saved);
-    ctx->saved_data["ranks"] = ranks;
-    ctx->saved_data["scales"] = scales;
+    SaveGroup(ctx, {x, ha}, a, b, ranks, scales);
     return outputs;
   }
 
@@ -521,12 +527,7 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       scales.push_back(layer.lora->scale);
       offset += ranks[i];
     }
-    variable_list saved = {x};
-    saved.insert(saved.end(), a.begin(), a.end());
-    saved.insert(saved.end(), b.begin(), b.end());
-    SaveForBackward(ctx, saved);
-    ctx->saved_data["ranks"] = ranks;
-    ctx->saved_data["scales"] = scales;
+    SaveGroup(ctx, {x}, a, b, ranks, scales);
     return outputs;
   }
 
