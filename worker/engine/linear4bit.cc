@@ -430,9 +430,10 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
   }
 };
 
-// Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16):
-// rows of 4096 + 48 values, not a multiple of the 128-byte lines the GEMM's tiles load, made
-// the widened GEMMs 7 % slower on an H200 (round 11a), for 0.8 % more work.
+// Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16), so
+// that every row starts on a 128-byte line. Measured on an H200 (rounds 11a/11b), it neither
+// helps nor costs: the widened GEMMs run a few per cent slower per FLOP with and without it (the
+// extra 64-wide K step), so the padding stays as the cheaper layout to reason about.
 constexpr int64_t kRowAlignment = 64;
 
 int64_t AlignedRow(int64_t values) {
@@ -480,8 +481,9 @@ at::Tensor WidenedWeight(const FrozenWeight& base, const at::Tensor& b, double s
 }
 
 // LoraGroupFunction's layers with their forward as GEMMs over widened rows, for x [T, in] whose
-// rows have sum(r_i) spare columns (HasSpareColumns): the rank-r projections x [A_1; ...; A_n]^T
-// are written there, so that each layer's output is one GEMM,
+// rows have SharedInputSpareColumns spare columns (sum(r_i) rounded up to aligned rows;
+// HasSpareColumns): the rank-r projections x [A_1; ...; A_n]^T are written in the first sum(r_i)
+// of them, so that each layer's output is one GEMM,
 //   y_i = [x | ha_1 .. ha_i] [W_i | 0 | s_i B_i]^T
 // with no pass writing s_i ha_i B_i^T for the base GEMM to read back and add to (for q/k/v and
 // gate/up at 7B, micro-batch 4: 550 MB written and read a layer). The extra columns cost one more
