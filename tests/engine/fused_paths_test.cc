@@ -275,6 +275,68 @@ TEST(EngineFused, SharedInputLoraGroupOverWidenedRowsEqualsTheLayersOneByOne) {
   }
 }
 
+// Where the input is frozen (the first decoder layer's norm of the embeddings), the nodes skip
+// its gradient (its base GEMMs and dequantizations) and the adapters' gradients stay what they
+// are with a trained input, to the bit: the q/k/v group over plain and over widened rows, and one
+// layer with and without dropout.
+TEST(EngineFused, FrozenInputLeavesTheAdaptersGradientsAsTheyAre) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(17);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int64_t in = 64;
+    std::vector<LinearLayer> layers = SharedInputLayers(device);
+    const std::vector<const LinearLayer*> group = {&layers[0], &layers[1], &layers[2]};
+    const int64_t spare = SharedInputSpareColumns(group, /*training=*/true);
+    const at::Tensor w = 1 + 0.1 * at::randn({in}, f32);
+    const at::Tensor x0 = at::randn({2, 9, in}, f32);
+    std::vector<at::Tensor> adapters;
+    for (const LinearLayer& l : layers) {
+      adapters.push_back(l.lora->a);
+      adapters.push_back(l.lora->b);
+    }
+    // The adapters' gradients from `outs`, with the same seeds for both runs.
+    auto adapter_gradients = [&](const std::vector<at::Tensor>& outs) {
+      at::manual_seed(5);
+      std::vector<at::Tensor> seeds;
+      for (const at::Tensor& o : outs) seeds.push_back(at::randn_like(o));
+      return torch::autograd::grad(outs, adapters, seeds, /*retain_graph=*/false,
+                                   /*create_graph=*/false, /*allow_unused=*/true);
+    };
+    for (const bool widened : {false, true}) {
+      SCOPED_TRACE(widened ? "widened rows" : "plain rows");
+      std::vector<std::vector<at::Tensor>> runs;
+      for (const bool trained : {true, false}) {
+        at::Tensor x = x0.clone().requires_grad_(trained);
+        const at::Tensor n =
+            std::get<1>(ResidualRmsNorm(x, at::Tensor(), w, 1e-5, widened ? spare : 0));
+        ASSERT_EQ(n.requires_grad(), trained);
+        ASSERT_EQ(n.stride(1), widened ? in + spare : in);
+        runs.push_back(adapter_gradients(SharedInputForward(group, n, /*training=*/true)));
+      }
+      for (size_t j = 0; j < adapters.size(); ++j) {
+        ASSERT_TRUE(runs[1][j].defined()) << "adapter tensor " << j;
+        EXPECT_TRUE(at::equal(runs[0][j], runs[1][j])) << "adapter tensor " << j;
+      }
+    }
+    for (const double dropout : {0.0, 0.25}) {
+      SCOPED_TRACE("one layer, dropout " + std::to_string(dropout));
+      LinearLayer& layer = layers[1];  // the 4-bit base
+      layer.lora->dropout = dropout;
+      std::vector<std::vector<at::Tensor>> runs;
+      for (const bool trained : {true, false}) {
+        at::manual_seed(8);  // the same dropout mask
+        runs.push_back(
+            adapter_gradients({layer.Forward(x0.clone().requires_grad_(trained), true)}));
+      }
+      for (const size_t j : {size_t{2}, size_t{3}}) {  // layer 1's A and B
+        ASSERT_TRUE(runs[1][j].defined()) << "adapter tensor " << j;
+        EXPECT_TRUE(at::equal(runs[0][j], runs[1][j])) << "adapter tensor " << j;
+      }
+    }
+  }
+}
+
 // The down projection over silu(gate) * up as one node that recomputes the product in backward,
 // against Swiglu then the LoRA layer (4-bit base and dense, with a bias): values and the
 // gradients of gate, up, A and B, bit for bit in float32 and bf16.

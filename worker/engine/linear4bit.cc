@@ -134,7 +134,7 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["compute_dtype"].toInt());
     const at::Tensor& grad = grad_outputs[0];
     at::Tensor grad_x;
-    if (grad.defined()) {
+    if (grad.defined() && ctx->needs_input_grad(0)) {
       grad_x = Matmul(SavedGemm(ctx), grad.to(dtype), DequantizeWeight(FromSaved(ctx), dtype));
     }
     return {grad_x, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -326,12 +326,16 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const at::ScalarType dtype = lora_in.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
     kernels::GemmTuner* gemm = SavedGemm(ctx);
-    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale, gemm, SavedCopies(ctx));
+    // The input gradients only where something below takes them (x and h are one tensor
+    // without dropout: then h's flag is x's).
+    const bool x_grad = ctx->needs_input_grad(0), h_grad = dropout && ctx->needs_input_grad(1);
+    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale, gemm, SavedCopies(ctx),
+                                   /*input_gradient=*/dropout ? h_grad : x_grad);
     at::Tensor dx, dh;
     if (dropout) {
-      dx = Mm(gemm, grad, SavedBase(ctx, dtype));
+      if (x_grad) dx = Mm(gemm, grad, SavedBase(ctx, dtype));
       dh = d.lora_in;
-    } else {
+    } else if (x_grad) {
       dx = d.lora_in;
       Addmm(gemm, dx, grad, SavedBase(ctx, dtype));
     }
@@ -382,6 +386,9 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   const at::Tensor da_all = Mm(gemm, dha.t(), x).to(a[0].scalar_type());
   const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
   for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i];
+  // x's gradient only where something below takes it: the first decoder layer's q/k/v read the
+  // embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
+  if (!ctx->needs_input_grad(0)) return grads;
   at::Tensor dx = Mm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
   for (size_t i = 0; i < n; ++i) {
     Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
