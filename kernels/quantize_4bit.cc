@@ -160,8 +160,6 @@ at::Tensor BlockAbsmax(const Quantized4bit& q) {
 at::Tensor Dequantize4bit(const Quantized4bit& q) { return Dequantize4bit(q, q.dtype); }
 
 at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype) {
-  TORCH_CHECK(IsFloating(dtype), "Dequantize4bit produces float32, float16 or bfloat16, not ",
-              dtype);
   at::Tensor out = at::empty(q.shape, q.packed.options().dtype(dtype));
   Dequantize4bitInto(q, out.view(WeightRows(q)));
   return out;

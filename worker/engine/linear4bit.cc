@@ -151,8 +151,8 @@ void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string&
   }
 }
 
-// The frozen weight SaveBase kept (without its bias, which the nodes never save).
-FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix = "") {
+// The weight SaveBase kept, in dtype (dequantized, or the dense weight cast).
+at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
   FrozenWeight w;
   auto it = ctx->saved_data.find(prefix + "dense");
   if (it != ctx->saved_data.end()) {
@@ -160,11 +160,7 @@ FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix =
   } else {
     w.quantized = FromSaved(ctx, prefix);
   }
-  return w;
-}
-
-at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
-  return SavedFrozenWeight(ctx, prefix).Materialize(dtype);
+  return w.Materialize(dtype);
 }
 
 // y = scale * (h A^T) B^T written by the rank-r GEMM from ha = h A^T (beta = 0), then
@@ -471,11 +467,8 @@ at::Tensor WithSpareColumns(const at::Tensor& x, int64_t spare) {
 // base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
 // scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
 // are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
-at::Tensor WidenedWeight(const FrozenWeight& base, const at::Tensor& b, double scale,
+at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
                          int64_t offset, at::ScalarType dtype) {
-  const int64_t in = base.in_features > 0 ? base.in_features
-                     : base.quantized     ? base.quantized->shape[1]
-                                          : base.dense.size(1);
   const int64_t out = b.size(0), r = b.size(1);
   at::Tensor wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
                         .narrow(1, 0, in + offset + r);
@@ -529,7 +522,7 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       } else {
         at::Tensor y = at::empty({rows, out}, x.options());
         Addmm(gemm, y, wide.narrow(1, 0, in + offset + ranks[i]),
-              WidenedWeight(layer.base, b[i], layer.lora->scale, offset, dtype).t(), 0.0);
+              WidenedWeight(layer.base, in, b[i], layer.lora->scale, offset, dtype).t(), 0.0);
         outputs.push_back(y);
       }
       SaveBase(ctx, layer.base, std::to_string(i) + ".");
