@@ -80,7 +80,7 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
 }
 
 at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
-                                 const at::Tensor& up) {
+                                 const at::Tensor& up, at::Tensor* product) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
               "swiglu: the gradient, gate and up must have one shape");
   TORCH_CHECK(grad_out.is_contiguous(), "swiglu: an in-place gradient must be contiguous");
@@ -88,15 +88,21 @@ at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
 #ifdef QLORA_HAVE_CUDA
     const at::Tensor a = gate.contiguous(), b = up.contiguous();
     at::Tensor grad_up = at::empty_like(b);
-    if (cuda::SwigluBackward(grad_out, a, b, grad_out, grad_up)) return grad_up;
+    at::Tensor x = product != nullptr ? at::empty_like(a) : at::Tensor();
+    if (cuda::SwigluBackward(grad_out, a, b, grad_out, grad_up, product != nullptr ? &x : nullptr)) {
+      if (product != nullptr) *product = std::move(x);
+      return grad_up;
+    }
 #endif
   }
+  if (product != nullptr) *product = SwigluForward(gate, up);  // before anything is overwritten
   auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
   grad_out.copy_(grad_gate);
   return grad_up;
 }
 
-void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up) {
+void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up,
+                              at::Tensor* product) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
               "swiglu: the gradient, gate and up must have one shape");
   TORCH_CHECK(grad_out.is_contiguous() && up.is_contiguous(),
@@ -104,9 +110,15 @@ void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::
   if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
       up.scalar_type() == gate.scalar_type()) {
 #ifdef QLORA_HAVE_CUDA
-    if (cuda::SwigluBackward(grad_out, gate.contiguous(), up, grad_out, up)) return;
+    const at::Tensor a = gate.contiguous();
+    at::Tensor x = product != nullptr ? at::empty_like(a) : at::Tensor();
+    if (cuda::SwigluBackward(grad_out, a, up, grad_out, up, product != nullptr ? &x : nullptr)) {
+      if (product != nullptr) *product = std::move(x);
+      return;
+    }
 #endif
   }
+  if (product != nullptr) *product = SwigluForward(gate, up);  // before anything is overwritten
   auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
   grad_out.copy_(grad_gate);
   up.copy_(grad_up);

@@ -31,10 +31,14 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
                                                  const at::Tensor& gate, const at::Tensor& up);
 // The same, with grad_gate written over grad_out (contiguous, and not read by anyone afterwards):
 // returns grad_up. One buffer of gate's size less at the MLP's backward, the step's memory peak.
+// With `product`: sets it to SwigluForward(gate, up), the same bits, from the values the pass
+// reads anyway (for a backward that needs the forward's output again: no second pass over gate
+// and up).
 at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
-                                 const at::Tensor& up);
+                                 const at::Tensor& up, at::Tensor* product = nullptr);
 // The same with grad_up written over up too (contiguous, read by no one afterwards): no new
-// buffer at all.
-void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up);
+// buffer at all (but `product`'s).
+void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up,
+                              at::Tensor* product = nullptr);
 
 }  // namespace qlora::kernels

@@ -13,8 +13,9 @@ bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, b
             at::Tensor& out);
 // Contiguous tensors of one shape and dtype.
 bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out);
-// grad_gate may be grad itself and grad_up up itself (written in place).
+// grad_gate may be grad itself and grad_up up itself (written in place); `product` (a buffer of
+// its own, or null) gets SwigluForward's output.
 bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
-                    at::Tensor& grad_gate, at::Tensor& grad_up);
+                    at::Tensor& grad_gate, at::Tensor& grad_up, at::Tensor* product = nullptr);
 
 }  // namespace qlora::kernels::cuda

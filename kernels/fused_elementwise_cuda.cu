@@ -7,7 +7,7 @@
 //                  cos and sin at both halves, 16-byte stores; strides from the tensors
 //   SwigluForwardKernel / SwigluBackwardKernel   one thread per V elements, 16-byte accesses
 //                  (backward may write grad_gate over grad and grad_up over up: each thread
-//                  loads before it stores)
+//                  loads before it stores; and, asked, the forward's output again)
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
@@ -108,29 +108,40 @@ __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restr
   }
 }
 
+// dg, du for the output gradient dy; and x = silu(g) * u as SwigluForwardKernel rounds it.
 template <typename T>
-__device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du) {
+__device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, T& x) {
   const float fdy = static_cast<float>(dy), fg = static_cast<float>(g);
   const float silu = Round<T>(Silu(fg));
   du = static_cast<T>(__fmul_rn(fdy, silu));
+  x = static_cast<T>(__fmul_rn(silu, static_cast<float>(u)));
   const float dsilu = Round<T>(__fmul_rn(fdy, static_cast<float>(u)));
   dg = static_cast<T>(SiluBackward(dsilu, fg));
 }
 
-template <typename T, int V>
+// kProduct: also writes the forward's output silu(gate) * up to `product` (its own buffer).
+template <typename T, int V, bool kProduct>
 __global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, const T* up,
-                                     T* grad_gate, T* grad_up, int64_t n) {
+                                     T* grad_gate, T* grad_up, T* __restrict__ product,
+                                     int64_t n) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {
     const Vec<T, V> dy = Load<T, V>(grad + i), g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
-    Vec<T, V> dg, du;
+    Vec<T, V> dg, du, x;
 #pragma unroll
-    for (int k = 0; k < V; ++k) SwigluBackwardOne(dy.v[k], g.v[k], u.v[k], dg.v[k], du.v[k]);
+    for (int k = 0; k < V; ++k) {
+      SwigluBackwardOne(dy.v[k], g.v[k], u.v[k], dg.v[k], du.v[k], x.v[k]);
+    }
     Store<T, V>(grad_gate + i, dg);
     Store<T, V>(grad_up + i, du);
+    if (kProduct) Store<T, V>(product + i, x);
   } else {
-    for (int64_t e = i; e < n; ++e) SwigluBackwardOne(grad[e], gate[e], up[e], grad_gate[e], grad_up[e]);
+    for (int64_t e = i; e < n; ++e) {
+      T x;
+      SwigluBackwardOne(grad[e], gate[e], up[e], grad_gate[e], grad_up[e], x);
+      if (kProduct) product[e] = x;
+    }
   }
 }
 
@@ -192,21 +203,25 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
 }
 
 bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
-                    at::Tensor& grad_gate, at::Tensor& grad_up) {
+                    at::Tensor& grad_gate, at::Tensor& grad_up, at::Tensor* product) {
   if (!gate.is_cuda() || gate.numel() == 0) return false;
   return DispatchFloating(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
     const void* pointers[] = {grad.const_data_ptr(), gate.const_data_ptr(), up.const_data_ptr(),
-                              grad_gate.const_data_ptr(), grad_up.const_data_ptr()};
+                              grad_gate.const_data_ptr(), grad_up.const_data_ptr(),
+                              product != nullptr ? product->const_data_ptr() : nullptr};
     for (const void* p : pointers) {
       if (!Aligned16(p)) return false;
     }
     const c10::cuda::CUDAGuard guard(gate.device());
     const int64_t n = gate.numel();
-    SwigluBackwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    auto kernel = product != nullptr ? SwigluBackwardKernel<T, V, true>
+                                     : SwigluBackwardKernel<T, V, false>;
+    kernel<<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
-        grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), n);
+        grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(),
+        product != nullptr ? product->mutable_data_ptr<T>() : nullptr, n);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

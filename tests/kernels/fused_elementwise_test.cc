@@ -2,7 +2,8 @@
 // formulas and what autograd computes for them: on CPU (the formulas; the backward formulas are
 // checked against autograd) and, where there is a GPU, the CUDA kernels against the same
 // formulas on the GPU: rotary bit for bit forward and backward (strided and broadcast inputs
-// too), SwiGLU forward bit for bit and backward within one ulp.
+// too), SwiGLU forward bit for bit and backward within one ulp (and the forward's output that
+// backward may give again, bit for bit).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -122,6 +123,19 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
         EXPECT_EQ(over_up.const_data_ptr(), up_buffer);
         ExpectBitEqual(over_grad, dg, "grad gate over the gradient");
         ExpectBitEqual(over_up, du, "grad up over up");
+        // Asked for the forward's output too: the same bits as SwigluForward (from up as it was
+        // before grad_up overwrote it), the gradients unchanged.
+        at::Tensor product_in_place, product_over;
+        at::Tensor in_place2 = dy.clone();
+        ExpectBitEqual(SwigluBackwardInPlace(in_place2, g, u, &product_in_place), du,
+                       "grad up, with the product");
+        ExpectBitEqual(in_place2, dg, "grad gate in place, with the product");
+        ExpectBitEqual(product_in_place, ref.detach(), "product next to an in-place grad gate");
+        at::Tensor over_grad2 = dy.clone(), over_up2 = u.clone();
+        SwigluBackwardOverInputs(over_grad2, g, over_up2, &product_over);
+        ExpectBitEqual(over_grad2, dg, "grad gate over the gradient, with the product");
+        ExpectBitEqual(over_up2, du, "grad up over up, with the product");
+        ExpectBitEqual(product_over, ref.detach(), "product next to gradients over the inputs");
       }
     }
   }

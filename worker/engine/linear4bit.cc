@@ -199,18 +199,25 @@ at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::Sc
   return Mm(gemm, d.dha, InDtype(copies, a, dtype));
 }
 
-// The adapters' gradients for g [T, out] (in h's dtype), each GEMM writing its result's layout
+// dA = dh'^T h, in the adapter's dtype.
+at::Tensor LoraAGradient(const LoraGradients& d, const at::Tensor& h, const at::Tensor& a,
+                         kernels::GemmTuner* gemm) {
+  return Mm(gemm, d.dha.t(), h).to(a.scalar_type());
+}
+
+// The adapters' gradients for g [T, out] (in ha's dtype), each GEMM writing its result's layout
 // (no transposed copies):
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = dh'^T h;  dB = g^T (h A^T) * scale
-// Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first.
+// Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first;
+// without h (undefined), dA is left to the caller too (LoraAGradient), who makes h later.
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
                            const at::Tensor& a, const at::Tensor& b, double scale,
                            kernels::GemmTuner* gemm, AdapterCopies* copies,
                            bool input_gradient = true) {
-  const at::ScalarType dtype = h.scalar_type();
+  const at::ScalarType dtype = ha.scalar_type();
   LoraGradients d;
   d.dha = Mm(gemm, g, InDtype(copies, b, dtype), scale);  // [T, r]
-  d.a = Mm(gemm, d.dha.t(), h).to(a.scalar_type());
+  if (h.defined()) d.a = LoraAGradient(d, h, a, gemm);
   d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
@@ -220,15 +227,17 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 // and gradients as Swiglu followed by LoraLinearFunction (without dropout), in one of two modes:
 //   plain (a layer whose saved tensors live from forward to backward): keeps gate and up (which
 //     SwiGLU's backward needs anyway) but not their product x, the projection's input
-//     ([T, intermediate], the largest tensor a layer would otherwise save): backward recomputes
-//     it (one pass over memory) for the adapter's gradients and frees it before dx is allocated;
+//     ([T, intermediate], the largest tensor a layer would otherwise save): SwiGLU's backward,
+//     which reads gate and up anyway, writes x again (the same bits) for the adapter's A
+//     gradient, taken last (no pass of its own over gate and up to recompute it);
 //   value_unused (a checkpointed layer's recomputation, which lives one layer's backward): keeps
 //     x as well, computes only h A^T (the output only carries the graph, checkpoint.h), and
 //     backward writes dx over x once the adapter's gradients have read it.
 // Either way SwiGLU's backward then writes grad_gate over dx, so that at the layer's backward,
-// the step's memory peak, gate, up, dx and grad_up are the only [T, intermediate] tensors; with
-// overwrite_inputs (gate and up are the caller's to give up: the decoder layer's own
-// intermediates, which no one reads after this node) grad_up is written over up as well.
+// the step's memory peak, gate, up, dx and grad_up (and, plain, x) are the only
+// [T, intermediate] tensors; with overwrite_inputs (gate and up are the caller's to give up: the
+// decoder layer's own intermediates, which no one reads after this node) grad_up is written
+// over up as well.
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
@@ -258,25 +267,26 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     AdapterCopies* copies = SavedCopies(ctx);
     LoraGradients d;
     at::Tensor dx;
-    if (saved[5].defined()) {
+    const bool recomputation = saved[5].defined();
+    if (recomputation) {
       dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
       d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
       Addmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
     } else {
-      {
-        const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
-        d = LoraBackward(grad, x, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
-      }
+      // dA waits for x, which SwiGLU's backward below writes from the gate and up it reads.
+      d = LoraBackward(grad, at::Tensor(), ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
       dx = LoraInputGradient(d, a, dtype, gemm, copies);
     }
     Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
-    at::Tensor grad_up;
+    at::Tensor grad_up, x;
+    at::Tensor* product = recomputation ? nullptr : &x;
     if (ctx->saved_data["overwrite_inputs"].toBool() && up.is_contiguous()) {
       grad_up = up;
-      kernels::SwigluBackwardOverInputs(dx, gate, grad_up);
+      kernels::SwigluBackwardOverInputs(dx, gate, grad_up, product);
     } else {
-      grad_up = kernels::SwigluBackwardInPlace(dx, gate, up);
+      grad_up = kernels::SwigluBackwardInPlace(dx, gate, up, product);
     }
+    if (!recomputation) d.a = LoraAGradient(d, x, a, gemm);
     return {dx,           grad_up,      d.a,          d.b,          at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
