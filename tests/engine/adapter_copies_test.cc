@@ -72,6 +72,32 @@ TEST(EngineAdapterCopies, ConcatenationsAreCachedByTheirMembers) {
   EXPECT_TRUE(at::equal(again, at::cat({q, k, v}).to(at::kBFloat16)));
 }
 
+// Parameters that are views of one buffer (the strategy's flat float32 buffer, as the trainer's
+// adapters are): their copies are views of one cast of the whole buffer, made at the first use
+// in a scope; a concatenation of some of them is cast from those views.
+TEST(EngineAdapterCopies, ViewsOfOneBufferShareOneCast) {
+  AdapterCopies copies;
+  const at::Tensor flat = at::randn({100});
+  const at::Tensor a = flat.narrow(0, 0, 32).view({4, 8}), b = flat.narrow(0, 32, 64).view({16, 4});
+  const at::Tensor c = flat.narrow(0, 96, 4).view({1, 4});
+  for (int scope_index = 0; scope_index < 2; ++scope_index) {
+    SCOPED_TRACE(scope_index);
+    AdapterCopyScope scope(copies);
+    const at::Tensor a1 = copies.Get(a, at::kBFloat16), b1 = copies.Get(b, at::kBFloat16);
+    EXPECT_TRUE(at::equal(a1, a.to(at::kBFloat16)));
+    EXPECT_TRUE(at::equal(b1, b.to(at::kBFloat16)));
+    EXPECT_EQ(a1.storage().data(), b1.storage().data());  // one cast for both
+    EXPECT_EQ(b1.storage_offset(), 32);
+    // The buffer's mirror, nothing else (and, from the second scope on, the concatenation
+    // below, kept for its storage).
+    EXPECT_EQ(copies.cached_bytes(), (100 + (scope_index > 0 ? 5 * 4 : 0)) * 2);
+    const at::Tensor ac = copies.Get({a.narrow(1, 0, 4), c}, at::kBFloat16);
+    EXPECT_TRUE(at::equal(ac, at::cat({a.narrow(1, 0, 4), c}).to(at::kBFloat16)));
+    EXPECT_EQ(copies.cached_bytes(), (100 + 5 * 4) * 2);
+    at::Tensor(flat).add_(1);  // the next scope sees the new values
+  }
+}
+
 TEST(EngineAdapterCopies, NestedScopesKeepTheCopiesUntilTheLastEnds) {
   AdapterCopies copies;
   const at::Tensor a = at::randn({4, 8});

@@ -241,8 +241,9 @@ TEST(EngineModel, ActivationCheckpointingGivesTheSameGradients) {
 
 // The adapters' copies made once per step (adapter_copies.h, what the trainer does) change no
 // bit of the loss or the gradients, checkpointed or not, with two micro-batches accumulated in
-// one scope; the scope held one bf16 copy of every adapter; and a scope opened after the
-// adapters changed computes with their new values (no copy outlives its scope).
+// one scope; the scope held one bf16 copy of every adapter and one of the q/k/v and gate/up As
+// concatenated (the group nodes' operand); and a scope opened after the adapters changed
+// computes with their new values (no copy outlives its scope).
 TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
   TempDir dir;
   TinyModelOptions tiny;
@@ -258,24 +259,26 @@ TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
       model.SetGradientCheckpointing(checkpointing);
       const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
       const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
+      int64_t copied_elements = 0;  // every adapter, then the grouped As again
+      for (const auto& [name, p] : model.TrainableParameters()) {
+        copied_elements += p.numel();
+        for (const char* grouped : {"q_proj.lora_A", "k_proj.lora_A", "v_proj.lora_A",
+                                    "gate_proj.lora_A", "up_proj.lora_A"}) {
+          if (name.find(grouped) != std::string::npos) copied_elements += p.numel();
+        }
+      }
       // Two micro-batches' gradients, accumulated.
       auto step = [&](bool scoped) {
         std::optional<AdapterCopyScope> scope;
         if (scoped) scope.emplace(model.adapter_copies());
         std::map<std::string, at::Tensor> out = TwoMicroBatchGradients(model, ids, labels);
-        if (scoped) {
-          int64_t adapter_elements = 0;
-          for (const auto& [name, p] : model.TrainableParameters()) adapter_elements += p.numel();
-          EXPECT_EQ(model.adapter_copies().cached_bytes(), adapter_elements * 2);
-        }
+        if (scoped) EXPECT_EQ(model.adapter_copies().cached_bytes(), copied_elements * 2);
         return out;
       };
       const auto cast_each_use = step(false);
       const auto cached = step(true);
       // Kept, stale, for the next scope to cast into (the same bytes as inside the scope).
-      int64_t adapter_elements = 0;
-      for (const auto& [name, p] : model.TrainableParameters()) adapter_elements += p.numel();
-      EXPECT_EQ(model.adapter_copies().cached_bytes(), adapter_elements * 2);
+      EXPECT_EQ(model.adapter_copies().cached_bytes(), copied_elements * 2);
       for (const auto& [name, g] : cast_each_use) {
         EXPECT_TRUE(at::equal(g, cached.at(name))) << name << ": " << MaxAbsDiff(g, cached.at(name));
       }

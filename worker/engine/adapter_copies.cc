@@ -7,10 +7,42 @@
 #include <vector>
 
 namespace qlora::engine {
+namespace {
+
+// At the last scope's end: the copies used in it go stale (their storage kept), the others are
+// moved to `dropped`.
+template <typename Map>
+void EndScope(Map& copies, std::vector<at::Tensor>& dropped) {
+  for (auto it = copies.begin(); it != copies.end();) {
+    if (it->second.current) {
+      (it++)->second.current = false;
+    } else {  // not used in the scope that ended
+      dropped.push_back(std::move(it->second.tensor));
+      it = copies.erase(it);
+    }
+  }
+}
+
+}  // namespace
 
 at::Tensor CastAdapters(at::TensorList params, at::ScalarType dtype) {
   if (params.size() == 1) return params[0].to(dtype);
   return at::cat(params).to(dtype);
+}
+
+at::Tensor AdapterCopies::Mirrored(const at::Tensor& param, at::ScalarType dtype) {
+  const at::Storage& storage = param.storage();
+  const int64_t elements = static_cast<int64_t>(storage.nbytes()) / param.element_size();
+  Copy& mirror = mirrors_[{storage.data(), static_cast<int>(dtype)}];
+  if (!mirror.tensor.defined() || mirror.tensor.numel() != elements) {
+    mirror.tensor = at::empty({elements}, param.options().dtype(dtype));
+    mirror.current = false;
+  }
+  if (!mirror.current) {  // the whole storage in one cast
+    mirror.tensor.copy_(at::empty({0}, param.options()).set_(storage, 0, {elements}, {1}));
+    mirror.current = true;
+  }
+  return mirror.tensor.as_strided(param.sizes(), param.strides(), param.storage_offset());
 }
 
 at::Tensor AdapterCopies::Get(at::TensorList params, at::ScalarType dtype) {
@@ -25,18 +57,17 @@ at::Tensor AdapterCopies::Get(at::TensorList params, at::ScalarType dtype) {
     lock.unlock();
     return CastAdapters(sources, dtype);
   }
+  std::vector<at::Tensor> views;
+  for (const at::Tensor& p : sources) views.push_back(Mirrored(p, dtype));
+  if (views.size() == 1) return views[0];
   Key key;
   for (const at::Tensor& p : sources) std::get<0>(key).emplace_back(p.data_ptr(), p.sizes().vec());
   std::get<1>(key) = static_cast<int>(dtype);
   auto it = copies_.find(key);
   if (it == copies_.end()) {
-    it = copies_.emplace(std::move(key), Copy{CastAdapters(sources, dtype), true}).first;
-  } else if (!it->second.current) {  // made in an earlier scope: cast again into its storage
-    int64_t row = 0;
-    for (const at::Tensor& p : sources) {
-      it->second.tensor.narrow(0, row, p.size(0)).copy_(p);
-      row += p.size(0);
-    }
+    it = copies_.emplace(std::move(key), Copy{at::cat(views), true}).first;
+  } else if (!it->second.current) {  // made in an earlier scope: concatenated again in place
+    at::cat_out(it->second.tensor, views);
     it->second.current = true;
   }
   return it->second.tensor;
@@ -46,6 +77,7 @@ int64_t AdapterCopies::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t total = 0;
   for (const auto& [key, copy] : copies_) total += copy.tensor.nbytes();
+  for (const auto& [key, mirror] : mirrors_) total += mirror.tensor.nbytes();
   return total;
 }
 
@@ -58,14 +90,8 @@ void AdapterCopies::Leave() {
   std::vector<at::Tensor> dropped;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   if (--scopes_ > 0) return;
-  for (auto it = copies_.begin(); it != copies_.end();) {
-    if (it->second.current) {
-      (it++)->second.current = false;
-    } else {  // not used in the scope that ended
-      dropped.push_back(std::move(it->second.tensor));
-      it = copies_.erase(it);
-    }
-  }
+  EndScope(copies_, dropped);
+  EndScope(mirrors_, dropped);
 }
 
 }  // namespace qlora::engine

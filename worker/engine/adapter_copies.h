@@ -10,19 +10,25 @@
 // optimizer updates the parameters, so no copy outlives the values it was made from. Casting is
 // exact and deterministic, so a cached copy is the fresh cast's bits.
 //
-// Copies are keyed by the source tensors' storage addresses, sizes and the dtype (at 7B, r = 16
-// on every projection: 80 MB in bf16). When the last scope ends the copies go stale but keep
-// their memory, and the next scope casts into the same storage: freeing and reallocating ~290
-// tensors a step cost ~0.85 ms of host time at each step's end, where the GPU waits for the
-// host (round 8's 7B trace). A copy not used during a scope is freed when it ends. So a copy
-// handed out is only valid until its scope ends. Thread-safe: concurrent forwards may share a
-// scope.
+// Inside a scope a parameter's copy is a view of its storage's mirror: the whole storage cast at
+// once, on the first use in the scope. The trainer's adapters are views of the strategy's flat
+// float32 buffer, so one cast kernel a step makes every adapter's copy (at 7B, r = 16 on every
+// projection: 80 MB in bf16), where a cast per adapter cost ~450 kernels a step, each a launch
+// and a bubble between kernels on the GPU (~1.5 ms of an H200's 7B step). Several tensors asked
+// together (the q/k/v or gate/up As) are concatenated from their views, that concatenation kept
+// as well (keyed by the members' addresses and sizes and the dtype). When the last scope ends
+// the copies go stale but keep their memory, and the next scope casts into the same storage:
+// freeing and reallocating ~290 tensors a step cost ~0.85 ms of host time at each step's end,
+// where the GPU waits for the host (round 8's 7B trace). A copy not used during a scope is freed
+// when it ends. So a copy handed out is only valid until its scope ends. Thread-safe:
+// concurrent forwards may share a scope.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -47,6 +53,8 @@ class AdapterCopies {
   friend class AdapterCopyScope;
   void Enter();
   void Leave();
+  // param's values in dtype as a view of its storage's mirror (cast whole, once a scope).
+  at::Tensor Mirrored(const at::Tensor& param, at::ScalarType dtype);
 
   // (data pointer, sizes) per source tensor, then the dtype.
   using Key = std::tuple<std::vector<std::pair<const void*, std::vector<int64_t>>>, int>;
@@ -56,7 +64,8 @@ class AdapterCopies {
     at::Tensor tensor;
     bool current = false;  // cast within the open scope (else stale: cast again before use)
   };
-  std::map<Key, Copy> copies_;
+  std::map<Key, Copy> copies_;                              // concatenations
+  std::map<std::pair<const void*, int>, Copy> mirrors_;    // by storage address and dtype
 };
 
 // Caches copies in `copies` while alive; when the last scope ends they go stale.

@@ -16,15 +16,31 @@ bool Targets(const MemoryPlanRequest& r, const std::string& module) {
          std::find(r.lora_targets.begin(), r.lora_targets.end(), module) != r.lora_targets.end();
 }
 
+// Elements of the As that the group nodes read concatenated (linear4bit.h SharedInputForward:
+// q/k/v and gate/up, two or more adapted and no dropout), which AdapterCopies keeps once more.
+int64_t GroupedAdapterElements(const MemoryPlanRequest& r) {
+  if (r.lora_dropout) return 0;
+  int64_t grouped = 0;
+  for (const std::vector<std::string>& group :
+       {std::vector<std::string>{"q_proj", "k_proj", "v_proj"},
+        std::vector<std::string>{"gate_proj", "up_proj"}}) {
+    const int64_t n = std::count_if(group.begin(), group.end(),
+                                    [&](const std::string& name) { return Targets(r, name); });
+    if (n > 1) grouped += n;
+  }
+  return grouped * r.lora_r * r.model.hidden_size * r.model.num_hidden_layers;
+}
+
 // The plan's fixed part: resident tensors, parameter gradients, the adapters' compute-dtype
-// copies (adapter_copies.h, held through the step), one dequantized weight.
+// copies (adapter_copies.h, held through the step: every adapter, and the grouped As again),
+// one dequantized weight.
 int64_t FixedBytes(const MemoryPlanRequest& r) {
   const LlamaConfig& m = r.model;
   const int64_t largest_weight =
       std::max(m.intermediate_size * m.hidden_size,
                m.num_attention_heads * m.head_dim * m.hidden_size) * r.dtype_bytes;
   return r.resident_bytes + r.correction_bytes + (4 + r.dtype_bytes) * r.trainable_elements +
-         largest_weight;
+         r.dtype_bytes * GroupedAdapterElements(r) + largest_weight;
 }
 
 }  // namespace

@@ -32,8 +32,9 @@
 //                      the compute dtype (chunk x vocab x d), which become their own gradient
 // and, besides tokens: what is resident once the model, the adapters and the optimizer are
 // built (measured by the caller), the parameters' gradients (4 bytes per trainable element), the
-// adapters' copies in the compute dtype (d per trainable element, adapter_copies.h), and one
-// dequantized weight (the largest, out x in x d) in backward.
+// adapters' copies in the compute dtype (d per trainable element, and per element of the q/k/v
+// and gate/up As again: their concatenations; adapter_copies.h), and one dequantized weight (the
+// largest, out x in x d) in backward.
 //
 // The peak is the largest of: the loss with every layer's saved tensors held; the
 // top layer's backward; the top checkpointed layer's recompute-and-backward once the plain
