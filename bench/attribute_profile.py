@@ -42,7 +42,10 @@ them, given with record_shapes):
                      rotary (rotary | rope), SwiGLU (silu | swiglu | glu), casts/copies
                      (ops aten::to | _to_copy | copy_ | clone | contiguous), other (residual adds,
                      masks, fills, ours' rotary arithmetic and SwiGLU product, ...)
-  host gaps          window time with no GPU activity (the GPU waiting for the host)
+  kernel bubbles     idle spans shorter than BUBBLE_US between two work items: the GPU's own
+                     switch from one kernel to the next (~1.5-2 us each on an H200 under the
+                     profiler), which only fewer kernels shorten
+  host gaps          longer spans with no GPU activity (the GPU waiting for the host)
 Caveats: r and the vocabulary size must differ from every other dimension the ops see (true at
 the 7B and 70B shapes with r=16, vocabulary 32000, micro-batch < 16, sequence 2048: tokens per
 micro-batch 2048 or 8192); HF's own RMSNorm and rotary are plain PyTorch ops, so without Liger
@@ -93,8 +96,10 @@ CATEGORIES = [
     ("optimizer + gradient bookkeeping", "optimizer"),
     ("collectives (exposed)", "collective"),
     ("memcpy / memset", "copies"),
+    ("kernel bubbles (idle < 5 us between items)", "bubble"),
     ("host gaps (GPU idle)", "idle"),
 ]
+BUBBLE_US = 5.0  # shorter idle spans are the switch between kernels, not the host
 PHASES = ["forward", "loss", "backward", "recompute", "grads", "optimizer", "step (other)", "outside"]
 
 
@@ -350,7 +355,7 @@ def sweep(items, w0, w1, nsteps, mode, nested=False):
         d = t - last
         if d > 0:
             if not active:
-                by_cat["idle"] += d
+                by_cat["bubble" if d < BUBBLE_US and last > w0 else "idle"] += d
             else:
                 if nested:  # CPU ops: the innermost one running has the instant
                     share = [max(active, key=lambda j: (items[j]["start"], -items[j]["end"]))]
@@ -399,7 +404,7 @@ def report(res, title):
                          f"{sum(c for k, c in res['counts'].items() if k.startswith('ew_')) / n:.0f} |")
         v = res["categories"][key]
         prefix = "&nbsp;&nbsp;" if key.startswith("ew_") else ""
-        count = "" if key == "idle" else f"{res['counts'].get(key, 0) / n:.0f}"
+        count = "" if key in ("idle", "bubble") else f"{res['counts'].get(key, 0) / n:.0f}"
         lines.append(f"| {prefix}{label} | {per(v):.1f} | {100 * v / total:.1f} | {count} |")
     lines.append(f"| **step** | **{res['step_ms']:.1f}** | **100.0** | {res['items'] / n:.0f} |")
     lines += ["", f"Collectives running at all (overlapped or not): {per(res['collectives_total_us']):.1f} ms "

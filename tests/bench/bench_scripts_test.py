@@ -135,6 +135,20 @@ class AttributeProfileTest(unittest.TestCase):
             with open(os.path.join(d, "a.json")) as f:
                 self.assertAlmostEqual(json.load(f)["categories"]["idle"], 420)
 
+    def test_short_idle_spans_between_kernels_are_bubbles_not_host_gaps(self):
+        # The attention kernel starts 2 us after the rank-r GEMM ends: the GPU's switch between
+        # kernels, not the host.
+        ev = gpu_trace()["traceEvents"]
+        for e in ev:
+            if e.get("cat") == "kernel" and "flash_fwd" in e["name"]:
+                e["ts"], e["dur"] = 212, 48
+        res = attribute_profile.analyse(ev, r=16, vocab=32000)
+        self.assertAlmostEqual(res["categories"]["bubble"], 2)
+        self.assertAlmostEqual(res["categories"]["attention"], 48)
+        self.assertAlmostEqual(res["categories"]["idle"], 420)
+        self.assertIn("| kernel bubbles (idle < 5 us between items) | 0.0 | 0.2 |  |",
+                      attribute_profile.report(res, "fixture"))
+
     def test_steps_cut_by_the_profiler_are_whole_or_left_out(self):
         # Ours' profiler switches on inside the first step's qlora::step range and off inside the
         # next step's: the first range is missing, a cut one (GPU idle) follows the last step.
@@ -151,7 +165,8 @@ class AttributeProfileTest(unittest.TestCase):
         res = attribute_profile.analyse(ev, r=16, vocab=32000)
         self.assertEqual(res["steps"], 1)
         self.assertAlmostEqual(res["window_us"], 960 - 100)  # first to last GPU activity
-        self.assertAlmostEqual(res["phases"]["outside"], sum(v for k, v in res["categories"].items() if k != "idle"))
+        self.assertAlmostEqual(res["phases"]["outside"],
+                               sum(v for k, v in res["categories"].items() if k not in ("idle", "bubble")))
 
 
 def events(ranks, steps, step_s, mb=4, seq=2048):
