@@ -4,12 +4,14 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/fused_elementwise.h"
 #include "worker/engine/activation_offload.h"
+#include "worker/engine/adapter_gradients.h"
 #include "worker/engine/fused_ops.h"
 
 namespace qlora::engine {
@@ -190,7 +192,10 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
 struct LoraGradients {
   at::Tensor dha;      // dh' [T, r]
   at::Tensor lora_in;  // dh' A [T, in]: the adapters' part of the input gradient
-  at::Tensor a, b;     // float32, the adapters' dtype
+  // dA [r, in] (slot 0) and dB [out, r] (slot 1) in the compute dtype, cast together (Cast).
+  std::optional<AdapterGradients> ab;
+  // {dA, dB} in the adapters' dtype.
+  std::vector<at::Tensor> Cast(const at::Tensor& a) const { return ab->Cast(a.scalar_type()); }
 };
 
 // dh = dh' A [T, in], the adapters' part of the input gradient.
@@ -199,10 +204,9 @@ at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::Sc
   return Mm(gemm, d.dha, InDtype(copies, a, dtype));
 }
 
-// dA = dh'^T h, in the adapter's dtype.
-at::Tensor LoraAGradient(const LoraGradients& d, const at::Tensor& h, const at::Tensor& a,
-                         kernels::GemmTuner* gemm) {
-  return Mm(gemm, d.dha.t(), h).to(a.scalar_type());
+// dA = dh'^T h into its slot.
+void LoraAGradient(const LoraGradients& d, const at::Tensor& h, kernels::GemmTuner* gemm) {
+  Addmm(gemm, d.ab->Slot(0), d.dha.t(), h, /*beta=*/0.0);
 }
 
 // The adapters' gradients for g [T, out] (in ha's dtype), each GEMM writing its result's layout
@@ -216,9 +220,11 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
                            bool input_gradient = true) {
   const at::ScalarType dtype = ha.scalar_type();
   LoraGradients d;
+  d.ab.emplace(std::vector<std::vector<int64_t>>{a.sizes().vec(), b.sizes().vec()},
+               ha.options());
   d.dha = Mm(gemm, g, InDtype(copies, b, dtype), scale);  // [T, r]
-  if (h.defined()) d.a = LoraAGradient(d, h, a, gemm);
-  d.b = Mm(gemm, g.t(), ha, scale).to(b.scalar_type());
+  if (h.defined()) LoraAGradient(d, h, gemm);
+  Addmm(gemm, d.ab->Slot(1), g.t(), ha, /*beta=*/0.0, scale);
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
 }
@@ -286,8 +292,9 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     } else {
       grad_up = kernels::SwigluBackwardInPlace(dx, gate, up, product);
     }
-    if (!recomputation) d.a = LoraAGradient(d, x, a, gemm);
-    return {dx,           grad_up,      d.a,          d.b,          at::Tensor(),
+    if (!recomputation) LoraAGradient(d, x, gemm);
+    const std::vector<at::Tensor> ab = d.Cast(a);
+    return {dx,           grad_up,      ab[0],        ab[1],        at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -345,7 +352,9 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
       dx = d.lora_in;
       Addmm(gemm, dx, grad, SavedBase(ctx, dtype));
     }
-    return {dx, dh, d.a, d.b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const std::vector<at::Tensor> ab = d.Cast(a);
+    return {dx, dh, ab[0], ab[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -378,20 +387,29 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   AdapterCopies* copies = SavedCopies(ctx);
   std::vector<at::Tensor> g(n);
   const at::Tensor dha = at::empty({x.size(0), ha.size(1)}, x.options());  // [T, sum of r]
+  // The As' gradients as one [sum of r, in] block (slot 0), then each B's (slot 1 + i), in x's
+  // dtype, cast to the adapters' dtype together.
+  int64_t rank_sum = 0;
+  for (int64_t r : ranks) rank_sum += r;
+  std::vector<std::vector<int64_t>> shapes = {{rank_sum, x.size(1)}};
+  for (size_t i = 0; i < n; ++i) shapes.push_back(b[i].sizes().vec());
+  const AdapterGradients adapter_grads(shapes, x.options());
   int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
     Addmm(gemm, dha.narrow(1, offset, ranks[i]), g[i], InDtype(copies, b[i], dtype), 0.0,
           scales[i]);
-    grads[1 + n + i] =
-        Mm(gemm, g[i].t(), ha.narrow(1, offset, ranks[i]), scales[i]).to(b[i].scalar_type());
+    Addmm(gemm, adapter_grads.Slot(1 + i), g[i].t(), ha.narrow(1, offset, ranks[i]), 0.0,
+          scales[i]);
     offset += ranks[i];
   }
-  // [sum of r, in] in the adapters' dtype (float32: the GEMM rounds to x's dtype, one cast for
-  // all), then one view per adapter.
-  const at::Tensor da_all = Mm(gemm, dha.t(), x).to(a[0].scalar_type());
-  const std::vector<at::Tensor> da = da_all.split_with_sizes(ranks, 0);
-  for (size_t i = 0; i < n; ++i) grads[1 + i] = da[i];
+  Addmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
+  const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
+  const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
+  for (size_t i = 0; i < n; ++i) {
+    grads[1 + i] = da[i];
+    grads[1 + n + i] = cast[1 + i];
+  }
   // x's gradient only where something below takes it: the first decoder layer's q/k/v read the
   // embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
   if (!ctx->needs_input_grad(0)) return grads;

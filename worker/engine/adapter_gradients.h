@@ -1,0 +1,33 @@
+// A LoRA node's adapter gradients computed in the compute dtype into one buffer and cast to the
+// adapters' dtype (float32) by one kernel. A cast per gradient tensor was ~350 small kernels a
+// 7B step (each A and B, and the q/k/v and gate/up As' block), each with the GPU's bubble between
+// kernels after it. The values are the same: each GEMM still rounds its result to the compute
+// dtype once, and the cast is exact.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::engine {
+
+class AdapterGradients {
+ public:
+  // One slot per shape, each starting at a multiple of 8 values (16-byte aligned, as the tuned
+  // GEMMs' operands must be), in a buffer of `options` (the compute dtype and device).
+  AdapterGradients(const std::vector<std::vector<int64_t>>& shapes,
+                   const at::TensorOptions& options);
+
+  // Slot i as a contiguous tensor of its shape, for a GEMM to write.
+  at::Tensor Slot(size_t i) const;
+  // Every slot cast to `dtype` in one pass: one tensor per slot (views of one buffer).
+  std::vector<at::Tensor> Cast(at::ScalarType dtype) const;
+
+ private:
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> offsets_;
+  at::Tensor buffer_;
+};
+
+}  // namespace qlora::engine
