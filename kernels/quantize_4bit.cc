@@ -9,6 +9,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mean.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sub.h>
 #include <c10/util/Exception.h>
 
@@ -165,7 +167,7 @@ at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype) {
   return out;
 }
 
-void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out) {
+void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out, const ColumnsAfter* after) {
   TORCH_CHECK(IsFloating(out.scalar_type()),
               "Dequantize4bit produces float32, float16 or bfloat16, not ", out.scalar_type());
   TORCH_CHECK(IsPowerOfTwoIn(q.blocksize, 32, 4096),
@@ -187,6 +189,22 @@ void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out) {
               "Dequantize4bitInto: out must be ", rows,
               " on the packed tensor's device with unit column stride, got ", out.sizes(),
               " with strides ", out.strides());
+  at::Tensor after_columns;  // [rows, zeros + r] right after each row, within its stride
+  if (after != nullptr) {
+    const int64_t width = after->zeros + after->values.size(1);
+    TORCH_CHECK(after->zeros >= 0 && after->values.dim() == 2 &&
+                    after->values.size(0) == out.size(0) && after->values.size(1) > 0 &&
+                    after->values.stride(1) == 1 && after->values.scalar_type() == at::kFloat &&
+                    after->values.device() == device,
+                "Dequantize4bitInto: the columns after must be float32 [", out.size(0),
+                ", r > 0] with unit column stride on the weight's device, got ",
+                after->values.sizes(), " ", after->values.scalar_type());
+    TORCH_CHECK(out.stride(0) >= out.size(1) + width,
+                "Dequantize4bitInto: rows of stride ", out.stride(0), " leave no room for ",
+                width, " columns after ", out.size(1));
+    after_columns = out.as_strided({out.size(0), width}, {out.stride(0), 1},
+                                   out.storage_offset() + out.size(1));
+  }
   const at::Tensor packed = q.packed.contiguous().view({-1});
   at::Tensor out_flat = out.is_contiguous() ? out.view({-1}) : out;
   const at::Tensor absmax = q.absmax.contiguous();
@@ -215,7 +233,18 @@ void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out) {
     TORCH_CHECK(q.absmax.scalar_type() == at::kFloat, "absmax must be float32");
     source.absmax = &absmax;
   }
+  if (device.is_cuda() && after != nullptr) {  // one launch for the weight and the columns
+    TORCH_CHECK(HasCudaKernels(), "qlora_kernels was built without CUDA kernels");
+    CudaOnly(cuda::Dequantize4bit(packed, source, q.type, q.blocksize, out_flat, after));
+    return;
+  }
   QLORA_DISPATCH_DEVICE(device, Dequantize4bit(packed, source, q.type, q.blocksize, out_flat));
+  if (after != nullptr) {
+    after_columns.narrow(1, 0, after->zeros).zero_();
+    at::Tensor scaled = after_columns.narrow(1, after->zeros, after->values.size(1));
+    // A CPU 0-dim factor: the product is formed in float32 and rounded once into the output.
+    at::mul_out(scaled, after->values, at::scalar_tensor(after->scale, at::kDouble));
+  }
 }
 
 }  // namespace qlora::kernels

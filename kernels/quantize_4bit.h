@@ -57,10 +57,22 @@ Quantized4bit Quantize4bit(const at::Tensor& input, const Quantize4bitOptions& o
 // Dequantizes to `q.dtype` (or `dtype` when given) with q.shape, on q.packed's device.
 at::Tensor Dequantize4bit(const Quantized4bit& q);
 at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype);
+// Columns Dequantize4bitInto may write after each row of the weight, in the same launch: `zeros`
+// zero columns, then scale * values [rows, r] (float32, unit column stride), each product
+// rounded once to out's dtype (as at::mul_out into such a view would). The widened weight's
+// adapter columns [W | 0 | scale B] of worker/engine's LoRA-widened GEMMs.
+struct ColumnsAfter {
+  int64_t zeros = 0;
+  at::Tensor values;
+  double scale = 1.0;
+};
+
 // The same written into `out`: q.shape as [rows, cols] (rows = shape[0]) in a float dtype on
 // q's device, unit column stride, any row stride >= cols (a weight placed in wider rows, as
-// the LoRA-widened GEMMs of worker/engine read it).
-void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out);
+// the LoRA-widened GEMMs of worker/engine read it); with `after`, also those columns, which
+// the row stride must leave room for.
+void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out,
+                        const ColumnsAfter* after = nullptr);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.
 at::Tensor BlockAbsmax(const Quantized4bit& q);

@@ -52,9 +52,10 @@ void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
                              const at::Tensor& code, int64_t blocksize, float offset,
                              at::Tensor& out);
 // out [n] (float32/float16/bfloat16) = lut[nibble] * absmax[block]; out may also be the weight's
-// [rows, cols] with a row stride >= cols (values land in row-major order).
+// [rows, cols] with a row stride >= cols (values land in row-major order), and then `after`'s
+// columns follow each row (checked by the caller).
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& absmax, QuantType type,
-                    int64_t blocksize, at::Tensor& out);
+                    int64_t blocksize, at::Tensor& out, const ColumnsAfter* after = nullptr);
 }  // namespace cuda
 
 }  // namespace qlora::kernels

@@ -7,7 +7,8 @@
 // Kernels:
 //   Quantize4bitKernel          one warp per quantization block: absmax, then codes, packed pairs
 //   QuantizeBlockwise8bitKernel one warp per block of absmax values, dynamic map in shared memory
-//   Dequantize4bitKernel        4 packed words (32 outputs) a thread, loads first, 16-byte stores
+//   Dequantize4bitKernel        4 packed words (32 outputs) a thread, loads first, 16-byte stores;
+//                               blocks past the weight's write the columns after its rows
 //   DequantizeBlockwise8bitKernel  absmax = code[q] * absmax2 + offset, one thread per value
 #include <cstdint>
 
@@ -169,10 +170,41 @@ __device__ __forceinline__ int64_t OutputOffset(int64_t i, const OutputRows& row
   return int64_t{row} * rows.row_stride + (static_cast<uint32_t>(i) - row * rows.cols);
 }
 
+// The columns after each output row (ColumnsAfter), written by the blocks past the weight's:
+// element e of [rows, zeros + r] is 0 in the first `zeros` columns, then scale * values.
+struct AfterArgs {
+  unsigned weight_blocks = 0;  // blocks before these
+  const float* values = nullptr;
+  int64_t values_stride = 0;
+  uint32_t zeros = 0, width = 0;  // width = zeros + r
+  int64_t elements = 0;           // rows * width
+  float scale = 1.0f;
+};
+
+template <typename T>
+__device__ __forceinline__ void WriteAfterColumns(const AfterArgs& after, OutputRows rows,
+                                                  uint32_t cols, T* __restrict__ out) {
+  const int64_t e = int64_t{blockIdx.x - after.weight_blocks} * blockDim.x + threadIdx.x;
+  if (e >= after.elements) return;
+  const uint32_t row = static_cast<uint32_t>(e) / after.width;
+  const uint32_t col = static_cast<uint32_t>(e) - row * after.width;
+  const float v = col < after.zeros
+                      ? 0.0f
+                      : __fmul_rn(after.values[int64_t{row} * after.values_stride + col -
+                                               after.zeros],
+                                  after.scale);
+  out[int64_t{row} * rows.row_stride + cols + col] = ToOutput<T>(v);
+}
+
 template <typename T>
 __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
-                                     bool vector_io, OutputRows rows, T* __restrict__ out) {
+                                     bool vector_io, OutputRows rows, AfterArgs after,
+                                     T* __restrict__ out) {
+  if (after.elements > 0 && blockIdx.x >= after.weight_blocks) {  // the whole block
+    WriteAfterColumns(after, rows, rows.cols, out);
+    return;
+  }
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = table.v[threadIdx.x];
   __syncthreads();
@@ -285,7 +317,7 @@ void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
 }
 
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantType type,
-                    int64_t blocksize, at::Tensor& out) {
+                    int64_t blocksize, at::Tensor& out, const ColumnsAfter* after) {
   const c10::cuda::CUDAGuard guard(packed.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t n = out.numel();
@@ -306,6 +338,16 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
     TORCH_CHECK(n < (int64_t{1} << 32), "Dequantize4bit: a row-strided output takes < 2^32 values");
     rows = {true, static_cast<uint32_t>(out.size(1)), out.stride(0)};
   }
+  AfterArgs after_args;
+  if (after != nullptr) {
+    TORCH_CHECK(rows.strided, "Dequantize4bit: columns after the rows need a row-strided output");
+    after_args.values = after->values.const_data_ptr<float>();
+    after_args.values_stride = after->values.stride(0);
+    after_args.zeros = static_cast<uint32_t>(after->zeros);
+    after_args.width = static_cast<uint32_t>(after->zeros + after->values.size(1));
+    after_args.elements = out.size(0) * int64_t{after_args.width};
+    after_args.scale = static_cast<float>(after->scale);
+  }
   // 8 outputs a chunk stay in one row, 16-byte aligned, when rows are multiples of 8 values.
   const bool rows_in_chunks = !rows.strided || (rows.cols % 8 == 0 && rows.row_stride % 8 == 0);
   DispatchFloating(out.scalar_type(), [&](auto tag) {
@@ -314,8 +356,11 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
     const bool vector_io = rows_in_chunks && reinterpret_cast<uintptr_t>(in) % 4 == 0 &&
                            reinterpret_cast<uintptr_t>(dst) % 16 == 0;
     const int64_t chunks = CeilDiv(n, 2 * kPackedPerThread);
-    Dequantize4bitKernel<T><<<Grid(CeilDiv(chunks, kChunksPerThread)), kThreads, 0, stream>>>(
-        in, n, Log2(blocksize), args, table, vector_io, rows, dst);
+    const unsigned weight_blocks = Grid(CeilDiv(chunks, kChunksPerThread));
+    after_args.weight_blocks = weight_blocks;
+    const unsigned blocks = weight_blocks + Grid(after_args.elements);
+    Dequantize4bitKernel<T><<<blocks, kThreads, 0, stream>>>(
+        in, n, Log2(blocksize), args, table, vector_io, rows, after_args, dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

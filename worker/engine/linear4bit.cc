@@ -500,11 +500,9 @@ at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor&
   const int64_t out = b.size(0), r = b.size(1);
   at::Tensor wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
                         .narrow(1, 0, in + offset + r);
-  base.MaterializeInto(wide.narrow(1, 0, in));
-  if (offset > 0) wide.narrow(1, in, offset).zero_();
-  at::Tensor adapter = wide.narrow(1, in + offset, r);
-  // A CPU 0-dim factor: the product is formed in b's float32 and rounded once into the output.
-  at::mul_out(adapter, b.detach(), at::scalar_tensor(scale, at::kDouble));
+  // The product formed in float32 (b's dtype, or b cast exactly) and rounded once.
+  const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
+  base.MaterializeInto(wide.narrow(1, 0, in), &adapter);  // a 4-bit base: one launch for all
   return wide;
 }
 
@@ -620,12 +618,21 @@ at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
   return quantized ? DequantizeWeight(*quantized, dtype) : dense.to(dtype);
 }
 
-void FrozenWeight::MaterializeInto(const at::Tensor& out) const {
+void FrozenWeight::MaterializeInto(const at::Tensor& out,
+                                   const kernels::ColumnsAfter* after) const {
   if (quantized) {
-    kernels::Dequantize4bitInto(*quantized, out);
-  } else {
-    out.copy_(dense);
+    kernels::Dequantize4bitInto(*quantized, out, after);
+    return;
   }
+  out.copy_(dense);
+  if (after == nullptr) return;
+  const int64_t r = after->values.size(1);
+  const at::Tensor columns = out.as_strided({out.size(0), after->zeros + r}, {out.stride(0), 1},
+                                            out.storage_offset() + out.size(1));
+  columns.narrow(1, 0, after->zeros).zero_();
+  at::Tensor scaled = columns.narrow(1, after->zeros, r);
+  // A CPU 0-dim factor: the product is formed in float32 and rounded once into the output.
+  at::mul_out(scaled, after->values, at::scalar_tensor(after->scale, at::kDouble));
 }
 
 at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {

@@ -42,8 +42,10 @@ struct FrozenWeight {
 
   // The weight as a dense tensor of `dtype` (dequantized when 4-bit).
   at::Tensor Materialize(at::ScalarType dtype) const;
-  // The same written into out [out_features, in_features] (any float dtype; any row stride).
-  void MaterializeInto(const at::Tensor& out) const;
+  // The same written into out [out_features, in_features] (any float dtype; any row stride),
+  // with `after`'s columns after each row (kernels::Dequantize4bitInto, one launch when 4-bit).
+  void MaterializeInto(const at::Tensor& out,
+                       const kernels::ColumnsAfter* after = nullptr) const;
   // x W^T (+ bias) in x's dtype.
   at::Tensor Apply(const at::Tensor& x) const;
 };
