@@ -368,16 +368,21 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
         // writes the input gradient over it; the output carries only the graph).
         // overwrite_inputs: gate and up are intermediates the node may overwrite with their
         // gradients (the decoder layer's case), here copies made inside the graph.
+        // lean_backward: the plain node recomputes the product before the input gradient
+        // instead of taking it from SwiGLU's backward.
         for (const bool value_unused : {false, true}) {
          for (const bool overwrite : {false, true}) {
+         for (const bool lean : {false, true}) {
           SCOPED_TRACE(std::string(value_unused ? "recomputation" : "plain") +
-                       (overwrite ? ", overwriting its inputs" : ""));
+                       (overwrite ? ", overwriting its inputs" : "") + (lean ? ", lean" : ""));
           at::Tensor gf = gate0.clone().requires_grad_(), uf = up0.clone().requires_grad_();
           at::Tensor gs = gate0.clone().requires_grad_(), us = up0.clone().requires_grad_();
-          const at::Tensor fused =
-              overwrite ? SwigluThenForward(down, gf.clone(), uf.clone(), /*training=*/true,
-                                            value_unused, /*overwrite_inputs=*/true)
-                        : SwigluThenForward(down, gf, uf, /*training=*/true, value_unused);
+          SwigluThenOptions options;
+          options.value_unused = value_unused;
+          options.overwrite_inputs = overwrite;
+          options.lean_backward = lean;
+          const at::Tensor fused = overwrite ? SwigluThenForward(down, gf.clone(), uf.clone(), options)
+                                             : SwigluThenForward(down, gf, uf, options);
           const at::Tensor separate = down.Forward(Swiglu(gs, us), /*training=*/true);
           // The same kernels on the same inputs in the same order: equal to the bit.
           if (!value_unused) EXPECT_TRUE(at::equal(fused, separate));
@@ -390,6 +395,7 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
             EXPECT_TRUE(at::equal(a[i], b[i])) << "gradient " << i;
           }
           EXPECT_TRUE(at::equal(uf, up0));  // the caller's own tensors are never written
+         }
          }
         }
       }

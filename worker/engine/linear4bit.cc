@@ -235,7 +235,9 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 //     SwiGLU's backward needs anyway) but not their product x, the projection's input
 //     ([T, intermediate], the largest tensor a layer would otherwise save): SwiGLU's backward,
 //     which reads gate and up anyway, writes x again (the same bits) for the adapter's A
-//     gradient, taken last (no pass of its own over gate and up to recompute it);
+//     gradient, taken last (no pass of its own over gate and up to recompute it); with
+//     lean_backward, x is recomputed first and freed before dx is allocated (one
+//     [T, intermediate] less at this backward, one pass more);
 //   value_unused (a checkpointed layer's recomputation, which lives one layer's backward): keeps
 //     x as well, computes only h A^T (the output only carries the graph, checkpoint.h), and
 //     backward writes dx over x once the adapter's gradients have read it.
@@ -248,7 +250,8 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
                             double scale, kernels::GemmTuner* gemm, AdapterCopies* copies,
-                            bool value_unused, bool overwrite_inputs) {
+                            const SwigluThenOptions* options) {
+    const bool value_unused = options->value_unused;
     const at::Tensor x = kernels::SwigluForward(gate, up);
     auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm, copies);
     SaveBase(ctx, *base);
@@ -257,14 +260,15 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     // x, never seen outside this node, is saved only by a recomputation.
     SaveForBackward(ctx, {gate, up, ha, a, b, value_unused ? x : at::Tensor()});
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["overwrite_inputs"] = overwrite_inputs;
+    ctx->saved_data["overwrite_inputs"] = options->overwrite_inputs;
+    ctx->saved_data["lean_backward"] = options->lean_backward;
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
     const variable_list saved = SavedForBackward(ctx);
-    if (!g.defined()) return variable_list(10);
+    if (!g.defined()) return variable_list(9);
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::ScalarType dtype = gate.scalar_type();
@@ -274,28 +278,36 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     LoraGradients d;
     at::Tensor dx;
     const bool recomputation = saved[5].defined();
+    const bool lean = ctx->saved_data["lean_backward"].toBool();
     if (recomputation) {
       dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
       d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
       Addmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
+    } else if (lean) {
+      {
+        const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
+        d = LoraBackward(grad, x, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
+      }
+      dx = LoraInputGradient(d, a, dtype, gemm, copies);
     } else {
       // dA waits for x, which SwiGLU's backward below writes from the gate and up it reads.
       d = LoraBackward(grad, at::Tensor(), ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
       dx = LoraInputGradient(d, a, dtype, gemm, copies);
     }
     Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
+    const bool product_wanted = !recomputation && !lean;
     at::Tensor grad_up, x;
-    at::Tensor* product = recomputation ? nullptr : &x;
+    at::Tensor* product = product_wanted ? &x : nullptr;
     if (ctx->saved_data["overwrite_inputs"].toBool() && up.is_contiguous()) {
       grad_up = up;
       kernels::SwigluBackwardOverInputs(dx, gate, grad_up, product);
     } else {
       grad_up = kernels::SwigluBackwardInPlace(dx, gate, up, product);
     }
-    if (!recomputation) LoraAGradient(d, x, gemm);
+    if (product_wanted) LoraAGradient(d, x, gemm);
     const std::vector<at::Tensor> ab = d.Cast(a);
-    return {dx,           grad_up,      ab[0],        ab[1],        at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx,           grad_up,      ab[0],        ab[1],       at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -703,15 +715,14 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 }
 
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, bool value_unused, bool overwrite_inputs) {
-  if (!AdapterWithoutDropout(down, training)) {
-    return down.Forward(Swiglu(gate, up), training, value_unused);
+                             const SwigluThenOptions& options) {
+  if (!AdapterWithoutDropout(down, options.training)) {
+    return down.Forward(Swiglu(gate, up), options.training, options.value_unused);
   }
   const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
   return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
                                                  down.lora->scale, down.gemm,
-                                                 down.adapter_copies, value_unused,
-                                                 overwrite_inputs),
+                                                 down.adapter_copies, &options),
                        gate.sizes(), down.base);
 }
 

@@ -94,15 +94,28 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 // for the GEMMs), when the layers run as one node; else 0.
 int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, bool training);
 
+// How SwigluThenForward's node keeps and gives back its tensors.
+struct SwigluThenOptions {
+  bool training = true;
+  // A checkpointed layer's recomputation: the node keeps the product and writes the input
+  // gradient over it; the output only carries the graph.
+  bool value_unused = false;
+  // gate and up are the caller's to give up (no one reads them after this node's backward,
+  // which writes up's gradient over up).
+  bool overwrite_inputs = false;
+  // A plain layer's backward recomputes the product before the input gradient is allocated (one
+  // pass more over gate and up, [tokens, intermediate] less at the layer's backward: for a model
+  // that checkpoints layers to save memory, where that backward is the peak) instead of taking
+  // it from SwiGLU's backward, which reads gate and up anyway.
+  bool lean_backward = false;
+};
+
 // down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout
 // running) as one node whose backward writes SwiGLU's gate gradient over its own input gradient
-// (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product,
-// which backward recomputes ([tokens, intermediate] less held from forward to backward, one more
-// pass over memory). A checkpointed layer's recomputation (value_unused): it keeps the product
-// and writes the input gradient over it. With overwrite_inputs, gate and up are the caller's to
-// give up (no one reads them after this node's backward, which writes up's gradient over up).
+// (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product
+// ([tokens, intermediate] less held from forward to backward), which backward gets again from
+// SwiGLU's backward (or, lean_backward, recomputes first).
 at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             bool training, bool value_unused = false,
-                             bool overwrite_inputs = false);
+                             const SwigluThenOptions& options);
 
 }  // namespace qlora::engine

@@ -298,14 +298,20 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   std::vector<at::Tensor> gate_up = SharedInputForward(gate_up_layers, m, training_);
   // With grad, one node for SwiGLU and down (SwigluThenForward): a layer that keeps its
   // activations until backward (no checkpoint) saves gate and up but not their product, which
-  // the node recomputes in backward; a checkpointed layer's recomputation lives one layer's
+  // the node gets again in backward; a checkpointed layer's recomputation lives one layer's
   // backward, so it keeps the product. A checkpointed layer's first forward keeps nothing.
   at::Tensor gate = std::exchange(gate_up[0], {}), up = std::exchange(gate_up[1], {});
   at::Tensor down;
   if (at::GradMode::is_enabled()) {
+    SwigluThenOptions swiglu;
+    swiglu.training = training_;
+    swiglu.value_unused = value_unused;
     // gate and up are this layer's own: their gradients may take their memory.
-    down = SwigluThenForward(layer.down_proj, gate, up, training_, value_unused,
-                             /*overwrite_inputs=*/true);
+    swiglu.overwrite_inputs = true;
+    // A model that checkpoints layers saves memory first: its plain layers' backward (the top
+    // one's is the peak) recomputes SwiGLU's output before the input gradient exists.
+    swiglu.lean_backward = checkpointed_layers_ > 0;
+    down = SwigluThenForward(layer.down_proj, gate, up, swiglu);
   } else {
     at::Tensor product = Swiglu(std::exchange(gate, {}), std::exchange(up, {}));
     down = layer.down_proj.Forward(std::exchange(product, {}), training_, value_unused);

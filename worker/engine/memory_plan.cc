@@ -82,7 +82,7 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
     }  // o_proj's input is the attention output, already counted
   }
   plain += (saves_n ? H * d : 0) + (saves_m ? H * d : 0);
-  // down_proj's input, silu(gate) * up: a plain layer's down node recomputes it in backward
+  // down_proj's input, silu(gate) * up: a plain layer's down node gets it again in backward
   // (SwigluThenForward); a checkpointed layer's recomputation saves it.
   b.plain = plain;
   b.recomputed = plain + (saves_gated ? I * d : 0) - b.checkpointed;

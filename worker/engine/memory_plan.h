@@ -18,7 +18,7 @@
 //                      their (frozen) weight. LoRA: each adapted module saves its input (shared:
 //                      n = norm(x) for q/k/v, the attention output for o, m = norm(h) for
 //                      gate/up; counted once each) and h A^T (r d); down's input, the SwiGLU
-//                      output, is recomputed in its backward (SwigluThenForward), not saved.
+//                      output, is not saved: its backward gets it again (SwigluThenForward).
 //                      With LoRA dropout each adapted module keeps its own dropped input
 //                      (in d) and the dropout mask (in bytes of `dropout_mask_bytes`) instead.
 //   checkpointed layer its input only (H d); its recomputation saves what a plain layer does
