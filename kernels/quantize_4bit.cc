@@ -64,7 +64,40 @@ std::vector<int64_t> WeightRows(const Quantized4bit& q) {
   return {rows, rows == 0 ? 0 : n / rows};
 }
 
+// after's columns right after each row of out [rows, cols], as [rows, zeros + r] within the
+// row stride, once checked.
+at::Tensor ColumnsAfterView(const at::Tensor& out, const ColumnsAfter& after) {
+  TORCH_CHECK(out.dim() == 2 && out.stride(1) == 1,
+              "the columns after a weight's rows need [rows, cols] with unit column stride, got ",
+              out.sizes(), " with strides ", out.strides());
+  const int64_t width = after.zeros + after.values.size(1);
+  TORCH_CHECK(after.zeros >= 0 && after.values.dim() == 2 &&
+                  after.values.size(0) == out.size(0) && after.values.size(1) > 0 &&
+                  after.values.stride(1) == 1 && after.values.scalar_type() == at::kFloat &&
+                  after.values.device() == out.device(),
+              "Dequantize4bitInto: the columns after must be float32 [", out.size(0),
+              ", r > 0] with unit column stride on the weight's device, got ",
+              after.values.sizes(), " ", after.values.scalar_type());
+  TORCH_CHECK(out.stride(0) >= out.size(1) + width,
+              "Dequantize4bitInto: rows of stride ", out.stride(0), " leave no room for ", width,
+              " columns after ", out.size(1));
+  return out.as_strided({out.size(0), width}, {out.stride(0), 1},
+                        out.storage_offset() + out.size(1));
+}
+
+// Zeros, then scale * values rounded once, into the columns ColumnsAfterView gave.
+void FillColumnsAfter(const at::Tensor& columns, const ColumnsAfter& after) {
+  columns.narrow(1, 0, after.zeros).zero_();
+  at::Tensor scaled = columns.narrow(1, after.zeros, after.values.size(1));
+  // A CPU 0-dim factor: the product is formed in float32 and rounded once into the output.
+  at::mul_out(scaled, after.values, at::scalar_tensor(after.scale, at::kDouble));
+}
+
 }  // namespace
+
+void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after) {
+  FillColumnsAfter(ColumnsAfterView(out, after), after);
+}
 
 bool HasCudaKernels() {
 #ifdef QLORA_HAVE_CUDA
@@ -189,22 +222,8 @@ void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out, const Col
               "Dequantize4bitInto: out must be ", rows,
               " on the packed tensor's device with unit column stride, got ", out.sizes(),
               " with strides ", out.strides());
-  at::Tensor after_columns;  // [rows, zeros + r] right after each row, within its stride
-  if (after != nullptr) {
-    const int64_t width = after->zeros + after->values.size(1);
-    TORCH_CHECK(after->zeros >= 0 && after->values.dim() == 2 &&
-                    after->values.size(0) == out.size(0) && after->values.size(1) > 0 &&
-                    after->values.stride(1) == 1 && after->values.scalar_type() == at::kFloat &&
-                    after->values.device() == device,
-                "Dequantize4bitInto: the columns after must be float32 [", out.size(0),
-                ", r > 0] with unit column stride on the weight's device, got ",
-                after->values.sizes(), " ", after->values.scalar_type());
-    TORCH_CHECK(out.stride(0) >= out.size(1) + width,
-                "Dequantize4bitInto: rows of stride ", out.stride(0), " leave no room for ",
-                width, " columns after ", out.size(1));
-    after_columns = out.as_strided({out.size(0), width}, {out.stride(0), 1},
-                                   out.storage_offset() + out.size(1));
-  }
+  // [rows, zeros + r] right after each row, checked before anything is written.
+  const at::Tensor after_columns = after != nullptr ? ColumnsAfterView(out, *after) : at::Tensor();
   const at::Tensor packed = q.packed.contiguous().view({-1});
   at::Tensor out_flat = out.is_contiguous() ? out.view({-1}) : out;
   const at::Tensor absmax = q.absmax.contiguous();
@@ -239,12 +258,7 @@ void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out, const Col
     return;
   }
   QLORA_DISPATCH_DEVICE(device, Dequantize4bit(packed, source, q.type, q.blocksize, out_flat));
-  if (after != nullptr) {
-    after_columns.narrow(1, 0, after->zeros).zero_();
-    at::Tensor scaled = after_columns.narrow(1, after->zeros, after->values.size(1));
-    // A CPU 0-dim factor: the product is formed in float32 and rounded once into the output.
-    at::mul_out(scaled, after->values, at::scalar_tensor(after->scale, at::kDouble));
-  }
+  if (after != nullptr) FillColumnsAfter(after_columns, *after);
 }
 
 }  // namespace qlora::kernels

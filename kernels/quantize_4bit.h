@@ -73,6 +73,9 @@ struct ColumnsAfter {
 // the row stride must leave room for.
 void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out,
                         const ColumnsAfter* after = nullptr);
+// Just `after`'s columns after the rows of out [rows, cols] (ATen ops; what Dequantize4bitInto
+// does off CUDA), for a weight written there otherwise (a dense one copied in).
+void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.
 at::Tensor BlockAbsmax(const Quantized4bit& q);

@@ -637,14 +637,7 @@ void FrozenWeight::MaterializeInto(const at::Tensor& out,
     return;
   }
   out.copy_(dense);
-  if (after == nullptr) return;
-  const int64_t r = after->values.size(1);
-  const at::Tensor columns = out.as_strided({out.size(0), after->zeros + r}, {out.stride(0), 1},
-                                            out.storage_offset() + out.size(1));
-  columns.narrow(1, 0, after->zeros).zero_();
-  at::Tensor scaled = columns.narrow(1, after->zeros, r);
-  // A CPU 0-dim factor: the product is formed in float32 and rounded once into the output.
-  at::mul_out(scaled, after->values, at::scalar_tensor(after->scale, at::kDouble));
+  if (after != nullptr) kernels::WriteColumnsAfter(out, *after);
 }
 
 at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
