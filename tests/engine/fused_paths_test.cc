@@ -174,6 +174,39 @@ void ExpectSameGradients(const std::vector<at::Tensor>& outs, const std::vector<
   }
 }
 
+// What ExpectSameGradients compares for SharedInputLayers run as one node (`grouped`) and one by
+// one (`single`), once each output is checked against its twin (float32: summation order; bf16:
+// one ulp at the max): every A and B, then the outputs with a seed each, but the one at
+// `without_gradient` (-1: none).
+struct GroupGradients {
+  std::vector<at::Tensor> adapters, outs, ref_outs, seeds;
+};
+
+GroupGradients CompareGroupOutputs(const std::vector<at::Tensor>& grouped,
+                                   const std::vector<at::Tensor>& single,
+                                   const std::vector<LinearLayer>& layers, at::ScalarType dtype,
+                                   int without_gradient) {
+  GroupGradients c;
+  for (int i = 0; i < static_cast<int>(single.size()); ++i) {
+    const double scale = single[i].abs().max().item<double>();
+    const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
+    EXPECT_LE((grouped[i] - single[i]).abs().max().item<double>(), bound) << "output " << i;
+    c.adapters.push_back(layers[i].lora->a);
+    c.adapters.push_back(layers[i].lora->b);
+    if (i == without_gradient) continue;
+    c.outs.push_back(grouped[i]);
+    c.ref_outs.push_back(single[i]);
+    c.seeds.push_back(at::randn_like(single[i]));
+  }
+  return c;
+}
+
+// `leading`, then `more`.
+std::vector<at::Tensor> Joined(std::vector<at::Tensor> leading, const std::vector<at::Tensor>& more) {
+  leading.insert(leading.end(), more.begin(), more.end());
+  return leading;
+}
+
 // SharedInputLayers as one node against each layer's own Forward: values and gradients of x, the
 // As and the Bs, also when one output gets no gradient, in float32 and in bf16.
 TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
@@ -193,21 +226,11 @@ TEST(EngineFused, SharedInputLoraGroupEqualsTheLayersOneByOne) {
             SharedInputForward({&layers[0], &layers[1], &layers[2]}, xg, /*training=*/true);
         std::vector<at::Tensor> single;
         for (const LinearLayer& l : layers) single.push_back(l.Forward(xs, /*training=*/true));
-        std::vector<at::Tensor> inputs_g = {xg}, inputs_s = {xs}, outs_g, outs_s, seeds;
-        for (int i = 0; i < 3; ++i) {
-          const double scale = single[i].abs().max().item<double>();
-          const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
-          EXPECT_LE((grouped[i] - single[i]).abs().max().item<double>(), bound) << "output " << i;
-          inputs_g.push_back(layers[i].lora->a);
-          inputs_g.push_back(layers[i].lora->b);
-          if (i == 1 && !all_outputs) continue;  // k gets no gradient
-          outs_g.push_back(grouped[i]);
-          outs_s.push_back(single[i]);
-          seeds.push_back(at::randn_like(single[i]));
-        }
-        inputs_s = inputs_g;
-        inputs_s[0] = xs;
-        ExpectSameGradients(outs_g, inputs_g, outs_s, inputs_s, seeds, dtype);
+        // Without all outputs, k gets no gradient.
+        const GroupGradients c =
+            CompareGroupOutputs(grouped, single, layers, dtype, all_outputs ? -1 : 1);
+        ExpectSameGradients(c.outs, Joined({xg}, c.adapters), c.ref_outs, Joined({xs}, c.adapters),
+                            c.seeds, dtype);
       }
     }
   }
@@ -252,25 +275,12 @@ TEST(EngineFused, SharedInputLoraGroupOverWidenedRowsEqualsTheLayersOneByOne) {
       EXPECT_LE((rows.narrow(1, in, ha.size(1)) - ha).abs().max().item<double>(),
                 (dtype == at::kFloat ? 1e-5 : 1e-2) * ha.abs().max().item<double>());
 
-      std::vector<at::Tensor> inputs_w = {xw, dw}, outs_w, outs_s, seeds;
-      for (int i = 0; i < 3; ++i) {
-        const double scale = single[i].abs().max().item<double>();
-        const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
-        EXPECT_LE((widened[i] - single[i]).abs().max().item<double>(), bound) << "output " << i;
-        inputs_w.push_back(layers[i].lora->a);
-        inputs_w.push_back(layers[i].lora->b);
-        if (i == 1) continue;  // k gets no gradient
-        outs_w.push_back(widened[i]);
-        outs_s.push_back(single[i]);
-        seeds.push_back(at::randn_like(single[i]));
-      }
-      outs_w.push_back(hw);  // the residual stream goes on
-      outs_s.push_back(hs);
-      seeds.push_back(at::randn_like(hs));
-      std::vector<at::Tensor> inputs_s = inputs_w;
-      inputs_s[0] = xs;
-      inputs_s[1] = ds;
-      ExpectSameGradients(outs_w, inputs_w, outs_s, inputs_s, seeds, dtype);
+      GroupGradients c = CompareGroupOutputs(widened, single, layers, dtype, 1);  // k: none
+      c.outs.push_back(hw);  // the residual stream goes on
+      c.ref_outs.push_back(hs);
+      c.seeds.push_back(at::randn_like(hs));
+      ExpectSameGradients(c.outs, Joined({xw, dw}, c.adapters), c.ref_outs,
+                          Joined({xs, ds}, c.adapters), c.seeds, dtype);
     }
   }
 }
