@@ -348,6 +348,11 @@ def sweep(items, w0, w1, nsteps, mode, nested=False):
     by_cat = collections.Counter()
     by_phase = collections.Counter()
     by_kernel = collections.defaultdict(lambda: [0.0, 0, None, None])
+    # The same time by kernel, phase and the input shapes of the op that launched it (to tell
+    # apart GEMMs of one kernel name), and the host gaps with the items on either side.
+    by_shape = collections.defaultdict(lambda: [0.0, 0])
+    gaps = []
+    previous = None
     collective_total = 0.0
     active = set()
     last = w0
@@ -356,6 +361,8 @@ def sweep(items, w0, w1, nsteps, mode, nested=False):
         if d > 0:
             if not active:
                 by_cat["bubble" if d < BUBBLE_US and last > w0 else "idle"] += d
+                if d >= BUBBLE_US and previous is not None:
+                    gaps.append((d, items[previous]["name"][:80], items[i]["name"][:80], items[i]["phase"]))
             else:
                 if nested:  # CPU ops: the innermost one running has the instant
                     share = [max(active, key=lambda j: (items[j]["start"], -items[j]["end"]))]
@@ -369,6 +376,7 @@ def sweep(items, w0, w1, nsteps, mode, nested=False):
                     k = by_kernel[(it["name"], it["category"])]
                     k[0] += d / len(share)
                     k[2], k[3] = it["category"], it["phase"]
+                    by_shape[(it["name"][:80], it["phase"], str(it["dims"]))][0] += d / len(share)
                 if any(items[j]["category"] == "collective" for j in active):
                     collective_total += d
             last = t
@@ -376,17 +384,21 @@ def sweep(items, w0, w1, nsteps, mode, nested=False):
             active.add(i)
         else:
             active.discard(i)
+            previous = i
     if w1 > last:
         by_cat["idle"] += w1 - last
     for it in items:
         by_kernel[(it["name"], it["category"])][1] += 1
+        by_shape[(it["name"][:80], it["phase"], str(it["dims"]))][1] += 1
     window = w1 - w0
     return {"mode": mode, "steps": nsteps, "window_us": window, "step_ms": window / nsteps / 1000,
             "categories": {k: by_cat.get(k, 0.0) for _, k in CATEGORIES},
             "phases": {p: by_phase.get(p, 0.0) for p in PHASES},
             "collectives_total_us": collective_total, "items": len(items),
             "counts": collections.Counter(it["category"] for it in items),
-            "top": sorted(((v[0], n, v[1], c, v[3]) for (n, c), v in by_kernel.items()), reverse=True)[:25]}
+            "top": sorted(((v[0], n, v[1], c, v[3]) for (n, c), v in by_kernel.items()), reverse=True)[:25],
+            "by_shape": sorted(((v[0], v[1], n, p, d) for (n, p, d), v in by_shape.items()), reverse=True)[:300],
+            "gaps": sorted(gaps, reverse=True)[:60]}
 
 
 def report(res, title):

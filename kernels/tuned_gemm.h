@@ -6,8 +6,10 @@
 //
 // Tuning: the first call of a shape class (the operations, beta == 0, and the octave of m, n and
 // k: rows that vary from step to step, as packed or padded batches do, fall in one or two octaves
-// and are tuned once or twice) times ATen's call and up to `candidates` algorithms of
-// cuBLASLt's heuristic (each the median of three batches, taken in turns across the candidates
+// and are tuned once or twice) times ATen's call, up to `candidates` algorithms of cuBLASLt's
+// heuristic and up to `variants` of them (the other custom options and CTA swizzling of the same
+// tiles, which the heuristic does not offer; more than `finalists` are first timed once each and
+// the fastest go on) (each the median of three batches, taken in turns across the candidates
 // after the GPU has been heated to its power limit: what wins on a cool GPU is not always what
 // wins in a training step, ~20 % lower clocked) on scratch memory taken from the
 // driver, outside ATen's caching allocator (its peaks, which the memory plan reads, do not
@@ -34,6 +36,12 @@ namespace qlora::kernels {
 
 struct GemmTunerOptions {
   int candidates = 16;           // heuristic results asked of cuBLASLt per shape
+  // Variants of the heuristic's configurations (their algorithm's other custom options and CTA
+  // swizzling) timed as well, at most this many per shape; 0: the heuristic's only.
+  int variants = 64;
+  // Candidates past this many are timed once first, and only the fastest this many (and ATen's
+  // call) three times more.
+  int finalists = 8;
   int timing_repetitions = 8;    // runs per timed batch (three batches; the median counts)
   // ATen's call runs back to back this long before a shape's timing, so that the candidates are
   // timed at the GPU's power limit, where a training step keeps it (see Time in the .cc).

@@ -1,7 +1,7 @@
 // qlora-tuned-gemm-bench: for the base projections' GEMMs of one decoder layer, as the engine
 // issues them, every cuBLASLt candidate's time against ATen's own call (cuBLAS's pick).
-//   tuned_gemm_bench [tokens hidden intermediate kv_hidden [repetitions heat_ms]]
-//   (default 8192 4096 11008 4096, and the tuner's timing_repetitions and heat_ms)
+//   tuned_gemm_bench [tokens hidden intermediate kv_hidden [repetitions heat_ms [candidates [variants]]]]
+//   (default 8192 4096 11008 4096, and the tuner's timing_repetitions, heat_ms, candidates and variants)
 // Prints, per GEMM, ATen's milliseconds and TFLOP/s, the fastest candidate's, and the top three,
 // as the tuner times them (GemmTunerOptions: `repetitions` runs per batch; ATen's GEMM first runs
 // back to back for `heat_ms`, 0 to time on a cool GPU).
@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   qlora::kernels::GemmTunerOptions options;
   options.timing_repetitions = argc > 5 ? std::atoi(argv[5]) : options.timing_repetitions;
   options.heat_ms = argc > 6 ? std::atof(argv[6]) : options.heat_ms;
+  options.candidates = argc > 7 ? std::atoi(argv[7]) : options.candidates;
+  options.variants = argc > 8 ? std::atoi(argv[8]) : options.variants;
   GemmTuner tuner(options);
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   struct Shape {
@@ -55,10 +57,10 @@ int main(int argc, char** argv) {
         aten_total += aten;
         best_total += best.milliseconds;
         std::printf("%-8s %-8s beta=%.0f  aten %.3f ms %.0f TFLOP/s  best %.3f ms %.0f TFLOP/s "
-                    "(%+.1f%%) %s\n",
+                    "(%+.1f%%) %s, %zu timed\n",
                     s.name, backward ? "backward" : "forward", beta, aten, flop / aten / 1e9,
                     best.milliseconds, flop / best.milliseconds / 1e9,
-                    100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str());
+                    100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
         for (size_t k = 1; k < timings.size() && k < 4; ++k) {
           std::printf("           %.3f ms %s\n", timings[k].milliseconds,
                       timings[k].algorithm.c_str());

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -89,7 +90,9 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
   return "algo=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) +
          " tile=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) +
          " stages=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) +
-         " swizzle=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
+         " swizzle=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) +
+         " custom=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)) +
+         " cluster=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) & 0xffff);
 }
 
 int32_t SplitK(const cublasLtMatmulAlgo_t& algo) {
@@ -98,6 +101,21 @@ int32_t SplitK(const cublasLtMatmulAlgo_t& algo) {
   cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v, sizeof(v),
                                        &written);
   return v;
+}
+
+// The configuration attributes that tell two configurations of one algorithm apart.
+std::vector<int32_t> ConfigOf(const cublasLtMatmulAlgo_t& algo) {
+  std::vector<int32_t> config;
+  for (auto attr : {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                    CUBLASLT_ALGO_CONFIG_STAGES_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                    CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+                    CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID}) {
+    int32_t v = 0;  // the 16-bit ids land in the low bytes (little-endian)
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+    config.push_back(v);
+  }
+  return config;
 }
 
 }  // namespace
@@ -248,7 +266,8 @@ class AlgorithmCache {
     return plan;
   }
 
-  // cuBLASLt's heuristic candidates for the plan's shape, split-K ones left out.
+  // cuBLASLt's heuristic candidates for the plan's shape, split-K ones left out, then (up to
+  // options_.variants) their variants (AppendVariants).
   std::vector<cublasLtMatmulAlgo_t> Candidates(const Plan& plan) const {
     cublasLtMatmulPreference_t pref = nullptr;
     Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
@@ -267,7 +286,48 @@ class AlgorithmCache {
       if (results[i].state != CUBLAS_STATUS_SUCCESS || SplitK(results[i].algo) > 1) continue;
       candidates.push_back(results[i].algo);
     }
+    if (options_.variants > 0) AppendVariants(plan, &candidates);
     return candidates;
+  }
+
+  // The heuristic's configurations with every custom option and CTA swizzling their algorithm
+  // accepts for this shape (cuBLASLt's heuristic offers one custom option per tile, not always
+  // the fastest: on an H200 another option of one of its tiles was 1-3 % faster for the 7B
+  // projections, bench/results/2026-12-02-h200-round13-gemm.txt), new ones appended.
+  void AppendVariants(const Plan& plan, std::vector<cublasLtMatmulAlgo_t>* out) const {
+    const cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+    const size_t ws = WorkspaceBytes();
+    const size_t limit = out->size() + static_cast<size_t>(options_.variants);
+    std::set<std::vector<int32_t>> seen;
+    for (const cublasLtMatmulAlgo_t& algo : *out) seen.insert(ConfigOf(algo));
+    const std::vector<cublasLtMatmulAlgo_t> offered = *out;
+    for (const cublasLtMatmulAlgo_t& base : offered) {
+      int32_t custom_max = 0;
+      uint32_t swizzle_support = 0;
+      size_t written = 0;
+      cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max,
+                                        sizeof(custom_max), &written);
+      cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT,
+                                        &swizzle_support, sizeof(swizzle_support), &written);
+      for (uint32_t custom = 0; custom <= static_cast<uint32_t>(std::max(custom_max, 0)); ++custom) {
+        for (uint32_t swizzle = 0; swizzle <= (swizzle_support ? 1u : 0u); ++swizzle) {
+          if (out->size() >= limit) return;
+          cublasLtMatmulAlgo_t config = base;
+          cublasLtMatmulAlgoConfigSetAttribute(&config, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom,
+                                               sizeof(custom));
+          cublasLtMatmulAlgoConfigSetAttribute(&config, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+                                               &swizzle, sizeof(swizzle));
+          cublasLtMatmulHeuristicResult_t result{};
+          if (!seen.insert(ConfigOf(config)).second ||
+              cublasLtMatmulAlgoCheck(handle, plan.desc, plan.x, plan.y, plan.d, plan.d, &config,
+                                      &result) != CUBLAS_STATUS_SUCCESS ||
+              result.workspaceSize > ws || SplitK(config) > 1) {
+            continue;
+          }
+          out->push_back(config);
+        }
+      }
+    }
   }
 
   // out = beta * out + alpha * (a @ b) with `algo`, on the current stream and ATen's workspace.
@@ -333,6 +393,19 @@ class AlgorithmCache {
     contenders[0].second();  // warm-up (the candidates ran once above)
     for (double heated = 0; heated < options_.heat_ms;) {
       heated += batch(contenders[0].second, std::max(reps, 4));
+    }
+    // With more candidates than finalists, a first round of one batch each keeps ATen's call
+    // and the fastest finalists for the three rounds that decide.
+    const size_t finalists = static_cast<size_t>(std::max(options_.finalists, 1));
+    if (contenders.size() > finalists + 1) {
+      std::vector<std::pair<double, size_t>> first;
+      for (size_t k = 1; k < contenders.size(); ++k) {
+        first.emplace_back(batch(contenders[k].second, reps), k);
+      }
+      std::stable_sort(first.begin(), first.end());
+      std::vector<std::pair<int, std::function<void()>>> kept = {contenders[0]};
+      for (size_t f = 0; f < finalists; ++f) kept.push_back(contenders[first[f].second]);
+      contenders = std::move(kept);
     }
     std::vector<std::vector<double>> batches(contenders.size());
     for (int round = 0; round < 3; ++round) {
