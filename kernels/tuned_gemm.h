@@ -37,11 +37,14 @@ namespace qlora::kernels {
 struct GemmTunerOptions {
   int candidates = 16;           // heuristic results asked of cuBLASLt per shape
   // Variants of the heuristic's configurations (their algorithm's other custom options and CTA
-  // swizzling) timed as well, at most this many per shape; 0: the heuristic's only.
-  int variants = 64;
-  // Candidates past this many are timed once first, and only the fastest this many (and ATen's
-  // call) three times more.
-  int finalists = 8;
+  // swizzling) timed as well, at most this many per shape; 0: the heuristic's only. Off by
+  // default: on an H200 (bench/results/2026-12-02-h200-round13-notes.md) 64 of them found kernels
+  // 1-3 % faster than the heuristic's best in kernels/tuned_gemm_bench, but no faster 7B step,
+  // and they cost ~3 s of tuning at a job's start.
+  int variants = 0;
+  // Past this many candidates, each is timed once first and only the fastest this many (and
+  // ATen's call) go on to the three batches that decide.
+  int finalists = 16;
   int timing_repetitions = 8;    // runs per timed batch (three batches; the median counts)
   // ATen's call runs back to back this long before a shape's timing, so that the candidates are
   // timed at the GPU's power limit, where a training step keeps it (see Time in the .cc).

@@ -93,6 +93,30 @@ TEST_P(KernelsTunedGemmCuda, CallsItCannotTakeGoThroughAten) {
   EXPECT_EQ(tuner.tuned_shapes(), 0);
 }
 
+// Variants (other custom options and swizzling of the heuristic's tiles) add candidates; past
+// `finalists`, only the fastest that many (and ATen's call) are reported; the chosen kernel
+// computes the product.
+TEST_P(KernelsTunedGemmCuda, VariantsAddCandidatesAndFinalistsBoundTheLastRounds) {
+  const int64_t m = 2048, k = 1024, n = 1536;
+  const at::Tensor a = at::randn({m, k}, Options()), b = at::randn({n, k}, Options()).t();
+  at::Tensor out = at::empty({m, n}, Options());
+  GemmTunerOptions heuristic_only;
+  heuristic_only.finalists = 1000;
+  GemmTunerOptions with_variants = heuristic_only;
+  with_variants.variants = 64;
+  GemmTunerOptions few_finalists = with_variants;
+  few_finalists.finalists = 2;
+  GemmTuner plain(heuristic_only), varied(with_variants), cut(few_finalists);
+  const size_t offered = plain.TimeCandidates(out, a, b, 0.0).size();
+  const size_t with_more = varied.TimeCandidates(out, a, b, 0.0).size();
+  ASSERT_GE(offered, 2u) << "ATen's call and at least one of the heuristic's";
+  EXPECT_GT(with_more, offered) << "no variant of the heuristic's configurations was timed";
+  EXPECT_EQ(cut.TimeCandidates(out, a, b, 0.0).size(), 3u) << "ATen's call and two finalists";
+  cut.Addmm(out, a, b, 0.0);
+  EXPECT_EQ(cut.tuned_shapes(), 1);
+  EXPECT_TRUE(at::allclose(out.to(at::kFloat), Reference(out, a, b, 0.0, 1.0), 1e-2, 0.5));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, KernelsTunedGemmCuda,
                          ::testing::Values(at::kBFloat16, at::kHalf));
 
