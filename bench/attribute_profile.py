@@ -35,8 +35,10 @@ them, given with record_shapes):
                      size (the lm_head GEMM and the logits; the embedding lookup excepted): the
                      loss row includes the lm_head GEMMs of every implementation
   LoRA GEMMs         a GEMM (name ~ gemm | gemv | cutlass | cublas | nvjet | xmma | wgmma | splitK |
-                     matmul; on CPU ops aten::mm/addmm/bmm) whose dims hold the LoRA rank r
-  LoRA other         any other item whose dims hold r (casts of the adapters, scaling, grads)
+                     matmul; on CPU ops aten::mm/addmm/bmm) launched inside ours' `qlora::lora`
+                     range (the engine's rank-r GEMMs, whose ops show the layer's shapes, not r:
+                     worker/engine/linear4bit.cc) or whose dims hold the LoRA rank r
+  LoRA other         any other item launched there or whose dims hold r (casts, scaling, grads)
   base GEMMs         every other GEMM (the frozen projections, forward, recompute and backward)
   elementwise        the rest, split by name and ops into: norms (rms_norm | layer_norm),
                      rotary (rotary | rope), SwiGLU (silu | swiglu | glu), casts/copies
@@ -99,6 +101,8 @@ CATEGORIES = [
     ("kernel bubbles (idle < 5 us between items)", "bubble"),
     ("host gaps (GPU idle)", "idle"),
 ]
+# Ours' engine marks its rank-r GEMMs with this range (worker/engine/linear4bit.cc); not a phase.
+LORA_RANGE = "qlora::lora"
 BUBBLE_US = 5.0  # shorter idle spans are the switch between kernels, not the host
 PHASES = ["forward", "loss", "backward", "recompute", "grads", "optimizer", "step (other)", "outside"]
 
@@ -186,7 +190,7 @@ def category_of(item, r, vocab):
     if LOSS_OPS.search(ops_text) or LOSS_NAME.search(name) or phase == "loss" or has_vocab:
         return "loss"
     gemm = bool(GEMM_NAME.search(name))
-    if dims and r in dims:
+    if item.get("lora") or (dims and r in dims):
         return "lora_gemm" if gemm else "lora_other"
     if gemm:
         return "base_gemm"
@@ -259,8 +263,9 @@ def cpu_threads(events):
         cat = str(e.get("cat", "")).lower()
         if e.get("ph") == "X" and cat in ("cpu_op", "user_annotation"):
             cpu[(e.get("pid"), e.get("tid"))].append(e)
-            if cat == "user_annotation" and str(e.get("name", "")).startswith("qlora::"):
-                ranges.append((e["ts"], e["ts"] + e.get("dur", 0), e["name"]))
+            name = str(e.get("name", ""))
+            if cat == "user_annotation" and name.startswith("qlora::") and name != LORA_RANGE:
+                ranges.append((e["ts"], e["ts"] + e.get("dur", 0), name))
     return {k: Thread(v) for k, v in cpu.items()}, ranges
 
 
@@ -282,9 +287,11 @@ def analyse(events, r=16, vocab=None):
     items = []
 
     def context(thread_key, t, index=None):
+        """The CPU ops enclosing t on the thread (innermost last), the innermost input dims,
+        and whether t lies in a `qlora::lora` range."""
         th = threads.get(thread_key)
         if th is None:
-            return [], None
+            return [], None, False
         indices = th.chain(index) if index is not None else th.enclosing(t)
         chain = [th.events[i] for i in indices]
         ops = th.op_names(indices)
@@ -293,7 +300,7 @@ def analyse(events, r=16, vocab=None):
             dims = dims_of(c)
             if dims:
                 break
-        return ops, dims
+        return ops, dims, any(c.get("name") == LORA_RANGE for c in chain)
 
     if gpu:
         by_device = collections.Counter()
@@ -305,9 +312,11 @@ def analyse(events, r=16, vocab=None):
                 continue
             launch = runtime.get(e.get("args", {}).get("correlation"))
             launch_t = launch["ts"] if launch else e["ts"]
-            ops, dims = context((launch.get("pid"), launch.get("tid")), launch_t) if launch else ([], None)
+            ops, dims, lora = context((launch.get("pid"), launch.get("tid")), launch_t) if launch \
+                else ([], None, False)
             items.append({"name": e.get("name", ""), "kind": str(e.get("cat")).lower(), "start": e["ts"],
-                          "end": e["ts"] + e.get("dur", 0), "launch": launch_t, "ops": ops, "dims": dims})
+                          "end": e["ts"] + e.get("dur", 0), "launch": launch_t, "ops": ops, "dims": dims,
+                          "lora": lora})
         mode = f"GPU {device}"
     else:
         # A CPU-only trace: the CPU ops are the work, each op's own time (outside its children:
@@ -316,9 +325,10 @@ def analyse(events, r=16, vocab=None):
             for i, e in enumerate(th.events):
                 if str(e.get("cat", "")).lower() != "cpu_op":
                     continue
-                ops, dims = context(key, e["ts"], index=i)
+                ops, dims, lora = context(key, e["ts"], index=i)
                 items.append({"name": e.get("name", ""), "kind": "cpu_op", "start": e["ts"],
-                              "end": e["ts"] + e.get("dur", 0), "launch": e["ts"], "ops": ops, "dims": dims})
+                              "end": e["ts"] + e.get("dur", 0), "launch": e["ts"], "ops": ops, "dims": dims,
+                              "lora": lora})
         mode = "CPU (ops' own time)"
     if not items:
         raise SystemExit("no GPU activity and no CPU ops in the trace")

@@ -149,6 +149,21 @@ class AttributeProfileTest(unittest.TestCase):
         self.assertIn("| kernel bubbles (idle < 5 us between items) | 0.0 | 0.2 |  |",
                       attribute_profile.report(res, "fixture"))
 
+    def test_work_launched_inside_a_lora_range_is_lora_whatever_its_shapes(self):
+        # Ours' rank-r GEMMs run inside its autograd nodes, whose ops show the layer's shapes:
+        # the engine marks them with a qlora::lora range, which is no phase of its own.
+        ev = gpu_trace()["traceEvents"]
+        ev.append(op("qlora::lora", 545, 10, tid=AUTOGRAD, cat="user_annotation"))  # launch 8
+        res = attribute_profile.analyse(ev, r=16, vocab=32000)
+        self.assertAlmostEqual(res["categories"]["lora_gemm"], 110)
+        self.assertAlmostEqual(res["categories"]["base_gemm"], 200)
+        self.assertAlmostEqual(res["phases"]["backward"], 100)
+        self.assertAlmostEqual(res["phases"]["recompute"], 100)
+        ev.append(op("qlora::lora", 175, 10, cat="user_annotation"))  # launch 5, not a GEMM
+        res = attribute_profile.analyse(ev, r=16, vocab=32000)
+        self.assertAlmostEqual(res["categories"]["lora_other"], 10)
+        self.assertAlmostEqual(res["categories"]["ew_norm"], 0)
+
     def test_steps_cut_by_the_profiler_are_whole_or_left_out(self):
         # Ours' profiler switches on inside the first step's qlora::step range and off inside the
         # next step's: the first range is missing, a cut one (GPU idle) follows the last step.

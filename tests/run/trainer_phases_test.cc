@@ -3,12 +3,14 @@
 // phase, whose resumed run must end bit-identical to an uninterrupted one.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -379,6 +381,38 @@ TEST_F(TrainerPhases, StepProfilerTracesTheAskedStepsWithTheirNamedPhases) {
   EXPECT_EQ(scopes["qlora::backward"], 4);
   EXPECT_EQ(scopes["qlora::grads"], 4);
   EXPECT_GT(ops, 0);
+  // The adapters' rank-r GEMMs (r = 4: a dimension of their inputs) run inside the engine's
+  // qlora::lora ranges, by which the attribution tells them from the base GEMMs on a GPU (there
+  // they are cuBLASLt calls inside the LoRA nodes, whose ops show the layer's shapes).
+  std::vector<std::tuple<int64_t, double, double>> lora_ranges;  // thread, start, end
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.value("name", "") == "qlora::lora") {
+      lora_ranges.emplace_back(e.value("tid", int64_t{0}), e.value("ts", 0.0),
+                               e.value("ts", 0.0) + e.value("dur", 0.0));
+    }
+  }
+  EXPECT_GT(lora_ranges.size(), 0u);
+  int rank_r_gemms = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    const std::string name = e.value("name", "");
+    if ((name != "aten::mm" && name != "aten::addmm") || !e.contains("args") ||
+        !e["args"].contains("Input Dims")) {
+      continue;
+    }
+    bool rank_r = false;
+    for (const auto& dims : e["args"]["Input Dims"]) {
+      for (const auto& d : dims) rank_r = rank_r || d.get<int64_t>() == 4;
+    }
+    if (!rank_r) continue;
+    ++rank_r_gemms;
+    const int64_t tid = e.value("tid", int64_t{0});
+    const double ts = e.value("ts", 0.0);
+    const bool inside = std::any_of(lora_ranges.begin(), lora_ranges.end(), [&](const auto& r) {
+      return std::get<0>(r) == tid && std::get<1>(r) <= ts && ts <= std::get<2>(r);
+    });
+    EXPECT_TRUE(inside) << name << " at " << ts << " with dims " << e["args"]["Input Dims"].dump();
+  }
+  EXPECT_GT(rank_r_gemms, 0);
   // A copy of this real CPU trace, when asked for.
   if (const char* copy = std::getenv("QLORA_TEST_KEEP_TRACE")) {
     std::ofstream(copy) << trace.dump();

@@ -2,6 +2,7 @@
 #include "worker/engine/linear4bit.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
@@ -19,6 +20,11 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// The rank-r GEMMs run inside a profiler range of this name: their enclosing ops show the
+// layer's shapes, not r, so bench/attribute_profile.py tells them from the base GEMMs by it.
+// Without a profiler a range is a flag test.
+constexpr const char* kLoraRange = "qlora::lora";
 
 // Rebuilds the kernels' descriptor from what forward saved in the context.
 // (`prefix` tells apart the weights of a node that keeps several.)
@@ -173,7 +179,10 @@ at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tenso
   if (value_unused) return ValueUnused({x.size(0), base.out_features}, x.options());
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   const at::ScalarType dtype = x.scalar_type();
-  Addmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/0, /*alpha=*/scale);
+  {
+    RECORD_USER_SCOPE(kLoraRange);
+    Addmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/0, /*alpha=*/scale);
+  }
   Addmm(gemm, y, x, base.Materialize(dtype).t());
   return y;
 }
@@ -185,7 +194,11 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
                                               const FrozenWeight& base, double scale,
                                               bool value_unused, kernels::GemmTuner* gemm,
                                               AdapterCopies* copies) {
-  const at::Tensor ha = Mm(gemm, h, InDtype(copies, a, x.scalar_type()).t());  // [T, r]
+  at::Tensor ha;
+  {
+    RECORD_USER_SCOPE(kLoraRange);
+    ha = Mm(gemm, h, InDtype(copies, a, x.scalar_type()).t());  // [T, r]
+  }
   return {LoraOutput(x, ha, b, base, scale, value_unused, gemm, copies), ha};
 }
 
@@ -201,11 +214,13 @@ struct LoraGradients {
 // dh = dh' A [T, in], the adapters' part of the input gradient.
 at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::ScalarType dtype,
                              kernels::GemmTuner* gemm, AdapterCopies* copies) {
+  RECORD_USER_SCOPE(kLoraRange);
   return Mm(gemm, d.dha, InDtype(copies, a, dtype));
 }
 
 // dA = dh'^T h into its slot.
 void LoraAGradient(const LoraGradients& d, const at::Tensor& h, kernels::GemmTuner* gemm) {
+  RECORD_USER_SCOPE(kLoraRange);
   Addmm(gemm, d.ab->Slot(0), d.dha.t(), h, /*beta=*/0.0);
 }
 
@@ -218,6 +233,7 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
                            const at::Tensor& a, const at::Tensor& b, double scale,
                            kernels::GemmTuner* gemm, AdapterCopies* copies,
                            bool input_gradient = true) {
+  RECORD_USER_SCOPE(kLoraRange);
   const at::ScalarType dtype = ha.scalar_type();
   LoraGradients d;
   d.ab.emplace(std::vector<std::vector<int64_t>>{a.sizes().vec(), b.sizes().vec()},
@@ -282,6 +298,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     if (recomputation) {
       dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
       d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
+      RECORD_USER_SCOPE(kLoraRange);
       Addmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
     } else if (lean) {
       {
@@ -407,25 +424,29 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   for (size_t i = 0; i < n; ++i) shapes.push_back(b[i].sizes().vec());
   const AdapterGradients adapter_grads(shapes, x.options());
   int64_t offset = 0;
-  for (size_t i = 0; i < n; ++i) {
-    g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
-    Addmm(gemm, dha.narrow(1, offset, ranks[i]), g[i], InDtype(copies, b[i], dtype), 0.0,
-          scales[i]);
-    Addmm(gemm, adapter_grads.Slot(1 + i), g[i].t(), ha.narrow(1, offset, ranks[i]), 0.0,
-          scales[i]);
-    offset += ranks[i];
+  at::Tensor dx;
+  {
+    RECORD_USER_SCOPE(kLoraRange);
+    for (size_t i = 0; i < n; ++i) {
+      g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
+      Addmm(gemm, dha.narrow(1, offset, ranks[i]), g[i], InDtype(copies, b[i], dtype), 0.0,
+            scales[i]);
+      Addmm(gemm, adapter_grads.Slot(1 + i), g[i].t(), ha.narrow(1, offset, ranks[i]), 0.0,
+            scales[i]);
+      offset += ranks[i];
+    }
+    Addmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
+    const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
+    const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
+    for (size_t i = 0; i < n; ++i) {
+      grads[1 + i] = da[i];
+      grads[1 + n + i] = cast[1 + i];
+    }
+    // x's gradient only where something below takes it: the first decoder layer's q/k/v read
+    // the embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
+    if (ctx->needs_input_grad(0)) dx = Mm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
   }
-  Addmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
-  const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
-  const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
-  for (size_t i = 0; i < n; ++i) {
-    grads[1 + i] = da[i];
-    grads[1 + n + i] = cast[1 + i];
-  }
-  // x's gradient only where something below takes it: the first decoder layer's q/k/v read the
-  // embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
-  if (!ctx->needs_input_grad(0)) return grads;
-  at::Tensor dx = Mm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
+  if (!dx.defined()) return grads;
   for (size_t i = 0; i < n; ++i) {
     Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
   }
@@ -452,7 +473,11 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     AdapterCopies* copies = (*group)[0]->adapter_copies;
     SaveGemm(ctx, gemm);
     SaveCopies(ctx, copies);
-    const at::Tensor ha = Mm(gemm, x, InDtype(copies, a, dtype).t());  // [T, sum of r]
+    at::Tensor ha;
+    {
+      RECORD_USER_SCOPE(kLoraRange);
+      ha = Mm(gemm, x, InDtype(copies, a, dtype).t());  // [T, sum of r]
+    }
     const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
     variable_list outputs;
     std::vector<double> scales;
@@ -548,7 +573,10 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
     SaveCopies(ctx, copies);
     const int64_t rows = x.size(0), in = x.size(1);
     const at::Tensor wide = WithSpareColumns(x, x.stride(0) - in);
-    Addmm(gemm, wide.narrow(1, in, rank_sum), x, InDtype(copies, a, dtype).t(), /*beta=*/0.0);
+    {
+      RECORD_USER_SCOPE(kLoraRange);
+      Addmm(gemm, wide.narrow(1, in, rank_sum), x, InDtype(copies, a, dtype).t(), /*beta=*/0.0);
+    }
     variable_list outputs;
     std::vector<double> scales;
     int64_t offset = 0;
