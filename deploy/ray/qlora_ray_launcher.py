@@ -22,7 +22,9 @@ What it does:
      file), so a rank's end could reach the driver's log before its last lines, and the
      coordinator, which stops reading once every rank has ended, would lose them: the driver
      counts the rank lines it has printed and reports an end only once all of that rank's lines
-     are through (or after forward_timeout_s);
+     are through (or after FORWARD_TIMEOUT_S: the lines are normally through within a second,
+     but a host busy enough slows Ray's log monitor by more than 15 s: a CI run beside two
+     compiles lost a resumed rank's last lines, the job's end reported before them);
   4. on SIGTERM (the coordinator stopped the Ray job) passes SIGTERM to every rank and kills what
      is left after stop_grace_s.
 """
@@ -44,7 +46,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 PR_SET_PDEATHSIG = 1
 
 
-FORWARD_TIMEOUT_S = 15.0
+FORWARD_TIMEOUT_S = 60.0
 
 
 class ForwardedLines:
