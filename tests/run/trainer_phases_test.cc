@@ -365,10 +365,15 @@ TEST_F(TrainerPhases, StepProfilerTracesTheAskedStepsWithTheirNamedPhases) {
   ASSERT_TRUE(in.good()) << "no trace at " << path;
   const nlohmann::json trace = nlohmann::json::parse(in);
   std::map<std::string, int> scopes;
+  std::vector<std::tuple<int64_t, double, double>> lora_ranges;  // thread, start, end
   int ops = 0;
   for (const auto& e : trace.at("traceEvents")) {
     const std::string name = e.value("name", "");
     if (name.rfind("qlora::", 0) == 0) ++scopes[name];
+    if (name == "qlora::lora") {
+      lora_ranges.emplace_back(e.value("tid", int64_t{0}), e.value("ts", 0.0),
+                               e.value("ts", 0.0) + e.value("dur", 0.0));
+    }
     if (name == "aten::mm" || name == "aten::addmm") {
       ++ops;
       EXPECT_TRUE(e.contains("args") && e["args"].contains("Input Dims")) << "shapes are recorded";
@@ -384,13 +389,6 @@ TEST_F(TrainerPhases, StepProfilerTracesTheAskedStepsWithTheirNamedPhases) {
   // The adapters' rank-r GEMMs (r = 4: a dimension of their inputs) run inside the engine's
   // qlora::lora ranges, by which the attribution tells them from the base GEMMs on a GPU (there
   // they are cuBLASLt calls inside the LoRA nodes, whose ops show the layer's shapes).
-  std::vector<std::tuple<int64_t, double, double>> lora_ranges;  // thread, start, end
-  for (const auto& e : trace.at("traceEvents")) {
-    if (e.value("name", "") == "qlora::lora") {
-      lora_ranges.emplace_back(e.value("tid", int64_t{0}), e.value("ts", 0.0),
-                               e.value("ts", 0.0) + e.value("dur", 0.0));
-    }
-  }
   EXPECT_GT(lora_ranges.size(), 0u);
   int rank_r_gemms = 0;
   for (const auto& e : trace.at("traceEvents")) {
