@@ -13,6 +13,7 @@
 #                                                 needs .device-wheels from scripts/device/wheels.sh)
 #   scripts/device/run_on_gpu.sh gemm             kernels/tuned_gemm_bench $GEMM_ARGS -> $OUT/gemm.txt
 #   scripts/device/run_on_gpu.sh dequant          kernels/dequantize_bench -> $OUT/dequant.txt
+#   scripts/device/run_on_gpu.sh lora-grads       kernels/lora_gradients_bench -> $OUT/lora_grads.txt
 # Results and logs go to $OUT. With SMI_LOG=1 the GPUs' SM clock, power draw, temperature and
 # clock-event (throttle) reasons are sampled every 200 ms meanwhile -> $OUT/smi.csv.
 set -uo pipefail
@@ -56,5 +57,7 @@ for what in "$@"; do
       /tmp/qb/kernels/tuned_gemm_bench ${GEMM_ARGS:-} 2>&1 | tee "$OUT/gemm.txt" ;;
     dequant)
       /tmp/qb/kernels/dequantize_bench 2>&1 | tee "$OUT/dequant.txt" ;;
+    lora-grads)
+      /tmp/qb/kernels/lora_gradients_bench 2>&1 | tee "$OUT/lora_grads.txt" ;;
   esac
 done

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/fused_elementwise.h"
+#include "kernels/lora_gradients.h"
 #include "worker/engine/activation_offload.h"
 #include "worker/engine/adapter_gradients.h"
 #include "worker/engine/fused_ops.h"
@@ -202,6 +203,19 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
   return {LoraOutput(x, ha, b, base, scale, value_unused, gemm, copies), ha};
 }
 
+// dh' = (g B) * scale [T, r] and dB = g^T (h A^T) * scale [out, r] into dha and db: one pass
+// over g where the kernel takes these tensors (kernels/lora_gradients.h), else two GEMMs.
+void LoraGradientPair(kernels::GemmTuner* gemm, const at::Tensor& g, const at::Tensor& b,
+                      const at::Tensor& ha, double scale, const at::Tensor& dha,
+                      const at::Tensor& db) {
+  if (kernels::LoraGradientPairFused(g, b, ha, dha, db)) {
+    kernels::LoraGradientPair(g, b, ha, scale, dha, db);
+    return;
+  }
+  Addmm(gemm, dha, g, b, /*beta=*/0.0, scale);
+  Addmm(gemm, db, g.t(), ha, /*beta=*/0.0, scale);
+}
+
 struct LoraGradients {
   at::Tensor dha;      // dh' [T, r]
   at::Tensor lora_in;  // dh' A [T, in]: the adapters' part of the input gradient
@@ -225,7 +239,7 @@ void LoraAGradient(const LoraGradients& d, const at::Tensor& h, kernels::GemmTun
 }
 
 // The adapters' gradients for g [T, out] (in ha's dtype), each GEMM writing its result's layout
-// (no transposed copies):
+// (no transposed copies; dh' and dB from one pass over g where LoraGradientPair's kernel runs):
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = dh'^T h;  dB = g^T (h A^T) * scale
 // Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first;
 // without h (undefined), dA is left to the caller too (LoraAGradient), who makes h later.
@@ -238,9 +252,9 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
   LoraGradients d;
   d.ab.emplace(std::vector<std::vector<int64_t>>{a.sizes().vec(), b.sizes().vec()},
                ha.options());
-  d.dha = Mm(gemm, g, InDtype(copies, b, dtype), scale);  // [T, r]
+  d.dha = at::empty({g.size(0), b.size(1)}, ha.options());  // [T, r]
+  LoraGradientPair(gemm, g, InDtype(copies, b, dtype), ha, scale, d.dha, d.ab->Slot(1));
   if (h.defined()) LoraAGradient(d, h, gemm);
-  Addmm(gemm, d.ab->Slot(1), g.t(), ha, /*beta=*/0.0, scale);
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
 }
@@ -401,9 +415,9 @@ void SaveGroup(AutogradContext* ctx, variable_list leading, at::TensorList a, at
 
 // The backward of the layers that read x [T, in] as one node (LoraGroupFunction and
 // LoraWideGroupFunction), from ha = x [A_1; ...; A_n]^T [T, sum of r] and `adapters` (the As,
-// then the Bs): per layer dh'_i = (g_i B_i) * scale_i and dB_i, then one GEMM for all the A
-// gradients and x's gradient built in one buffer, dx = [dh'_1 ... dh'_n] [A_1; ...; A_n] then
-// += g_i W_i for each i.
+// then the Bs): per layer dh'_i = (g_i B_i) * scale_i and dB_i (LoraGradientPair), then one GEMM
+// for all the A gradients and x's gradient built in one buffer,
+// dx = [dh'_1 ... dh'_n] [A_1; ...; A_n] then += g_i W_i for each i.
 variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ha,
                             at::TensorList adapters, const variable_list& grad_outputs) {
   const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
@@ -429,10 +443,8 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
     RECORD_USER_SCOPE(kLoraRange);
     for (size_t i = 0; i < n; ++i) {
       g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
-      Addmm(gemm, dha.narrow(1, offset, ranks[i]), g[i], InDtype(copies, b[i], dtype), 0.0,
-            scales[i]);
-      Addmm(gemm, adapter_grads.Slot(1 + i), g[i].t(), ha.narrow(1, offset, ranks[i]), 0.0,
-            scales[i]);
+      LoraGradientPair(gemm, g[i], InDtype(copies, b[i], dtype), ha.narrow(1, offset, ranks[i]),
+                       scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i));
       offset += ranks[i];
     }
     Addmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);

@@ -1,0 +1,63 @@
+// Entry points of lora_gradients.h: which tensors the CUDA kernel takes, and the ATen GEMMs
+// elsewhere.
+#include "kernels/lora_gradients.h"
+
+#include <ATen/ATen.h>
+
+#include "kernels/lora_gradients_backend.h"
+#include "kernels/quantize_4bit.h"
+
+namespace qlora::kernels {
+namespace {
+
+// A 2-D tensor whose rows the kernel reads or writes in 16-byte pieces.
+bool RowsOf16Bytes(const at::Tensor& t) {
+  return t.dim() == 2 && t.stride(1) == 1 && t.stride(0) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+}
+
+}  // namespace
+
+bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
+                           const at::Tensor& dha, const at::Tensor& db) {
+  if (!g.is_cuda() || !HasCudaKernels() || g.dim() != 2 || b.dim() != 2 || ha.dim() != 2) {
+    return false;
+  }
+  const at::ScalarType dtype = g.scalar_type();
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  for (const at::Tensor* t : {&b, &ha, &dha, &db}) {
+    if (t->scalar_type() != dtype || t->device() != g.device() || t->dim() != 2 ||
+        t->stride(1) != 1) {
+      return false;
+    }
+  }
+  const int64_t rows = g.size(0), out = g.size(1), r = b.size(1);
+  return r % 16 == 0 && r >= 16 && r <= 64 && out % 8 == 0 && rows > 0 && b.size(0) == out &&
+         ha.size(0) == rows && ha.size(1) == r && dha.size(0) == rows && dha.size(1) == r &&
+         db.size(0) == out && db.size(1) == r && RowsOf16Bytes(g) && RowsOf16Bytes(ha);
+}
+
+void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, double scale,
+                      const at::Tensor& dha, const at::Tensor& db) {
+  TORCH_CHECK(g.dim() == 2 && b.dim() == 2 && ha.dim() == 2 && b.size(0) == g.size(1) &&
+                  ha.size(0) == g.size(0) && ha.size(1) == b.size(1),
+              "LoRA gradients: g [T, out], b [out, r] and ha [T, r] expected, got ", g.sizes(), ", ",
+              b.sizes(), " and ", ha.sizes());
+  TORCH_CHECK(dha.sizes() == ha.sizes() && db.sizes() == b.sizes(),
+              "LoRA gradients: dha must be ha's shape and db b's");
+  if (LoraGradientPairFused(g, b, ha, dha, db)) {
+#ifdef QLORA_HAVE_CUDA
+    // B is read in 16-byte pieces of whole rows: a view elsewhere (an adapter copy's slice)
+    // gets a copy of its own, r * out values.
+    const bool readable = b.is_contiguous() && RowsOf16Bytes(b);
+    cuda::LoraGradientPair(g, readable ? b : b.clone(at::MemoryFormat::Contiguous),
+                           ha, static_cast<float>(scale), dha, db);
+    return;
+#endif
+  }
+  at::Tensor dha_out = dha, db_out = db;
+  at::addmm_out(dha_out, dha, g, b, /*beta=*/0.0, scale);
+  at::addmm_out(db_out, db, g.t(), ha, /*beta=*/0.0, scale);
+}
+
+}  // namespace qlora::kernels

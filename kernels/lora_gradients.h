@@ -1,0 +1,29 @@
+// The two rank-r products of a LoRA layer's backward that read its output gradient g [T, out]:
+//
+//   dh' = scale * g B              [T, r]     (B [out, r]: the adapter's up projection)
+//   dB  = scale * g^T (h A^T)      [out, r]   (ha = h A^T [T, r], saved by forward)
+//
+// As two GEMMs each reads all of g (for a 7B layer ~680 MB of gradients, twice, ~12.5 ms a
+// micro-batch-4 step on an H200). CUDA: one kernel reads each tile of g once and feeds both
+// products from it on the tensor cores (float32 sums of fixed order: the same bits every run),
+// then a small kernel adds the per-chunk partial sums and rounds once, as a GEMM's epilogue does.
+// CPU (and any tensor the kernel does not take, LoraGradientPairFused): the two GEMMs as ATen ops,
+// the oracle of tests/kernels/lora_gradients_test.cc.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace qlora::kernels {
+
+// Whether LoraGradientPair runs the one-pass CUDA kernel for these tensors: CUDA, float16 or
+// bfloat16 throughout, r a multiple of 16 up to 64, out a multiple of 8, unit column strides,
+// row strides multiples of 8 values and 16-byte aligned rows for g and ha.
+bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
+                           const at::Tensor& dha, const at::Tensor& db);
+
+// Writes dha [T, r] and db [out, r] (g's dtype; either may be rows of a wider buffer) for
+// g [T, out], b [out, r], ha [T, r].
+void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, double scale,
+                      const at::Tensor& dha, const at::Tensor& db);
+
+}  // namespace qlora::kernels

@@ -1,0 +1,67 @@
+// qlora-lora-gradients-bench: the one-pass LoRA gradient kernel (lora_gradients.h) against the two
+// GEMMs it replaces (ATen's, as the engine ran them before), at the 7B layer's gradient shapes.
+//   lora_gradients_bench [repetitions]   (default 100 per batch, 3 batches, the best batch printed)
+// Prints microseconds per call and the rate at which g's bytes go by (the kernel reads g once,
+// the GEMMs twice).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+#include "kernels/lora_gradients.h"
+
+namespace {
+
+// Milliseconds per call: the best of 3 batches of `repetitions` calls, timed by CUDA events.
+double TimeMs(const std::function<void()>& call, int repetitions) {
+  call();
+  double best = 1e30;
+  for (int batch = 0; batch < 3; ++batch) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    start.record();
+    for (int r = 0; r < repetitions; ++r) call();
+    stop.record();
+    stop.synchronize();
+    best = std::min(best, static_cast<double>(start.elapsed_time(stop)) / repetitions);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!at::hasCUDA()) {
+    std::printf("no GPU: nothing to time\n");
+    return 0;
+  }
+  const int repetitions = argc > 1 ? std::atoi(argv[1]) : 100;
+  struct Shape {
+    const char* name;
+    int64_t rows, out, r;
+  };
+  for (const Shape& s : {Shape{"7B q/o/down mb4", 8192, 4096, 16},
+                         Shape{"7B gate/up mb4", 8192, 11008, 16},
+                         Shape{"7B q/o/down mb1", 2048, 4096, 16},
+                         Shape{"7B gate/up r64", 8192, 11008, 64}}) {
+    const auto options = at::dtype(at::kBFloat16).device(at::kCUDA);
+    const at::Tensor g = at::randn({s.rows, s.out}, options), b = at::randn({s.out, s.r}, options);
+    const at::Tensor ha = at::randn({s.rows, s.r}, options);
+    at::Tensor dha = at::empty({s.rows, s.r}, options), db = at::empty({s.out, s.r}, options);
+    const double g_bytes = 2.0 * s.rows * s.out;
+    const double fused =
+        TimeMs([&] { qlora::kernels::LoraGradientPair(g, b, ha, 2.0, dha, db); }, repetitions);
+    const double gemms = TimeMs(
+        [&] {
+          at::addmm_out(dha, dha, g, b, 0.0, 2.0);
+          at::addmm_out(db, db, g.t(), ha, 0.0, 2.0);
+        },
+        repetitions);
+    std::printf("%-18s one pass %8.1f us %6.0f GB/s | two GEMMs %8.1f us %6.0f GB/s | %.2fx\n",
+                s.name, fused * 1e3, g_bytes / fused / 1e6, gemms * 1e3, 2 * g_bytes / gemms / 1e6,
+                gemms / fused);
+  }
+  return 0;
+}

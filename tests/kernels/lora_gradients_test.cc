@@ -1,0 +1,154 @@
+// kernels/lora_gradients.h against the float32 formula dh' = scale g B, dB = scale g^T ha: on
+// CPU (ATen's GEMMs) and with the one-pass CUDA kernel on the GPU where there is one, for both
+// 16-bit dtypes, every rank the kernel takes, the 7B layer's shapes and shapes with partial
+// tiles; operands and outputs that are rows of wider buffers (the engine's grouped layers); the
+// same bits on every run; and which tensors the kernel takes.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/lora_gradients.h"
+#include "tests/kernels/test_devices.h"
+
+namespace qlora::kernels {
+namespace {
+
+struct Shape {
+  int64_t rows, out, r;
+};
+
+struct Operands {
+  at::Tensor g, b, ha;
+};
+
+Operands Make(const Shape& s, at::ScalarType dtype, const at::Device& device, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto make = [&](std::vector<int64_t> shape, double scale) {
+    return (at::randn(shape, gen) * scale).to(dtype).to(device);
+  };
+  return {make({s.rows, s.out}, 1e-3), make({s.out, s.r}, 0.05), make({s.rows, s.r}, 2.0)};
+}
+
+// The outputs' distance from the float32 formula, in units of the tolerance (<= 1 passes): a
+// couple of the dtype's ulps of each value, plus float32 summation noise of the largest.
+double ToleranceUnits(const at::Tensor& got, const at::Tensor& want, at::ScalarType dtype) {
+  const double eps = dtype == at::kHalf ? 9.8e-4 : 7.9e-3;
+  const at::Tensor w = want.cpu(), diff = (got.to(at::kFloat).cpu() - w).abs();
+  const at::Tensor tolerance = w.abs() * (2 * eps) + w.abs().max() * 1e-4;
+  return (diff / tolerance).max().item<double>();
+}
+
+std::vector<Shape> ShapesFor(const at::Device& device) {
+  std::vector<Shape> shapes = {{300, 136, 16}, {64, 128, 32}, {130, 264, 48}, {77, 8, 64}};
+  if (device.is_cuda()) {
+    // The 7B layer at micro-batch 4 (q/k/v/o/down, gate/up), one of mb 1, and more ranks.
+    shapes.insert(shapes.end(),
+                  {{8192, 4096, 16}, {8192, 11008, 16}, {2048, 4096, 16}, {1000, 11008, 48},
+                   {4096, 4096, 32}, {333, 1360, 64}});
+  }
+  return shapes;
+}
+
+TEST(KernelsLoraGradients, PairEqualsTheFloat32Formula) {
+  const double scale = 2.0;
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      for (const Shape& s : ShapesFor(device)) {
+        SCOPED_TRACE(testing::Message() << device << " " << dtype << " rows " << s.rows << " out "
+                                        << s.out << " r " << s.r);
+        const Operands x = Make(s, dtype, device, s.rows * 7 + s.out);
+        const at::Tensor dha = at::empty({s.rows, s.r}, x.g.options());
+        const at::Tensor db = at::empty({s.out, s.r}, x.g.options());
+        EXPECT_EQ(LoraGradientPairFused(x.g, x.b, x.ha, dha, db), device.is_cuda());
+        LoraGradientPair(x.g, x.b, x.ha, scale, dha, db);
+        const at::Tensor g = x.g.to(at::kFloat);
+        EXPECT_LE(ToleranceUnits(dha, at::mm(g, x.b.to(at::kFloat)) * scale, dtype), 1.0);
+        EXPECT_LE(ToleranceUnits(db, at::mm(g.t(), x.ha.to(at::kFloat)) * scale, dtype), 1.0);
+      }
+    }
+  }
+}
+
+TEST(KernelsLoraGradients, RowsOfWiderBuffersGiveTheSameBitsAndLeaveTheRestAlone) {
+  for (const at::Device& device : KernelTestDevices()) {
+    SCOPED_TRACE(testing::Message() << device);
+    const Shape s{1000, 4096, 16};
+    const Operands x = Make(s, at::kBFloat16, device, 11);
+    const at::Tensor dha = at::empty({s.rows, s.r}, x.g.options());
+    const at::Tensor db = at::empty({s.out, s.r}, x.g.options());
+    LoraGradientPair(x.g, x.b, x.ha, 0.5, dha, db);
+
+    // g in rows of out + 64; ha in the spare columns after a 512-wide input (the widened
+    // layers' layout); dh' in the second of three rank slices; dB in a flat buffer's middle.
+    const at::Tensor g_rows = at::zeros({s.rows, s.out + 64}, x.g.options());
+    g_rows.narrow(1, 0, s.out).copy_(x.g);
+    const at::Tensor ha_rows = at::zeros({s.rows, 512 + 64}, x.g.options());
+    ha_rows.narrow(1, 512, s.r).copy_(x.ha);
+    const at::Tensor dha_rows = at::full({s.rows, 3 * s.r}, 7.0, x.g.options());
+    const at::Tensor flat = at::full({(s.out + 2) * s.r}, 7.0, x.g.options());
+    const at::Tensor db_view = flat.narrow(0, s.r, s.out * s.r).view({s.out, s.r});
+    const at::Tensor g = g_rows.narrow(1, 0, s.out), ha = ha_rows.narrow(1, 512, s.r);
+    const at::Tensor dha_view = dha_rows.narrow(1, s.r, s.r);
+    EXPECT_EQ(LoraGradientPairFused(g, x.b, ha, dha_view, db_view), device.is_cuda());
+    LoraGradientPair(g, x.b, ha, 0.5, dha_view, db_view);
+    EXPECT_TRUE(at::equal(dha_view, dha));
+    EXPECT_TRUE(at::equal(db_view, db));
+    EXPECT_TRUE((dha_rows.narrow(1, 0, s.r) == 7).all().item<bool>());
+    EXPECT_TRUE((dha_rows.narrow(1, 2 * s.r, s.r) == 7).all().item<bool>());
+    EXPECT_TRUE((flat.narrow(0, 0, s.r) == 7).all().item<bool>());
+    EXPECT_TRUE((flat.narrow(0, (s.out + 1) * s.r, s.r) == 7).all().item<bool>());
+  }
+}
+
+TEST(KernelsLoraGradients, SameBitsOnEveryRun) {
+  for (const at::Device& device : KernelTestDevices()) {
+    SCOPED_TRACE(testing::Message() << device);
+    const Shape s{4096, 11008, 16};
+    const Operands x = Make(s, at::kBFloat16, device, 5);
+    std::vector<at::Tensor> runs;
+    for (int run = 0; run < 3; ++run) {
+      const at::Tensor dha = at::empty({s.rows, s.r}, x.g.options());
+      const at::Tensor db = at::empty({s.out, s.r}, x.g.options());
+      LoraGradientPair(x.g, x.b, x.ha, 1.0, dha, db);
+      runs.push_back(at::cat({dha.flatten(), db.flatten()}));
+    }
+    EXPECT_TRUE(at::equal(runs[0], runs[1]));
+    EXPECT_TRUE(at::equal(runs[0], runs[2]));
+  }
+}
+
+TEST(KernelsLoraGradients, TheKernelTakesOnlyWhatItCanRead) {
+  for (const at::Device& device : KernelTestDevices()) {
+    SCOPED_TRACE(testing::Message() << device);
+    auto fused = [&](Shape s, at::ScalarType dtype, int64_t g_offset = 0) {
+      const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
+      const at::Tensor g = at::zeros({s.rows, s.out + 8}, options).narrow(1, g_offset, s.out);
+      return LoraGradientPairFused(g, at::zeros({s.out, s.r}, options),
+                                   at::zeros({s.rows, s.r}, options),
+                                   at::empty({s.rows, s.r}, options),
+                                   at::empty({s.out, s.r}, options));
+    };
+    const bool cuda = device.is_cuda();
+    EXPECT_EQ(fused({256, 4096, 16}, at::kBFloat16), cuda);
+    EXPECT_EQ(fused({256, 4096, 64}, at::kHalf), cuda);
+    EXPECT_FALSE(fused({256, 4096, 8}, at::kBFloat16));    // rank not a multiple of 16
+    EXPECT_FALSE(fused({256, 4096, 80}, at::kBFloat16));   // rank above 64
+    EXPECT_FALSE(fused({256, 4100, 16}, at::kBFloat16));   // out not a multiple of 8
+    EXPECT_FALSE(fused({256, 4096, 16}, at::kFloat));      // float32
+    EXPECT_FALSE(fused({256, 4096, 16}, at::kBFloat16, 1));  // rows not 16-byte aligned
+  }
+}
+
+TEST(KernelsLoraGradients, RejectsMismatchedShapes) {
+  const at::Tensor g = at::zeros({8, 16}), b = at::zeros({16, 4}), ha = at::zeros({8, 4});
+  EXPECT_THROW(LoraGradientPair(g, at::zeros({12, 4}), ha, 1.0, at::empty({8, 4}),
+                                at::empty({16, 4})),
+               c10::Error);
+  EXPECT_THROW(LoraGradientPair(g, b, ha, 1.0, at::empty({8, 5}), at::empty({16, 4})),
+               c10::Error);
+}
+
+}  // namespace
+}  // namespace qlora::kernels
