@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "kernels/lora_gradients_backend.h"
 #include "kernels/quantize_4bit.h"
 
@@ -38,7 +40,8 @@ bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::T
 }
 
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, double scale,
-                      const at::Tensor& dha, const at::Tensor& db) {
+                      const at::Tensor& dha, const at::Tensor& db,
+                      const LoraGradientPairOptions& options) {
   TORCH_CHECK(g.dim() == 2 && b.dim() == 2 && ha.dim() == 2 && b.size(0) == g.size(1) &&
                   ha.size(0) == g.size(0) && ha.size(1) == b.size(1),
               "LoRA gradients: g [T, out], b [out, r] and ha [T, r] expected, got ", g.sizes(), ", ",
@@ -51,7 +54,8 @@ void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor
     // gets a copy of its own, r * out values.
     const bool readable = b.is_contiguous() && RowsOf16Bytes(b);
     cuda::LoraGradientPair(g, readable ? b : b.clone(at::MemoryFormat::Contiguous),
-                           ha, static_cast<float>(scale), dha, db);
+                           ha, static_cast<float>(scale), dha, db,
+                           std::max(1, options.blocks_per_sm));
     return;
 #endif
   }

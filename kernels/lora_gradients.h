@@ -21,9 +21,16 @@ namespace qlora::kernels {
 bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
                            const at::Tensor& dha, const at::Tensor& db);
 
+struct LoraGradientPairOptions {
+  // The CUDA kernel's grid: about this many blocks an SM (more hide memory latency better, but
+  // each block's chunk of rows adds a partial dB of out x r float32 values to write and add).
+  int blocks_per_sm = 2;
+};
+
 // Writes dha [T, r] and db [out, r] (g's dtype; either may be rows of a wider buffer) for
 // g [T, out], b [out, r], ha [T, r].
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, double scale,
-                      const at::Tensor& dha, const at::Tensor& db);
+                      const at::Tensor& dha, const at::Tensor& db,
+                      const LoraGradientPairOptions& options = {});
 
 }  // namespace qlora::kernels

@@ -7,6 +7,6 @@
 namespace qlora::kernels::cuda {
 
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                      const at::Tensor& dha, const at::Tensor& db);
+                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm);
 
 }  // namespace qlora::kernels::cuda

@@ -1,18 +1,18 @@
 // CUDA kernels of lora_gradients.h: both rank-r products from one read of g, then the sum of
 // their per-chunk partials.
 //
-//   LoraGradientPairKernel    one block per (row chunk, column chunk) of g, chunks chosen so that
-//                             about one block runs per SM; 64 x 128 tiles of g (with ha's 64
-//                             rows) stream through shared memory by cp.async, 4 stages deep;
-//                             warps 0-3 accumulate dh' for the tile's rows over the chunk's
-//                             columns (in registers), warps 4-7 dB for the tile's columns over
-//                             the chunk's rows (in shared memory), both on the tensor cores (wmma
-//                             16x16x16, float32 sums); per-chunk partial sums go to float32
-//                             workspaces.
+//   LoraGradientPairKernel    one block per (row chunk, column chunk) of g, about two blocks an
+//                             SM; 64 x 128 tiles of g (with ha's 64 rows) stream through shared
+//                             memory by cp.async, 3 stages deep; each of the 8 warps takes a
+//                             quarter of the tile's rows and half its columns for dh' and a
+//                             sixteenth of its columns for dB, on the tensor cores (ldmatrix +
+//                             mma.sync m16n8k16, float32 sums in registers); a column chunk is
+//                             512 / 256 / 128 columns (r 16 / 32 / 48-64), so that dB's sums for
+//                             all of it stay in registers while the rows go by; per-chunk partial
+//                             sums go to float32 workspaces.
 //   LoraGradientReduceKernel  adds each value's partials in chunk order (the same bits every
 //                             run), scales and rounds once, as a GEMM's epilogue does.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include <ATen/cuda/CUDAContext.h>
@@ -21,39 +21,70 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <mma.h>
 
 #include "kernels/lora_gradients_backend.h"
 
 namespace qlora::kernels::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
+constexpr int kThreads = 256;           // 8 warps
+constexpr int kTileRows = 64;           // rows of g a tile
+constexpr int kTileCols = 128;          // columns of g a tile
+constexpr int kTileLd = kTileCols + 8;  // padded rows: ldmatrix's 8 rows fall in distinct banks
+constexpr int kStages = 3;
 
-constexpr int kThreads = 256;          // 8 warps: 0-3 dh', 4-7 dB
-constexpr int kTileRows = 64;          // rows of g a tile (4 fragments: one a dh' warp)
-constexpr int kTileCols = 128;         // columns of g a tile (8 fragments: two a dB warp)
-constexpr int kTileLd = kTileCols + 8; // padded rows: ldmatrix's 8 rows fall in distinct banks
-constexpr int kStages = 4;
-constexpr int kChunkValues = 8192;     // a column chunk's width times r: B and the dB sums
-constexpr int kF = 16;                 // the wmma fragment's side
+// Row lengths (in 16-bit values) of B's and ha's shared copies, padded like kTileLd.
+constexpr int RankLd(int r) { return r + 8; }
+// Column tiles a block's chunk spans: dB's sums for the chunk, (chunk columns / 8 warps) x r
+// float32 a warp, stay at 32 registers a thread.
+constexpr int ColumnTiles(int r) { return r <= 16 ? 4 : r <= 32 ? 2 : 1; }
 
-// Row lengths (in values) of the small shared matrices, padded like kTileLd.
-constexpr int RankLd(int r) { return r + 8; }   // B's and ha's rows (16-bit values)
-constexpr int SumLd(int r) { return r + 4; }    // the dB sums' rows (float32)
-
+// The mma.sync operand type of a 16-bit dtype.
+struct Bf16 {};
+struct F16 {};
 template <typename T>
-struct CudaType;
+struct MmaOperand;
 template <>
-struct CudaType<c10::BFloat16> {
-  using type = __nv_bfloat16;
+struct MmaOperand<c10::BFloat16> {
+  using type = Bf16;
 };
 template <>
-struct CudaType<c10::Half> {
-  using type = __half;
+struct MmaOperand<c10::Half> {
+  using type = F16;
 };
+
+// d += a b for a 16x16 (row) and b 16x8 (col) fragment, float32 accumulators.
+__device__ __forceinline__ void Mma(Bf16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void Mma(F16, float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 16-bit matrices from shared memory, lanes 8i..8i+7 giving matrix i's row addresses;
+// transposed: each lane gets two values of one column.
+__device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const void* row) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void LoadMatricesTransposed(uint32_t (&r)[4], const void* row) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
 
 __device__ __forceinline__ void CopyAsync16(void* shared, const void* global, bool valid) {
   const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
@@ -76,58 +107,67 @@ struct PairArgs {
   const void* ha;
   int64_t ha_stride;
   int64_t rows, cols;
-  int chunk_rows, chunk_cols;  // multiples of kTileRows and kTileCols
-  float* dha_partial;          // [column chunks][rows_padded][r]
-  float* db_partial;           // [row chunks][cols_padded][r]
+  int chunk_rows;       // a multiple of kTileRows
+  float* dha_partial;   // [column chunks][rows_padded][r]
+  float* db_partial;    // [row chunks][cols_padded][r]
   int64_t rows_padded, cols_padded;
 };
 
 template <int R>
-size_t SharedBytes(int chunk_cols) {
+size_t SharedBytes() {
   return sizeof(uint16_t) * (kStages * kTileRows * (kTileLd + RankLd(R)) +
-                             size_t(chunk_cols) * RankLd(R)) +
-         sizeof(float) * size_t(chunk_cols) * SumLd(R);
+                             size_t{ColumnTiles(R)} * kTileCols * RankLd(R)) +
+         sizeof(float) * kTileRows * R;
 }
 
+// Lane l's row in an x4 load of a 16x16 block whose matrices go (rows 0-7, 8-15) x (columns
+// 0-7, 8-15) in that order (row-major A fragments), or columns first (B fragments, A of g^T).
+__device__ __forceinline__ int RowsFirstRow(int lane) { return (lane % 8) + ((lane / 8) % 2) * 8; }
+__device__ __forceinline__ int RowsFirstCol(int lane) { return (lane / 16) * 8; }
+__device__ __forceinline__ int ColsFirstRow(int lane) { return (lane % 8) + (lane / 16) * 8; }
+__device__ __forceinline__ int ColsFirstCol(int lane) { return ((lane / 8) % 2) * 8; }
+
 template <typename T, int R>
-__global__ void __launch_bounds__(kThreads) LoraGradientPairKernel(PairArgs args) {
-  constexpr int kRankLd = RankLd(R), kSumLd = SumLd(R), kPieces = R / 8;  // 16-byte pieces a row
+__global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs args) {
+  using Op = typename MmaOperand<T>::type;
+  constexpr int kRankLd = RankLd(R), kPieces = R / 8;  // 16-byte pieces of a rank row
+  constexpr int kColTiles = ColumnTiles(R), kChunkCols = kColTiles * kTileCols;
+  constexpr int kBlocks = R / 8;  // n8 blocks of the rank dimension
   extern __shared__ __align__(128) unsigned char shared[];
-  T* tiles = reinterpret_cast<T*>(shared);             // [kStages][kTileRows][kTileLd]
-  T* ha_tiles = tiles + kStages * kTileRows * kTileLd;  // [kStages][kTileRows][kRankLd]
-  T* b_chunk = ha_tiles + kStages * kTileRows * kRankLd;  // [chunk_cols][kRankLd]
-  float* db_sums = reinterpret_cast<float*>(b_chunk + args.chunk_cols * kRankLd);
+  T* tiles = reinterpret_cast<T*>(shared);                // [kStages][kTileRows][kTileLd]
+  T* ha_tiles = tiles + kStages * kTileRows * kTileLd;     // [kStages][kTileRows][kRankLd]
+  T* b_chunk = ha_tiles + kStages * kTileRows * kRankLd;   // [kChunkCols][kRankLd]
+  float* dha_half = reinterpret_cast<float*>(b_chunk + kChunkCols * kRankLd);  // [64][R]
 
   const T* g = static_cast<const T*>(args.g);
   const T* ha = static_cast<const T*>(args.ha);
   const T* b = static_cast<const T*>(args.b);
-  const int64_t col0 = int64_t{blockIdx.x} * args.chunk_cols;
+  const int64_t col0 = int64_t{blockIdx.x} * kChunkCols;
   const int64_t row0 = int64_t{blockIdx.y} * args.chunk_rows;
-  const int col_tiles =
-      static_cast<int>((min(args.cols - col0, int64_t{args.chunk_cols}) + kTileCols - 1) / kTileCols);
-  const int row_tiles =
-      static_cast<int>((min(args.rows - row0, int64_t{args.chunk_rows}) + kTileRows - 1) / kTileRows);
-  const int tiles_total = row_tiles * col_tiles;
-  const int chunk_width = col_tiles * kTileCols;
-  const int warp = threadIdx.x / 32;
+  const int row_tiles = static_cast<int>(
+      (min(args.rows - row0, int64_t{args.chunk_rows}) + kTileRows - 1) / kTileRows);
+  const int tiles_total = row_tiles * kColTiles;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // dh': this warp's 16 rows of a tile and half of its columns; dB: its 16 columns of a tile.
+  const int dha_row = (warp % 4) * 16, dha_col = (warp / 4) * (kTileCols / 2);
+  const int db_col = warp * 16;
 
   // B's rows of this chunk (zeros past the last column) join the first tile's copies.
-  for (int p = threadIdx.x; p < chunk_width * kPieces; p += kThreads) {
+  for (int p = threadIdx.x; p < kChunkCols * kPieces; p += kThreads) {
     const int row = p / kPieces, piece = p % kPieces;
     const bool valid = col0 + row < args.cols;
     CopyAsync16(b_chunk + row * kRankLd + piece * 8,
                 valid ? b + (col0 + row) * R + piece * 8 : b, valid);
   }
-  for (int i = threadIdx.x; i < chunk_width * kSumLd; i += kThreads) db_sums[i] = 0.0f;
-
-  // Tile t: row tile t / col_tiles, column tile t % col_tiles (rows outer: dh' sums one row tile
-  // at a time), into stage t % kStages.
+  // Tile t: row tile t / kColTiles, column tile t % kColTiles, into stage t % kStages.
   auto load_tile = [&](int t) {
     const int stage = t % kStages;
-    const int64_t r0 = row0 + int64_t{t / col_tiles} * kTileRows;
-    const int64_t c0 = col0 + int64_t{t % col_tiles} * kTileCols;
+    const int64_t r0 = row0 + int64_t{t / kColTiles} * kTileRows;
+    const int64_t c0 = col0 + int64_t{t % kColTiles} * kTileCols;
     T* dst = tiles + stage * kTileRows * kTileLd;
-    for (int p = threadIdx.x; p < kTileRows * (kTileCols / 8); p += kThreads) {
+#pragma unroll
+    for (int i = 0; i < kTileRows * (kTileCols / 8) / kThreads; ++i) {
+      const int p = threadIdx.x + i * kThreads;
       const int row = p / (kTileCols / 8), piece = p % (kTileCols / 8);
       const int64_t gr = r0 + row, gc = c0 + piece * 8;
       const bool valid = gr < args.rows && gc < args.cols;
@@ -141,77 +181,97 @@ __global__ void __launch_bounds__(kThreads) LoraGradientPairKernel(PairArgs args
                   valid ? ha + (r0 + row) * args.ha_stride + piece * 8 : ha, valid);
     }
   };
+#pragma unroll
   for (int t = 0; t < kStages - 1; ++t) {
     if (t < tiles_total) load_tile(t);
     CommitCopies();
   }
 
-  wmma::fragment<wmma::accumulator, kF, kF, kF, float> dha_sums[R / kF];
+  float dha_sums[kBlocks][4] = {};
+  float db_sums[kColTiles][kBlocks][4] = {};
+  for (int row_tile = 0; row_tile < row_tiles; ++row_tile) {
 #pragma unroll
-  for (int j = 0; j < R / kF; ++j) wmma::fill_fragment(dha_sums[j], 0.0f);
-
-  for (int t = 0; t < tiles_total; ++t) {
-    WaitCopies<kStages - 2>();  // tile t (and B with tile 0) has landed
-    __syncthreads();            // ... for every thread, and stage (t - 1) is no longer read
-    if (t + kStages - 1 < tiles_total) load_tile(t + kStages - 1);
-    CommitCopies();
-    const int row_tile = t / col_tiles, col_tile = t % col_tiles;
-    const T* tile = tiles + (t % kStages) * kTileRows * kTileLd;
-    const T* ha_tile = ha_tiles + (t % kStages) * kTileRows * kRankLd;
-    if (warp < 4) {
-      // dh'[16 rows of warp, :] += g[those rows, 128 columns] B[those columns, :]
-      wmma::fragment<wmma::matrix_a, kF, kF, kF, T, wmma::row_major> gf;
-      wmma::fragment<wmma::matrix_b, kF, kF, kF, T, wmma::row_major> bf;
+    for (int ct = 0; ct < kColTiles; ++ct) {
+      const int t = row_tile * kColTiles + ct;
+      WaitCopies<kStages - 2>();  // tile t (and B with tile 0) has landed
+      __syncthreads();            // ... for every thread; stage (t - 1) is read no more
+      if (t + kStages - 1 < tiles_total) load_tile(t + kStages - 1);
+      CommitCopies();
+      const T* tile = tiles + (t % kStages) * kTileRows * kTileLd;
+      const T* ha_tile = ha_tiles + (t % kStages) * kTileRows * kRankLd;
+      const T* b_tile = b_chunk + ct * kTileCols * kRankLd;
 #pragma unroll
-      for (int k = 0; k < kTileCols / kF; ++k) {
-        wmma::load_matrix_sync(gf, tile + warp * kF * kTileLd + k * kF, kTileLd);
+      for (int k = 0; k < kTileCols / 2; k += 16) {  // dh' += g[rows, k..k+16] B[k..k+16, :]
+        uint32_t a[4];
+        LoadMatrices(a, tile + (dha_row + RowsFirstRow(lane)) * kTileLd + dha_col + k +
+                            RowsFirstCol(lane));
 #pragma unroll
-        for (int j = 0; j < R / kF; ++j) {
-          wmma::load_matrix_sync(bf, b_chunk + (col_tile * kTileCols + k * kF) * kRankLd + j * kF,
-                                 kRankLd);
-          wmma::mma_sync(dha_sums[j], gf, bf, dha_sums[j]);
+        for (int j = 0; j < R / 16; ++j) {
+          uint32_t bf[4];
+          LoadMatricesTransposed(bf, b_tile + (dha_col + k + RowsFirstRow(lane)) * kRankLd +
+                                         j * 16 + RowsFirstCol(lane));
+          Mma(Op{}, dha_sums[2 * j], a, bf[0], bf[1]);
+          Mma(Op{}, dha_sums[2 * j + 1], a, bf[2], bf[3]);
         }
       }
-      if (col_tile == col_tiles - 1) {  // the chunk's columns are summed: out with this row tile
-        float* dst = args.dha_partial +
-                     (int64_t{blockIdx.x} * args.rows_padded + row0 + row_tile * kTileRows +
-                      warp * kF) * R;
 #pragma unroll
-        for (int j = 0; j < R / kF; ++j) {
-          wmma::store_matrix_sync(dst + j * kF, dha_sums[j], R, wmma::mem_row_major);
-          wmma::fill_fragment(dha_sums[j], 0.0f);
-        }
-      }
-    } else {
-      // dB[16 columns, :] += g[64 rows, those columns]^T ha[64 rows, :], two column slices a warp
-      wmma::fragment<wmma::matrix_a, kF, kF, kF, T, wmma::col_major> gtf;
-      wmma::fragment<wmma::matrix_b, kF, kF, kF, T, wmma::row_major> hf;
-      wmma::fragment<wmma::accumulator, kF, kF, kF, float> sums;
+      for (int m = 0; m < kTileRows; m += 16) {  // dB += g[m..m+16, cols]^T ha[m..m+16, :]
+        uint32_t a[4];
+        LoadMatricesTransposed(a, tile + (m + ColsFirstRow(lane)) * kTileLd + db_col +
+                                      ColsFirstCol(lane));
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const int slice = (warp - 4) * 2 + s;
-#pragma unroll
-        for (int j = 0; j < R / kF; ++j) {
-          float* slot = db_sums + (col_tile * kTileCols + slice * kF) * kSumLd + j * kF;
-          wmma::load_matrix_sync(sums, slot, kSumLd, wmma::mem_row_major);
-#pragma unroll
-          for (int k = 0; k < kTileRows / kF; ++k) {
-            wmma::load_matrix_sync(gtf, tile + k * kF * kTileLd + slice * kF, kTileLd);
-            wmma::load_matrix_sync(hf, ha_tile + k * kF * kRankLd + j * kF, kRankLd);
-            wmma::mma_sync(sums, gtf, hf, sums);
-          }
-          wmma::store_matrix_sync(slot, sums, kSumLd, wmma::mem_row_major);
+        for (int j = 0; j < R / 16; ++j) {
+          uint32_t hf[4];
+          LoadMatricesTransposed(hf, ha_tile + (m + RowsFirstRow(lane)) * kRankLd + j * 16 +
+                                         RowsFirstCol(lane));
+          Mma(Op{}, db_sums[ct][2 * j], a, hf[0], hf[1]);
+          Mma(Op{}, db_sums[ct][2 * j + 1], a, hf[2], hf[3]);
         }
       }
     }
+    // The row tile's dh' over the chunk: the second column half's sums join the first's.
+    const int r_lo = dha_row + lane / 4, c_lo = 2 * (lane % 4);
+    if (warp >= 4) {
+#pragma unroll
+      for (int n = 0; n < kBlocks; ++n) {
+        float* at_lo = dha_half + r_lo * R + n * 8 + c_lo;
+        float* at_hi = at_lo + 8 * R;
+        at_lo[0] = dha_sums[n][0], at_lo[1] = dha_sums[n][1];
+        at_hi[0] = dha_sums[n][2], at_hi[1] = dha_sums[n][3];
+      }
+    }
+    __syncthreads();
+    if (warp < 4) {
+      float* out = args.dha_partial +
+                   (int64_t{blockIdx.x} * args.rows_padded + row0 + row_tile * kTileRows) * R;
+#pragma unroll
+      for (int n = 0; n < kBlocks; ++n) {
+        const float* at_lo = dha_half + r_lo * R + n * 8 + c_lo;
+        const float* at_hi = at_lo + 8 * R;
+        *reinterpret_cast<float2*>(out + r_lo * R + n * 8 + c_lo) =
+            make_float2(dha_sums[n][0] + at_lo[0], dha_sums[n][1] + at_lo[1]);
+        *reinterpret_cast<float2*>(out + (r_lo + 8) * R + n * 8 + c_lo) =
+            make_float2(dha_sums[n][2] + at_hi[0], dha_sums[n][3] + at_hi[1]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kBlocks; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dha_sums[n][i] = 0.0f;
+    }
   }
   WaitCopies<0>();
-  __syncthreads();
-  float* db_dst = args.db_partial + (int64_t{blockIdx.y} * args.cols_padded + col0) * R;
-  for (int i = threadIdx.x; i < chunk_width * (R / 4); i += kThreads) {
-    const int row = i / (R / 4), quad = i % (R / 4);
-    reinterpret_cast<float4*>(db_dst + row * R)[quad] =
-        reinterpret_cast<const float4*>(db_sums + row * kSumLd)[quad];
+  // dB's partial sums of this row chunk, straight from the registers.
+  float* db_out = args.db_partial + (int64_t{blockIdx.y} * args.cols_padded + col0) * R;
+  const int n_lo = db_col + lane / 4, c_lo = 2 * (lane % 4);
+#pragma unroll
+  for (int ct = 0; ct < kColTiles; ++ct) {
+#pragma unroll
+    for (int n = 0; n < kBlocks; ++n) {
+      float* lo = db_out + (ct * kTileCols + n_lo) * R + n * 8 + c_lo;
+      *reinterpret_cast<float2*>(lo) = make_float2(db_sums[ct][n][0], db_sums[ct][n][1]);
+      *reinterpret_cast<float2*>(lo + 8 * R) = make_float2(db_sums[ct][n][2], db_sums[ct][n][3]);
+    }
   }
 }
 
@@ -251,73 +311,67 @@ __global__ void LoraGradientReduceKernel(ReduceArgs args) {
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
+// The pair kernel at rank R, then the reduction, on the current stream: chunks of
+// ColumnTiles(R) * 128 columns by as many rows as make about blocks_per_sm blocks an SM.
 template <typename T, int R>
-void LaunchPair(const PairArgs& args, dim3 grid, cudaStream_t stream) {
-  auto kernel = LoraGradientPairKernel<typename CudaType<T>::type, R>;
-  const size_t shared = SharedBytes<R>(args.chunk_cols);
+void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
+            const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
+  const c10::cuda::CUDAGuard guard(g.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t rows = g.size(0), cols = g.size(1);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t chunk_cols = ColumnTiles(R) * kTileCols, col_chunks = CeilDiv(cols, chunk_cols);
+  const int64_t wanted = std::max<int64_t>(1, CeilDiv(int64_t{sms} * blocks_per_sm, col_chunks));
+  const int64_t chunk_rows = CeilDiv(CeilDiv(rows, wanted), kTileRows) * kTileRows;
+  const int64_t row_chunks = CeilDiv(rows, chunk_rows);
+  TORCH_CHECK(row_chunks < 65536 && col_chunks < (int64_t{1} << 31),
+              "LoRA gradients kernel: g is too large");
+  const auto floats = g.options().dtype(at::kFloat);
+  const at::Tensor dha_partial = at::empty({col_chunks, row_chunks * chunk_rows, R}, floats);
+  const at::Tensor db_partial = at::empty({row_chunks, col_chunks * chunk_cols, R}, floats);
+  const PairArgs args{g.const_data_ptr(), g.stride(0), b.const_data_ptr(), ha.const_data_ptr(),
+                      ha.stride(0), rows, cols, static_cast<int>(chunk_rows),
+                      dha_partial.mutable_data_ptr<float>(), db_partial.mutable_data_ptr<float>(),
+                      row_chunks * chunk_rows, col_chunks * chunk_cols};
+  auto kernel = LoraGradientPairKernel<T, R>;
+  const size_t shared = SharedBytes<R>();
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(shared)));
-  kernel<<<grid, kThreads, shared, stream>>>(args);
+  kernel<<<dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)), kThreads,
+           shared, stream>>>(args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const ReduceArgs reduce{dha_partial.const_data_ptr<float>(), static_cast<int>(col_chunks),
+                          row_chunks * chunk_rows, db_partial.const_data_ptr<float>(),
+                          static_cast<int>(row_chunks), col_chunks * chunk_cols, rows, cols, R,
+                          scale, dha.data_ptr(), dha.stride(0), db.data_ptr(), db.stride(0)};
+  const unsigned reduce_blocks = static_cast<unsigned>(
+      std::min<int64_t>(CeilDiv((rows + cols) * R, kThreads), int64_t{sms} * 16));
+  LoraGradientReduceKernel<T><<<reduce_blocks, kThreads, 0, stream>>>(reduce);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T>
-void LaunchPairOfRank(int r, const PairArgs& args, dim3 grid, cudaStream_t stream) {
-  switch (r) {
-    case 16: return LaunchPair<T, 16>(args, grid, stream);
-    case 32: return LaunchPair<T, 32>(args, grid, stream);
-    case 48: return LaunchPair<T, 48>(args, grid, stream);
-    case 64: return LaunchPair<T, 64>(args, grid, stream);
-    default: TORCH_CHECK(false, "LoRA gradients kernel: rank ", r, " is not 16, 32, 48 or 64");
+void LaunchOfRank(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
+                  const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
+  switch (b.size(1)) {
+    case 16: return Launch<T, 16>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 32: return Launch<T, 32>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 48: return Launch<T, 48>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 64: return Launch<T, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
+    default: TORCH_CHECK(false, "LoRA gradients kernel: rank ", b.size(1), " is not 16, 32, 48 or 64");
   }
 }
 
 }  // namespace
 
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                      const at::Tensor& dha, const at::Tensor& db) {
-  const c10::cuda::CUDAGuard guard(g.device());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int64_t rows = g.size(0), cols = g.size(1);
-  const int r = static_cast<int>(b.size(1));
-  // Chunks: about one block per SM, the grid's shape following g's (the partial sums it writes,
-  // col_chunks * rows + row_chunks * cols values of r, are then fewest).
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t widest = std::max<int64_t>(kTileCols, kChunkValues / r / kTileCols * kTileCols);
-  int64_t col_chunks = std::max<int64_t>(1, std::llround(std::sqrt(sms * double(cols) / rows)));
-  const int64_t chunk_cols = std::min(widest, RoundUp(CeilDiv(cols, col_chunks), kTileCols));
-  col_chunks = CeilDiv(cols, chunk_cols);
-  const int64_t chunk_rows =
-      RoundUp(CeilDiv(rows, std::max<int64_t>(1, sms / col_chunks)), kTileRows);
-  const int64_t row_chunks = CeilDiv(rows, chunk_rows);
-  TORCH_CHECK(row_chunks < 65536, "LoRA gradients kernel: too many rows");
-
-  const auto floats = g.options().dtype(at::kFloat);
-  const at::Tensor dha_partial = at::empty({col_chunks, row_chunks * chunk_rows, r}, floats);
-  const at::Tensor db_partial = at::empty({row_chunks, col_chunks * chunk_cols, r}, floats);
-  PairArgs args{g.const_data_ptr(), g.stride(0), b.const_data_ptr(), ha.const_data_ptr(),
-                ha.stride(0), rows, cols, static_cast<int>(chunk_rows),
-                static_cast<int>(chunk_cols), dha_partial.mutable_data_ptr<float>(),
-                db_partial.mutable_data_ptr<float>(), row_chunks * chunk_rows,
-                col_chunks * chunk_cols};
-  const dim3 grid(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks));
-  ReduceArgs reduce{dha_partial.const_data_ptr<float>(), static_cast<int>(col_chunks),
-                    row_chunks * chunk_rows, db_partial.const_data_ptr<float>(),
-                    static_cast<int>(row_chunks), col_chunks * chunk_cols, rows, cols, r, scale,
-                    dha.data_ptr(), dha.stride(0), db.data_ptr(), db.stride(0)};
-  const int64_t values = (rows + cols) * r;
-  const unsigned reduce_blocks =
-      static_cast<unsigned>(std::min<int64_t>(CeilDiv(values, kThreads), int64_t{sms} * 16));
+                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
   if (g.scalar_type() == at::kBFloat16) {
-    LaunchPairOfRank<c10::BFloat16>(r, args, grid, stream);
-    LoraGradientReduceKernel<c10::BFloat16><<<reduce_blocks, kThreads, 0, stream>>>(reduce);
+    LaunchOfRank<c10::BFloat16>(g, b, ha, scale, dha, db, blocks_per_sm);
   } else {
-    LaunchPairOfRank<c10::Half>(r, args, grid, stream);
-    LoraGradientReduceKernel<c10::Half><<<reduce_blocks, kThreads, 0, stream>>>(reduce);
+    LaunchOfRank<c10::Half>(g, b, ha, scale, dha, db, blocks_per_sm);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace qlora::kernels::cuda
