@@ -291,22 +291,38 @@ struct ReduceArgs {
   int64_t db_stride;
 };
 
+// Each thread sums four consecutive values of a row (r is a multiple of 16), four chunks' loads
+// in flight at a time, added in chunk order.
 template <typename T>
 __global__ void LoraGradientReduceKernel(ReduceArgs args) {
-  const int64_t dha_values = args.rows * args.r, total = dha_values + args.cols * args.r;
+  const int quads = args.r / 4;
+  const int64_t dha_quads = args.rows * quads, total = dha_quads + args.cols * quads;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
-    const bool is_dha = e < dha_values;
-    const int64_t i = is_dha ? e : e - dha_values;
-    const int64_t row = i / args.r;
-    const int j = static_cast<int>(i - row * args.r);
-    const float* partial = is_dha ? args.dha_partial : args.db_partial;
-    const int64_t chunk_stride = (is_dha ? args.rows_padded : args.cols_padded) * args.r;
+    const bool is_dha = e < dha_quads;
+    const int64_t i = is_dha ? e : e - dha_quads;
+    const int64_t row = i / quads;
+    const int quad = static_cast<int>(i - row * quads);
+    const float4* partial =
+        reinterpret_cast<const float4*>(is_dha ? args.dha_partial : args.db_partial) +
+        row * quads + quad;
+    const int64_t step = (is_dha ? args.rows_padded : args.cols_padded) * quads;
     const int chunks = is_dha ? args.col_chunks : args.row_chunks;
-    float sum = 0.0f;
-    for (int c = 0; c < chunks; ++c) sum += partial[c * chunk_stride + row * args.r + j];
-    T* out = static_cast<T*>(is_dha ? args.dha : args.db);
-    out[row * (is_dha ? args.dha_stride : args.db_stride) + j] = T(__fmul_rn(sum, args.scale));
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    auto add = [&](const float4& v) {
+      sum[0] += v.x, sum[1] += v.y, sum[2] += v.z, sum[3] += v.w;
+    };
+    int c = 0;
+    for (; c + 4 <= chunks; c += 4) {
+      const float4 v0 = partial[c * step], v1 = partial[(c + 1) * step];
+      const float4 v2 = partial[(c + 2) * step], v3 = partial[(c + 3) * step];
+      add(v0), add(v1), add(v2), add(v3);
+    }
+    for (; c < chunks; ++c) add(partial[c * step]);
+    T* out = static_cast<T*>(is_dha ? args.dha : args.db) +
+             row * (is_dha ? args.dha_stride : args.db_stride) + quad * 4;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = T(__fmul_rn(sum[k], args.scale));
   }
 }
 
@@ -346,7 +362,7 @@ void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, floa
                           static_cast<int>(row_chunks), col_chunks * chunk_cols, rows, cols, R,
                           scale, dha.data_ptr(), dha.stride(0), db.data_ptr(), db.stride(0)};
   const unsigned reduce_blocks = static_cast<unsigned>(
-      std::min<int64_t>(CeilDiv((rows + cols) * R, kThreads), int64_t{sms} * 16));
+      std::min<int64_t>(CeilDiv((rows + cols) * R / 4, kThreads), int64_t{sms} * 16));
   LoraGradientReduceKernel<T><<<reduce_blocks, kThreads, 0, stream>>>(reduce);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -14,6 +14,9 @@
 #   scripts/device/run_on_gpu.sh gemm             kernels/tuned_gemm_bench $GEMM_ARGS -> $OUT/gemm.txt
 #   scripts/device/run_on_gpu.sh dequant          kernels/dequantize_bench -> $OUT/dequant.txt
 #   scripts/device/run_on_gpu.sh lora-grads       kernels/lora_gradients_bench -> $OUT/lora_grads.txt
+#   scripts/device/run_on_gpu.sh ncu              Nsight Compute over one of the bundle's programs:
+#                                                 ncu --clock-control none $NCU_ARGS /tmp/qb/$NCU_RUN
+#                                                 -> $OUT/ncu.txt
 # Results and logs go to $OUT. With SMI_LOG=1 the GPUs' SM clock, power draw, temperature and
 # clock-event (throttle) reasons are sampled every 200 ms meanwhile -> $OUT/smi.csv.
 set -uo pipefail
@@ -59,5 +62,8 @@ for what in "$@"; do
       /tmp/qb/kernels/dequantize_bench 2>&1 | tee "$OUT/dequant.txt" ;;
     lora-grads)
       /tmp/qb/kernels/lora_gradients_bench 2>&1 | tee "$OUT/lora_grads.txt" ;;
+    ncu)
+      # shellcheck disable=SC2086  # NCU_ARGS and NCU_RUN are lists of arguments
+      ncu --clock-control none ${NCU_ARGS:-} /tmp/qb/${NCU_RUN:?} > "$OUT/ncu.txt" 2>&1 ;;
   esac
 done
