@@ -25,6 +25,9 @@ struct LoraGradientPairOptions {
   // The CUDA kernel's grid: about this many blocks an SM (more hide memory latency better, but
   // each block's chunk of rows adds a partial dB of out x r float32 values to write and add).
   int blocks_per_sm = 2;
+  // Tiles of g in flight a block, plus the one being read: 3 or 4 (4 holds two blocks an SM
+  // only at r = 16).
+  int stages = 4;
 };
 
 // Writes dha [T, r] and db [out, r] (g's dtype; either may be rows of a wider buffer) for

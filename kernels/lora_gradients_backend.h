@@ -7,6 +7,7 @@
 namespace qlora::kernels::cuda {
 
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm);
+                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm,
+                      int stages);
 
 }  // namespace qlora::kernels::cuda

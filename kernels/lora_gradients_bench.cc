@@ -2,7 +2,8 @@
 // GEMMs it replaces (ATen's, as the engine ran them before), at the 7B layer's gradient shapes.
 //   lora_gradients_bench [repetitions]   (default 100 per batch, 3 batches, the best batch printed)
 // Prints microseconds per call and the rate at which g's bytes go by (the kernel reads g once,
-// the GEMMs twice), for the kernel at 1, 2 and 3 blocks an SM.
+// the GEMMs twice), for the kernel at 1, 2 and 3 blocks an SM and
+// 3 and 4 stages.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 
@@ -59,15 +60,18 @@ int main(int argc, char** argv) {
         repetitions);
     std::printf("%-18s two GEMMs         %8.1f us %6.0f GB/s\n", s.name, gemms * 1e3,
                 2 * g_bytes / gemms / 1e6);
-    for (const int blocks_per_sm : {1, 2, 3}) {
-      const double fused = TimeMs(
-          [&] {
-            qlora::kernels::LoraGradientPair(g, b, ha, 2.0, dha, db,
-                                             qlora::kernels::LoraGradientPairOptions{blocks_per_sm});
-          },
-          repetitions);
-      std::printf("%-18s one pass, %d/SM   %8.1f us %6.0f GB/s  %.2fx\n", s.name, blocks_per_sm,
-                  fused * 1e3, g_bytes / fused / 1e6, gemms / fused);
+    for (const int stages : {3, 4}) {
+      for (const int blocks_per_sm : {1, 2, 3}) {
+        const double fused = TimeMs(
+            [&] {
+              qlora::kernels::LoraGradientPair(
+                  g, b, ha, 2.0, dha, db,
+                  qlora::kernels::LoraGradientPairOptions{blocks_per_sm, stages});
+            },
+            repetitions);
+        std::printf("%-18s one pass, %d/SM, %d stages %8.1f us %6.0f GB/s  %.2fx\n", s.name,
+                    blocks_per_sm, stages, fused * 1e3, g_bytes / fused / 1e6, gemms / fused);
+      }
     }
   }
   return 0;

@@ -3,7 +3,7 @@
 //
 //   LoraGradientPairKernel    one block per (row chunk, column chunk) of g, about two blocks an
 //                             SM; 64 x 128 tiles of g (with ha's 64 rows) stream through shared
-//                             memory by cp.async, 3 stages deep; each of the 8 warps takes a
+//                             memory by cp.async, 3 or 4 stages deep; each of the 8 warps takes a
 //                             quarter of the tile's rows and half its columns for dh' and a
 //                             sixteenth of its columns for dB, on the tensor cores (ldmatrix +
 //                             mma.sync m16n8k16, float32 sums in registers); a column chunk is
@@ -31,7 +31,6 @@ constexpr int kThreads = 256;           // 8 warps
 constexpr int kTileRows = 64;           // rows of g a tile
 constexpr int kTileCols = 128;          // columns of g a tile
 constexpr int kTileLd = kTileCols + 8;  // padded rows: ldmatrix's 8 rows fall in distinct banks
-constexpr int kStages = 3;
 
 // Row lengths (in 16-bit values) of B's and ha's shared copies, padded like kTileLd.
 constexpr int RankLd(int r) { return r + 8; }
@@ -113,7 +112,7 @@ struct PairArgs {
   int64_t rows_padded, cols_padded;
 };
 
-template <int R>
+template <int R, int kStages>
 size_t SharedBytes() {
   return sizeof(uint16_t) * (kStages * kTileRows * (kTileLd + RankLd(R)) +
                              size_t{ColumnTiles(R)} * kTileCols * RankLd(R)) +
@@ -127,7 +126,7 @@ __device__ __forceinline__ int RowsFirstCol(int lane) { return (lane / 16) * 8; 
 __device__ __forceinline__ int ColsFirstRow(int lane) { return (lane % 8) + (lane / 16) * 8; }
 __device__ __forceinline__ int ColsFirstCol(int lane) { return ((lane / 8) % 2) * 8; }
 
-template <typename T, int R>
+template <typename T, int R, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs args) {
   using Op = typename MmaOperand<T>::type;
   constexpr int kRankLd = RankLd(R), kPieces = R / 8;  // 16-byte pieces of a rank row
@@ -330,7 +329,7 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The pair kernel at rank R, then the reduction, on the current stream: chunks of
 // ColumnTiles(R) * 128 columns by as many rows as make about blocks_per_sm blocks an SM.
-template <typename T, int R>
+template <typename T, int R, int kStages>
 void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
             const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
   const c10::cuda::CUDAGuard guard(g.device());
@@ -350,8 +349,8 @@ void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, floa
                       ha.stride(0), rows, cols, static_cast<int>(chunk_rows),
                       dha_partial.mutable_data_ptr<float>(), db_partial.mutable_data_ptr<float>(),
                       row_chunks * chunk_rows, col_chunks * chunk_cols};
-  auto kernel = LoraGradientPairKernel<T, R>;
-  const size_t shared = SharedBytes<R>();
+  auto kernel = LoraGradientPairKernel<T, R, kStages>;
+  const size_t shared = SharedBytes<R, kStages>();
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(shared)));
   kernel<<<dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)), kThreads,
@@ -367,26 +366,34 @@ void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, floa
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T>
+template <typename T, int kStages>
 void LaunchOfRank(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
                   const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
   switch (b.size(1)) {
-    case 16: return Launch<T, 16>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 32: return Launch<T, 32>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 48: return Launch<T, 48>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 64: return Launch<T, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 16: return Launch<T, 16, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 32: return Launch<T, 32, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 48: return Launch<T, 48, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 64: return Launch<T, 64, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
     default: TORCH_CHECK(false, "LoRA gradients kernel: rank ", b.size(1), " is not 16, 32, 48 or 64");
   }
+}
+
+template <typename T>
+void LaunchOfStages(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
+                    const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm, int stages) {
+  if (stages <= 3) return LaunchOfRank<T, 3>(g, b, ha, scale, dha, db, blocks_per_sm);
+  LaunchOfRank<T, 4>(g, b, ha, scale, dha, db, blocks_per_sm);
 }
 
 }  // namespace
 
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
+                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm,
+                      int stages) {
   if (g.scalar_type() == at::kBFloat16) {
-    LaunchOfRank<c10::BFloat16>(g, b, ha, scale, dha, db, blocks_per_sm);
+    LaunchOfStages<c10::BFloat16>(g, b, ha, scale, dha, db, blocks_per_sm, stages);
   } else {
-    LaunchOfRank<c10::Half>(g, b, ha, scale, dha, db, blocks_per_sm);
+    LaunchOfStages<c10::Half>(g, b, ha, scale, dha, db, blocks_per_sm, stages);
   }
 }
 
