@@ -55,7 +55,7 @@ void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor
     const bool readable = b.is_contiguous() && RowsOf16Bytes(b);
     cuda::LoraGradientPair(g, readable ? b : b.clone(at::MemoryFormat::Contiguous),
                            ha, static_cast<float>(scale), dha, db,
-                           std::max(1, options.blocks_per_sm), options.stages);
+                           std::max(1, options.blocks_per_sm), options.tile_rows);
     return;
 #endif
   }

@@ -25,9 +25,9 @@ struct LoraGradientPairOptions {
   // The CUDA kernel's grid: about this many blocks an SM (more hide memory latency better, but
   // each block's chunk of rows adds a partial dB of out x r float32 values to write and add).
   int blocks_per_sm = 2;
-  // Tiles of g in flight a block, plus the one being read: 3 or 4 (4 holds two blocks an SM
-  // only at r = 16).
-  int stages = 4;
+  // Rows of the kernel's 16 KB tiles of g: 64 (x 128 columns) or 32 (x 256: longer pieces of
+  // each row a tile; r 16 and 32 only, others take 64).
+  int tile_rows = 64;
 };
 
 // Writes dha [T, r] and db [out, r] (g's dtype; either may be rows of a wider buffer) for

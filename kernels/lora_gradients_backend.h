@@ -8,6 +8,6 @@ namespace qlora::kernels::cuda {
 
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
                       const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm,
-                      int stages);
+                      int tile_rows);
 
 }  // namespace qlora::kernels::cuda

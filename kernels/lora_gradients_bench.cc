@@ -3,7 +3,7 @@
 //   lora_gradients_bench [repetitions]   (default 100 per batch, 3 batches, the best batch printed)
 // Prints microseconds per call and the rate at which g's bytes go by (the kernel reads g once,
 // the GEMMs twice), for the kernel at 1, 2 and 3 blocks an SM and
-// 3 and 4 stages.
+// tiles of 64 and 32 rows.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 
@@ -60,17 +60,17 @@ int main(int argc, char** argv) {
         repetitions);
     std::printf("%-18s two GEMMs         %8.1f us %6.0f GB/s\n", s.name, gemms * 1e3,
                 2 * g_bytes / gemms / 1e6);
-    for (const int stages : {3, 4}) {
+    for (const int tile_rows : {64, 32}) {
       for (const int blocks_per_sm : {1, 2, 3}) {
         const double fused = TimeMs(
             [&] {
               qlora::kernels::LoraGradientPair(
                   g, b, ha, 2.0, dha, db,
-                  qlora::kernels::LoraGradientPairOptions{blocks_per_sm, stages});
+                  qlora::kernels::LoraGradientPairOptions{blocks_per_sm, tile_rows});
             },
             repetitions);
-        std::printf("%-18s one pass, %d/SM, %d stages %8.1f us %6.0f GB/s  %.2fx\n", s.name,
-                    blocks_per_sm, stages, fused * 1e3, g_bytes / fused / 1e6, gemms / fused);
+        std::printf("%-18s one pass, %d/SM, %2d-row tiles %8.1f us %6.0f GB/s  %.2fx\n", s.name,
+                    blocks_per_sm, tile_rows, fused * 1e3, g_bytes / fused / 1e6, gemms / fused);
       }
     }
   }

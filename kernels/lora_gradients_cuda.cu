@@ -2,14 +2,14 @@
 // their per-chunk partials.
 //
 //   LoraGradientPairKernel    one block per (row chunk, column chunk) of g, about two blocks an
-//                             SM; 64 x 128 tiles of g (with ha's 64 rows) stream through shared
-//                             memory by cp.async, 3 or 4 stages deep; each of the 8 warps takes a
-//                             quarter of the tile's rows and half its columns for dh' and a
-//                             sixteenth of its columns for dB, on the tensor cores (ldmatrix +
-//                             mma.sync m16n8k16, float32 sums in registers); a column chunk is
-//                             512 / 256 / 128 columns (r 16 / 32 / 48-64), so that dB's sums for
-//                             all of it stay in registers while the rows go by; per-chunk partial
-//                             sums go to float32 workspaces.
+//                             SM; 16 KB tiles of g (64 x 128 or 32 x 256 values, with ha's rows)
+//                             stream through shared memory by cp.async, 3 stages deep; each of
+//                             the 8 warps takes a strip of the tile's rows for dh' and a slice of
+//                             its columns for dB, on the tensor cores (ldmatrix + mma.sync
+//                             m16n8k16, float32 sums in registers); a column chunk is 512 / 256 /
+//                             128 columns (r 16 / 32 / 48-64), so that dB's sums for all of it
+//                             stay in registers while the rows go by; per-chunk partial sums go to
+//                             float32 workspaces.
 //   LoraGradientReduceKernel  adds each value's partials in chunk order (the same bits every
 //                             run), scales and rounds once, as a GEMM's epilogue does.
 #include <algorithm>
@@ -27,16 +27,19 @@
 namespace qlora::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;           // 8 warps
-constexpr int kTileRows = 64;           // rows of g a tile
-constexpr int kTileCols = 128;          // columns of g a tile
-constexpr int kTileLd = kTileCols + 8;  // padded rows: ldmatrix's 8 rows fall in distinct banks
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kTileValues = 8192;  // a tile of g: kRows x (8192 / kRows) values, 16 KB
+constexpr int kStages = 3;
 
-// Row lengths (in 16-bit values) of B's and ha's shared copies, padded like kTileLd.
+// A tile's columns, and its rows' length in shared memory, padded so that ldmatrix's 8 rows
+// fall in distinct banks.
+constexpr int TileCols(int rows) { return kTileValues / rows; }
+constexpr int TileLd(int rows) { return TileCols(rows) + 8; }
+// Row lengths (in 16-bit values) of B's and ha's shared copies, padded like TileLd.
 constexpr int RankLd(int r) { return r + 8; }
-// Column tiles a block's chunk spans: dB's sums for the chunk, (chunk columns / 8 warps) x r
-// float32 a warp, stay at 32 registers a thread.
-constexpr int ColumnTiles(int r) { return r <= 16 ? 4 : r <= 32 ? 2 : 1; }
+// The columns of a block's chunk: dB's sums for the chunk, (chunk columns / 8 warps) x r float32
+// a warp, stay at 32 registers a thread.
+constexpr int ChunkCols(int r) { return r <= 16 ? 512 : r <= 32 ? 256 : 128; }
 
 // The mma.sync operand type of a 16-bit dtype.
 struct Bf16 {};
@@ -106,17 +109,18 @@ struct PairArgs {
   const void* ha;
   int64_t ha_stride;
   int64_t rows, cols;
-  int chunk_rows;       // a multiple of kTileRows
+  int chunk_rows;       // a multiple of the tile's rows
   float* dha_partial;   // [column chunks][rows_padded][r]
   float* db_partial;    // [row chunks][cols_padded][r]
   int64_t rows_padded, cols_padded;
 };
 
-template <int R, int kStages>
+template <int R, int kRows>
 size_t SharedBytes() {
-  return sizeof(uint16_t) * (kStages * kTileRows * (kTileLd + RankLd(R)) +
-                             size_t{ColumnTiles(R)} * kTileCols * RankLd(R)) +
-         sizeof(float) * kTileRows * R;
+  constexpr int kParts = 8 / (kRows / 16);  // warps sharing a strip of rows for dh'
+  return sizeof(uint16_t) * (kStages * kRows * (TileLd(kRows) + RankLd(R)) +
+                             size_t{ChunkCols(R)} * RankLd(R)) +
+         sizeof(float) * (kParts - 1) * kRows * R;
 }
 
 // Lane l's row in an x4 load of a 16x16 block whose matrices go (rows 0-7, 8-15) x (columns
@@ -126,30 +130,37 @@ __device__ __forceinline__ int RowsFirstCol(int lane) { return (lane / 16) * 8; 
 __device__ __forceinline__ int ColsFirstRow(int lane) { return (lane % 8) + (lane / 16) * 8; }
 __device__ __forceinline__ int ColsFirstCol(int lane) { return ((lane / 8) % 2) * 8; }
 
-template <typename T, int R, int kStages>
+// Tiles of kRows x 8192 / kRows values (64 x 128 or 32 x 256: longer row pieces, fewer
+// DRAM pages a tile). dh': warp w takes rows (w % strips) * 16 .. + 16 of a tile and its 64
+// columns (w / strips) * 64 .. + 64, strips = kRows / 16; the parts of a strip add up through
+// shared memory once a row tile's chunk is done. dB: warp w takes the tile's columns
+// w * kCols / 8 .. + kCols / 8 over all its rows.
+template <typename T, int R, int kRows>
 __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs args) {
   using Op = typename MmaOperand<T>::type;
+  constexpr int kCols = TileCols(kRows), kLd = TileLd(kRows);
   constexpr int kRankLd = RankLd(R), kPieces = R / 8;  // 16-byte pieces of a rank row
-  constexpr int kColTiles = ColumnTiles(R), kChunkCols = kColTiles * kTileCols;
+  constexpr int kChunkCols = ChunkCols(R), kColTiles = kChunkCols / kCols;
+  static_assert(kColTiles >= 1 && kChunkCols % kCols == 0, "a chunk is whole tiles");
   constexpr int kBlocks = R / 8;  // n8 blocks of the rank dimension
+  constexpr int kStrips = kRows / 16, kParts = 8 / kStrips, kSlices = kCols / 16 / 8;
   extern __shared__ __align__(128) unsigned char shared[];
-  T* tiles = reinterpret_cast<T*>(shared);                // [kStages][kTileRows][kTileLd]
-  T* ha_tiles = tiles + kStages * kTileRows * kTileLd;     // [kStages][kTileRows][kRankLd]
-  T* b_chunk = ha_tiles + kStages * kTileRows * kRankLd;   // [kChunkCols][kRankLd]
-  float* dha_half = reinterpret_cast<float*>(b_chunk + kChunkCols * kRankLd);  // [64][R]
+  T* tiles = reinterpret_cast<T*>(shared);             // [kStages][kRows][kLd]
+  T* ha_tiles = tiles + kStages * kRows * kLd;         // [kStages][kRows][kRankLd]
+  T* b_chunk = ha_tiles + kStages * kRows * kRankLd;   // [kChunkCols][kRankLd]
+  float* dha_parts = reinterpret_cast<float*>(b_chunk + kChunkCols * kRankLd);  // [parts-1][kRows][R]
 
   const T* g = static_cast<const T*>(args.g);
   const T* ha = static_cast<const T*>(args.ha);
   const T* b = static_cast<const T*>(args.b);
   const int64_t col0 = int64_t{blockIdx.x} * kChunkCols;
   const int64_t row0 = int64_t{blockIdx.y} * args.chunk_rows;
-  const int row_tiles = static_cast<int>(
-      (min(args.rows - row0, int64_t{args.chunk_rows}) + kTileRows - 1) / kTileRows);
+  const int row_tiles =
+      static_cast<int>((min(args.rows - row0, int64_t{args.chunk_rows}) + kRows - 1) / kRows);
   const int tiles_total = row_tiles * kColTiles;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  // dh': this warp's 16 rows of a tile and half of its columns; dB: its 16 columns of a tile.
-  const int dha_row = (warp % 4) * 16, dha_col = (warp / 4) * (kTileCols / 2);
-  const int db_col = warp * 16;
+  const int part = warp / kStrips, dha_row = (warp % kStrips) * 16, dha_col = part * 64;
+  const int db_col = warp * 16 * kSlices;
 
   // B's rows of this chunk (zeros past the last column) join the first tile's copies.
   for (int p = threadIdx.x; p < kChunkCols * kPieces; p += kThreads) {
@@ -161,19 +172,19 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   // Tile t: row tile t / kColTiles, column tile t % kColTiles, into stage t % kStages.
   auto load_tile = [&](int t) {
     const int stage = t % kStages;
-    const int64_t r0 = row0 + int64_t{t / kColTiles} * kTileRows;
-    const int64_t c0 = col0 + int64_t{t % kColTiles} * kTileCols;
-    T* dst = tiles + stage * kTileRows * kTileLd;
+    const int64_t r0 = row0 + int64_t{t / kColTiles} * kRows;
+    const int64_t c0 = col0 + int64_t{t % kColTiles} * kCols;
+    T* dst = tiles + stage * kRows * kLd;
 #pragma unroll
-    for (int i = 0; i < kTileRows * (kTileCols / 8) / kThreads; ++i) {
+    for (int i = 0; i < kTileValues / 8 / kThreads; ++i) {
       const int p = threadIdx.x + i * kThreads;
-      const int row = p / (kTileCols / 8), piece = p % (kTileCols / 8);
+      const int row = p / (kCols / 8), piece = p % (kCols / 8);
       const int64_t gr = r0 + row, gc = c0 + piece * 8;
       const bool valid = gr < args.rows && gc < args.cols;
-      CopyAsync16(dst + row * kTileLd + piece * 8, valid ? g + gr * args.g_stride + gc : g, valid);
+      CopyAsync16(dst + row * kLd + piece * 8, valid ? g + gr * args.g_stride + gc : g, valid);
     }
-    T* ha_dst = ha_tiles + stage * kTileRows * kRankLd;
-    for (int p = threadIdx.x; p < kTileRows * kPieces; p += kThreads) {
+    T* ha_dst = ha_tiles + stage * kRows * kRankLd;
+    for (int p = threadIdx.x; p < kRows * kPieces; p += kThreads) {
       const int row = p / kPieces, piece = p % kPieces;
       const bool valid = r0 + row < args.rows;
       CopyAsync16(ha_dst + row * kRankLd + piece * 8,
@@ -187,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   }
 
   float dha_sums[kBlocks][4] = {};
-  float db_sums[kColTiles][kBlocks][4] = {};
+  float db_sums[kColTiles][kSlices][kBlocks][4] = {};
   for (int row_tile = 0; row_tile < row_tiles; ++row_tile) {
 #pragma unroll
     for (int ct = 0; ct < kColTiles; ++ct) {
@@ -196,13 +207,13 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
       __syncthreads();            // ... for every thread; stage (t - 1) is read no more
       if (t + kStages - 1 < tiles_total) load_tile(t + kStages - 1);
       CommitCopies();
-      const T* tile = tiles + (t % kStages) * kTileRows * kTileLd;
-      const T* ha_tile = ha_tiles + (t % kStages) * kTileRows * kRankLd;
-      const T* b_tile = b_chunk + ct * kTileCols * kRankLd;
+      const T* tile = tiles + (t % kStages) * kRows * kLd;
+      const T* ha_tile = ha_tiles + (t % kStages) * kRows * kRankLd;
+      const T* b_tile = b_chunk + ct * kCols * kRankLd;
 #pragma unroll
-      for (int k = 0; k < kTileCols / 2; k += 16) {  // dh' += g[rows, k..k+16] B[k..k+16, :]
+      for (int k = 0; k < 64; k += 16) {  // dh' += g[rows, k..k+16] B[k..k+16, :]
         uint32_t a[4];
-        LoadMatrices(a, tile + (dha_row + RowsFirstRow(lane)) * kTileLd + dha_col + k +
+        LoadMatrices(a, tile + (dha_row + RowsFirstRow(lane)) * kLd + dha_col + k +
                             RowsFirstCol(lane));
 #pragma unroll
         for (int j = 0; j < R / 16; ++j) {
@@ -214,43 +225,51 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
         }
       }
 #pragma unroll
-      for (int m = 0; m < kTileRows; m += 16) {  // dB += g[m..m+16, cols]^T ha[m..m+16, :]
-        uint32_t a[4];
-        LoadMatricesTransposed(a, tile + (m + ColsFirstRow(lane)) * kTileLd + db_col +
-                                      ColsFirstCol(lane));
+      for (int m = 0; m < kRows; m += 16) {  // dB += g[m..m+16, cols]^T ha[m..m+16, :]
+        uint32_t hf[R / 16][4];
 #pragma unroll
         for (int j = 0; j < R / 16; ++j) {
-          uint32_t hf[4];
-          LoadMatricesTransposed(hf, ha_tile + (m + RowsFirstRow(lane)) * kRankLd + j * 16 +
-                                         RowsFirstCol(lane));
-          Mma(Op{}, db_sums[ct][2 * j], a, hf[0], hf[1]);
-          Mma(Op{}, db_sums[ct][2 * j + 1], a, hf[2], hf[3]);
+          LoadMatricesTransposed(hf[j], ha_tile + (m + RowsFirstRow(lane)) * kRankLd + j * 16 +
+                                            RowsFirstCol(lane));
+        }
+#pragma unroll
+        for (int sl = 0; sl < kSlices; ++sl) {
+          uint32_t a[4];
+          LoadMatricesTransposed(a, tile + (m + ColsFirstRow(lane)) * kLd + db_col + sl * 16 +
+                                        ColsFirstCol(lane));
+#pragma unroll
+          for (int j = 0; j < R / 16; ++j) {
+            Mma(Op{}, db_sums[ct][sl][2 * j], a, hf[j][0], hf[j][1]);
+            Mma(Op{}, db_sums[ct][sl][2 * j + 1], a, hf[j][2], hf[j][3]);
+          }
         }
       }
     }
-    // The row tile's dh' over the chunk: the second column half's sums join the first's.
+    // The row tile's dh' over the chunk: the strip's other parts join part 0, in part order.
     const int r_lo = dha_row + lane / 4, c_lo = 2 * (lane % 4);
-    if (warp >= 4) {
+    if (part > 0) {
+      float* mine = dha_parts + (part - 1) * kRows * R;
 #pragma unroll
       for (int n = 0; n < kBlocks; ++n) {
-        float* at_lo = dha_half + r_lo * R + n * 8 + c_lo;
-        float* at_hi = at_lo + 8 * R;
-        at_lo[0] = dha_sums[n][0], at_lo[1] = dha_sums[n][1];
-        at_hi[0] = dha_sums[n][2], at_hi[1] = dha_sums[n][3];
+        float* lo = mine + r_lo * R + n * 8 + c_lo;
+        lo[0] = dha_sums[n][0], lo[1] = dha_sums[n][1];
+        lo[8 * R] = dha_sums[n][2], lo[8 * R + 1] = dha_sums[n][3];
       }
     }
     __syncthreads();
-    if (warp < 4) {
-      float* out = args.dha_partial +
-                   (int64_t{blockIdx.x} * args.rows_padded + row0 + row_tile * kTileRows) * R;
+    if (part == 0) {
+      float* out =
+          args.dha_partial + (int64_t{blockIdx.x} * args.rows_padded + row0 + row_tile * kRows) * R;
 #pragma unroll
       for (int n = 0; n < kBlocks; ++n) {
-        const float* at_lo = dha_half + r_lo * R + n * 8 + c_lo;
-        const float* at_hi = at_lo + 8 * R;
-        *reinterpret_cast<float2*>(out + r_lo * R + n * 8 + c_lo) =
-            make_float2(dha_sums[n][0] + at_lo[0], dha_sums[n][1] + at_lo[1]);
-        *reinterpret_cast<float2*>(out + (r_lo + 8) * R + n * 8 + c_lo) =
-            make_float2(dha_sums[n][2] + at_hi[0], dha_sums[n][3] + at_hi[1]);
+        float v[4] = {dha_sums[n][0], dha_sums[n][1], dha_sums[n][2], dha_sums[n][3]};
+#pragma unroll
+        for (int q = 1; q < kParts; ++q) {
+          const float* lo = dha_parts + (q - 1) * kRows * R + r_lo * R + n * 8 + c_lo;
+          v[0] += lo[0], v[1] += lo[1], v[2] += lo[8 * R], v[3] += lo[8 * R + 1];
+        }
+        *reinterpret_cast<float2*>(out + r_lo * R + n * 8 + c_lo) = make_float2(v[0], v[1]);
+        *reinterpret_cast<float2*>(out + (r_lo + 8) * R + n * 8 + c_lo) = make_float2(v[2], v[3]);
       }
     }
 #pragma unroll
@@ -262,14 +281,19 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   WaitCopies<0>();
   // dB's partial sums of this row chunk, straight from the registers.
   float* db_out = args.db_partial + (int64_t{blockIdx.y} * args.cols_padded + col0) * R;
-  const int n_lo = db_col + lane / 4, c_lo = 2 * (lane % 4);
+  const int c_lo = 2 * (lane % 4);
 #pragma unroll
   for (int ct = 0; ct < kColTiles; ++ct) {
 #pragma unroll
-    for (int n = 0; n < kBlocks; ++n) {
-      float* lo = db_out + (ct * kTileCols + n_lo) * R + n * 8 + c_lo;
-      *reinterpret_cast<float2*>(lo) = make_float2(db_sums[ct][n][0], db_sums[ct][n][1]);
-      *reinterpret_cast<float2*>(lo + 8 * R) = make_float2(db_sums[ct][n][2], db_sums[ct][n][3]);
+    for (int sl = 0; sl < kSlices; ++sl) {
+      const int n_lo = ct * kCols + db_col + sl * 16 + lane / 4;
+#pragma unroll
+      for (int n = 0; n < kBlocks; ++n) {
+        float* lo = db_out + n_lo * R + n * 8 + c_lo;
+        *reinterpret_cast<float2*>(lo) = make_float2(db_sums[ct][sl][n][0], db_sums[ct][sl][n][1]);
+        *reinterpret_cast<float2*>(lo + 8 * R) =
+            make_float2(db_sums[ct][sl][n][2], db_sums[ct][sl][n][3]);
+      }
     }
   }
 }
@@ -327,18 +351,18 @@ __global__ void LoraGradientReduceKernel(ReduceArgs args) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The pair kernel at rank R, then the reduction, on the current stream: chunks of
-// ColumnTiles(R) * 128 columns by as many rows as make about blocks_per_sm blocks an SM.
-template <typename T, int R, int kStages>
+// The pair kernel at rank R with tiles of kRows rows, then the reduction, on the current stream:
+// chunks of ChunkCols(R) columns by as many rows as make about blocks_per_sm blocks an SM.
+template <typename T, int R, int kRows>
 void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
             const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
   const c10::cuda::CUDAGuard guard(g.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t rows = g.size(0), cols = g.size(1);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t chunk_cols = ColumnTiles(R) * kTileCols, col_chunks = CeilDiv(cols, chunk_cols);
+  const int64_t chunk_cols = ChunkCols(R), col_chunks = CeilDiv(cols, chunk_cols);
   const int64_t wanted = std::max<int64_t>(1, CeilDiv(int64_t{sms} * blocks_per_sm, col_chunks));
-  const int64_t chunk_rows = CeilDiv(CeilDiv(rows, wanted), kTileRows) * kTileRows;
+  const int64_t chunk_rows = CeilDiv(CeilDiv(rows, wanted), kRows) * kRows;
   const int64_t row_chunks = CeilDiv(rows, chunk_rows);
   TORCH_CHECK(row_chunks < 65536 && col_chunks < (int64_t{1} << 31),
               "LoRA gradients kernel: g is too large");
@@ -349,8 +373,8 @@ void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, floa
                       ha.stride(0), rows, cols, static_cast<int>(chunk_rows),
                       dha_partial.mutable_data_ptr<float>(), db_partial.mutable_data_ptr<float>(),
                       row_chunks * chunk_rows, col_chunks * chunk_cols};
-  auto kernel = LoraGradientPairKernel<T, R, kStages>;
-  const size_t shared = SharedBytes<R, kStages>();
+  auto kernel = LoraGradientPairKernel<T, R, kRows>;
+  const size_t shared = SharedBytes<R, kRows>();
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(shared)));
   kernel<<<dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)), kThreads,
@@ -366,34 +390,32 @@ void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, floa
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <typename T, int kStages>
+template <typename T>
 void LaunchOfRank(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                  const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
+                  const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm, int tile_rows) {
+  const bool short_tiles = tile_rows == 32;  // ranks 16 and 32 only: dB's sums would not fit
   switch (b.size(1)) {
-    case 16: return Launch<T, 16, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 32: return Launch<T, 32, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 48: return Launch<T, 48, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 64: return Launch<T, 64, kStages>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 16:
+      if (short_tiles) return Launch<T, 16, 32>(g, b, ha, scale, dha, db, blocks_per_sm);
+      return Launch<T, 16, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 32:
+      if (short_tiles) return Launch<T, 32, 32>(g, b, ha, scale, dha, db, blocks_per_sm);
+      return Launch<T, 32, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 48: return Launch<T, 48, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
+    case 64: return Launch<T, 64, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
     default: TORCH_CHECK(false, "LoRA gradients kernel: rank ", b.size(1), " is not 16, 32, 48 or 64");
   }
-}
-
-template <typename T>
-void LaunchOfStages(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                    const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm, int stages) {
-  if (stages <= 3) return LaunchOfRank<T, 3>(g, b, ha, scale, dha, db, blocks_per_sm);
-  LaunchOfRank<T, 4>(g, b, ha, scale, dha, db, blocks_per_sm);
 }
 
 }  // namespace
 
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
                       const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm,
-                      int stages) {
+                      int tile_rows) {
   if (g.scalar_type() == at::kBFloat16) {
-    LaunchOfStages<c10::BFloat16>(g, b, ha, scale, dha, db, blocks_per_sm, stages);
+    LaunchOfRank<c10::BFloat16>(g, b, ha, scale, dha, db, blocks_per_sm, tile_rows);
   } else {
-    LaunchOfStages<c10::Half>(g, b, ha, scale, dha, db, blocks_per_sm, stages);
+    LaunchOfRank<c10::Half>(g, b, ha, scale, dha, db, blocks_per_sm, tile_rows);
   }
 }
 

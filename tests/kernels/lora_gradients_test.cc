@@ -1,8 +1,9 @@
 // kernels/lora_gradients.h against the float32 formula dh' = scale g B, dB = scale g^T ha: on
 // CPU (ATen's GEMMs) and with the one-pass CUDA kernel on the GPU where there is one, for both
 // 16-bit dtypes, every rank the kernel takes, the 7B layer's shapes and shapes with partial
-// tiles, at every grid and pipeline depth the options offer; operands and outputs that are rows of wider buffers (the engine's grouped layers); the
-// same bits on every run; and which tensors the kernel takes.
+// tiles, at every grid and tile shape the options offer; operands and outputs that are rows
+// of wider buffers (the engine's grouped layers); the same bits on every run; and which tensors
+// the kernel takes.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -71,7 +72,7 @@ TEST(KernelsLoraGradients, PairEqualsTheFloat32Formula) {
   }
 }
 
-TEST(KernelsLoraGradients, EveryGridAndPipelineDepthGivesTheFormula) {
+TEST(KernelsLoraGradients, EveryGridAndTileShapeGivesTheFormula) {
   for (const at::Device& device : KernelTestDevices()) {
     for (const Shape& s : {Shape{1000, 11008, 16}, Shape{333, 1360, 64}, Shape{4100, 4096, 32}}) {
       const Operands x = Make(s, at::kBFloat16, device, s.out);
@@ -79,11 +80,11 @@ TEST(KernelsLoraGradients, EveryGridAndPipelineDepthGivesTheFormula) {
       const at::Tensor want_dha = at::mm(g, x.b.to(at::kFloat)) * 0.5;
       const at::Tensor want_db = at::mm(g.t(), x.ha.to(at::kFloat)) * 0.5;
       for (const LoraGradientPairOptions options :
-           {LoraGradientPairOptions{1, 3}, LoraGradientPairOptions{2, 4},
-            LoraGradientPairOptions{3, 3}, LoraGradientPairOptions{1, 4}}) {
+           {LoraGradientPairOptions{1, 64}, LoraGradientPairOptions{2, 32},
+            LoraGradientPairOptions{3, 64}, LoraGradientPairOptions{1, 32}}) {
         SCOPED_TRACE(testing::Message() << device << " rows " << s.rows << " out " << s.out
                                         << " r " << s.r << ", " << options.blocks_per_sm
-                                        << " blocks an SM, " << options.stages << " stages");
+                                        << " blocks an SM, " << options.tile_rows << "-row tiles");
         const at::Tensor dha = at::empty({s.rows, s.r}, x.g.options());
         const at::Tensor db = at::empty({s.out, s.r}, x.g.options());
         LoraGradientPair(x.g, x.b, x.ha, 0.5, dha, db, options);
