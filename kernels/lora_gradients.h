@@ -25,9 +25,10 @@ struct LoraGradientPairOptions {
   // The CUDA kernel's grid: about this many blocks an SM (more hide memory latency better, but
   // each block's chunk of rows adds a partial dB of out x r float32 values to write and add).
   int blocks_per_sm = 2;
-  // Rows of the kernel's 16 KB tiles of g: 64 (x 128 columns) or 32 (x 256: longer pieces of
-  // each row a tile; r 16 and 32 only, others take 64).
-  int tile_rows = 64;
+  // Rows of the kernel's 16 KB tiles of g: 32 (x 256 columns: longer pieces of each row a tile;
+  // r 16 and 32 only, others take 64) or 64 (x 128). On an H200 32 was 5-7 % faster at the 7B
+  // shapes (bench/results/2026-12-02-h200-round14-notes.md).
+  int tile_rows = 32;
 };
 
 // Writes dha [T, r] and db [out, r] (g's dtype; either may be rows of a wider buffer) for
