@@ -5,43 +5,20 @@
 // Bytes counted per weight: the packed codes (0.5 a value), the bf16 output (2 a value) and the
 // per-block absmax codes. Prints microseconds and GB/s per weight shape.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAEvent.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/bench_timing.h"
 #include "kernels/quantize_4bit.h"
 
-namespace {
-
-// Milliseconds per call: the best of 3 batches of `repetitions` calls, timed by CUDA events.
-double TimeMs(const std::function<void()>& call, int repetitions) {
-  call();
-  double best = 1e30;
-  for (int batch = 0; batch < 3; ++batch) {
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    start.record();
-    for (int r = 0; r < repetitions; ++r) call();
-    stop.record();
-    stop.synchronize();
-    best = std::min(best, static_cast<double>(start.elapsed_time(stop)) / repetitions);
-  }
-  return best;
-}
-
-}  // namespace
+using qlora::kernels::BestBatchMs;
 
 int main(int argc, char** argv) {
-  if (!at::hasCUDA()) {
-    std::printf("no GPU: nothing to time\n");
-    return 0;
-  }
-  const int repetitions = argc > 1 ? std::atoi(argv[1]) : 100;
+  const int repetitions = qlora::kernels::BenchRepetitions(argc, argv);
+  if (repetitions == 0) return 0;
   const std::vector<std::pair<const char*, std::pair<int64_t, int64_t>>> weights = {
       {"7B q/o 4096x4096", {4096, 4096}},
       {"7B gate 11008x4096", {11008, 4096}},
@@ -55,13 +32,13 @@ int main(int argc, char** argv) {
     const double values = static_cast<double>(rows) * static_cast<double>(cols);
     const double bytes = values * 2.5 + static_cast<double>(q.absmax.numel());
     const double ms =
-        TimeMs([&] { (void)qlora::kernels::Dequantize4bit(q, at::kBFloat16); }, repetitions);
+        BestBatchMs([&] { (void)qlora::kernels::Dequantize4bit(q, at::kBFloat16); }, repetitions);
     std::printf("%-20s dequantize nf4-dq    %8.1f us %7.0f GB/s\n", name, ms * 1e3,
                 bytes / ms / 1e6);
     at::Tensor out = at::empty({rows, cols}, at::dtype(at::kBFloat16).device(at::kCUDA));
     const at::Tensor source = at::randn_like(out);
-    const double fill = TimeMs([&] { out.fill_(1.0); }, repetitions);
-    const double copy = TimeMs([&] { out.copy_(source); }, repetitions);
+    const double fill = BestBatchMs([&] { out.fill_(1.0); }, repetitions);
+    const double copy = BestBatchMs([&] { out.copy_(source); }, repetitions);
     std::printf("%-20s bf16 fill           %8.1f us %7.0f GB/s (writes only)\n", name, fill * 1e3,
                 values * 2 / fill / 1e6);
     std::printf("%-20s bf16 copy           %8.1f us %7.0f GB/s (reads + writes)\n", name,

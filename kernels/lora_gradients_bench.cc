@@ -2,43 +2,19 @@
 // GEMMs it replaces (ATen's, as the engine ran them before), at the 7B layer's gradient shapes.
 //   lora_gradients_bench [repetitions]   (default 100 per batch, 3 batches, the best batch printed)
 // Prints microseconds per call and the rate at which g's bytes go by (the kernel reads g once,
-// the GEMMs twice), for the kernel at 1, 2 and 3 blocks an SM and
-// tiles of 64 and 32 rows.
+// the GEMMs twice), for the kernel at 1, 2 and 3 blocks an SM and tiles of 64 and 32 rows.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAEvent.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
 
+#include "kernels/bench_timing.h"
 #include "kernels/lora_gradients.h"
 
-namespace {
-
-// Milliseconds per call: the best of 3 batches of `repetitions` calls, timed by CUDA events.
-double TimeMs(const std::function<void()>& call, int repetitions) {
-  call();
-  double best = 1e30;
-  for (int batch = 0; batch < 3; ++batch) {
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    start.record();
-    for (int r = 0; r < repetitions; ++r) call();
-    stop.record();
-    stop.synchronize();
-    best = std::min(best, static_cast<double>(start.elapsed_time(stop)) / repetitions);
-  }
-  return best;
-}
-
-}  // namespace
+using qlora::kernels::BestBatchMs;
 
 int main(int argc, char** argv) {
-  if (!at::hasCUDA()) {
-    std::printf("no GPU: nothing to time\n");
-    return 0;
-  }
-  const int repetitions = argc > 1 ? std::atoi(argv[1]) : 100;
+  const int repetitions = qlora::kernels::BenchRepetitions(argc, argv);
+  if (repetitions == 0) return 0;
   struct Shape {
     const char* name;
     int64_t rows, out, r;
@@ -52,7 +28,7 @@ int main(int argc, char** argv) {
     const at::Tensor ha = at::randn({s.rows, s.r}, options);
     at::Tensor dha = at::empty({s.rows, s.r}, options), db = at::empty({s.out, s.r}, options);
     const double g_bytes = 2.0 * s.rows * s.out;
-    const double gemms = TimeMs(
+    const double gemms = BestBatchMs(
         [&] {
           at::addmm_out(dha, dha, g, b, 0.0, 2.0);
           at::addmm_out(db, db, g.t(), ha, 0.0, 2.0);
@@ -62,7 +38,7 @@ int main(int argc, char** argv) {
                 2 * g_bytes / gemms / 1e6);
     for (const int tile_rows : {64, 32}) {
       for (const int blocks_per_sm : {1, 2, 3}) {
-        const double fused = TimeMs(
+        const double fused = BestBatchMs(
             [&] {
               qlora::kernels::LoraGradientPair(
                   g, b, ha, 2.0, dha, db,
