@@ -22,9 +22,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The rank-r GEMMs run inside a profiler range of this name: their enclosing ops show the
-// layer's shapes, not r, so bench/attribute_profile.py tells them from the base GEMMs by it.
-// Without a profiler a range is a flag test.
+// The rank-r GEMMs (LoraAddmm, LoraMm, LoraGradientPair) run inside a profiler range of this name:
+// their enclosing ops show the layer's shapes, not r, so bench/attribute_profile.py tells them
+// from the base GEMMs by it. Without a profiler a range is a flag test.
 constexpr const char* kLoraRange = "qlora::lora";
 
 // Rebuilds the kernels' descriptor from what forward saved in the context.
@@ -105,6 +105,19 @@ at::Tensor Matmul(kernels::GemmTuner* gemm, const at::Tensor& x, const at::Tenso
   return Mm(gemm, x.reshape({-1, x.size(-1)}), b).view(sizes);
 }
 
+// Addmm and Mm for the rank-r GEMMs, inside a kLoraRange profiler range.
+void LoraAddmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor& a,
+               const at::Tensor& b, double beta = 1.0, double alpha = 1.0) {
+  RECORD_USER_SCOPE(kLoraRange);
+  Addmm(gemm, out, a, b, beta, alpha);
+}
+
+at::Tensor LoraMm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b,
+                  double alpha = 1.0) {
+  RECORD_USER_SCOPE(kLoraRange);
+  return Mm(gemm, a, b, alpha);
+}
+
 void Save(AutogradContext* ctx, const kernels::Quantized4bit& q, const std::string& prefix = "") {
   auto& s = ctx->saved_data;
   // Frozen tensors: saving them in saved_data keeps a reference, not a copy.
@@ -180,10 +193,7 @@ at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tenso
   if (value_unused) return ValueUnused({x.size(0), base.out_features}, x.options());
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   const at::ScalarType dtype = x.scalar_type();
-  {
-    RECORD_USER_SCOPE(kLoraRange);
-    Addmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/0, /*alpha=*/scale);
-  }
+  LoraAddmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/0, /*alpha=*/scale);
   Addmm(gemm, y, x, base.Materialize(dtype).t());
   return y;
 }
@@ -195,11 +205,7 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
                                               const FrozenWeight& base, double scale,
                                               bool value_unused, kernels::GemmTuner* gemm,
                                               AdapterCopies* copies) {
-  at::Tensor ha;
-  {
-    RECORD_USER_SCOPE(kLoraRange);
-    ha = Mm(gemm, h, InDtype(copies, a, x.scalar_type()).t());  // [T, r]
-  }
+  const at::Tensor ha = LoraMm(gemm, h, InDtype(copies, a, x.scalar_type()).t());  // [T, r]
   return {LoraOutput(x, ha, b, base, scale, value_unused, gemm, copies), ha};
 }
 
@@ -208,6 +214,7 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
 void LoraGradientPair(kernels::GemmTuner* gemm, const at::Tensor& g, const at::Tensor& b,
                       const at::Tensor& ha, double scale, const at::Tensor& dha,
                       const at::Tensor& db) {
+  RECORD_USER_SCOPE(kLoraRange);
   if (kernels::LoraGradientPairFused(g, b, ha, dha, db)) {
     kernels::LoraGradientPair(g, b, ha, scale, dha, db);
     return;
@@ -228,14 +235,12 @@ struct LoraGradients {
 // dh = dh' A [T, in], the adapters' part of the input gradient.
 at::Tensor LoraInputGradient(const LoraGradients& d, const at::Tensor& a, at::ScalarType dtype,
                              kernels::GemmTuner* gemm, AdapterCopies* copies) {
-  RECORD_USER_SCOPE(kLoraRange);
-  return Mm(gemm, d.dha, InDtype(copies, a, dtype));
+  return LoraMm(gemm, d.dha, InDtype(copies, a, dtype));
 }
 
 // dA = dh'^T h into its slot.
 void LoraAGradient(const LoraGradients& d, const at::Tensor& h, kernels::GemmTuner* gemm) {
-  RECORD_USER_SCOPE(kLoraRange);
-  Addmm(gemm, d.ab->Slot(0), d.dha.t(), h, /*beta=*/0.0);
+  LoraAddmm(gemm, d.ab->Slot(0), d.dha.t(), h, /*beta=*/0.0);
 }
 
 // The adapters' gradients for g [T, out] (in ha's dtype), each GEMM writing its result's layout
@@ -247,7 +252,6 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
                            const at::Tensor& a, const at::Tensor& b, double scale,
                            kernels::GemmTuner* gemm, AdapterCopies* copies,
                            bool input_gradient = true) {
-  RECORD_USER_SCOPE(kLoraRange);
   const at::ScalarType dtype = ha.scalar_type();
   LoraGradients d;
   d.ab.emplace(std::vector<std::vector<int64_t>>{a.sizes().vec(), b.sizes().vec()},
@@ -312,8 +316,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     if (recomputation) {
       dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
       d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
-      RECORD_USER_SCOPE(kLoraRange);
-      Addmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
+      LoraAddmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
     } else if (lean) {
       {
         const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
@@ -438,27 +441,23 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   for (size_t i = 0; i < n; ++i) shapes.push_back(b[i].sizes().vec());
   const AdapterGradients adapter_grads(shapes, x.options());
   int64_t offset = 0;
-  at::Tensor dx;
-  {
-    RECORD_USER_SCOPE(kLoraRange);
-    for (size_t i = 0; i < n; ++i) {
-      g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
-      LoraGradientPair(gemm, g[i], InDtype(copies, b[i], dtype), ha.narrow(1, offset, ranks[i]),
-                       scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i));
-      offset += ranks[i];
-    }
-    Addmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
-    const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
-    const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
-    for (size_t i = 0; i < n; ++i) {
-      grads[1 + i] = da[i];
-      grads[1 + n + i] = cast[1 + i];
-    }
-    // x's gradient only where something below takes it: the first decoder layer's q/k/v read
-    // the embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
-    if (ctx->needs_input_grad(0)) dx = Mm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
+    LoraGradientPair(gemm, g[i], InDtype(copies, b[i], dtype), ha.narrow(1, offset, ranks[i]),
+                     scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i));
+    offset += ranks[i];
   }
-  if (!dx.defined()) return grads;
+  LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
+  const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
+  const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
+  for (size_t i = 0; i < n; ++i) {
+    grads[1 + i] = da[i];
+    grads[1 + n + i] = cast[1 + i];
+  }
+  // x's gradient only where something below takes it: the first decoder layer's q/k/v read the
+  // embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
+  if (!ctx->needs_input_grad(0)) return grads;
+  const at::Tensor dx = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
   for (size_t i = 0; i < n; ++i) {
     Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
   }
@@ -485,11 +484,7 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     AdapterCopies* copies = (*group)[0]->adapter_copies;
     SaveGemm(ctx, gemm);
     SaveCopies(ctx, copies);
-    at::Tensor ha;
-    {
-      RECORD_USER_SCOPE(kLoraRange);
-      ha = Mm(gemm, x, InDtype(copies, a, dtype).t());  // [T, sum of r]
-    }
+    const at::Tensor ha = LoraMm(gemm, x, InDtype(copies, a, dtype).t());  // [T, sum of r]
     const std::vector<at::Tensor> ha_i = ha.split_with_sizes(ranks, 1);
     variable_list outputs;
     std::vector<double> scales;
@@ -585,10 +580,8 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
     SaveCopies(ctx, copies);
     const int64_t rows = x.size(0), in = x.size(1);
     const at::Tensor wide = WithSpareColumns(x, x.stride(0) - in);
-    {
-      RECORD_USER_SCOPE(kLoraRange);
-      Addmm(gemm, wide.narrow(1, in, rank_sum), x, InDtype(copies, a, dtype).t(), /*beta=*/0.0);
-    }
+    LoraAddmm(gemm, wide.narrow(1, in, rank_sum), x, InDtype(copies, a, dtype).t(),
+              /*beta=*/0.0);
     variable_list outputs;
     std::vector<double> scales;
     int64_t offset = 0;
