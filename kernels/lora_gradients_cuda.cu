@@ -123,8 +123,9 @@ size_t SharedBytes() {
          sizeof(float) * (kParts - 1) * kRows * R;
 }
 
-// Lane l's row in an x4 load of a 16x16 block whose matrices go (rows 0-7, 8-15) x (columns
-// 0-7, 8-15) in that order (row-major A fragments), or columns first (B fragments, A of g^T).
+// Lane l's row and column in an x4 load of a 16x16 block whose four 8x8 matrices go rows first,
+// (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) (g's A fragments for dh', and
+// the B fragments loaded transposed), or columns first (g's transposed A fragments for dB).
 __device__ __forceinline__ int RowsFirstRow(int lane) { return (lane % 8) + ((lane / 8) % 2) * 8; }
 __device__ __forceinline__ int RowsFirstCol(int lane) { return (lane / 16) * 8; }
 __device__ __forceinline__ int ColsFirstRow(int lane) { return (lane % 8) + (lane / 16) * 8; }
