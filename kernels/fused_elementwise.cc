@@ -22,20 +22,26 @@ at::Tensor RotateHalfTransposed(const at::Tensor& z) {  // cat(z2, -z1): rotate_
 
 bool OnCuda(const at::Tensor& t) { return t.is_cuda() && HasCudaKernels(); }
 
-at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                  bool backward) {
+// out = the rotation of x (out may be x itself: each value is read before it is written).
+void RotaryInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
+                at::Tensor& out) {
   TORCH_CHECK(x.dim() == 4 && x.size(-1) % 2 == 0,
               "rotary: x must be [batch, heads, seq, even dim], got ", x.sizes());
   TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
               "rotary: cos and sin must have x's dtype");
   if (OnCuda(x)) {
 #ifdef QLORA_HAVE_CUDA
-    at::Tensor out = at::empty_like(x);
-    if (cuda::Rotary(x, cos.expand(x.sizes()), sin.expand(x.sizes()), backward, out)) return out;
+    if (cuda::Rotary(x, cos.expand(x.sizes()), sin.expand(x.sizes()), backward, out)) return;
 #endif
   }
-  if (backward) return x * cos + RotateHalfTransposed(x * sin);
-  return x * cos + RotateHalf(x) * sin;
+  out.copy_(backward ? x * cos + RotateHalfTransposed(x * sin) : x * cos + RotateHalf(x) * sin);
+}
+
+at::Tensor Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                  bool backward) {
+  at::Tensor out = at::empty_like(x);
+  RotaryInto(x, cos, sin, backward, out);
+  return out;
 }
 
 }  // namespace
@@ -47,6 +53,10 @@ at::Tensor RotaryForward(const at::Tensor& x, const at::Tensor& cos, const at::T
 at::Tensor RotaryBackward(const at::Tensor& grad_out, const at::Tensor& cos,
                           const at::Tensor& sin) {
   return Rotary(grad_out, cos, sin, /*backward=*/true);
+}
+
+void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  RotaryInto(x, cos, sin, /*backward=*/false, x);
 }
 
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {

@@ -23,6 +23,9 @@ at::Tensor RotaryForward(const at::Tensor& x, const at::Tensor& cos, const at::T
 // The gradient of RotaryForward with respect to x, for the gradient of its output.
 at::Tensor RotaryBackward(const at::Tensor& grad_out, const at::Tensor& cos,
                           const at::Tensor& sin);
+// RotaryForward's values written over x itself (a view into a wider buffer stays one: nothing
+// beside it is touched).
+void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // gate, up: the same shape and dtype -> silu(gate) * up.
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);

@@ -285,6 +285,75 @@ TEST(EngineFused, SharedInputLoraGroupOverWidenedRowsEqualsTheLayersOneByOne) {
   }
 }
 
+// q/k/v as the decoder runs them on CUDA with multi-head attention (SharedInputForward with a
+// rotary): three equally wide layers without biases (one 4-bit) over widened rows run as one
+// GEMM whose outputs are the packed rows [T, 3 out], q's and k's columns rotated in place.
+// Against the layers one by one, then the rotary node on q and k: the values, the gradients of
+// the norm's inputs, the As and the Bs (k without a gradient of its own once), in float32 and
+// bf16; and the outputs are views of one packed buffer.
+TEST(EngineFused, PackedQkvWithRotaryEqualsTheLayersOneByOneThenRotary) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(19);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int64_t in = 64, out = 64, batch = 2, seq = 9, head_dim = 16;
+    std::vector<LinearLayer> layers = SharedInputLayers(device);
+    for (int i = 0; i < 3; ++i) {  // q, k, v: 64 wide, no bias (ranks 4, 8, 4 as before)
+      LinearLayer& l = layers[i];
+      const at::Tensor w = at::randn({out, in}, f32) * 0.1;
+      l.base = FrozenWeight();
+      l.base.out_features = out;
+      l.base.in_features = in;
+      if (i == 1) {
+        l.base.quantized = QuantizeWeight(w, kernels::Quantize4bitOptions());
+      } else {
+        l.base.dense = w;
+      }
+      l.lora->b = (at::randn({out, l.lora->a.size(0)}, f32) * 0.2).requires_grad_();
+    }
+    const std::vector<const LinearLayer*> group = {&layers[0], &layers[1], &layers[2]};
+    const int64_t spare = SharedInputSpareColumns(group, /*training=*/true);
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(c10::toString(dtype));
+      CastFrozen(layers, dtype);
+      const at::Tensor angle = at::rand({batch, 1, seq, head_dim}, f32) * 20;
+      SharedInputRotary rotary{angle.cos().to(dtype), angle.sin().to(dtype), batch, seq, head_dim};
+      const at::Tensor w = (1 + 0.1 * at::randn({in}, f32)).to(dtype);
+      const at::Tensor x0 = at::randn({batch, seq, in}, f32).to(dtype);
+      const at::Tensor d0 = at::randn({batch, seq, in}, f32).to(dtype);
+      at::Tensor xp = x0.clone().requires_grad_(), dp = d0.clone().requires_grad_();
+      at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
+      const auto [hp, np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
+      const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
+      const std::vector<at::Tensor> packed =
+          SharedInputForward(group, np, /*training=*/true, /*value_unused=*/false, &rotary);
+      std::vector<at::Tensor> single;
+      for (const LinearLayer& l : layers) single.push_back(l.Forward(ns, /*training=*/true));
+      for (int i = 0; i < 2; ++i) {
+        single[i] = Rotary(single[i].view({batch, seq, out / head_dim, head_dim}).transpose(1, 2),
+                           rotary.cos, rotary.sin)
+                        .transpose(1, 2)
+                        .reshape({batch, seq, out});
+      }
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(packed[i].stride(1), 3 * out) << "output " << i;
+        EXPECT_EQ(packed[i].data_ptr(),
+                  static_cast<void*>(static_cast<char*>(packed[0].data_ptr()) +
+                                     i * out * packed[0].element_size()))
+            << "output " << i;
+      }
+      for (const int without_gradient : {-1, 1}) {
+        GroupGradients c = CompareGroupOutputs(packed, single, layers, dtype, without_gradient);
+        c.outs.push_back(hp);  // the residual stream goes on
+        c.ref_outs.push_back(hs);
+        c.seeds.push_back(at::randn_like(hs));
+        ExpectSameGradients(c.outs, Joined({xp, dp}, c.adapters), c.ref_outs,
+                            Joined({xs, ds}, c.adapters), c.seeds, dtype);
+      }
+    }
+  }
+}
+
 // Where the input is frozen (the first decoder layer's norm of the embeddings), the nodes skip
 // its gradient (its base GEMMs and dequantizations) and the adapters' gradients stay what they
 // are with a trained input, to the bit: the q/k/v group over plain and over widened rows, and one

@@ -2,8 +2,8 @@
 // formulas and what autograd computes for them: on CPU (the formulas; the backward formulas are
 // checked against autograd) and, where there is a GPU, the CUDA kernels against the same
 // formulas on the GPU: rotary bit for bit forward and backward (strided and broadcast inputs
-// too), SwiGLU forward bit for bit and backward within one ulp (and the forward's output that
-// backward may give again, bit for bit).
+// too, per-head tables, in place over packed rows), SwiGLU forward bit for bit and backward
+// within one ulp (and the forward's output that backward may give again, bit for bit).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -44,12 +44,14 @@ struct RotaryCase {
   int64_t batch, heads, seq, dim;
   bool seq_major;      // x as the HF view: [batch, seq, heads, dim] memory, transposed
   bool shared_tables;  // cos/sin [1, 1, seq, dim] (one table for every row)
+  bool per_head_tables = false;  // cos/sin [batch, heads, seq, dim] (a table for every head)
 };
 
 TEST(KernelsFused, RotaryEqualsTheUnfusedFormulaAndItsAutogradGradient) {
   const std::vector<RotaryCase> cases = {
       {2, 4, 33, 128, true, false}, {1, 3, 17, 64, false, true},
-      {3, 2, 9, 16, true, true},    {2, 2, 5, 6, false, false}};  // dim 6: not vectorizable
+      {3, 2, 9, 16, true, true},    {2, 2, 5, 6, false, false},  // dim 6: not vectorizable
+      {2, 5, 7, 32, true, false, true}, {1, 9, 3, 128, false, false, true}};
   for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (const RotaryCase& c : cases) {
@@ -61,7 +63,9 @@ TEST(KernelsFused, RotaryEqualsTheUnfusedFormulaAndItsAutogradGradient) {
             c.seq_major ? (at::randn({c.batch, c.seq, c.heads, c.dim}, opts) * 3).transpose(1, 2)
                         : at::randn({c.batch, c.heads, c.seq, c.dim}, opts) * 3;
         const int64_t table_batch = c.shared_tables ? 1 : c.batch;
-        const at::Tensor angle = at::rand({table_batch, 1, c.seq, c.dim}, opts.dtype(at::kFloat)) * 40;
+        const int64_t table_heads = c.per_head_tables ? c.heads : 1;
+        const at::Tensor angle =
+            at::rand({table_batch, table_heads, c.seq, c.dim}, opts.dtype(at::kFloat)) * 40;
         const at::Tensor cos = angle.cos().to(dtype), sin = angle.sin().to(dtype);
         const at::Tensor grad = at::randn(x.sizes(), opts);
         const auto [ref_out, ref_dx] = UnfusedRotary(x, cos, sin, grad);
@@ -80,6 +84,29 @@ TEST(KernelsFused, RotaryKeepsTheInputsLayout) {
     const at::Tensor out = RotaryForward(x, cos, sin);
     EXPECT_EQ(out.strides(), x.strides()) << device;
     ExpectBitEqual(out, x, "cos 1, sin 0 is the identity");
+  }
+}
+
+// In place over q's columns of packed q/k/v rows [batch, seq, 3 * heads * dim] (the engine's
+// layout): q's values are RotaryForward's to the bit, k's and v's columns are untouched.
+TEST(KernelsFused, RotaryInPlaceOverPackedRowsTouchesOnlyItsColumns) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
+      at::manual_seed(9);
+      const auto opts = at::TensorOptions().dtype(dtype).device(device);
+      const int64_t batch = 2, seq = 11, heads = 6, dim = 64;
+      const at::Tensor packed = at::randn({batch, seq, 3 * heads * dim}, opts);
+      const at::Tensor before = packed.clone();
+      at::Tensor q = packed.narrow(2, 0, heads * dim).view({batch, seq, heads, dim}).transpose(1, 2);
+      const at::Tensor angle = at::rand({batch, 1, seq, dim}, opts.dtype(at::kFloat)) * 40;
+      const at::Tensor cos = angle.cos().to(dtype), sin = angle.sin().to(dtype);
+      const at::Tensor expected = RotaryForward(q, cos, sin);
+      RotaryForwardInPlace(q, cos, sin);
+      ExpectBitEqual(q, expected, "q in place");
+      ExpectBitEqual(packed.narrow(2, heads * dim, 2 * heads * dim),
+                     before.narrow(2, heads * dim, 2 * heads * dim), "k and v untouched");
+    }
   }
 }
 

@@ -550,6 +550,48 @@ at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor&
   return wide;
 }
 
+// The packed form of LoraWideGroupFunction's forward (SharedInputForward with a rotary, equally
+// wide layers without biases): the layers' widened weights stacked into one [sum of out, in +
+// sum of r] weight (layer i's rows [W_i | 0 | s_i B_i | 0], its adapter's columns at its offset),
+// one GEMM of the widened rows `wide` [T, in + sum of r] writing the packed outputs [T, sum of
+// out], then the rotation of the first two layers' columns (q and k) in place. Returns each
+// layer's columns (views of the packed rows).
+variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
+                            const std::vector<const LinearLayer*>& group,
+                            const SharedInputRotary& rotary, kernels::GemmTuner* gemm) {
+  const int64_t width = wide.size(1);
+  const int64_t in = group[0]->base.in_features, rank_sum = width - in;
+  int64_t total = 0;
+  for (const LinearLayer* layer : group) total += layer->base.out_features;
+  const at::Tensor stacked =
+      at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
+  stacked.narrow(1, in, rank_sum).zero_();  // each layer then writes its own adapter's columns
+  int64_t row = 0, offset = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const LinearLayer& layer = *group[i];
+    const int64_t out = layer.base.out_features;
+    const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat), layer.lora->scale};
+    layer.base.MaterializeInto(stacked.narrow(0, row, out).narrow(1, 0, in), &adapter);
+    row += out;
+    offset += b[i].size(1);
+  }
+  const at::Tensor packed = at::empty({wide.size(0), total}, wide.options());
+  Addmm(gemm, packed, wide, stacked.t(), 0.0);
+  variable_list outputs;
+  row = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int64_t out = group[i]->base.out_features;
+    outputs.push_back(packed.narrow(1, row, out));
+    row += out;
+    if (i >= 2) continue;
+    at::Tensor heads = outputs.back()
+                           .view({rotary.batch, rotary.seq, out / rotary.head_dim, rotary.head_dim})
+                           .transpose(1, 2);
+    kernels::RotaryForwardInPlace(heads, rotary.cos, rotary.sin);
+  }
+  return outputs;
+}
+
 // LoraGroupFunction's layers with their forward as GEMMs over widened rows, for x [T, in] whose
 // rows have SharedInputSpareColumns spare columns (sum(r_i) rounded up to aligned rows;
 // HasSpareColumns): the rank-r projections x [A_1; ...; A_n]^T are written in the first sum(r_i)
@@ -561,11 +603,12 @@ at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor&
 // LoraGroupFunction's (GroupBackward: widening its GEMMs too would widen their outputs, one more
 // column of output tiles, more than the dh' GEMMs it would save), reading ha where forward wrote
 // it. Same inputs and outputs as LoraGroupFunction, and the same values up to rounding
-// (fused_paths_test).
+// (fused_paths_test). With packed_rotary (SharedInputForward's packed q/k/v) forward is
+// PackedForward and backward first rotates q's and k's gradients back.
 struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList a,
                                at::TensorList b, const std::vector<const LinearLayer*>* group,
-                               bool value_unused) {
+                               bool value_unused, const SharedInputRotary* packed_rotary) {
     const at::ScalarType dtype = x.scalar_type();
     const size_t n = group->size();
     std::vector<int64_t> ranks;
@@ -584,13 +627,21 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
               /*beta=*/0.0);
     variable_list outputs;
     std::vector<double> scales;
+    const bool packed = packed_rotary != nullptr;
+    if (packed) {
+      outputs = PackedForward(wide.narrow(1, 0, in + rank_sum), b, *group, *packed_rotary, gemm);
+      ctx->saved_data["rotary_cos"] = packed_rotary->cos;
+      ctx->saved_data["rotary_sin"] = packed_rotary->sin;
+      ctx->saved_data["rotary_shape"] =
+          std::vector<int64_t>{packed_rotary->batch, packed_rotary->seq, packed_rotary->head_dim};
+    }
     int64_t offset = 0;
     for (size_t i = 0; i < n; ++i) {
       const LinearLayer& layer = *(*group)[i];
       const int64_t out = layer.base.out_features;
-      if (value_unused) {
+      if (!packed && value_unused) {
         outputs.push_back(ValueUnused({rows, out}, x.options()));
-      } else {
+      } else if (!packed) {
         at::Tensor y = at::empty({rows, out}, x.options());
         Addmm(gemm, y, wide.narrow(1, 0, in + offset + ranks[i]),
               WidenedWeight(layer.base, in, b[i], layer.lora->scale, offset, dtype).t(), 0.0);
@@ -611,7 +662,21 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
     for (int64_t r : ctx->saved_data["ranks"].toIntVector()) rank_sum += r;
     const at::Tensor ha =
         WithSpareColumns(x, x.stride(0) - x.size(1)).narrow(1, x.size(1), rank_sum);
-    return GroupBackward(ctx, x, ha, at::TensorList(saved).slice(1), grad_outputs);
+    if (ctx->saved_data.count("rotary_shape") > 0) {  // packed: q's and k's gradients rotated back
+      const std::vector<int64_t> shape = ctx->saved_data["rotary_shape"].toIntVector();
+      const at::Tensor cos = ctx->saved_data["rotary_cos"].toTensor();
+      const at::Tensor sin = ctx->saved_data["rotary_sin"].toTensor();
+      for (size_t i = 0; i < 2; ++i) {
+        const at::Tensor& g = grad_outputs[i];
+        if (!g.defined()) continue;
+        const at::Tensor heads =
+            g.reshape({shape[0], shape[1], g.size(1) / shape[2], shape[2]}).transpose(1, 2);
+        grad_outputs[i] = kernels::RotaryBackward(heads, cos, sin).transpose(1, 2).reshape(g.sizes());
+      }
+    }
+    variable_list grads = GroupBackward(ctx, x, ha, at::TensorList(saved).slice(1), grad_outputs);
+    grads.emplace_back();  // packed_rotary
+    return grads;
   }
 };
 
@@ -639,6 +704,26 @@ bool Grouped(const std::vector<const LinearLayer*>& layers, bool training) {
     grouped = grouped && AdapterWithoutDropout(*layer, training);
   }
   return grouped;
+}
+
+// Whether SharedInputForward's widened node may run `layers` packed (PackedForward): three or
+// more equally wide layers (q/k/v of multi-head attention: the packed layout cuDNN reads) and
+// no biases (the rotation would come before them).
+bool Packable(const std::vector<const LinearLayer*>& layers) {
+  bool packable = layers.size() >= 3;
+  for (const LinearLayer* layer : layers) {
+    packable = packable && !layer->base.bias.defined() &&
+               layer->base.out_features == layers[0]->base.out_features;
+  }
+  return packable;
+}
+
+// The rotary node over y [..., out] seen as [batch, heads, seq, head_dim], back in y's shape.
+at::Tensor RotaryRows(const at::Tensor& y, const SharedInputRotary& rotary) {
+  const int64_t out = y.size(-1);
+  const at::Tensor heads =
+      y.reshape({rotary.batch, rotary.seq, out / rotary.head_dim, rotary.head_dim}).transpose(1, 2);
+  return Rotary(heads, rotary.cos, rotary.sin).transpose(1, 2).reshape(y.sizes());
 }
 
 }  // namespace
@@ -713,29 +798,37 @@ int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, b
 }
 
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
-                                           const at::Tensor& x, bool training, bool value_unused) {
-  const bool grouped = Grouped(layers, training);
+                                           const at::Tensor& x, bool training, bool value_unused,
+                                           const SharedInputRotary* rotary) {
   std::vector<at::Tensor> out;
-  if (!grouped) {
+  bool rotated = false;
+  if (!Grouped(layers, training)) {
     for (const LinearLayer* layer : layers) {
       out.push_back(layer->Forward(x, training, value_unused));
     }
-    return out;
+  } else {
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
+    std::vector<at::Tensor> a, b;
+    for (const LinearLayer* layer : layers) {
+      a.push_back(layer->lora->a);
+      b.push_back(layer->lora->b);
+    }
+    variable_list ys;
+    if (HasSpareColumns(x2, SharedInputSpareColumns(layers, training))) {
+      const bool packed = rotary != nullptr && !value_unused && Packable(layers);
+      ys = LoraWideGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
+                                        value_unused, packed ? rotary : nullptr);
+      rotated = packed;
+    } else {
+      ys = LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
+                                    value_unused);
+    }
+    for (size_t i = 0; i < layers.size(); ++i) {
+      out.push_back(ToLayerOutput(ys[i], x.sizes(), layers[i]->base));
+    }
   }
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // rows of tokens
-  std::vector<at::Tensor> a, b;
-  for (const LinearLayer* layer : layers) {
-    a.push_back(layer->lora->a);
-    b.push_back(layer->lora->b);
-  }
-  const variable_list ys =
-      HasSpareColumns(x2, SharedInputSpareColumns(layers, training))
-          ? LoraWideGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
-                                         value_unused)
-          : LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
-                                     value_unused);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    out.push_back(ToLayerOutput(ys[i], x.sizes(), layers[i]->base));
+  if (rotary != nullptr && !rotated) {
+    for (size_t i = 0; i < 2 && i < out.size(); ++i) out[i] = RotaryRows(out[i], *rotary);
   }
   return out;
 }

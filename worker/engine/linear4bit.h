@@ -85,9 +85,22 @@ struct LinearLayer {
 // the adapters' rank-r projections there and runs each layer's forward as one GEMM over the
 // widened rows and its widened weight [W | 0 | scale B], with no separate pass for the
 // adapter's output (LoraWideGroupFunction in the .cc). Same values up to rounding.
+//
+// With `rotary` (q/k/v), the first two outputs come back rotated (fused_ops.h's Rotary over
+// their rows seen as [batch, seq, out / head_dim, head_dim]). Where the widened node runs and
+// the layers' outputs are equally wide (multi-head attention, not grouped-query), they run as
+// one GEMM over a stacked weight [W_q | s B_q . . ; W_k | . s B_k . ; W_v | . . s B_v] whose
+// output is the packed q/k/v rows [T, 3 out] that cuDNN's attention reads as they are, the
+// rotation written over q's and k's columns in place: one GEMM instead of three, no rotated
+// copies (the node's backward rotates their gradients back).
+struct SharedInputRotary {
+  at::Tensor cos, sin;  // [batch or 1, 1, seq, head_dim] in x's dtype (constants)
+  int64_t batch = 0, seq = 0, head_dim = 0;
+};
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
                                            const at::Tensor& x, bool training,
-                                           bool value_unused = false);
+                                           bool value_unused = false,
+                                           const SharedInputRotary* rotary = nullptr);
 
 // The spare columns SharedInputForward(layers, x, training) uses when x's rows have them: the
 // adapters' ranks summed, rounded up so that rows are a multiple of 64 values (aligned rows

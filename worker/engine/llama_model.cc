@@ -271,9 +271,12 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // Every temporary is let go after its last reader (std::exchange): a recomputation's dead
   // projection outputs (q and k before rotary, o) would otherwise live until LayerForward
   // returns, through the step's memory peak.
-  std::vector<at::Tensor> qkv = SharedInputForward(qkv_layers, n, training_);
-  const at::Tensor q = Rotary(split(std::exchange(qkv[0], {}), heads), cos, sin);
-  const at::Tensor k = Rotary(split(std::exchange(qkv[1], {}), kv_heads), cos, sin);
+  // q and k come back rotated (on CUDA with multi-head attention, in place in the packed q/k/v
+  // rows the node's one GEMM writes: linear4bit.h).
+  const SharedInputRotary rotary{cos, sin, batch, seq, head_dim};
+  std::vector<at::Tensor> qkv = SharedInputForward(qkv_layers, n, training_, false, &rotary);
+  const at::Tensor q = split(std::exchange(qkv[0], {}), heads);
+  const at::Tensor k = split(std::exchange(qkv[1], {}), kv_heads);
   const at::Tensor v = split(std::exchange(qkv[2], {}), kv_heads);
   const bool gqa = kv_heads != heads;
   at::Tensor attn;
