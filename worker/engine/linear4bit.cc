@@ -554,8 +554,8 @@ at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor&
 // wide layers without biases): the layers' widened weights stacked into one [sum of out, in +
 // sum of r] weight (layer i's rows [W_i | 0 | s_i B_i | 0], its adapter's columns at its offset),
 // one GEMM of the widened rows `wide` [T, in + sum of r] writing the packed outputs [T, sum of
-// out], then the rotation of the first two layers' columns (q and k) in place. Returns each
-// layer's columns (views of the packed rows).
+// out], then the rotation of the first two layers' columns (q and k) in place, in one pass.
+// Returns each layer's columns (views of the packed rows).
 variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
                             const std::vector<const LinearLayer*>& group,
                             const SharedInputRotary& rotary, kernels::GemmTuner* gemm) {
@@ -577,17 +577,18 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   }
   const at::Tensor packed = at::empty({wide.size(0), total}, wide.options());
   Addmm(gemm, packed, wide, stacked.t(), 0.0);
+  // q's and k's columns are side by side: one pass rotates both, as the heads of one tensor.
+  const int64_t rotated = group[0]->base.out_features + group[1]->base.out_features;
+  at::Tensor heads =
+      packed.narrow(1, 0, rotated)
+          .view({rotary.batch, rotary.seq, rotated / rotary.head_dim, rotary.head_dim})
+          .transpose(1, 2);
+  kernels::RotaryForwardInPlace(heads, rotary.cos, rotary.sin);
   variable_list outputs;
   row = 0;
-  for (size_t i = 0; i < group.size(); ++i) {
-    const int64_t out = group[i]->base.out_features;
-    outputs.push_back(packed.narrow(1, row, out));
-    row += out;
-    if (i >= 2) continue;
-    at::Tensor heads = outputs.back()
-                           .view({rotary.batch, rotary.seq, out / rotary.head_dim, rotary.head_dim})
-                           .transpose(1, 2);
-    kernels::RotaryForwardInPlace(heads, rotary.cos, rotary.sin);
+  for (const LinearLayer* layer : group) {
+    outputs.push_back(packed.narrow(1, row, layer->base.out_features));
+    row += layer->base.out_features;
   }
   return outputs;
 }
