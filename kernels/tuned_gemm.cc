@@ -27,12 +27,14 @@ GemmTuner::GemmTuner(GemmTunerOptions options) : impl_(std::make_unique<Impl>())
 GemmTuner::~GemmTuner() = default;
 
 void GemmTuner::Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                      double beta, double alpha) {
+                      double beta, double alpha, const at::Tensor& c) {
+  TORCH_CHECK(!c.defined() || c.sizes() == out.sizes(), "GemmTuner::Addmm: c must have out's shape, got ",
+              c.sizes(), " and ", out.sizes());
 #ifdef QLORA_HAVE_CUDA
-  if (cublaslt::Addmm(*impl_->cache, out, a, b, beta, alpha)) return;
+  if (cublaslt::Addmm(*impl_->cache, out, a, b, beta, alpha, c)) return;
 #endif
   at::Tensor o = out;
-  at::addmm_out(o, out, a, b, beta, alpha);
+  at::addmm_out(o, c.defined() ? c : out, a, b, beta, alpha);
 }
 
 std::vector<GemmCandidateTiming> GemmTuner::TimeCandidates(const at::Tensor& out,

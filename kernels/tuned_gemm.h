@@ -69,9 +69,11 @@ class GemmTuner {
 
   // out = beta * out + alpha * (a @ b), for a [m, k] and b [k, n] (contiguous, or transposed
   // views of contiguous matrices) and out [m, n] with unit column stride. beta = 0 never reads
-  // out. Tunes the shape first when it is new.
+  // out. Tunes the shape first when it is new. With c (defined; out's shape): out = beta * c +
+  // alpha * (a @ b), c read in the GEMM's epilogue (cuBLASLt's C apart from D, where c has out's
+  // strides; else c is copied into out first, as at::addmm_out does) and never written.
   void Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
-             double alpha = 1.0);
+             double alpha = 1.0, const at::Tensor& c = at::Tensor());
 
   // Every candidate's time for this call's shape, fastest first, without writing out; empty
   // where the call would not go through cuBLASLt.

@@ -133,9 +133,15 @@ class AlgorithmCache {
   }
 
   bool Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
-             double alpha) {
+             double alpha, const at::Tensor& c) {
     Call call;
     if (!Prepare(out, a, b, beta, &call)) return false;
+    if (c.defined() && (c.device() != out.device() || c.scalar_type() != out.scalar_type() ||
+                        c.sizes() != out.sizes() || c.strides() != out.strides() ||
+                        !Aligned16(c, call.ldo))) {
+      return false;
+    }
+    call.c = c;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(call.key);
     if (it != plans_.end()) {
@@ -189,6 +195,7 @@ class AlgorithmCache {
  private:
   struct Call {
     at::Tensor a, b;
+    at::Tensor c;  // C apart from D (out's layout), or undefined: C is out
     Operand x, y;  // cuBLASLt's A (b's storage) and B (a's storage)
     int64_t m = 0, n = 0, k = 0, ldo = 0;
     cudaDataType_t type = CUDA_R_16BF;
@@ -330,13 +337,15 @@ class AlgorithmCache {
     }
   }
 
-  // out = beta * out + alpha * (a @ b) with `algo`, on the current stream and ATen's workspace.
+  // out = beta * C + alpha * (a @ b) with `algo` (C: c.c, or out), on the current stream and
+  // ATen's workspace.
   cublasStatus_t Matmul(const Call& c, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
                         const at::Tensor& out, double beta, double alpha) const {
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    const void* c_data = c.c.defined() ? c.c.data_ptr() : out.data_ptr();
     return cublasLtMatmul(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, &alpha_f,
                           c.b.data_ptr(), plan.x, c.a.data_ptr(), plan.y, &beta_f,
-                          out.data_ptr(), plan.d, out.data_ptr(), plan.d, &algo,
+                          c_data, plan.d, out.data_ptr(), plan.d, &algo,
                           at::cuda::getCUDABlasLtWorkspace(), WorkspaceBytes(),
                           at::cuda::getCurrentCUDAStream());
   }
@@ -454,8 +463,8 @@ std::shared_ptr<AlgorithmCache> NewAlgorithmCache(const GemmTunerOptions& option
 int64_t CachedShapes(const AlgorithmCache& cache) { return cache.size(); }
 
 bool Addmm(AlgorithmCache& cache, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-           double beta, double alpha) {
-  return cache.Addmm(out, a, b, beta, alpha);
+           double beta, double alpha, const at::Tensor& c) {
+  return cache.Addmm(out, a, b, beta, alpha, c);
 }
 
 std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(AlgorithmCache& cache,

@@ -19,8 +19,10 @@ class AlgorithmCache;
 std::shared_ptr<AlgorithmCache> NewAlgorithmCache(const GemmTunerOptions& options);
 int64_t CachedShapes(const AlgorithmCache& cache);
 
+// c: undefined (C is out) or a tensor of out's shape and strides (C apart from D); false for
+// any other c.
 bool Addmm(AlgorithmCache& cache, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-           double beta, double alpha);
+           double beta, double alpha, const at::Tensor& c);
 std::optional<std::vector<GemmCandidateTiming>> TimeCandidates(AlgorithmCache& cache,
                                                                const at::Tensor& out,
                                                                const at::Tensor& a,

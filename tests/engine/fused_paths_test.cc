@@ -482,6 +482,57 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
   }
 }
 
+// The residual stream added inside the node (the decoder's h + down as the adapter GEMM's C):
+// against the stream plus Swiglu then the layer, the values within the summation order's
+// rounding, the same bits with and without grad (a checkpointed layer's first forward), the
+// gradients of gate, up, A and B unchanged to the bit and the stream's own gradient the output's;
+// a recomputation (value_unused) gives the same gradients.
+TEST(EngineFused, SwigluThenDownAddsTheResidualStreamInsideTheNode) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(21);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(c10::toString(dtype));
+      LinearLayer down;
+      down.base.quantized = QuantizeWeight(at::randn({48, 96}, f32) * 0.1, kernels::Quantize4bitOptions());
+      down.base.out_features = 48;
+      down.base.in_features = 96;
+      LoraWeights lora;
+      lora.a = (at::randn({8, 96}, f32) * 0.2).requires_grad_();
+      lora.b = (at::randn({48, 8}, f32) * 0.2).requires_grad_();
+      lora.scale = 1.5;
+      down.lora = lora;
+      const at::Tensor gate0 = at::randn({2, 7, 96}, f32).to(dtype), up0 = at::randn({2, 7, 96}, f32).to(dtype);
+      const at::Tensor h0 = (at::randn({2, 7, 48}, f32) * 4).to(dtype);
+      for (const bool value_unused : {false, true}) {
+        SCOPED_TRACE(value_unused ? "recomputation" : "plain");
+        SwigluThenOptions options;
+        options.value_unused = value_unused;
+        at::Tensor gf = gate0.clone().requires_grad_(), uf = up0.clone().requires_grad_();
+        at::Tensor gs = gate0.clone().requires_grad_(), us = up0.clone().requires_grad_();
+        at::Tensor hf = h0.clone().requires_grad_(), hs = h0.clone().requires_grad_();
+        const at::Tensor fused = SwigluThenForward(down, gf, uf, options, hf);
+        const at::Tensor separate = hs + down.Forward(Swiglu(gs, us), /*training=*/true);
+        if (!value_unused) {
+          const double scale = separate.abs().max().item<double>();
+          const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
+          EXPECT_LE((fused - separate).abs().max().item<double>(), bound);
+          at::NoGradGuard no_grad;
+          EXPECT_TRUE(at::equal(SwigluThenForward(down, gate0.clone(), up0.clone(), options, h0), fused));
+        }
+        const at::Tensor seed = at::randn_like(separate);
+        const auto a = torch::autograd::grad({fused}, {gf, uf, lora.a, lora.b, hf}, {seed});
+        const auto b = torch::autograd::grad({separate}, {gs, us, lora.a, lora.b, hs}, {seed});
+        for (size_t i = 0; i < a.size(); ++i) {
+          EXPECT_TRUE(at::equal(a[i], b[i])) << "gradient " << i;
+        }
+        EXPECT_TRUE(at::equal(a[4], seed));
+      }
+    }
+  }
+}
+
 TEST(EngineFused, LoraNodeWithDropoutEqualsTheUnfusedFormulaWithTheSameMask) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());

@@ -1,6 +1,6 @@
 // GemmTuner: on CPU it is at::addmm_out; on CUDA (bf16/fp16) every layout the engine issues
-// (a or b transposed, beta 0 and 1, alpha, out a view with a wider row stride) equals the float32
-// product within the dtype's rounding, the chosen kernel is kept per shape, and calls it cannot
+// (a or b transposed, beta 0 and 1, alpha, out a view with a wider row stride, C apart from out)
+// equals the float32 product within the dtype's rounding, the chosen kernel is kept per shape, and calls it cannot
 // take (float32, misaligned rows) still compute the right thing through ATen.
 #include "kernels/tuned_gemm.h"
 
@@ -24,6 +24,11 @@ TEST(KernelsTunedGemm, CpuIsAtenAddmm) {
   EXPECT_TRUE(at::equal(out, expected));
   EXPECT_EQ(tuner.tuned_shapes(), 0);
   EXPECT_TRUE(tuner.TimeCandidates(out, a, b, 0.0).empty());
+  // C apart from out: out = 0.5 c + 2 a b, c untouched.
+  const at::Tensor c = at::randn({37, 23}), c_before = c.clone();
+  tuner.Addmm(out, a, b, 0.5, 2.0, c);
+  EXPECT_TRUE(at::equal(out, at::addmm(c, a, b, 0.5, 2.0)));
+  EXPECT_TRUE(at::equal(c, c_before));
 }
 
 class KernelsTunedGemmCuda : public ::testing::TestWithParam<at::ScalarType> {
@@ -77,6 +82,32 @@ TEST_P(KernelsTunedGemmCuda, EveryLayoutEqualsTheFloatProduct) {
   tuner.Addmm(out, a, b, 0.0);
   EXPECT_EQ(tuner.tuned_shapes(), calls + 1);
   EXPECT_FALSE(tuner.TimeCandidates(out, a, b, 0.0).empty());
+}
+
+// C apart from D (the residual stream added in the down projection's epilogue): out = beta c +
+// alpha a b within the dtype's rounding, c never written, for c with out's strides (cuBLASLt's C)
+// and with other strides (through ATen); with out's strides, the same bits as copying c into out
+// and accumulating.
+TEST_P(KernelsTunedGemmCuda, SeparateCEqualsCopyThenAccumulate) {
+  GemmTuner tuner;
+  const int64_t m = 512, k = 384, n = 640;
+  const at::Tensor a = at::randn({m, k}, Options()), b = at::randn({n, k}, Options()).t();
+  for (const bool same_strides : {true, false}) {
+    SCOPED_TRACE(same_strides ? "c with out's strides" : "c a view of wider rows");
+    const at::Tensor c = same_strides ? at::randn({m, n}, Options())
+                                      : at::randn({m, n + 64}, Options()).narrow(1, 0, n);
+    const at::Tensor c_before = c.clone();
+    at::Tensor out = at::empty({m, n}, Options());
+    tuner.Addmm(out, a, b, 1.0, 0.75, c);
+    EXPECT_TRUE(at::equal(c, c_before));
+    const double tol = GetParam() == at::kBFloat16 ? 0.5 : 0.06;
+    EXPECT_TRUE(at::allclose(out.to(at::kFloat), Reference(c, a, b, 1.0, 0.75), 1e-2, tol))
+        << (out.to(at::kFloat) - Reference(c, a, b, 1.0, 0.75)).abs().max().item<double>();
+    if (!same_strides) continue;  // ATen's kernel then, which need not be the tuned one
+    at::Tensor copied = c.clone();
+    tuner.Addmm(copied, a, b, 1.0, 0.75);
+    EXPECT_TRUE(at::equal(out, copied));
+  }
 }
 
 TEST_P(KernelsTunedGemmCuda, CallsItCannotTakeGoThroughAten) {

@@ -76,14 +76,16 @@ at::Tensor InDtype(AdapterCopies* copies, at::TensorList params, at::ScalarType 
   return copies != nullptr ? copies->Get(params, dtype) : CastAdapters(params, dtype);
 }
 
-// out = beta * out + alpha * (a b) through the tuner, or ATen's GEMM without one.
+// out = beta * out + alpha * (a b) through the tuner, or ATen's GEMM without one; with c,
+// out = beta * c + alpha * (a b) (c read, never written: GemmTuner::Addmm).
 void Addmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor& a,
-           const at::Tensor& b, double beta = 1.0, double alpha = 1.0) {
+           const at::Tensor& b, double beta = 1.0, double alpha = 1.0,
+           const at::Tensor& c = at::Tensor()) {
   if (gemm != nullptr) {
-    gemm->Addmm(out, a, b, beta, alpha);
+    gemm->Addmm(out, a, b, beta, alpha, c);
   } else {
     at::Tensor o = out;
-    at::addmm_out(o, out, a, b, beta, alpha);
+    at::addmm_out(o, c.defined() ? c : out, a, b, beta, alpha);
   }
 }
 
@@ -107,9 +109,10 @@ at::Tensor Matmul(kernels::GemmTuner* gemm, const at::Tensor& x, const at::Tenso
 
 // Addmm and Mm for the rank-r GEMMs, inside a kLoraRange profiler range.
 void LoraAddmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor& a,
-               const at::Tensor& b, double beta = 1.0, double alpha = 1.0) {
+               const at::Tensor& b, double beta = 1.0, double alpha = 1.0,
+               const at::Tensor& c = at::Tensor()) {
   RECORD_USER_SCOPE(kLoraRange);
-  Addmm(gemm, out, a, b, beta, alpha);
+  Addmm(gemm, out, a, b, beta, alpha, c);
 }
 
 at::Tensor LoraMm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b,
@@ -187,13 +190,18 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
 
 // y = scale * (h A^T) B^T written by the rank-r GEMM from ha = h A^T (beta = 0), then
 // y += x W^T accumulated by the base GEMM (beta = 1), for rows x [T, in]; unset with value_unused.
+// With `residual` (rows [T, out] of the residual stream): y = residual + scale * (h A^T) B^T
+// from the rank-r GEMM (the residual as its C), then the base GEMM: the decoder's residual add
+// inside the GEMMs, with no pass of its own over the stream.
 at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tensor& b,
                       const FrozenWeight& base, double scale, bool value_unused,
-                      kernels::GemmTuner* gemm, AdapterCopies* copies) {
+                      kernels::GemmTuner* gemm, AdapterCopies* copies,
+                      const at::Tensor& residual = at::Tensor()) {
   if (value_unused) return ValueUnused({x.size(0), base.out_features}, x.options());
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   const at::ScalarType dtype = x.scalar_type();
-  LoraAddmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/0, /*alpha=*/scale);
+  LoraAddmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/residual.defined() ? 1 : 0,
+            /*alpha=*/scale, residual);
   Addmm(gemm, y, x, base.Materialize(dtype).t());
   return y;
 }
@@ -204,9 +212,10 @@ std::pair<at::Tensor, at::Tensor> LoraForward(const at::Tensor& x, const at::Ten
                                               const at::Tensor& a, const at::Tensor& b,
                                               const FrozenWeight& base, double scale,
                                               bool value_unused, kernels::GemmTuner* gemm,
-                                              AdapterCopies* copies) {
+                                              AdapterCopies* copies,
+                                              const at::Tensor& residual = at::Tensor()) {
   const at::Tensor ha = LoraMm(gemm, h, InDtype(copies, a, x.scalar_type()).t());  // [T, r]
-  return {LoraOutput(x, ha, b, base, scale, value_unused, gemm, copies), ha};
+  return {LoraOutput(x, ha, b, base, scale, value_unused, gemm, copies, residual), ha};
 }
 
 // dh' = (g B) * scale [T, r] and dB = g^T (h A^T) * scale [out, r] into dha and db: one pass
@@ -282,12 +291,12 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 // over up as well.
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
-                            const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
-                            double scale, kernels::GemmTuner* gemm, AdapterCopies* copies,
-                            const SwigluThenOptions* options) {
+                            const at::Tensor& residual, const at::Tensor& a, const at::Tensor& b,
+                            const FrozenWeight* base, double scale, kernels::GemmTuner* gemm,
+                            AdapterCopies* copies, const SwigluThenOptions* options) {
     const bool value_unused = options->value_unused;
     const at::Tensor x = kernels::SwigluForward(gate, up);
-    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm, copies);
+    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm, copies, residual);
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
     SaveCopies(ctx, copies);
@@ -296,13 +305,14 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["overwrite_inputs"] = options->overwrite_inputs;
     ctx->saved_data["lean_backward"] = options->lean_backward;
+    ctx->saved_data["residual"] = residual.defined();
     return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor& g = grad_outputs[0];
     const variable_list saved = SavedForBackward(ctx);
-    if (!g.defined()) return variable_list(9);
+    if (!g.defined()) return variable_list(10);
     const at::Tensor &gate = saved[0], &up = saved[1], &ha = saved[2], &a = saved[3], &b = saved[4];
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::ScalarType dtype = gate.scalar_type();
@@ -340,8 +350,10 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     }
     if (product_wanted) LoraAGradient(d, x, gemm);
     const std::vector<at::Tensor> ab = d.Cast(a);
-    return {dx,           grad_up,      ab[0],        ab[1],       at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // The residual stream's own gradient is the output's (y = residual + ...).
+    const at::Tensor grad_residual = ctx->saved_data["residual"].toBool() ? g : at::Tensor();
+    return {dx,           grad_up,      grad_residual, ab[0],        ab[1],       at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(),  at::Tensor()};
   }
 };
 
@@ -834,16 +846,32 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
   return out;
 }
 
-at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             const SwigluThenOptions& options) {
-  if (!AdapterWithoutDropout(down, options.training)) {
-    return down.Forward(Swiglu(gate, up), options.training, options.value_unused);
+at::Tensor SwigluThenForward(const LinearLayer& down, at::Tensor gate, at::Tensor up,
+                             const SwigluThenOptions& options, const at::Tensor& residual) {
+  const std::vector<int64_t> sizes = gate.sizes().vec();
+  if (!AdapterWithoutDropout(down, options.training) || down.base.bias.defined()) {
+    const at::Tensor y = down.Forward(Swiglu(std::move(gate), std::move(up)), options.training,
+                                      options.value_unused);
+    if (!residual.defined()) return y;
+    return options.value_unused ? SumGraphOnly(residual, y) : residual + y;
   }
-  const at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
-  return ToLayerOutput(SwigluLoraFunction::apply(g2, u2, down.lora->a, down.lora->b, &down.base,
-                                                 down.lora->scale, down.gemm,
-                                                 down.adapter_copies, &options),
-                       gate.sizes(), down.base);
+  at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
+  gate.reset();
+  up.reset();
+  const at::Tensor r2 =
+      residual.defined() ? residual.reshape({-1, down.base.out_features}) : at::Tensor();
+  at::Tensor y;
+  if (at::GradMode::is_enabled()) {
+    y = SwigluLoraFunction::apply(g2, u2, r2, down.lora->a, down.lora->b, &down.base,
+                                  down.lora->scale, down.gemm, down.adapter_copies, &options);
+  } else {
+    // The node's forward, but gate and up are let go once SwiGLU has read them: the same bits.
+    at::Tensor x = kernels::SwigluForward(std::exchange(g2, {}), std::exchange(u2, {}));
+    y = LoraForward(x, x, down.lora->a, down.lora->b, down.base, down.lora->scale,
+                    options.value_unused, down.gemm, down.adapter_copies, r2)
+            .first;
+  }
+  return ToLayerOutput(y, sizes, down.base);
 }
 
 }  // namespace qlora::engine

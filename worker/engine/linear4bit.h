@@ -127,8 +127,15 @@ struct SwigluThenOptions {
 // running) as one node whose backward writes SwiGLU's gate gradient over its own input gradient
 // (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product
 // ([tokens, intermediate] less held from forward to backward), which backward gets again from
-// SwiGLU's backward (or, lean_backward, recomputes first).
-at::Tensor SwigluThenForward(const LinearLayer& down, const at::Tensor& gate, const at::Tensor& up,
-                             const SwigluThenOptions& options);
+// SwiGLU's backward (or, lean_backward, recomputes first). Without grad the same computation
+// without the node, gate and up let go once SwiGLU has read them (pass them over, std::move).
+//
+// With `residual` (the decoder's residual stream, [..., out]): residual + down(...), the add
+// inside the node's GEMMs (the stream is the adapter GEMM's C: no pass of its own; its
+// gradient is the output's), the same with and without grad; with value_unused, the output
+// carries the graph to the residual as SumGraphOnly does.
+at::Tensor SwigluThenForward(const LinearLayer& down, at::Tensor gate, at::Tensor up,
+                             const SwigluThenOptions& options,
+                             const at::Tensor& residual = at::Tensor());
 
 }  // namespace qlora::engine

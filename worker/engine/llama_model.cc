@@ -303,23 +303,18 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // activations until backward (no checkpoint) saves gate and up but not their product, which
   // the node gets again in backward; a checkpointed layer's recomputation lives one layer's
   // backward, so it keeps the product. A checkpointed layer's first forward keeps nothing.
-  at::Tensor gate = std::exchange(gate_up[0], {}), up = std::exchange(gate_up[1], {});
-  at::Tensor down;
-  if (at::GradMode::is_enabled()) {
-    SwigluThenOptions swiglu;
-    swiglu.training = training_;
-    swiglu.value_unused = value_unused;
-    // gate and up are this layer's own: their gradients may take their memory.
-    swiglu.overwrite_inputs = true;
-    // A model that checkpoints layers saves memory first: its plain layers' backward (the top
-    // one's is the peak) recomputes SwiGLU's output before the input gradient exists.
-    swiglu.lean_backward = checkpointed_layers_ > 0;
-    down = SwigluThenForward(layer.down_proj, gate, up, swiglu);
-  } else {
-    at::Tensor product = Swiglu(std::exchange(gate, {}), std::exchange(up, {}));
-    down = layer.down_proj.Forward(std::exchange(product, {}), training_, value_unused);
-  }
-  return value_unused ? SumGraphOnly(h, down) : h + down;
+  SwigluThenOptions swiglu;
+  swiglu.training = training_;
+  swiglu.value_unused = value_unused;
+  // gate and up are this layer's own: their gradients may take their memory.
+  swiglu.overwrite_inputs = true;
+  // A model that checkpoints layers saves memory first: its plain layers' backward (the top
+  // one's is the peak) recomputes SwiGLU's output before the input gradient exists.
+  swiglu.lean_backward = checkpointed_layers_ > 0;
+  // h + down, the residual add inside the down projection's GEMMs, with and without grad (a
+  // checkpointed layer's first forward gives the same bits as a plain layer's).
+  return SwigluThenForward(layer.down_proj, std::exchange(gate_up[0], {}),
+                           std::exchange(gate_up[1], {}), swiglu, h);
 }
 
 at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
