@@ -22,6 +22,12 @@ at::Tensor RotateHalfTransposed(const at::Tensor& z) {  // cat(z2, -z1): rotate_
 
 bool OnCuda(const at::Tensor& t) { return t.is_cuda() && HasCudaKernels(); }
 
+// Whether a gradient may be written over itself: contiguous, or rows [rows, cols] of a wider
+// buffer (unit column stride).
+bool RowsInPlace(const at::Tensor& t) {
+  return t.is_contiguous() || (t.dim() == 2 && t.stride(1) == 1 && t.stride(0) >= t.size(1));
+}
+
 // out = the rotation of x (out may be x itself: each value is read before it is written).
 void RotaryInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
                 at::Tensor& out) {
@@ -72,6 +78,23 @@ at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {
   return at::silu(gate) * up;
 }
 
+at::Tensor SwigluForwardWithSpareColumns(const at::Tensor& gate, const at::Tensor& up,
+                                         int64_t spare) {
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() &&
+                  gate.scalar_type() == up.scalar_type() && spare >= 0,
+              "swiglu: gate and up must be [rows, cols] of one dtype, got ", gate.sizes(), " and ",
+              up.sizes());
+  at::Tensor out =
+      at::empty({gate.size(0), gate.size(1) + spare}, gate.options()).narrow(1, 0, gate.size(1));
+  if (OnCuda(gate)) {
+#ifdef QLORA_HAVE_CUDA
+    if (cuda::SwigluForward(gate.contiguous(), up.contiguous(), out)) return out;
+#endif
+  }
+  out.copy_(at::silu(gate) * up);
+  return out;
+}
+
 std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
                                                  const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
@@ -93,7 +116,8 @@ at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
                                  const at::Tensor& up, at::Tensor* product) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
               "swiglu: the gradient, gate and up must have one shape");
-  TORCH_CHECK(grad_out.is_contiguous(), "swiglu: an in-place gradient must be contiguous");
+  TORCH_CHECK(RowsInPlace(grad_out), "swiglu: an in-place gradient must be contiguous or rows ",
+              "with unit column stride, got strides ", grad_out.strides());
   if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type()) {
 #ifdef QLORA_HAVE_CUDA
     const at::Tensor a = gate.contiguous(), b = up.contiguous();
@@ -115,8 +139,8 @@ void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::
                               at::Tensor* product) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
               "swiglu: the gradient, gate and up must have one shape");
-  TORCH_CHECK(grad_out.is_contiguous() && up.is_contiguous(),
-              "swiglu: gradients written in place need contiguous buffers");
+  TORCH_CHECK(RowsInPlace(grad_out) && up.is_contiguous(),
+              "swiglu: gradients written in place need contiguous buffers (or rows, grad_out)");
   if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
       up.scalar_type() == gate.scalar_type()) {
 #ifdef QLORA_HAVE_CUDA

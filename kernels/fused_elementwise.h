@@ -29,11 +29,16 @@ void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor
 
 // gate, up: the same shape and dtype -> silu(gate) * up.
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
+// The same for gate, up [rows, cols], written into rows of cols + spare values: a [rows, cols]
+// view whose rows are each followed by `spare` unset values (for a GEMM over widened rows).
+at::Tensor SwigluForwardWithSpareColumns(const at::Tensor& gate, const at::Tensor& up,
+                                         int64_t spare);
 // {grad_gate, grad_up} for the gradient of SwigluForward's output.
 std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
                                                  const at::Tensor& gate, const at::Tensor& up);
-// The same, with grad_gate written over grad_out (contiguous, and not read by anyone afterwards):
-// returns grad_up. One buffer of gate's size less at the MLP's backward, the step's memory peak.
+// The same, with grad_gate written over grad_out (contiguous or, 2-D, rows of a wider buffer; not
+// read by anyone afterwards): returns grad_up. One buffer of gate's size less at the MLP's
+// backward, the step's memory peak.
 // With `product`: sets it to SwigluForward(gate, up), the same bits, from the values the pass
 // reads anyway (for a backward that needs the forward's output again: no second pass over gate
 // and up).

@@ -10,6 +10,7 @@
 //                  (backward may write grad_gate over grad and grad_up over up: each thread
 //                  loads before it stores; and, asked, the forward's output again)
 #include <cstdint>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -91,9 +92,26 @@ __device__ __forceinline__ float SiluBackward(float dy, float x) {
   return dy * s * (1.0f + x * (1.0f - s));
 }
 
+// Where element i (row-major over [n / cols, cols]) of a tensor with row stride `stride` lies: i
+// itself where the rows are contiguous, else row * stride + column (rows of a wider buffer, with
+// spare columns after each). A thread's V elements stay in one row when cols is a multiple of V
+// (the host checks it for strided rows). 32-bit row arithmetic: the host checks n < 2^32.
+struct RowLayout {
+  bool strided = false;
+  uint32_t cols = 0;
+  int64_t stride = 0;
+};
+
+__device__ __forceinline__ int64_t Offset(int64_t i, const RowLayout& rows) {
+  if (!rows.strided) return i;
+  const uint32_t row = static_cast<uint32_t>(i) / rows.cols;
+  return int64_t{row} * rows.stride + (static_cast<uint32_t>(i) - row * rows.cols);
+}
+
+// `out` in out_rows' layout (gate and up contiguous).
 template <typename T, int V>
 __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up,
-                                    T* __restrict__ out, int64_t n) {
+                                    T* __restrict__ out, int64_t n, RowLayout out_rows) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {
@@ -104,11 +122,11 @@ __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restr
       o.v[k] = static_cast<T>(__fmul_rn(Round<T>(Silu(static_cast<float>(g.v[k]))),
                                         static_cast<float>(u.v[k])));
     }
-    Store<T, V>(out + i, o);
+    Store<T, V>(out + Offset(i, out_rows), o);
   } else {
     for (int64_t e = i; e < n; ++e) {
-      out[e] = static_cast<T>(__fmul_rn(Round<T>(Silu(static_cast<float>(gate[e]))),
-                                        static_cast<float>(up[e])));
+      out[Offset(e, out_rows)] = static_cast<T>(
+          __fmul_rn(Round<T>(Silu(static_cast<float>(gate[e]))), static_cast<float>(up[e])));
     }
   }
 }
@@ -125,26 +143,30 @@ __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, 
 }
 
 // kProduct: also writes the forward's output silu(gate) * up to `product` (its own buffer).
+// grad and grad_gate in grad_rows' layout (one layout: grad_gate is grad itself when strided),
+// the others contiguous.
 template <typename T, int V, bool kProduct>
 __global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, const T* up,
                                      T* grad_gate, T* grad_up, T* __restrict__ product,
-                                     int64_t n) {
+                                     int64_t n, RowLayout grad_rows) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
+  const int64_t gi = Offset(i, grad_rows);
   if (i + V <= n) {
-    const Vec<T, V> dy = Load<T, V>(grad + i), g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
+    const Vec<T, V> dy = Load<T, V>(grad + gi), g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
     Vec<T, V> dg, du, x;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       SwigluBackwardOne(dy.v[k], g.v[k], u.v[k], dg.v[k], du.v[k], x.v[k]);
     }
-    Store<T, V>(grad_gate + i, dg);
+    Store<T, V>(grad_gate + gi, dg);
     Store<T, V>(grad_up + i, du);
     if (kProduct) Store<T, V>(product + i, x);
   } else {
     for (int64_t e = i; e < n; ++e) {
       T x;
-      SwigluBackwardOne(grad[e], gate[e], up[e], grad_gate[e], grad_up[e], x);
+      const int64_t ge = Offset(e, grad_rows);
+      SwigluBackwardOne(grad[ge], gate[e], up[e], grad_gate[ge], grad_up[e], x);
       if (kProduct) product[e] = x;
     }
   }
@@ -157,6 +179,18 @@ unsigned Grid(int64_t threads) {
 }
 
 Strides4 StridesOf(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+// t's RowLayout for the SwiGLU kernels, V values a vector: contiguous, or [rows, cols] with unit
+// column stride whose rows keep vectors whole and aligned; nullopt for any other layout.
+template <int V>
+std::optional<RowLayout> RowLayoutOf(const at::Tensor& t) {
+  if (t.is_contiguous()) return RowLayout{};
+  if (t.dim() != 2 || t.stride(1) != 1 || t.size(1) % V != 0 || t.stride(0) % V != 0 ||
+      t.numel() >= (int64_t{1} << 32)) {
+    return std::nullopt;
+  }
+  return RowLayout{true, static_cast<uint32_t>(t.size(1)), t.stride(0)};
+}
 
 bool Vectorizable(const at::Tensor& t, int v) {
   return t.stride(3) == 1 && Aligned16(t.const_data_ptr()) && t.stride(0) % v == 0 &&
@@ -194,14 +228,15 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
   return DispatchFloating(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    if (!Aligned16(gate.const_data_ptr()) || !Aligned16(up.const_data_ptr()) ||
+    const std::optional<RowLayout> out_rows = RowLayoutOf<V>(out);
+    if (!out_rows || !Aligned16(gate.const_data_ptr()) || !Aligned16(up.const_data_ptr()) ||
         !Aligned16(out.const_data_ptr())) {
       return false;
     }
     const c10::cuda::CUDAGuard guard(gate.device());
     const int64_t n = gate.numel();
     SwigluForwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), n);
+        gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), n, *out_rows);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });
@@ -219,6 +254,9 @@ bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Te
     for (const void* p : pointers) {
       if (!Aligned16(p)) return false;
     }
+    // Strided rows only for a gradient written over itself.
+    const std::optional<RowLayout> grad_rows = RowLayoutOf<V>(grad);
+    if (!grad_rows || (grad_rows->strided && !grad_gate.is_same(grad))) return false;
     const c10::cuda::CUDAGuard guard(gate.device());
     const int64_t n = gate.numel();
     auto kernel = product != nullptr ? SwigluBackwardKernel<T, V, true>
@@ -226,7 +264,7 @@ bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Te
     kernel<<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
         grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(),
-        product != nullptr ? product->mutable_data_ptr<T>() : nullptr, n);
+        product != nullptr ? product->mutable_data_ptr<T>() : nullptr, n, *grad_rows);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

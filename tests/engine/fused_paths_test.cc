@@ -485,8 +485,11 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
 // The residual stream added inside the node (the decoder's h + down as the adapter GEMM's C):
 // against the stream plus Swiglu then the layer, the values within the summation order's
 // rounding, the same bits with and without grad (a checkpointed layer's first forward), the
-// gradients of gate, up, A and B unchanged to the bit and the stream's own gradient the output's;
-// a recomputation (value_unused) gives the same gradients.
+// gradients of gate, up, A and B unchanged (to the bit where the rows are not widened) and the
+// stream's own gradient the output's; a recomputation (value_unused) gives a plain node's
+// gradients to the bit. Over widened rows (the decoder's CUDA path: SwiGLU into rows with spare
+// columns, one GEMM for the projection, its adapter and the residual) the same, the values and
+// gradients within rounding of the layer's.
 TEST(EngineFused, SwigluThenDownAddsTheResidualStreamInsideTheNode) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());
@@ -505,29 +508,46 @@ TEST(EngineFused, SwigluThenDownAddsTheResidualStreamInsideTheNode) {
       down.lora = lora;
       const at::Tensor gate0 = at::randn({2, 7, 96}, f32).to(dtype), up0 = at::randn({2, 7, 96}, f32).to(dtype);
       const at::Tensor h0 = (at::randn({2, 7, 48}, f32) * 4).to(dtype);
-      for (const bool value_unused : {false, true}) {
-        SCOPED_TRACE(value_unused ? "recomputation" : "plain");
-        SwigluThenOptions options;
-        options.value_unused = value_unused;
-        at::Tensor gf = gate0.clone().requires_grad_(), uf = up0.clone().requires_grad_();
-        at::Tensor gs = gate0.clone().requires_grad_(), us = up0.clone().requires_grad_();
-        at::Tensor hf = h0.clone().requires_grad_(), hs = h0.clone().requires_grad_();
-        const at::Tensor fused = SwigluThenForward(down, gf, uf, options, hf);
-        const at::Tensor separate = hs + down.Forward(Swiglu(gs, us), /*training=*/true);
-        if (!value_unused) {
-          const double scale = separate.abs().max().item<double>();
-          const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
-          EXPECT_LE((fused - separate).abs().max().item<double>(), bound);
-          at::NoGradGuard no_grad;
-          EXPECT_TRUE(at::equal(SwigluThenForward(down, gate0.clone(), up0.clone(), options, h0), fused));
+      const at::Tensor seed = at::randn({2, 7, 48}, f32).to(dtype);
+      at::Tensor gs = gate0.clone().requires_grad_(), us = up0.clone().requires_grad_();
+      at::Tensor hs = h0.clone().requires_grad_();
+      const at::Tensor separate = hs + down.Forward(Swiglu(gs, us), /*training=*/true);
+      const auto want = torch::autograd::grad({separate}, {gs, us, lora.a, lora.b, hs}, {seed});
+      for (const bool widened : {false, true}) {
+        SCOPED_TRACE(widened ? "widened rows" : "plain rows");
+        std::vector<at::Tensor> plain_gradients;
+        for (const bool value_unused : {false, true}) {
+          SCOPED_TRACE(value_unused ? "recomputation" : "plain");
+          SwigluThenOptions options;
+          options.value_unused = value_unused;
+          options.widened_rows = widened;
+          at::Tensor gf = gate0.clone().requires_grad_(), uf = up0.clone().requires_grad_();
+          at::Tensor hf = h0.clone().requires_grad_();
+          const at::Tensor fused = SwigluThenForward(down, gf, uf, options, hf);
+          if (!value_unused) {
+            const double scale = separate.abs().max().item<double>();
+            const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
+            EXPECT_LE((fused - separate).abs().max().item<double>(), bound);
+            at::NoGradGuard no_grad;
+            EXPECT_TRUE(at::equal(SwigluThenForward(down, gate0.clone(), up0.clone(), options, h0), fused));
+          }
+          const auto got = torch::autograd::grad({fused}, {gf, uf, lora.a, lora.b, hf}, {seed});
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (widened) {
+              const double scale = want[i].abs().max().item<double>();
+              const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -6);
+              EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), bound) << "gradient " << i;
+            } else {
+              EXPECT_TRUE(at::equal(got[i], want[i])) << "gradient " << i;
+            }
+            if (value_unused) {
+              EXPECT_TRUE(at::equal(got[i], plain_gradients[i])) << "recomputed gradient " << i;
+            } else {
+              plain_gradients.push_back(got[i]);
+            }
+          }
+          EXPECT_TRUE(at::equal(got[4], seed));
         }
-        const at::Tensor seed = at::randn_like(separate);
-        const auto a = torch::autograd::grad({fused}, {gf, uf, lora.a, lora.b, hf}, {seed});
-        const auto b = torch::autograd::grad({separate}, {gs, us, lora.a, lora.b, hs}, {seed});
-        for (size_t i = 0; i < a.size(); ++i) {
-          EXPECT_TRUE(at::equal(a[i], b[i])) << "gradient " << i;
-        }
-        EXPECT_TRUE(at::equal(a[4], seed));
       }
     }
   }

@@ -3,7 +3,8 @@
 // checked against autograd) and, where there is a GPU, the CUDA kernels against the same
 // formulas on the GPU: rotary bit for bit forward and backward (strided and broadcast inputs
 // too, per-head tables, in place over packed rows), SwiGLU forward bit for bit and backward
-// within one ulp (and the forward's output that backward may give again, bit for bit).
+// within one ulp (and the forward's output that backward may give again, bit for bit; over rows
+// of a wider buffer the contiguous case's bits).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -163,6 +164,45 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
         ExpectBitEqual(over_grad2, dg, "grad gate over the gradient, with the product");
         ExpectBitEqual(over_up2, du, "grad up over up, with the product");
         ExpectBitEqual(product_over, ref.detach(), "product next to gradients over the inputs");
+      }
+    }
+  }
+}
+
+// Rows of a wider buffer (the down projection's widened rows: spare columns after each row):
+// SwigluForwardWithSpareColumns writes SwigluForward's bits into them, and the in-place backwards
+// write the gate's gradient over such rows of the output's gradient with the bits of the
+// contiguous case, the spare columns untouched.
+TEST(KernelsFused, SwigluOverRowsOfAWiderBufferEqualsTheContiguousCase) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
+      at::manual_seed(12);
+      const auto opts = at::TensorOptions().dtype(dtype).device(device);
+      const int64_t rows = 37, cols = 96, spare = 32;
+      const at::Tensor g = at::randn({rows, cols}, opts) * 4, u = at::randn({rows, cols}, opts);
+      const at::Tensor x = SwigluForwardWithSpareColumns(g, u, spare);
+      EXPECT_EQ(x.sizes(), g.sizes());
+      EXPECT_EQ(x.stride(0), cols + spare);
+      ExpectBitEqual(x, SwigluForward(g, u), "forward into wider rows");
+
+      const at::Tensor dy = at::randn({rows, cols}, opts);
+      const auto [dg, du] = SwigluBackward(dy, g, u);
+      for (const bool over_inputs : {false, true}) {
+        SCOPED_TRACE(over_inputs ? "over the inputs" : "in place");
+        const at::Tensor wide = at::full({rows, cols + spare}, 7.0, opts);
+        at::Tensor grad = wide.narrow(1, 0, cols);
+        grad.copy_(dy);
+        at::Tensor up = u.clone(), grad_up;
+        if (over_inputs) {
+          SwigluBackwardOverInputs(grad, g, up);
+          grad_up = up;
+        } else {
+          grad_up = SwigluBackwardInPlace(grad, g, u);
+        }
+        ExpectBitEqual(grad, dg, "grad gate over rows of a wider buffer");
+        ExpectBitEqual(grad_up, du, "grad up");
+        EXPECT_TRUE(wide.narrow(1, cols, spare).eq(7.0).all().item<bool>()) << "spare columns";
       }
     }
   }

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -188,6 +189,51 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
   return w.Materialize(dtype);
 }
 
+// Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16), so
+// that every row starts on a 128-byte line. Measured on an H200 (rounds 11a/11b), it neither
+// helps nor costs: the widened GEMMs run a few per cent slower per FLOP with and without it (the
+// extra 64-wide K step), so the padding stays as the cheaper layout to reason about.
+constexpr int64_t kRowAlignment = 64;
+
+int64_t AlignedRow(int64_t values) {
+  return (values + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
+}
+
+// Whether rows x [T, in] begin rows of in + spare values (x.stride(0) == in + spare, within
+// x's storage): the spare columns a producer left for the widened GEMMs (ResidualRmsNorm's
+// spare_columns).
+bool HasSpareColumns(const at::Tensor& x, int64_t spare) {
+  if (spare <= 0 || x.dim() != 2 || x.stride(1) != 1 || x.stride(0) != x.size(1) + spare ||
+      x.size(0) == 0) {
+    return false;
+  }
+  const int64_t last = x.storage_offset() + (x.size(0) - 1) * x.stride(0) + x.size(1) + spare;
+  return static_cast<int64_t>(x.storage().nbytes()) >= last * x.element_size();
+}
+
+// x's rows with their spare columns, [T, in + spare], as a tensor of its own (its own version
+// counter: writing the spare columns is not an in-place change of x for autograd).
+at::Tensor WithSpareColumns(const at::Tensor& x, int64_t spare) {
+  const int64_t width = x.size(1) + spare;
+  return at::empty({0}, x.options()).set_(x.storage(), x.storage_offset(), {x.size(0), width},
+                                          {width, 1});
+}
+
+// Layer i's weight widened for rows [x | h A_1^T | ... | h A_n^T]: [W_i | 0 | scale_i B_i], the
+// base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
+// scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
+// are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
+at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
+                         int64_t offset, at::ScalarType dtype) {
+  const int64_t out = b.size(0), r = b.size(1);
+  at::Tensor wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
+                        .narrow(1, 0, in + offset + r);
+  // The product formed in float32 (b's dtype, or b cast exactly) and rounded once.
+  const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
+  base.MaterializeInto(wide.narrow(1, 0, in), &adapter);  // a 4-bit base: one launch for all
+  return wide;
+}
+
 // y = scale * (h A^T) B^T written by the rank-r GEMM from ha = h A^T (beta = 0), then
 // y += x W^T accumulated by the base GEMM (beta = 1), for rows x [T, in]; unset with value_unused.
 // With `residual` (rows [T, out] of the residual stream): y = residual + scale * (h A^T) B^T
@@ -272,6 +318,34 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
   return d;
 }
 
+// x = silu(gate) * up [T, I] written into rows of AlignedRow(I + r) values and ha = x A^T [T, r]
+// into the first r of their spare columns (views of those rows): what the down projection's
+// widened GEMM (DownOverWidenedRows) reads. A recomputation makes ha by the same call, so a
+// checkpointed layer's adapter gradients have a plain layer's bits.
+std::pair<at::Tensor, at::Tensor> SwigluIntoWidenedRows(const at::Tensor& gate, const at::Tensor& up,
+                                                        const at::Tensor& a,
+                                                        kernels::GemmTuner* gemm,
+                                                        AdapterCopies* copies) {
+  const int64_t in = gate.size(1), r = a.size(0);
+  const at::Tensor x = kernels::SwigluForwardWithSpareColumns(gate, up, AlignedRow(in + r) - in);
+  const at::Tensor ha = WithSpareColumns(x, x.stride(0) - in).narrow(1, in, r);
+  LoraAddmm(gemm, ha, x, InDtype(copies, a, x.scalar_type()).t(), /*beta=*/0.0);
+  return {x, ha};
+}
+
+// y = [x | x A^T] [W | scale B]^T, plus the residual as the GEMM's C where there is one: the
+// projection, its adapter and the decoder's residual add as one GEMM over SwigluIntoWidenedRows'
+// rows (no rank-r GEMM writing scale (x A^T) B^T for the base GEMM to read back).
+at::Tensor DownOverWidenedRows(const at::Tensor& x, const at::Tensor& b, const FrozenWeight& base,
+                               double scale, kernels::GemmTuner* gemm, const at::Tensor& residual) {
+  const int64_t in = x.size(1), r = b.size(1);
+  const at::Tensor wide = WithSpareColumns(x, x.stride(0) - in).narrow(1, 0, in + r);
+  at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
+  Addmm(gemm, y, wide, WidenedWeight(base, in, b, scale, 0, x.scalar_type()).t(),
+        /*beta=*/residual.defined() ? 1.0 : 0.0, /*alpha=*/1.0, residual);
+  return y;
+}
+
 // The down projection with its adapter applied to silu(gate) * up, as one node. The same values
 // and gradients as Swiglu followed by LoraLinearFunction (without dropout), in one of two modes:
 //   plain (a layer whose saved tensors live from forward to backward): keeps gate and up (which
@@ -288,15 +362,28 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
 // the step's memory peak, gate, up, dx and grad_up (and, plain, x) are the only
 // [T, intermediate] tensors; with overwrite_inputs (gate and up are the caller's to give up: the
 // decoder layer's own intermediates, which no one reads after this node) grad_up is written
-// over up as well.
+// over up as well. With widened_rows, forward is SwigluIntoWidenedRows then DownOverWidenedRows
+// (a recomputation's x and dx are then rows of the wider buffer; plain, ha is copied out of it
+// so that x goes).
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& residual, const at::Tensor& a, const at::Tensor& b,
                             const FrozenWeight* base, double scale, kernels::GemmTuner* gemm,
                             AdapterCopies* copies, const SwigluThenOptions* options) {
     const bool value_unused = options->value_unused;
-    const at::Tensor x = kernels::SwigluForward(gate, up);
-    auto [y, ha] = LoraForward(x, x, a, b, *base, scale, value_unused, gemm, copies, residual);
+    at::Tensor x, y, ha;
+    if (options->widened_rows) {
+      std::tie(x, ha) = SwigluIntoWidenedRows(gate, up, a, gemm, copies);
+      if (value_unused) {
+        y = ValueUnused({x.size(0), base->out_features}, x.options());
+      } else {
+        y = DownOverWidenedRows(x, b, *base, scale, gemm, residual);
+        ha = ha.contiguous();  // [T, r] of its own: x's rows go when forward ends
+      }
+    } else {
+      x = kernels::SwigluForward(gate, up);
+      std::tie(y, ha) = LoraForward(x, x, a, b, *base, scale, value_unused, gemm, copies, residual);
+    }
     SaveBase(ctx, *base);
     SaveGemm(ctx, gemm);
     SaveCopies(ctx, copies);
@@ -516,51 +603,6 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
     return GroupBackward(ctx, saved[0], saved[1], at::TensorList(saved).slice(2), grad_outputs);
   }
 };
-
-// Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16), so
-// that every row starts on a 128-byte line. Measured on an H200 (rounds 11a/11b), it neither
-// helps nor costs: the widened GEMMs run a few per cent slower per FLOP with and without it (the
-// extra 64-wide K step), so the padding stays as the cheaper layout to reason about.
-constexpr int64_t kRowAlignment = 64;
-
-int64_t AlignedRow(int64_t values) {
-  return (values + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
-}
-
-// Whether rows x [T, in] begin rows of in + spare values (x.stride(0) == in + spare, within
-// x's storage): the spare columns a producer left for the widened GEMMs (ResidualRmsNorm's
-// spare_columns).
-bool HasSpareColumns(const at::Tensor& x, int64_t spare) {
-  if (spare <= 0 || x.dim() != 2 || x.stride(1) != 1 || x.stride(0) != x.size(1) + spare ||
-      x.size(0) == 0) {
-    return false;
-  }
-  const int64_t last = x.storage_offset() + (x.size(0) - 1) * x.stride(0) + x.size(1) + spare;
-  return static_cast<int64_t>(x.storage().nbytes()) >= last * x.element_size();
-}
-
-// x's rows with their spare columns, [T, in + spare], as a tensor of its own (its own version
-// counter: writing the spare columns is not an in-place change of x for autograd).
-at::Tensor WithSpareColumns(const at::Tensor& x, int64_t spare) {
-  const int64_t width = x.size(1) + spare;
-  return at::empty({0}, x.options()).set_(x.storage(), x.storage_offset(), {x.size(0), width},
-                                          {width, 1});
-}
-
-// Layer i's weight widened for rows [x | h A_1^T | ... | h A_n^T]: [W_i | 0 | scale_i B_i], the
-// base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
-// scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
-// are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
-at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
-                         int64_t offset, at::ScalarType dtype) {
-  const int64_t out = b.size(0), r = b.size(1);
-  at::Tensor wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
-                        .narrow(1, 0, in + offset + r);
-  // The product formed in float32 (b's dtype, or b cast exactly) and rounded once.
-  const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
-  base.MaterializeInto(wide.narrow(1, 0, in), &adapter);  // a 4-bit base: one launch for all
-  return wide;
-}
 
 // The packed form of LoraWideGroupFunction's forward (SharedInputForward with a rotary, equally
 // wide layers without biases): the layers' widened weights stacked into one [sum of out, in +
@@ -864,8 +906,13 @@ at::Tensor SwigluThenForward(const LinearLayer& down, at::Tensor gate, at::Tenso
   if (at::GradMode::is_enabled()) {
     y = SwigluLoraFunction::apply(g2, u2, r2, down.lora->a, down.lora->b, &down.base,
                                   down.lora->scale, down.gemm, down.adapter_copies, &options);
-  } else {
+  } else if (options.widened_rows) {
     // The node's forward, but gate and up are let go once SwiGLU has read them: the same bits.
+    const at::Tensor x = SwigluIntoWidenedRows(std::exchange(g2, {}), std::exchange(u2, {}),
+                                               down.lora->a, down.gemm, down.adapter_copies)
+                             .first;
+    y = DownOverWidenedRows(x, down.lora->b, down.base, down.lora->scale, down.gemm, r2);
+  } else {
     at::Tensor x = kernels::SwigluForward(std::exchange(g2, {}), std::exchange(u2, {}));
     y = LoraForward(x, x, down.lora->a, down.lora->b, down.base, down.lora->scale,
                     options.value_unused, down.gemm, down.adapter_copies, r2)

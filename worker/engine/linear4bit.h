@@ -121,6 +121,11 @@ struct SwigluThenOptions {
   // that checkpoints layers to save memory, where that backward is the peak) instead of taking
   // it from SwiGLU's backward, which reads gate and up anyway.
   bool lean_backward = false;
+  // SwiGLU writes its output into rows with spare columns, the adapter's x A^T goes into the
+  // first of them, and the projection with its adapter (and the residual, where given) is one
+  // GEMM over [x | x A^T] and [W | scale B] (no rank-r GEMM writing scale (x A^T) B^T for the
+  // base GEMM to read back). The decoder sets it on CUDA, as its norms' spare columns.
+  bool widened_rows = false;
 };
 
 // down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout

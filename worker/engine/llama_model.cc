@@ -311,6 +311,7 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // A model that checkpoints layers saves memory first: its plain layers' backward (the top
   // one's is the peak) recomputes SwiGLU's output before the input gradient exists.
   swiglu.lean_backward = checkpointed_layers_ > 0;
+  swiglu.widened_rows = h.is_cuda();
   // h + down, the residual add inside the down projection's GEMMs, with and without grad (a
   // checkpointed layer's first forward gives the same bits as a plain layer's).
   return SwigluThenForward(layer.down_proj, std::exchange(gate_up[0], {}),
