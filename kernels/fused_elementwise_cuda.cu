@@ -27,8 +27,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // A float32 value stored as T: what ATen keeps between two ops.
 template <typename T>
 __device__ __forceinline__ float Round(float x) {
@@ -92,23 +90,8 @@ __device__ __forceinline__ float SiluBackward(float dy, float x) {
   return dy * s * (1.0f + x * (1.0f - s));
 }
 
-// Where element i (row-major over [n / cols, cols]) of a tensor with row stride `stride` lies: i
-// itself where the rows are contiguous, else row * stride + column (rows of a wider buffer, with
-// spare columns after each). A thread's V elements stay in one row when cols is a multiple of V
-// (the host checks it for strided rows). 32-bit row arithmetic: the host checks n < 2^32.
-struct RowLayout {
-  bool strided = false;
-  uint32_t cols = 0;
-  int64_t stride = 0;
-};
-
-__device__ __forceinline__ int64_t Offset(int64_t i, const RowLayout& rows) {
-  if (!rows.strided) return i;
-  const uint32_t row = static_cast<uint32_t>(i) / rows.cols;
-  return int64_t{row} * rows.stride + (static_cast<uint32_t>(i) - row * rows.cols);
-}
-
-// `out` in out_rows' layout (gate and up contiguous).
+// `out` in out_rows' layout (gate and up contiguous). A thread's V elements stay in one row: the
+// host takes strided rows only with cols a multiple of V (RowLayoutOf).
 template <typename T, int V>
 __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up,
                                     T* __restrict__ out, int64_t n, RowLayout out_rows) {
@@ -122,10 +105,10 @@ __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restr
       o.v[k] = static_cast<T>(__fmul_rn(Round<T>(Silu(static_cast<float>(g.v[k]))),
                                         static_cast<float>(u.v[k])));
     }
-    Store<T, V>(out + Offset(i, out_rows), o);
+    Store<T, V>(out + RowOffset(i, out_rows), o);
   } else {
     for (int64_t e = i; e < n; ++e) {
-      out[Offset(e, out_rows)] = static_cast<T>(
+      out[RowOffset(e, out_rows)] = static_cast<T>(
           __fmul_rn(Round<T>(Silu(static_cast<float>(gate[e]))), static_cast<float>(up[e])));
     }
   }
@@ -151,7 +134,7 @@ __global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, 
                                      int64_t n, RowLayout grad_rows) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
-  const int64_t gi = Offset(i, grad_rows);
+  const int64_t gi = RowOffset(i, grad_rows);
   if (i + V <= n) {
     const Vec<T, V> dy = Load<T, V>(grad + gi), g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
     Vec<T, V> dg, du, x;
@@ -165,7 +148,7 @@ __global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, 
   } else {
     for (int64_t e = i; e < n; ++e) {
       T x;
-      const int64_t ge = Offset(e, grad_rows);
+      const int64_t ge = RowOffset(e, grad_rows);
       SwigluBackwardOne(grad[ge], gate[e], up[e], grad_gate[ge], grad_up[e], x);
       if (kProduct) product[e] = x;
     }

@@ -22,6 +22,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "kernels/cuda_vectors.cuh"
 #include "kernels/lora_gradients_backend.h"
 
 namespace qlora::kernels::cuda {
@@ -349,8 +350,6 @@ __global__ void LoraGradientReduceKernel(ReduceArgs args) {
     for (int k = 0; k < 4; ++k) out[k] = T(__fmul_rn(sum[k], args.scale));
   }
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The pair kernel at rank R with tiles of kRows rows, then the reduction, on the current stream:
 // chunks of ChunkCols(R) columns by as many rows as make about blocks_per_sm blocks an SM.

@@ -20,6 +20,7 @@
 #include <c10/util/Half.h>
 
 #include "kernels/codebooks_4bit.h"
+#include "kernels/cuda_vectors.cuh"
 #include "kernels/quantize_4bit_backend.h"
 #include "kernels/quantize_4bit_math.h"
 
@@ -29,8 +30,6 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kThreads = 256;
 constexpr int kPackedPerThread = 4;  // one 4-byte load of packed codes -> 8 outputs
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int Log2(int64_t power_of_two) {
   int s = 0;
@@ -155,21 +154,6 @@ __device__ __forceinline__ void DecodeChunk(unsigned int word, float a, const fl
   for (int s = 0; s < kStores; ++s) out[s] = reinterpret_cast<const uint4*>(vals)[s];
 }
 
-// Where output i (row-major over the weight's [rows, cols]) is stored: i itself, or, for an
-// output with a row stride (a weight written into wider rows), row * row_stride + column. 32-bit
-// division: the host takes this path only for fewer than 2^32 outputs.
-struct OutputRows {
-  bool strided = false;
-  uint32_t cols = 0;
-  int64_t row_stride = 0;
-};
-
-__device__ __forceinline__ int64_t OutputOffset(int64_t i, const OutputRows& rows) {
-  if (!rows.strided) return i;
-  const uint32_t row = static_cast<uint32_t>(i) / rows.cols;
-  return int64_t{row} * rows.row_stride + (static_cast<uint32_t>(i) - row * rows.cols);
-}
-
 // The columns after each output row (ColumnsAfter), written by the blocks past the weight's:
 // element e of [rows, zeros + r] is 0 in the first `zeros` columns, then scale * values.
 struct AfterArgs {
@@ -182,7 +166,7 @@ struct AfterArgs {
 };
 
 template <typename T>
-__device__ __forceinline__ void WriteAfterColumns(const AfterArgs& after, OutputRows rows,
+__device__ __forceinline__ void WriteAfterColumns(const AfterArgs& after, RowLayout rows,
                                                   uint32_t cols, T* __restrict__ out) {
   const int64_t e = int64_t{blockIdx.x - after.weight_blocks} * blockDim.x + threadIdx.x;
   if (e >= after.elements) return;
@@ -193,13 +177,13 @@ __device__ __forceinline__ void WriteAfterColumns(const AfterArgs& after, Output
                       : __fmul_rn(after.values[int64_t{row} * after.values_stride + col -
                                                after.zeros],
                                   after.scale);
-  out[int64_t{row} * rows.row_stride + cols + col] = ToOutput<T>(v);
+  out[int64_t{row} * rows.stride + cols + col] = ToOutput<T>(v);
 }
 
 template <typename T>
 __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
-                                     bool vector_io, OutputRows rows, AfterArgs after,
+                                     bool vector_io, RowLayout rows, AfterArgs after,
                                      T* __restrict__ out) {
   if (after.elements > 0 && blockIdx.x >= after.weight_blocks) {  // the whole block
     WriteAfterColumns(after, rows, rows.cols, out);
@@ -224,7 +208,7 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u) {
       const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
-      DecodeChunk(word[u], a[u], lut, out + OutputOffset(chunk * kOutputsPerChunk, rows));
+      DecodeChunk(word[u], a[u], lut, out + RowOffset(chunk * kOutputsPerChunk, rows));
     }
     return;
   }
@@ -234,14 +218,14 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
     if (first >= n) return;
     const float a = LoadAbsmax(absmax_args, first >> log2_blocksize);
     if (vector_io && first + kOutputsPerChunk <= n) {
-      DecodeChunk(__ldg(words + chunk), a, lut, out + OutputOffset(first, rows));
+      DecodeChunk(__ldg(words + chunk), a, lut, out + RowOffset(first, rows));
       continue;
     }
     const int64_t last = min(n, first + kOutputsPerChunk);
     for (int64_t i = first; i < last; ++i) {
       const uint8_t byte = packed[i / 2];
       const uint8_t nibble = (i & 1) ? (byte & 0x0F) : (byte >> 4);
-      out[OutputOffset(i, rows)] = ToOutput<T>(math::MulFtz(lut[nibble], a));
+      out[RowOffset(i, rows)] = ToOutput<T>(math::MulFtz(lut[nibble], a));
     }
   }
 }
@@ -257,14 +241,14 @@ __global__ void DequantizeBlockwise8bitKernel(const uint8_t* __restrict__ codes,
                        offset);
 }
 
+// f(T{}) for `type`'s C++ type (DispatchFloating), or a clear error for any other dtype.
 template <typename F>
-void DispatchFloating(at::ScalarType type, F&& f) {
-  switch (type) {
-    case at::kFloat: return f(float{});
-    case at::kHalf: return f(c10::Half{});
-    case at::kBFloat16: return f(c10::BFloat16{});
-    default: TORCH_CHECK(false, "4-bit kernels support float32, float16 and bfloat16, not ", type);
-  }
+void DispatchFloatingOrFail(at::ScalarType type, F&& f) {
+  const bool taken = DispatchFloating(type, [&](auto tag) {
+    f(tag);
+    return true;
+  });
+  TORCH_CHECK(taken, "4-bit kernels support float32, float16 and bfloat16, not ", type);
 }
 
 unsigned Grid(int64_t threads) {
@@ -281,7 +265,7 @@ void Quantize4bit(const at::Tensor& x, QuantType type, int64_t blocksize, at::Te
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t n = x.numel();
   const int64_t blocks = CeilDiv(n, blocksize);
-  DispatchFloating(x.scalar_type(), [&](auto tag) {
+  DispatchFloatingOrFail(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     auto kernel = type == QuantType::kNF4 ? Quantize4bitKernel<T, QuantType::kNF4>
                                           : Quantize4bitKernel<T, QuantType::kFP4>;
@@ -333,7 +317,7 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
   }
   const Codebook16 table = type == QuantType::kNF4 ? kNf4Values : kFp4Values;
   const uint8_t* in = packed.const_data_ptr<uint8_t>();
-  OutputRows rows;
+  RowLayout rows;
   if (out.dim() == 2 && out.stride(0) != out.size(1)) {
     TORCH_CHECK(n < (int64_t{1} << 32), "Dequantize4bit: a row-strided output takes < 2^32 values");
     rows = {true, static_cast<uint32_t>(out.size(1)), out.stride(0)};
@@ -349,8 +333,8 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
     after_args.scale = static_cast<float>(after->scale);
   }
   // 8 outputs a chunk stay in one row, 16-byte aligned, when rows are multiples of 8 values.
-  const bool rows_in_chunks = !rows.strided || (rows.cols % 8 == 0 && rows.row_stride % 8 == 0);
-  DispatchFloating(out.scalar_type(), [&](auto tag) {
+  const bool rows_in_chunks = !rows.strided || (rows.cols % 8 == 0 && rows.stride % 8 == 0);
+  DispatchFloatingOrFail(out.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     T* dst = out.mutable_data_ptr<T>();
     const bool vector_io = rows_in_chunks && reinterpret_cast<uintptr_t>(in) % 4 == 0 &&

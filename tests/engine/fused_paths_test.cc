@@ -416,6 +416,26 @@ TEST(EngineFused, FrozenInputLeavesTheAdaptersGradientsAsTheyAre) {
   }
 }
 
+// A down projection [48, 96] with a rank-8 adapter (scale 1.5): a 4-bit base or a dense one in
+// `dtype`.
+LinearLayer DownLayer(const at::TensorOptions& f32, bool quantized, at::ScalarType dtype) {
+  LinearLayer down;
+  const at::Tensor w = at::randn({48, 96}, f32) * 0.1;
+  if (quantized) {
+    down.base.quantized = QuantizeWeight(w, kernels::Quantize4bitOptions());
+  } else {
+    down.base.dense = w.to(dtype);
+  }
+  down.base.out_features = 48;
+  down.base.in_features = 96;
+  LoraWeights lora;
+  lora.a = (at::randn({8, 96}, f32) * 0.2).requires_grad_();
+  lora.b = (at::randn({48, 8}, f32) * 0.2).requires_grad_();
+  lora.scale = 1.5;
+  down.lora = lora;
+  return down;
+}
+
 // The down projection over silu(gate) * up as one node that recomputes the product in backward,
 // against Swiglu then the LoRA layer (4-bit base and dense, with a bias): values and the
 // gradients of gate, up, A and B, bit for bit in float32 and bf16.
@@ -427,21 +447,9 @@ TEST(EngineFused, SwigluThenDownNodeEqualsSwigluThenTheLayer) {
     for (const bool quantized : {false, true}) {
       for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
         SCOPED_TRACE(std::string(c10::toString(dtype)) + (quantized ? " nf4" : " dense"));
-        LinearLayer down;
-        const at::Tensor w = at::randn({48, 96}, f32) * 0.1;
-        if (quantized) {
-          down.base.quantized = QuantizeWeight(w, kernels::Quantize4bitOptions());
-        } else {
-          down.base.dense = w.to(dtype);
-        }
-        down.base.out_features = 48;
-        down.base.in_features = 96;
+        LinearLayer down = DownLayer(f32, quantized, dtype);
         down.base.bias = at::randn({48}, f32).to(dtype);
-        LoraWeights lora;
-        lora.a = (at::randn({8, 96}, f32) * 0.2).requires_grad_();
-        lora.b = (at::randn({48, 8}, f32) * 0.2).requires_grad_();
-        lora.scale = 1.5;
-        down.lora = lora;
+        const LoraWeights& lora = *down.lora;
         const at::Tensor gate0 = at::randn({2, 7, 96}, f32).to(dtype), up0 = at::randn({2, 7, 96}, f32).to(dtype);
         // value_unused: a checkpointed layer's recomputation (the node keeps SwiGLU's output and
         // writes the input gradient over it; the output carries only the graph).
@@ -497,15 +505,8 @@ TEST(EngineFused, SwigluThenDownAddsTheResidualStreamInsideTheNode) {
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
       SCOPED_TRACE(c10::toString(dtype));
-      LinearLayer down;
-      down.base.quantized = QuantizeWeight(at::randn({48, 96}, f32) * 0.1, kernels::Quantize4bitOptions());
-      down.base.out_features = 48;
-      down.base.in_features = 96;
-      LoraWeights lora;
-      lora.a = (at::randn({8, 96}, f32) * 0.2).requires_grad_();
-      lora.b = (at::randn({48, 8}, f32) * 0.2).requires_grad_();
-      lora.scale = 1.5;
-      down.lora = lora;
+      const LinearLayer down = DownLayer(f32, /*quantized=*/true, dtype);
+      const LoraWeights& lora = *down.lora;
       const at::Tensor gate0 = at::randn({2, 7, 96}, f32).to(dtype), up0 = at::randn({2, 7, 96}, f32).to(dtype);
       const at::Tensor h0 = (at::randn({2, 7, 48}, f32) * 4).to(dtype);
       const at::Tensor seed = at::randn({2, 7, 48}, f32).to(dtype);

@@ -366,11 +366,15 @@ at::Tensor DownOverWidenedRows(const at::Tensor& x, const at::Tensor& b, const F
 // (a recomputation's x and dx are then rows of the wider buffer; plain, ha is copied out of it
 // so that x goes).
 struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction> {
+  // residual: rows [T, out] of the residual stream, or an empty tensor for none (a node's inputs
+  // are never undefined).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
-                            const at::Tensor& residual, const at::Tensor& a, const at::Tensor& b,
-                            const FrozenWeight* base, double scale, kernels::GemmTuner* gemm,
-                            AdapterCopies* copies, const SwigluThenOptions* options) {
+                            const at::Tensor& residual_or_empty, const at::Tensor& a,
+                            const at::Tensor& b, const FrozenWeight* base, double scale,
+                            kernels::GemmTuner* gemm, AdapterCopies* copies,
+                            const SwigluThenOptions* options) {
     const bool value_unused = options->value_unused;
+    const at::Tensor residual = residual_or_empty.numel() > 0 ? residual_or_empty : at::Tensor();
     at::Tensor x, y, ha;
     if (options->widened_rows) {
       std::tie(x, ha) = SwigluIntoWidenedRows(gate, up, a, gemm, copies);
@@ -890,21 +894,26 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 
 at::Tensor SwigluThenForward(const LinearLayer& down, at::Tensor gate, at::Tensor up,
                              const SwigluThenOptions& options, const at::Tensor& residual) {
-  const std::vector<int64_t> sizes = gate.sizes().vec();
-  if (!AdapterWithoutDropout(down, options.training) || down.base.bias.defined()) {
-    const at::Tensor y = down.Forward(Swiglu(std::move(gate), std::move(up)), options.training,
-                                      options.value_unused);
-    if (!residual.defined()) return y;
+  // The residual as the GEMM's C where nothing comes after the GEMMs (a bias would).
+  const bool residual_inside = residual.defined() && !down.base.bias.defined();
+  auto with_residual = [&](const at::Tensor& y) {
+    if (!residual.defined() || residual_inside) return y;
     return options.value_unused ? SumGraphOnly(residual, y) : residual + y;
+  };
+  if (!AdapterWithoutDropout(down, options.training)) {
+    return with_residual(down.Forward(Swiglu(std::move(gate), std::move(up)), options.training,
+                                      options.value_unused));
   }
+  const std::vector<int64_t> sizes = gate.sizes().vec();
   at::Tensor g2 = gate.reshape({-1, gate.size(-1)}), u2 = up.reshape({-1, up.size(-1)});
   gate.reset();
   up.reset();
   const at::Tensor r2 =
-      residual.defined() ? residual.reshape({-1, down.base.out_features}) : at::Tensor();
+      residual_inside ? residual.reshape({-1, down.base.out_features}) : at::Tensor();
   at::Tensor y;
   if (at::GradMode::is_enabled()) {
-    y = SwigluLoraFunction::apply(g2, u2, r2, down.lora->a, down.lora->b, &down.base,
+    const at::Tensor node_residual = r2.defined() ? r2 : at::empty({0}, g2.options());
+    y = SwigluLoraFunction::apply(g2, u2, node_residual, down.lora->a, down.lora->b, &down.base,
                                   down.lora->scale, down.gemm, down.adapter_copies, &options);
   } else if (options.widened_rows) {
     // The node's forward, but gate and up are let go once SwiGLU has read them: the same bits.
@@ -918,7 +927,7 @@ at::Tensor SwigluThenForward(const LinearLayer& down, at::Tensor gate, at::Tenso
                     options.value_unused, down.gemm, down.adapter_copies, r2)
             .first;
   }
-  return ToLayerOutput(y, sizes, down.base);
+  return with_residual(ToLayerOutput(y, sizes, down.base));
 }
 
 }  // namespace qlora::engine
