@@ -514,6 +514,12 @@ TEST(EngineFused, SwigluThenDownAddsTheResidualStreamInsideTheNode) {
       at::Tensor hs = h0.clone().requires_grad_();
       const at::Tensor separate = hs + down.Forward(Swiglu(gs, us), /*training=*/true);
       const auto want = torch::autograd::grad({separate}, {gs, us, lora.a, lora.b, hs}, {seed});
+      {  // a layer without an adapter takes no node: the stream is added after it
+        LinearLayer frozen = down;
+        frozen.lora.reset();
+        EXPECT_TRUE(at::equal(SwigluThenForward(frozen, gate0, up0, SwigluThenOptions(), h0),
+                              h0 + frozen.Forward(Swiglu(gate0, up0), /*training=*/true)));
+      }
       for (const bool widened : {false, true}) {
         SCOPED_TRACE(widened ? "widened rows" : "plain rows");
         std::vector<at::Tensor> plain_gradients;

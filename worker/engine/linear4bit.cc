@@ -894,13 +894,14 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 
 at::Tensor SwigluThenForward(const LinearLayer& down, at::Tensor gate, at::Tensor up,
                              const SwigluThenOptions& options, const at::Tensor& residual) {
-  // The residual as the GEMM's C where nothing comes after the GEMMs (a bias would).
-  const bool residual_inside = residual.defined() && !down.base.bias.defined();
+  const bool node = AdapterWithoutDropout(down, options.training);
+  // The residual as the node's GEMM's C where nothing comes after the GEMMs (a bias would).
+  const bool residual_inside = node && residual.defined() && !down.base.bias.defined();
   auto with_residual = [&](const at::Tensor& y) {
     if (!residual.defined() || residual_inside) return y;
     return options.value_unused ? SumGraphOnly(residual, y) : residual + y;
   };
-  if (!AdapterWithoutDropout(down, options.training)) {
+  if (!node) {
     return with_residual(down.Forward(Swiglu(std::move(gate), std::move(up)), options.training,
                                       options.value_unused));
   }
