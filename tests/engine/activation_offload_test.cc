@@ -41,8 +41,10 @@ TEST(EngineActivationOffload, TensorsComeBackBitForBitAndSharedStoragesTravelOnc
     EXPECT_FALSE(offloader.Offloadable(small));
     EXPECT_FALSE(offloader.Offloadable(param));
     EXPECT_FALSE(offloader.Offloadable(at::Tensor()));
-    // A narrow view of a much larger buffer stays on the device (it would move the whole buffer).
+    // A narrow view of a much larger buffer stays on the device (it would move the whole buffer);
+    // a third of one goes (the packed q/k/v rows' column blocks: the buffer travels once).
     EXPECT_FALSE(offloader.Offloadable(b.narrow(0, 0, 100)));
+    EXPECT_TRUE(offloader.Offloadable(a.narrow(1, 0, 32 / 3 + 1)));
 
     const int64_t ta = offloader.Offload(a, 0), ta_t = offloader.Offload(a_t, 0);
     const int64_t tb = offloader.Offload(b, 1);

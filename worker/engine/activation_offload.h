@@ -51,7 +51,7 @@ class ActivationOffloader {
   ActivationOffloader& operator=(const ActivationOffloader&) = delete;
 
   // Whether `t` would be offloaded: defined, on this device, not a parameter (a leaf that
-  // requires grad), at least min_bytes.
+  // requires grad), at least min_bytes, and at least a third of its storage.
   bool Offloadable(const at::Tensor& t) const;
   // Starts moving `t` to host memory under `group` (a decoder layer); returns its ticket.
   int64_t Offload(const at::Tensor& t, int64_t group);
