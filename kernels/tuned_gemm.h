@@ -71,7 +71,8 @@ class GemmTuner {
   // views of contiguous matrices) and out [m, n] with unit column stride. beta = 0 never reads
   // out. Tunes the shape first when it is new. With c (defined; out's shape): out = beta * c +
   // alpha * (a @ b), c read in the GEMM's epilogue (cuBLASLt's C apart from D, where c has out's
-  // strides; else c is copied into out first, as at::addmm_out does) and never written.
+  // strides: the tuned kernel, or cuBLASLt's first pick where ATen's call won the tuning; else c
+  // is copied into out first, as at::addmm_out does) and never written.
   void Addmm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double beta,
              double alpha = 1.0, const at::Tensor& c = at::Tensor());
 

@@ -60,17 +60,21 @@ int Octave(int64_t v) {
   return o;
 }
 
-// The algorithm a tuning chose for its key (none: ATen's call was the fastest).
+// The algorithm a tuning chose for its key (none: ATen's call was the fastest), and cuBLASLt's
+// own first pick (for calls with C apart from D, which ATen's call would first copy into D).
 struct Choice {
   std::optional<cublasLtMatmulAlgo_t> algorithm;
+  std::optional<cublasLtMatmulAlgo_t> heuristic;
 };
 
 // What one exact shape runs: its descriptors and the tuned algorithm where cuBLASLt accepts it
-// for this shape (none: ATen's call).
+// for this shape (none: ATen's call); with C apart from D, that algorithm or else cuBLASLt's
+// first pick (none: ATen's call, which copies C into D first).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t x = nullptr, y = nullptr, d = nullptr;
   std::optional<cublasLtMatmulAlgo_t> algorithm;
+  std::optional<cublasLtMatmulAlgo_t> separate_c;
 };
 
 void Destroy(Plan& plan) {
@@ -144,11 +148,7 @@ class AlgorithmCache {
     call.c = c;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(call.key);
-    if (it != plans_.end()) {
-      if (!it->second.algorithm) return false;  // ATen's call
-      Run(call, it->second, *it->second.algorithm, out, beta, alpha);
-      return true;
-    }
+    if (it != plans_.end()) return RunPlan(call, it->second, out, beta, alpha);
     Plan plan = MakePlan(call);
     auto choice = choices_.find(call.tuning);
     if (choice == choices_.end()) {
@@ -160,11 +160,15 @@ class AlgorithmCache {
       Choice chosen;
       const int index = Choose(Time(call, plan, candidates, out));
       if (index >= 0) chosen.algorithm = candidates[index];
+      if (!candidates.empty()) chosen.heuristic = candidates[0];
       choice = choices_.emplace(call.tuning, chosen).first;
     }
-    if (choice->second.algorithm) Accept(plan, *choice->second.algorithm);
-    const bool ran = plan.algorithm.has_value();
-    if (ran) Run(call, plan, *plan.algorithm, out, beta, alpha);
+    if (choice->second.algorithm) plan.algorithm = Accepted(plan, *choice->second.algorithm);
+    plan.separate_c = plan.algorithm;
+    if (!plan.separate_c && choice->second.heuristic) {
+      plan.separate_c = Accepted(plan, *choice->second.heuristic);
+    }
+    const bool ran = RunPlan(call, plan, out, beta, alpha);
     // Exact shapes are remembered up to a bound (descriptors are small, but rows that vary every
     // step would make them many); past it each call builds its plan and drops it.
     if (static_cast<int64_t>(plans_.size()) < kMaxPlans) {
@@ -241,16 +245,27 @@ class AlgorithmCache {
     return true;
   }
 
-  // Sets the plan's algorithm when cuBLASLt accepts `algo` (tuned for another shape of the same
-  // key) for this exact shape within the workspace.
-  void Accept(Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+  // `algo` (chosen for another shape of the same key) where cuBLASLt accepts it for this exact
+  // shape within the workspace.
+  std::optional<cublasLtMatmulAlgo_t> Accepted(const Plan& plan,
+                                               const cublasLtMatmulAlgo_t& algo) const {
     cublasLtMatmulHeuristicResult_t result{};
     if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x,
                                 plan.y, plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS ||
         result.workspaceSize > WorkspaceBytes()) {
-      return;
+      return std::nullopt;
     }
-    plan.algorithm = algo;
+    return algo;
+  }
+
+  // Runs the call with the plan's algorithm for it; false: ATen's call is the caller's to run.
+  bool RunPlan(const Call& call, const Plan& plan, const at::Tensor& out, double beta,
+               double alpha) const {
+    const std::optional<cublasLtMatmulAlgo_t>& algo =
+        call.c.defined() ? plan.separate_c : plan.algorithm;
+    if (!algo) return false;
+    Run(call, plan, *algo, out, beta, alpha);
+    return true;
   }
 
   // The workspace the algorithms may use: ATen's cuBLASLt workspace of the current stream
