@@ -346,8 +346,10 @@ at::Tensor DownOverWidenedRows(const at::Tensor& x, const at::Tensor& b, const F
   return y;
 }
 
-// The down projection with its adapter applied to silu(gate) * up, as one node. The same values
-// and gradients as Swiglu followed by LoraLinearFunction (without dropout), in one of two modes:
+// The down projection with its adapter applied to silu(gate) * up, as one node (plus the
+// residual stream, where given). The same values and gradients as Swiglu followed by
+// LoraLinearFunction (without dropout; with a residual or widened rows, up to where the sums are
+// rounded: fused_paths_test), in one of two modes:
 //   plain (a layer whose saved tensors live from forward to backward): keeps gate and up (which
 //     SwiGLU's backward needs anyway) but not their product x, the projection's input
 //     ([T, intermediate], the largest tensor a layer would otherwise save): SwiGLU's backward,
