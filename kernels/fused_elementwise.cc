@@ -22,11 +22,14 @@ at::Tensor RotateHalfTransposed(const at::Tensor& z) {  // cat(z2, -z1): rotate_
 
 bool OnCuda(const at::Tensor& t) { return t.is_cuda() && HasCudaKernels(); }
 
-// Whether a gradient may be written over itself: contiguous, or rows [rows, cols] of a wider
-// buffer (unit column stride).
+// Whether the CUDA kernels may read t, or write over it, as it is: contiguous, or rows
+// [rows, cols] of a wider buffer (unit column stride).
 bool RowsInPlace(const at::Tensor& t) {
   return t.is_contiguous() || (t.dim() == 2 && t.stride(1) == 1 && t.stride(0) >= t.size(1));
 }
+
+// t as the CUDA kernels read it: itself where RowsInPlace, else a contiguous copy.
+at::Tensor Rows(const at::Tensor& t) { return RowsInPlace(t) ? t : t.contiguous(); }
 
 // out = the rotation of x (out may be x itself: each value is read before it is written).
 void RotaryInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
@@ -70,9 +73,8 @@ at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {
               "swiglu: gate and up must have one shape and dtype");
   if (OnCuda(gate)) {
 #ifdef QLORA_HAVE_CUDA
-    const at::Tensor g = gate.contiguous(), u = up.contiguous();
-    at::Tensor out = at::empty_like(g);
-    if (cuda::SwigluForward(g, u, out)) return out;
+    at::Tensor out = at::empty(gate.sizes(), gate.options());
+    if (cuda::SwigluForward(Rows(gate), Rows(up), out)) return out;
 #endif
   }
   return at::silu(gate) * up;
@@ -88,7 +90,7 @@ at::Tensor SwigluForwardWithSpareColumns(const at::Tensor& gate, const at::Tenso
       at::empty({gate.size(0), gate.size(1) + spare}, gate.options()).narrow(1, 0, gate.size(1));
   if (OnCuda(gate)) {
 #ifdef QLORA_HAVE_CUDA
-    if (cuda::SwigluForward(gate.contiguous(), up.contiguous(), out)) return out;
+    if (cuda::SwigluForward(Rows(gate), Rows(up), out)) return out;
 #endif
   }
   out.copy_(at::silu(gate) * up);
@@ -120,10 +122,10 @@ at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
               "with unit column stride, got strides ", grad_out.strides());
   if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type()) {
 #ifdef QLORA_HAVE_CUDA
-    const at::Tensor a = gate.contiguous(), b = up.contiguous();
-    at::Tensor grad_up = at::empty_like(b);
-    at::Tensor x = product != nullptr ? at::empty_like(a) : at::Tensor();
-    if (cuda::SwigluBackward(grad_out, a, b, grad_out, grad_up, product != nullptr ? &x : nullptr)) {
+    at::Tensor grad_up = at::empty(up.sizes(), up.options());
+    at::Tensor x = product != nullptr ? at::empty(gate.sizes(), gate.options()) : at::Tensor();
+    if (cuda::SwigluBackward(grad_out, Rows(gate), Rows(up), grad_out, grad_up,
+                             product != nullptr ? &x : nullptr)) {
       if (product != nullptr) *product = std::move(x);
       return grad_up;
     }
@@ -139,14 +141,14 @@ void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::
                               at::Tensor* product) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
               "swiglu: the gradient, gate and up must have one shape");
-  TORCH_CHECK(RowsInPlace(grad_out) && up.is_contiguous(),
-              "swiglu: gradients written in place need contiguous buffers (or rows, grad_out)");
+  TORCH_CHECK(RowsInPlace(grad_out) && RowsInPlace(up),
+              "swiglu: gradients written in place need contiguous buffers or rows of one");
   if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
       up.scalar_type() == gate.scalar_type()) {
 #ifdef QLORA_HAVE_CUDA
-    const at::Tensor a = gate.contiguous();
-    at::Tensor x = product != nullptr ? at::empty_like(a) : at::Tensor();
-    if (cuda::SwigluBackward(grad_out, a, up, grad_out, up, product != nullptr ? &x : nullptr)) {
+    at::Tensor x = product != nullptr ? at::empty(gate.sizes(), gate.options()) : at::Tensor();
+    if (cuda::SwigluBackward(grad_out, Rows(gate), up, grad_out, up,
+                             product != nullptr ? &x : nullptr)) {
       if (product != nullptr) *product = std::move(x);
       return;
     }
@@ -155,6 +157,29 @@ void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::
   if (product != nullptr) *product = SwigluForward(gate, up);  // before anything is overwritten
   auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
   grad_out.copy_(grad_gate);
+  up.copy_(grad_up);
+}
+
+void SwigluBackwardIntoInputs(const at::Tensor& grad_out, at::Tensor& gate, at::Tensor& up,
+                              at::Tensor* product) {
+  TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
+              "swiglu: the gradient, gate and up must have one shape");
+  TORCH_CHECK(RowsInPlace(gate) && RowsInPlace(up),
+              "swiglu: gradients written over gate and up need contiguous buffers or rows of one");
+  if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
+      up.scalar_type() == gate.scalar_type()) {
+#ifdef QLORA_HAVE_CUDA
+    at::Tensor x = product != nullptr ? at::empty(gate.sizes(), gate.options()) : at::Tensor();
+    if (cuda::SwigluBackward(Rows(grad_out), gate, up, gate, up,
+                             product != nullptr ? &x : nullptr)) {
+      if (product != nullptr) *product = std::move(x);
+      return;
+    }
+#endif
+  }
+  if (product != nullptr) *product = SwigluForward(gate, up);  // before anything is overwritten
+  auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
+  gate.copy_(grad_gate);
   up.copy_(grad_up);
 }
 

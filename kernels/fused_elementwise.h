@@ -27,7 +27,7 @@ at::Tensor RotaryBackward(const at::Tensor& grad_out, const at::Tensor& cos,
 // beside it is touched).
 void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// gate, up: the same shape and dtype -> silu(gate) * up.
+// gate, up: the same shape and dtype (either may be rows of a wider buffer) -> silu(gate) * up.
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
 // The same for gate, up [rows, cols], written into rows of cols + spare values: a [rows, cols]
 // view whose rows are each followed by `spare` unset values (for a GEMM over widened rows).
@@ -44,9 +44,14 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
 // and up).
 at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
                                  const at::Tensor& up, at::Tensor* product = nullptr);
-// The same with grad_up written over up too (contiguous, read by no one afterwards): no new
-// buffer at all (but `product`'s).
+// The same with grad_up written over up too (contiguous or rows, read by no one afterwards): no
+// new buffer at all (but `product`'s).
 void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up,
+                              at::Tensor* product = nullptr);
+// The gradients written over gate and up themselves (each contiguous or rows of a wider buffer:
+// side by side in one packed buffer, they come out as the packed gradient that one GEMM over the
+// stacked gate/up weight takes); grad_out is only read.
+void SwigluBackwardIntoInputs(const at::Tensor& grad_out, at::Tensor& gate, at::Tensor& up,
                               at::Tensor* product = nullptr);
 
 }  // namespace qlora::kernels

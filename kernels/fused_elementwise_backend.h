@@ -11,12 +11,13 @@ namespace qlora::kernels::cuda {
 // broadcast). backward: x is the output's gradient and out the input's.
 bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
             at::Tensor& out);
-// Contiguous gate and up of one shape and dtype; out contiguous or [rows, cols] rows of a wider
-// buffer (unit column stride, cols and the row stride multiples of 16 bytes).
+// gate, up and out of one shape and dtype, each contiguous or 2-D rows [rows, cols] of a wider
+// buffer (unit column stride, cols and the row stride multiples of 16 bytes: gate and up side by
+// side in one packed buffer, out with spare columns).
 bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out);
-// grad_gate may be grad itself and grad_up up itself (written in place); `product` (a buffer of
-// its own, or null) gets SwigluForward's output. grad may be rows of a wider buffer (as out
-// above) when grad_gate is grad itself; the others are contiguous.
+// grad_gate and grad_up may be any of grad, gate and up themselves (written in place); each of
+// the five is contiguous or rows as above; `product` (a contiguous buffer of its own, or null)
+// gets SwigluForward's output.
 bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
                     at::Tensor& grad_gate, at::Tensor& grad_up, at::Tensor* product = nullptr);
 

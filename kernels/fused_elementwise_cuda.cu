@@ -6,9 +6,14 @@
 //   RotaryKernel   one thread per V pairs (i, i + D/2) of one row (b, h, s): 16-byte loads of x,
 //                  cos and sin at both halves, 16-byte stores (out may be x); strides from the
 //                  tensors
-//   SwigluForwardKernel / SwigluBackwardKernel   one thread per V elements, 16-byte accesses
-//                  (backward may write grad_gate over grad and grad_up over up: each thread
-//                  loads before it stores; and, asked, the forward's output again)
+//   SwigluForwardKernel / SwigluBackwardKernel   contiguous tensors: one thread per V
+//                  elements, 16-byte accesses (backward may write its gradients over any of its
+//                  inputs: each thread loads before it stores; and, asked, the forward's output
+//                  again)
+//   SwigluForwardRowsKernel / SwigluBackwardRowsKernel   the same where some tensor is rows of
+//                  a wider buffer (each its own row stride: gate and up side by side in one
+//                  packed buffer, outputs with spare columns): blockIdx.y takes kRowsPerBlock
+//                  rows, so no thread divides an index by the row length
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -118,18 +123,31 @@ __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restr
   }
 }
 
-// The same into rows of a wider buffer (out's row stride), [rows, cols] with cols a multiple of
-// V: blockIdx.y walks the rows (a grid-stride loop past 65535), so no thread divides by cols (a
-// division a thread made the contiguous-index form 20 % slower in a 7B step, round 15).
+// Rows a block walks in the row kernels: four rows' loads in flight a thread (one row a block
+// made SwiGLU's forward into wider rows 9 % slower than the contiguous kernel, round 15).
+constexpr int kRowsPerBlock = 4;
+constexpr int kRowThreads = 128;
+
+// Row strides (in elements) of the SwiGLU row kernels' tensors.
+struct SwigluStrides {
+  int64_t grad = 0, gate = 0, up = 0, grad_gate = 0, grad_up = 0, out = 0;
+};
+
+// SwigluForwardKernel's values for [rows, cols] with cols a multiple of V, each tensor with its
+// row stride (out: strides.out).
 template <typename T, int V>
 __global__ void SwigluForwardRowsKernel(const T* __restrict__ gate, const T* __restrict__ up,
                                         T* __restrict__ out, int64_t rows, int64_t cols,
-                                        int64_t out_stride) {
+                                        SwigluStrides strides) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= cols) return;
-  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
-    const int64_t i = row * cols + c;
-    Store<T, V>(out + row * out_stride + c, SwigluVector<T, V>(gate + i, up + i));
+  const int64_t first = int64_t{blockIdx.y} * kRowsPerBlock;
+#pragma unroll
+  for (int k = 0; k < kRowsPerBlock; ++k) {
+    const int64_t row = first + k;
+    if (row >= rows) return;
+    Store<T, V>(out + row * strides.out + c,
+                SwigluVector<T, V>(gate + row * strides.gate + c, up + row * strides.up + c));
   }
 }
 
@@ -145,33 +163,64 @@ __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, 
 }
 
 // kProduct: also writes the forward's output silu(gate) * up to `product` (its own buffer).
-// grad and grad_gate in grad_rows' layout (one layout: grad_gate is grad itself when strided),
-// the others contiguous.
+// Contiguous tensors; grad_gate and grad_up may be any of grad, gate and up (written in place).
 template <typename T, int V, bool kProduct>
-__global__ void SwigluBackwardKernel(const T* grad, const T* __restrict__ gate, const T* up,
-                                     T* grad_gate, T* grad_up, T* __restrict__ product,
-                                     int64_t n, RowLayout grad_rows) {
+__global__ void SwigluBackwardKernel(const T* grad, const T* gate, const T* up, T* grad_gate,
+                                     T* grad_up, T* __restrict__ product, int64_t n) {
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
-  const int64_t gi = RowOffset(i, grad_rows);
   if (i + V <= n) {
-    const Vec<T, V> dy = Load<T, V>(grad + gi), g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
+    const Vec<T, V> dy = Load<T, V>(grad + i), g = Load<T, V>(gate + i), u = Load<T, V>(up + i);
     Vec<T, V> dg, du, x;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       SwigluBackwardOne(dy.v[k], g.v[k], u.v[k], dg.v[k], du.v[k], x.v[k]);
     }
-    Store<T, V>(grad_gate + gi, dg);
+    Store<T, V>(grad_gate + i, dg);
     Store<T, V>(grad_up + i, du);
     if (kProduct) Store<T, V>(product + i, x);
   } else {
     for (int64_t e = i; e < n; ++e) {
-      T x;
-      const int64_t ge = RowOffset(e, grad_rows);
-      SwigluBackwardOne(grad[ge], gate[e], up[e], grad_gate[ge], grad_up[e], x);
+      T x, dg, du;
+      SwigluBackwardOne(grad[e], gate[e], up[e], dg, du, x);
+      grad_gate[e] = dg;
+      grad_up[e] = du;
       if (kProduct) product[e] = x;
     }
   }
+}
+
+// The same over [rows, cols] (cols a multiple of V), each tensor with its row stride (product:
+// contiguous, strides.out = cols). A row's vectors are all loaded before any is stored.
+template <typename T, int V, bool kProduct>
+__global__ void SwigluBackwardRowsKernel(const T* grad, const T* gate, const T* up, T* grad_gate,
+                                         T* grad_up, T* __restrict__ product, int64_t rows,
+                                         int64_t cols, SwigluStrides strides) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c >= cols) return;
+  const int64_t first = int64_t{blockIdx.y} * kRowsPerBlock;
+#pragma unroll
+  for (int k = 0; k < kRowsPerBlock; ++k) {
+    const int64_t row = first + k;
+    if (row >= rows) return;
+    const Vec<T, V> dy = Load<T, V>(grad + row * strides.grad + c);
+    const Vec<T, V> g = Load<T, V>(gate + row * strides.gate + c);
+    const Vec<T, V> u = Load<T, V>(up + row * strides.up + c);
+    Vec<T, V> dg, du, x;
+#pragma unroll
+    for (int j = 0; j < V; ++j) SwigluBackwardOne(dy.v[j], g.v[j], u.v[j], dg.v[j], du.v[j], x.v[j]);
+    Store<T, V>(grad_gate + row * strides.grad_gate + c, dg);
+    Store<T, V>(grad_up + row * strides.grad_up + c, du);
+    if (kProduct) Store<T, V>(product + row * strides.out + c, x);
+  }
+}
+
+// The grid of the row kernels over [rows, cols].
+dim3 RowGrid(int64_t rows, int64_t cols, int v) {
+  const int64_t row_blocks = CeilDiv(rows, kRowsPerBlock);
+  TORCH_CHECK(row_blocks < 65536, "SwiGLU kernels: too many rows (", rows, ")");
+  return dim3(static_cast<unsigned>(CeilDiv(cols / v, kRowThreads)),
+              static_cast<unsigned>(row_blocks));
 }
 
 unsigned Grid(int64_t threads) {
@@ -182,16 +231,18 @@ unsigned Grid(int64_t threads) {
 
 Strides4 StridesOf(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-// t's RowLayout for the SwiGLU kernels, V values a vector: contiguous, or [rows, cols] with unit
-// column stride whose rows keep vectors whole and aligned; nullopt for any other layout.
+// t's row stride for the SwiGLU row kernels over [rows, cols] = [numel / cols, cols], V values
+// a vector: cols where t is contiguous; else t's own where t is [rows, cols] with unit column
+// stride and rows that keep vectors whole and aligned; nullopt for any other layout.
 template <int V>
-std::optional<RowLayout> RowLayoutOf(const at::Tensor& t) {
-  if (t.is_contiguous()) return RowLayout{};
-  if (t.dim() != 2 || t.stride(1) != 1 || t.size(1) % V != 0 || t.stride(0) % V != 0 ||
-      t.numel() >= (int64_t{1} << 32)) {
+std::optional<int64_t> RowStride(const at::Tensor& t, int64_t cols) {
+  if (!Aligned16(t.const_data_ptr())) return std::nullopt;
+  if (t.is_contiguous()) return cols;
+  if (t.dim() != 2 || t.size(1) != cols || t.stride(1) != 1 || cols % V != 0 ||
+      t.stride(0) % V != 0) {
     return std::nullopt;
   }
-  return RowLayout{true, static_cast<uint32_t>(t.size(1)), t.stride(0)};
+  return t.stride(0);
 }
 
 bool Vectorizable(const at::Tensor& t, int v) {
@@ -230,25 +281,22 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
   return DispatchFloating(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    const std::optional<RowLayout> out_rows = RowLayoutOf<V>(out);
-    if (!out_rows || !Aligned16(gate.const_data_ptr()) || !Aligned16(up.const_data_ptr()) ||
-        !Aligned16(out.const_data_ptr())) {
-      return false;
-    }
+    const int64_t cols = gate.size(-1), rows = gate.numel() / cols;
+    const std::optional<int64_t> g = RowStride<V>(gate, cols), u = RowStride<V>(up, cols),
+                                 o = RowStride<V>(out, cols);
+    if (!g || !u || !o) return false;
     const c10::cuda::CUDAGuard guard(gate.device());
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    if (out_rows->strided) {
-      constexpr int kRowThreads = 128;
-      const int64_t rows = out.size(0), cols = out.size(1);
-      const dim3 grid(static_cast<unsigned>(CeilDiv(cols / V, kRowThreads)),
-                      static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
-      SwigluForwardRowsKernel<T, V><<<grid, kRowThreads, 0, stream>>>(
-          gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), rows, cols,
-          out.stride(0));
-    } else {
+    if (gate.is_contiguous() && up.is_contiguous() && out.is_contiguous()) {
       const int64_t n = gate.numel();
       SwigluForwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, stream>>>(
           gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), n);
+    } else {
+      SwigluStrides strides;
+      strides.gate = *g, strides.up = *u, strides.out = *o;
+      SwigluForwardRowsKernel<T, V><<<RowGrid(rows, cols, V), kRowThreads, 0, stream>>>(
+          gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), rows, cols,
+          strides);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
@@ -261,23 +309,37 @@ bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Te
   return DispatchFloating(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    const void* pointers[] = {grad.const_data_ptr(), gate.const_data_ptr(), up.const_data_ptr(),
-                              grad_gate.const_data_ptr(), grad_up.const_data_ptr(),
-                              product != nullptr ? product->const_data_ptr() : nullptr};
-    for (const void* p : pointers) {
-      if (!Aligned16(p)) return false;
+    const int64_t cols = gate.size(-1), rows = gate.numel() / cols;
+    const at::Tensor* tensors[] = {&grad, &gate, &up, &grad_gate, &grad_up};
+    std::optional<int64_t> strides[5];
+    bool contiguous = product == nullptr || product->is_contiguous();
+    for (int i = 0; i < 5; ++i) {
+      strides[i] = RowStride<V>(*tensors[i], cols);
+      if (!strides[i]) return false;
+      contiguous = contiguous && tensors[i]->is_contiguous();
     }
-    // Strided rows only for a gradient written over itself.
-    const std::optional<RowLayout> grad_rows = RowLayoutOf<V>(grad);
-    if (!grad_rows || (grad_rows->strided && !grad_gate.is_same(grad))) return false;
+    if (product != nullptr && (!product->is_contiguous() || !Aligned16(product->const_data_ptr()))) {
+      return false;
+    }
     const c10::cuda::CUDAGuard guard(gate.device());
-    const int64_t n = gate.numel();
-    auto kernel = product != nullptr ? SwigluBackwardKernel<T, V, true>
-                                     : SwigluBackwardKernel<T, V, false>;
-    kernel<<<Grid(CeilDiv(n, V)), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
-        grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(),
-        product != nullptr ? product->mutable_data_ptr<T>() : nullptr, n, *grad_rows);
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    T* product_out = product != nullptr ? product->mutable_data_ptr<T>() : nullptr;
+    if (contiguous) {
+      const int64_t n = gate.numel();
+      auto kernel = product != nullptr ? SwigluBackwardKernel<T, V, true>
+                                       : SwigluBackwardKernel<T, V, false>;
+      kernel<<<Grid(CeilDiv(n, V)), kThreads, 0, stream>>>(
+          grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
+          grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), product_out, n);
+    } else {
+      const SwigluStrides s{*strides[0], *strides[1], *strides[2], *strides[3], *strides[4], cols};
+      auto kernel = product != nullptr ? SwigluBackwardRowsKernel<T, V, true>
+                                       : SwigluBackwardRowsKernel<T, V, false>;
+      kernel<<<RowGrid(rows, cols, V), kRowThreads, 0, stream>>>(
+          grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
+          grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), product_out, rows, cols,
+          s);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

@@ -560,6 +560,109 @@ TEST(EngineFused, SwigluThenDownAddsTheResidualStreamInsideTheNode) {
   }
 }
 
+// gate/up as the decoder runs them (SharedInputForward over widened rows: two equally wide layers
+// without biases, one 4-bit) run packed: one GEMM writes [T, 2 I], gate and up are views of it,
+// SwiGLU reads them there and its backward writes their gradients over them, which the gate/up
+// node then takes as one packed gradient (one GEMM over the stacked weights). The whole MLP
+// (norm, gate/up, SwiGLU, down with its residual) against the layers one by one: values within
+// rounding, the gradients of the norm's inputs and of every A and B within rounding, for a plain
+// layer, a lean one and a recomputation (whose gradients equal the plain layer's to the bit), in
+// float32 and bf16, over plain and widened down rows; and the packed buffer holds the gate/up
+// gradients afterwards (the packed backward ran).
+TEST(EngineFused, PackedGateUpThroughSwigluAndDownEqualsTheLayersOneByOne) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(23);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int64_t in = 48, inter = 96;
+    std::vector<LinearLayer> layers(2);
+    for (int i = 0; i < 2; ++i) {
+      LinearLayer& l = layers[i];
+      const at::Tensor w = at::randn({inter, in}, f32) * 0.1;
+      if (i == 1) {
+        l.base.quantized = QuantizeWeight(w, kernels::Quantize4bitOptions());
+      } else {
+        l.base.dense = w;
+      }
+      l.base.out_features = inter;
+      l.base.in_features = in;
+      LoraWeights lora;
+      lora.a = (at::randn({4 * (i + 1), in}, f32) * 0.2).requires_grad_();
+      lora.b = (at::randn({inter, 4 * (i + 1)}, f32) * 0.2).requires_grad_();
+      lora.scale = 0.75 + i;
+      l.lora = lora;
+    }
+    const std::vector<const LinearLayer*> group = {&layers[0], &layers[1]};
+    const int64_t spare = SharedInputSpareColumns(group, /*training=*/true);
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(c10::toString(dtype));
+      CastFrozen(layers, dtype);
+      const LinearLayer down = DownLayer(f32, /*quantized=*/true, dtype);
+      const std::vector<at::Tensor> adapters = {layers[0].lora->a, layers[0].lora->b,
+                                                layers[1].lora->a, layers[1].lora->b,
+                                                down.lora->a,      down.lora->b};
+      const at::Tensor w = (1 + 0.1 * at::randn({in}, f32)).to(dtype);
+      const at::Tensor x0 = at::randn({2, 7, in}, f32).to(dtype);
+      const at::Tensor d0 = at::randn({2, 7, in}, f32).to(dtype);
+      const at::Tensor seed = at::randn({2, 7, in}, f32).to(dtype);
+      at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
+      const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
+      const at::Tensor gate_s = layers[0].Forward(ns, true), up_s = layers[1].Forward(ns, true);
+      const at::Tensor separate = hs + down.Forward(Swiglu(gate_s, up_s), true);
+      const std::vector<at::Tensor> inputs_s = Joined({xs, ds}, adapters);
+      const auto want = torch::autograd::grad({separate}, Joined(inputs_s, {gate_s, up_s}), {seed});
+      const at::Tensor gate_up_want = at::cat({want[8], want[9]}, -1).view({-1, 2 * inter});
+      for (const bool widened : {false, true}) {
+        std::vector<at::Tensor> plain_gradients;
+        for (const int mode : {0, 1, 2}) {  // plain, lean, recomputation
+          SCOPED_TRACE(::testing::Message() << (widened ? "widened down rows" : "plain down rows")
+                                            << ", mode " << mode);
+          at::Tensor xp = x0.clone().requires_grad_(), dp = d0.clone().requires_grad_();
+          const auto [hp, np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
+          std::vector<at::Tensor> gate_up = SharedInputForward(group, np, /*training=*/true);
+          ASSERT_EQ(gate_up[0].stride(-1), 1);
+          EXPECT_EQ(gate_up[0].stride(-2), 2 * inter) << "packed rows";
+          EXPECT_EQ(gate_up[1].data_ptr(),
+                    static_cast<void*>(static_cast<char*>(gate_up[0].data_ptr()) +
+                                       inter * gate_up[0].element_size()));
+          const at::Tensor packed = gate_up[0].reshape({-1, inter}).detach();
+          SwigluThenOptions options;
+          options.overwrite_inputs = true;
+          options.widened_rows = widened;
+          options.lean_backward = mode == 1;
+          options.value_unused = mode == 2;
+          const at::Tensor fused = SwigluThenForward(down, std::exchange(gate_up[0], {}),
+                                                     std::exchange(gate_up[1], {}), options, hp);
+          if (mode != 2) {
+            const double scale = separate.abs().max().item<double>();
+            const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -7);
+            EXPECT_LE((fused - separate).abs().max().item<double>(), bound);
+          }
+          const auto got = torch::autograd::grad({fused}, Joined({xp, dp}, adapters), {seed});
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double scale = want[i].abs().max().item<double>();
+            const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -6);
+            EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), bound) << "gradient " << i;
+            if (mode == 2) {
+              EXPECT_TRUE(at::equal(got[i], plain_gradients[i])) << "recomputed gradient " << i;
+            } else if (mode == 0) {
+              plain_gradients.push_back(got[i]);
+            }
+          }
+          // The packed rows [T, 2 I] now hold gate's and up's gradients.
+          const at::Tensor rows = at::empty({0}, packed.options())
+                                      .set_(packed.storage(), packed.storage_offset(),
+                                            {packed.size(0), 2 * inter}, {2 * inter, 1});
+          const double scale = gate_up_want.abs().max().item<double>();
+          const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -6);
+          EXPECT_LE((rows - gate_up_want).abs().max().item<double>(), bound)
+              << "gate's and up's gradients written over them";
+        }
+      }
+    }
+  }
+}
+
 TEST(EngineFused, LoraNodeWithDropoutEqualsTheUnfusedFormulaWithTheSameMask) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());

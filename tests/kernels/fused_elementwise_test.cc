@@ -208,5 +208,46 @@ TEST(KernelsFused, SwigluOverRowsOfAWiderBufferEqualsTheContiguousCase) {
   }
 }
 
+// gate and up side by side in one packed buffer [rows, 2 cols] (the packed gate/up GEMM's
+// output): SwiGLU reads them as they are, and its backward writes the gradients over them, so
+// that they come out packed too. The same bits as contiguous gate and up (the row kernels), with
+// and without the product, the gradient of the output read from rows of a wider buffer as well.
+TEST(KernelsFused, SwigluOverPackedGateAndUpEqualsTheContiguousCase) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
+      at::manual_seed(14);
+      const auto opts = at::TensorOptions().dtype(dtype).device(device);
+      const int64_t rows = 37, cols = 96, spare = 32;
+      const at::Tensor g = at::randn({rows, cols}, opts) * 4, u = at::randn({rows, cols}, opts);
+      const at::Tensor packed0 = at::cat({g, u}, 1);
+      const at::Tensor pg = packed0.narrow(1, 0, cols), pu = packed0.narrow(1, cols, cols);
+      ExpectBitEqual(SwigluForward(pg, pu), SwigluForward(g, u), "forward of packed gate/up");
+      ExpectBitEqual(SwigluForwardWithSpareColumns(pg, pu, spare), SwigluForward(g, u),
+                     "forward of packed gate/up into wider rows");
+
+      const at::Tensor dy = at::randn({rows, cols}, opts);
+      const auto [dg, du] = SwigluBackward(dy, g, u);
+      const at::Tensor x_want = SwigluForward(g, u);
+      for (const bool strided_grad : {false, true}) {
+        for (const bool with_product : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "strided gradient " << strided_grad << ", product "
+                                            << with_product);
+          at::Tensor packed = packed0.clone();
+          at::Tensor gate = packed.narrow(1, 0, cols), up = packed.narrow(1, cols, cols);
+          const at::Tensor wide = at::full({rows, cols + spare}, 7.0, opts);
+          const at::Tensor grad = strided_grad ? wide.narrow(1, 0, cols).copy_(dy) : dy.clone();
+          at::Tensor x;
+          SwigluBackwardIntoInputs(grad, gate, up, with_product ? &x : nullptr);
+          ExpectBitEqual(packed.narrow(1, 0, cols), dg, "grad gate over gate");
+          ExpectBitEqual(packed.narrow(1, cols, cols), du, "grad up over up");
+          ExpectBitEqual(grad, dy, "the output's gradient is only read");
+          if (with_product) ExpectBitEqual(x, x_want, "the product");
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qlora::kernels

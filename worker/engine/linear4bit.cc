@@ -177,8 +177,8 @@ void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string&
   }
 }
 
-// The weight SaveBase kept, in dtype (dequantized, or the dense weight cast).
-at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
+// The weight SaveBase kept.
+FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix) {
   FrozenWeight w;
   auto it = ctx->saved_data.find(prefix + "dense");
   if (it != ctx->saved_data.end()) {
@@ -186,7 +186,32 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
   } else {
     w.quantized = FromSaved(ctx, prefix);
   }
-  return w.Materialize(dtype);
+  return w;
+}
+
+// The weight SaveBase kept, in dtype (dequantized, or the dense weight cast).
+at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
+  return SavedFrozenWeight(ctx, prefix).Materialize(dtype);
+}
+
+// The rows [T, sum of widths] whose column blocks the tensors in `columns` are, side by side in
+// order (PackedForward's outputs, or gradients written over them), or an undefined tensor.
+at::Tensor PackedColumns(at::TensorList columns) {
+  const at::Tensor& first = columns[0];
+  if (!first.defined() || first.dim() != 2 || first.stride(1) != 1) return at::Tensor();
+  int64_t width = 0;
+  for (const at::Tensor& t : columns) {
+    if (!t.defined() || t.dim() != 2 || t.stride(1) != 1 || t.stride(0) != first.stride(0) ||
+        t.size(0) != first.size(0) || t.scalar_type() != first.scalar_type() ||
+        !t.storage().is_alias_of(first.storage()) ||
+        t.storage_offset() != first.storage_offset() + width) {
+      return at::Tensor();
+    }
+    width += t.size(1);
+  }
+  if (first.stride(0) < width) return at::Tensor();
+  return at::empty({0}, first.options())
+      .set_(first.storage(), first.storage_offset(), {first.size(0), width}, {first.stride(0), 1});
 }
 
 // Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16), so
@@ -433,9 +458,16 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     }
     Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
     const bool product_wanted = !recomputation && !lean;
-    at::Tensor grad_up, x;
+    at::Tensor grad_gate = dx, grad_up, x;
     at::Tensor* product = product_wanted ? &x : nullptr;
-    if (ctx->saved_data["overwrite_inputs"].toBool() && up.is_contiguous()) {
+    const bool overwrite = ctx->saved_data["overwrite_inputs"].toBool();
+    if (overwrite && PackedColumns({gate, up}).defined()) {
+      // gate and up side by side (packed gate/up): their gradients go over them, packed as
+      // well, for the gate/up node's one GEMM; dx goes when this returns.
+      grad_gate = gate;
+      grad_up = up;
+      kernels::SwigluBackwardIntoInputs(dx, grad_gate, grad_up, product);
+    } else if (overwrite && up.is_contiguous()) {
       grad_up = up;
       kernels::SwigluBackwardOverInputs(dx, gate, grad_up, product);
     } else {
@@ -445,7 +477,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     const std::vector<at::Tensor> ab = d.Cast(a);
     // The residual stream's own gradient is the output's (y = residual + ...).
     const at::Tensor grad_residual = ctx->saved_data["residual"].toBool() ? g : at::Tensor();
-    return {dx,           grad_up,      grad_residual, ab[0],        ab[1],       at::Tensor(),
+    return {grad_gate,    grad_up,      grad_residual, ab[0],        ab[1],       at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(),  at::Tensor()};
   }
 };
@@ -563,8 +595,22 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   // embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
   if (!ctx->needs_input_grad(0)) return grads;
   const at::Tensor dx = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
-  for (size_t i = 0; i < n; ++i) {
-    Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+  const at::Tensor packed = PackedColumns(g);
+  if (packed.defined()) {
+    // Gradients packed side by side (gate/up, as SwiGLU's backward writes them): one GEMM over
+    // the stacked weights [W_1; ...; W_n], dequantized into one buffer.
+    const at::Tensor stacked = at::empty({packed.size(1), x.size(1)}, x.options());
+    int64_t row = 0;
+    for (size_t i = 0; i < n; ++i) {
+      SavedFrozenWeight(ctx, std::to_string(i) + ".")
+          .MaterializeInto(stacked.narrow(0, row, g[i].size(1)));
+      row += g[i].size(1);
+    }
+    Addmm(gemm, dx, packed, stacked);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+    }
   }
   grads[0] = dx;
   return grads;
@@ -610,15 +656,15 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
   }
 };
 
-// The packed form of LoraWideGroupFunction's forward (SharedInputForward with a rotary, equally
-// wide layers without biases): the layers' widened weights stacked into one [sum of out, in +
-// sum of r] weight (layer i's rows [W_i | 0 | s_i B_i | 0], its adapter's columns at its offset),
-// one GEMM of the widened rows `wide` [T, in + sum of r] writing the packed outputs [T, sum of
-// out], then the rotation of the first two layers' columns (q and k) in place, in one pass.
-// Returns each layer's columns (views of the packed rows).
+// The packed form of LoraWideGroupFunction's forward (SharedInputForward over equally wide
+// layers without biases): the layers' widened weights stacked into one [sum of out, in + sum of
+// r] weight (layer i's rows [W_i | 0 | s_i B_i | 0], its adapter's columns at its offset), one
+// GEMM of the widened rows `wide` [T, in + sum of r] writing the packed outputs [T, sum of out];
+// with a rotary (q/k/v), then the rotation of the first two layers' columns (q and k) in place,
+// in one pass. Returns each layer's columns (views of the packed rows).
 variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
                             const std::vector<const LinearLayer*>& group,
-                            const SharedInputRotary& rotary, kernels::GemmTuner* gemm) {
+                            const SharedInputRotary* rotary, kernels::GemmTuner* gemm) {
   const int64_t width = wide.size(1);
   const int64_t in = group[0]->base.in_features, rank_sum = width - in;
   int64_t total = 0;
@@ -637,13 +683,15 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   }
   const at::Tensor packed = at::empty({wide.size(0), total}, wide.options());
   Addmm(gemm, packed, wide, stacked.t(), 0.0);
-  // q's and k's columns are side by side: one pass rotates both, as the heads of one tensor.
-  const int64_t rotated = group[0]->base.out_features + group[1]->base.out_features;
-  at::Tensor heads =
-      packed.narrow(1, 0, rotated)
-          .view({rotary.batch, rotary.seq, rotated / rotary.head_dim, rotary.head_dim})
-          .transpose(1, 2);
-  kernels::RotaryForwardInPlace(heads, rotary.cos, rotary.sin);
+  if (rotary != nullptr) {
+    // q's and k's columns are side by side: one pass rotates both, as the heads of one tensor.
+    const int64_t rotated = group[0]->base.out_features + group[1]->base.out_features;
+    at::Tensor heads =
+        packed.narrow(1, 0, rotated)
+            .view({rotary->batch, rotary->seq, rotated / rotary->head_dim, rotary->head_dim})
+            .transpose(1, 2);
+    kernels::RotaryForwardInPlace(heads, rotary->cos, rotary->sin);
+  }
   variable_list outputs;
   row = 0;
   for (const LinearLayer* layer : group) {
@@ -664,12 +712,13 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
 // LoraGroupFunction's (GroupBackward: widening its GEMMs too would widen their outputs, one more
 // column of output tiles, more than the dh' GEMMs it would save), reading ha where forward wrote
 // it. Same inputs and outputs as LoraGroupFunction, and the same values up to rounding
-// (fused_paths_test). With packed_rotary (SharedInputForward's packed q/k/v) forward is
-// PackedForward and backward first rotates q's and k's gradients back.
+// (fused_paths_test). Packed (SharedInputForward's equally wide layers: q/k/v, gate/up) forward
+// is PackedForward, with `rotary` (q/k/v) rotating q and k, and backward first rotates their
+// gradients back.
 struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList a,
                                at::TensorList b, const std::vector<const LinearLayer*>* group,
-                               bool value_unused, const SharedInputRotary* packed_rotary) {
+                               bool value_unused, bool packed, const SharedInputRotary* rotary) {
     const at::ScalarType dtype = x.scalar_type();
     const size_t n = group->size();
     std::vector<int64_t> ranks;
@@ -688,13 +737,14 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
               /*beta=*/0.0);
     variable_list outputs;
     std::vector<double> scales;
-    const bool packed = packed_rotary != nullptr;
     if (packed) {
-      outputs = PackedForward(wide.narrow(1, 0, in + rank_sum), b, *group, *packed_rotary, gemm);
-      ctx->saved_data["rotary_cos"] = packed_rotary->cos;
-      ctx->saved_data["rotary_sin"] = packed_rotary->sin;
+      outputs = PackedForward(wide.narrow(1, 0, in + rank_sum), b, *group, rotary, gemm);
+    }
+    if (packed && rotary != nullptr) {
+      ctx->saved_data["rotary_cos"] = rotary->cos;
+      ctx->saved_data["rotary_sin"] = rotary->sin;
       ctx->saved_data["rotary_shape"] =
-          std::vector<int64_t>{packed_rotary->batch, packed_rotary->seq, packed_rotary->head_dim};
+          std::vector<int64_t>{rotary->batch, rotary->seq, rotary->head_dim};
     }
     int64_t offset = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -736,7 +786,8 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       }
     }
     variable_list grads = GroupBackward(ctx, x, ha, at::TensorList(saved).slice(1), grad_outputs);
-    grads.emplace_back();  // packed_rotary
+    grads.emplace_back();  // packed
+    grads.emplace_back();  // rotary
     return grads;
   }
 };
@@ -767,11 +818,12 @@ bool Grouped(const std::vector<const LinearLayer*>& layers, bool training) {
   return grouped;
 }
 
-// Whether SharedInputForward's widened node may run `layers` packed (PackedForward): three or
-// more equally wide layers (q/k/v of multi-head attention: the packed layout cuDNN reads) and
-// no biases (the rotation would come before them).
+// Whether SharedInputForward's widened node may run `layers` packed (PackedForward): equally
+// wide layers (q/k/v of multi-head attention: the packed layout cuDNN reads; gate/up: the packed
+// rows SwiGLU reads, whose gradients it writes back packed) and no biases (a rotation would come
+// before them).
 bool Packable(const std::vector<const LinearLayer*>& layers) {
-  bool packable = layers.size() >= 3;
+  bool packable = layers.size() >= 2;
   for (const LinearLayer* layer : layers) {
     packable = packable && !layer->base.bias.defined() &&
                layer->base.out_features == layers[0]->base.out_features;
@@ -876,9 +928,9 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
     }
     variable_list ys;
     if (HasSpareColumns(x2, SharedInputSpareColumns(layers, training))) {
-      const bool packed = rotary != nullptr && !value_unused && Packable(layers);
+      const bool packed = !value_unused && Packable(layers);
       ys = LoraWideGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
-                                        value_unused, packed ? rotary : nullptr);
+                                        value_unused, packed, packed ? rotary : nullptr);
       rotated = packed;
     } else {
       ys = LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
