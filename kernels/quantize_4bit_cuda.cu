@@ -205,10 +205,30 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
       word[u] = __ldg(words + chunk);
       a[u] = LoadAbsmax(absmax_args, (chunk * kOutputsPerChunk) >> log2_blocksize);
     }
+    // Where the chunks go: one division for the first, then a step of blockDim.x chunks at a
+    // time, carried into the next rows (a division a chunk cost the strided writes ~7 %).
+    const int64_t first = (tile + threadIdx.x) * kOutputsPerChunk;
+    int64_t offset = first;
+    uint32_t col = 0;
+    if (rows.strided) {
+      const uint32_t row = static_cast<uint32_t>(first) / rows.cols;
+      col = static_cast<uint32_t>(first) - row * rows.cols;
+      offset = int64_t{row} * rows.stride + col;
+    }
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u) {
-      const int64_t chunk = tile + u * blockDim.x + threadIdx.x;
-      DecodeChunk(word[u], a[u], lut, out + RowOffset(chunk * kOutputsPerChunk, rows));
+      DecodeChunk(word[u], a[u], lut, out + offset);
+      const uint32_t step = blockDim.x * kOutputsPerChunk;
+      if (!rows.strided) {
+        offset += step;
+        continue;
+      }
+      col += step;
+      offset += step;
+      while (col >= rows.cols) {  // into the next row: skip the columns after this one
+        col -= rows.cols;
+        offset += rows.stride - rows.cols;
+      }
     }
     return;
   }
