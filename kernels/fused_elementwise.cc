@@ -116,73 +116,52 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
   return {grad_gate, grad_up};
 }
 
-at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
-                                 const at::Tensor& up, at::Tensor* product) {
-  TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
-              "swiglu: the gradient, gate and up must have one shape");
-  TORCH_CHECK(RowsInPlace(grad_out), "swiglu: an in-place gradient must be contiguous or rows ",
-              "with unit column stride, got strides ", grad_out.strides());
-  if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type()) {
-#ifdef QLORA_HAVE_CUDA
-    at::Tensor grad_up = at::empty(up.sizes(), up.options());
-    at::Tensor x = product != nullptr ? at::empty(gate.sizes(), gate.options()) : at::Tensor();
-    if (cuda::SwigluBackward(grad_out, Rows(gate), Rows(up), grad_out, grad_up,
-                             product != nullptr ? &x : nullptr)) {
-      if (product != nullptr) *product = std::move(x);
-      return grad_up;
-    }
-#endif
-  }
-  if (product != nullptr) *product = SwigluForward(gate, up);  // before anything is overwritten
-  auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
-  grad_out.copy_(grad_gate);
-  return grad_up;
-}
+namespace {
 
-void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up,
-                              at::Tensor* product) {
+// SwiGLU's backward into grad_gate and grad_up (each any of grad_out, gate and up, written in
+// place, or a buffer of its own: contiguous or rows), and the forward's output into `product`
+// where asked: the CUDA kernel where it takes the tensors, else the formula (the product first,
+// before anything is overwritten).
+void SwigluBackwardInto(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up,
+                        at::Tensor& grad_gate, at::Tensor& grad_up, at::Tensor* product) {
   TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
               "swiglu: the gradient, gate and up must have one shape");
-  TORCH_CHECK(RowsInPlace(grad_out) && RowsInPlace(up),
+  TORCH_CHECK(RowsInPlace(grad_gate) && RowsInPlace(grad_up),
               "swiglu: gradients written in place need contiguous buffers or rows of one");
   if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
       up.scalar_type() == gate.scalar_type()) {
 #ifdef QLORA_HAVE_CUDA
     at::Tensor x = product != nullptr ? at::empty(gate.sizes(), gate.options()) : at::Tensor();
-    if (cuda::SwigluBackward(grad_out, Rows(gate), up, grad_out, up,
+    if (cuda::SwigluBackward(Rows(grad_out), Rows(gate), Rows(up), grad_gate, grad_up,
                              product != nullptr ? &x : nullptr)) {
       if (product != nullptr) *product = std::move(x);
       return;
     }
 #endif
   }
-  if (product != nullptr) *product = SwigluForward(gate, up);  // before anything is overwritten
-  auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
-  grad_out.copy_(grad_gate);
-  up.copy_(grad_up);
+  if (product != nullptr) *product = SwigluForward(gate, up);
+  auto [dg, du] = SwigluBackward(grad_out, gate, up);
+  grad_gate.copy_(dg);
+  grad_up.copy_(du);
+}
+
+}  // namespace
+
+at::Tensor SwigluBackwardInPlace(at::Tensor& grad_out, const at::Tensor& gate,
+                                 const at::Tensor& up, at::Tensor* product) {
+  at::Tensor grad_up = at::empty(up.sizes(), up.options());
+  SwigluBackwardInto(grad_out, gate, up, grad_out, grad_up, product);
+  return grad_up;
+}
+
+void SwigluBackwardOverInputs(at::Tensor& grad_out, const at::Tensor& gate, at::Tensor& up,
+                              at::Tensor* product) {
+  SwigluBackwardInto(grad_out, gate, up, grad_out, up, product);
 }
 
 void SwigluBackwardIntoInputs(const at::Tensor& grad_out, at::Tensor& gate, at::Tensor& up,
                               at::Tensor* product) {
-  TORCH_CHECK(grad_out.sizes() == gate.sizes() && gate.sizes() == up.sizes(),
-              "swiglu: the gradient, gate and up must have one shape");
-  TORCH_CHECK(RowsInPlace(gate) && RowsInPlace(up),
-              "swiglu: gradients written over gate and up need contiguous buffers or rows of one");
-  if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type() &&
-      up.scalar_type() == gate.scalar_type()) {
-#ifdef QLORA_HAVE_CUDA
-    at::Tensor x = product != nullptr ? at::empty(gate.sizes(), gate.options()) : at::Tensor();
-    if (cuda::SwigluBackward(Rows(grad_out), gate, up, gate, up,
-                             product != nullptr ? &x : nullptr)) {
-      if (product != nullptr) *product = std::move(x);
-      return;
-    }
-#endif
-  }
-  if (product != nullptr) *product = SwigluForward(gate, up);  // before anything is overwritten
-  auto [grad_gate, grad_up] = SwigluBackward(grad_out, gate, up);
-  gate.copy_(grad_gate);
-  up.copy_(grad_up);
+  SwigluBackwardInto(grad_out, gate, up, gate, up, product);
 }
 
 }  // namespace qlora::kernels
