@@ -88,11 +88,13 @@ struct LinearLayer {
 //
 // With `rotary` (q/k/v), the first two outputs come back rotated (fused_ops.h's Rotary over
 // their rows seen as [batch, seq, out / head_dim, head_dim]). Where the widened node runs and
-// the layers' outputs are equally wide (multi-head attention, not grouped-query), they run as
-// one GEMM over a stacked weight [W_q | s B_q . . ; W_k | . s B_k . ; W_v | . . s B_v] whose
-// output is the packed q/k/v rows [T, 3 out] that cuDNN's attention reads as they are, the
-// rotation written over q's and k's columns in place: one GEMM instead of three, no rotated
-// copies (the node's backward rotates their gradients back).
+// the layers' outputs are equally wide without biases (q/k/v of multi-head attention, not
+// grouped-query; gate/up), they run as one GEMM over a stacked weight
+// [W_q | s B_q . . ; W_k | . s B_k . ; W_v | . . s B_v] whose output is packed rows [T, n out]
+// (the outputs are views of them): for q/k/v the layout cuDNN's attention reads as it is, the
+// rotation written over q's and k's columns in place (the node's backward rotates their
+// gradients back); for gate/up the rows SwiGLU reads, whose backward writes the gradients back
+// over them, so that the node's input gradient is one GEMM over the packed gradient.
 struct SharedInputRotary {
   at::Tensor cos, sin;  // [batch or 1, 1, seq, head_dim] in x's dtype (constants)
   int64_t batch = 0, seq = 0, head_dim = 0;
