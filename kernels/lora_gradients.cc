@@ -64,36 +64,4 @@ void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor
   at::addmm_out(db_out, db, g.t(), ha, /*beta=*/0.0, scale);
 }
 
-bool LoraTransposedProductFused(const at::Tensor& g, const at::Tensor& h, const at::Tensor& out) {
-  if (!g.is_cuda() || !HasCudaKernels() || g.dim() != 2 || h.dim() != 2 || out.dim() != 2) {
-    return false;
-  }
-  const at::ScalarType dtype = g.scalar_type();
-  if ((dtype != at::kBFloat16 && dtype != at::kHalf) || h.scalar_type() != dtype ||
-      out.scalar_type() != dtype || h.device() != g.device() || out.device() != g.device()) {
-    return false;
-  }
-  const int64_t rows = g.size(0), n = g.size(1), r = h.size(1);
-  return r % 16 == 0 && r >= 16 && r <= 64 && n % 8 == 0 && rows > 0 && h.size(0) == rows &&
-         out.size(0) == n && out.size(1) == r && RowsOf16Bytes(g) && RowsOf16Bytes(h);
-}
-
-void LoraTransposedProduct(const at::Tensor& g, const at::Tensor& h, double scale,
-                           const at::Tensor& out) {
-  TORCH_CHECK(g.dim() == 2 && h.dim() == 2 && out.dim() == 2 && h.size(0) == g.size(0) &&
-                  out.size(0) == g.size(1) && out.size(1) == h.size(1),
-              "LoRA transposed product: g [T, n], h [T, r] and out [n, r] expected, got ",
-              g.sizes(), ", ", h.sizes(), " and ", out.sizes());
-  if (LoraTransposedProductFused(g, h, out)) {
-#ifdef QLORA_HAVE_CUDA
-    const LoraGradientPairOptions options;
-    cuda::LoraGradientPair(g, at::Tensor(), h, static_cast<float>(scale), at::Tensor(), out,
-                           options.blocks_per_sm, options.tile_rows);
-    return;
-#endif
-  }
-  at::Tensor result = out;
-  at::addmm_out(result, out, g.t(), h, /*beta=*/0.0, scale);
-}
-
 }  // namespace qlora::kernels

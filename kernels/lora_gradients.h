@@ -37,16 +37,4 @@ void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor
                       const at::Tensor& dha, const at::Tensor& db,
                       const LoraGradientPairOptions& options = {});
 
-// Whether LoraTransposedProduct runs the pair kernel's pass (LoraGradientPairFused's terms for g
-// and h; out of g's dtype with any strides).
-bool LoraTransposedProductFused(const at::Tensor& g, const at::Tensor& h, const at::Tensor& out);
-
-// out [n, r] = scale * g^T h for g [T, n] and h [T, r]: dB's half of the pair alone, the same
-// kernel's pass over g (deterministic sums over the tokens in parallel chunks) where
-// LoraTransposedProductFused, else one GEMM. For the adapter's A gradient dA = dh'^T x, written
-// as dA^T = x^T dh' into out = dA.t(): a reduction over T into r x in values that cuBLAS runs on
-// few blocks when split-K is ruled out (tuned_gemm.h).
-void LoraTransposedProduct(const at::Tensor& g, const at::Tensor& h, double scale,
-                           const at::Tensor& out);
-
 }  // namespace qlora::kernels

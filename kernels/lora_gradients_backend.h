@@ -6,7 +6,6 @@
 
 namespace qlora::kernels::cuda {
 
-// b undefined (and dha with it): db alone, scale * g^T ha (db may be a transposed view).
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
                       const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm,
                       int tile_rows);

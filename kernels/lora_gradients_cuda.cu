@@ -10,12 +10,8 @@
 //                             128 columns (r 16 / 32 / 48-64), so that dB's sums for all of it
 //                             stay in registers while the rows go by; per-chunk partial sums go to
 //                             float32 workspaces.
-//                             Without B (kDha false) the kernel computes g^T ha alone (the
-//                             adapter's A gradient dh'^T x, g = x and ha = dh': a reduction over
-//                             the tokens that cuBLAS runs on few blocks without split-K).
 //   LoraGradientReduceKernel  adds each value's partials in chunk order (the same bits every
-//                             run), scales and rounds once, as a GEMM's epilogue does (dB's rows
-//                             may be written transposed: dA^T into dA).
+//                             run), scales and rounds once, as a GEMM's epilogue does.
 #include <algorithm>
 #include <cstdint>
 
@@ -141,7 +137,7 @@ __device__ __forceinline__ int ColsFirstCol(int lane) { return ((lane / 8) % 2) 
 // columns (w / strips) * 64 .. + 64, strips = kRows / 16; the parts of a strip add up through
 // shared memory once a row tile's chunk is done. dB: warp w takes the tile's columns
 // w * kCols / 8 .. + kCols / 8 over all its rows.
-template <typename T, int R, int kRows, bool kDha>
+template <typename T, int R, int kRows>
 __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs args) {
   using Op = typename MmaOperand<T>::type;
   constexpr int kCols = TileCols(kRows), kLd = TileLd(kRows);
@@ -169,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   const int db_col = warp * 16 * kSlices;
 
   // B's rows of this chunk (zeros past the last column) join the first tile's copies.
-  for (int p = threadIdx.x; kDha && p < kChunkCols * kPieces; p += kThreads) {
+  for (int p = threadIdx.x; p < kChunkCols * kPieces; p += kThreads) {
     const int row = p / kPieces, piece = p % kPieces;
     const bool valid = col0 + row < args.cols;
     CopyAsync16(b_chunk + row * kRankLd + piece * 8,
@@ -217,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
       const T* ha_tile = ha_tiles + (t % kStages) * kRows * kRankLd;
       const T* b_tile = b_chunk + ct * kCols * kRankLd;
 #pragma unroll
-      for (int k = 0; kDha && k < 64; k += 16) {  // dh' += g[rows, k..k+16] B[k..k+16, :]
+      for (int k = 0; k < 64; k += 16) {  // dh' += g[rows, k..k+16] B[k..k+16, :]
         uint32_t a[4];
         LoadMatrices(a, tile + (dha_row + RowsFirstRow(lane)) * kLd + dha_col + k +
                             RowsFirstCol(lane));
@@ -251,7 +247,6 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
         }
       }
     }
-    if (!kDha) continue;
     // The row tile's dh' over the chunk: the strip's other parts join part 0, in part order.
     const int r_lo = dha_row + lane / 4, c_lo = 2 * (lane % 4);
     if (part > 0) {
@@ -318,7 +313,7 @@ struct ReduceArgs {
   void* dha;
   int64_t dha_stride;
   void* db;
-  int64_t db_stride, db_col_stride;
+  int64_t db_stride;
 };
 
 // Each thread sums four consecutive values of a row (r is a multiple of 16), four chunks' loads
@@ -350,20 +345,17 @@ __global__ void LoraGradientReduceKernel(ReduceArgs args) {
     }
     for (; c < chunks; ++c) add(partial[c * step]);
     T* out = static_cast<T*>(is_dha ? args.dha : args.db) +
-             row * (is_dha ? args.dha_stride : args.db_stride);
-    const int64_t col_stride = is_dha ? 1 : args.db_col_stride;
+             row * (is_dha ? args.dha_stride : args.db_stride) + quad * 4;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out[(quad * 4 + k) * col_stride] = T(__fmul_rn(sum[k], args.scale));
+    for (int k = 0; k < 4; ++k) out[k] = T(__fmul_rn(sum[k], args.scale));
   }
 }
 
 // The pair kernel at rank R with tiles of kRows rows, then the reduction, on the current stream:
 // chunks of ChunkCols(R) columns by as many rows as make about blocks_per_sm blocks an SM.
-// Without b (undefined), dB alone (dha undefined too).
 template <typename T, int R, int kRows>
 void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
             const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
-  const bool with_dha = b.defined();
   const c10::cuda::CUDAGuard guard(g.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t rows = g.size(0), cols = g.size(1);
@@ -375,47 +367,25 @@ void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, floa
   TORCH_CHECK(row_chunks < 65536 && col_chunks < (int64_t{1} << 31),
               "LoRA gradients kernel: g is too large");
   const auto floats = g.options().dtype(at::kFloat);
-  const at::Tensor dha_partial =
-      with_dha ? at::empty({col_chunks, row_chunks * chunk_rows, R}, floats) : at::Tensor();
+  const at::Tensor dha_partial = at::empty({col_chunks, row_chunks * chunk_rows, R}, floats);
   const at::Tensor db_partial = at::empty({row_chunks, col_chunks * chunk_cols, R}, floats);
-  const PairArgs args{g.const_data_ptr(),
-                      g.stride(0),
-                      with_dha ? b.const_data_ptr() : nullptr,
-                      ha.const_data_ptr(),
-                      ha.stride(0),
-                      rows,
-                      cols,
-                      static_cast<int>(chunk_rows),
-                      with_dha ? dha_partial.mutable_data_ptr<float>() : nullptr,
-                      db_partial.mutable_data_ptr<float>(),
-                      row_chunks * chunk_rows,
-                      col_chunks * chunk_cols};
-  auto kernel = with_dha ? LoraGradientPairKernel<T, R, kRows, true>
-                         : LoraGradientPairKernel<T, R, kRows, false>;
+  const PairArgs args{g.const_data_ptr(), g.stride(0), b.const_data_ptr(), ha.const_data_ptr(),
+                      ha.stride(0), rows, cols, static_cast<int>(chunk_rows),
+                      dha_partial.mutable_data_ptr<float>(), db_partial.mutable_data_ptr<float>(),
+                      row_chunks * chunk_rows, col_chunks * chunk_cols};
+  auto kernel = LoraGradientPairKernel<T, R, kRows>;
   const size_t shared = SharedBytes<R, kRows>();
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(shared)));
   kernel<<<dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)), kThreads,
            shared, stream>>>(args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t reduced_rows = with_dha ? rows : 0;  // dha's rows, before dB's
-  const ReduceArgs reduce{with_dha ? dha_partial.const_data_ptr<float>() : nullptr,
-                          static_cast<int>(col_chunks),
-                          row_chunks * chunk_rows,
-                          db_partial.const_data_ptr<float>(),
-                          static_cast<int>(row_chunks),
-                          col_chunks * chunk_cols,
-                          reduced_rows,
-                          cols,
-                          R,
-                          scale,
-                          with_dha ? dha.data_ptr() : nullptr,
-                          with_dha ? dha.stride(0) : 0,
-                          db.data_ptr(),
-                          db.stride(0),
-                          db.stride(1)};
+  const ReduceArgs reduce{dha_partial.const_data_ptr<float>(), static_cast<int>(col_chunks),
+                          row_chunks * chunk_rows, db_partial.const_data_ptr<float>(),
+                          static_cast<int>(row_chunks), col_chunks * chunk_cols, rows, cols, R,
+                          scale, dha.data_ptr(), dha.stride(0), db.data_ptr(), db.stride(0)};
   const unsigned reduce_blocks = static_cast<unsigned>(
-      std::min<int64_t>(CeilDiv((reduced_rows + cols) * R / 4, kThreads), int64_t{sms} * 16));
+      std::min<int64_t>(CeilDiv((rows + cols) * R / 4, kThreads), int64_t{sms} * 16));
   LoraGradientReduceKernel<T><<<reduce_blocks, kThreads, 0, stream>>>(reduce);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -424,7 +394,7 @@ template <typename T>
 void LaunchOfRank(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
                   const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm, int tile_rows) {
   const bool short_tiles = tile_rows == 32;  // ranks 16 and 32 only: dB's sums would not fit
-  switch (ha.size(1)) {
+  switch (b.size(1)) {
     case 16:
       if (short_tiles) return Launch<T, 16, 32>(g, b, ha, scale, dha, db, blocks_per_sm);
       return Launch<T, 16, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
@@ -433,7 +403,7 @@ void LaunchOfRank(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha
       return Launch<T, 32, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
     case 48: return Launch<T, 48, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
     case 64: return Launch<T, 64, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
-    default: TORCH_CHECK(false, "LoRA gradients kernel: rank ", ha.size(1), " is not 16, 32, 48 or 64");
+    default: TORCH_CHECK(false, "LoRA gradients kernel: rank ", b.size(1), " is not 16, 32, 48 or 64");
   }
 }
 

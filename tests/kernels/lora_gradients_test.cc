@@ -72,40 +72,6 @@ TEST(KernelsLoraGradients, PairEqualsTheFloat32Formula) {
   }
 }
 
-// dB's half alone (LoraTransposedProduct: the adapters' A gradient dA^T = x^T dh' of the grouped
-// layers), into a plain output and into a transposed view (dA itself), with x as rows of a wider
-// buffer (the widened rows the group node saves): the float32 formula, and the same bits as the
-// pair's dB (one kernel pass, one summation order) where the kernel runs.
-TEST(KernelsLoraGradients, TransposedProductEqualsTheFloat32FormulaAndThePairsDb) {
-  const double scale = 1.0;
-  for (const at::Device& device : KernelTestDevices()) {
-    for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-      for (const Shape& s : ShapesFor(device)) {
-        SCOPED_TRACE(testing::Message() << device << " " << dtype << " rows " << s.rows << " n "
-                                        << s.out << " r " << s.r);
-        const Operands x = Make(s, dtype, device, s.rows * 5 + s.out);
-        const at::Tensor wide = at::zeros({s.rows, s.out + 64}, x.g.options());
-        const at::Tensor g = wide.narrow(1, 0, s.out).copy_(x.g);
-        const at::Tensor want = at::mm(x.g.to(at::kFloat).t(), x.ha.to(at::kFloat)) * scale;
-        const at::Tensor out = at::empty({s.out, s.r}, x.g.options());
-        EXPECT_EQ(LoraTransposedProductFused(g, x.ha, out), device.is_cuda());
-        LoraTransposedProduct(g, x.ha, scale, out);
-        EXPECT_LE(ToleranceUnits(out, want, dtype), 1.0);
-        const at::Tensor da = at::full({s.r, s.out}, 7.0, x.g.options());
-        EXPECT_EQ(LoraTransposedProductFused(g, x.ha, da.t()), device.is_cuda());
-        LoraTransposedProduct(g, x.ha, scale, da.t());
-        EXPECT_TRUE(at::equal(da.t(), out)) << "written transposed";
-        if (device.is_cuda()) {
-          const at::Tensor dha = at::empty({s.rows, s.r}, x.g.options());
-          const at::Tensor db = at::empty({s.out, s.r}, x.g.options());
-          LoraGradientPair(g, x.b, x.ha, scale, dha, db);
-          EXPECT_TRUE(at::equal(db, out)) << "the pair's dB";
-        }
-      }
-    }
-  }
-}
-
 TEST(KernelsLoraGradients, EveryGridAndTileShapeGivesTheFormula) {
   for (const at::Device& device : KernelTestDevices()) {
     for (const Shape& s : {Shape{1000, 11008, 16}, Shape{333, 1360, 64}, Shape{4100, 4096, 32}}) {

@@ -590,18 +590,7 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
                      scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i));
     offset += ranks[i];
   }
-  {
-    // dA = dh'^T x for all the As: through the LoRA gradient kernel's pass where it runs (a
-    // reduction over the tokens into sum(r) x in values: cuBLAS's non-split-K kernels ran it on
-    // ~32 blocks, at 1.6 TB/s), else one GEMM.
-    RECORD_USER_SCOPE(kLoraRange);
-    const at::Tensor da_t = adapter_grads.Slot(0).t();
-    if (kernels::LoraTransposedProductFused(x, dha, da_t)) {
-      kernels::LoraTransposedProduct(x, dha, 1.0, da_t);
-    } else {
-      LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
-    }
-  }
+  LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
   const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
   const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
   for (size_t i = 0; i < n; ++i) {
