@@ -86,16 +86,14 @@ at::Tensor SwigluForwardWithSpareColumns(const at::Tensor& gate, const at::Tenso
                   gate.scalar_type() == up.scalar_type() && spare >= 0,
               "swiglu: gate and up must be [rows, cols] of one dtype, got ", gate.sizes(), " and ",
               up.sizes());
-  const int64_t rows = gate.size(0), cols = gate.size(1);
-  const at::Tensor wide = at::empty({rows, cols + spare}, gate.options());
-  at::Tensor out = wide.narrow(1, 0, cols);
+  at::Tensor out =
+      at::empty({gate.size(0), gate.size(1) + spare}, gate.options()).narrow(1, 0, gate.size(1));
   if (OnCuda(gate)) {
 #ifdef QLORA_HAVE_CUDA
-    if (cuda::SwigluForward(Rows(gate), Rows(up), out, spare)) return out;
+    if (cuda::SwigluForward(Rows(gate), Rows(up), out)) return out;
 #endif
   }
   out.copy_(at::silu(gate) * up);
-  wide.narrow(1, cols, spare).zero_();
   return out;
 }
 

@@ -30,8 +30,7 @@ void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor
 // gate, up: the same shape and dtype (either may be rows of a wider buffer) -> silu(gate) * up.
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
 // The same for gate, up [rows, cols], written into rows of cols + spare values: a [rows, cols]
-// view whose rows are each followed by `spare` zeros (for a GEMM over widened rows, which may
-// write some of them and read all).
+// view whose rows are each followed by `spare` unset values (for a GEMM over widened rows).
 at::Tensor SwigluForwardWithSpareColumns(const at::Tensor& gate, const at::Tensor& up,
                                          int64_t spare);
 // {grad_gate, grad_up} for the gradient of SwigluForward's output.

@@ -14,10 +14,7 @@ bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, b
 // gate, up and out of one shape and dtype, each contiguous or 2-D rows [rows, cols] of a wider
 // buffer (unit column stride, cols and the row stride multiples of 16 bytes: gate and up side by
 // side in one packed buffer, out with spare columns).
-// With zeros_after, out (rows) also gets zeros in that many columns after each row (within its
-// row stride).
-bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out,
-                   int64_t zeros_after = 0);
+bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out);
 // grad_gate and grad_up may be any of grad, gate and up themselves (written in place); each of
 // the five is contiguous or rows as above; `product` (a contiguous buffer of its own, or null)
 // gets SwigluForward's output.

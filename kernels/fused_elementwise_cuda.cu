@@ -135,24 +135,20 @@ struct SwigluStrides {
 };
 
 // SwigluForwardKernel's values for [rows, cols] with cols a multiple of V, each tensor with its
-// row stride (out: strides.out), and zeros in the `zeros` columns after each output row (a
-// multiple of V).
+// row stride (out: strides.out).
 template <typename T, int V>
 __global__ void SwigluForwardRowsKernel(const T* __restrict__ gate, const T* __restrict__ up,
                                         T* __restrict__ out, int64_t rows, int64_t cols,
-                                        int64_t zeros, SwigluStrides strides) {
+                                        SwigluStrides strides) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
-  if (c >= cols + zeros) return;
+  if (c >= cols) return;
   const int64_t first = int64_t{blockIdx.y} * kRowsPerBlock;
-  const Vec<T, V> zero{};
 #pragma unroll
   for (int k = 0; k < kRowsPerBlock; ++k) {
     const int64_t row = first + k;
     if (row >= rows) return;
     Store<T, V>(out + row * strides.out + c,
-                c < cols ? SwigluVector<T, V>(gate + row * strides.gate + c,
-                                              up + row * strides.up + c)
-                         : zero);
+                SwigluVector<T, V>(gate + row * strides.gate + c, up + row * strides.up + c));
   }
 }
 
@@ -284,8 +280,7 @@ bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, b
   });
 }
 
-bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out,
-                   int64_t zeros_after) {
+bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
   if (!gate.is_cuda() || gate.numel() == 0) return false;
   return DispatchFloating(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
@@ -293,10 +288,7 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
     const int64_t cols = gate.size(-1), rows = gate.numel() / cols;
     const std::optional<int64_t> g = RowStride<V>(gate, cols), u = RowStride<V>(up, cols),
                                  o = RowStride<V>(out, cols);
-    if (!g || !u || !o || zeros_after % V != 0 ||
-        (zeros_after > 0 && (out.is_contiguous() || *o < cols + zeros_after))) {
-      return false;
-    }
+    if (!g || !u || !o) return false;
     const c10::cuda::CUDAGuard guard(gate.device());
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     if (gate.is_contiguous() && up.is_contiguous() && out.is_contiguous()) {
@@ -306,10 +298,9 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
     } else {
       SwigluStrides strides;
       strides.gate = *g, strides.up = *u, strides.out = *o;
-      SwigluForwardRowsKernel<T, V>
-          <<<RowGrid(rows, cols + zeros_after, V), kRowThreads, 0, stream>>>(
-              gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), rows,
-              cols, zeros_after, strides);
+      SwigluForwardRowsKernel<T, V><<<RowGrid(rows, cols, V), kRowThreads, 0, stream>>>(
+          gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), rows, cols,
+          strides);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;

@@ -185,9 +185,6 @@ TEST(KernelsFused, SwigluOverRowsOfAWiderBufferEqualsTheContiguousCase) {
       EXPECT_EQ(x.sizes(), g.sizes());
       EXPECT_EQ(x.stride(0), cols + spare);
       ExpectBitEqual(x, SwigluForward(g, u), "forward into wider rows");
-      const at::Tensor spares = at::empty({0}, opts).set_(x.storage(), x.storage_offset() + cols,
-                                                         {rows, spare}, {cols + spare, 1});
-      EXPECT_TRUE(spares.eq(0).all().item<bool>()) << "the spare columns are zeros";
 
       const at::Tensor dy = at::randn({rows, cols}, opts);
       const auto [dg, du] = SwigluBackward(dy, g, u);

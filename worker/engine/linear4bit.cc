@@ -248,16 +248,13 @@ at::Tensor WithSpareColumns(const at::Tensor& x, int64_t spare) {
 // base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
 // scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
 // are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
-// With trailing_zeros, that many zero columns after them (rows padded to a whole K step).
 at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
-                         int64_t offset, at::ScalarType dtype, int64_t trailing_zeros = 0) {
-  const int64_t out = b.size(0), width = in + offset + b.size(1) + trailing_zeros;
-  at::Tensor wide =
-      at::empty({out, AlignedRow(width)}, b.options().dtype(dtype)).narrow(1, 0, width);
+                         int64_t offset, at::ScalarType dtype) {
+  const int64_t out = b.size(0), r = b.size(1);
+  at::Tensor wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
+                        .narrow(1, 0, in + offset + r);
   // The product formed in float32 (b's dtype, or b cast exactly) and rounded once.
-  at::Tensor values = b.detach().to(at::kFloat);
-  if (trailing_zeros > 0) values = at::constant_pad_nd(values, {0, trailing_zeros});
-  const kernels::ColumnsAfter adapter{offset, values, scale};
+  const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
   base.MaterializeInto(wide.narrow(1, 0, in), &adapter);  // a 4-bit base: one launch for all
   return wide;
 }
@@ -361,18 +358,15 @@ std::pair<at::Tensor, at::Tensor> SwigluIntoWidenedRows(const at::Tensor& gate, 
   return {x, ha};
 }
 
-// y = [x | x A^T | 0] [W | scale B | 0]^T, plus the residual as the GEMM's C where there is one:
-// the projection, its adapter and the decoder's residual add as one GEMM over
-// SwigluIntoWidenedRows' whole rows (no rank-r GEMM writing scale (x A^T) B^T for the base GEMM to
-// read back). K is the rows' aligned width, a multiple of 64 (SwiGLU left zeros after x A^T): at
-// K = in + r = 11,024 (7B) the GEMM ran 2.3 % slower per clock than at 11,008 (round 15).
+// y = [x | x A^T] [W | scale B]^T, plus the residual as the GEMM's C where there is one: the
+// projection, its adapter and the decoder's residual add as one GEMM over SwigluIntoWidenedRows'
+// rows (no rank-r GEMM writing scale (x A^T) B^T for the base GEMM to read back).
 at::Tensor DownOverWidenedRows(const at::Tensor& x, const at::Tensor& b, const FrozenWeight& base,
                                double scale, kernels::GemmTuner* gemm, const at::Tensor& residual) {
-  const int64_t in = x.size(1), r = b.size(1), width = x.stride(0);
-  const at::Tensor wide = WithSpareColumns(x, width - in);
+  const int64_t in = x.size(1), r = b.size(1);
+  const at::Tensor wide = WithSpareColumns(x, x.stride(0) - in).narrow(1, 0, in + r);
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
-  Addmm(gemm, y, wide,
-        WidenedWeight(base, in, b, scale, 0, x.scalar_type(), width - in - r).t(),
+  Addmm(gemm, y, wide, WidenedWeight(base, in, b, scale, 0, x.scalar_type()).t(),
         /*beta=*/residual.defined() ? 1.0 : 0.0, /*alpha=*/1.0, residual);
   return y;
 }
