@@ -31,6 +31,27 @@ at::Tensor HfRmsNorm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return w * h.to(x.scalar_type());
 }
 
+// A linear [out, in] with a rank-r adapter (`scale`): a 4-bit base or a dense one in `dtype`;
+// drawn in the order W, A, B.
+LinearLayer AdaptedLayer(const at::TensorOptions& f32, int64_t out, int64_t in, int64_t r,
+                         double scale, bool quantized, at::ScalarType dtype) {
+  LinearLayer layer;
+  const at::Tensor w = at::randn({out, in}, f32) * 0.1;
+  if (quantized) {
+    layer.base.quantized = QuantizeWeight(w, kernels::Quantize4bitOptions());
+  } else {
+    layer.base.dense = w.to(dtype);
+  }
+  layer.base.out_features = out;
+  layer.base.in_features = in;
+  LoraWeights lora;
+  lora.a = (at::randn({r, in}, f32) * 0.2).requires_grad_();
+  lora.b = (at::randn({out, r}, f32) * 0.2).requires_grad_();
+  lora.scale = scale;
+  layer.lora = lora;
+  return layer;
+}
+
 TEST(EngineFused, RmsNormEqualsTheHfFormulaInFloat32AndWithinOneUlpInBf16) {
   for (const at::Device& device : Devices()) {
     SCOPED_TRACE(device.str());
@@ -60,15 +81,8 @@ TEST(EngineFused, LoraBranchAsOneGemmEqualsTheUnfusedFormula) {
     SCOPED_TRACE(device.str());
     at::manual_seed(1);
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-    LinearLayer layer;
-    layer.base.dense = at::randn({48, 32}, f32) * 0.1;
-    layer.base.out_features = 48;
-    layer.base.in_features = 32;
-    LoraWeights lora;
-    lora.a = (at::randn({4, 32}, f32) * 0.2).requires_grad_();
-    lora.b = (at::randn({48, 4}, f32) * 0.2).requires_grad_();
-    lora.scale = 2.5;
-    layer.lora = lora;
+    LinearLayer layer = AdaptedLayer(f32, 48, 32, 4, 2.5, /*quantized=*/false, at::kFloat);
+    const LoraWeights& lora = *layer.lora;
     at::Tensor x = at::randn({2, 5, 32}, f32).requires_grad_();
     at::Tensor ours = layer.Forward(x, /*training=*/false);
     at::Tensor ref = at::linear(x, layer.base.dense) + at::linear(at::linear(x, lora.a), lora.b) * lora.scale;
@@ -126,17 +140,9 @@ std::vector<LinearLayer> SharedInputLayers(const at::Device& device) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   const int64_t in = 64, outs[3] = {64, 32, 96}, ranks[3] = {4, 8, 4};
   const double scales[3] = {2.0, 0.5, 1.25};
-  std::vector<LinearLayer> layers(3);
+  std::vector<LinearLayer> layers;
   for (int i = 0; i < 3; ++i) {
-    LinearLayer& l = layers[i];
-    l.base.dense = at::randn({outs[i], in}, f32) * 0.1;
-    l.base.out_features = outs[i];
-    l.base.in_features = in;
-    LoraWeights lora;
-    lora.a = (at::randn({ranks[i], in}, f32) * 0.2).requires_grad_();
-    lora.b = (at::randn({outs[i], ranks[i]}, f32) * 0.2).requires_grad_();
-    lora.scale = scales[i];
-    l.lora = lora;
+    layers.push_back(AdaptedLayer(f32, outs[i], in, ranks[i], scales[i], false, at::kFloat));
   }
   kernels::Quantize4bitOptions nf4;
   layers[1].base.quantized = QuantizeWeight(layers[1].base.dense, nf4);
@@ -419,21 +425,7 @@ TEST(EngineFused, FrozenInputLeavesTheAdaptersGradientsAsTheyAre) {
 // A down projection [48, 96] with a rank-8 adapter (scale 1.5): a 4-bit base or a dense one in
 // `dtype`.
 LinearLayer DownLayer(const at::TensorOptions& f32, bool quantized, at::ScalarType dtype) {
-  LinearLayer down;
-  const at::Tensor w = at::randn({48, 96}, f32) * 0.1;
-  if (quantized) {
-    down.base.quantized = QuantizeWeight(w, kernels::Quantize4bitOptions());
-  } else {
-    down.base.dense = w.to(dtype);
-  }
-  down.base.out_features = 48;
-  down.base.in_features = 96;
-  LoraWeights lora;
-  lora.a = (at::randn({8, 96}, f32) * 0.2).requires_grad_();
-  lora.b = (at::randn({48, 8}, f32) * 0.2).requires_grad_();
-  lora.scale = 1.5;
-  down.lora = lora;
-  return down;
+  return AdaptedLayer(f32, 48, 96, 8, 1.5, quantized, dtype);
 }
 
 // The down projection over silu(gate) * up as one node that recomputes the product in backward,
@@ -575,22 +567,9 @@ TEST(EngineFused, PackedGateUpThroughSwigluAndDownEqualsTheLayersOneByOne) {
     at::manual_seed(23);
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
     const int64_t in = 48, inter = 96;
-    std::vector<LinearLayer> layers(2);
+    std::vector<LinearLayer> layers;  // gate (dense, rank 4) and up (4-bit, rank 8)
     for (int i = 0; i < 2; ++i) {
-      LinearLayer& l = layers[i];
-      const at::Tensor w = at::randn({inter, in}, f32) * 0.1;
-      if (i == 1) {
-        l.base.quantized = QuantizeWeight(w, kernels::Quantize4bitOptions());
-      } else {
-        l.base.dense = w;
-      }
-      l.base.out_features = inter;
-      l.base.in_features = in;
-      LoraWeights lora;
-      lora.a = (at::randn({4 * (i + 1), in}, f32) * 0.2).requires_grad_();
-      lora.b = (at::randn({inter, 4 * (i + 1)}, f32) * 0.2).requires_grad_();
-      lora.scale = 0.75 + i;
-      l.lora = lora;
+      layers.push_back(AdaptedLayer(f32, inter, in, 4 * (i + 1), 0.75 + i, i == 1, at::kFloat));
     }
     const std::vector<const LinearLayer*> group = {&layers[0], &layers[1]};
     const int64_t spare = SharedInputSpareColumns(group, /*training=*/true);
