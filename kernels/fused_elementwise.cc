@@ -64,6 +64,13 @@ at::Tensor RotaryBackward(const at::Tensor& grad_out, const at::Tensor& cos,
   return Rotary(grad_out, cos, sin, /*backward=*/true);
 }
 
+void RotaryBackwardInto(const at::Tensor& grad_out, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor& out) {
+  TORCH_CHECK(out.sizes() == grad_out.sizes() && out.scalar_type() == grad_out.scalar_type(),
+              "rotary: out must have grad_out's shape and dtype");
+  RotaryInto(grad_out, cos, sin, /*backward=*/true, out);
+}
+
 void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   RotaryInto(x, cos, sin, /*backward=*/false, x);
 }

@@ -23,6 +23,10 @@ at::Tensor RotaryForward(const at::Tensor& x, const at::Tensor& cos, const at::T
 // The gradient of RotaryForward with respect to x, for the gradient of its output.
 at::Tensor RotaryBackward(const at::Tensor& grad_out, const at::Tensor& cos,
                           const at::Tensor& sin);
+// RotaryBackward's values written into `out` (grad_out's shape; any strides: a view into a wider
+// buffer, e.g. a column block of packed gradient rows, stays one).
+void RotaryBackwardInto(const at::Tensor& grad_out, const at::Tensor& cos, const at::Tensor& sin,
+                        at::Tensor& out);
 // RotaryForward's values written over x itself (a view into a wider buffer stays one: nothing
 // beside it is touched).
 void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

@@ -327,34 +327,39 @@ TEST(EngineFused, PackedQkvWithRotaryEqualsTheLayersOneByOneThenRotary) {
       const at::Tensor w = (1 + 0.1 * at::randn({in}, f32)).to(dtype);
       const at::Tensor x0 = at::randn({batch, seq, in}, f32).to(dtype);
       const at::Tensor d0 = at::randn({batch, seq, in}, f32).to(dtype);
-      at::Tensor xp = x0.clone().requires_grad_(), dp = d0.clone().requires_grad_();
-      at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
-      const auto [hp, np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
-      const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
-      const std::vector<at::Tensor> packed =
-          SharedInputForward(group, np, /*training=*/true, /*value_unused=*/false, &rotary);
-      std::vector<at::Tensor> single;
-      for (const LinearLayer& l : layers) single.push_back(l.Forward(ns, /*training=*/true));
-      for (int i = 0; i < 2; ++i) {
-        single[i] = Rotary(single[i].view({batch, seq, out / head_dim, head_dim}).transpose(1, 2),
-                           rotary.cos, rotary.sin)
-                        .transpose(1, 2)
-                        .reshape({batch, seq, out});
-      }
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_EQ(packed[i].stride(1), 3 * out) << "output " << i;
-        EXPECT_EQ(packed[i].data_ptr(),
-                  static_cast<void*>(static_cast<char*>(packed[0].data_ptr()) +
-                                     i * out * packed[0].element_size()))
-            << "output " << i;
-      }
-      for (const int without_gradient : {-1, 1}) {
-        GroupGradients c = CompareGroupOutputs(packed, single, layers, dtype, without_gradient);
-        c.outs.push_back(hp);  // the residual stream goes on
-        c.ref_outs.push_back(hs);
-        c.seeds.push_back(at::randn_like(hs));
-        ExpectSameGradients(c.outs, Joined({xp, dp}, c.adapters), c.ref_outs,
-                            Joined({xs, ds}, c.adapters), c.seeds, dtype);
+      // The same inputs with and without q/k/v's gradients packed for one input-gradient GEMM.
+      for (const bool packed_gradients : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "packed gradients " << packed_gradients);
+        rotary.packed_gradients = packed_gradients;
+        at::Tensor xp = x0.clone().requires_grad_(), dp = d0.clone().requires_grad_();
+        at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
+        const auto [hp, np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
+        const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
+        const std::vector<at::Tensor> packed =
+            SharedInputForward(group, np, /*training=*/true, /*value_unused=*/false, &rotary);
+        std::vector<at::Tensor> single;
+        for (const LinearLayer& l : layers) single.push_back(l.Forward(ns, /*training=*/true));
+        for (int i = 0; i < 2; ++i) {
+          single[i] = Rotary(single[i].view({batch, seq, out / head_dim, head_dim}).transpose(1, 2),
+                             rotary.cos, rotary.sin)
+                          .transpose(1, 2)
+                          .reshape({batch, seq, out});
+        }
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_EQ(packed[i].stride(1), 3 * out) << "output " << i;
+          EXPECT_EQ(packed[i].data_ptr(),
+                    static_cast<void*>(static_cast<char*>(packed[0].data_ptr()) +
+                                       i * out * packed[0].element_size()))
+              << "output " << i;
+        }
+        for (const int without_gradient : {-1, 1}) {
+          GroupGradients c = CompareGroupOutputs(packed, single, layers, dtype, without_gradient);
+          c.outs.push_back(hp);  // the residual stream goes on
+          c.ref_outs.push_back(hs);
+          c.seeds.push_back(at::randn_like(hs));
+          ExpectSameGradients(c.outs, Joined({xp, dp}, c.adapters), c.ref_outs,
+                              Joined({xs, ds}, c.adapters), c.seeds, dtype);
+        }
       }
     }
   }
@@ -600,7 +605,9 @@ TEST(EngineFused, PackedGateUpThroughSwigluAndDownEqualsTheLayersOneByOne) {
           const auto [hp, np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
           std::vector<at::Tensor> gate_up = SharedInputForward(group, np, /*training=*/true);
           ASSERT_EQ(gate_up[0].stride(-1), 1);
-          EXPECT_EQ(gate_up[0].stride(-2), 2 * inter) << "packed rows";
+          // Packed rows, with spare columns after them for the low-rank input gradient.
+          const int64_t row_stride = gate_up[0].stride(-2);
+          EXPECT_GE(row_stride, 2 * inter + 4 + 8) << "packed rows";
           EXPECT_EQ(gate_up[1].data_ptr(),
                     static_cast<void*>(static_cast<char*>(gate_up[0].data_ptr()) +
                                        inter * gate_up[0].element_size()));
@@ -631,11 +638,28 @@ TEST(EngineFused, PackedGateUpThroughSwigluAndDownEqualsTheLayersOneByOne) {
           // The packed rows [T, 2 I] now hold gate's and up's gradients.
           const at::Tensor rows = at::empty({0}, packed.options())
                                       .set_(packed.storage(), packed.storage_offset(),
-                                            {packed.size(0), 2 * inter}, {2 * inter, 1});
+                                            {packed.size(0), 2 * inter}, {row_stride, 1});
           const double scale = gate_up_want.abs().max().item<double>();
           const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -6);
           EXPECT_LE((rows - gate_up_want).abs().max().item<double>(), bound)
               << "gate's and up's gradients written over them";
+          // And dh'_i = s_i g_i B_i in the spare columns after them: x's gradient was one GEMM
+          // over [g_gate g_up | dh'] (GroupBackward), not a rank-r pass plus the base GEMM.
+          const at::Tensor low_rank =
+              at::empty({0}, packed.options())
+                  .set_(packed.storage(), packed.storage_offset() + 2 * inter,
+                        {packed.size(0), 4 + 8}, {row_stride, 1});
+          const at::Tensor g = gate_up_want.to(at::kFloat);
+          const at::Tensor dha_want =
+              at::cat({at::mm(g.narrow(1, 0, inter), layers[0].lora->b.detach()) *
+                           layers[0].lora->scale,
+                       at::mm(g.narrow(1, inter, inter), layers[1].lora->b.detach()) *
+                           layers[1].lora->scale},
+                      1);
+          const double low_rank_scale = dha_want.abs().max().item<double>();
+          EXPECT_LE((low_rank.to(at::kFloat) - dha_want).abs().max().item<double>(),
+                    dtype == at::kFloat ? 1e-5 * low_rank_scale : std::ldexp(low_rank_scale, -5))
+              << "dh' after the packed gradients";
         }
       }
     }

@@ -214,6 +214,22 @@ at::Tensor PackedColumns(at::TensorList columns) {
       .set_(first.storage(), first.storage_offset(), {first.size(0), width}, {first.stride(0), 1});
 }
 
+// rows [T, width] with the `count` columns after them, [T, width + count], where the rows'
+// stride and storage hold them (spare columns a producer left: PackedForward's gate/up rows),
+// or an undefined tensor.
+at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
+  if (rows.dim() != 2 || rows.stride(1) != 1 || rows.size(0) == 0 ||
+      rows.stride(0) < rows.size(1) + count) {
+    return at::Tensor();
+  }
+  const int64_t width = rows.size(1) + count;
+  const int64_t last = rows.storage_offset() + (rows.size(0) - 1) * rows.stride(0) + width;
+  if (static_cast<int64_t>(rows.storage().nbytes()) < last * rows.element_size()) {
+    return at::Tensor();
+  }
+  return rows.as_strided({rows.size(0), width}, rows.strides());
+}
+
 // Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16), so
 // that every row starts on a 128-byte line. Measured on an H200 (rounds 11a/11b), it neither
 // helps nor costs: the widened GEMMs run a few per cent slower per FLOP with and without it (the
@@ -557,7 +573,11 @@ void SaveGroup(AutogradContext* ctx, variable_list leading, at::TensorList a, at
 // LoraWideGroupFunction), from ha = x [A_1; ...; A_n]^T [T, sum of r] and `adapters` (the As,
 // then the Bs): per layer dh'_i = (g_i B_i) * scale_i and dB_i (LoraGradientPair), then one GEMM
 // for all the A gradients and x's gradient built in one buffer,
-// dx = [dh'_1 ... dh'_n] [A_1; ...; A_n] then += g_i W_i for each i.
+// dx = [dh'_1 ... dh'_n] [A_1; ...; A_n] then += g_i W_i for each i. Where the gradients lie
+// packed in rows with sum(r_i) spare columns after them (PackedForward's gate/up rows, which
+// SwiGLU's backward writes them over), dh' goes into those columns and x's gradient is one GEMM,
+// dx = [g_1 ... g_n | dh'] [W_1; ...; W_n; A_1; ...; A_n], summed in float32 and rounded once
+// (no [T, in] pass writing dh' A for the base GEMM to read back and add to).
 variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ha,
                             at::TensorList adapters, const variable_list& grad_outputs) {
   const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
@@ -569,17 +589,26 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   kernels::GemmTuner* gemm = SavedGemm(ctx);
   AdapterCopies* copies = SavedCopies(ctx);
   std::vector<at::Tensor> g(n);
-  const at::Tensor dha = at::empty({x.size(0), ha.size(1)}, x.options());  // [T, sum of r]
-  // The As' gradients as one [sum of r, in] block (slot 0), then each B's (slot 1 + i), in x's
-  // dtype, cast to the adapters' dtype together.
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
+  }
   int64_t rank_sum = 0;
   for (int64_t r : ranks) rank_sum += r;
+  const at::Tensor packed = PackedColumns(g);
+  // [g_1 ... g_n | dh'] where the packed gradients have the spare columns for dh'.
+  const at::Tensor packed_with_dha = ctx->needs_input_grad(0) && packed.defined()
+                                         ? WithColumnsAfter(packed, rank_sum)
+                                         : at::Tensor();
+  const at::Tensor dha = packed_with_dha.defined()  // [T, sum of r]
+                             ? packed_with_dha.narrow(1, packed.size(1), rank_sum)
+                             : at::empty({x.size(0), ha.size(1)}, x.options());
+  // The As' gradients as one [sum of r, in] block (slot 0), then each B's (slot 1 + i), in x's
+  // dtype, cast to the adapters' dtype together.
   std::vector<std::vector<int64_t>> shapes = {{rank_sum, x.size(1)}};
   for (size_t i = 0; i < n; ++i) shapes.push_back(b[i].sizes().vec());
   const AdapterGradients adapter_grads(shapes, x.options());
   int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
-    g[i] = grad_outputs[i].to(dtype);  // autograd passes zeros for an output without one
     LoraGradientPair(gemm, g[i], InDtype(copies, b[i], dtype), ha.narrow(1, offset, ranks[i]),
                      scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i));
     offset += ranks[i];
@@ -594,23 +623,33 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   // x's gradient only where something below takes it: the first decoder layer's q/k/v read the
   // embeddings' norm, which nothing trains (n base GEMMs and dequantizations a step saved).
   if (!ctx->needs_input_grad(0)) return grads;
-  const at::Tensor dx = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
-  const at::Tensor packed = PackedColumns(g);
   if (packed.defined()) {
     // Gradients packed side by side (gate/up, as SwiGLU's backward writes them): one GEMM over
-    // the stacked weights [W_1; ...; W_n], dequantized into one buffer.
-    const at::Tensor stacked = at::empty({packed.size(1), x.size(1)}, x.options());
+    // the stacked weights [W_1; ...; W_n] (dequantized into one buffer), with the As below them
+    // where dh' lies after the gradients.
+    const int64_t width = packed.size(1);
+    const int64_t low_rank = packed_with_dha.defined() ? rank_sum : 0;
+    const at::Tensor stacked = at::empty({width + low_rank, x.size(1)}, x.options());
     int64_t row = 0;
     for (size_t i = 0; i < n; ++i) {
       SavedFrozenWeight(ctx, std::to_string(i) + ".")
           .MaterializeInto(stacked.narrow(0, row, g[i].size(1)));
       row += g[i].size(1);
     }
-    Addmm(gemm, dx, packed, stacked);
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
+    if (low_rank > 0) {
+      stacked.narrow(0, width, rank_sum).copy_(InDtype(copies, a, dtype));
+      grads[0] = at::empty({x.size(0), x.size(1)}, x.options());
+      Addmm(gemm, grads[0], packed_with_dha, stacked, /*beta=*/0.0);
+      return grads;
     }
+    const at::Tensor dx = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
+    Addmm(gemm, dx, packed, stacked);
+    grads[0] = dx;
+    return grads;
+  }
+  const at::Tensor dx = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
+  for (size_t i = 0; i < n; ++i) {
+    Addmm(gemm, dx, g[i], SavedBase(ctx, dtype, std::to_string(i) + "."));
   }
   grads[0] = dx;
   return grads;
@@ -681,7 +720,11 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
     row += out;
     offset += b[i].size(1);
   }
-  const at::Tensor packed = at::empty({wide.size(0), total}, wide.options());
+  // Without a rotary (gate/up), the rows keep sum(r) spare columns (aligned) after the outputs:
+  // their gradients come back over them, and GroupBackward writes dh' there (WithColumnsAfter).
+  const int64_t spare = rotary == nullptr ? AlignedRow(total + rank_sum) - total : 0;
+  const at::Tensor packed =
+      at::empty({wide.size(0), total + spare}, wide.options()).narrow(1, 0, total);
   Addmm(gemm, packed, wide, stacked.t(), 0.0);
   if (rotary != nullptr) {
     // q's and k's columns are side by side: one pass rotates both, as the heads of one tensor.
@@ -701,6 +744,18 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   return outputs;
 }
 
+// Rows [T, sum of widths] followed by `spare` columns (aligned) for the gradients `grads`
+// [T, width_i] to be written into side by side, or an undefined tensor where one is missing.
+at::Tensor PackedGradientRows(const variable_list& grads, int64_t spare) {
+  int64_t total = 0;
+  for (const at::Tensor& g : grads) {
+    if (!g.defined() || g.dim() != 2) return at::Tensor();
+    total += g.size(1);
+  }
+  return at::empty({grads[0].size(0), AlignedRow(total + spare)}, grads[0].options())
+      .narrow(1, 0, total);
+}
+
 // LoraGroupFunction's layers with their forward as GEMMs over widened rows, for x [T, in] whose
 // rows have SharedInputSpareColumns spare columns (sum(r_i) rounded up to aligned rows;
 // HasSpareColumns): the rank-r projections x [A_1; ...; A_n]^T are written in the first sum(r_i)
@@ -709,12 +764,12 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
 // with no pass writing s_i ha_i B_i^T for the base GEMM to read back and add to (for q/k/v and
 // gate/up at 7B, micro-batch 4: 550 MB written and read a layer). The extra columns cost one more
 // K step of each GEMM (K = in + 16..48 is one 64-wide step more than in); backward is
-// LoraGroupFunction's (GroupBackward: widening its GEMMs too would widen their outputs, one more
-// column of output tiles, more than the dh' GEMMs it would save), reading ha where forward wrote
-// it. Same inputs and outputs as LoraGroupFunction, and the same values up to rounding
-// (fused_paths_test). Packed (SharedInputForward's equally wide layers: q/k/v, gate/up) forward
-// is PackedForward, with `rotary` (q/k/v) rotating q and k, and backward first rotates their
-// gradients back.
+// LoraGroupFunction's (GroupBackward), reading ha where forward wrote it. Same inputs and outputs
+// as LoraGroupFunction, and the same values up to rounding (fused_paths_test). Packed
+// (SharedInputForward's equally wide layers: q/k/v, gate/up) forward is PackedForward, with
+// `rotary` (q/k/v) rotating q and k, and backward first rotates their gradients back (with
+// packed_gradients into packed rows with spare columns, as gate/up's come back by themselves, so
+// that x's gradient is one GEMM with the low-rank term inside: GroupBackward).
 struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList a,
                                at::TensorList b, const std::vector<const LinearLayer*>* group,
@@ -745,6 +800,7 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       ctx->saved_data["rotary_sin"] = rotary->sin;
       ctx->saved_data["rotary_shape"] =
           std::vector<int64_t>{rotary->batch, rotary->seq, rotary->head_dim};
+      ctx->saved_data["packed_gradients"] = rotary->packed_gradients;
     }
     int64_t offset = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -777,12 +833,37 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       const std::vector<int64_t> shape = ctx->saved_data["rotary_shape"].toIntVector();
       const at::Tensor cos = ctx->saved_data["rotary_cos"].toTensor();
       const at::Tensor sin = ctx->saved_data["rotary_sin"].toTensor();
-      for (size_t i = 0; i < 2; ++i) {
-        const at::Tensor& g = grad_outputs[i];
-        if (!g.defined()) continue;
-        const at::Tensor heads =
-            g.reshape({shape[0], shape[1], g.size(1) / shape[2], shape[2]}).transpose(1, 2);
-        grad_outputs[i] = kernels::RotaryBackward(heads, cos, sin).transpose(1, 2).reshape(g.sizes());
+      auto heads = [&](const at::Tensor& rows) {  // [T, out] as [batch, heads, seq, head_dim]
+        return rows.reshape({shape[0], shape[1], rows.size(1) / shape[2], shape[2]})
+            .transpose(1, 2);
+      };
+      // Where x's gradient is wanted (and packed_gradients), the gradients go packed into rows
+      // with spare columns
+      // (q's and k's rotated back into them, v's copied: 64 MB a layer at 7B, micro-batch 4)
+      // for GroupBackward's one GEMM over [g_q g_k g_v | dh'] (two base GEMMs' passes over dx
+      // and the rank-r pass fewer).
+      const at::Tensor packed =
+          ctx->needs_input_grad(0) && ctx->saved_data["packed_gradients"].toBool()
+              ? PackedGradientRows(grad_outputs, rank_sum)
+              : at::Tensor();
+      int64_t column = 0;
+      for (size_t i = 0; i < grad_outputs.size(); ++i) {
+        const at::Tensor g = grad_outputs[i];
+        if (packed.defined()) {
+          const at::Tensor into = packed.narrow(1, column, g.size(1));
+          column += g.size(1);
+          if (i < 2) {
+            at::Tensor rotated =  // a view of the packed rows
+                into.view({shape[0], shape[1], into.size(1) / shape[2], shape[2]}).transpose(1, 2);
+            kernels::RotaryBackwardInto(heads(g), cos, sin, rotated);
+          } else {
+            into.copy_(g);
+          }
+          grad_outputs[i] = into;
+        } else if (i < 2 && g.defined()) {
+          grad_outputs[i] =
+              kernels::RotaryBackward(heads(g), cos, sin).transpose(1, 2).reshape(g.sizes());
+        }
       }
     }
     variable_list grads = GroupBackward(ctx, x, ha, at::TensorList(saved).slice(1), grad_outputs);

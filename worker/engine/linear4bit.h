@@ -94,10 +94,15 @@ struct LinearLayer {
 // (the outputs are views of them): for q/k/v the layout cuDNN's attention reads as it is, the
 // rotation written over q's and k's columns in place (the node's backward rotates their
 // gradients back); for gate/up the rows SwiGLU reads, whose backward writes the gradients back
-// over them, so that the node's input gradient is one GEMM over the packed gradient.
+// over them, so that the node's input gradient is one GEMM over the packed gradient, with the
+// adapters' low-rank term inside it (the rows' spare columns). With packed_gradients the q/k/v
+// node's backward packs their gradients likewise (q's and k's rotated back into the rows, v's
+// copied) for one such GEMM: one [T, q + k + v] buffer more at a layer's backward, so a model
+// that saves memory first (checkpointing) leaves it off.
 struct SharedInputRotary {
   at::Tensor cos, sin;  // [batch or 1, 1, seq, head_dim] in x's dtype (constants)
   int64_t batch = 0, seq = 0, head_dim = 0;
+  bool packed_gradients = false;
 };
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
                                            const at::Tensor& x, bool training,

@@ -273,7 +273,10 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // returns, through the step's memory peak.
   // q and k come back rotated (on CUDA with multi-head attention, in place in the packed q/k/v
   // rows the node's one GEMM writes: linear4bit.h).
-  const SharedInputRotary rotary{cos, sin, batch, seq, head_dim};
+  // Their gradients packed for one input-gradient GEMM where no layer is checkpointed (one
+  // buffer more at a layer's backward: linear4bit.h).
+  const SharedInputRotary rotary{cos, sin, batch, seq, head_dim,
+                                 /*packed_gradients=*/checkpointed_layers_ == 0};
   std::vector<at::Tensor> qkv = SharedInputForward(qkv_layers, n, training_, false, &rotary);
   const at::Tensor q = split(std::exchange(qkv[0], {}), heads);
   const at::Tensor k = split(std::exchange(qkv[1], {}), kv_heads);
