@@ -43,6 +43,9 @@ int64_t FixedBytes(const MemoryPlanRequest& r) {
          r.dtype_bytes * GroupedAdapterElements(r) + largest_weight;
 }
 
+// Values rounded up to the aligned rows of the widened GEMMs' operands (64 values).
+int64_t AlignedValues(int64_t values) { return (values + 63) / 64 * 64; }
+
 }  // namespace
 
 int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded) {
@@ -82,6 +85,14 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
     }  // o_proj's input is the attention output, already counted
   }
   plain += (saves_n ? H * d : 0) + (saves_m ? H * d : 0);
+  // gate and up packed (equally wide, both adapted): the rows keep the adapters' columns spare
+  // for backward's low-rank term (linear4bit.cc PackedForward); q/k/v packed (multi-head), their
+  // gradients may be packed likewise, replacing q's and k's rotated gradients (Q + K).
+  const bool packable = saves_m && Targets(r, "gate_proj") && Targets(r, "up_proj");
+  plain += packable ? (AlignedValues(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;
+  if (saves_n && Q == K && Targets(r, "q_proj") && Targets(r, "k_proj") && Targets(r, "v_proj")) {
+    b.packed_gradients = (AlignedValues(Q + 2 * K + 3 * r.lora_r) - (Q + K)) * d;
+  }
   // down_proj's input, silu(gate) * up: a plain layer's down node gets it again in backward
   // (SwigluThenForward); a checkpointed layer's recomputation saves it.
   b.plain = plain;
@@ -97,6 +108,7 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   const int64_t tokens = r.micro_batch * r.sequence_length;
   const int64_t d = r.dtype_bytes, H = m.hidden_size;
   const LayerActivationBytes per = PerTokenLayerBytes(r);
+  const int64_t backward = per.backward + (c == 0 ? per.packed_gradients : 0);
   const int64_t around = 3 * H * d + 4 + 2 * m.head_dim * d;  // final norm, loss copy, rotary
   // Offloaded layers, checkpointed ones first (the top layer never): on the device only while
   // in transit, one layer's worth in forward, two in backward.
@@ -115,13 +127,13 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   // checkpoint holds that already, and the recomputation saves the same storage).
   const int64_t recomputed = per.recomputed;
   // The top layer's backward: a plain layer's gradients, or a checkpointed layer recomputed.
-  const int64_t top_layer = tokens * (per.backward + (plain == 0 ? recomputed : 0));
+  const int64_t top_layer = tokens * (backward + (plain == 0 ? recomputed : 0));
   int64_t peak = held + std::max(loss, top_layer);
   if (c > 0 && plain > 0) {  // the top checkpointed layer, the plain ones freed by then
-    peak = std::max(peak, tokens * (inputs * per.checkpointed + recomputed + per.backward + around));
+    peak = std::max(peak, tokens * (inputs * per.checkpointed + recomputed + backward + around));
   }
   if (in_transit > 0) {  // an offloaded layer's backward, the next one's tensors arriving
-    peak = std::max(peak, tokens * (inputs * per.checkpointed + 2 * per.plain + per.backward + around));
+    peak = std::max(peak, tokens * (inputs * per.checkpointed + 2 * per.plain + backward + around));
   }
   return FixedBytes(r) + peak;
 }

@@ -90,6 +90,9 @@ struct LayerActivationBytes {
   int64_t checkpointed = 0;  // kept by a checkpointed layer (its input)
   int64_t recomputed = 0;    // saved by a checkpointed layer's recomputation, its input aside
   int64_t backward = 0;      // transient of one layer's backward (gradients, workspaces)
+  // More at a layer's backward where no layer is checkpointed: q/k/v's gradients packed into
+  // rows for one input-gradient GEMM (linear4bit.h SharedInputRotary::packed_gradients).
+  int64_t packed_gradients = 0;
 };
 
 LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& request);
