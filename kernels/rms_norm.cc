@@ -81,7 +81,9 @@ ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tens
 }
 
 at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Tensor& rstd,
-                           const at::Tensor& weight, const at::Tensor& grad_h) {
+                           const at::Tensor& weight, const at::Tensor& grad_h,
+                           int64_t dx_spare_columns) {
+  TORCH_CHECK(dx_spare_columns >= 0, "rms_norm backward: dx_spare_columns must be >= 0");
   TORCH_CHECK(grad_n.sizes() == h.sizes() && (!grad_h.defined() || grad_h.sizes() == h.sizes()),
               "rms_norm backward: the gradients must have h's shape");
   TORCH_CHECK(rstd.numel() * h.size(-1) == h.numel() && rstd.scalar_type() == at::kFloat,
@@ -92,11 +94,11 @@ at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const 
   if (OnCuda(h) && same_dtype) {
 #ifdef QLORA_HAVE_CUDA
     const at::Tensor hr = Rows(h).contiguous();
-    at::Tensor dx = at::empty_like(hr);
+    at::Tensor dx = WideRows(hr, dx_spare_columns);
     if (cuda::RmsNormBackward(RowsInPlace(grad_n), hr, rstd.reshape({-1}).contiguous(),
                               weight.contiguous(),
-                              grad_h.defined() ? Rows(grad_h).contiguous() : at::Tensor(), dx)) {
-      return dx.view(h.sizes());
+                              grad_h.defined() ? RowsInPlace(grad_h) : at::Tensor(), dx)) {
+      return InShapeOf(dx, h);
     }
 #endif
   }
@@ -104,7 +106,11 @@ at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const 
   const at::Tensor wdn = grad_n.to(at::kFloat) * weight.to(at::kFloat);
   at::Tensor dx = r * wdn - hf * r.pow(3) * (wdn * hf).mean(-1, /*keepdim=*/true);
   if (grad_h.defined()) dx = dx + grad_h.to(at::kFloat);
-  return dx.to(h.scalar_type());
+  dx = dx.to(h.scalar_type());
+  if (dx_spare_columns == 0) return dx;
+  const at::Tensor rows = WideRows(Rows(dx), dx_spare_columns);
+  rows.copy_(Rows(dx));
+  return InShapeOf(rows, h);
 }
 
 }  // namespace qlora::kernels

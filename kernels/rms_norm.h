@@ -30,10 +30,14 @@ ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tens
                                              const at::Tensor& weight, double eps,
                                              int64_t spare_columns = 0);
 
-// grad_n, h: h's shape and dtype (grad_n may have any strides: rows of a wider buffer are read in
-// place on CUDA); rstd from forward; grad_h: h's shape and dtype, or undefined (no residual
-// gradient). Returns dx in h's dtype.
+// grad_n, h: h's shape and dtype (grad_n and grad_h may have any strides: rows of a wider buffer
+// are read in place on CUDA); rstd from forward; grad_h: h's shape and dtype, or undefined (no
+// residual gradient). Returns dx in h's shape and dtype; with dx_spare_columns > 0, its rows are
+// the first dim values of rows dim + dx_spare_columns long (the spare values unset), for a
+// consumer that puts its own columns beside the gradient's (linear4bit.cc's input gradients
+// with the adapters' low-rank term inside).
 at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Tensor& rstd,
-                           const at::Tensor& weight, const at::Tensor& grad_h);
+                           const at::Tensor& weight, const at::Tensor& grad_h,
+                           int64_t dx_spare_columns = 0);
 
 }  // namespace qlora::kernels

@@ -12,7 +12,7 @@ namespace qlora::kernels::cuda {
 // is not written).
 bool ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                             float eps, at::Tensor& h, at::Tensor& n, at::Tensor& rstd);
-// grad_h may be undefined; grad_n may be rows of a wider buffer.
+// grad_h may be undefined; grad_n, grad_h and dx may be rows of wider buffers.
 bool RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Tensor& rstd,
                      const at::Tensor& weight, const at::Tensor& grad_h, at::Tensor& dx);
 

@@ -5,9 +5,11 @@
 //                                 from the h this thread just wrote (or x), into rows that may be
 //                                 wider than dim (spare columns for the next GEMM's extra inputs)
 //   RmsNormBackwardKernel         pass 1: sum of w * dn * h; pass 2: dx, with dh added, rounded once
-//                                 (dn may be rows of a wider buffer)
+//                                 (dn, dh and dx may be rows of wider buffers: dx with spare
+//                                 columns for the next GEMM's extra inputs)
 // Products and sums are rounded as the formulas in rms_norm.h round them (__fmul_rn / __fadd_rn
 // where ATen stores nothing between them would still round each op: float32 throughout).
+#include <algorithm>
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
@@ -87,9 +89,13 @@ template <typename T, int V>
 __global__ void RmsNormBackwardKernel(const T* __restrict__ grad_n, const T* __restrict__ h,
                                       const float* __restrict__ rstd_in,
                                       const T* __restrict__ weight, const T* __restrict__ grad_h,
-                                      int64_t dim, int64_t grad_n_stride, T* __restrict__ dx) {
+                                      int64_t dim, int64_t grad_n_stride, int64_t grad_h_stride,
+                                      int64_t dx_stride, T* __restrict__ dx) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
   const T* const grad_n_row = grad_n + static_cast<int64_t>(blockIdx.x) * grad_n_stride;
+  const T* const grad_h_row =
+      grad_h != nullptr ? grad_h + static_cast<int64_t>(blockIdx.x) * grad_h_stride : nullptr;
+  T* const dx_row = dx + static_cast<int64_t>(blockIdx.x) * dx_stride;
   const int64_t vectors = dim / V;
   const float rstd = rstd_in[blockIdx.x];
   float dot = 0.0f;
@@ -107,16 +113,16 @@ __global__ void RmsNormBackwardKernel(const T* __restrict__ grad_n, const T* __r
     const Vec<T, V> g = Load<T, V>(grad_n_row + i * V), s = Load<T, V>(h + row + i * V);
     const Vec<T, V> w = Load<T, V>(weight + i * V);
     Vec<T, V> r{};
-    if (grad_h != nullptr) r = Load<T, V>(grad_h + row + i * V);
+    if (grad_h_row != nullptr) r = Load<T, V>(grad_h_row + i * V);
     Vec<T, V> o;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float wdn = __fmul_rn(static_cast<float>(g.v[k]), static_cast<float>(w.v[k]));
       float d = __fsub_rn(__fmul_rn(rstd, wdn), __fmul_rn(static_cast<float>(s.v[k]), c));
-      if (grad_h != nullptr) d = __fadd_rn(d, static_cast<float>(r.v[k]));
+      if (grad_h_row != nullptr) d = __fadd_rn(d, static_cast<float>(r.v[k]));
       o.v[k] = static_cast<T>(d);
     }
-    Store<T, V>(dx + row + i * V, o);
+    Store<T, V>(dx_row + i * V, o);
   }
 }
 
@@ -124,17 +130,17 @@ bool Aligned16OrUndefined(const at::Tensor& t) {
   return !t.defined() || Aligned16(t.const_data_ptr());
 }
 
-// [rows, dim] CUDA tensors of `dtype` whose rows split into 16-byte vectors: contiguous, or (a
-// row-strided one) rows of a wider buffer whose stride keeps every row 16-byte aligned.
+// [rows, dim] CUDA tensors of `dtype` whose rows split into 16-byte vectors: contiguous, or (the
+// row-strided ones) rows of a wider buffer whose stride keeps every row 16-byte aligned.
 bool Takes(std::initializer_list<const at::Tensor*> rows, int64_t dim, at::ScalarType dtype,
-           int vec, const at::Tensor* row_strided = nullptr) {
+           int vec, std::initializer_list<const at::Tensor*> row_strided = {}) {
   if (dim % vec != 0) return false;
   for (const at::Tensor* t : rows) {
     if (!t->defined()) continue;
-    const bool layout = t == row_strided
-                            ? t->dim() == 2 && t->stride(1) == 1 && t->stride(0) >= dim &&
-                                  t->stride(0) % vec == 0
-                            : t->is_contiguous();
+    const bool strided = std::find(row_strided.begin(), row_strided.end(), t) != row_strided.end();
+    const bool layout = strided ? t->dim() == 2 && t->stride(1) == 1 && t->stride(0) >= dim &&
+                                      t->stride(0) % vec == 0
+                                : t->is_contiguous();
     if (!t->is_cuda() || t->scalar_type() != dtype || !layout || !Aligned16OrUndefined(*t) ||
         t->size(-1) != dim) {
       return false;
@@ -152,7 +158,7 @@ bool ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta, const 
   return DispatchFloating(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    if (!Takes({&x, &delta, &weight, &h, &n}, dim, x.scalar_type(), V, &n)) return false;
+    if (!Takes({&x, &delta, &weight, &h, &n}, dim, x.scalar_type(), V, {&n})) return false;
     if (rows == 0) return true;
     const c10::cuda::CUDAGuard guard(x.device());
     ResidualRmsNormForwardKernel<T, V><<<static_cast<unsigned>(rows), kThreads, 0,
@@ -175,7 +181,8 @@ bool RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Te
   return DispatchFloating(h.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    if (!Takes({&grad_n, &h, &weight, &grad_h, &dx}, dim, h.scalar_type(), V, &grad_n)) {
+    if (!Takes({&grad_n, &h, &weight, &grad_h, &dx}, dim, h.scalar_type(), V,
+               {&grad_n, &grad_h, &dx})) {
       return false;
     }
     if (rows == 0) return true;
@@ -184,7 +191,8 @@ bool RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Te
                                   at::cuda::getCurrentCUDAStream()>>>(
         grad_n.const_data_ptr<T>(), h.const_data_ptr<T>(), rstd.const_data_ptr<float>(),
         weight.const_data_ptr<T>(), grad_h.defined() ? grad_h.const_data_ptr<T>() : nullptr, dim,
-        grad_n.stride(0), dx.mutable_data_ptr<T>());
+        grad_n.stride(0), grad_h.defined() ? grad_h.stride(0) : dim, dx.stride(0),
+        dx.mutable_data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

@@ -557,6 +557,100 @@ TEST(EngineFused, SwigluThenDownAddsTheResidualStreamInsideTheNode) {
   }
 }
 
+// rows [T, width] (in `like`'s shape) whose rows are followed by `spare` zeroed columns: a
+// gradient as the decoder's norms leave it for the LoRA nodes (ResidualRmsNorm's
+// grad_spare_columns).
+at::Tensor WithZeroedSpareColumns(const at::Tensor& like, int64_t spare) {
+  const int64_t width = like.size(-1);
+  const at::Tensor rows = at::zeros({like.numel() / width, width + spare}, like.options());
+  rows.narrow(1, 0, width).copy_(like.reshape({-1, width}));
+  return rows.narrow(1, 0, width).view(like.sizes());
+}
+
+// dh' = scale (g B) [T, r] in float32, for the gradient g [..., out].
+at::Tensor LowRankGradient(const at::Tensor& g, const LoraWeights& lora) {
+  return at::mm(g.reshape({-1, g.size(-1)}).to(at::kFloat), lora.b.detach().to(at::kFloat)) *
+         lora.scale;
+}
+
+// The r columns after the rows of t [..., width] (rows with spare columns).
+at::Tensor SpareColumnsOf(const at::Tensor& t, int64_t r) {
+  const int64_t width = t.size(-1);
+  const at::Tensor rows = t.reshape({-1, width});
+  return rows.as_strided({rows.size(0), r}, {rows.stride(0), 1}, rows.storage_offset() + width);
+}
+
+// A LoRA layer that owns its output gradient's spare columns (o_proj, and down after SwiGLU, as
+// the decoder runs them) writes dh' there and takes its input gradient as one GEMM over [g | dh']
+// and [W; A]: the same gradients as with a gradient without spare columns (the rank-r GEMM, then
+// the base GEMM adding to it), within rounding, and dh' in the spare columns afterwards.
+TEST(EngineFused, OutputGradientSpareColumnsTakeTheLowRankTermIntoTheInputGradientGemm) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(29);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(c10::toString(dtype));
+      auto expect_close = [&](const at::Tensor& got, const at::Tensor& want, const char* what) {
+        const double scale = want.abs().max().item<double>();
+        const double bound = dtype == at::kFloat ? 1e-5 * scale : std::ldexp(scale, -6);
+        EXPECT_LE((got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>(), bound)
+            << what;
+      };
+      {  // o_proj: LinearLayer::Forward
+        LinearLayer o = AdaptedLayer(f32, 48, 64, 8, 1.5, /*quantized=*/true, dtype);
+        o.owns_output_gradient_spare_columns = true;
+        const int64_t spare = OutputGradientSpareColumns(o, /*training=*/true);
+        ASSERT_GE(spare, 8);
+        const at::Tensor x0 = at::randn({2, 7, 64}, f32).to(dtype);
+        const at::Tensor seed = at::randn({2, 7, 48}, f32).to(dtype);
+        std::vector<std::vector<at::Tensor>> grads;
+        const at::Tensor wide_seed = WithZeroedSpareColumns(seed, spare);
+        for (const at::Tensor& g : {seed, wide_seed}) {
+          at::Tensor x = x0.clone().requires_grad_();
+          const at::Tensor y = o.Forward(x, /*training=*/true);
+          grads.push_back(torch::autograd::grad({y}, {x, o.lora->a, o.lora->b}, {g}));
+        }
+        for (size_t i = 0; i < grads[0].size(); ++i) expect_close(grads[1][i], grads[0][i], "o");
+        expect_close(SpareColumnsOf(wide_seed, 8), LowRankGradient(seed, *o.lora), "o's dh'");
+      }
+      {  // down after SwiGLU, with the residual: SwigluThenForward, plain rows and widened
+        const LinearLayer down = DownLayer(f32, /*quantized=*/true, dtype);
+        const int64_t r = down.lora->a.size(0);
+        const int64_t spare = OutputGradientSpareColumns(down, /*training=*/true);
+        const at::Tensor gate0 = at::randn({2, 7, 96}, f32).to(dtype);
+        const at::Tensor up0 = at::randn({2, 7, 96}, f32).to(dtype);
+        const at::Tensor h0 = at::randn({2, 7, 48}, f32).to(dtype);
+        const at::Tensor seed = at::randn({2, 7, 48}, f32).to(dtype);
+        for (const bool widened : {false, true}) {
+          for (const int mode : {0, 1, 2}) {  // plain, lean, recomputation
+            SCOPED_TRACE(::testing::Message() << "down, widened " << widened << ", mode " << mode);
+            SwigluThenOptions options;
+            options.widened_rows = widened;
+            options.lean_backward = mode == 1;
+            options.value_unused = mode == 2;
+            std::vector<std::vector<at::Tensor>> grads;
+            const at::Tensor wide_seed = WithZeroedSpareColumns(seed, spare);
+            for (const at::Tensor& g : {seed, wide_seed}) {
+              options.owns_output_gradient_spare_columns = g.is_same(wide_seed);
+              at::Tensor gate = gate0.clone().requires_grad_(), up = up0.clone().requires_grad_();
+              at::Tensor h = h0.clone().requires_grad_();
+              const at::Tensor y = SwigluThenForward(down, gate, up, options, h);
+              grads.push_back(torch::autograd::grad(
+                  {y}, {gate, up, h, down.lora->a, down.lora->b}, {g}));
+            }
+            for (size_t i = 0; i < grads[0].size(); ++i) {
+              expect_close(grads[1][i], grads[0][i], "down");
+            }
+            expect_close(SpareColumnsOf(wide_seed, r), LowRankGradient(seed, *down.lora),
+                         "down's dh'");
+          }
+        }
+      }
+    }
+  }
+}
+
 // gate/up as the decoder runs them (SharedInputForward over widened rows: two equally wide layers
 // without biases, one 4-bit) run packed: one GEMM writes [T, 2 I], gate and up are views of it,
 // SwiGLU reads them there and its backward writes their gradients over them, which the gate/up

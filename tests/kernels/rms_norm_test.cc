@@ -97,8 +97,18 @@ TEST(KernelsRmsNorm, SpareColumnsAndRowStridedGradientsGiveTheSameBits) {
         wide.narrow(1, 0, dim).copy_(dn.reshape({10, dim}));
         const at::Tensor dn_strided = wide.narrow(1, 0, dim).view({2, 5, dim});
         ASSERT_FALSE(dn_strided.is_contiguous());
-        EXPECT_TRUE(RmsNormBackward(dn_strided, dense.h, dense.rstd, weight, dh)
-                        .equal(RmsNormBackward(dn, dense.h, dense.rstd, weight, dh)));
+        const at::Tensor dx_dense = RmsNormBackward(dn, dense.h, dense.rstd, weight, dh);
+        EXPECT_TRUE(RmsNormBackward(dn_strided, dense.h, dense.rstd, weight, dh).equal(dx_dense));
+        // The residual gradient as rows of a wider buffer too, and dx into rows with 24 spare
+        // columns (for the LoRA input-gradient GEMMs): the same values, in place.
+        const at::Tensor dh_wide = at::full({10, dim + 8}, 5.0, dh.options());
+        dh_wide.narrow(1, 0, dim).copy_(dh.reshape({10, dim}));
+        const at::Tensor dh_strided = dh_wide.narrow(1, 0, dim).view({2, 5, dim});
+        const at::Tensor dx_spare =
+            RmsNormBackward(dn_strided, dense.h, dense.rstd, weight, dh_strided, 24);
+        EXPECT_EQ(dx_spare.sizes(), x.sizes());
+        EXPECT_EQ(dx_spare.stride(1), dim + 24);
+        EXPECT_TRUE(dx_spare.equal(dx_dense));
       }
     }
   }

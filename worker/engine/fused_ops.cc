@@ -63,40 +63,45 @@ at::Tensor ResidualRmsNormGradient(AutogradContext* ctx, const variable_list& gr
   const variable_list saved = SavedForBackward(ctx);
   if (!grad_n.defined()) return grad_h;
   return kernels::RmsNormBackward(grad_n, saved[0], saved[1], ctx->saved_data["weight"].toTensor(),
-                                  grad_h);
+                                  grad_h, ctx->saved_data["grad_spare_columns"].toInt());
 }
 
 variable_list ResidualRmsNormOutputs(AutogradContext* ctx, const at::Tensor& x,
                                      const at::Tensor& delta, const at::Tensor& weight,
-                                     double eps, int64_t spare_columns) {
+                                     double eps, int64_t spare_columns,
+                                     int64_t grad_spare_columns) {
   kernels::ResidualRmsNormResult r =
       kernels::ResidualRmsNormForward(x, delta, weight, eps, spare_columns);
   ctx->saved_data["weight"] = weight;  // frozen: kept by reference, never differentiated
+  ctx->saved_data["grad_spare_columns"] = grad_spare_columns;
   SaveForBackward(ctx, {r.h, r.rstd});
   return {r.h, r.n};
 }
 
 struct ResidualRmsNormFunction : public torch::autograd::Function<ResidualRmsNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
-                               const at::Tensor& weight, double eps, int64_t spare_columns) {
-    return ResidualRmsNormOutputs(ctx, x, delta, weight, eps, spare_columns);
+                               const at::Tensor& weight, double eps, int64_t spare_columns,
+                               int64_t grad_spare_columns) {
+    return ResidualRmsNormOutputs(ctx, x, delta, weight, eps, spare_columns, grad_spare_columns);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const at::Tensor dx = ResidualRmsNormGradient(ctx, grad_outputs);
-    return {dx, dx, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // The same without delta: h is x itself (autograd returns it as a view of x).
 struct RmsNormPassThroughFunction : public torch::autograd::Function<RmsNormPassThroughFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               double eps, int64_t spare_columns) {
-    return ResidualRmsNormOutputs(ctx, x, at::Tensor(), weight, eps, spare_columns);
+                               double eps, int64_t spare_columns, int64_t grad_spare_columns) {
+    return ResidualRmsNormOutputs(ctx, x, at::Tensor(), weight, eps, spare_columns,
+                                  grad_spare_columns);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    return {ResidualRmsNormGradient(ctx, grad_outputs), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {ResidualRmsNormGradient(ctx, grad_outputs), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -120,11 +125,14 @@ at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {
 
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps,
-                                                  int64_t spare_columns) {
+                                                  int64_t spare_columns,
+                                                  int64_t grad_spare_columns) {
   TORCH_CHECK(!weight.requires_grad(), "ResidualRmsNorm: the norm weight must be frozen");
+  TORCH_CHECK(grad_spare_columns >= 0, "ResidualRmsNorm: grad_spare_columns must be >= 0");
   const variable_list out =
-      delta.defined() ? ResidualRmsNormFunction::apply(x, delta, weight, eps, spare_columns)
-                      : RmsNormPassThroughFunction::apply(x, weight, eps, spare_columns);
+      delta.defined()
+          ? ResidualRmsNormFunction::apply(x, delta, weight, eps, spare_columns, grad_spare_columns)
+          : RmsNormPassThroughFunction::apply(x, weight, eps, spare_columns, grad_spare_columns);
   return {out[0], out[1]};
 }
 

@@ -35,9 +35,12 @@ at::Tensor ValueUnused(at::IntArrayRef sizes, const at::TensorOptions& options);
 // The residual add and the RMSNorm of its result as one node ({h, normalized h}); weight in x's
 // dtype and frozen; delta may be undefined (h = x). With spare_columns, the normalized h's rows
 // are followed by that many unset values (kernels/rms_norm.h) for SharedInputForward's widened
-// GEMMs (linear4bit.h).
+// GEMMs (linear4bit.h); with grad_spare_columns, so are the rows of the gradient backward
+// returns (for x and delta), for the input-gradient GEMMs of the LoRA nodes that take it
+// (linear4bit.h InputGradientSpareColumns).
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps,
-                                                  int64_t spare_columns = 0);
+                                                  int64_t spare_columns = 0,
+                                                  int64_t grad_spare_columns = 0);
 
 }  // namespace qlora::engine

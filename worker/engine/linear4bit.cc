@@ -177,14 +177,18 @@ void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string&
   }
 }
 
-// The weight SaveBase kept.
+// The weight SaveBase kept (with its shape; no bias).
 FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix) {
   FrozenWeight w;
   auto it = ctx->saved_data.find(prefix + "dense");
   if (it != ctx->saved_data.end()) {
     w.dense = it->second.toTensor();
+    w.out_features = w.dense.size(0);
+    w.in_features = w.dense.size(1);
   } else {
     w.quantized = FromSaved(ctx, prefix);
+    w.out_features = w.quantized->shape.at(0);
+    w.in_features = w.quantized->shape.at(1);
   }
   return w;
 }
@@ -192,6 +196,27 @@ FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix) 
 // The weight SaveBase kept, in dtype (dequantized, or the dense weight cast).
 at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
   return SavedFrozenWeight(ctx, prefix).Materialize(dtype);
+}
+
+// The frozen weights saved under `prefixes` (SaveBase), dequantized (or cast) into the rows of one
+// [sum of out + rows of `below`, in] buffer, `below` (the As [sum of r, in] in the compute dtype,
+// or undefined) under them: the right operand of an input-gradient GEMM over packed rows.
+at::Tensor StackedWeights(AutogradContext* ctx, const std::vector<std::string>& prefixes,
+                          const at::Tensor& below, int64_t in, const at::TensorOptions& options) {
+  std::vector<FrozenWeight> weights;
+  int64_t rows = below.defined() ? below.size(0) : 0;
+  for (const std::string& prefix : prefixes) {
+    weights.push_back(SavedFrozenWeight(ctx, prefix));
+    rows += weights.back().out_features;
+  }
+  const at::Tensor stacked = at::empty({rows, in}, options);
+  int64_t row = 0;
+  for (const FrozenWeight& w : weights) {
+    w.MaterializeInto(stacked.narrow(0, row, w.out_features));
+    row += w.out_features;
+  }
+  if (below.defined()) stacked.narrow(0, row, below.size(0)).copy_(below);
+  return stacked;
 }
 
 // The rows [T, sum of widths] whose column blocks the tensors in `columns` are, side by side in
@@ -344,19 +369,35 @@ void LoraAGradient(const LoraGradients& d, const at::Tensor& h, kernels::GemmTun
 //   dh' = (g B) * scale [T, r];  dh = dh' A;  dA = dh'^T h;  dB = g^T (h A^T) * scale
 // Without `input_gradient`, dh is left to the caller (LoraInputGradient), who may free h first;
 // without h (undefined), dA is left to the caller too (LoraAGradient), who makes h later.
+// dh' goes into `dha_into` where given (the spare columns after g's rows: InputGradientOverRows).
 LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::Tensor& ha,
                            const at::Tensor& a, const at::Tensor& b, double scale,
                            kernels::GemmTuner* gemm, AdapterCopies* copies,
-                           bool input_gradient = true) {
+                           bool input_gradient = true, const at::Tensor& dha_into = {}) {
   const at::ScalarType dtype = ha.scalar_type();
   LoraGradients d;
   d.ab.emplace(std::vector<std::vector<int64_t>>{a.sizes().vec(), b.sizes().vec()},
                ha.options());
-  d.dha = at::empty({g.size(0), b.size(1)}, ha.options());  // [T, r]
+  d.dha = dha_into.defined() ? dha_into : at::empty({g.size(0), b.size(1)}, ha.options());  // [T, r]
   LoraGradientPair(gemm, g, InDtype(copies, b, dtype), ha, scale, d.dha, d.ab->Slot(1));
   if (h.defined()) LoraAGradient(d, h, gemm);
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
+}
+
+// A LoRA layer's input gradient [T, in] from rows [g | dh'] [T, out + r] (g's rows with dh' in
+// their spare columns: WithColumnsAfter) as one GEMM over the saved frozen weight with the
+// adapter's A [r, in] under it: dx = g W + dh' A, summed in float32 and rounded once (the
+// separate rank-r GEMM wrote dh' A [T, in] for the base GEMM to read back and add to). Into `dx`
+// where given (rows [T, in]), else a new tensor.
+at::Tensor InputGradientOverRows(AutogradContext* ctx, const at::Tensor& rows_with_dha,
+                                 const at::Tensor& a, kernels::GemmTuner* gemm,
+                                 at::Tensor dx = {}) {
+  const int64_t in = a.size(1);
+  if (!dx.defined()) dx = at::empty({rows_with_dha.size(0), in}, rows_with_dha.options());
+  Addmm(gemm, dx, rows_with_dha, StackedWeights(ctx, {""}, a, in, rows_with_dha.options()),
+        /*beta=*/0.0);
+  return dx;
 }
 
 // x = silu(gate) * up [T, I] written into rows of AlignedRow(I + r) values and ha = x A^T [T, r]
@@ -440,6 +481,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     ctx->saved_data["overwrite_inputs"] = options->overwrite_inputs;
     ctx->saved_data["lean_backward"] = options->lean_backward;
     ctx->saved_data["residual"] = residual.defined();
+    ctx->saved_data["owns_gradient_spare_columns"] = options->owns_output_gradient_spare_columns;
     return y;
   }
 
@@ -457,22 +499,37 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     at::Tensor dx;
     const bool recomputation = saved[5].defined();
     const bool lean = ctx->saved_data["lean_backward"].toBool();
+    // Where the gradient's rows have spare columns: dh' there, and dx = [g | dh'] [W; A] as one
+    // GEMM (InputGradientOverRows) instead of dh' A written for the base GEMM to add to.
+    const at::Tensor grad_with_dha = ctx->saved_data["owns_gradient_spare_columns"].toBool()
+                                         ? WithColumnsAfter(grad, b.size(1))
+                                         : at::Tensor();
+    const at::Tensor dha_into = grad_with_dha.defined()
+                                    ? grad_with_dha.narrow(1, grad.size(1), b.size(1))
+                                    : at::Tensor();
     if (recomputation) {
       dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
-      d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
-      LoraAddmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
+      d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false,
+                       dha_into);
+      if (!dha_into.defined()) LoraAddmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
     } else if (lean) {
       {
         const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
-        d = LoraBackward(grad, x, ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
+        d = LoraBackward(grad, x, ha, a, b, scale, gemm, copies, /*input_gradient=*/false,
+                         dha_into);
       }
-      dx = LoraInputGradient(d, a, dtype, gemm, copies);
+      if (!dha_into.defined()) dx = LoraInputGradient(d, a, dtype, gemm, copies);
     } else {
       // dA waits for x, which SwiGLU's backward below writes from the gate and up it reads.
-      d = LoraBackward(grad, at::Tensor(), ha, a, b, scale, gemm, copies, /*input_gradient=*/false);
-      dx = LoraInputGradient(d, a, dtype, gemm, copies);
+      d = LoraBackward(grad, at::Tensor(), ha, a, b, scale, gemm, copies, /*input_gradient=*/false,
+                       dha_into);
+      if (!dha_into.defined()) dx = LoraInputGradient(d, a, dtype, gemm, copies);
     }
-    Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
+    if (dha_into.defined()) {
+      dx = InputGradientOverRows(ctx, grad_with_dha, InDtype(copies, a, dtype), gemm, dx);
+    } else {
+      Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
+    }
     const bool product_wanted = !recomputation && !lean;
     at::Tensor grad_gate = dx, grad_up, x;
     at::Tensor* product = product_wanted ? &x : nullptr;
@@ -516,7 +573,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& h,
                             const at::Tensor& a, const at::Tensor& b, const FrozenWeight* base,
                             double scale, bool value_unused, kernels::GemmTuner* gemm,
-                            AdapterCopies* copies) {
+                            AdapterCopies* copies, bool owns_gradient_spare_columns) {
     const at::Tensor& lora_in = h;
     auto [y, ha] = LoraForward(x, lora_in, a, b, *base, scale, value_unused, gemm, copies);
     SaveBase(ctx, *base);
@@ -525,6 +582,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     SaveForBackward(ctx, {lora_in, ha, a, b});
     ctx->saved_data["dropout"] = !h.is_same(x);
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["owns_gradient_spare_columns"] = owns_gradient_spare_columns;
     return y;
   }
 
@@ -534,26 +592,36 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const at::Tensor &lora_in = saved[0], &ha = saved[1], &a = saved[2], &b = saved[3];
     const bool dropout = ctx->saved_data["dropout"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
-    if (!g.defined()) return variable_list(9);
+    if (!g.defined()) return variable_list(10);
     const at::ScalarType dtype = lora_in.scalar_type();
     const at::Tensor grad = g.scalar_type() == dtype ? g : g.to(dtype);
     kernels::GemmTuner* gemm = SavedGemm(ctx);
     // The input gradients only where something below takes them (x and h are one tensor
     // without dropout: then h's flag is x's).
     const bool x_grad = ctx->needs_input_grad(0), h_grad = dropout && ctx->needs_input_grad(1);
-    LoraGradients d = LoraBackward(grad, lora_in, ha, a, b, scale, gemm, SavedCopies(ctx),
-                                   /*input_gradient=*/dropout ? h_grad : x_grad);
+    // Without dropout, where the gradient's rows have spare columns: dh' there, dx one GEMM.
+    const at::Tensor grad_with_dha =
+        !dropout && x_grad && ctx->saved_data["owns_gradient_spare_columns"].toBool()
+            ? WithColumnsAfter(grad, b.size(1))
+            : at::Tensor();
+    AdapterCopies* copies = SavedCopies(ctx);
+    LoraGradients d = LoraBackward(
+        grad, lora_in, ha, a, b, scale, gemm, copies,
+        /*input_gradient=*/dropout ? h_grad : x_grad && !grad_with_dha.defined(),
+        grad_with_dha.defined() ? grad_with_dha.narrow(1, grad.size(1), b.size(1)) : at::Tensor());
     at::Tensor dx, dh;
     if (dropout) {
       if (x_grad) dx = Mm(gemm, grad, SavedBase(ctx, dtype));
       dh = d.lora_in;
+    } else if (grad_with_dha.defined()) {
+      dx = InputGradientOverRows(ctx, grad_with_dha, InDtype(copies, a, dtype), gemm);
     } else if (x_grad) {
       dx = d.lora_in;
       Addmm(gemm, dx, grad, SavedBase(ctx, dtype));
     }
     const std::vector<at::Tensor> ab = d.Cast(a);
-    return {dx, dh, ab[0], ab[1], at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {dx,           dh,           ab[0],        ab[1],        at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -627,24 +695,18 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
     // Gradients packed side by side (gate/up, as SwiGLU's backward writes them): one GEMM over
     // the stacked weights [W_1; ...; W_n] (dequantized into one buffer), with the As below them
     // where dh' lies after the gradients.
-    const int64_t width = packed.size(1);
-    const int64_t low_rank = packed_with_dha.defined() ? rank_sum : 0;
-    const at::Tensor stacked = at::empty({width + low_rank, x.size(1)}, x.options());
-    int64_t row = 0;
-    for (size_t i = 0; i < n; ++i) {
-      SavedFrozenWeight(ctx, std::to_string(i) + ".")
-          .MaterializeInto(stacked.narrow(0, row, g[i].size(1)));
-      row += g[i].size(1);
-    }
-    if (low_rank > 0) {
-      stacked.narrow(0, width, rank_sum).copy_(InDtype(copies, a, dtype));
+    std::vector<std::string> prefixes;
+    for (size_t i = 0; i < n; ++i) prefixes.push_back(std::to_string(i) + ".");
+    if (packed_with_dha.defined()) {
       grads[0] = at::empty({x.size(0), x.size(1)}, x.options());
-      Addmm(gemm, grads[0], packed_with_dha, stacked, /*beta=*/0.0);
+      Addmm(gemm, grads[0], packed_with_dha,
+            StackedWeights(ctx, prefixes, InDtype(copies, a, dtype), x.size(1), x.options()),
+            /*beta=*/0.0);
       return grads;
     }
-    const at::Tensor dx = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
-    Addmm(gemm, dx, packed, stacked);
-    grads[0] = dx;
+    grads[0] = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
+    Addmm(gemm, grads[0], packed,
+          StackedWeights(ctx, prefixes, at::Tensor(), x.size(1), x.options()));
     return grads;
   }
   const at::Tensor dx = LoraMm(gemm, dha, InDtype(copies, a, dtype));  // [T, in]
@@ -973,7 +1035,7 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_u
       AdapterWithoutDropout(*this, training) ? x2 : at::dropout(x2, lora->dropout, training);
   return ToLayerOutput(
       LoraLinearFunction::apply(x2, h, lora->a, lora->b, &base, lora->scale, value_unused, gemm,
-                                adapter_copies),
+                                adapter_copies, owns_output_gradient_spare_columns),
       x.sizes(), base);
 }
 
@@ -981,6 +1043,12 @@ at::Tensor LinearLayer::MergedWeight() const {
   at::Tensor w = base.Materialize(at::kFloat);
   if (lora) w = w + at::matmul(lora->b.detach().to(at::kFloat), lora->a.detach().to(at::kFloat)) * lora->scale;
   return w;
+}
+
+int64_t OutputGradientSpareColumns(const LinearLayer& layer, bool training) {
+  if (!AdapterWithoutDropout(layer, training)) return 0;
+  const int64_t out = layer.base.out_features;
+  return AlignedRow(out + layer.lora->b.size(1)) - out;
 }
 
 int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, bool training) {

@@ -66,6 +66,10 @@ struct LinearLayer {
   // The adapters' compute-dtype copies (adapter_copies.h); owned by the model like `gemm`. Null:
   // the adapters are cast at every use.
   AdapterCopies* adapter_copies = nullptr;
+  // The gradient of the output, where its rows have spare columns (OutputGradientSpareColumns:
+  // the decoder's norms leave them, ResidualRmsNorm's grad_spare_columns), has them to itself:
+  // backward writes dh' there and the input gradient is one GEMM over [g | dh'] and [W; A].
+  bool owns_output_gradient_spare_columns = false;
 
   // x: [..., in] in the compute dtype; returns [..., out] in the same dtype. With value_unused
   // (a checkpointed block's recomputation, where only the graph matters) the result's value is
@@ -133,7 +137,15 @@ struct SwigluThenOptions {
   // GEMM over [x | x A^T] and [W | scale B] (no rank-r GEMM writing scale (x A^T) B^T for the
   // base GEMM to read back). The decoder sets it on CUDA, as its norms' spare columns.
   bool widened_rows = false;
+  // As LinearLayer::owns_output_gradient_spare_columns, for down's output (h + down).
+  bool owns_output_gradient_spare_columns = false;
 };
+
+// The spare columns a LoRA layer's backward uses after its output gradient's rows (for dh', so
+// that its input gradient is one GEMM: owns_output_gradient_spare_columns,
+// SwigluThenOptions::owns_output_gradient_spare_columns): the rank rounded up to aligned rows
+// where the layer's node runs (an adapter, no dropout running), else 0.
+int64_t OutputGradientSpareColumns(const LinearLayer& layer, bool training);
 
 // down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout
 // running) as one node whose backward writes SwiGLU's gate gradient over its own input gradient

@@ -106,6 +106,9 @@ LlamaForCausalLM::LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dt
       layer.Linear(name).gemm = gemm_tuner_.get();
       layer.Linear(name).adapter_copies = adapter_copies_.get();
     }
+    // o's output gradient comes from the post-attention norm alone, which leaves o's spare
+    // columns on CUDA (LayerForward).
+    layer.o_proj.owns_output_gradient_spare_columns = true;
   }
 }
 
@@ -258,8 +261,11 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   const std::vector<const LinearLayer*> gate_up_layers = {&layer.gate_proj, &layer.up_proj};
   at::Tensor residual, n;
   if (fused_norm(layer.input_layernorm)) {
+    // Its gradient (x's, the layer below's output) goes to the down projection below alone,
+    // which then writes its dh' beside it (linear4bit.h OutputGradientSpareColumns).
     std::tie(residual, n) = ResidualRmsNorm(x, at::Tensor(), layer.input_layernorm, eps,
-                                            SharedInputSpareColumns(qkv_layers, training_));
+                                            SharedInputSpareColumns(qkv_layers, training_),
+                                            OutputGradientSpareColumns(layer.down_proj, training_));
   } else {
     residual = x;
     n = RmsNorm(x, layer.input_layernorm, eps);
@@ -295,7 +301,8 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   at::Tensor h, m;
   if (fused_norm(layer.post_attention_layernorm)) {
     std::tie(h, m) = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps,
-                                     SharedInputSpareColumns(gate_up_layers, training_));
+                                     SharedInputSpareColumns(gate_up_layers, training_),
+                                     OutputGradientSpareColumns(layer.o_proj, training_));
   } else {
     h = residual + o;
     m = RmsNorm(h, layer.post_attention_layernorm, eps);
@@ -315,6 +322,8 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // one's is the peak) recomputes SwiGLU's output before the input gradient exists.
   swiglu.lean_backward = checkpointed_layers_ > 0;
   swiglu.widened_rows = h.is_cuda();
+  // h + down's gradient comes from the next layer's input norm alone (its grad_spare_columns).
+  swiglu.owns_output_gradient_spare_columns = true;
   // h + down, the residual add inside the down projection's GEMMs, with and without grad (a
   // checkpointed layer's first forward gives the same bits as a plain layer's).
   return SwigluThenForward(layer.down_proj, std::exchange(gate_up[0], {}),
