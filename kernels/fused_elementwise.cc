@@ -75,6 +75,18 @@ void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor
   RotaryInto(x, cos, sin, /*backward=*/false, x);
 }
 
+void CopyRows(const at::Tensor& src, at::Tensor& out) {
+  TORCH_CHECK(src.dim() == 2 && src.sizes() == out.sizes() &&
+                  src.scalar_type() == out.scalar_type(),
+              "copy rows: src and out must be 2-D of one shape and dtype");
+  if (OnCuda(src)) {
+#ifdef QLORA_HAVE_CUDA
+    if (cuda::CopyRows(src, out)) return;
+#endif
+  }
+  out.copy_(src);
+}
+
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
               "swiglu: gate and up must have one shape and dtype");

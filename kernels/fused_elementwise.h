@@ -31,6 +31,10 @@ void RotaryBackwardInto(const at::Tensor& grad_out, const at::Tensor& cos, const
 // beside it is touched).
 void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// out = src (2-D, one shape and dtype; either may be rows of a wider buffer): one vectorized pass
+// on CUDA where ATen's copy into a row-strided destination is an unvectorized one.
+void CopyRows(const at::Tensor& src, at::Tensor& out);
+
 // gate, up: the same shape and dtype (either may be rows of a wider buffer) -> silu(gate) * up.
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
 // The same for gate, up [rows, cols], written into rows of cols + spare values: a [rows, cols]

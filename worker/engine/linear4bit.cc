@@ -919,7 +919,8 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
                 into.view({shape[0], shape[1], into.size(1) / shape[2], shape[2]}).transpose(1, 2);
             kernels::RotaryBackwardInto(heads(g), cos, sin, rotated);
           } else {
-            into.copy_(g);
+            at::Tensor copied = into;
+            kernels::CopyRows(g.reshape({g.size(0), -1}), copied);
           }
           grad_outputs[i] = into;
         } else if (i < 2 && g.defined()) {
