@@ -122,8 +122,10 @@ std::pair<at::Tensor, at::Tensor> SwigluBackward(const at::Tensor& grad_out,
               "swiglu: the gradient, gate and up must have one shape");
   if (OnCuda(gate) && grad_out.scalar_type() == gate.scalar_type()) {
 #ifdef QLORA_HAVE_CUDA
-    const at::Tensor g = grad_out.contiguous(), a = gate.contiguous(), b = up.contiguous();
-    at::Tensor grad_gate = at::empty_like(a), grad_up = at::empty_like(b);
+    // Rows of wider buffers (packed gate/up) are read where they lie.
+    const at::Tensor g = Rows(grad_out), a = Rows(gate), b = Rows(up);
+    at::Tensor grad_gate = at::empty(gate.sizes(), gate.options());
+    at::Tensor grad_up = at::empty(up.sizes(), up.options());
     if (cuda::SwigluBackward(g, a, b, grad_gate, grad_up)) return {grad_gate, grad_up};
 #endif
   }

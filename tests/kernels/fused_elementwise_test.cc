@@ -258,6 +258,9 @@ TEST(KernelsFused, SwigluOverPackedGateAndUpEqualsTheContiguousCase) {
 
       const at::Tensor dy = at::randn({rows, cols}, opts);
       const auto [dg, du] = SwigluBackward(dy, g, u);
+      const auto [packed_dg, packed_du] = SwigluBackward(dy, pg, pu);  // read where they lie
+      ExpectBitEqual(packed_dg, dg, "out-of-place backward over packed gate/up: gate");
+      ExpectBitEqual(packed_du, du, "out-of-place backward over packed gate/up: up");
       const at::Tensor x_want = SwigluForward(g, u);
       for (const bool strided_grad : {false, true}) {
         for (const bool with_product : {false, true}) {
