@@ -239,22 +239,6 @@ at::Tensor PackedColumns(at::TensorList columns) {
       .set_(first.storage(), first.storage_offset(), {first.size(0), width}, {first.stride(0), 1});
 }
 
-// rows [T, width] with the `count` columns after them, [T, width + count], where the rows'
-// stride and storage hold them (spare columns a producer left: PackedForward's gate/up rows),
-// or an undefined tensor.
-at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
-  if (rows.dim() != 2 || rows.stride(1) != 1 || rows.size(0) == 0 ||
-      rows.stride(0) < rows.size(1) + count) {
-    return at::Tensor();
-  }
-  const int64_t width = rows.size(1) + count;
-  const int64_t last = rows.storage_offset() + (rows.size(0) - 1) * rows.stride(0) + width;
-  if (static_cast<int64_t>(rows.storage().nbytes()) < last * rows.element_size()) {
-    return at::Tensor();
-  }
-  return rows.as_strided({rows.size(0), width}, rows.strides());
-}
-
 // Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16), so
 // that every row starts on a 128-byte line. Measured on an H200 (rounds 11a/11b), it neither
 // helps nor costs: the widened GEMMs run a few per cent slower per FLOP with and without it (the
@@ -263,6 +247,23 @@ constexpr int64_t kRowAlignment = 64;
 
 int64_t AlignedRow(int64_t values) {
   return (values + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
+}
+
+// rows [T, width] with the `count` columns after them, [T, width + count], where the rows lie
+// as the producers of spare columns lay them out (a row stride of AlignedRow(width + count):
+// PackedForward's gate/up rows, PackedGradientRows, the norms' gradients for o and down) within
+// their storage; else an undefined tensor.
+at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
+  if (rows.dim() != 2 || rows.stride(1) != 1 || rows.size(0) == 0 || count <= 0 ||
+      rows.stride(0) != AlignedRow(rows.size(1) + count)) {
+    return at::Tensor();
+  }
+  const int64_t width = rows.size(1) + count;
+  const int64_t last = rows.storage_offset() + (rows.size(0) - 1) * rows.stride(0) + width;
+  if (static_cast<int64_t>(rows.storage().nbytes()) < last * rows.element_size()) {
+    return at::Tensor();
+  }
+  return rows.as_strided({rows.size(0), width}, rows.strides());
 }
 
 // Whether rows x [T, in] begin rows of in + spare values (x.stride(0) == in + spare, within
@@ -378,7 +379,7 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
   LoraGradients d;
   d.ab.emplace(std::vector<std::vector<int64_t>>{a.sizes().vec(), b.sizes().vec()},
                ha.options());
-  d.dha = dha_into.defined() ? dha_into : at::empty({g.size(0), b.size(1)}, ha.options());  // [T, r]
+  d.dha = dha_into.defined() ? dha_into : at::empty({g.size(0), b.size(1)}, ha.options());
   LoraGradientPair(gemm, g, InDtype(copies, b, dtype), ha, scale, d.dha, d.ab->Slot(1));
   if (h.defined()) LoraAGradient(d, h, gemm);
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
@@ -900,10 +901,9 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
             .transpose(1, 2);
       };
       // Where x's gradient is wanted (and packed_gradients), the gradients go packed into rows
-      // with spare columns
-      // (q's and k's rotated back into them, v's copied: 64 MB a layer at 7B, micro-batch 4)
-      // for GroupBackward's one GEMM over [g_q g_k g_v | dh'] (two base GEMMs' passes over dx
-      // and the rank-r pass fewer).
+      // with spare columns (q's and k's rotated back into them, v's copied: 64 MB a layer at 7B,
+      // micro-batch 4) for GroupBackward's one GEMM over [g_q g_k g_v | dh'] (two base GEMMs'
+      // passes over dx and the rank-r pass fewer).
       const at::Tensor packed =
           ctx->needs_input_grad(0) && ctx->saved_data["packed_gradients"].toBool()
               ? PackedGradientRows(grad_outputs, rank_sum)
