@@ -739,16 +739,10 @@ TEST(EngineFused, PackedGateUpThroughSwigluAndDownEqualsTheLayersOneByOne) {
               << "gate's and up's gradients written over them";
           // And dh'_i = s_i g_i B_i in the spare columns after them: x's gradient was one GEMM
           // over [g_gate g_up | dh'] (GroupBackward), not a rank-r pass plus the base GEMM.
-          const at::Tensor low_rank =
-              at::empty({0}, packed.options())
-                  .set_(packed.storage(), packed.storage_offset() + 2 * inter,
-                        {packed.size(0), 4 + 8}, {row_stride, 1});
-          const at::Tensor g = gate_up_want.to(at::kFloat);
+          const at::Tensor low_rank = SpareColumnsOf(rows, 4 + 8);
           const at::Tensor dha_want =
-              at::cat({at::mm(g.narrow(1, 0, inter), layers[0].lora->b.detach()) *
-                           layers[0].lora->scale,
-                       at::mm(g.narrow(1, inter, inter), layers[1].lora->b.detach()) *
-                           layers[1].lora->scale},
+              at::cat({LowRankGradient(gate_up_want.narrow(1, 0, inter), *layers[0].lora),
+                       LowRankGradient(gate_up_want.narrow(1, inter, inter), *layers[1].lora)},
                       1);
           const double low_rank_scale = dha_want.abs().max().item<double>();
           EXPECT_LE((low_rank.to(at::kFloat) - dha_want).abs().max().item<double>(),

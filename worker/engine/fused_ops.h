@@ -37,7 +37,7 @@ at::Tensor ValueUnused(at::IntArrayRef sizes, const at::TensorOptions& options);
 // are followed by that many unset values (kernels/rms_norm.h) for SharedInputForward's widened
 // GEMMs (linear4bit.h); with grad_spare_columns, so are the rows of the gradient backward
 // returns (for x and delta), for the input-gradient GEMMs of the LoRA nodes that take it
-// (linear4bit.h InputGradientSpareColumns).
+// (linear4bit.h OutputGradientSpareColumns).
 std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
                                                   const at::Tensor& weight, double eps,
                                                   int64_t spare_columns = 0,

@@ -15,6 +15,7 @@
 #include "kernels/lora_gradients.h"
 #include "worker/engine/activation_offload.h"
 #include "worker/engine/adapter_gradients.h"
+#include "worker/engine/aligned_rows.h"
 #include "worker/engine/fused_ops.h"
 
 namespace qlora::engine {
@@ -239,33 +240,6 @@ at::Tensor PackedColumns(at::TensorList columns) {
       .set_(first.storage(), first.storage_offset(), {first.size(0), width}, {first.stride(0), 1});
 }
 
-// Rows of widened operands are padded to a multiple of this many values (128 bytes in bf16), so
-// that every row starts on a 128-byte line. Measured on an H200 (rounds 11a/11b), it neither
-// helps nor costs: the widened GEMMs run a few per cent slower per FLOP with and without it (the
-// extra 64-wide K step), so the padding stays as the cheaper layout to reason about.
-constexpr int64_t kRowAlignment = 64;
-
-int64_t AlignedRow(int64_t values) {
-  return (values + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
-}
-
-// rows [T, width] with the `count` columns after them, [T, width + count], where the rows lie
-// as the producers of spare columns lay them out (a row stride of AlignedRow(width + count):
-// PackedForward's gate/up rows, PackedGradientRows, the norms' gradients for o and down) within
-// their storage; else an undefined tensor.
-at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
-  if (rows.dim() != 2 || rows.stride(1) != 1 || rows.size(0) == 0 || count <= 0 ||
-      rows.stride(0) != AlignedRow(rows.size(1) + count)) {
-    return at::Tensor();
-  }
-  const int64_t width = rows.size(1) + count;
-  const int64_t last = rows.storage_offset() + (rows.size(0) - 1) * rows.stride(0) + width;
-  if (static_cast<int64_t>(rows.storage().nbytes()) < last * rows.element_size()) {
-    return at::Tensor();
-  }
-  return rows.as_strided({rows.size(0), width}, rows.strides());
-}
-
 // Whether rows x [T, in] begin rows of in + spare values (x.stride(0) == in + spare, within
 // x's storage): the spare columns a producer left for the widened GEMMs (ResidualRmsNorm's
 // spare_columns).
@@ -284,6 +258,24 @@ at::Tensor WithSpareColumns(const at::Tensor& x, int64_t spare) {
   const int64_t width = x.size(1) + spare;
   return at::empty({0}, x.options()).set_(x.storage(), x.storage_offset(), {x.size(0), width},
                                           {width, 1});
+}
+
+// Uninitialized rows [rows, width] followed by `count` spare columns, padded to aligned rows: the
+// layout WithColumnsAfter takes (PackedForward's gate/up rows, PackedGradientRows; the norms lay
+// their gradients out the same way, OutputGradientSpareColumns).
+at::Tensor RowsWithColumnsAfter(int64_t rows, int64_t width, int64_t count,
+                                const at::TensorOptions& options) {
+  return at::empty({rows, AlignedRow(width + count)}, options).narrow(1, 0, width);
+}
+
+// rows [T, width] with the `count` columns after them, [T, width + count], as a tensor of its own
+// (WithSpareColumns), where the rows lie as RowsWithColumnsAfter lays them out; else an undefined
+// tensor.
+at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
+  if (count <= 0 || rows.dim() != 2) return at::Tensor();
+  const int64_t spare = AlignedRow(rows.size(1) + count) - rows.size(1);
+  if (!HasSpareColumns(rows, spare)) return at::Tensor();
+  return WithSpareColumns(rows, spare).narrow(1, 0, rows.size(1) + count);
 }
 
 // Layer i's weight widened for rows [x | h A_1^T | ... | h A_n^T]: [W_i | 0 | scale_i B_i], the
@@ -384,6 +376,14 @@ LoraGradients LoraBackward(const at::Tensor& g, const at::Tensor& h, const at::T
   if (h.defined()) LoraAGradient(d, h, gemm);
   if (input_gradient) d.lora_in = LoraInputGradient(d, a, dtype, gemm, copies);
   return d;
+}
+
+// The gradient g [T, out] with r columns after its rows for dh' (WithColumnsAfter), where the
+// node owns its output gradient's spare columns (saved as "owns_gradient_spare_columns": the
+// model knows that nothing else writes there) and g has them; else an undefined tensor.
+at::Tensor OwnedColumnsAfter(AutogradContext* ctx, const at::Tensor& g, int64_t r) {
+  return ctx->saved_data["owns_gradient_spare_columns"].toBool() ? WithColumnsAfter(g, r)
+                                                                 : at::Tensor();
 }
 
 // A LoRA layer's input gradient [T, in] from rows [g | dh'] [T, out + r] (g's rows with dh' in
@@ -502,9 +502,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     const bool lean = ctx->saved_data["lean_backward"].toBool();
     // Where the gradient's rows have spare columns: dh' there, and dx = [g | dh'] [W; A] as one
     // GEMM (InputGradientOverRows) instead of dh' A written for the base GEMM to add to.
-    const at::Tensor grad_with_dha = ctx->saved_data["owns_gradient_spare_columns"].toBool()
-                                         ? WithColumnsAfter(grad, b.size(1))
-                                         : at::Tensor();
+    const at::Tensor grad_with_dha = OwnedColumnsAfter(ctx, grad, b.size(1));
     const at::Tensor dha_into = grad_with_dha.defined()
                                     ? grad_with_dha.narrow(1, grad.size(1), b.size(1))
                                     : at::Tensor();
@@ -602,9 +600,7 @@ struct LoraLinearFunction : public torch::autograd::Function<LoraLinearFunction>
     const bool x_grad = ctx->needs_input_grad(0), h_grad = dropout && ctx->needs_input_grad(1);
     // Without dropout, where the gradient's rows have spare columns: dh' there, dx one GEMM.
     const at::Tensor grad_with_dha =
-        !dropout && x_grad && ctx->saved_data["owns_gradient_spare_columns"].toBool()
-            ? WithColumnsAfter(grad, b.size(1))
-            : at::Tensor();
+        !dropout && x_grad ? OwnedColumnsAfter(ctx, grad, b.size(1)) : at::Tensor();
     AdapterCopies* copies = SavedCopies(ctx);
     LoraGradients d = LoraBackward(
         grad, lora_in, ha, a, b, scale, gemm, copies,
@@ -785,9 +781,9 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   }
   // Without a rotary (gate/up), the rows keep sum(r) spare columns (aligned) after the outputs:
   // their gradients come back over them, and GroupBackward writes dh' there (WithColumnsAfter).
-  const int64_t spare = rotary == nullptr ? AlignedRow(total + rank_sum) - total : 0;
   const at::Tensor packed =
-      at::empty({wide.size(0), total + spare}, wide.options()).narrow(1, 0, total);
+      rotary == nullptr ? RowsWithColumnsAfter(wide.size(0), total, rank_sum, wide.options())
+                        : at::empty({wide.size(0), total}, wide.options());
   Addmm(gemm, packed, wide, stacked.t(), 0.0);
   if (rotary != nullptr) {
     // q's and k's columns are side by side: one pass rotates both, as the heads of one tensor.
@@ -807,16 +803,16 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   return outputs;
 }
 
-// Rows [T, sum of widths] followed by `spare` columns (aligned) for the gradients `grads`
-// [T, width_i] to be written into side by side, or an undefined tensor where one is missing.
+// Rows [T, sum of widths] with `spare` columns after them (RowsWithColumnsAfter) for the
+// gradients `grads` [T, width_i] to be written into side by side, or an undefined tensor where
+// one is missing.
 at::Tensor PackedGradientRows(const variable_list& grads, int64_t spare) {
   int64_t total = 0;
   for (const at::Tensor& g : grads) {
     if (!g.defined() || g.dim() != 2) return at::Tensor();
     total += g.size(1);
   }
-  return at::empty({grads[0].size(0), AlignedRow(total + spare)}, grads[0].options())
-      .narrow(1, 0, total);
+  return RowsWithColumnsAfter(grads[0].size(0), total, spare, grads[0].options());
 }
 
 // LoraGroupFunction's layers with their forward as GEMMs over widened rows, for x [T, in] whose
@@ -920,7 +916,7 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
             kernels::RotaryBackwardInto(heads(g), cos, sin, rotated);
           } else {
             at::Tensor copied = into;
-            kernels::CopyRows(g.reshape({g.size(0), -1}), copied);
+            kernels::CopyRows(g, copied);
           }
           grad_outputs[i] = into;
         } else if (i < 2 && g.defined()) {

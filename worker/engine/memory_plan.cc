@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "worker/engine/aligned_rows.h"
 
 namespace qlora::engine {
 namespace {
@@ -42,9 +43,6 @@ int64_t FixedBytes(const MemoryPlanRequest& r) {
   return r.resident_bytes + r.correction_bytes + (4 + r.dtype_bytes) * r.trainable_elements +
          r.dtype_bytes * GroupedAdapterElements(r) + largest_weight;
 }
-
-// Values rounded up to the aligned rows of the widened GEMMs' operands (64 values).
-int64_t AlignedValues(int64_t values) { return (values + 63) / 64 * 64; }
 
 }  // namespace
 
@@ -89,9 +87,9 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   // for backward's low-rank term (linear4bit.cc PackedForward); q/k/v packed (multi-head), their
   // gradients may be packed likewise, replacing q's and k's rotated gradients (Q + K).
   const bool packable = saves_m && Targets(r, "gate_proj") && Targets(r, "up_proj");
-  plain += packable ? (AlignedValues(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;
+  plain += packable ? (AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;
   if (saves_n && Q == K && Targets(r, "q_proj") && Targets(r, "k_proj") && Targets(r, "v_proj")) {
-    b.packed_gradients = (AlignedValues(Q + 2 * K + 3 * r.lora_r) - (Q + K)) * d;
+    b.packed_gradients = (AlignedRow(Q + 2 * K + 3 * r.lora_r) - (Q + K)) * d;
   }
   // down_proj's input, silu(gate) * up: a plain layer's down node gets it again in backward
   // (SwigluThenForward); a checkpointed layer's recomputation saves it.
