@@ -8,6 +8,7 @@
 // the gradient, so that difference reaches the weights as ~1e-7 x lr per step: after 6 steps at
 // lr <= 0.05 well under 1e-7 of a weight of size ~1. We assert 1e-6 relative (to max(1, |w|)),
 // and assert exact equality where the arithmetic is the same (resume vs. uninterrupted run).
+// ScalarRead (the loss and norm reads that do not drain the queue) is tested here too.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,6 +16,10 @@
 #include "tests/zero/gloo_world.h"
 #include "tests/zero/synthetic_problem.h"
 #include "tests/zero/temp_dir.h"
+#include "worker/strategy/scalar_read.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 namespace qlora {
 namespace {
@@ -241,6 +246,28 @@ TEST(ZeroStrategy, FactoryKnowsStagesZeroToTwo) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(statuses[0].ok());
+}
+
+// A value read without draining the queue: Get() gives the value as it was when the read was
+// made, not a later one, and on a GPU returns while work queued after the read still runs.
+TEST(ZeroScalarRead, GivesTheValueAsItWasWhenTheReadWasMade) {
+  EXPECT_EQ(strategy::ScalarRead().Get(), 0.0);
+  at::Tensor cpu = at::full({1}, 2.5, at::kFloat);
+  const strategy::ScalarRead cpu_read(cpu);
+  cpu.fill_(7);
+  EXPECT_EQ(cpu_read.Get(), 2.5);
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: the CPU read only";
+  at::Tensor gpu = at::full({}, 3.25, at::dtype(at::kDouble).device(at::kCUDA));
+  const strategy::ScalarRead gpu_read(gpu);
+  gpu.fill_(5);
+  const at::Tensor a = at::randn({8192, 8192}, at::dtype(at::kFloat).device(at::kCUDA));
+  at::Tensor busy = a;
+  for (int i = 0; i < 20; ++i) busy = at::mm(busy, a).div_(8192);  // ~100 ms queued after it
+  EXPECT_EQ(gpu_read.Get(), 3.25);
+  const c10::impl::VirtualGuardImpl guard(at::kCUDA);
+  EXPECT_FALSE(guard.getStream(gpu.device()).query())
+      << "Get() waited for the work queued after the read";
+  guard.getStream(gpu.device()).synchronize();
 }
 
 }  // namespace

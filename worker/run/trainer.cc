@@ -33,6 +33,7 @@
 #include "worker/run/host_memory.h"
 #include "worker/run/rank_sums.h"
 #include "worker/run/run_options.h"
+#include "worker/strategy/scalar_read.h"
 #include "worker/run/training_observer.h"
 #ifdef QLORA_HAVE_NCCL
 #include "worker/comm/nccl_communicator.h"
@@ -217,9 +218,11 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   }
   // The mean over the global batch: every rank's token losses divided by all ranks' tokens.
   QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_target_tokens));
-  // Summed on the device and read once after the last backward is queued: reading it per
-  // micro-batch would stall the host between forward and backward while the GPU drains.
+  // Summed on the device and copied to the host once it is final, after the last micro-batch's
+  // loss: read at the step's end, it waits for that copy only, and the GPU is still busy with
+  // the backward and the optimizer while the host queues the next step.
   at::Tensor local_loss_sum;
+  strategy::ScalarRead local_loss_read;
   {
     // The adapters cast to the compute dtype once for all of this step's micro-batches; the
     // copies go stale (the scope ends) before the optimizer changes the adapters.
@@ -242,6 +245,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
             engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels, loss_options);
         const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
         local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
+        if (i + 1 == batches.size()) local_loss_read = strategy::ScalarRead(local_loss_sum);
         scaled_loss = loss.loss_sum * scale.scale;
       }
       {
@@ -264,7 +268,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   // all-reduce, so it costs no collective of its own.
   const double every_s = 60 * config_.trainer.checkpoint_every_minutes;
   const bool due_here = assignment_.rank == 0 && every_s > 0 && SteadySeconds() - last_checkpoint_ >= every_s;
-  const double local_loss = local_loss_sum.defined() ? local_loss_sum.item<double>() : 0.0;
+  const double local_loss = local_loss_read.Get();
   QLORA_ASSIGN_OR_RETURN(std::vector<double> global,
                          SumOverRanks(*communicator_,
                                       {local_loss, due_here ? 1.0 : 0.0,

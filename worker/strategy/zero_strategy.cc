@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/optim/clip.h"
+#include "worker/strategy/scalar_read.h"
 
 namespace qlora::strategy {
 namespace {
@@ -24,6 +25,13 @@ std::vector<int64_t> Numels(const std::vector<TrainableParam>& params) {
 
 at::Tensor Slice(const at::Tensor& flat, FlatRange range, int64_t base = 0) {
   return flat.slice(0, range.begin - base, range.end - base);
+}
+
+// optim::ClipCoefficient of a float64 norm on its device, min(1, max_norm / (norm + 1e-6)) in
+// the same float64 operations, as a one-element tensor.
+at::Tensor ClipCoefficientOnDevice(const at::Tensor& norm, double max_norm) {
+  return at::clamp_max(at::div(at::full({}, max_norm, norm.options()), norm.reshape({}) + 1e-6),
+                       1.0);
 }
 
 }  // namespace
@@ -261,12 +269,15 @@ absl::StatusOr<StepReport> ZeroStrategy::Step(double lr) {
     QLORA_RETURN_IF_ERROR(Collective(comm_.AllReduceSum(sum_sq, timeout)));
     norm = sum_sq.sqrt();
   }
+  // The norm reaches the host while the optimizer's kernels run: the clipping coefficient is
+  // applied on the device (x 1 exactly when it is 1), so no read of the norm stalls the queue.
+  const ScalarRead norm_read(norm);
+  if (options_.max_grad_norm > 0) grad.mul_(ClipCoefficientOnDevice(norm, options_.max_grad_norm));
+  adamw_->Step(lr, master_, grad);
   StepReport report;
   report.lr = lr;
-  report.grad_norm = norm.item<double>();
+  report.grad_norm = norm_read.Get();
   report.clip_coefficient = optim::ClipCoefficient(report.grad_norm, options_.max_grad_norm);
-  if (report.clip_coefficient < 1.0) grad.mul_(report.clip_coefficient);
-  adamw_->Step(lr, master_, grad);
   report.step = adamw_->step();
   if (!grad.is_same(grad_)) live_comm_bytes_ -= grad.nbytes();
   grad_.zero_();
