@@ -64,20 +64,20 @@ std::vector<int64_t> WeightRows(const Quantized4bit& q) {
   return {rows, rows == 0 ? 0 : n / rows};
 }
 
-// after's columns right after each row of out [rows, cols], as [rows, zeros + r] within the
-// row stride, once checked.
+// after's columns right after each row of out [rows, cols], as [rows, zeros + r + trailing]
+// within the row stride, once checked.
 at::Tensor ColumnsAfterView(const at::Tensor& out, const ColumnsAfter& after) {
   TORCH_CHECK(out.dim() == 2 && out.stride(1) == 1,
               "the columns after a weight's rows need [rows, cols] with unit column stride, got ",
               out.sizes(), " with strides ", out.strides());
-  const int64_t width = after.zeros + after.values.size(1);
-  TORCH_CHECK(after.zeros >= 0 && after.values.dim() == 2 &&
+  TORCH_CHECK(after.zeros >= 0 && after.trailing_zeros >= 0 && after.values.dim() == 2 &&
                   after.values.size(0) == out.size(0) && after.values.size(1) > 0 &&
                   after.values.stride(1) == 1 && after.values.scalar_type() == at::kFloat &&
                   after.values.device() == out.device(),
               "Dequantize4bitInto: the columns after must be float32 [", out.size(0),
               ", r > 0] with unit column stride on the weight's device, got ",
               after.values.sizes(), " ", after.values.scalar_type());
+  const int64_t width = after.zeros + after.values.size(1) + after.trailing_zeros;
   TORCH_CHECK(out.stride(0) >= out.size(1) + width,
               "Dequantize4bitInto: rows of stride ", out.stride(0), " leave no room for ", width,
               " columns after ", out.size(1));
@@ -85,10 +85,12 @@ at::Tensor ColumnsAfterView(const at::Tensor& out, const ColumnsAfter& after) {
                         out.storage_offset() + out.size(1));
 }
 
-// Zeros, then scale * values rounded once, into the columns ColumnsAfterView gave.
+// Zeros, then scale * values rounded once, then zeros, into the columns ColumnsAfterView gave.
 void FillColumnsAfter(const at::Tensor& columns, const ColumnsAfter& after) {
+  const int64_t r = after.values.size(1);
   columns.narrow(1, 0, after.zeros).zero_();
-  at::Tensor scaled = columns.narrow(1, after.zeros, after.values.size(1));
+  columns.narrow(1, after.zeros + r, after.trailing_zeros).zero_();
+  at::Tensor scaled = columns.narrow(1, after.zeros, r);
   // A CPU 0-dim factor: the product is formed in float32 and rounded once into the output.
   at::mul_out(scaled, after.values, at::scalar_tensor(after.scale, at::kDouble));
 }
@@ -222,7 +224,7 @@ void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out, const Col
               "Dequantize4bitInto: out must be ", rows,
               " on the packed tensor's device with unit column stride, got ", out.sizes(),
               " with strides ", out.strides());
-  // [rows, zeros + r] right after each row, checked before anything is written.
+  // [rows, zeros + r + trailing] right after each row, checked before anything is written.
   const at::Tensor after_columns = after != nullptr ? ColumnsAfterView(out, *after) : at::Tensor();
   const at::Tensor packed = q.packed.contiguous().view({-1});
   at::Tensor out_flat = out.is_contiguous() ? out.view({-1}) : out;

@@ -59,12 +59,14 @@ at::Tensor Dequantize4bit(const Quantized4bit& q);
 at::Tensor Dequantize4bit(const Quantized4bit& q, at::ScalarType dtype);
 // Columns Dequantize4bitInto may write after each row of the weight, in the same launch: `zeros`
 // zero columns, then scale * values [rows, r] (float32, unit column stride), each product
-// rounded once to out's dtype (as at::mul_out into such a view would). The widened weight's
-// adapter columns [W | 0 | scale B] of worker/engine's LoRA-widened GEMMs.
+// rounded once to out's dtype (as at::mul_out into such a view would), then `trailing_zeros`
+// zero columns. The widened weight's adapter columns [W | 0 | scale B | 0] of worker/engine's
+// LoRA-widened GEMMs.
 struct ColumnsAfter {
   int64_t zeros = 0;
   at::Tensor values;
   double scale = 1.0;
+  int64_t trailing_zeros = 0;
 };
 
 // The same written into `out`: q.shape as [rows, cols] (rows = shape[0]) in a float dtype on

@@ -155,12 +155,13 @@ __device__ __forceinline__ void DecodeChunk(unsigned int word, float a, const fl
 }
 
 // The columns after each output row (ColumnsAfter), written by the blocks past the weight's:
-// element e of [rows, zeros + r] is 0 in the first `zeros` columns, then scale * values.
+// element e of [rows, zeros + r + trailing] is 0 in the first `zeros` columns, then
+// scale * values, then 0.
 struct AfterArgs {
   unsigned weight_blocks = 0;  // blocks before these
   const float* values = nullptr;
   int64_t values_stride = 0;
-  uint32_t zeros = 0, width = 0;  // width = zeros + r
+  uint32_t zeros = 0, r = 0, width = 0;  // width = zeros + r + trailing
   int64_t elements = 0;           // rows * width
   float scale = 1.0f;
 };
@@ -172,7 +173,7 @@ __device__ __forceinline__ void WriteAfterColumns(const AfterArgs& after, RowLay
   if (e >= after.elements) return;
   const uint32_t row = static_cast<uint32_t>(e) / after.width;
   const uint32_t col = static_cast<uint32_t>(e) - row * after.width;
-  const float v = col < after.zeros
+  const float v = col < after.zeros || col - after.zeros >= after.r
                       ? 0.0f
                       : __fmul_rn(after.values[int64_t{row} * after.values_stride + col -
                                                after.zeros],
@@ -348,7 +349,9 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
     after_args.values = after->values.const_data_ptr<float>();
     after_args.values_stride = after->values.stride(0);
     after_args.zeros = static_cast<uint32_t>(after->zeros);
-    after_args.width = static_cast<uint32_t>(after->zeros + after->values.size(1));
+    after_args.r = static_cast<uint32_t>(after->values.size(1));
+    after_args.width =
+        static_cast<uint32_t>(after->zeros + after->values.size(1) + after->trailing_zeros);
     after_args.elements = out.size(0) * int64_t{after_args.width};
     after_args.scale = static_cast<float>(after->scale);
   }

@@ -18,9 +18,10 @@
 // shape off ATen's choice; other shapes of the class run it where cuBLASLt accepts it for them
 // (cublasLtMatmulAlgoCheck), else ATen's call.
 //
-// Numerics: every candidate accumulates in float32 and none splits K (split-K sums K in parts
-// across blocks), so the chosen kernel sums in K order as cuBLAS's does; results may differ from
-// ATen's in the last bit where tile shapes differ. The choice is fixed per tuner: one process's
+// Numerics: every candidate accumulates in float32. None splits K (sums K in parts across
+// blocks) except for thin outputs (GemmTunerOptions::split_k_max_output_side), and there only
+// with the parts kept in float32 and added in a fixed order, as ATen's own pick for such shapes
+// does; results may differ from ATen's in the last bit where tile shapes differ. The choice is fixed per tuner: one process's
 // steps are reproducible, and a resumed process equal up to those last bits where it chose
 // otherwise.
 #pragma once
@@ -50,6 +51,11 @@ struct GemmTunerOptions {
   // timed at the GPU's power limit, where a training step keeps it (see Time in the .cc).
   double heat_ms = 50;
   int64_t workspace_bytes = 32 << 20;
+  // Outputs with a side at most this (the adapters' weight gradients dA = dh'^T x, [r, in] over
+  // K = the step's tokens) may take split-K candidates, float32 parts only (see Numerics): on
+  // a few dozen output tiles a kernel that does not split K reads x at a fraction of the memory
+  // bandwidth. 0: never split K.
+  int64_t split_k_max_output_side = 64;
   // Shape classes tuned at most; calls of further classes run ATen's GEMM.
   int64_t max_shapes = 256;
 };

@@ -2,6 +2,7 @@
 // issues them, every cuBLASLt candidate's time against ATen's own call (cuBLAS's pick).
 //   tuned_gemm_bench [tokens hidden intermediate kv_hidden [repetitions heat_ms [candidates [variants]]]]
 //   (default 8192 4096 11008 4096, and the tuner's timing_repetitions, heat_ms, candidates and variants)
+// Then the adapters' weight-gradient GEMMs (dA [r, in] over K = tokens: split-K may run them).
 // Prints, per GEMM, ATen's milliseconds and TFLOP/s, the fastest candidate's, and the top three,
 // as the tuner times them (GemmTunerOptions: `repetitions` runs per batch; ATen's GEMM first runs
 // back to back for `heat_ms`, 0 to time on a cool GPU).
@@ -66,6 +67,29 @@ int main(int argc, char** argv) {
                       timings[k].algorithm.c_str());
         }
       }
+    }
+  }
+  // The adapters' weight gradients dA = dh'^T x [r, in] over K = t tokens (r: q/k/v's three
+  // adapters side by side, gate/up's two, one), where split-K candidates come in (thin outputs).
+  for (const int64_t r : {16, 32, 48}) {
+    for (const int64_t in : {h, i}) {
+      const at::Tensor dha = at::randn({t, r}, opt), x = at::randn({t, in}, opt);
+      const at::Tensor out = at::empty({r, in}, opt);
+      const auto timings = tuner.TimeCandidates(out, dha.t(), x, 0.0);
+      if (timings.empty()) continue;
+      double aten = 0;
+      for (const auto& c : timings) {
+        if (c.algorithm == "aten") aten = c.milliseconds;
+      }
+      const auto& best = timings.front();
+      aten_total += aten;
+      best_total += best.milliseconds;
+      const double bytes = 2.0 * t * (in + r);
+      std::printf("dA r=%-3lld in=%-6lld aten %.3f ms %.0f GB/s  best %.3f ms %.0f GB/s (%+.1f%%) %s, "
+                  "%zu timed\n",
+                  static_cast<long long>(r), static_cast<long long>(in), aten, bytes / aten / 1e6,
+                  best.milliseconds, bytes / best.milliseconds / 1e6,
+                  100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
     }
   }
   std::printf("total: aten %.3f ms, best %.3f ms (%+.1f%%)\n", aten_total, best_total,

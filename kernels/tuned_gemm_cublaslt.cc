@@ -96,7 +96,9 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
          " stages=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) +
          " swizzle=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) +
          " custom=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)) +
-         " cluster=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) & 0xffff);
+         " cluster=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) & 0xffff) +
+         " splitk=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) +
+         " reduction=" + std::to_string(get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
 }
 
 int32_t SplitK(const cublasLtMatmulAlgo_t& algo) {
@@ -104,6 +106,14 @@ int32_t SplitK(const cublasLtMatmulAlgo_t& algo) {
   size_t written = 0;
   cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v, sizeof(v),
                                        &written);
+  return v;
+}
+
+uint32_t ReductionScheme(const cublasLtMatmulAlgo_t& algo) {
+  uint32_t v = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &v,
+                                       sizeof(v), &written);
   return v;
 }
 
@@ -156,7 +166,7 @@ class AlgorithmCache {
         Destroy(plan);
         return false;
       }
-      const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(plan);
+      const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(call, plan);
       Choice chosen;
       const int index = Choose(Time(call, plan, candidates, out));
       if (index >= 0) chosen.algorithm = candidates[index];
@@ -187,7 +197,7 @@ class AlgorithmCache {
     if (!Prepare(out, a, b, beta, &call)) return std::nullopt;
     std::lock_guard<std::mutex> lock(mu_);
     Plan plan = MakePlan(call);
-    const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(plan);
+    const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(call, plan);
     std::vector<GemmCandidateTiming> result;
     for (const Timing& t : Time(call, plan, candidates, out)) {
       result.push_back({t.index < 0 ? "aten" : Describe(candidates[t.index]), t.ms});
@@ -288,9 +298,20 @@ class AlgorithmCache {
     return plan;
   }
 
-  // cuBLASLt's heuristic candidates for the plan's shape, split-K ones left out, then (up to
+  // Whether a configuration may run the call: one that splits K only for a thin output (a side
+  // of at most options_.split_k_max_output_side: the adapters' weight gradients, [r, in] summed
+  // over all tokens, which kernels that do not split K run on a few dozen blocks) and only with
+  // its parts summed in float32 in the workspace (the compute type: no rounding to the output's
+  // dtype between parts), in a fixed order.
+  bool Admissible(const Call& c, const cublasLtMatmulAlgo_t& algo) const {
+    if (SplitK(algo) <= 1) return true;
+    return std::min(c.m, c.n) <= options_.split_k_max_output_side &&
+           ReductionScheme(algo) == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  }
+
+  // cuBLASLt's heuristic candidates for the plan's shape that are Admissible, then (up to
   // options_.variants) their variants (AppendVariants).
-  std::vector<cublasLtMatmulAlgo_t> Candidates(const Plan& plan) const {
+  std::vector<cublasLtMatmulAlgo_t> Candidates(const Call& c, const Plan& plan) const {
     cublasLtMatmulPreference_t pref = nullptr;
     Check(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const uint64_t ws = WorkspaceBytes();
@@ -305,10 +326,10 @@ class AlgorithmCache {
     std::vector<cublasLtMatmulAlgo_t> candidates;
     if (status != CUBLAS_STATUS_SUCCESS) return candidates;
     for (int i = 0; i < returned; ++i) {
-      if (results[i].state != CUBLAS_STATUS_SUCCESS || SplitK(results[i].algo) > 1) continue;
+      if (results[i].state != CUBLAS_STATUS_SUCCESS || !Admissible(c, results[i].algo)) continue;
       candidates.push_back(results[i].algo);
     }
-    if (options_.variants > 0) AppendVariants(plan, &candidates);
+    if (options_.variants > 0) AppendVariants(c, plan, &candidates);
     return candidates;
   }
 
@@ -316,7 +337,7 @@ class AlgorithmCache {
   // accepts for this shape (cuBLASLt's heuristic offers one custom option per tile, not always
   // the fastest: on an H200 another option of one of its tiles was 1-3 % faster for the 7B
   // projections, bench/results/2026-12-02-h200-round13-gemm.txt), new ones appended.
-  void AppendVariants(const Plan& plan, std::vector<cublasLtMatmulAlgo_t>* out) const {
+  void AppendVariants(const Call& c, const Plan& plan, std::vector<cublasLtMatmulAlgo_t>* out) const {
     const cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
     const size_t ws = WorkspaceBytes();
     const size_t limit = out->size() + static_cast<size_t>(options_.variants);
@@ -343,7 +364,7 @@ class AlgorithmCache {
           if (!seen.insert(ConfigOf(config)).second ||
               cublasLtMatmulAlgoCheck(handle, plan.desc, plan.x, plan.y, plan.d, plan.d, &config,
                                       &result) != CUBLAS_STATUS_SUCCESS ||
-              result.workspaceSize > ws || SplitK(config) > 1) {
+              result.workspaceSize > ws || !Admissible(c, config)) {
             continue;
           }
           out->push_back(config);

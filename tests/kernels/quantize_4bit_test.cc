@@ -3,6 +3,7 @@
 // storage and accuracy, and argument checking. Runs on the CPU implementation.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -194,16 +195,19 @@ TEST(KernelsQuantize4bit, DequantizeIntoWiderRowsEqualsTheDenseResult) {
   EXPECT_THROW(Dequantize4bitInto(q, at::empty({64, 8}).t()), c10::Error);   // column stride
 }
 
-// With columns after the rows (the widened weight [W | 0 | scale B] of the LoRA-widened GEMMs):
-// the weight as before, then the zeros and scale * values bit for bit as at::mul_out rounds
-// them into such a view, and nothing past them; in one launch on CUDA. Bad columns are named.
+// With columns after the rows (the widened weight [W | 0 | scale B | 0] of the LoRA-widened
+// GEMMs): the weight as before, then the zeros, scale * values bit for bit as at::mul_out rounds
+// them into such a view and the trailing zeros, and nothing past them; in one launch on CUDA.
+// Bad columns are named.
 TEST(KernelsQuantize4bit, DequantizeIntoWiderRowsWritesTheColumnsAfter) {
   std::vector<at::Device> devices = {at::kCPU};
   if (HasCudaKernels() && at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
   for (const at::Device& device : devices) {
-    for (const int64_t zeros : {int64_t{0}, int64_t{16}}) {
+    for (const auto [zeros, trailing] : {std::pair<int64_t, int64_t>{0, 0}, {16, 0}, {0, 24},
+                                         {16, 8}}) {
       for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
-        SCOPED_TRACE(testing::Message() << device << " zeros " << zeros << " " << dtype);
+        SCOPED_TRACE(testing::Message() << device << " zeros " << zeros << " trailing "
+                                        << trailing << " " << dtype);
         at::manual_seed(12);
         Quantize4bitOptions options;
         options.double_quant = true;
@@ -214,15 +218,17 @@ TEST(KernelsQuantize4bit, DequantizeIntoWiderRowsWritesTheColumnsAfter) {
                                   at::pow(10.0, at::randint(-6, 3, {rows, r}, at::device(device)));
         const double scale = 1.7;
         const at::Tensor wide = at::full({rows, cols + 64}, 7.0, at::dtype(dtype).device(device));
-        const ColumnsAfter after{zeros, values, scale};
+        const ColumnsAfter after{zeros, values, scale, trailing};
         Dequantize4bitInto(q, wide.narrow(1, 0, cols), &after);
         EXPECT_TRUE(at::equal(wide.narrow(1, 0, cols), Dequantize4bit(q, dtype)));
         EXPECT_TRUE(at::equal(wide.narrow(1, cols, zeros), at::zeros({rows, zeros}, wide.options())));
         at::Tensor expected = at::empty({rows, r}, wide.options());
         at::mul_out(expected, values, at::scalar_tensor(scale, at::kDouble));
         EXPECT_TRUE(at::equal(wide.narrow(1, cols + zeros, r), expected));
-        const int64_t rest = 64 - zeros - r;
-        EXPECT_TRUE(at::equal(wide.narrow(1, cols + zeros + r, rest),
+        EXPECT_TRUE(at::equal(wide.narrow(1, cols + zeros + r, trailing),
+                              at::zeros({rows, trailing}, wide.options())));
+        const int64_t rest = 64 - zeros - r - trailing;
+        EXPECT_TRUE(at::equal(wide.narrow(1, cols + zeros + r + trailing, rest),
                               at::full({rows, rest}, 7.0, wide.options())));
       }
     }
@@ -231,6 +237,10 @@ TEST(KernelsQuantize4bit, DequantizeIntoWiderRowsWritesTheColumnsAfter) {
   const at::Tensor wide = at::empty({8, 80});
   const ColumnsAfter too_wide{12, at::randn({8, 8}), 1.0};  // 64 + 20 > 80
   EXPECT_THROW(Dequantize4bitInto(q, wide.narrow(1, 0, 64), &too_wide), c10::Error);
+  const ColumnsAfter too_wide_trailing{0, at::randn({8, 8}), 1.0, 12};  // 64 + 20 > 80
+  EXPECT_THROW(Dequantize4bitInto(q, wide.narrow(1, 0, 64), &too_wide_trailing), c10::Error);
+  const ColumnsAfter negative_trailing{0, at::randn({8, 8}), 1.0, -1};
+  EXPECT_THROW(Dequantize4bitInto(q, wide.narrow(1, 0, 64), &negative_trailing), c10::Error);
   const ColumnsAfter wrong_rows{0, at::randn({7, 8}), 1.0};
   EXPECT_THROW(Dequantize4bitInto(q, wide.narrow(1, 0, 64), &wrong_rows), c10::Error);
   const ColumnsAfter wrong_dtype{0, at::randn({8, 8}).to(at::kDouble), 1.0};

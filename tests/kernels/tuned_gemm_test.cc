@@ -147,6 +147,46 @@ TEST_P(KernelsTunedGemmCuda, VariantsAddCandidatesAndFinalistsBoundTheLastRounds
   EXPECT_TRUE(at::allclose(out.to(at::kFloat), Reference(out, a, b, 0.0, 1.0), 1e-2, 0.5));
 }
 
+// A thin output over a long K (an adapter's weight gradient dA = dh'^T x, [16, 4096] over 8192
+// tokens) may take split-K candidates, each keeping its parts in float32 (cuBLASLt's reduction
+// scheme 2, the compute type); a wide output never, nor a thin one with split_k_max_output_side
+// 0. The tuned product is right and the same bits call after call.
+TEST_P(KernelsTunedGemmCuda, OnlyThinOutputsSplitKAndOnlyWithFloatParts) {
+  const int64_t r = 16, tokens = 8192, in = 4096;
+  const at::Tensor dha = at::randn({tokens, r}, Options()), x = at::randn({tokens, in}, Options());
+  at::Tensor da = at::empty({r, in}, Options());
+  auto split = [](const GemmCandidateTiming& c) {
+    return c.algorithm.find("splitk=1 ") == std::string::npos && c.algorithm != "aten";
+  };
+  GemmTunerOptions all;
+  all.finalists = 1000;
+  GemmTuner tuner(all);
+  int split_candidates = 0;
+  for (const GemmCandidateTiming& c : tuner.TimeCandidates(da, dha.t(), x, 0.0)) {
+    if (!split(c)) continue;
+    ++split_candidates;
+    EXPECT_NE(c.algorithm.find("reduction=2"), std::string::npos) << c.algorithm;
+  }
+  EXPECT_GT(split_candidates, 0) << "cuBLASLt offered no split-K kernel for a thin output";
+  GemmTunerOptions never = all;
+  never.split_k_max_output_side = 0;
+  for (const GemmCandidateTiming& c : GemmTuner(never).TimeCandidates(da, dha.t(), x, 0.0)) {
+    EXPECT_FALSE(split(c)) << c.algorithm;
+  }
+  const at::Tensor a = at::randn({2048, 2048}, Options()), b = at::randn({2048, 1024}, Options());
+  at::Tensor wide = at::empty({2048, 1024}, Options());
+  for (const GemmCandidateTiming& c : tuner.TimeCandidates(wide, a, b, 0.0)) {
+    EXPECT_FALSE(split(c)) << c.algorithm;
+  }
+  tuner.Addmm(da, dha.t(), x, 0.0);
+  at::Tensor again = at::empty({r, in}, Options());
+  tuner.Addmm(again, dha.t(), x, 0.0);
+  EXPECT_TRUE(at::equal(da, again));
+  const double tol = GetParam() == at::kBFloat16 ? 2.0 : 0.25;  // |values| ~ sqrt(8192) ~ 90
+  EXPECT_TRUE(at::allclose(da.to(at::kFloat), Reference(da, dha.t(), x, 0.0, 1.0), 1e-2, tol))
+      << (da.to(at::kFloat) - Reference(da, dha.t(), x, 0.0, 1.0)).abs().max().item<double>();
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, KernelsTunedGemmCuda,
                          ::testing::Values(at::kBFloat16, at::kHalf));
 

@@ -769,12 +769,13 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   for (const LinearLayer* layer : group) total += layer->base.out_features;
   const at::Tensor stacked =
       at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
-  stacked.narrow(1, in, rank_sum).zero_();  // each layer then writes its own adapter's columns
+  // Each layer's launch writes its rows' adapter columns whole, zeros around its own B.
   int64_t row = 0, offset = 0;
   for (size_t i = 0; i < group.size(); ++i) {
     const LinearLayer& layer = *group[i];
     const int64_t out = layer.base.out_features;
-    const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat), layer.lora->scale};
+    const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat), layer.lora->scale,
+                                        rank_sum - offset - b[i].size(1)};
     layer.base.MaterializeInto(stacked.narrow(0, row, out).narrow(1, 0, in), &adapter);
     row += out;
     offset += b[i].size(1);
