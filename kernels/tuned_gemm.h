@@ -11,10 +11,9 @@
 // tiles, which the heuristic does not offer; more than `finalists` are first timed once each and
 // the fastest go on) (each the median of three batches, taken in turns across the candidates
 // after the GPU has been heated to its power limit: what wins on a cool GPU is not always what
-// wins in a training step, ~20 % lower clocked; each run from a cold L2 cache, cold_l2) on
-// scratch memory taken from the driver, outside ATen's caching allocator (its peaks, which the
-// memory plan reads, do not move; where the driver has no memory left the class stays on
-// ATen's call). The fastest
+// wins in a training step, ~20 % lower clocked) on scratch memory taken from the
+// driver, outside ATen's caching allocator (its peaks, which the memory plan reads, do not
+// move; where the driver has no memory left the class stays on ATen's call). The fastest
 // candidate is kept only when it beats ATen's call by 1.5 %, so that timing noise rarely moves a
 // shape off ATen's choice; other shapes of the class run it where cuBLASLt accepts it for them
 // (cublasLtMatmulAlgoCheck), else ATen's call.
@@ -57,10 +56,6 @@ struct GemmTunerOptions {
   // a few dozen output tiles a kernel that does not split K reads x at a fraction of the memory
   // bandwidth. 0: never split K.
   int64_t split_k_max_output_side = 64;
-  // Times every run after writing over twice the L2 cache (the writes' own time taken off), as
-  // a training step's operands come from memory; without it the memory-bound thin shapes were
-  // timed from a warm cache and kept kernels on a few dozen blocks.
-  bool cold_l2 = true;
   // Shape classes tuned at most; calls of further classes run ATen's GEMM.
   int64_t max_shapes = 256;
 };

@@ -418,41 +418,14 @@ class AlgorithmCache {
     cudaEvent_t start, end;
     cudaEventCreate(&start);
     cudaEventCreate(&end);
-    // With cold_l2, a write over twice the L2 cache goes before every run, so that the operands
-    // come from memory as in a training step (they were written long before their GEMM); the
-    // batches of writes alone are timed in each round and taken off. Without it the thin,
-    // memory-bound shapes were timed from a warm cache, where kernels on a few dozen blocks
-    // look as fast as ones on all the SMs (the adapters' dA: 25 us timed, 52 us in the step).
-    void* flush = nullptr;
-    size_t flush_bytes = 0;
-    if (options_.cold_l2) {
-      int l2 = 0;
-      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, out.device().index());
-      flush_bytes = 2 * static_cast<size_t>(std::max(l2, 0));
-      if (flush_bytes == 0 || cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
-        cudaGetLastError();  // no memory for it: timed from whatever the cache holds
-        flush = nullptr;
-      }
-    }
-    auto batch_with_flush = [&](auto&& fn, int runs) {
+    auto batch = [&](auto&& fn, int runs) {
       cudaEventRecord(start, stream);
-      for (int i = 0; i < runs; ++i) {
-        if (flush != nullptr) cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream);
-        fn();
-      }
+      for (int i = 0; i < runs; ++i) fn();
       cudaEventRecord(end, stream);
       cudaEventSynchronize(end);
       float ms = 0;
       cudaEventElapsedTime(&ms, start, end);
       return static_cast<double>(ms);
-    };
-    double flush_ms = 0;  // the writes' share of a batch of `reps` runs, this round's
-    auto batch = [&](auto&& fn, int runs) {
-      const double ms = batch_with_flush(fn, runs);
-      return flush == nullptr ? ms : std::max(ms - flush_ms * runs / reps, 1e-6);
-    };
-    auto time_flush = [&] {
-      if (flush != nullptr) flush_ms = batch_with_flush([] {}, reps);
     };
     // The contenders: ATen's call (index -1), then the candidates that run this call.
     std::vector<std::pair<int, std::function<void()>>> contenders;
@@ -470,7 +443,6 @@ class AlgorithmCache {
     // and the fastest finalists for the three rounds that decide.
     const size_t finalists = static_cast<size_t>(std::max(options_.finalists, 1));
     if (contenders.size() > finalists + 1) {
-      time_flush();
       std::vector<std::pair<double, size_t>> first;
       for (size_t k = 1; k < contenders.size(); ++k) {
         first.emplace_back(batch(contenders[k].second, reps), k);
@@ -482,7 +454,6 @@ class AlgorithmCache {
     }
     std::vector<std::vector<double>> batches(contenders.size());
     for (int round = 0; round < 3; ++round) {
-      time_flush();
       for (size_t k = 0; k < contenders.size(); ++k) {
         batches[k].push_back(batch(contenders[k].second, reps) / reps);
       }
@@ -496,7 +467,6 @@ class AlgorithmCache {
     cudaEventDestroy(end);
     cudaStreamSynchronize(stream);
     cudaFree(memory);
-    if (flush != nullptr) cudaFree(flush);
     std::stable_sort(timings.begin(), timings.end(),
                      [](const Timing& l, const Timing& r) { return l.ms < r.ms; });
     return timings;
