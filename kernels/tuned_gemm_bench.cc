@@ -71,25 +71,38 @@ int main(int argc, char** argv) {
   }
   // The adapters' weight gradients dA = dh'^T x [r, in] over K = t tokens (r: q/k/v's three
   // adapters side by side, gate/up's two, one), where split-K candidates come in (thin outputs).
+  // dh' either contiguous or, as the step has it, in the spare columns after a gradient's rows
+  // (gate/up's packed gradients, row stride 22,080), and then x in rows with spare columns too
+  // (row stride in + 64: the widened GEMMs' inputs).
   for (const int64_t r : {16, 32, 48}) {
     for (const int64_t in : {h, i}) {
-      const at::Tensor dha = at::randn({t, r}, opt), x = at::randn({t, in}, opt);
-      const at::Tensor out = at::empty({r, in}, opt);
-      const auto timings = tuner.TimeCandidates(out, dha.t(), x, 0.0);
-      if (timings.empty()) continue;
-      double aten = 0;
-      for (const auto& c : timings) {
-        if (c.algorithm == "aten") aten = c.milliseconds;
+      for (const bool strided : {false, true}) {
+        const at::Tensor dha = strided ? at::randn({t, 22080}, opt).narrow(1, 22016, r)
+                                       : at::randn({t, r}, opt);
+        const at::Tensor x = strided ? at::randn({t, in + 64}, opt).narrow(1, 0, in)
+                                     : at::randn({t, in}, opt);
+        const at::Tensor out = at::empty({r, in}, opt);
+        const auto timings = tuner.TimeCandidates(out, dha.t(), x, 0.0);
+        if (timings.empty()) continue;
+        double aten = 0;
+        for (const auto& c : timings) {
+          if (c.algorithm == "aten") aten = c.milliseconds;
+        }
+        const auto& best = timings.front();
+        aten_total += aten;
+        best_total += best.milliseconds;
+        const double bytes = 2.0 * t * (in + r);
+        std::printf(
+            "dA r=%-3lld in=%-6lld %s aten %.3f ms %.0f GB/s  best %.3f ms %.0f GB/s (%+.1f%%) %s, "
+            "%zu timed\n",
+            static_cast<long long>(r), static_cast<long long>(in), strided ? "strided" : "packed ",
+            aten, bytes / aten / 1e6, best.milliseconds, bytes / best.milliseconds / 1e6,
+            100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
+        for (size_t k = 1; k < timings.size() && k < 4; ++k) {
+          std::printf("           %.3f ms %s\n", timings[k].milliseconds,
+                      timings[k].algorithm.c_str());
+        }
       }
-      const auto& best = timings.front();
-      aten_total += aten;
-      best_total += best.milliseconds;
-      const double bytes = 2.0 * t * (in + r);
-      std::printf("dA r=%-3lld in=%-6lld aten %.3f ms %.0f GB/s  best %.3f ms %.0f GB/s (%+.1f%%) %s, "
-                  "%zu timed\n",
-                  static_cast<long long>(r), static_cast<long long>(in), aten, bytes / aten / 1e6,
-                  best.milliseconds, bytes / best.milliseconds / 1e6,
-                  100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
     }
   }
   std::printf("total: aten %.3f ms, best %.3f ms (%+.1f%%)\n", aten_total, best_total,
