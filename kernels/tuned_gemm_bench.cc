@@ -15,6 +15,27 @@
 
 #include "kernels/tuned_gemm.h"
 
+namespace {
+
+using qlora::kernels::GemmCandidateTiming;
+
+// ATen's own call's time among a shape's timings (the tuner names it "aten").
+double AtenMilliseconds(const std::vector<GemmCandidateTiming>& timings) {
+  for (const GemmCandidateTiming& c : timings) {
+    if (c.algorithm == "aten") return c.milliseconds;
+  }
+  return 0;
+}
+
+// The second to fourth fastest, a line each under the row that named the fastest.
+void PrintRunnersUp(const std::vector<GemmCandidateTiming>& timings) {
+  for (size_t k = 1; k < timings.size() && k < 4; ++k) {
+    std::printf("           %.3f ms %s\n", timings[k].milliseconds, timings[k].algorithm.c_str());
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using qlora::kernels::GemmTuner;
   if (!at::hasCUDA()) {
@@ -50,10 +71,7 @@ int main(int argc, char** argv) {
         const auto timings = tuner.TimeCandidates(out, a, b, beta);
         if (timings.empty()) continue;
         const double flop = 2.0 * t * s.out * s.in;
-        double aten = 0;
-        for (const auto& c : timings) {
-          if (c.algorithm == "aten") aten = c.milliseconds;
-        }
+        const double aten = AtenMilliseconds(timings);
         const auto& best = timings.front();
         aten_total += aten;
         best_total += best.milliseconds;
@@ -62,10 +80,7 @@ int main(int argc, char** argv) {
                     s.name, backward ? "backward" : "forward", beta, aten, flop / aten / 1e9,
                     best.milliseconds, flop / best.milliseconds / 1e9,
                     100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
-        for (size_t k = 1; k < timings.size() && k < 4; ++k) {
-          std::printf("           %.3f ms %s\n", timings[k].milliseconds,
-                      timings[k].algorithm.c_str());
-        }
+        PrintRunnersUp(timings);
       }
     }
   }
@@ -84,10 +99,7 @@ int main(int argc, char** argv) {
         const at::Tensor out = at::empty({r, in}, opt);
         const auto timings = tuner.TimeCandidates(out, dha.t(), x, 0.0);
         if (timings.empty()) continue;
-        double aten = 0;
-        for (const auto& c : timings) {
-          if (c.algorithm == "aten") aten = c.milliseconds;
-        }
+        const double aten = AtenMilliseconds(timings);
         const auto& best = timings.front();
         aten_total += aten;
         best_total += best.milliseconds;
@@ -98,10 +110,7 @@ int main(int argc, char** argv) {
             static_cast<long long>(r), static_cast<long long>(in), strided ? "strided" : "packed ",
             aten, bytes / aten / 1e6, best.milliseconds, bytes / best.milliseconds / 1e6,
             100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
-        for (size_t k = 1; k < timings.size() && k < 4; ++k) {
-          std::printf("           %.3f ms %s\n", timings[k].milliseconds,
-                      timings[k].algorithm.c_str());
-        }
+        PrintRunnersUp(timings);
       }
     }
   }
