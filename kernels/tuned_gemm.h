@@ -21,9 +21,9 @@
 // Numerics: every candidate accumulates in float32. None splits K (sums K in parts across
 // blocks) except for thin outputs (GemmTunerOptions::split_k_max_output_side), and there only
 // with the parts kept in float32 and added in a fixed order, as ATen's own pick for such shapes
-// does; results may differ from ATen's in the last bit where tile shapes differ. The choice is fixed per tuner: one process's
-// steps are reproducible, and a resumed process equal up to those last bits where it chose
-// otherwise.
+// does; results may differ from ATen's in the last bit where tile shapes differ. The choice is
+// fixed per tuner: one process's steps are reproducible, and a resumed process equal up to
+// those last bits where it chose otherwise.
 #pragma once
 
 #include <cstdint>

@@ -337,7 +337,8 @@ class AlgorithmCache {
   // accepts for this shape (cuBLASLt's heuristic offers one custom option per tile, not always
   // the fastest: on an H200 another option of one of its tiles was 1-3 % faster for the 7B
   // projections, bench/results/2026-12-02-h200-round13-gemm.txt), new ones appended.
-  void AppendVariants(const Call& c, const Plan& plan, std::vector<cublasLtMatmulAlgo_t>* out) const {
+  void AppendVariants(const Call& c, const Plan& plan,
+                      std::vector<cublasLtMatmulAlgo_t>* out) const {
     const cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
     const size_t ws = WorkspaceBytes();
     const size_t limit = out->size() + static_cast<size_t>(options_.variants);

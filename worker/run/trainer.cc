@@ -33,8 +33,8 @@
 #include "worker/run/host_memory.h"
 #include "worker/run/rank_sums.h"
 #include "worker/run/run_options.h"
-#include "worker/strategy/scalar_read.h"
 #include "worker/run/training_observer.h"
+#include "worker/strategy/scalar_read.h"
 #ifdef QLORA_HAVE_NCCL
 #include "worker/comm/nccl_communicator.h"
 #endif
