@@ -97,8 +97,10 @@ measure=(--warmup "$warmup" --windows "$windows" --window-steps "$window_steps")
 finish() {  # the summary and the logs as they are now
   local attributions=()
   for f in "$work"/attribution-*.md; do [ -f "$f" ] && attributions+=("$f"); done
-  python3 "$root/bench/fair_summary.py" "$results" --parts "$parts_file" --attribution "${attributions[@]}" \
-    --header "$(date -u +%Y-%m-%d), $(head -1 "$OUT/gpus.txt" 2>/dev/null) x$ngpu, binaries of $(cat "$root/.device-bundle/commit" 2>/dev/null || echo '?')" \
+  local smi=()
+  [ -f "$OUT/smi.csv" ] && smi=(--smi "$OUT/smi.csv")
+  python3 "$root/bench/fair_summary.py" "$results" --parts "$parts_file" "${smi[@]}" \
+    --attribution "${attributions[@]}" --header "$(date -u +%Y-%m-%d), $(head -1 "$OUT/gpus.txt" 2>/dev/null) x$ngpu, binaries of $(cat "$root/.device-bundle/commit" 2>/dev/null || echo '?')" \
     > "$OUT/summary.md" 2> "$logs/fair_summary.err"
   local files=(logs parts.jsonl)
   for f in "$work"/attribution-*.md; do [ -f "$f" ] && files+=("$(basename "$f")"); done
@@ -129,11 +131,14 @@ run_part() {  # NAME ESTIMATE_S COMMAND...   (output to $logs/NAME.log; JSON lin
   local limit=$((estimate * 5 / 2 + 30))
   ((limit > left)) && limit=$left
   echo "== $name: start at $((SECONDS - t0))s (estimate ${estimate}s, limit ${limit}s)"
-  local start=$SECONDS
+  local start=$SECONDS started ended
+  # In nvidia-smi's own timestamp format (fair_summary.py finds each part's samples by them).
+  started=$(date '+%Y/%m/%d %H:%M:%S.%3N')
   # timeout signals its whole process group (the part's children too); functions run through bash.
   timeout -k 20 "$limit" bash -c '"$@"' part "$@" > "$logs/$name.log" 2>&1
   local rc=$?
   local took=$((SECONDS - start))
+  ended=$(date '+%Y/%m/%d %H:%M:%S.%3N')
   grep -E '^\{' "$logs/$name.log" | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -148,7 +153,7 @@ for line in sys.stdin:
   echo "== $name: exit status $rc in ${took}s (total $((SECONDS - t0))s)"
   local note=""
   ((rc == 124 || rc == 137)) && note="stopped at the time limit"
-  echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $took, \"note\": \"$note\"}" >> "$parts_file"
+  echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $took, \"note\": \"$note\", \"started\": \"$started\", \"ended\": \"$ended\"}" >> "$parts_file"
   reap
   finish
 }

@@ -2,9 +2,12 @@
 measurement, ours from bench/summarize.py and the anchors from anchor_hf.py/anchor_deepspeed.py,
 each tagged with the part that made it) and parts.jsonl (each part's time and exit status) ->
 a markdown report with one table of every setting, ours against the best anchor of the same
-setting, then the profile attributions. Standard library only.
+setting, then the profile attributions. With --smi (nvidia-smi's samples, run_on_gpu.sh
+SMI_LOG=1), the parts' table also gives the SM clock and the power each part held while it kept
+the GPUs busy: H200s hold different clocks at their power limit, and a rate compared across runs
+means little without it. Standard library only.
   python3 bench/fair_summary.py RESULTS.jsonl --parts PARTS.jsonl [--attribution A.md ...]
-      [--header TEXT] > summary.md
+      [--header TEXT] [--smi SMI.csv] > summary.md
 """
 import argparse
 import json
@@ -41,6 +44,42 @@ def read_jsonl(path):
                     except json.JSONDecodeError:
                         pass
     return out
+
+
+def smi_samples(path):
+    """nvidia-smi's samples as (timestamp, SM MHz, W, utilization %), from the CSV that
+    run_on_gpu.sh writes (index, timestamp, clocks.sm, power.draw, temperature, utilization, ...);
+    the timestamp as nvidia-smi prints it, YYYY/MM/DD HH:MM:SS.mmm, which orders as text."""
+    out = []
+    if not path or not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) < 6:
+                continue
+            try:
+                out.append((cols[1], float(cols[2].split()[0]), float(cols[3].split()[0]),
+                            float(cols[5].split()[0])))
+            except (ValueError, IndexError):
+                continue  # the header, or a sample nvidia-smi could not take
+    return out
+
+
+def median(values):
+    values = sorted(values)
+    n = len(values)
+    return None if n == 0 else (values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2)
+
+
+def busy_clock(samples, started, ended, busy_percent=90):
+    """The median SM clock (MHz) and power (W) of the samples between started and ended (the
+    part's own timestamps, in nvidia-smi's format) with the GPU more than busy_percent utilized
+    (loading and idle moments left out), and how many there were; None without any."""
+    inside = [s for s in samples if started <= s[0] <= ended and s[3] > busy_percent]
+    if not inside:
+        return None
+    return median([s[1] for s in inside]), median([s[2] for s in inside]), len(inside)
 
 
 def name_of(r):
@@ -194,6 +233,7 @@ def main():
     p.add_argument("--parts")
     p.add_argument("--attribution", nargs="*", default=[])
     p.add_argument("--header", default="")
+    p.add_argument("--smi")
     a = p.parse_args()
     results = read_jsonl(a.results)
     parts = read_jsonl(a.parts)
@@ -214,9 +254,22 @@ def main():
         out += [f"- {r.get('part')}: {name_of(r)}, mb {r.get('micro_batch')}: `{r['error']}`" for r in errors]
         out.append("")
     if parts:
-        out += ["| part | exit status | seconds | note |", "|---|---:|---:|---|"]
-        for q in parts:
-            out.append(f"| {q.get('part')} | {q.get('rc', '')} | {q.get('seconds', '')} | {q.get('note', '')} |")
+        samples = smi_samples(a.smi)
+        clocks = {id(q): busy_clock(samples, q["started"], q["ended"]) for q in parts
+                  if "started" in q and "ended" in q}
+        if any(clocks.values()):
+            out += ["| part | exit status | seconds | SM clock while busy (median) | power (median) | note |",
+                    "|---|---:|---:|---:|---:|---|"]
+            for q in parts:
+                c = clocks.get(id(q))
+                clock = f"{c[0]:,.0f} MHz ({c[2]} sample{'' if c[2] == 1 else 's'})" if c else ""
+                power = f"{c[1]:.0f} W" if c else ""
+                out.append(f"| {q.get('part')} | {q.get('rc', '')} | {q.get('seconds', '')} | {clock} | {power} | "
+                           f"{q.get('note', '')} |")
+        else:
+            out += ["| part | exit status | seconds | note |", "|---|---:|---:|---|"]
+            for q in parts:
+                out.append(f"| {q.get('part')} | {q.get('rc', '')} | {q.get('seconds', '')} | {q.get('note', '')} |")
         out.append("")
     versions = {}
     for r in results:

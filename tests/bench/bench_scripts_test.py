@@ -200,14 +200,23 @@ def events(ranks, steps, step_s, mb=4, seq=2048):
     return "\n".join(json.dumps(x) for x in lines) + "\n"
 
 
-def fair_summary(rows):
-    """bench/fair_summary.py's report for these results.jsonl rows."""
+def fair_summary(rows, parts=None, smi=None):
+    """bench/fair_summary.py's report for these results.jsonl rows (and parts.jsonl rows and
+    nvidia-smi CSV text, when given)."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "results.jsonl")
         with open(path, "w") as f:
             f.write("\n".join(json.dumps(r) for r in rows) + "\n")
-        return subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "fair_summary.py"), path],
-                              capture_output=True, text=True, check=True).stdout
+        args = [sys.executable, os.path.join(SOURCE, "bench", "fair_summary.py"), path]
+        if parts is not None:
+            args += ["--parts", os.path.join(d, "parts.jsonl")]
+            with open(args[-1], "w") as f:
+                f.write("\n".join(json.dumps(q) for q in parts) + "\n")
+        if smi is not None:
+            args += ["--smi", os.path.join(d, "smi.csv")]
+            with open(args[-1], "w") as f:
+                f.write(smi)
+        return subprocess.run(args, capture_output=True, text=True, check=True).stdout
 
 
 class SummarizeTest(unittest.TestCase):
@@ -314,6 +323,39 @@ class SummarizeTest(unittest.TestCase):
         self.assertIn("17 of 32 layers checkpointed", auto[0])
         self.assertTrue(auto[0].rstrip().endswith("| 1.40x |"), auto[0])
         self.assertIn("(checkpointing)", auto[1])
+
+    def test_fair_summary_gives_each_part_the_clock_it_held_while_busy(self):
+        # nvidia-smi's samples as run_on_gpu.sh writes them: per part, the median SM clock and
+        # power of the samples inside its times with the GPU busy (> 90 %); loading (idle) and
+        # other parts' samples do not count, a part with none is left blank.
+        smi = "\n".join([
+            "index, timestamp, clocks.current.sm [MHz], power.draw [W], temperature.gpu, utilization.gpu [%], "
+            "clocks_event_reasons.active",
+            "0, 2026/12/02 16:00:00.000, 1980 MHz, 90.00 W, 40, 0 %, 0x0000000000000001",
+            "0, 2026/12/02 16:00:01.000, 1515 MHz, 699.10 W, 60, 100 %, 0x0000000000000004",
+            "0, 2026/12/02 16:00:02.000, 1530 MHz, 700.20 W, 61, 100 %, 0x0000000000000004",
+            "0, 2026/12/02 16:00:03.000, 1545 MHz, 698.00 W, 62, 98 %, 0x0000000000000004",
+            "0, 2026/12/02 16:00:04.000, 1980 MHz, 120.00 W, 55, 3 %, 0x0000000000000001",
+            "0, 2026/12/02 16:00:05.000, 1590 MHz, 690.00 W, 63, 100 %, 0x0000000000000004",
+            "0, 2026/12/02 16:00:06.000, [N/A], [N/A], 63, 100 %, [N/A]",
+            "0, 2026/12/02 16:00:07.000, 1610",
+        ]) + "\n"
+        parts = [
+            {"part": "ours-mb4-nockpt", "rc": 0, "seconds": 5, "note": "",
+             "started": "2026/12/02 16:00:00.000", "ended": "2026/12/02 16:00:04.500"},
+            {"part": "liger", "rc": 0, "seconds": 3, "note": "",
+             "started": "2026/12/02 16:00:04.500", "ended": "2026/12/02 16:00:07.500"},
+            {"part": "attr-liger", "rc": 0, "seconds": 1, "note": "",
+             "started": "2026/12/02 16:00:08.000", "ended": "2026/12/02 16:00:09.000"},
+        ]
+        rows = [{"impl": "ours", "gpus": 1, "micro_batch": 4, "tokens_per_s": 19000.0, "part": "ours-mb4-nockpt"}]
+        out = fair_summary(rows, parts, smi)
+        self.assertIn("| ours-mb4-nockpt | 0 | 5 | 1,530 MHz (3 samples) | 699 W |", out)
+        self.assertIn("| liger | 0 | 3 | 1,590 MHz (1 sample) | 690 W |", out)
+        self.assertIn("| attr-liger | 0 | 1 |  |  |", out)
+        # Without samples (no SMI_LOG), the parts' table as before.
+        self.assertIn("| ours-mb4-nockpt | 0 | 5 |  |", fair_summary(rows, parts))
+        self.assertNotIn("SM clock", fair_summary(rows, parts))
 
     def test_fair_summary_keeps_models_and_row_lengths_apart(self):
         seven, slice70 = "/dev/shm/llama7b", "/dev/shm/llama70b-slice"
