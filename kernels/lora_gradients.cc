@@ -21,7 +21,8 @@ bool RowsOf16Bytes(const at::Tensor& t) {
 }  // namespace
 
 bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
-                           const at::Tensor& dha, const at::Tensor& db) {
+                           const at::Tensor& dha, const at::Tensor& db,
+                           const LoraGradientPairOptions& options) {
   if (!g.is_cuda() || !HasCudaKernels() || g.dim() != 2 || b.dim() != 2 || ha.dim() != 2) {
     return false;
   }
@@ -34,34 +35,80 @@ bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::T
     }
   }
   const int64_t rows = g.size(0), out = g.size(1), r = b.size(1);
-  return r % 16 == 0 && r >= 16 && r <= 64 && out % 8 == 0 && rows > 0 && b.size(0) == out &&
+  const int64_t max_rank = std::min<int64_t>(64, options.max_rank);
+  return r % 16 == 0 && r >= 16 && r <= max_rank && out % 8 == 0 && rows > 0 && b.size(0) == out &&
          ha.size(0) == rows && ha.size(1) == r && dha.size(0) == rows && dha.size(1) == r &&
          db.size(0) == out && db.size(1) == r && RowsOf16Bytes(g) && RowsOf16Bytes(ha);
 }
 
+namespace {
+
+void CheckShapes(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
+                 const at::Tensor& dha, const at::Tensor& db) {
+  TORCH_CHECK(g.dim() == 2 && b.dim() == 2 && ha.dim() == 2 && b.size(0) == g.size(1) &&
+                  ha.size(0) == g.size(0) && ha.size(1) == b.size(1),
+              "LoRA gradients: g [T, out], b [out, r] and ha [T, r] expected, got ", g.sizes(),
+              ", ", b.sizes(), " and ", ha.sizes());
+  TORCH_CHECK(dha.sizes() == ha.sizes() && db.sizes() == b.sizes(),
+              "LoRA gradients: dha must be ha's shape and db b's");
+}
+
+#ifdef QLORA_HAVE_CUDA
+// The kernel's operands. B is read in 16-byte pieces of whole rows: a view elsewhere (an
+// adapter copy's slice) gets a copy of its own, r * out values.
+cuda::PairOperands KernelOperands(const LoraGradientPairOperands& p) {
+  const bool readable = p.b.is_contiguous() && RowsOf16Bytes(p.b);
+  return {p.g,  readable ? p.b : p.b.clone(at::MemoryFormat::Contiguous), p.ha,
+          static_cast<float>(p.scale), p.dha, p.db};
+}
+#endif
+
+}  // namespace
+
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, double scale,
                       const at::Tensor& dha, const at::Tensor& db,
                       const LoraGradientPairOptions& options) {
-  TORCH_CHECK(g.dim() == 2 && b.dim() == 2 && ha.dim() == 2 && b.size(0) == g.size(1) &&
-                  ha.size(0) == g.size(0) && ha.size(1) == b.size(1),
-              "LoRA gradients: g [T, out], b [out, r] and ha [T, r] expected, got ", g.sizes(), ", ",
-              b.sizes(), " and ", ha.sizes());
-  TORCH_CHECK(dha.sizes() == ha.sizes() && db.sizes() == b.sizes(),
-              "LoRA gradients: dha must be ha's shape and db b's");
-  if (LoraGradientPairFused(g, b, ha, dha, db)) {
+  CheckShapes(g, b, ha, dha, db);
+  if (LoraGradientPairFused(g, b, ha, dha, db, options)) {
 #ifdef QLORA_HAVE_CUDA
-    // B is read in 16-byte pieces of whole rows: a view elsewhere (an adapter copy's slice)
-    // gets a copy of its own, r * out values.
-    const bool readable = b.is_contiguous() && RowsOf16Bytes(b);
-    cuda::LoraGradientPair(g, readable ? b : b.clone(at::MemoryFormat::Contiguous),
-                           ha, static_cast<float>(scale), dha, db,
-                           std::max(1, options.blocks_per_sm), options.tile_rows);
+    cuda::LoraGradientPairs({KernelOperands({g, b, ha, scale, dha, db})},
+                            std::max(1, options.blocks_per_sm), options.tile_rows);
     return;
 #endif
   }
   at::Tensor dha_out = dha, db_out = db;
   at::addmm_out(dha_out, dha, g, b, /*beta=*/0.0, scale);
   at::addmm_out(db_out, db, g.t(), ha, /*beta=*/0.0, scale);
+}
+
+bool LoraGradientPairsFused(const std::vector<LoraGradientPairOperands>& pairs,
+                            const LoraGradientPairOptions& options) {
+  if (pairs.size() < 2 || pairs.size() > static_cast<size_t>(kMaxLoraGradientPairs)) return false;
+  const LoraGradientPairOperands& first = pairs[0];
+  for (const LoraGradientPairOperands& p : pairs) {
+    if (!LoraGradientPairFused(p.g, p.b, p.ha, p.dha, p.db, options) ||
+        p.b.size(1) != first.b.size(1) || p.g.size(0) != first.g.size(0) ||
+        p.g.scalar_type() != first.g.scalar_type() || p.g.device() != first.g.device()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void LoraGradientPairs(const std::vector<LoraGradientPairOperands>& pairs,
+                       const LoraGradientPairOptions& options) {
+  for (const LoraGradientPairOperands& p : pairs) CheckShapes(p.g, p.b, p.ha, p.dha, p.db);
+  if (LoraGradientPairsFused(pairs, options)) {
+#ifdef QLORA_HAVE_CUDA
+    std::vector<cuda::PairOperands> operands;
+    for (const LoraGradientPairOperands& p : pairs) operands.push_back(KernelOperands(p));
+    cuda::LoraGradientPairs(operands, std::max(1, options.blocks_per_sm), options.tile_rows);
+    return;
+#endif
+  }
+  for (const LoraGradientPairOperands& p : pairs) {
+    LoraGradientPair(p.g, p.b, p.ha, p.scale, p.dha, p.db, options);
+  }
 }
 
 }  // namespace qlora::kernels

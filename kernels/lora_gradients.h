@@ -11,15 +11,11 @@
 // the oracle of tests/kernels/lora_gradients_test.cc.
 #pragma once
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 
 namespace qlora::kernels {
-
-// Whether LoraGradientPair runs the one-pass CUDA kernel for these tensors: CUDA, float16 or
-// bfloat16 throughout, r a multiple of 16 up to 64, out a multiple of 8, unit column strides,
-// row strides multiples of 8 values and 16-byte aligned rows for g and ha.
-bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
-                           const at::Tensor& dha, const at::Tensor& db);
 
 struct LoraGradientPairOptions {
   // The CUDA kernel's grid: about this many blocks an SM (more hide memory latency better, but
@@ -29,12 +25,46 @@ struct LoraGradientPairOptions {
   // r 16 and 32 only, others take 64) or 64 (x 128). On an H200 32 was 5-7 % faster at the 7B
   // shapes (bench/results/2026-12-02-h200-round14-notes.md).
   int tile_rows = 32;
+  // The kernel runs for ranks up to this (it takes 16, 32, 48 and 64); higher ranks get the two
+  // GEMMs.
+  int64_t max_rank = 64;
 };
+
+// Whether LoraGradientPair runs the one-pass CUDA kernel for these tensors: CUDA, float16 or
+// bfloat16 throughout, r a multiple of 16 up to options.max_rank (and 64), out a multiple of 8,
+// unit column strides, row strides multiples of 8 values and 16-byte aligned rows for g and ha.
+bool LoraGradientPairFused(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
+                           const at::Tensor& dha, const at::Tensor& db,
+                           const LoraGradientPairOptions& options = {});
 
 // Writes dha [T, r] and db [out, r] (g's dtype; either may be rows of a wider buffer) for
 // g [T, out], b [out, r], ha [T, r].
 void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, double scale,
                       const at::Tensor& dha, const at::Tensor& db,
                       const LoraGradientPairOptions& options = {});
+
+// One adapter's tensors for LoraGradientPairs, as LoraGradientPair takes them.
+struct LoraGradientPairOperands {
+  at::Tensor g, b, ha;
+  double scale = 1.0;
+  at::Tensor dha, db;
+};
+
+// The adapters LoraGradientPairs runs in one launch at most.
+inline constexpr int kMaxLoraGradientPairs = 4;
+
+// Whether LoraGradientPairs runs these adapters in one launch: 2 to kMaxLoraGradientPairs of
+// them, each LoraGradientPairFused, of one rank, one T and one dtype.
+bool LoraGradientPairsFused(const std::vector<LoraGradientPairOperands>& pairs,
+                            const LoraGradientPairOptions& options = {});
+
+// LoraGradientPair for each of a grouped layer's adapters (q/k/v, gate/up). Where
+// LoraGradientPairsFused, one launch over all of their column chunks (and one reduction): the
+// grid fills the GPU with fewer row chunks, so fewer partial dB sums are written and added, and
+// n - 1 launches of each kernel go. dh' has the bits of separate calls (its partial sums are
+// per column chunk); dB may differ from them in the last bit (grouped by other row chunks),
+// the same bits on every run.
+void LoraGradientPairs(const std::vector<LoraGradientPairOperands>& pairs,
+                       const LoraGradientPairOptions& options = {});
 
 }  // namespace qlora::kernels

@@ -2,12 +2,22 @@
 // LoraGradientPairFused accepts.
 #pragma once
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
+
+#include "kernels/lora_gradients.h"
 
 namespace qlora::kernels::cuda {
 
-void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm,
-                      int tile_rows);
+// One adapter's tensors: g [T, out], b [out, r] (contiguous), ha [T, r]; dha, db written.
+struct PairOperands {
+  at::Tensor g, b, ha;
+  float scale;
+  at::Tensor dha, db;
+};
+
+// 1 to kMaxLoraGradientPairs adapters of one rank and one T, in one launch of each kernel.
+void LoraGradientPairs(const std::vector<PairOperands>& pairs, int blocks_per_sm, int tile_rows);
 
 }  // namespace qlora::kernels::cuda

@@ -1,19 +1,23 @@
 // CUDA kernels of lora_gradients.h: both rank-r products from one read of g, then the sum of
 // their per-chunk partials.
 //
-//   LoraGradientPairKernel    one block per (row chunk, column chunk) of g, about two blocks an
-//                             SM; 16 KB tiles of g (64 x 128 or 32 x 256 values, with ha's rows)
-//                             stream through shared memory by cp.async, 3 stages deep; each of
-//                             the 8 warps takes a strip of the tile's rows for dh' and a slice of
-//                             its columns for dB, on the tensor cores (ldmatrix + mma.sync
-//                             m16n8k16, float32 sums in registers); a column chunk is 512 / 256 /
-//                             128 columns (r 16 / 32 / 48-64), so that dB's sums for all of it
-//                             stay in registers while the rows go by; per-chunk partial sums go to
+//   LoraGradientPairKernel    one block per (row chunk, column chunk) of g (the column chunks of
+//                             up to kMaxAdapters adapters' gradients side by side in the grid:
+//                             a grouped layer's in one launch), about two blocks an SM; 16 KB
+//                             tiles of g (64 x 128 or 32 x 256 values, with ha's rows) stream
+//                             through shared memory by cp.async, 3 stages deep; each of the 8
+//                             warps takes a strip of the tile's rows for dh' and a slice of its
+//                             columns for dB, on the tensor cores (ldmatrix + mma.sync m16n8k16,
+//                             float32 sums in registers); a column chunk is 512 / 256 / 128
+//                             columns (r 16 / 32 / 48-64), so that dB's sums for all of it stay
+//                             in registers while the rows go by; per-chunk partial sums go to
 //                             float32 workspaces.
 //   LoraGradientReduceKernel  adds each value's partials in chunk order (the same bits every
-//                             run), scales and rounds once, as a GEMM's epilogue does.
+//                             run), scales and rounds once, as a GEMM's epilogue does; one
+//                             slice of the grid an adapter.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -30,6 +34,7 @@ namespace {
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kTileValues = 8192;  // a tile of g: kRows x (8192 / kRows) values, 16 KB
+constexpr int kMaxAdapters = kMaxLoraGradientPairs;  // one launch's adapters
 constexpr int kStages = 3;
 
 // A tile's columns, and its rows' length in shared memory, padded so that ldmatrix's 8 rows
@@ -103,17 +108,27 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-struct PairArgs {
+// One adapter's operands in the pair kernel's grid: its column chunks are blockIdx.x
+// first_chunk .. the next adapter's first_chunk.
+struct AdapterArgs {
   const void* g;
   int64_t g_stride;
   const void* b;  // [cols, r], contiguous
   const void* ha;
   int64_t ha_stride;
-  int64_t rows, cols;
-  int chunk_rows;       // a multiple of the tile's rows
-  float* dha_partial;   // [column chunks][rows_padded][r]
-  float* db_partial;    // [row chunks][cols_padded][r]
-  int64_t rows_padded, cols_padded;
+  int64_t cols;
+  int first_chunk;
+  float* dha_partial;  // [column chunks][rows_padded][r]
+  float* db_partial;   // [row chunks][cols_padded][r]
+  int64_t cols_padded;
+};
+
+struct PairArgs {
+  AdapterArgs adapters[kMaxAdapters];
+  int count;
+  int64_t rows;
+  int chunk_rows;  // a multiple of the tile's rows
+  int64_t rows_padded;
 };
 
 template <int R, int kRows>
@@ -152,10 +167,17 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   T* b_chunk = ha_tiles + kStages * kRows * kRankLd;   // [kChunkCols][kRankLd]
   float* dha_parts = reinterpret_cast<float*>(b_chunk + kChunkCols * kRankLd);  // [parts-1][kRows][R]
 
-  const T* g = static_cast<const T*>(args.g);
-  const T* ha = static_cast<const T*>(args.ha);
-  const T* b = static_cast<const T*>(args.b);
-  const int64_t col0 = int64_t{blockIdx.x} * kChunkCols;
+  const int chunk = static_cast<int>(blockIdx.x);
+  AdapterArgs op = args.adapters[0];  // this block's adapter (constant indices: no local copy)
+#pragma unroll
+  for (int i = 1; i < kMaxAdapters; ++i) {
+    if (i < args.count && chunk >= args.adapters[i].first_chunk) op = args.adapters[i];
+  }
+  const T* g = static_cast<const T*>(op.g);
+  const T* ha = static_cast<const T*>(op.ha);
+  const T* b = static_cast<const T*>(op.b);
+  const int col_chunk = chunk - op.first_chunk;
+  const int64_t col0 = int64_t{col_chunk} * kChunkCols;
   const int64_t row0 = int64_t{blockIdx.y} * args.chunk_rows;
   const int row_tiles =
       static_cast<int>((min(args.rows - row0, int64_t{args.chunk_rows}) + kRows - 1) / kRows);
@@ -167,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   // B's rows of this chunk (zeros past the last column) join the first tile's copies.
   for (int p = threadIdx.x; p < kChunkCols * kPieces; p += kThreads) {
     const int row = p / kPieces, piece = p % kPieces;
-    const bool valid = col0 + row < args.cols;
+    const bool valid = col0 + row < op.cols;
     CopyAsync16(b_chunk + row * kRankLd + piece * 8,
                 valid ? b + (col0 + row) * R + piece * 8 : b, valid);
   }
@@ -182,15 +204,15 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
       const int p = threadIdx.x + i * kThreads;
       const int row = p / (kCols / 8), piece = p % (kCols / 8);
       const int64_t gr = r0 + row, gc = c0 + piece * 8;
-      const bool valid = gr < args.rows && gc < args.cols;
-      CopyAsync16(dst + row * kLd + piece * 8, valid ? g + gr * args.g_stride + gc : g, valid);
+      const bool valid = gr < args.rows && gc < op.cols;
+      CopyAsync16(dst + row * kLd + piece * 8, valid ? g + gr * op.g_stride + gc : g, valid);
     }
     T* ha_dst = ha_tiles + stage * kRows * kRankLd;
     for (int p = threadIdx.x; p < kRows * kPieces; p += kThreads) {
       const int row = p / kPieces, piece = p % kPieces;
       const bool valid = r0 + row < args.rows;
       CopyAsync16(ha_dst + row * kRankLd + piece * 8,
-                  valid ? ha + (r0 + row) * args.ha_stride + piece * 8 : ha, valid);
+                  valid ? ha + (r0 + row) * op.ha_stride + piece * 8 : ha, valid);
     }
   };
 #pragma unroll
@@ -261,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
     __syncthreads();
     if (part == 0) {
       float* out =
-          args.dha_partial + (int64_t{blockIdx.x} * args.rows_padded + row0 + row_tile * kRows) * R;
+          op.dha_partial + (int64_t{col_chunk} * args.rows_padded + row0 + row_tile * kRows) * R;
 #pragma unroll
       for (int n = 0; n < kBlocks; ++n) {
         float v[4] = {dha_sums[n][0], dha_sums[n][1], dha_sums[n][2], dha_sums[n][3]};
@@ -282,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   }
   WaitCopies<0>();
   // dB's partial sums of this row chunk, straight from the registers.
-  float* db_out = args.db_partial + (int64_t{blockIdx.y} * args.cols_padded + col0) * R;
+  float* db_out = op.db_partial + (int64_t{blockIdx.y} * op.cols_padded + col0) * R;
   const int c_lo = 2 * (lane % 4);
 #pragma unroll
   for (int ct = 0; ct < kColTiles; ++ct) {
@@ -300,15 +322,12 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   }
 }
 
-struct ReduceArgs {
+// One adapter's sums for LoraGradientReduceKernel.
+struct AdapterReduceArgs {
   const float* dha_partial;
   int col_chunks;
-  int64_t rows_padded;
   const float* db_partial;
-  int row_chunks;
-  int64_t cols_padded;
-  int64_t rows, cols;
-  int r;
+  int64_t cols, cols_padded;
   float scale;
   void* dha;
   int64_t dha_stride;
@@ -316,12 +335,24 @@ struct ReduceArgs {
   int64_t db_stride;
 };
 
+struct ReduceArgs {
+  AdapterReduceArgs adapters[kMaxAdapters];
+  int64_t rows, rows_padded;
+  int row_chunks;
+  int r;
+};
+
 // Each thread sums four consecutive values of a row (r is a multiple of 16), four chunks' loads
-// in flight at a time, added in chunk order.
+// in flight at a time, added in chunk order; blockIdx.y is the adapter.
 template <typename T>
 __global__ void LoraGradientReduceKernel(ReduceArgs args) {
+  AdapterReduceArgs op = args.adapters[0];  // constant indices: no local copy of the arguments
+#pragma unroll
+  for (int i = 1; i < kMaxAdapters; ++i) {
+    if (static_cast<int>(blockIdx.y) == i) op = args.adapters[i];
+  }
   const int quads = args.r / 4;
-  const int64_t dha_quads = args.rows * quads, total = dha_quads + args.cols * quads;
+  const int64_t dha_quads = args.rows * quads, total = dha_quads + op.cols * quads;
   for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const bool is_dha = e < dha_quads;
@@ -329,10 +360,10 @@ __global__ void LoraGradientReduceKernel(ReduceArgs args) {
     const int64_t row = i / quads;
     const int quad = static_cast<int>(i - row * quads);
     const float4* partial =
-        reinterpret_cast<const float4*>(is_dha ? args.dha_partial : args.db_partial) +
+        reinterpret_cast<const float4*>(is_dha ? op.dha_partial : op.db_partial) +
         row * quads + quad;
-    const int64_t step = (is_dha ? args.rows_padded : args.cols_padded) * quads;
-    const int chunks = is_dha ? args.col_chunks : args.row_chunks;
+    const int64_t step = (is_dha ? args.rows_padded : op.cols_padded) * quads;
+    const int chunks = is_dha ? op.col_chunks : args.row_chunks;
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     auto add = [&](const float4& v) {
       sum[0] += v.x, sum[1] += v.y, sum[2] += v.z, sum[3] += v.w;
@@ -344,35 +375,60 @@ __global__ void LoraGradientReduceKernel(ReduceArgs args) {
       add(v0), add(v1), add(v2), add(v3);
     }
     for (; c < chunks; ++c) add(partial[c * step]);
-    T* out = static_cast<T*>(is_dha ? args.dha : args.db) +
-             row * (is_dha ? args.dha_stride : args.db_stride) + quad * 4;
+    T* out = static_cast<T*>(is_dha ? op.dha : op.db) +
+             row * (is_dha ? op.dha_stride : op.db_stride) + quad * 4;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = T(__fmul_rn(sum[k], args.scale));
+    for (int k = 0; k < 4; ++k) out[k] = T(__fmul_rn(sum[k], op.scale));
   }
 }
 
-// The pair kernel at rank R with tiles of kRows rows, then the reduction, on the current stream:
-// chunks of ChunkCols(R) columns by as many rows as make about blocks_per_sm blocks an SM.
+// The pair kernel at rank R with tiles of kRows rows over every adapter's column chunks, then
+// the reduction, on the current stream: chunks of ChunkCols(R) columns by as many rows as make
+// about blocks_per_sm blocks an SM.
 template <typename T, int R, int kRows>
-void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-            const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm) {
-  const c10::cuda::CUDAGuard guard(g.device());
+void Launch(const std::vector<PairOperands>& pairs, int blocks_per_sm) {
+  const at::Tensor& first = pairs[0].g;
+  const c10::cuda::CUDAGuard guard(first.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const int64_t rows = g.size(0), cols = g.size(1);
+  const int64_t rows = first.size(0);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t chunk_cols = ChunkCols(R), col_chunks = CeilDiv(cols, chunk_cols);
+  const int64_t chunk_cols = ChunkCols(R);
+  int64_t col_chunks = 0, reduce_values = 0;
+  for (const PairOperands& p : pairs) {
+    col_chunks += CeilDiv(p.g.size(1), chunk_cols);
+    reduce_values = std::max(reduce_values, (rows + p.g.size(1)) * R);
+  }
   const int64_t wanted = std::max<int64_t>(1, CeilDiv(int64_t{sms} * blocks_per_sm, col_chunks));
   const int64_t chunk_rows = CeilDiv(CeilDiv(rows, wanted), kRows) * kRows;
   const int64_t row_chunks = CeilDiv(rows, chunk_rows);
   TORCH_CHECK(row_chunks < 65536 && col_chunks < (int64_t{1} << 31),
               "LoRA gradients kernel: g is too large");
-  const auto floats = g.options().dtype(at::kFloat);
-  const at::Tensor dha_partial = at::empty({col_chunks, row_chunks * chunk_rows, R}, floats);
-  const at::Tensor db_partial = at::empty({row_chunks, col_chunks * chunk_cols, R}, floats);
-  const PairArgs args{g.const_data_ptr(), g.stride(0), b.const_data_ptr(), ha.const_data_ptr(),
-                      ha.stride(0), rows, cols, static_cast<int>(chunk_rows),
-                      dha_partial.mutable_data_ptr<float>(), db_partial.mutable_data_ptr<float>(),
-                      row_chunks * chunk_rows, col_chunks * chunk_cols};
+  const auto floats = first.options().dtype(at::kFloat);
+  PairArgs args{};
+  ReduceArgs reduce{};
+  std::vector<at::Tensor> workspaces;  // the partial sums, alive until both kernels are queued
+  int chunk = 0;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const PairOperands& p = pairs[i];
+    const int64_t cols = p.g.size(1), chunks = CeilDiv(cols, chunk_cols);
+    const at::Tensor dha_partial = at::empty({chunks, row_chunks * chunk_rows, R}, floats);
+    const at::Tensor db_partial = at::empty({row_chunks, chunks * chunk_cols, R}, floats);
+    workspaces.push_back(dha_partial);
+    workspaces.push_back(db_partial);
+    args.adapters[i] = AdapterArgs{p.g.const_data_ptr(), p.g.stride(0), p.b.const_data_ptr(),
+                                   p.ha.const_data_ptr(), p.ha.stride(0), cols, chunk,
+                                   dha_partial.mutable_data_ptr<float>(),
+                                   db_partial.mutable_data_ptr<float>(), chunks * chunk_cols};
+    reduce.adapters[i] = AdapterReduceArgs{
+        dha_partial.const_data_ptr<float>(), static_cast<int>(chunks),
+        db_partial.const_data_ptr<float>(), cols, chunks * chunk_cols, p.scale, p.dha.data_ptr(),
+        p.dha.stride(0), p.db.data_ptr(), p.db.stride(0)};
+    chunk += static_cast<int>(chunks);
+  }
+  args.count = static_cast<int>(pairs.size());
+  args.rows = rows;
+  args.chunk_rows = static_cast<int>(chunk_rows);
+  args.rows_padded = row_chunks * chunk_rows;
   auto kernel = LoraGradientPairKernel<T, R, kRows>;
   const size_t shared = SharedBytes<R, kRows>();
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -380,42 +436,44 @@ void Launch(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, floa
   kernel<<<dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)), kThreads,
            shared, stream>>>(args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const ReduceArgs reduce{dha_partial.const_data_ptr<float>(), static_cast<int>(col_chunks),
-                          row_chunks * chunk_rows, db_partial.const_data_ptr<float>(),
-                          static_cast<int>(row_chunks), col_chunks * chunk_cols, rows, cols, R,
-                          scale, dha.data_ptr(), dha.stride(0), db.data_ptr(), db.stride(0)};
+  reduce.rows = rows;
+  reduce.rows_padded = row_chunks * chunk_rows;
+  reduce.row_chunks = static_cast<int>(row_chunks);
+  reduce.r = R;
   const unsigned reduce_blocks = static_cast<unsigned>(
-      std::min<int64_t>(CeilDiv((rows + cols) * R / 4, kThreads), int64_t{sms} * 16));
-  LoraGradientReduceKernel<T><<<reduce_blocks, kThreads, 0, stream>>>(reduce);
+      std::min<int64_t>(CeilDiv(reduce_values / 4, kThreads), int64_t{sms} * 16));
+  LoraGradientReduceKernel<T>
+      <<<dim3(reduce_blocks, static_cast<unsigned>(pairs.size())), kThreads, 0, stream>>>(reduce);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename T>
-void LaunchOfRank(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                  const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm, int tile_rows) {
+void LaunchOfRank(const std::vector<PairOperands>& pairs, int blocks_per_sm, int tile_rows) {
   const bool short_tiles = tile_rows == 32;  // ranks 16 and 32 only: dB's sums would not fit
-  switch (b.size(1)) {
+  switch (pairs[0].b.size(1)) {
     case 16:
-      if (short_tiles) return Launch<T, 16, 32>(g, b, ha, scale, dha, db, blocks_per_sm);
-      return Launch<T, 16, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
+      if (short_tiles) return Launch<T, 16, 32>(pairs, blocks_per_sm);
+      return Launch<T, 16, 64>(pairs, blocks_per_sm);
     case 32:
-      if (short_tiles) return Launch<T, 32, 32>(g, b, ha, scale, dha, db, blocks_per_sm);
-      return Launch<T, 32, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 48: return Launch<T, 48, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
-    case 64: return Launch<T, 64, 64>(g, b, ha, scale, dha, db, blocks_per_sm);
-    default: TORCH_CHECK(false, "LoRA gradients kernel: rank ", b.size(1), " is not 16, 32, 48 or 64");
+      if (short_tiles) return Launch<T, 32, 32>(pairs, blocks_per_sm);
+      return Launch<T, 32, 64>(pairs, blocks_per_sm);
+    case 48: return Launch<T, 48, 64>(pairs, blocks_per_sm);
+    case 64: return Launch<T, 64, 64>(pairs, blocks_per_sm);
+    default:
+      TORCH_CHECK(false, "LoRA gradients kernel: rank ", pairs[0].b.size(1),
+                  " is not 16, 32, 48 or 64");
   }
 }
 
 }  // namespace
 
-void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha, float scale,
-                      const at::Tensor& dha, const at::Tensor& db, int blocks_per_sm,
-                      int tile_rows) {
-  if (g.scalar_type() == at::kBFloat16) {
-    LaunchOfRank<c10::BFloat16>(g, b, ha, scale, dha, db, blocks_per_sm, tile_rows);
+void LoraGradientPairs(const std::vector<PairOperands>& pairs, int blocks_per_sm, int tile_rows) {
+  TORCH_CHECK(!pairs.empty() && pairs.size() <= static_cast<size_t>(kMaxAdapters),
+              "LoRA gradients kernel: 1 to ", kMaxAdapters, " adapters a launch");
+  if (pairs[0].g.scalar_type() == at::kBFloat16) {
+    LaunchOfRank<c10::BFloat16>(pairs, blocks_per_sm, tile_rows);
   } else {
-    LaunchOfRank<c10::Half>(g, b, ha, scale, dha, db, blocks_per_sm, tile_rows);
+    LaunchOfRank<c10::Half>(pairs, blocks_per_sm, tile_rows);
   }
 }
 

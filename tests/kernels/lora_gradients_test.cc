@@ -3,7 +3,7 @@
 // 16-bit dtypes, every rank the kernel takes, the 7B layer's shapes and shapes with partial
 // tiles, at every grid and tile shape the options offer; operands and outputs that are rows
 // of wider buffers (the engine's grouped layers); the same bits on every run; and which tensors
-// the kernel takes.
+// the kernel takes, by default and with every rank allowed.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -30,6 +30,16 @@ Operands Make(const Shape& s, at::ScalarType dtype, const at::Device& device, ui
     return (at::randn(shape, gen) * scale).to(dtype).to(device);
   };
   return {make({s.rows, s.out}, 1e-3), make({s.out, s.r}, 0.05), make({s.rows, s.r}, 2.0)};
+}
+
+// Options that let the kernel take every rank it can, so that the tests below run it where the
+// default sends higher ranks to the GEMMs.
+LoraGradientPairOptions EveryRank(int blocks_per_sm = 2, int tile_rows = 32) {
+  LoraGradientPairOptions options;
+  options.blocks_per_sm = blocks_per_sm;
+  options.tile_rows = tile_rows;
+  options.max_rank = 64;
+  return options;
 }
 
 // The outputs' distance from the float32 formula, in units of the tolerance (<= 1 passes): a
@@ -62,8 +72,8 @@ TEST(KernelsLoraGradients, PairEqualsTheFloat32Formula) {
         const Operands x = Make(s, dtype, device, s.rows * 7 + s.out);
         const at::Tensor dha = at::empty({s.rows, s.r}, x.g.options());
         const at::Tensor db = at::empty({s.out, s.r}, x.g.options());
-        EXPECT_EQ(LoraGradientPairFused(x.g, x.b, x.ha, dha, db), device.is_cuda());
-        LoraGradientPair(x.g, x.b, x.ha, scale, dha, db);
+        EXPECT_EQ(LoraGradientPairFused(x.g, x.b, x.ha, dha, db, EveryRank()), device.is_cuda());
+        LoraGradientPair(x.g, x.b, x.ha, scale, dha, db, EveryRank());
         const at::Tensor g = x.g.to(at::kFloat);
         EXPECT_LE(ToleranceUnits(dha, at::mm(g, x.b.to(at::kFloat)) * scale, dtype), 1.0);
         EXPECT_LE(ToleranceUnits(db, at::mm(g.t(), x.ha.to(at::kFloat)) * scale, dtype), 1.0);
@@ -80,8 +90,7 @@ TEST(KernelsLoraGradients, EveryGridAndTileShapeGivesTheFormula) {
       const at::Tensor want_dha = at::mm(g, x.b.to(at::kFloat)) * 0.5;
       const at::Tensor want_db = at::mm(g.t(), x.ha.to(at::kFloat)) * 0.5;
       for (const LoraGradientPairOptions options :
-           {LoraGradientPairOptions{1, 64}, LoraGradientPairOptions{2, 32},
-            LoraGradientPairOptions{3, 64}, LoraGradientPairOptions{1, 32}}) {
+           {EveryRank(1, 64), EveryRank(2, 32), EveryRank(3, 64), EveryRank(1, 32)}) {
         SCOPED_TRACE(testing::Message() << device << " rows " << s.rows << " out " << s.out
                                         << " r " << s.r << ", " << options.blocks_per_sm
                                         << " blocks an SM, " << options.tile_rows << "-row tiles");
@@ -123,6 +132,72 @@ TEST(KernelsLoraGradients, RowsOfWiderBuffersGiveTheSameBitsAndLeaveTheRestAlone
     EXPECT_TRUE((dha_rows.narrow(1, 2 * s.r, s.r) == 7).all().item<bool>());
     EXPECT_TRUE((flat.narrow(0, 0, s.r) == 7).all().item<bool>());
     EXPECT_TRUE((flat.narrow(0, (s.out + 1) * s.r, s.r) == 7).all().item<bool>());
+  }
+}
+
+// A grouped layer's adapters (their gradients side by side in one buffer's rows, ha and dh' in
+// slices of one [T, sum of r]) in one launch: dh' with the bits of one call each, dB the float32
+// formula, both the same bits on a second run; adapters of different ranks go one by one.
+TEST(KernelsLoraGradients, GroupedAdaptersInOneLaunch) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const Shape& s : {Shape{1000, 11008, 16}, Shape{4100, 4096, 32}, Shape{300, 136, 16}}) {
+      SCOPED_TRACE(testing::Message() << device << " rows " << s.rows << " out " << s.out
+                                      << " r " << s.r);
+      const int n = 3;
+      const Operands x = Make({s.rows, n * s.out, s.r}, at::kBFloat16, device, s.rows + 3);
+      const at::Tensor g_rows = at::zeros({s.rows, n * s.out + 64}, x.g.options());
+      g_rows.narrow(1, 0, n * s.out).copy_(x.g);
+      const Operands h = Make({s.rows, s.out, n * s.r}, at::kBFloat16, device, s.rows + 4);
+      auto run = [&] {
+        const at::Tensor dha = at::empty({s.rows, n * s.r}, x.g.options());
+        std::vector<at::Tensor> db;
+        std::vector<LoraGradientPairOperands> pairs;
+        for (int i = 0; i < n; ++i) {
+          db.push_back(at::empty({s.out, s.r}, x.g.options()));
+          pairs.push_back({g_rows.narrow(1, i * s.out, s.out), x.b.narrow(0, i * s.out, s.out),
+                           h.ha.narrow(1, i * s.r, s.r), 0.5 + i, dha.narrow(1, i * s.r, s.r),
+                           db.back()});
+        }
+        EXPECT_EQ(LoraGradientPairsFused(pairs), device.is_cuda());
+        LoraGradientPairs(pairs);
+        db.push_back(dha);
+        return db;
+      };
+      const std::vector<at::Tensor> first = run(), second = run();
+      for (int i = 0; i < n; ++i) {
+        SCOPED_TRACE(testing::Message() << "adapter " << i);
+        const at::Tensor g = x.g.narrow(1, i * s.out, s.out), b = x.b.narrow(0, i * s.out, s.out);
+        const at::Tensor ha = h.ha.narrow(1, i * s.r, s.r).contiguous();
+        const at::Tensor dha = first[n].narrow(1, i * s.r, s.r);
+        const at::Tensor alone_dha = at::empty({s.rows, s.r}, x.g.options());
+        const at::Tensor alone_db = at::empty({s.out, s.r}, x.g.options());
+        LoraGradientPair(g.contiguous(), b.contiguous(), ha, 0.5 + i, alone_dha, alone_db);
+        EXPECT_TRUE(at::equal(dha, alone_dha));
+        const at::Tensor g32 = g.to(at::kFloat);
+        EXPECT_LE(ToleranceUnits(first[i], at::mm(g32.t(), ha.to(at::kFloat)) * (0.5 + i),
+                                 at::kBFloat16),
+                  1.0);
+        EXPECT_TRUE(at::equal(first[i], second[i]));
+      }
+      EXPECT_TRUE(at::equal(first[n], second[n]));
+    }
+    // Different ranks: one call each, the same results as separate calls.
+    const Operands x = Make({256, 256, 16}, at::kBFloat16, device, 9);
+    const Operands y = Make({256, 256, 32}, at::kBFloat16, device, 10);
+    const at::TensorOptions options = x.g.options();
+    const at::Tensor dha_x = at::empty({256, 16}, options), db_x = at::empty({256, 16}, options);
+    const at::Tensor dha_y = at::empty({256, 32}, options), db_y = at::empty({256, 32}, options);
+    const std::vector<LoraGradientPairOperands> mixed = {{x.g, x.b, x.ha, 1.0, dha_x, db_x},
+                                                         {y.g, y.b, y.ha, 1.0, dha_y, db_y}};
+    EXPECT_FALSE(LoraGradientPairsFused(mixed));
+    LoraGradientPairs(mixed);
+    const at::Tensor want_x = at::empty_like(dha_x), want_y = at::empty_like(dha_y);
+    const at::Tensor want_db_y = at::empty_like(db_y);
+    LoraGradientPair(x.g, x.b, x.ha, 1.0, want_x, at::empty_like(db_x));
+    LoraGradientPair(y.g, y.b, y.ha, 1.0, want_y, want_db_y);
+    EXPECT_TRUE(at::equal(dha_x, want_x));
+    EXPECT_TRUE(at::equal(dha_y, want_y));
+    EXPECT_TRUE(at::equal(db_y, want_db_y));
   }
 }
 

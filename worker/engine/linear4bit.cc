@@ -337,6 +337,20 @@ void LoraGradientPair(kernels::GemmTuner* gemm, const at::Tensor& g, const at::T
   Addmm(gemm, db, g.t(), ha, /*beta=*/0.0, scale);
 }
 
+// LoraGradientPair for each of a grouped layer's adapters: one launch for all where the kernel
+// takes them together (kernels::LoraGradientPairsFused).
+void LoraGradientPairs(kernels::GemmTuner* gemm,
+                       const std::vector<kernels::LoraGradientPairOperands>& pairs) {
+  if (kernels::LoraGradientPairsFused(pairs)) {
+    RECORD_USER_SCOPE(kLoraRange);
+    kernels::LoraGradientPairs(pairs);
+    return;
+  }
+  for (const kernels::LoraGradientPairOperands& p : pairs) {
+    LoraGradientPair(gemm, p.g, p.b, p.ha, p.scale, p.dha, p.db);
+  }
+}
+
 struct LoraGradients {
   at::Tensor dha;      // dh' [T, r]
   at::Tensor lora_in;  // dh' A [T, in]: the adapters' part of the input gradient
@@ -672,12 +686,14 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   std::vector<std::vector<int64_t>> shapes = {{rank_sum, x.size(1)}};
   for (size_t i = 0; i < n; ++i) shapes.push_back(b[i].sizes().vec());
   const AdapterGradients adapter_grads(shapes, x.options());
+  std::vector<kernels::LoraGradientPairOperands> pairs;
   int64_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
-    LoraGradientPair(gemm, g[i], InDtype(copies, b[i], dtype), ha.narrow(1, offset, ranks[i]),
-                     scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i));
+    pairs.push_back({g[i], InDtype(copies, b[i], dtype), ha.narrow(1, offset, ranks[i]),
+                     scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i)});
     offset += ranks[i];
   }
+  LoraGradientPairs(gemm, pairs);
   LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
   const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
   const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
