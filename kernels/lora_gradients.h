@@ -26,8 +26,10 @@ struct LoraGradientPairOptions {
   // shapes (bench/results/2026-12-02-h200-round14-notes.md).
   int tile_rows = 32;
   // The kernel runs for ranks up to this (it takes 16, 32, 48 and 64); higher ranks get the two
-  // GEMMs.
-  int64_t max_rank = 64;
+  // GEMMs. Its work per byte of g grows with r and it does not keep up: on an H200 at the 7B
+  // shapes it is 1.25-1.38x the GEMMs' speed at r 16 but 0.67-0.85x at 32, 0.56-0.60x at 48 and
+  // 0.39-0.40x at 64 (bench/results/2026-12-03-h200-round19-lora-grads.txt).
+  int64_t max_rank = 16;
 };
 
 // Whether LoraGradientPair runs the one-pass CUDA kernel for these tensors: CUDA, float16 or

@@ -158,8 +158,8 @@ TEST(KernelsLoraGradients, GroupedAdaptersInOneLaunch) {
                            h.ha.narrow(1, i * s.r, s.r), 0.5 + i, dha.narrow(1, i * s.r, s.r),
                            db.back()});
         }
-        EXPECT_EQ(LoraGradientPairsFused(pairs), device.is_cuda());
-        LoraGradientPairs(pairs);
+        EXPECT_EQ(LoraGradientPairsFused(pairs, EveryRank()), device.is_cuda());
+        LoraGradientPairs(pairs, EveryRank());
         db.push_back(dha);
         return db;
       };
@@ -171,7 +171,8 @@ TEST(KernelsLoraGradients, GroupedAdaptersInOneLaunch) {
         const at::Tensor dha = first[n].narrow(1, i * s.r, s.r);
         const at::Tensor alone_dha = at::empty({s.rows, s.r}, x.g.options());
         const at::Tensor alone_db = at::empty({s.out, s.r}, x.g.options());
-        LoraGradientPair(g.contiguous(), b.contiguous(), ha, 0.5 + i, alone_dha, alone_db);
+        LoraGradientPair(g.contiguous(), b.contiguous(), ha, 0.5 + i, alone_dha, alone_db,
+                         EveryRank());
         EXPECT_TRUE(at::equal(dha, alone_dha));
         const at::Tensor g32 = g.to(at::kFloat);
         EXPECT_LE(ToleranceUnits(first[i], at::mm(g32.t(), ha.to(at::kFloat)) * (0.5 + i),
@@ -221,19 +222,21 @@ TEST(KernelsLoraGradients, SameBitsOnEveryRun) {
 TEST(KernelsLoraGradients, TheKernelTakesOnlyWhatItCanRead) {
   for (const at::Device& device : KernelTestDevices()) {
     SCOPED_TRACE(testing::Message() << device);
-    auto fused = [&](Shape s, at::ScalarType dtype, int64_t g_offset = 0) {
+    auto fused = [&](Shape s, at::ScalarType dtype, int64_t g_offset = 0,
+                     const LoraGradientPairOptions& kernel_options = {}) {
       const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
       const at::Tensor g = at::zeros({s.rows, s.out + 8}, options).narrow(1, g_offset, s.out);
       return LoraGradientPairFused(g, at::zeros({s.out, s.r}, options),
                                    at::zeros({s.rows, s.r}, options),
                                    at::empty({s.rows, s.r}, options),
-                                   at::empty({s.out, s.r}, options));
+                                   at::empty({s.out, s.r}, options), kernel_options);
     };
     const bool cuda = device.is_cuda();
     EXPECT_EQ(fused({256, 4096, 16}, at::kBFloat16), cuda);
-    EXPECT_EQ(fused({256, 4096, 64}, at::kHalf), cuda);
+    EXPECT_FALSE(fused({256, 4096, 32}, at::kHalf));       // above the default max_rank
+    EXPECT_EQ(fused({256, 4096, 64}, at::kHalf, 0, EveryRank()), cuda);
     EXPECT_FALSE(fused({256, 4096, 8}, at::kBFloat16));    // rank not a multiple of 16
-    EXPECT_FALSE(fused({256, 4096, 80}, at::kBFloat16));   // rank above 64
+    EXPECT_FALSE(fused({256, 4096, 80}, at::kBFloat16, 0, EveryRank()));  // rank above 64
     EXPECT_FALSE(fused({256, 4100, 16}, at::kBFloat16));   // out not a multiple of 8
     EXPECT_FALSE(fused({256, 4096, 16}, at::kFloat));      // float32
     EXPECT_FALSE(fused({256, 4096, 16}, at::kBFloat16, 1));  // rows not 16-byte aligned
