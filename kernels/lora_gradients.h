@@ -6,9 +6,11 @@
 // As two GEMMs each reads all of g (for a 7B layer ~680 MB of gradients, twice, ~12.5 ms a
 // micro-batch-4 step on an H200). CUDA: one kernel reads each tile of g once and feeds both
 // products from it on the tensor cores (float32 sums of fixed order: the same bits every run),
-// then a small kernel adds the per-chunk partial sums and rounds once, as a GEMM's epilogue does.
-// CPU (and any tensor the kernel does not take, LoraGradientPairFused): the two GEMMs as ATen ops,
-// the oracle of tests/kernels/lora_gradients_test.cc.
+// then a small kernel adds the per-chunk partial sums and rounds once, as a GEMM's epilogue does;
+// a grouped layer's adapters (q/k/v, gate/up) go in one launch of each (LoraGradientPairs). At
+// rank 16 only by default: above it the kernel is slower than the GEMMs. CPU (and any tensor the
+// kernel does not take, LoraGradientPairFused): the two GEMMs as ATen ops, the oracle of
+// tests/kernels/lora_gradients_test.cc.
 #pragma once
 
 #include <vector>
