@@ -23,10 +23,9 @@ struct LoraGradientPairOptions {
   // The CUDA kernel's grid: about this many blocks an SM (more hide memory latency better, but
   // each block's chunk of rows adds a partial dB of out x r float32 values to write and add).
   int blocks_per_sm = 2;
-  // Rows of the kernel's 16 KB tiles of g: 16 (x 512 columns: r 16 only), 32 (x 256: r 16 and
-  // 32 only) or 64 (x 128); a rank the tile does not take gets the next taller. Longer pieces of
-  // each row a tile read faster: on an H200 32 was 5-7 % faster than 64 at the 7B shapes
-  // (bench/results/2026-12-02-h200-round14-notes.md).
+  // Rows of the kernel's 16 KB tiles of g: 32 (x 256 columns: longer pieces of each row a tile;
+  // r 16 and 32 only, others take 64) or 64 (x 128). On an H200 32 was 5-7 % faster at the 7B
+  // shapes (bench/results/2026-12-02-h200-round14-notes.md).
   int tile_rows = 32;
   // The kernel runs for ranks up to this (it takes 16, 32, 48 and 64); higher ranks get the two
   // GEMMs. Its work per byte of g grows with r and it does not keep up: on an H200 at the 7B

@@ -4,7 +4,7 @@
 //   LoraGradientPairKernel    one block per (row chunk, column chunk) of g (the column chunks of
 //                             up to kMaxAdapters adapters' gradients side by side in the grid:
 //                             a grouped layer's in one launch), about two blocks an SM; 16 KB
-//                             tiles of g (64 x 128, 32 x 256 or 16 x 512, with ha's rows) stream
+//                             tiles of g (64 x 128 or 32 x 256 values, with ha's rows) stream
 //                             through shared memory by cp.async, 3 stages deep; each of the 8
 //                             warps takes a strip of the tile's rows for dh' and a slice of its
 //                             columns for dB, on the tensor cores (ldmatrix + mma.sync m16n8k16,
@@ -136,7 +136,7 @@ size_t SharedBytes() {
   constexpr int kParts = 8 / (kRows / 16);  // warps sharing a strip of rows for dh'
   return sizeof(uint16_t) * (kStages * kRows * (TileLd(kRows) + RankLd(R)) +
                              size_t{ChunkCols(R)} * RankLd(R)) +
-         sizeof(float) * kParts * kRows * R;
+         sizeof(float) * (kParts - 1) * kRows * R;
 }
 
 // Lane l's row and column in an x4 load of a 16x16 block whose four 8x8 matrices go rows first,
@@ -147,7 +147,7 @@ __device__ __forceinline__ int RowsFirstCol(int lane) { return (lane / 16) * 8; 
 __device__ __forceinline__ int ColsFirstRow(int lane) { return (lane % 8) + (lane / 16) * 8; }
 __device__ __forceinline__ int ColsFirstCol(int lane) { return ((lane / 8) % 2) * 8; }
 
-// Tiles of kRows x 8192 / kRows values (64 x 128, 32 x 256 or 16 x 512: longer row pieces, fewer
+// Tiles of kRows x 8192 / kRows values (64 x 128 or 32 x 256: longer row pieces, fewer
 // DRAM pages a tile). dh': warp w takes rows (w % strips) * 16 .. + 16 of a tile and its 64
 // columns (w / strips) * 64 .. + 64, strips = kRows / 16; the parts of a strip add up through
 // shared memory once a row tile's chunk is done. dB: warp w takes the tile's columns
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
   T* tiles = reinterpret_cast<T*>(shared);             // [kStages][kRows][kLd]
   T* ha_tiles = tiles + kStages * kRows * kLd;         // [kStages][kRows][kRankLd]
   T* b_chunk = ha_tiles + kStages * kRows * kRankLd;   // [kChunkCols][kRankLd]
-  float* dha_parts = reinterpret_cast<float*>(b_chunk + kChunkCols * kRankLd);  // [parts][kRows][R]
+  float* dha_parts = reinterpret_cast<float*>(b_chunk + kChunkCols * kRankLd);  // [parts-1][kRows][R]
 
   const int chunk = static_cast<int>(blockIdx.x);
   AdapterArgs op = args.adapters[0];  // this block's adapter (constant indices: no local copy)
@@ -269,12 +269,10 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
         }
       }
     }
-    // The row tile's dh' over the chunk: every part's sums to shared memory, then all threads
-    // add them up, four values each, in part order. (The next tile's barrier comes before any
-    // part writes here again.)
-    {
-      const int r_lo = dha_row + lane / 4, c_lo = 2 * (lane % 4);
-      float* mine = dha_parts + part * kRows * R;
+    // The row tile's dh' over the chunk: the strip's other parts join part 0, in part order.
+    const int r_lo = dha_row + lane / 4, c_lo = 2 * (lane % 4);
+    if (part > 0) {
+      float* mine = dha_parts + (part - 1) * kRows * R;
 #pragma unroll
       for (int n = 0; n < kBlocks; ++n) {
         float* lo = mine + r_lo * R + n * 8 + c_lo;
@@ -283,16 +281,20 @@ __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs a
       }
     }
     __syncthreads();
-    float* out =
-        op.dha_partial + (int64_t{col_chunk} * args.rows_padded + row0 + row_tile * kRows) * R;
-    for (int i = threadIdx.x; i < kRows * R / 4; i += kThreads) {
-      float4 v = reinterpret_cast<const float4*>(dha_parts)[i];
+    if (part == 0) {
+      float* out =
+          op.dha_partial + (int64_t{col_chunk} * args.rows_padded + row0 + row_tile * kRows) * R;
 #pragma unroll
-      for (int q = 1; q < kParts; ++q) {
-        const float4 w = reinterpret_cast<const float4*>(dha_parts + q * kRows * R)[i];
-        v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+      for (int n = 0; n < kBlocks; ++n) {
+        float v[4] = {dha_sums[n][0], dha_sums[n][1], dha_sums[n][2], dha_sums[n][3]};
+#pragma unroll
+        for (int q = 1; q < kParts; ++q) {
+          const float* lo = dha_parts + (q - 1) * kRows * R + r_lo * R + n * 8 + c_lo;
+          v[0] += lo[0], v[1] += lo[1], v[2] += lo[8 * R], v[3] += lo[8 * R + 1];
+        }
+        *reinterpret_cast<float2*>(out + r_lo * R + n * 8 + c_lo) = make_float2(v[0], v[1]);
+        *reinterpret_cast<float2*>(out + (r_lo + 8) * R + n * 8 + c_lo) = make_float2(v[2], v[3]);
       }
-      reinterpret_cast<float4*>(out)[i] = v;
     }
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
@@ -447,12 +449,9 @@ void Launch(const std::vector<PairOperands>& pairs, int blocks_per_sm) {
 
 template <typename T>
 void LaunchOfRank(const std::vector<PairOperands>& pairs, int blocks_per_sm, int tile_rows) {
-  // 32-row tiles: ranks 16 and 32 only, 16-row ones rank 16 only (a chunk is whole tiles and
-  // dB's sums must fit in registers).
-  const bool short_tiles = tile_rows == 32;
+  const bool short_tiles = tile_rows == 32;  // ranks 16 and 32 only: dB's sums would not fit
   switch (pairs[0].b.size(1)) {
     case 16:
-      if (tile_rows == 16) return Launch<T, 16, 16>(pairs, blocks_per_sm);
       if (short_tiles) return Launch<T, 16, 32>(pairs, blocks_per_sm);
       return Launch<T, 16, 64>(pairs, blocks_per_sm);
     case 32:

@@ -90,8 +90,7 @@ TEST(KernelsLoraGradients, EveryGridAndTileShapeGivesTheFormula) {
       const at::Tensor want_dha = at::mm(g, x.b.to(at::kFloat)) * 0.5;
       const at::Tensor want_db = at::mm(g.t(), x.ha.to(at::kFloat)) * 0.5;
       for (const LoraGradientPairOptions options :
-           {EveryRank(1, 64), EveryRank(2, 32), EveryRank(3, 64), EveryRank(1, 32),
-            EveryRank(2, 16), EveryRank(3, 16)}) {
+           {EveryRank(1, 64), EveryRank(2, 32), EveryRank(3, 64), EveryRank(1, 32)}) {
         SCOPED_TRACE(testing::Message() << device << " rows " << s.rows << " out " << s.out
                                         << " r " << s.r << ", " << options.blocks_per_sm
                                         << " blocks an SM, " << options.tile_rows << "-row tiles");
