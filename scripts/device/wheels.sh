@@ -2,7 +2,7 @@
 # Makes .device-wheels/ here: the Python packages the anchors need that the GPU machine's image
 # lacks (it is offline; its python3 is 3.12 with torch 2.11.0+cu130, transformers, peft,
 # accelerate, triton 3.6.0, ninja, psutil, py-cpuinfo, msgpack, einops, tqdm, nvidia-ml-py).
-# Carried with `carry: [".device-wheels", ...]`; ignored by git (.git/info/exclude), never
+# Carried with `carry: [".device-wheels", ...]`; ignored by git (.gitignore), never
 # committed. Pinned:
 #   site/  unpacked, put on PYTHONPATH by run_on_gpu.sh:
 #          bitsandbytes 0.50.2 with only its CPU, CUDA 13.0 and 13.2 libraries (the wheel's other
@@ -17,8 +17,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/.device-wheels
-grep -qs '^/.device-wheels/$' "$(git -C "$root" rev-parse --git-common-dir)/info/exclude" ||
-  echo /.device-wheels/ >> "$(git -C "$root" rev-parse --git-common-dir)/info/exclude"
 # A Python with torch is needed to build DeepSpeed's wheel: the project's reference environment.
 eval "$("$root/scripts/setup.sh" | grep -E '^PYENV=')"
 py=$PYENV/bin/python
