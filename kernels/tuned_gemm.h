@@ -58,12 +58,24 @@ struct GemmTunerOptions {
   int64_t split_k_max_output_side = 64;
   // Shape classes tuned at most; calls of further classes run ATen's GEMM.
   int64_t max_shapes = 256;
+  // Steady-state timing: where the fastest contender's call takes at least steady_min_call_ms,
+  // the `steady_finalists` fastest of the three batches (and ATen's call) each run back to back
+  // for steady_ms, twice in turns, and their time a call over the second half of those runs
+  // decides. A batch of a few calls is too short for the GPU's power controller to answer a
+  // kernel's own draw (the clock it runs at is the one the kernels before it left), so the
+  // batches rank kernels by speed at a given clock; in a training step at the power limit a kernel
+  // that draws more lowers the clock for itself and everything after it. 0: off. The default
+  // costs a job ~1 s at its start per large shape class (~10 at 7B).
+  double steady_ms = 150;
+  int steady_finalists = 3;
+  double steady_min_call_ms = 0.2;
 };
 
 // One candidate of a shape, as the benchmark prints it.
 struct GemmCandidateTiming {
   std::string algorithm;  // "algo=6 tile=... stages=..." (cuBLASLt's configuration ids)
-  double milliseconds = 0;
+  double milliseconds = 0;         // a call, median of the three batches
+  double steady_milliseconds = 0;  // a call in steady state (GemmTunerOptions::steady_ms); 0: not timed so
 };
 
 class GemmTuner {

@@ -1,7 +1,9 @@
 // qlora-tuned-gemm-bench: for the base projections' GEMMs of one decoder layer, as the engine
-// issues them, every cuBLASLt candidate's time against ATen's own call (cuBLAS's pick).
-//   tuned_gemm_bench [tokens hidden intermediate kv_hidden [repetitions heat_ms [candidates [variants]]]]
-//   (default 8192 4096 11008 4096, and the tuner's timing_repetitions, heat_ms, candidates and variants)
+// issues them at rank 16, every cuBLASLt candidate's time against ATen's own call (cuBLAS's pick).
+//   tuned_gemm_bench [tokens hidden intermediate kv_hidden [repetitions heat_ms [candidates
+//                    [variants [steady_ms [steady_finalists]]]]]]
+//   (default 8192 4096 11008 4096, and the tuner's timing_repetitions, heat_ms, candidates,
+//   variants, steady_ms and steady_finalists; with steady_ms, the contenders timed in steady state are listed)
 // Then the adapters' weight-gradient GEMMs (dA [r, in] over K = tokens: split-K may run them).
 // Prints, per GEMM, ATen's milliseconds and TFLOP/s, the fastest candidate's, and the top three,
 // as the tuner times them (GemmTunerOptions: `repetitions` runs per batch; ATen's GEMM first runs
@@ -34,6 +36,16 @@ void PrintRunnersUp(const std::vector<GemmCandidateTiming>& timings) {
   }
 }
 
+// Where the tuner timed contenders in steady state (GemmTunerOptions::steady_ms): each one's
+// steady time a call against its batch time, in the order they rank.
+void PrintSteady(const std::vector<GemmCandidateTiming>& timings, double flop) {
+  for (const GemmCandidateTiming& c : timings) {
+    if (c.steady_milliseconds <= 0) continue;
+    std::printf("   steady %.3f ms %.0f TFLOP/s (batches %.3f ms) %s\n", c.steady_milliseconds,
+                flop / c.steady_milliseconds / 1e9, c.milliseconds, c.algorithm.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,38 +63,47 @@ int main(int argc, char** argv) {
   options.heat_ms = argc > 6 ? std::atof(argv[6]) : options.heat_ms;
   options.candidates = argc > 7 ? std::atoi(argv[7]) : options.candidates;
   options.variants = argc > 8 ? std::atoi(argv[8]) : options.variants;
+  options.steady_ms = argc > 9 ? std::atof(argv[9]) : options.steady_ms;
+  options.steady_finalists = argc > 10 ? std::atoi(argv[10]) : options.steady_finalists;
   GemmTuner tuner(options);
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  // The engine's base GEMMs at rank 16 (linear4bit.cc): forward over rows widened by the
+  // adapters' h A^T columns (q/k/v and gate/up stacked, K = in + the ranks), o and down adding
+  // into what is there (beta 1); backward over gradients with dh' after them and the As under
+  // the stacked weights (K = out + the ranks).
   struct Shape {
     const char* name;
-    int64_t out, in;
+    bool backward;
+    int64_t out, in;  // the weight, [out, in] as the GEMM reads it (ranks included)
+    double beta;
   };
-  const std::vector<Shape> shapes = {{"q/o", h, h}, {"k/v", kv, h}, {"gate/up", i, h},
-                                     {"down", h, i}};
+  const int64_t r = 16;
+  const std::vector<Shape> shapes = {
+      {"q/k/v", false, 2 * h + kv, h + 3 * r, 0.0}, {"o", false, h, h + r, 1.0},
+      {"gate/up", false, 2 * i, h + 2 * r, 0.0},     {"down", false, h, i + r, 1.0},
+      {"q/k/v", true, 2 * h + kv + 3 * r, h, 0.0},   {"o", true, h + r, h, 0.0},
+      {"gate/up", true, 2 * i + 2 * r, h, 0.0},      {"down", true, h + r, i, 0.0}};
   double aten_total = 0, best_total = 0;
   for (const Shape& s : shapes) {
     const at::Tensor w = at::randn({s.out, s.in}, opt);
-    for (bool backward : {false, true}) {
-      for (double beta : {0.0, 1.0}) {
-        // forward: y [t, out] (+)= x [t, in] W^T;  backward: dx [t, in] (+)= dy [t, out] W
-        const at::Tensor a = at::randn({t, backward ? s.out : s.in}, opt);
-        const at::Tensor b = backward ? w : w.t();
-        const at::Tensor out = at::randn({t, backward ? s.in : s.out}, opt);
-        const auto timings = tuner.TimeCandidates(out, a, b, beta);
-        if (timings.empty()) continue;
-        const double flop = 2.0 * t * s.out * s.in;
-        const double aten = AtenMilliseconds(timings);
-        const auto& best = timings.front();
-        aten_total += aten;
-        best_total += best.milliseconds;
-        std::printf("%-8s %-8s beta=%.0f  aten %.3f ms %.0f TFLOP/s  best %.3f ms %.0f TFLOP/s "
-                    "(%+.1f%%) %s, %zu timed\n",
-                    s.name, backward ? "backward" : "forward", beta, aten, flop / aten / 1e9,
-                    best.milliseconds, flop / best.milliseconds / 1e9,
-                    100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
-        PrintRunnersUp(timings);
-      }
-    }
+    // forward: y [t, out] (+)= x [t, in] W^T;  backward: dx [t, in] = dy [t, out] W
+    const at::Tensor a = at::randn({t, s.backward ? s.out : s.in}, opt);
+    const at::Tensor b = s.backward ? w : w.t();
+    const at::Tensor out = at::randn({t, s.backward ? s.in : s.out}, opt);
+    const auto timings = tuner.TimeCandidates(out, a, b, s.beta);
+    if (timings.empty()) continue;
+    const double flop = 2.0 * t * s.out * s.in;
+    const double aten = AtenMilliseconds(timings);
+    const auto& best = timings.front();
+    aten_total += aten;
+    best_total += best.milliseconds;
+    std::printf("%-8s %-8s beta=%.0f  aten %.3f ms %.0f TFLOP/s  best %.3f ms %.0f TFLOP/s "
+                "(%+.1f%%) %s, %zu timed\n",
+                s.name, s.backward ? "backward" : "forward", s.beta, aten, flop / aten / 1e9,
+                best.milliseconds, flop / best.milliseconds / 1e9,
+                100.0 * (aten / best.milliseconds - 1), best.algorithm.c_str(), timings.size());
+    PrintSteady(timings, flop);
+    PrintRunnersUp(timings);
   }
   // The adapters' weight gradients dA = dh'^T x [r, in] over K = t tokens (r: q/k/v's three
   // adapters side by side, gate/up's two, one), where split-K candidates come in (thin outputs).

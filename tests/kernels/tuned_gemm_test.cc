@@ -147,6 +147,43 @@ TEST_P(KernelsTunedGemmCuda, VariantsAddCandidatesAndFinalistsBoundTheLastRounds
   EXPECT_TRUE(at::allclose(out.to(at::kFloat), Reference(out, a, b, 0.0, 1.0), 1e-2, 0.5));
 }
 
+// Steady-state timing: ATen's call and the `steady_finalists` fastest of the batches run back to
+// back and rank first, by their steady time; the rest keep their batch time and none; calls
+// shorter than steady_min_call_ms are not timed so. The kept kernel computes the product.
+TEST_P(KernelsTunedGemmCuda, SteadyStateTimingRanksTheFinalists) {
+  const int64_t m = 2048, k = 1024, n = 1536;
+  const at::Tensor a = at::randn({m, k}, Options()), b = at::randn({n, k}, Options()).t();
+  at::Tensor out = at::empty({m, n}, Options());
+  GemmTunerOptions steady;
+  steady.steady_ms = 20;
+  steady.steady_finalists = 2;
+  steady.steady_min_call_ms = 0;
+  GemmTuner tuner(steady);
+  const std::vector<GemmCandidateTiming> timings = tuner.TimeCandidates(out, a, b, 0.0);
+  ASSERT_GE(timings.size(), 3u) << "ATen's call and at least two of the heuristic's";
+  size_t timed = 0;
+  bool aten_timed = false;
+  for (size_t i = 0; i < timings.size(); ++i) {
+    if (timings[i].steady_milliseconds <= 0) continue;
+    EXPECT_EQ(i, timed) << "a contender timed in steady state ranks below one that was not";
+    if (timed > 0) {
+      EXPECT_GE(timings[i].steady_milliseconds, timings[i - 1].steady_milliseconds);
+    }
+    aten_timed = aten_timed || timings[i].algorithm == "aten";
+    ++timed;
+  }
+  EXPECT_EQ(timed, 3u) << "ATen's call and two finalists";
+  EXPECT_TRUE(aten_timed);
+  GemmTunerOptions too_short = steady;
+  too_short.steady_min_call_ms = 1e9;
+  for (const GemmCandidateTiming& c : GemmTuner(too_short).TimeCandidates(out, a, b, 0.0)) {
+    EXPECT_EQ(c.steady_milliseconds, 0) << c.algorithm;
+  }
+  tuner.Addmm(out, a, b, 0.0);
+  EXPECT_EQ(tuner.tuned_shapes(), 1);
+  EXPECT_TRUE(at::allclose(out.to(at::kFloat), Reference(out, a, b, 0.0, 1.0), 1e-2, 0.5));
+}
+
 // A thin output over a long K (an adapter's weight gradient dA = dh'^T x, [16, 4096] over 8192
 // tokens) may take split-K candidates, each keeping its parts in float32 (cuBLASLt's reduction
 // scheme 2, the compute type); a wide output never, nor a thin one with split_k_max_output_side
