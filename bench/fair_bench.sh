@@ -26,6 +26,9 @@
 #                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
 #                    summary compares it with the best anchor whose peak allocation fits 24 GiB
 #   ours-auto24-offN the same with trainer.offload_activation_layers: N (or offauto: auto)
+#   ours-mb4-nockpt-heldGIB  ours-mb4-nockpt with trainer.dequantized_weight_layers: auto and
+#                    max_memory_gib: GIB (heldall: no budget, the GPU's free memory), profiled
+#                    (attr-ours-mb4-nockpt-heldGIB attributes it)
 # (offN parts take N = auto too: ours-mb4-offauto is checkpointing with the count left to the
 # worker, which reports its choice.)
 # The 70B-width slice (issue 13: bench/make_llama_folder.py --layers 6 --hidden 8192
@@ -165,7 +168,8 @@ ours_job() {
   local label=$1 gpus=$2 mb=$3 ckpt=$4 trace=${5:-}
   local seq=${6:-${BENCH_SEQ:-2048}} packing=${7:-false} data=${8:-$work/bench.txt}
   local budget_gib=""
-  if [[ $ckpt == auto:* ]]; then budget_gib=${ckpt#auto:}; ckpt=auto; fi
+  # auto:GIB or false:GIB: trainer.max_memory_gib (false: with BENCH_DEQUANTIZED_LAYERS=auto)
+  if [[ $ckpt == *:* ]]; then budget_gib=${ckpt#*:}; ckpt=${ckpt%%:*}; fi
   local steps=$((warmup + windows * window_steps))
   local profile=()
   if [ -n "$trace" ]; then
@@ -272,6 +276,11 @@ for part in $parts; do
       "$work/trace-ours-mb4-nockpt.json" ;;
     attr-ours-nockpt) run_part attr-ours-nockpt 20 attribute "$work/trace-ours-mb4-nockpt.json" \
       "Profile of ours: 1 GPU, micro-batch 4, no checkpointing, 2 steps" ours-mb4-nockpt ;;
+    ours-mb4-nockpt-held*) held=${part#ours-mb4-nockpt-held}
+      run_part "$part" 50 env BENCH_DEQUANTIZED_LAYERS=auto bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 \
+        "false$([ "$held" = all ] || echo ":$held")" "$work/trace-$part.json" ;;
+    attr-ours-mb4-nockpt-held*) run_part "$part" 20 attribute "$work/trace-${part#attr-}.json" \
+      "Profile of ours: 1 GPU, micro-batch 4, no checkpointing, dequantized_weight_layers: auto (${part#attr-ours-mb4-nockpt-held}), 2 steps" "${part#attr-}" ;;
     ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
     ours-auto24-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-auto24-off}" \
       bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 auto:24 ;;

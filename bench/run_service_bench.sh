@@ -9,6 +9,7 @@
 #   BENCH_CHECKPOINTING=false                             activation checkpointing off (or auto)
 #   BENCH_MAX_MEMORY_GIB=24                               auto's budget (trainer.max_memory_gib)
 #   BENCH_OFFLOAD_LAYERS=8                                trainer.offload_activation_layers
+#   BENCH_DEQUANTIZED_LAYERS=auto                         trainer.dequantized_weight_layers
 #   BENCH_SEQ=2048                                        the sequence length
 #   BENCH_PACKING=true                                    packed rows (data.packing; the rate then
 #                                                         counts non-padding tokens, summarize.py)
@@ -33,6 +34,9 @@ if [ -n "${BENCH_MAX_MEMORY_GIB:-}" ]; then
 fi
 if [ -n "${BENCH_OFFLOAD_LAYERS:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  offload_activation_layers: $BENCH_OFFLOAD_LAYERS|" "$work/job.yaml"
+fi
+if [ -n "${BENCH_DEQUANTIZED_LAYERS:-}" ]; then
+  sed -i "s|^  enable_gradient_checkpointing: .*|&\n  dequantized_weight_layers: $BENCH_DEQUANTIZED_LAYERS|" "$work/job.yaml"
 fi
 ray_flags=()
 if [ -n "${BENCH_RAY_ADDRESS:-}" ]; then
@@ -67,8 +71,14 @@ if ! grep -q JOB_STATE_SUCCEEDED "$work/events.jsonl"; then
   echo "the job did not succeed:" >&2
   "$bin/cli/qloractl" logs job-000001 | tail -30 >&2
 fi
+held=${BENCH_DEQUANTIZED_LAYERS:-}
+if [ "$held" = auto ]; then  # auto's choice, as the worker logged it
+  chosen=$(find "$work/state" -path '*/logs/*.log' -exec grep -ho 'from the next step [0-9]* of' {} + 2>/dev/null |
+    head -1 | grep -o '[0-9]*' || true)
+  held=auto:${chosen:-?}
+fi
 python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-batch "$mb" --stage "$stage" \
   --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
-  --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" \
+  --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" --dequantized-layers "$held" \
   --warmup "$warmup" --windows "$windows" \
   --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}"

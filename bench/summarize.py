@@ -88,6 +88,9 @@ def main():
     p.add_argument("--offloaded-layers", default="0",
                    help="trainer.offload_activation_layers (a count or auto): layers neither recomputed "
                         "nor kept on the GPU; the count the workers report wins")
+    p.add_argument("--dequantized-layers", default="",
+                   help="trainer.dequantized_weight_layers as the worker log states it: a count, or "
+                        "'auto:N' (auto's choice after the first step)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--windows", type=int, default=1)
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
@@ -138,6 +141,10 @@ def main():
             variant += " (auto)"
         if auto:
             auto["offloaded_layers"] = reported
+    if a.dequantized_layers:
+        count, _, chosen = a.dequantized_layers.partition(":")
+        held = chosen if count == "auto" else count
+        variant += f", weights of {held} layers held dequantized" + (" (auto)" if count == "auto" else "")
     gpus = len(a.gpus.split(","))
     out = {"impl": "ours", "label": a.label, "variant": variant, "state": state,
            "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": a.seq,

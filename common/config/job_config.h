@@ -111,6 +111,14 @@ struct TrainerConfig {
   // backlog, copies back) where that spares recomputation (worker/engine/offload_plan.h); none
   // without checkpointing.
   bool offload_activation_auto = false;
+  // This many decoder layers (the top ones) hold their 4-bit weights dequantized in the compute
+  // dtype for the whole job (worker/engine/resident_weights.h): no dequantization in their
+  // forward or backward, ~2 bytes per weight more each (~0.4 GB a 7B layer). 0 = off.
+  int64_t dequantized_weight_layers = 0;
+  // dequantized_weight_layers: auto (the count above unused): after the first step, as many
+  // layers as fit between that step's measured peak and the budget (max_memory_gib, else the
+  // GPU's free memory at the start) less 2 %; none on a CPU worker.
+  bool dequantized_weights_auto = false;
   uint64_t seed = 42;
 };
 

@@ -110,6 +110,11 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   } else if (t.offload_activation_layers > 0) {
     w.Integer("offload_activation_layers", t.offload_activation_layers);
   }
+  if (t.dequantized_weights_auto) {
+    w.Word("dequantized_weight_layers", "auto");
+  } else if (t.dequantized_weight_layers > 0) {
+    w.Integer("dequantized_weight_layers", t.dequantized_weight_layers);
+  }
   w.Integer("steps_per_checkpoint", t.steps_per_checkpoint)
       .Number("checkpoint_every_minutes", t.checkpoint_every_minutes)
       .Integer("eval_steps", t.eval_steps)

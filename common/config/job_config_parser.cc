@@ -413,8 +413,24 @@ absl::Status ReadScheduler(const MapReader& trainer, TrainerConfig* t) {
   return scheduler.ReadNumber("warmup_fraction", {0, true}, {1, true}, &t->warmup_fraction);
 }
 
+// A count of layers (an integer >= 0) or `auto` at `key`: *automatic, else *count.
+absl::Status ReadLayersOrAuto(const MapReader& trainer, const std::string& key, int64_t* count,
+                              bool* automatic) {
+  const YAML::Node value = trainer.Get(key);
+  if (trainer.Has(key) && IsPlainScalar(value) && value.Scalar() == "auto") {
+    *automatic = true;
+    return absl::OkStatus();
+  }
+  if (!trainer.ReadInt(key, 0, kIntMax, count).ok()) {
+    return trainer.Error(key, absl::StrCat("must be a number of layers (an integer >= 0) or auto, "
+                                           "got ", Describe(value)));
+  }
+  return absl::OkStatus();
+}
+
 // enable_gradient_checkpointing: a boolean or `auto`; max_memory_gib: the budget auto plans for,
-// refused without auto (true and false do not plan, so a budget there would be silently unused).
+// refused where nothing plans by it (checkpointing true or false without dequantized_weight_layers:
+// auto, so a budget there would be silently unused).
 absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t) {
   const std::string key = "enable_gradient_checkpointing";
   const YAML::Node value = trainer.Get(key);
@@ -427,26 +443,21 @@ absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t) {
     }
     t->gradient_checkpointing = on ? CheckpointingMode::kAll : CheckpointingMode::kNone;
   }
+  QLORA_RETURN_IF_ERROR(ReadLayersOrAuto(trainer, "offload_activation_layers",
+                                         &t->offload_activation_layers,
+                                         &t->offload_activation_auto));
+  QLORA_RETURN_IF_ERROR(ReadLayersOrAuto(trainer, "dequantized_weight_layers",
+                                         &t->dequantized_weight_layers,
+                                         &t->dequantized_weights_auto));
   QLORA_RETURN_IF_ERROR(
       trainer.ReadNumber("max_memory_gib", {0, false}, {1e6, true}, &t->max_memory_gib));
-  if (trainer.Has("max_memory_gib") && t->gradient_checkpointing != CheckpointingMode::kAuto) {
+  if (trainer.Has("max_memory_gib") && t->gradient_checkpointing != CheckpointingMode::kAuto &&
+      !t->dequantized_weights_auto) {
     return trainer.Error("max_memory_gib",
                          absl::StrCat("applies only with enable_gradient_checkpointing: auto "
                                       "(it is ", EnumName(t->gradient_checkpointing),
-                                      "); set auto or remove max_memory_gib"));
-  }
-  // offload_activation_layers: a count of layers or `auto`.
-  const YAML::Node offload = trainer.Get("offload_activation_layers");
-  if (trainer.Has("offload_activation_layers") && IsPlainScalar(offload) &&
-      offload.Scalar() == "auto") {
-    t->offload_activation_auto = true;
-    return absl::OkStatus();
-  }
-  if (!trainer.ReadInt("offload_activation_layers", 0, kIntMax, &t->offload_activation_layers)
-           .ok()) {
-    return trainer.Error("offload_activation_layers",
-                         absl::StrCat("must be a number of layers (an integer >= 0) or auto, got ",
-                                      Describe(offload)));
+                                      ") or dequantized_weight_layers: auto; set one or remove "
+                                      "max_memory_gib"));
   }
   return absl::OkStatus();
 }

@@ -72,7 +72,7 @@ SchemaNode BuildSchema() {
            Map("learning_rate_scheduler", {Leaf("decay"), Leaf("warmup_fraction")}),
            Map("gradient_clipping", {Leaf("clipglobalnorm")}),
            Leaf("enable_gradient_checkpointing"), Leaf("max_memory_gib"),
-           Leaf("offload_activation_layers"),
+           Leaf("offload_activation_layers"), Leaf("dequantized_weight_layers"),
            Leaf("steps_per_checkpoint"), Leaf("checkpoint_every_minutes"),
            Leaf("eval_steps"), Leaf("seed"), Leaf("max_restarts"), Leaf("keep_checkpoints"),
            Refused("use_mixed_precision",

@@ -308,6 +308,18 @@ class SummarizeTest(unittest.TestCase):
         self.assertEqual(got["recomputed_fraction"], round(1 - 12 / 32, 4))
         self.assertIn("12 of 32 layers offloaded", got["variant"])
 
+    def test_dequantized_layers_name_the_variant(self):
+        # dequantized_weight_layers: auto, its choice from the worker log; a count as it is.
+        got, _ = self.run_summarize(events(1, 9, [1.0]), "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8", "--checkpointing", "false",
+                                    "--max-memory-gib", "36", "--dequantized-layers", "auto:9")
+        self.assertIn("weights of 9 layers held dequantized (auto)", got["variant"])
+        self.assertEqual(got["recomputed_fraction"], 0.0)
+        got, _ = self.run_summarize(events(1, 9, [1.0]), "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8", "--dequantized-layers", "4")
+        self.assertIn("weights of 4 layers held dequantized", got["variant"])
+        self.assertNotIn("(auto)", got["variant"])
+
     def test_fair_summary_compares_auto_with_the_best_anchor_within_its_budget(self):
         rows = [
             {"impl": "ours", "checkpointing": "auto", "max_memory_gib": 24.0, "checkpointed_layers": [17],

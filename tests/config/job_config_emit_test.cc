@@ -157,7 +157,10 @@ TEST(ConfigEmitTest, GradientCheckpointingModesRoundTrip) {
                               "{enable_gradient_checkpointing: auto}",
                               "{enable_gradient_checkpointing: auto, max_memory_gib: 24}",
                               "{offload_activation_layers: 6}",
-                              "{offload_activation_layers: auto}"}) {
+                              "{offload_activation_layers: auto}",
+                              "{dequantized_weight_layers: 5}",
+                              "{enable_gradient_checkpointing: false, "
+                              "dequantized_weight_layers: auto, max_memory_gib: 36}"}) {
     absl::StatusOr<JobConfig> c = testing::ParseNoPaths(
         absl::StrCat("base_model: m\nadapter: {type: lora}\ntrainer: ", trainer, "\n"));
     ASSERT_TRUE(c.ok()) << c.status();

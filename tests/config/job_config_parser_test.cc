@@ -343,6 +343,16 @@ TEST(ConfigParserTest, GradientCheckpointingTrueFalseAutoAndItsBudget) {
   const TrainerConfig offload_auto = mode("{offload_activation_layers: auto}");
   EXPECT_TRUE(offload_auto.offload_activation_auto);
   EXPECT_EQ(offload_auto.offload_activation_layers, 0);
+  EXPECT_EQ(automatic.dequantized_weight_layers, 0);  // off unless asked for
+  EXPECT_FALSE(automatic.dequantized_weights_auto);
+  EXPECT_EQ(mode("{dequantized_weight_layers: 12}").dequantized_weight_layers, 12);
+  // auto with a budget and no checkpointing: the budget is the held layers'.
+  const TrainerConfig held =
+      mode("{enable_gradient_checkpointing: false, dequantized_weight_layers: auto, "
+           "max_memory_gib: 36}");
+  EXPECT_TRUE(held.dequantized_weights_auto);
+  EXPECT_EQ(held.max_memory_gib, 36);
+  EXPECT_EQ(held.gradient_checkpointing, CheckpointingMode::kNone);
 }
 
 TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
@@ -365,7 +375,16 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
             "trainer.max_memory_gib: must be a number"},
            {"{max_memory_gib: 24}",
             "trainer.max_memory_gib: applies only with enable_gradient_checkpointing: auto (it "
-            "is true); set auto or remove max_memory_gib"},
+            "is true) or dequantized_weight_layers: auto; set one or remove max_memory_gib"},
+           {"{enable_gradient_checkpointing: false, dequantized_weight_layers: 4, "
+            "max_memory_gib: 24}",
+            "(it is false) or dequantized_weight_layers: auto"},
+           {"{dequantized_weight_layers: -2}",
+            "trainer.dequantized_weight_layers: must be a number of layers (an integer >= 0) or "
+            "auto, got '-2'"},
+           {"{dequantized_weight_layers: [auto]}",
+            "trainer.dequantized_weight_layers: must be a number of layers (an integer >= 0) or "
+            "auto, got a list"},
            {"{enable_gradient_checkpointing: false, max_memory_gib: 24}",
             "(it is false)"},
            {"{offload_activation_layers: -1}",

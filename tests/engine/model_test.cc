@@ -302,6 +302,86 @@ TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
   }
 }
 
+// Layers that hold their NF4 weights dequantized (resident_weights.h, what
+// trainer.dequantized_weight_layers sets) compute bit for bit what dequantizing at each use
+// does: loss and gradients over two micro-batches, checkpointed or not, with adapters on every
+// projection (the fused nodes; on a GPU their widened GEMMs read the buffer in place), with
+// dropout (the per-layer nodes) and on two projections only (the 4-bit node without an
+// adapter); also after the adapters changed (the B columns are written at each forward, the As
+// at each backward). The buffers take what DequantizedLayerBytes says and are dropped again.
+TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.dtype = "bfloat16";
+  tiny.config.num_hidden_layers = 3;
+  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  for (const at::Device& device : TestDevices()) {
+    for (const std::string adapters : {"all", "dropout", "q,v"}) {
+      for (bool checkpointing : {false, true}) {
+        SCOPED_TRACE(device.str() + " adapters " + adapters +
+                     (checkpointing ? " checkpointed" : " plain"));
+        LoadOptions options;
+        options.device = device;
+        options.compute_dtype = at::kBFloat16;
+        auto loaded = LoadLlama(dir.path(), options);
+        ASSERT_TRUE(loaded.ok()) << loaded.status();
+        LlamaForCausalLM& model = **loaded;
+        ASSERT_TRUE(model.layers[0].q_proj.base.quantized.has_value());
+        LoraOptions lora;
+        lora.target_modules = adapters == "q,v" ? std::vector<std::string>{"q_proj", "v_proj"}
+                                                : std::vector<std::string>{"all-linear"};
+        lora.dropout = adapters == "dropout" ? 0.2 : 0.0;
+        ASSERT_TRUE(model.AddLora(lora).ok());
+        RandomizeLoraB(model);
+        model.SetTraining(true);
+        model.SetGradientCheckpointing(checkpointing);
+        const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
+        const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
+        auto step = [&] {
+          at::manual_seed(5);
+          AdapterCopyScope scope(model.adapter_copies());
+          return TwoMicroBatchGradients(model, ids, labels);
+        };
+        const int64_t bytes_before = model.ResidentBytes();
+        const auto reference = step();
+        model.SetDequantizedLayers(2);
+        EXPECT_EQ(model.dequantized_layers(), 2);
+        EXPECT_FALSE(model.layers[0].down_proj.base.resident.defined());
+        EXPECT_TRUE(model.layers[2].down_proj.base.resident.defined());
+        EXPECT_GT(model.DequantizedLayerBytes(), 0);
+        EXPECT_EQ(model.ResidentBytes(), bytes_before + 2 * model.DequantizedLayerBytes());
+        const auto held = step();
+        model.SetDequantizedLayers(9);  // clamped: every layer
+        EXPECT_EQ(model.dequantized_layers(), 3);
+        const auto all_held = step();
+        for (const auto& [name, g] : reference) {
+          EXPECT_TRUE(at::equal(g, held.at(name))) << name << ": " << MaxAbsDiff(g, held.at(name));
+          EXPECT_TRUE(at::equal(g, all_held.at(name))) << name;
+        }
+        // The adapters change (as the optimizer changes them): the held layers compute with the
+        // new values, as dequantizing at each use does.
+        RandomizeLoraB(model, 11);
+        {
+          at::NoGradGuard no_grad;
+          for (const auto& [name, p] : model.TrainableParameters()) {
+            if (name.find("lora_A") != std::string::npos) const_cast<at::Tensor&>(p).mul_(1.5);
+          }
+        }
+        const auto changed_held = step();
+        model.SetDequantizedLayers(0);
+        EXPECT_FALSE(model.layers[2].down_proj.base.resident.defined());
+        EXPECT_EQ(model.ResidentBytes(), bytes_before);
+        const auto changed = step();
+        for (const auto& [name, g] : changed) {
+          EXPECT_TRUE(at::equal(g, changed_held.at(name))) << name;
+          if (name.rfind("loss_sum", 0) == 0) EXPECT_FALSE(at::equal(g, reference.at(name)));
+        }
+      }
+    }
+  }
+}
+
 // Checkpointing the first n of L layers (the auto mode's split, memory_plan.h) computes exactly
 // what all or none does: the same ops on the same values, the dropout masks replayed.
 TEST(EngineModel, CheckpointingTheFirstNLayersGivesBitwiseTheSameLossAndGradients) {

@@ -141,20 +141,30 @@ void Save(AutogradContext* ctx, const kernels::Quantized4bit& q, const std::stri
   s[prefix + "dtype"] = static_cast<int64_t>(q.dtype);
 }
 
+// The weight in dtype: `resident` where it is one of that dtype (resident_weights.h), else
+// dequantized (a temporary).
+at::Tensor ResidentOrDequantized(const at::Tensor& resident, const kernels::Quantized4bit& q,
+                                 at::ScalarType dtype) {
+  return resident.defined() && resident.scalar_type() == dtype ? resident
+                                                               : DequantizeWeight(q, dtype);
+}
+
+// resident: the weight held dequantized (FrozenWeight::resident), or null / undefined.
 struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             const kernels::Quantized4bit* weight, bool value_unused,
-                            kernels::GemmTuner* gemm) {
+                            kernels::GemmTuner* gemm, const at::Tensor* resident) {
     Save(ctx, *weight);
     SaveGemm(ctx, gemm);
+    const at::Tensor held = resident != nullptr ? *resident : at::Tensor();
+    if (held.defined()) ctx->saved_data["resident"] = held;
     ctx->saved_data["compute_dtype"] = static_cast<int64_t>(x.scalar_type());
     if (value_unused) {  // only the graph is used: backward needs W alone
       std::vector<int64_t> sizes = x.sizes().vec();
       sizes.back() = weight->shape[0];
       return ValueUnused(sizes, x.options());
     }
-    // The dequantized weight is a temporary: freed when this scope ends.
-    return Matmul(gemm, x, DequantizeWeight(*weight, x.scalar_type()).t());
+    return Matmul(gemm, x, ResidentOrDequantized(held, *weight, x.scalar_type()).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -162,9 +172,13 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
     const at::Tensor& grad = grad_outputs[0];
     at::Tensor grad_x;
     if (grad.defined() && ctx->needs_input_grad(0)) {
-      grad_x = Matmul(SavedGemm(ctx), grad.to(dtype), DequantizeWeight(FromSaved(ctx), dtype));
+      auto held = ctx->saved_data.find("resident");
+      grad_x = Matmul(SavedGemm(ctx), grad.to(dtype),
+                      ResidentOrDequantized(
+                          held != ctx->saved_data.end() ? held->second.toTensor() : at::Tensor(),
+                          FromSaved(ctx), dtype));
     }
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -173,6 +187,8 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
 void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string& prefix = "") {
   if (base.quantized) {
     Save(ctx, *base.quantized, prefix);
+    // A view of the job-long buffer: a reference, not a copy.
+    if (base.resident.defined()) ctx->saved_data[prefix + "resident"] = base.resident;
   } else {
     ctx->saved_data[prefix + "dense"] = base.dense;
   }
@@ -190,8 +206,41 @@ FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix) 
     w.quantized = FromSaved(ctx, prefix);
     w.out_features = w.quantized->shape.at(0);
     w.in_features = w.quantized->shape.at(1);
+    auto resident = ctx->saved_data.find(prefix + "resident");
+    if (resident != ctx->saved_data.end()) w.resident = resident->second.toTensor();
   }
   return w;
+}
+
+// Rows [sum of out + extra_rows, width] of the buffer the weights' resident views lie in
+// (resident_weights.h), where each weight has one in `dtype`, adjacent in the given order, in
+// rows at least `width` wide; with extra_rows, only where those rows end the buffer (its rows
+// below the group's weights, which callers write: never another weight's). Else an undefined
+// tensor (the caller dequantizes into a buffer of its own).
+at::Tensor ResidentRows(const std::vector<const FrozenWeight*>& weights, int64_t extra_rows,
+                        int64_t width, at::ScalarType dtype) {
+  if (weights.empty() || !weights[0]->resident.defined()) return at::Tensor();
+  const at::Tensor& first = weights[0]->resident;
+  const int64_t ld = first.stride(0);
+  if (first.scalar_type() != dtype || first.stride(1) != 1 || ld < width) return at::Tensor();
+  int64_t rows = 0;
+  for (const FrozenWeight* w : weights) {
+    const at::Tensor& r = w->resident;
+    if (!r.defined() || !r.storage().is_alias_of(first.storage()) || r.stride(0) != ld ||
+        r.stride(1) != 1 || r.scalar_type() != dtype ||
+        r.storage_offset() != first.storage_offset() + rows * ld) {
+      return at::Tensor();
+    }
+    rows += r.size(0);
+  }
+  const int64_t buffer_rows =
+      static_cast<int64_t>(first.storage().nbytes()) / (ld * first.element_size());
+  if (extra_rows > 0 && (first.storage_offset() != 0 || rows + extra_rows != buffer_rows)) {
+    return at::Tensor();
+  }
+  if (first.storage_offset() / ld + rows > buffer_rows) return at::Tensor();
+  return at::empty({0}, first.options())
+      .set_(first.storage(), first.storage_offset(), {rows + extra_rows, width}, {ld, 1});
 }
 
 // The weight SaveBase kept, in dtype (dequantized, or the dense weight cast).
@@ -205,12 +254,17 @@ at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::stri
 at::Tensor StackedWeights(AutogradContext* ctx, const std::vector<std::string>& prefixes,
                           const at::Tensor& below, int64_t in, const at::TensorOptions& options) {
   std::vector<FrozenWeight> weights;
-  int64_t rows = below.defined() ? below.size(0) : 0;
+  const int64_t extra = below.defined() ? below.size(0) : 0;
+  int64_t rows = extra;
   for (const std::string& prefix : prefixes) {
     weights.push_back(SavedFrozenWeight(ctx, prefix));
     rows += weights.back().out_features;
   }
-  const at::Tensor stacked = at::empty({rows, in}, options);
+  std::vector<const FrozenWeight*> views;
+  for (const FrozenWeight& w : weights) views.push_back(&w);
+  // Held dequantized: the buffer's own rows, the As written below them (nothing to dequantize).
+  at::Tensor stacked = ResidentRows(views, extra, in, options.dtype().toScalarType());
+  if (!stacked.defined()) stacked = at::empty({rows, in}, options);
   int64_t row = 0;
   for (const FrozenWeight& w : weights) {
     w.MaterializeInto(stacked.narrow(0, row, w.out_features));
@@ -285,8 +339,11 @@ at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
 at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
                          int64_t offset, at::ScalarType dtype) {
   const int64_t out = b.size(0), r = b.size(1);
-  at::Tensor wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
-                        .narrow(1, 0, in + offset + r);
+  at::Tensor wide = ResidentRows({&base}, 0, in + offset + r, dtype);  // only B's columns to write
+  if (!wide.defined()) {
+    wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
+               .narrow(1, 0, in + offset + r);
+  }
   // The product formed in float32 (b's dtype, or b cast exactly) and rounded once.
   const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
   base.MaterializeInto(wide.narrow(1, 0, in), &adapter);  // a 4-bit base: one launch for all
@@ -782,9 +839,16 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   const int64_t width = wide.size(1);
   const int64_t in = group[0]->base.in_features, rank_sum = width - in;
   int64_t total = 0;
-  for (const LinearLayer* layer : group) total += layer->base.out_features;
-  const at::Tensor stacked =
-      at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
+  std::vector<const FrozenWeight*> bases;
+  for (const LinearLayer* layer : group) {
+    total += layer->base.out_features;
+    bases.push_back(&layer->base);
+  }
+  // Held dequantized (resident_weights.h): only the adapters' columns are written below.
+  at::Tensor stacked = ResidentRows(bases, 0, width, wide.scalar_type());
+  if (!stacked.defined()) {
+    stacked = at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
+  }
   // Each layer's launch writes its rows' adapter columns whole, zeros around its own B.
   int64_t row = 0, offset = 0;
   for (size_t i = 0; i < group.size(); ++i) {
@@ -1011,15 +1075,25 @@ at::Tensor BitsandbytesQuantMap(kernels::QuantType type) { return kernels::Seria
 
 at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight) {
   return Linear4bitFunction::apply(x, &weight, /*value_unused=*/false,
-                                   static_cast<kernels::GemmTuner*>(nullptr));
+                                   static_cast<kernels::GemmTuner*>(nullptr),
+                                   static_cast<const at::Tensor*>(nullptr));
 }
 
 at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
+  if (resident.defined() && resident.scalar_type() == dtype) return resident;
   return quantized ? DequantizeWeight(*quantized, dtype) : dense.to(dtype);
 }
 
 void FrozenWeight::MaterializeInto(const at::Tensor& out,
                                    const kernels::ColumnsAfter* after) const {
+  if (resident.defined()) {
+    const bool itself = out.data_ptr() == resident.data_ptr() && out.sizes() == resident.sizes() &&
+                        out.strides() == resident.strides() &&
+                        out.scalar_type() == resident.scalar_type();
+    if (!itself) at::Tensor(out).copy_(resident);
+    if (after != nullptr) kernels::WriteColumnsAfter(out, *after);
+    return;
+  }
   if (quantized) {
     kernels::Dequantize4bitInto(*quantized, out, after);
     return;
@@ -1030,7 +1104,8 @@ void FrozenWeight::MaterializeInto(const at::Tensor& out,
 
 at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
   const at::Tensor y =
-      quantized ? Linear4bit(x, *quantized)
+      quantized ? Linear4bitFunction::apply(x, &*quantized, /*value_unused=*/false,
+                                            static_cast<kernels::GemmTuner*>(nullptr), &resident)
                 : at::linear(x, dense.scalar_type() == x.scalar_type() ? dense
                                                                        : dense.to(x.scalar_type()));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
@@ -1040,7 +1115,7 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_u
   if (!lora) {
     // The 4-bit node itself where the recomputation skips its GEMM or the tuner runs it.
     if (base.quantized && !base.bias.defined() && (value_unused || gemm != nullptr)) {
-      return Linear4bitFunction::apply(x, &*base.quantized, value_unused, gemm);
+      return Linear4bitFunction::apply(x, &*base.quantized, value_unused, gemm, &base.resident);
     }
     return base.Apply(x);
   }

@@ -3,7 +3,8 @@
 // Linear4bit: y = x W^T where W is stored as NF4/FP4 (kernels/quantize_4bit.h). A custom
 // autograd function dequantizes W in forward, multiplies and drops it; backward dequantizes again
 // for grad_input = grad_output W. W never gets a gradient and the dequantized copy is never kept
-// between forward and backward (what bitsandbytes' MatMul4Bit does).
+// between forward and backward (what bitsandbytes' MatMul4Bit does), unless the weight is held
+// dequantized for the job (FrozenWeight::resident, resident_weights.h): then its view is used.
 //
 // LoRA (PEFT semantics, bias "none"): y = base(x) + B(A(dropout(x))) * scale, with A [r, in] and B [out, r]
 // trainable float32 parameters cast to the compute dtype (x's dtype) for the matmuls.
@@ -39,11 +40,17 @@ struct FrozenWeight {
   at::Tensor bias;                                  // [out] in the compute dtype, or undefined
   int64_t out_features = 0;
   int64_t in_features = 0;
+  // A 4-bit weight held dequantized for the whole job (resident_weights.h): [out, in] in the
+  // compute dtype, a view of its group's buffer (row stride >= in); undefined: dequantized at
+  // each use and dropped.
+  at::Tensor resident;
 
-  // The weight as a dense tensor of `dtype` (dequantized when 4-bit).
+  // The weight as a dense tensor of `dtype` (dequantized when 4-bit; the resident view itself
+  // where there is one of that dtype: read it, never write it).
   at::Tensor Materialize(at::ScalarType dtype) const;
   // The same written into out [out_features, in_features] (any float dtype; any row stride),
   // with `after`'s columns after each row (kernels::Dequantize4bitInto, one launch when 4-bit).
+  // Where out is the resident view itself, only `after`'s columns are written.
   void MaterializeInto(const at::Tensor& out,
                        const kernels::ColumnsAfter* after = nullptr) const;
   // x W^T (+ bias) in x's dtype.

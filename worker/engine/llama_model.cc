@@ -15,6 +15,7 @@
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/cudnn_attention.h"
 #include "worker/engine/fused_ops.h"
+#include "worker/engine/resident_weights.h"
 
 namespace qlora::engine {
 namespace {
@@ -165,6 +166,26 @@ void LlamaForCausalLM::PlaceOffloadedLayers() {
   for (std::vector<int64_t>& groups : prefetch_at_) std::sort(groups.rbegin(), groups.rend());
 }
 
+void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {
+  const int64_t count = static_cast<int64_t>(layers.size());
+  dequantized_layers_ = std::clamp<int64_t>(n, 0, count);
+  for (int64_t i = 0; i < count; ++i) {
+    if (i >= count - dequantized_layers_) {
+      MakeResident(layers[i], compute_dtype_);
+    } else {
+      DropResident(layers[i]);
+    }
+  }
+}
+
+int64_t LlamaForCausalLM::DequantizedLayerBytes() const {
+  int64_t most = 0;
+  for (const DecoderLayer& layer : layers) {
+    most = std::max(most, ResidentWeightBytes(layer, compute_dtype_));
+  }
+  return most;
+}
+
 int64_t LlamaForCausalLM::ResidentBytes() const {
   auto bytes = [](const at::Tensor& t) -> int64_t { return t.defined() ? t.nbytes() : 0; };
   int64_t total = bytes(embed_tokens) + bytes(norm) + (lm_head.is_same(embed_tokens) ? 0 : bytes(lm_head));
@@ -179,6 +200,7 @@ int64_t LlamaForCausalLM::ResidentBytes() const {
       }
       if (linear.lora) total += bytes(linear.lora->a) + bytes(linear.lora->b);
     }
+    if (layer.q_proj.base.resident.defined()) total += ResidentWeightBytes(layer, compute_dtype_);
   }
   return total;
 }

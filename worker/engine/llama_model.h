@@ -122,6 +122,14 @@ class LlamaForCausalLM {
   // values and gradients as any split.
   void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
   int64_t offloaded_layers() const;
+  // The top `n` decoder layers (clamped to [0, layers]) hold their 4-bit weights dequantized in
+  // the compute dtype for as long as this stays set (resident_weights.h: no dequantization in
+  // their forward or backward, DequantizedLayerBytes each); 0 (the default) drops them. The same
+  // values and gradients with any n.
+  void SetDequantizedLayers(int64_t n);
+  int64_t dequantized_layers() const { return dequantized_layers_; }
+  // Device bytes one more dequantized layer takes (the largest layer's; 0 without 4-bit weights).
+  int64_t DequantizedLayerBytes() const;
   // The offloader (null until SetOffloadedLayers > 0): bytes moved, for logs and tests.
   const ActivationOffloader* activation_offloader() const { return offloader_.get(); }
   // Bytes of the model's tensors: weights (4-bit blocks and their scales), norms, biases and
@@ -167,6 +175,7 @@ class LlamaForCausalLM {
   bool training_ = false;
   int64_t checkpointed_layers_ = 0;  // the constructor: every layer
   int64_t offload_request_ = 0;      // SetOffloadedLayers' n, re-applied when the split changes
+  int64_t dequantized_layers_ = 0;   // SetDequantizedLayers' n (clamped)
   std::vector<bool> offloaded_;      // per layer
   // Per layer: the groups (layers) whose offloaded tensors its output's hook fetches.
   std::vector<std::vector<int64_t>> prefetch_at_;

@@ -174,6 +174,12 @@ CheckpointingReport CheckpointingBudget::Report() const {
   return r;
 }
 
+void CheckpointingBudget::AddFixedBytes(int64_t bytes) {
+  if (!planned_ || bytes <= 0) return;
+  request_.resident_bytes += bytes;
+  plan_.planned_peak_bytes += bytes;
+}
+
 std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
   if (!planned_ || step > 2 || peak_bytes <= peak_before_) return "";
   measured_peak_ = std::max(measured_peak_, peak_bytes);

@@ -77,6 +77,11 @@ class CheckpointingBudget {
   // a line for the log when it measured or changed something, else "".
   std::string AfterStep(int64_t step, int64_t peak_bytes);
 
+  // Bytes held from now on that the plan did not count (dequantized weights, set after the first
+  // step: dequantized_weights.h), added to its fixed part and its planned peak, so that the next
+  // steps' peaks are compared with a plan that counts them.
+  void AddFixedBytes(int64_t bytes);
+
  private:
   CheckpointingBudget() = default;
 

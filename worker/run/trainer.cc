@@ -156,6 +156,14 @@ absl::Status Trainer::ChooseCheckpointing() {
   QLORA_ASSIGN_OR_RETURN(CheckpointingBudget budget, CheckpointingBudget::Start(o));
   checkpointing_ = std::move(budget);
   Log(checkpointing_->Describe());
+  DequantizedWeightsOptions d;
+  d.trainer = &t;
+  d.model = model_.get();
+  d.device = device_;
+  d.available_bytes = o.available_bytes;
+  std::string line;
+  dequantized_ = DequantizedWeights::Start(d, &line);
+  if (!line.empty()) Log(line);
   return absl::OkStatus();
 }
 
@@ -284,8 +292,13 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   result.seconds = SteadySeconds() - start;
   totals_.steps += 1;
   if (device_.is_cuda()) {
-    const std::string measured = checkpointing_->AfterStep(totals_.steps, PeakMemoryBytes(device_));
+    const int64_t peak = PeakMemoryBytes(device_);
+    const std::string measured = checkpointing_->AfterStep(totals_.steps, peak);
     if (!measured.empty()) Log(measured);
+    std::string held;
+    const int64_t held_bytes = dequantized_->AfterStep(totals_.steps, peak, &held);
+    checkpointing_->AddFixedBytes(held_bytes);
+    if (!held.empty()) Log(held);
   }
   totals_.last_step = result.step;
   totals_.loss_sum += result.loss;

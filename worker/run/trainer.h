@@ -26,6 +26,7 @@
 #include "worker/engine/llama_model.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/run/checkpointing_budget.h"
+#include "worker/run/dequantized_weights.h"
 #include "worker/run/micro_batches.h"
 #include "worker/run/run_metrics.h"
 #include "worker/run/step_batches.h"
@@ -94,6 +95,7 @@ class Trainer {
   std::vector<strategy::TrainableParam> params_;
   std::unique_ptr<strategy::DistributedStrategy> strategy_;
   std::optional<CheckpointingBudget> checkpointing_;
+  std::optional<DequantizedWeights> dequantized_;  // trainer.dequantized_weight_layers
   std::unique_ptr<MicroBatchSource> train_;
   std::unique_ptr<MicroBatchSource> validation_;   // null without validation data
   std::unique_ptr<StepBatches> steps_;

@@ -1,0 +1,107 @@
+// trainer.dequantized_weight_layers on one rank (worker/run/dequantized_weights.h), on a real
+// tiny NF4 model on the CPU: a count holds that many top layers at once; auto waits for the
+// first step's peak and holds what fits the budget less 2 % (its arithmetic with the 7B
+// figures, and the choice on the model); auto on a CPU worker holds none.
+#include <stdlib.h>
+
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "worker/engine/hf_loader.h"
+#include "worker/engine/llama_model.h"
+#include "worker/engine/tiny_model.h"
+#include "worker/run/dequantized_weights.h"
+
+namespace qlora::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// A tiny NF4 model of 4 layers with adapters on every projection, in a fresh folder.
+std::unique_ptr<engine::LlamaForCausalLM> TinyNf4Model() {
+  char pattern[] = "/tmp/qlora_dequantized_XXXXXX";
+  const char* dir = mkdtemp(pattern);
+  EXPECT_NE(dir, nullptr);
+  engine::TinyModelOptions tiny;
+  tiny.config.num_hidden_layers = 4;
+  EXPECT_TRUE(engine::MakeTinyModel(dir, tiny).ok());
+  engine::LoadOptions load;
+  load.compute_dtype = at::kBFloat16;
+  auto model = engine::LoadLlama(dir, load);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  engine::LoraOptions lora;
+  lora.target_modules = {"all-linear"};
+  EXPECT_TRUE((*model)->AddLora(lora).ok());
+  return std::move(*model);
+}
+
+TEST(DequantizedWeights, FittingLayersLeaveTwoPercentOfTheBudget) {
+  // 7B at micro-batch 4 without checkpointing: a 31.65 GiB peak, 36 GiB allowed, ~0.4 GB a layer.
+  const int64_t layer = int64_t{404} << 20;
+  const int64_t peak = static_cast<int64_t>(31.65 * kGiB);
+  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32),
+            static_cast<int64_t>((36 * kGiB * 0.98 - peak) / layer));
+  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32), 9);
+  EXPECT_EQ(DequantizedWeights::FittingLayers(140 * kGiB, peak, layer, 32), 32);  // all of them
+  EXPECT_EQ(DequantizedWeights::FittingLayers(32 * kGiB, peak, layer, 32), 0);    // no room
+  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, 0, 32), 0);        // nothing 4-bit
+}
+
+TEST(DequantizedWeights, ACountHoldsThatManyTopLayersAtOnce) {
+  auto model = TinyNf4Model();
+  ASSERT_NE(model, nullptr);
+  TrainerConfig trainer;
+  trainer.dequantized_weight_layers = 3;
+  DequantizedWeightsOptions o;
+  o.trainer = &trainer;
+  o.model = model.get();
+  std::string line;
+  DequantizedWeights d = DequantizedWeights::Start(o, &line);
+  EXPECT_EQ(model->dequantized_layers(), 3);
+  EXPECT_FALSE(model->layers[0].q_proj.base.resident.defined());
+  EXPECT_TRUE(model->layers[1].q_proj.base.resident.defined());
+  EXPECT_THAT(line, HasSubstr("3 of 4 layers hold their weights dequantized"));
+  EXPECT_EQ(d.AfterStep(1, 100 * kGiB, &line), 0);  // a count never changes
+  EXPECT_EQ(line, "");
+  EXPECT_EQ(model->dequantized_layers(), 3);
+}
+
+TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) {
+  auto model = TinyNf4Model();
+  ASSERT_NE(model, nullptr);
+  TrainerConfig trainer;
+  trainer.dequantized_weights_auto = true;
+  DequantizedWeightsOptions o;
+  o.trainer = &trainer;
+  o.model = model.get();
+  std::string line;
+  DequantizedWeights on_cpu = DequantizedWeights::Start(o, &line);
+  EXPECT_THAT(line, HasSubstr("auto: none (the model is not on a GPU)"));
+  EXPECT_EQ(on_cpu.AfterStep(1, 0, &line), 0);
+  EXPECT_EQ(model->dequantized_layers(), 0);
+
+  // A GPU worker's decision (the model itself stays on the CPU: only its bytes matter here):
+  // a budget with room for two layers past the first step's peak.
+  const int64_t layer = model->DequantizedLayerBytes();
+  ASSERT_GT(layer, 0);
+  o.device = c10::Device(c10::kCUDA, 0);
+  trainer.max_memory_gib = 1;
+  const int64_t peak = static_cast<int64_t>(kGiB * 0.98) - 2 * layer - layer / 2;
+  DequantizedWeights on_gpu = DequantizedWeights::Start(o, &line);
+  EXPECT_THAT(line, HasSubstr("chosen after the first step, for a 1.0 GiB budget"));
+  EXPECT_EQ(model->dequantized_layers(), 0);  // not before the first step
+  EXPECT_EQ(on_gpu.AfterStep(1, peak, &line), 2 * layer);
+  EXPECT_EQ(model->dequantized_layers(), 2);
+  EXPECT_THAT(line, HasSubstr("so from the next step 2 of 4 layers hold their weights"));
+  EXPECT_EQ(on_gpu.AfterStep(2, 0, &line), 0);  // decided once
+  EXPECT_EQ(model->dequantized_layers(), 2);
+}
+
+}  // namespace
+}  // namespace qlora::worker

@@ -1,0 +1,71 @@
+// The job-long dequantized copies of a decoder layer's 4-bit weights (see resident_weights.h).
+#include "worker/engine/resident_weights.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "worker/engine/aligned_rows.h"
+#include "worker/engine/llama_model.h"
+
+namespace qlora::engine {
+namespace {
+
+// The groups that share a buffer: the projections that read one input, or run alone.
+std::vector<std::vector<LinearLayer*>> Groups(DecoderLayer& layer) {
+  return {{&layer.q_proj, &layer.k_proj, &layer.v_proj},
+          {&layer.o_proj},
+          {&layer.gate_proj, &layer.up_proj},
+          {&layer.down_proj}};
+}
+
+// A group's buffer shape {rows, row stride}, or {0, 0} where a weight is not 4-bit.
+std::pair<int64_t, int64_t> BufferShape(const std::vector<LinearLayer*>& group) {
+  int64_t rows = 0, rank_sum = 0;
+  for (const LinearLayer* linear : group) {
+    if (!linear->base.quantized) return {0, 0};
+    rows += linear->base.out_features;
+    if (linear->lora) rank_sum += linear->lora->a.size(0);
+  }
+  return {rows + rank_sum, AlignedRow(group[0]->base.in_features + rank_sum)};
+}
+
+}  // namespace
+
+int64_t ResidentWeightBytes(const DecoderLayer& layer, at::ScalarType dtype) {
+  int64_t bytes = 0;
+  for (const auto& group : Groups(const_cast<DecoderLayer&>(layer))) {
+    const auto [rows, stride] = BufferShape(group);
+    bytes += rows * stride * static_cast<int64_t>(c10::elementSize(dtype));
+  }
+  return bytes;
+}
+
+void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
+  for (const auto& group : Groups(layer)) {
+    const auto [rows, stride] = BufferShape(group);
+    if (rows == 0) continue;
+    if (group[0]->base.resident.defined() && group[0]->base.resident.scalar_type() == dtype) {
+      continue;
+    }
+    const at::Tensor buffer = at::zeros(
+        {rows, stride}, group[0]->base.quantized->packed.options().dtype(dtype));
+    int64_t row = 0;
+    for (LinearLayer* linear : group) {
+      FrozenWeight& w = linear->base;
+      w.resident = at::Tensor();  // MaterializeInto dequantizes into the view below
+      const at::Tensor view = buffer.narrow(0, row, w.out_features).narrow(1, 0, w.in_features);
+      w.MaterializeInto(view);
+      w.resident = view;
+      row += w.out_features;
+    }
+  }
+}
+
+void DropResident(DecoderLayer& layer) {
+  for (const auto& group : Groups(layer)) {
+    for (LinearLayer* linear : group) linear->base.resident = at::Tensor();
+  }
+}
+
+}  // namespace qlora::engine

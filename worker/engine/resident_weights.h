@@ -1,0 +1,39 @@
+// Frozen 4-bit weights held dequantized for the whole job (trainer.dequantized_weight_layers):
+// a decoder layer's projections then cost no dequantization in forward or backward, for
+// (their weights + the adapters' rows) x the compute dtype's bytes of device memory each.
+//
+// Layout: one buffer per group of projections that read one input or run alone (q/k/v, o,
+// gate/up, down), [sum of out + sum of r, AlignedRow(in + sum of r)], which the LoRA nodes
+// (linear4bit.cc) use in place of the buffers they would dequantize into:
+//   rows of the weights, columns [0, in)     W_1; ...; W_n (each FrozenWeight::resident views
+//                                            its rows), written once here;
+//   the same rows, the columns after in      the widened forward's [0 | scale B_i | 0] (a
+//                                            forward writes them from the adapters it runs);
+//   the rows below, columns [0, in)          A_1; ...; A_n for the input-gradient GEMM over
+//                                            [g | dh'] (a backward writes them).
+// So the forward GEMM reads [W | adapters' columns] and the backward GEMM [W; A] from the one
+// buffer, where each would otherwise dequantize W into a buffer of its own. The values are the
+// same bits as dequantized at each use. Torch side.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "worker/engine/linear4bit.h"
+
+namespace qlora::engine {
+
+struct DecoderLayer;
+
+// Device bytes MakeResident would take for `layer` in `dtype` (0 where no group is 4-bit).
+int64_t ResidentWeightBytes(const DecoderLayer& layer, at::ScalarType dtype);
+
+// Dequantizes each of the layer's 4-bit groups into its buffer and points the weights'
+// `resident` at it (a group with a dense weight stays as it is). Idempotent.
+void MakeResident(DecoderLayer& layer, at::ScalarType dtype);
+
+// Drops the buffers (freed once no autograd graph holds a view of them).
+void DropResident(DecoderLayer& layer);
+
+}  // namespace qlora::engine

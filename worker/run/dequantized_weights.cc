@@ -1,0 +1,71 @@
+// trainer.dequantized_weight_layers: the count, or auto's choice after the first step (see
+// dequantized_weights.h).
+#include "worker/run/dequantized_weights.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/memory_plan.h"
+
+namespace qlora::worker {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string Held(const engine::LlamaForCausalLM& model) {
+  const int64_t n = model.dequantized_layers();
+  return absl::StrCat(n, " of ", model.layers.size(), " layers hold their weights dequantized (",
+                      engine::FormatMemory(n * model.DequantizedLayerBytes()), ")");
+}
+
+}  // namespace
+
+DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
+                                             std::string* line) {
+  DequantizedWeights d;
+  d.model_ = o.model;
+  const TrainerConfig& t = *o.trainer;
+  line->clear();
+  if (t.dequantized_weights_auto) {
+    if (!o.device.is_cuda()) {
+      *line = "dequantized_weight_layers: auto: none (the model is not on a GPU)";
+      return d;
+    }
+    d.pending_auto_ = true;
+    d.budget_bytes_ = t.max_memory_gib > 0 ? static_cast<int64_t>(t.max_memory_gib * kGiB)
+                                           : o.available_bytes;
+    *line = absl::StrCat("dequantized_weight_layers: auto: chosen after the first step, for a ",
+                         engine::FormatMemory(d.budget_bytes_), " budget");
+  } else if (t.dequantized_weight_layers > 0) {
+    o.model->SetDequantizedLayers(t.dequantized_weight_layers);
+    *line = absl::StrCat("dequantized_weight_layers: ", Held(*o.model));
+  }
+  return d;
+}
+
+int64_t DequantizedWeights::FittingLayers(int64_t budget_bytes, int64_t peak_bytes,
+                                          int64_t layer_bytes, int64_t max_layers) {
+  if (layer_bytes <= 0) return 0;
+  const double room = static_cast<double>(budget_bytes) * (1 - kMarginFraction) -
+                      static_cast<double>(peak_bytes);
+  if (room <= 0) return 0;
+  return std::min<int64_t>(max_layers, static_cast<int64_t>(room / layer_bytes));
+}
+
+int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, std::string* line) {
+  line->clear();
+  if (!pending_auto_ || step != 1) return 0;
+  pending_auto_ = false;
+  const int64_t layer_bytes = model_->DequantizedLayerBytes();
+  model_->SetDequantizedLayers(FittingLayers(budget_bytes_, peak_bytes, layer_bytes,
+                                             static_cast<int64_t>(model_->layers.size())));
+  *line = absl::StrCat("dequantized_weight_layers: auto: the first step peaked at ",
+                       engine::FormatMemory(peak_bytes), " of a ",
+                       engine::FormatMemory(budget_bytes_), " budget, so from the next step ",
+                       Held(*model_));
+  return model_->dequantized_layers() * layer_bytes;
+}
+
+int64_t DequantizedWeights::layers() const { return model_->dequantized_layers(); }
+
+}  // namespace qlora::worker

@@ -1,0 +1,58 @@
+// trainer.dequantized_weight_layers on one rank: how many decoder layers hold their 4-bit
+// weights dequantized for the job (worker/engine/resident_weights.h).
+//
+// A count sets that many (the top layers) before the first step. `auto` (a GPU) waits for the
+// first step's measured peak and then sets as many as fit between it and the budget less 2 %:
+// trainer.max_memory_gib, else what this process could allocate when the job started
+// (DeviceAvailableBytes, as checkpointing's auto reads it). The held layers only add memory, the
+// same at every moment of a step, so the next steps peak at the first one's plus theirs. On a CPU
+// `auto` holds none (a CPU has no figure of its own to plan for). Torch side.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "common/config/job_config.h"
+#include "worker/engine/llama_model.h"
+
+namespace qlora::worker {
+
+struct DequantizedWeightsOptions {
+  const TrainerConfig* trainer = nullptr;
+  engine::LlamaForCausalLM* model = nullptr;  // its held layers are set here
+  c10::Device device = c10::Device(c10::kCPU);
+  // The budget when trainer.max_memory_gib is unset: DeviceAvailableBytes (0 on a CPU).
+  int64_t available_bytes = 0;
+};
+
+class DequantizedWeights {
+ public:
+  // Sets a count at once; returns the line for the log.
+  static DequantizedWeights Start(const DequantizedWeightsOptions& options, std::string* line);
+
+  // After a step (`step` 1-based in this run) with the allocator's peak so far: auto's choice
+  // after the first. Returns the bytes the held layers took then (for the checkpointing plan's
+  // fixed part) and a line for the log in *line ("" when nothing changed).
+  int64_t AfterStep(int64_t step, int64_t peak_bytes, std::string* line);
+
+  // The layers held now.
+  int64_t layers() const;
+
+  // auto's choice for a peak and budget: the layers of `layer_bytes` each that fit under
+  // budget x (1 - margin), at most `max_layers`.
+  static int64_t FittingLayers(int64_t budget_bytes, int64_t peak_bytes, int64_t layer_bytes,
+                               int64_t max_layers);
+
+  static constexpr double kMarginFraction = 0.02;
+
+ private:
+  DequantizedWeights() = default;
+
+  engine::LlamaForCausalLM* model_ = nullptr;
+  bool pending_auto_ = false;  // auto on a GPU, before the first step's peak
+  int64_t budget_bytes_ = 0;
+};
+
+}  // namespace qlora::worker
