@@ -143,7 +143,10 @@ def main():
             auto["offloaded_layers"] = reported
     if a.dequantized_layers:
         count, _, chosen = a.dequantized_layers.partition(":")
-        held = chosen if count == "auto" else count
+        # The count the ranks reported (checkpointing.dequantized_layers), else the log's / job's.
+        held_reported = max(int(steps[max(steps)].get("checkpointing", {}).get("dequantized_layers", 0))
+                            for steps in progress.values())
+        held = str(held_reported) if held_reported > 0 else (chosen if count == "auto" else count)
         variant += f", weights of {held} layers held dequantized" + (" (auto)" if count == "auto" else "")
     gpus = len(a.gpus.split(","))
     out = {"impl": "ours", "label": a.label, "variant": variant, "state": state,

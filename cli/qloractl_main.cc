@@ -110,6 +110,10 @@ void PrintJob(const v1::Job& job, bool json) {
       if (c.offloaded_layers() > 0) {
         printf(", %lld offloaded to host memory", static_cast<long long>(c.offloaded_layers()));
       }
+      if (c.dequantized_layers() > 0) {
+        printf(", %lld with weights held dequantized",
+               static_cast<long long>(c.dequantized_layers()));
+      }
       printf("\n");
     }
   }

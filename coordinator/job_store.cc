@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS events (
   total_malformed INTEGER DEFAULT 0, total_without_target INTEGER DEFAULT 0,
   ckpt_layers INTEGER DEFAULT -1, ckpt_total INTEGER DEFAULT 0, ckpt_planned INTEGER DEFAULT 0,
   ckpt_budget INTEGER DEFAULT 0, ckpt_measured INTEGER DEFAULT 0,
-  ckpt_offloaded INTEGER DEFAULT 0,
+  ckpt_offloaded INTEGER DEFAULT 0, ckpt_dequantized INTEGER DEFAULT 0,
   PRIMARY KEY (job_id, seq));
 )sql";
 
@@ -151,7 +151,7 @@ JobEvent ReadEvent(const Statement& s) {
     p.strategy.partitioned_gradients = (s.Int(28) & 2) != 0;
     p.epoch_records = {s.Int(29), s.Int(30), s.Int(31), s.Int(32)};
     p.total_records = {s.Int(33), s.Int(34), s.Int(35), s.Int(36)};
-    p.checkpointing = {s.Int(37), s.Int(38), s.Int(39), s.Int(40), s.Int(41), s.Int(42)};
+    p.checkpointing = {s.Int(37), s.Int(38), s.Int(39), s.Int(40), s.Int(41), s.Int(42), s.Int(43)};
     e.progress = p;
   }
   return e;
@@ -171,7 +171,8 @@ constexpr const char* kEventColumns =
     "optim, grads, comm, rss, dev_reserved, strategy_stage, strategy_world, strategy_trainable, "
     "strategy_partition, strategy_flags, epoch_trained, epoch_left_over, epoch_malformed, "
     "epoch_without_target, total_trained, total_left_over, total_malformed, total_without_target, "
-    "ckpt_layers, ckpt_total, ckpt_planned, ckpt_budget, ckpt_measured, ckpt_offloaded";
+    "ckpt_layers, ckpt_total, ckpt_planned, ckpt_budget, ckpt_measured, ckpt_offloaded, "
+    "ckpt_dequantized";
 
 }  // namespace
 
@@ -198,7 +199,8 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                              "total_malformed INTEGER DEFAULT 0", "total_without_target INTEGER DEFAULT 0",
                              "ckpt_layers INTEGER DEFAULT -1", "ckpt_total INTEGER DEFAULT 0",
                              "ckpt_planned INTEGER DEFAULT 0", "ckpt_budget INTEGER DEFAULT 0",
-                             "ckpt_measured INTEGER DEFAULT 0", "ckpt_offloaded INTEGER DEFAULT 0"}) {
+                             "ckpt_measured INTEGER DEFAULT 0", "ckpt_offloaded INTEGER DEFAULT 0",
+                             "ckpt_dequantized INTEGER DEFAULT 0"}) {
     (void)store->Exec(absl::StrCat("ALTER TABLE events ADD COLUMN ", column).c_str());
   }
   (void)store->Exec("ALTER TABLE jobs ADD COLUMN owner TEXT DEFAULT ''");
@@ -273,7 +275,7 @@ absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e)
   Statement s(db_, absl::StrCat("INSERT INTO events (", kEventColumns,
                                 ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,"
                                 "?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29,?30,?31,"
-                                "?32,?33,?34,?35,?36,?37,?38,?39,?40,?41,?42,?43)").c_str());
+                                "?32,?33,?34,?35,?36,?37,?38,?39,?40,?41,?42,?43,?44)").c_str());
   QLORA_RETURN_IF_ERROR(s.status());
   s.Bind(1, job_id).Bind(2, e.sequence).Bind(3, e.time_unix).Bind(4, static_cast<int>(e.state))
       .Bind(5, e.reason_code).Bind(6, e.message).Bind(7, e.progress ? 1 : 0);
@@ -295,7 +297,8 @@ absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e)
         .Bind(36, p.total_records.malformed).Bind(37, p.total_records.without_target)
         .Bind(38, p.checkpointing.checkpointed_layers).Bind(39, p.checkpointing.layers)
         .Bind(40, p.checkpointing.planned_peak_bytes).Bind(41, p.checkpointing.budget_bytes)
-        .Bind(42, p.checkpointing.measured_peak_bytes).Bind(43, p.checkpointing.offloaded_layers);
+        .Bind(42, p.checkpointing.measured_peak_bytes).Bind(43, p.checkpointing.offloaded_layers)
+        .Bind(44, p.checkpointing.dequantized_layers);
   }
   return s.Step().status();
 }

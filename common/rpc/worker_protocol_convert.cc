@@ -72,6 +72,7 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   c->set_budget_bytes(in.checkpointing.budget_bytes);
   c->set_measured_peak_bytes(in.checkpointing.measured_peak_bytes);
   c->set_offloaded_layers(in.checkpointing.offloaded_layers);
+  c->set_dequantized_layers(in.checkpointing.dequantized_layers);
 }
 
 ProgressSnapshot FromProto(const v1::Progress& in) {
@@ -97,7 +98,8 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   if (in.has_checkpointing()) {
     const v1::CheckpointingReport& c = in.checkpointing();
     p.checkpointing = {c.checkpointed_layers(), c.layers(), c.planned_peak_bytes(),
-                       c.budget_bytes(), c.measured_peak_bytes(), c.offloaded_layers()};
+                       c.budget_bytes(), c.measured_peak_bytes(), c.offloaded_layers(),
+                       c.dequantized_layers()};
   }
   return p;
 }

@@ -69,7 +69,8 @@ std::string JobDetailJson(const JobRecord& job, const std::vector<JobEvent>& eve
                                 {"planned_peak_bytes", c.planned_peak_bytes},
                                 {"budget_bytes", c.budget_bytes},
                                 {"measured_peak_bytes", c.measured_peak_bytes},
-                                {"offloaded_layers", c.offloaded_layers}};
+                                {"offloaded_layers", c.offloaded_layers},
+                                {"dequantized_layers", c.dequantized_layers}};
   }
 
   std::vector<const JobEvent*> progress;

@@ -319,6 +319,12 @@ class SummarizeTest(unittest.TestCase):
                                     "--windows", "1", "--window-steps", "8", "--dequantized-layers", "4")
         self.assertIn("weights of 4 layers held dequantized", got["variant"])
         self.assertNotIn("(auto)", got["variant"])
+        # Workers that report the count: theirs wins over the log's.
+        text = self.with_checkpointing(events(1, 9, [1.0]), {"layers": "32", "dequantized_layers": "11"})
+        got, _ = self.run_summarize(text, "--micro-batch", "4", "--warmup", "1", "--windows", "1",
+                                    "--window-steps", "8", "--checkpointing", "false",
+                                    "--dequantized-layers", "auto:?")
+        self.assertIn("weights of 11 layers held dequantized (auto)", got["variant"])
 
     def test_fair_summary_compares_auto_with_the_best_anchor_within_its_budget(self):
         rows = [

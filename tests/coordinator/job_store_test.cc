@@ -60,7 +60,7 @@ JobEvent ProgressEvent(int64_t seq, int rank, int64_t step, double loss) {
   p.memory.device_allocated_bytes = 1 << 20;
   p.memory.device_reserved_peak_bytes = 3 << 20;
   p.strategy = {1, 4, 1792, 448, true, false};
-  p.checkpointing = {20, 32, int64_t{21} << 30, int64_t{24} << 30, int64_t{22} << 30, 7};
+  p.checkpointing = {20, 32, int64_t{21} << 30, int64_t{24} << 30, int64_t{22} << 30, 7, 3};
   p.memory.host_rss_bytes = 5 << 20;
   e.progress = p;
   return e;
@@ -171,9 +171,9 @@ TEST_F(CoordinatorJobStoreTest, PutJobUpdatesInPlaceAndKeepsTheOrder) {
   EXPECT_DOUBLE_EQ((*jobs)[0].finished_unix, 1700000100);
 }
 
-// A store written before events had the ckpt_offloaded column (the coordinator upgraded in
-// place): it opens, gains the column, keeps its events (their offloaded count 0) and stores new
-// ones with theirs.
+// A store written before events had the ckpt_offloaded and ckpt_dequantized columns (the
+// coordinator upgraded in place): it opens, gains them, keeps its events (their counts 0) and
+// stores new ones with theirs.
 TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeepsItsEvents) {
   const std::string path = dir_.path() + "/jobs.sqlite";
   {
@@ -185,7 +185,10 @@ TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeep
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   char* error = nullptr;
-  EXPECT_EQ(sqlite3_exec(db, "ALTER TABLE events DROP COLUMN ckpt_offloaded", nullptr, nullptr, &error),
+  EXPECT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE events DROP COLUMN ckpt_offloaded; "
+                         "ALTER TABLE events DROP COLUMN ckpt_dequantized",
+                         nullptr, nullptr, &error),
             SQLITE_OK)
       << (error != nullptr ? error : "");
   sqlite3_free(error);
@@ -195,6 +198,7 @@ TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeep
   ASSERT_NE(store, nullptr);
   JobEvent next = ProgressEvent(2, 0, 2, 3.25);
   next.progress->checkpointing.offloaded_layers = 5;
+  next.progress->checkpointing.dequantized_layers = 6;
   ASSERT_TRUE(store->AppendEvent("job-000001", next).ok());
   absl::StatusOr<std::vector<JobEvent>> events = store->LoadEvents("job-000001", 0);
   ASSERT_TRUE(events.ok()) << events.status();
@@ -204,6 +208,8 @@ TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeep
   EXPECT_EQ((*events)[0].progress->checkpointing.checkpointed_layers, 20);
   EXPECT_EQ((*events)[0].progress->checkpointing.offloaded_layers, 0);
   EXPECT_EQ((*events)[1].progress->checkpointing.offloaded_layers, 5);
+  EXPECT_EQ((*events)[0].progress->checkpointing.dequantized_layers, 0);
+  EXPECT_EQ((*events)[1].progress->checkpointing.dequantized_layers, 6);
 }
 
 TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence) {
@@ -247,6 +253,7 @@ TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence
   EXPECT_EQ(p.checkpointing.budget_bytes, int64_t{24} << 30);
   EXPECT_EQ(p.checkpointing.measured_peak_bytes, int64_t{22} << 30);
   EXPECT_EQ(p.checkpointing.offloaded_layers, 7);
+  EXPECT_EQ(p.checkpointing.dequantized_layers, 3);
 
   absl::StatusOr<std::vector<JobEvent>> after = store->LoadEvents("job-000001", 2);
   ASSERT_TRUE(after.ok()) << after.status();

@@ -122,9 +122,10 @@ TEST(StatusHttpTest, JsonEscapesJobStringsAndThinsLongCurves) {
   EXPECT_THAT(detail, HasSubstr(R"("log":"log \u0001 line\n")"));
   EXPECT_THAT(detail, HasSubstr(R"("message":"line\nbreak")"));
   EXPECT_THAT(detail, HasSubstr(R"("checkpointing":null)"));  // not reported yet
-  job.progress[0].checkpointing = {13, 32, 22 * (int64_t{1} << 30), 24 * (int64_t{1} << 30), 0, 9};
+  job.progress[0].checkpointing = {13, 32, 22 * (int64_t{1} << 30), 24 * (int64_t{1} << 30), 0, 9, 4};
   EXPECT_THAT(JobDetailJson(job, events, 0, 0, ""),
               HasSubstr(R"("checkpointing":{"budget_bytes":25769803776,"checkpointed_layers":13,)"
+                        R"("dequantized_layers":4,)"
                         R"("layers":32,"measured_peak_bytes":0,"offloaded_layers":9,)"
                         R"("planned_peak_bytes":23622320128})"));
   size_t points = 0;

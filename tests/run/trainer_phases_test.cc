@@ -285,6 +285,39 @@ TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical)
   }
 }
 
+// trainer.dequantized_weight_layers: a count holds that many layers of an NF4 model from the
+// first step, the progress reports say so, and the losses are those of the same run without
+// (bit for bit: the held weights are the bits a dequantization gives). A dense model has nothing
+// to hold: 0 reported.
+TEST_F(TrainerPhases, DequantizedWeightLayersAreReportedAndLeaveTheLossesAsTheyAre) {
+  std::vector<double> losses[2];
+  for (int held : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat(held, " held"));
+    TrainingContext context = Context(tmp_ / absl::StrCat("held-", held));
+    context.config.quantization.enabled = true;
+    context.config.trainer.dequantized_weight_layers = held;
+    context.config.trainer.train_steps = 2;
+    context.config.trainer.steps_per_checkpoint = 0;
+    std::vector<ProgressSnapshot> reports;
+    context.report_progress = [&](const ProgressSnapshot& p) { reports.push_back(p); };
+    auto trainer = Trainer::Create(context);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*trainer)->checkpointing().dequantized_layers, held);
+    ASSERT_TRUE((*trainer)->Run().ok());
+    ASSERT_EQ(reports.size(), 2u);
+    for (const ProgressSnapshot& p : reports) {
+      EXPECT_EQ(p.checkpointing.dequantized_layers, held);
+      losses[held].push_back(p.loss);
+    }
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  TrainingContext dense = Context(tmp_ / "held-dense");  // quantization: null
+  dense.config.trainer.dequantized_weight_layers = 2;
+  auto trainer = Trainer::Create(dense);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_EQ((*trainer)->checkpointing().dequantized_layers, 0);
+}
+
 // trainer.enable_gradient_checkpointing: auto plans the split for max_memory_gib once the model
 // and the strategy are built, and reports it with every progress report; a budget below what
 // every layer checkpointed needs fails the start naming both numbers; auto without a budget on

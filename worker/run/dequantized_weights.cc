@@ -36,6 +36,9 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
                                            : o.available_bytes;
     *line = absl::StrCat("dequantized_weight_layers: auto: chosen after the first step, for a ",
                          engine::FormatMemory(d.budget_bytes_), " budget");
+  } else if (t.dequantized_weight_layers > 0 && o.model->DequantizedLayerBytes() == 0) {
+    *line = absl::StrCat("dequantized_weight_layers: ", t.dequantized_weight_layers,
+                         " ignored: the model has no 4-bit weights to hold dequantized");
   } else if (t.dequantized_weight_layers > 0) {
     o.model->SetDequantizedLayers(t.dequantized_weight_layers);
     *line = absl::StrCat("dequantized_weight_layers: ", Held(*o.model));

@@ -167,6 +167,12 @@ absl::Status Trainer::ChooseCheckpointing() {
   return absl::OkStatus();
 }
 
+CheckpointingReport Trainer::checkpointing() const {
+  CheckpointingReport report = checkpointing_->Report();
+  report.dequantized_layers = model_->dequantized_layers();
+  return report;
+}
+
 absl::Status Trainer::OpenData() {
   const WorkerAssignment& a = assignment_;
   MicroBatchOptions options;
@@ -423,7 +429,7 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) const {
   p.strategy.partitioned_gradients = d.partitions_gradients;
   p.epoch_records = steps_->epoch_records();
   p.total_records = steps_->total_records();
-  p.checkpointing = checkpointing_->Report();
+  p.checkpointing = checkpointing();
   return p;
 }
 

@@ -63,7 +63,8 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   const strategy::DistributedStrategy& strategy() const { return *strategy_; }
   // The activation checkpointing this rank runs (the progress reports carry it too).
-  CheckpointingReport checkpointing() const { return checkpointing_->Report(); }
+  // With the layers whose weights are held dequantized (trainer.dequantized_weight_layers).
+  CheckpointingReport checkpointing() const;
 
  private:
   explicit Trainer(const TrainingContext& context);
