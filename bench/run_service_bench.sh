@@ -71,14 +71,8 @@ if ! grep -q JOB_STATE_SUCCEEDED "$work/events.jsonl"; then
   echo "the job did not succeed:" >&2
   "$bin/cli/qloractl" logs job-000001 | tail -30 >&2
 fi
-held=${BENCH_DEQUANTIZED_LAYERS:-}
-if [ "$held" = auto ]; then  # auto's choice, as the worker logged it
-  chosen=$(find "$work/state" -path '*/logs/*.log' -exec grep -ho 'from the next step [0-9]* of' {} + 2>/dev/null |
-    head -1 | grep -o '[0-9]*' || true)
-  held=auto:${chosen:-?}
-fi
 python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-batch "$mb" --stage "$stage" \
   --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
-  --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" --dequantized-layers "$held" \
+  --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" --dequantized-layers "${BENCH_DEQUANTIZED_LAYERS:-}" \
   --warmup "$warmup" --windows "$windows" \
   --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}"

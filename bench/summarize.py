@@ -89,8 +89,8 @@ def main():
                    help="trainer.offload_activation_layers (a count or auto): layers neither recomputed "
                         "nor kept on the GPU; the count the workers report wins")
     p.add_argument("--dequantized-layers", default="",
-                   help="trainer.dequantized_weight_layers as the worker log states it: a count, or "
-                        "'auto:N' (auto's choice after the first step)")
+                   help="trainer.dequantized_weight_layers: a count, auto, or 'auto:N' (auto's choice); "
+                        "the count the workers report wins")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--windows", type=int, default=1)
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
@@ -146,7 +146,8 @@ def main():
         # The count the ranks reported (checkpointing.dequantized_layers), else the log's / job's.
         held_reported = max(int(steps[max(steps)].get("checkpointing", {}).get("dequantized_layers", 0))
                             for steps in progress.values())
-        held = str(held_reported) if held_reported > 0 else (chosen if count == "auto" else count)
+        held = str(held_reported) if held_reported > 0 else (
+            (chosen or "?") if count == "auto" else count)
         variant += f", weights of {held} layers held dequantized" + (" (auto)" if count == "auto" else "")
     gpus = len(a.gpus.split(","))
     out = {"impl": "ours", "label": a.label, "variant": variant, "state": state,

@@ -8,11 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/run/memory_budget.h"
 
 namespace qlora::worker {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // trainer.offload_activation_layers on a GPU (a CPU model's memory is host memory already).
 int64_t OffloadedLayers(const CheckpointingBudgetOptions& o) {
@@ -89,8 +88,7 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
     }
     return b;
   }
-  const int64_t budget = t.max_memory_gib > 0 ? static_cast<int64_t>(t.max_memory_gib * kGiB)
-                                              : o.available_bytes;
+  const int64_t budget = MemoryBudgetBytes(t, o.available_bytes);
   if (budget <= 0) {  // a CPU without max_memory_gib
     o.model->SetGradientCheckpointing(true);
     return b;

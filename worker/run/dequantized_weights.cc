@@ -6,11 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/memory_plan.h"
+#include "worker/run/memory_budget.h"
 
 namespace qlora::worker {
 namespace {
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string Held(const engine::LlamaForCausalLM& model) {
   const int64_t n = model.dequantized_layers();
@@ -32,8 +31,7 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
       return d;
     }
     d.pending_auto_ = true;
-    d.budget_bytes_ = t.max_memory_gib > 0 ? static_cast<int64_t>(t.max_memory_gib * kGiB)
-                                           : o.available_bytes;
+    d.budget_bytes_ = MemoryBudgetBytes(t, o.available_bytes);
     *line = absl::StrCat("dequantized_weight_layers: auto: chosen after the first step, for a ",
                          engine::FormatMemory(d.budget_bytes_), " budget");
   } else if (t.dequantized_weight_layers > 0 && o.model->DequantizedLayerBytes() == 0) {
@@ -68,7 +66,5 @@ int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, std::str
                        Held(*model_));
   return model_->dequantized_layers() * layer_bytes;
 }
-
-int64_t DequantizedWeights::layers() const { return model_->dequantized_layers(); }
 
 }  // namespace qlora::worker

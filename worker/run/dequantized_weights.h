@@ -38,9 +38,6 @@ class DequantizedWeights {
   // fixed part) and a line for the log in *line ("" when nothing changed).
   int64_t AfterStep(int64_t step, int64_t peak_bytes, std::string* line);
 
-  // The layers held now.
-  int64_t layers() const;
-
   // auto's choice for a peak and budget: the layers of `layer_bytes` each that fit under
   // budget x (1 - margin), at most `max_layers`.
   static int64_t FittingLayers(int64_t budget_bytes, int64_t peak_bytes, int64_t layer_bytes,
