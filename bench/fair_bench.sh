@@ -29,6 +29,8 @@
 #   ours-mb4-nockpt-heldGIB  ours-mb4-nockpt with trainer.dequantized_weight_layers: auto and
 #                    max_memory_gib: GIB (heldall: no budget, the GPU's free memory), profiled
 #                    (attr-ours-mb4-nockpt-heldGIB attributes it)
+#   ours-mb4-nockpt-offN-heldGIB  the same with trainer.offload_activation_layers: N (plain layers
+#                    offloaded to make room for held ones), profiled (attr-ours-mb4-nockpt-offN-heldGIB)
 # (offN parts take N = auto too: ours-mb4-offauto is checkpointing with the count left to the
 # worker, which reports its choice.)
 # The 70B-width slice (issue 13: bench/make_llama_folder.py --layers 6 --hidden 8192
@@ -276,6 +278,12 @@ for part in $parts; do
       "$work/trace-ours-mb4-nockpt.json" ;;
     attr-ours-nockpt) run_part attr-ours-nockpt 20 attribute "$work/trace-ours-mb4-nockpt.json" \
       "Profile of ours: 1 GPU, micro-batch 4, no checkpointing, 2 steps" ours-mb4-nockpt ;;
+    ours-mb4-nockpt-off*-held*) rest=${part#ours-mb4-nockpt-off} held=${part##*-held}
+      run_part "$part" 60 env BENCH_DEQUANTIZED_LAYERS=auto BENCH_OFFLOAD_LAYERS="${rest%%-held*}" \
+        bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 "false$([ "$held" = all ] || echo ":$held")" \
+        "$work/trace-$part.json" ;;
+    attr-ours-mb4-nockpt-off*) run_part "$part" 20 attribute "$work/trace-${part#attr-}.json" \
+      "Profile of ours: 1 GPU, micro-batch 4, no checkpointing, ${part#attr-ours-mb4-nockpt-}, 2 steps" "${part#attr-}" ;;
     ours-mb4-nockpt-held*) held=${part#ours-mb4-nockpt-held}
       run_part "$part" 50 env BENCH_DEQUANTIZED_LAYERS=auto bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 \
         "false$([ "$held" = all ] || echo ":$held")" "$work/trace-$part.json" ;;

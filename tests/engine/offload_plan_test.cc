@@ -5,6 +5,7 @@
 #include "worker/engine/offload_plan.h"
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -140,6 +141,63 @@ TEST(EngineOffloadPlan, DescribesWhatItMeasured) {
   EXPECT_EQ(DescribeOffloadCapacity(SevenB(24), 31, H200()),
             "host link 55.0 GB/s, GEMMs 700 TFLOP/s, host memory for 31 layers: the link keeps up "
             "with 11 layers' copies");
+}
+
+// The layers an offload takes and the layer whose hook fetches each back.
+std::vector<int64_t> Offloaded(const OffloadPlacement& p) {
+  std::vector<int64_t> layers;
+  for (size_t i = 0; i < p.offloaded.size(); ++i) {
+    if (p.offloaded[i]) layers.push_back(static_cast<int64_t>(i));
+  }
+  return layers;
+}
+int64_t FetchedAt(const OffloadPlacement& p, int64_t group) {
+  for (size_t at = 0; at < p.prefetch_at.size(); ++at) {
+    for (int64_t g : p.prefetch_at[at]) {
+      if (g == group) return static_cast<int64_t>(at);
+    }
+  }
+  return -1;
+}
+
+TEST(EngineOffloadPlan, CheckpointedLayersOffloadEvenlyAndComeBackTwoLayersAhead) {
+  const OffloadPlacement p = PlaceOffloads(32, 32, 4);
+  EXPECT_EQ(Offloaded(p), (std::vector<int64_t>{3, 11, 19, 27}));
+  EXPECT_EQ(FetchedAt(p, 27), 29);
+  EXPECT_EQ(FetchedAt(p, 3), 5);
+  // Every other checkpointed layer's input one layer ahead (the top layer's never leaves).
+  EXPECT_EQ(FetchedAt(p, 4), 5);
+  EXPECT_EQ(FetchedAt(p, 30), 31);
+  EXPECT_EQ(FetchedAt(p, 31), -1);
+  EXPECT_EQ(p.prefetch_at[5], (std::vector<int64_t>{4, 3}));  // the highest first
+}
+
+// Without checkpointing (round 22): a plain layer's backward (~7 ms at 7B micro-batch 4) is a
+// third of its tensors' copy back (~0.9 GB at ~55 GB/s), so offloaded plain layers are spread,
+// never consecutive at the bottom (where each would wait for its copy), and each comes back as
+// soon as the one above it is on its way.
+TEST(EngineOffloadPlan, PlainLayersOffloadEvenlyAndComeBackAfterTheOneAbove) {
+  const OffloadPlacement p = PlaceOffloads(32, 0, 10);
+  EXPECT_EQ(Offloaded(p), (std::vector<int64_t>{0, 3, 6, 9, 12, 15, 18, 21, 24, 27}));
+  EXPECT_EQ(FetchedAt(p, 27), 31);  // the top layer's hook: four layers of backward ahead
+  EXPECT_EQ(FetchedAt(p, 24), 27);
+  EXPECT_EQ(FetchedAt(p, 0), 3);
+  EXPECT_EQ(FetchedAt(p, 1), -1);  // plain and not offloaded: nothing travels
+  // All plain layers but the top one: each fetched by the one above it.
+  const OffloadPlacement all = PlaceOffloads(4, 0, 10);
+  EXPECT_EQ(Offloaded(all), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(FetchedAt(all, 0), 1);
+  EXPECT_EQ(FetchedAt(all, 2), 3);
+}
+
+TEST(EngineOffloadPlan, OffloadsBeyondTheCheckpointedLayersSpreadOverThePlainOnes) {
+  const OffloadPlacement p = PlaceOffloads(32, 8, 12);
+  EXPECT_EQ(Offloaded(p), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 25}));
+  EXPECT_EQ(FetchedAt(p, 7), 8);    // checkpointed, the next offloaded layer is nearer than two
+  EXPECT_EQ(FetchedAt(p, 8), 13);   // plain: the next offloaded layer above
+  EXPECT_EQ(FetchedAt(p, 25), 31);
+  EXPECT_TRUE(Offloaded(PlaceOffloads(32, 0, 0)).empty());
+  EXPECT_TRUE(Offloaded(PlaceOffloads(1, 0, 3)).empty());  // the top layer never goes
 }
 
 }  // namespace

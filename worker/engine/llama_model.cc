@@ -15,6 +15,7 @@
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/cudnn_attention.h"
 #include "worker/engine/fused_ops.h"
+#include "worker/engine/offload_plan.h"
 #include "worker/engine/resident_weights.h"
 
 namespace qlora::engine {
@@ -130,40 +131,10 @@ int64_t LlamaForCausalLM::offloaded_layers() const {
 }
 
 void LlamaForCausalLM::PlaceOffloadedLayers() {
-  const int64_t count = static_cast<int64_t>(layers.size());
-  offloaded_.assign(count, false);
-  prefetch_at_.assign(count, {});
-  const int64_t n = offload_request_;
-  // Evenly over the checkpointed layers [0, c), the top layer excepted (backward needs it first):
-  // each one offloaded is then followed by checkpointed ones whose forward hides its copy to the
-  // host, and whose backward its copy back.
-  const int64_t c = checkpointed_layers_;
-  const int64_t candidates = std::min(c, count - 1);
-  const int64_t from_checkpointed = std::min(n, candidates);
-  for (int64_t k = 0; k < from_checkpointed; ++k) {
-    offloaded_[(2 * k + 1) * candidates / (2 * from_checkpointed)] = true;
-  }
-  // Then plain layers, the top layer again excepted, from the lowest up.
-  for (int64_t i = c; i < count - 1 && from_checkpointed + (i - c) < n; ++i) offloaded_[i] = true;
-  if (n == 0) return;
-  // Offloaded layer j's tensors are fetched by the hook on the output of the layer two above it
-  // (which runs before that layer's backward), or of the next offloaded layer above if nearer; a
-  // checkpointed layer's input (offloaded too, but the top layer's) by the hook one layer above.
-  for (int64_t j = 0; j + 1 < count; ++j) {
-    int64_t at = j + 1;
-    if (offloaded_[j]) {
-      at = std::min(j + 2, count - 1);
-      for (int64_t i = j + 1; i < at; ++i) {
-        if (offloaded_[i]) at = i;
-      }
-    } else if (j >= c) {
-      continue;  // a plain layer: nothing of it is offloaded
-    }
-    prefetch_at_[at].push_back(j);
-  }
-  // One copy stream serves them in order: the layer backward reaches first (the highest) goes
-  // first, so that a checkpointed input is not queued behind a whole offloaded layer below it.
-  for (std::vector<int64_t>& groups : prefetch_at_) std::sort(groups.rbegin(), groups.rend());
+  OffloadPlacement placement = PlaceOffloads(static_cast<int64_t>(layers.size()),
+                                             checkpointed_layers_, offload_request_);
+  offloaded_ = std::move(placement.offloaded);
+  prefetch_at_ = std::move(placement.prefetch_at);
 }
 
 void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {

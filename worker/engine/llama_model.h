@@ -116,10 +116,10 @@ class LlamaForCausalLM {
   // pinned host memory (activation_offload.h) instead of on the device, and are neither
   // recomputed nor hold device memory between their forward and backward. They are taken from
   // the checkpointed layers, spread evenly over them, then (n larger than those) from the plain
-  // ones below the top layer; 0 (the default) turns offloading off. With offloading on, the
-  // checkpointed layers' inputs wait in host memory too (but the top layer's). Prefetching starts
-  // two layers ahead of an offloaded layer's backward, one ahead of a checkpointed input's. Same
-  // values and gradients as any split.
+  // ones below the top layer, spread evenly over those (offload_plan.h: PlaceOffloads, which also
+  // says where backward fetches them back); 0 (the default) turns offloading off. With
+  // offloading on, the checkpointed layers' inputs wait in host memory too (but the top layer's).
+  // Same values and gradients as any split.
   void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
   int64_t offloaded_layers() const;
   // The top `n` decoder layers (clamped to [0, layers]) hold their 4-bit weights dequantized in

@@ -143,4 +143,42 @@ std::string DescribeOffloadCapacity(const MemoryPlanRequest& r, int64_t checkpoi
       LayersByHostMemory(r, checkpointed_layers, rates), LayersByLink(r, checkpointed_layers, rates));
 }
 
+OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n) {
+  OffloadPlacement p;
+  p.offloaded.assign(std::max<int64_t>(layers, 0), false);
+  p.prefetch_at.assign(p.offloaded.size(), {});
+  if (layers <= 1) return p;
+  const int64_t c = std::clamp<int64_t>(checkpointed, 0, layers);
+  n = std::clamp<int64_t>(n, 0, layers - 1);
+  if (n == 0) return p;
+  // Evenly over the checkpointed layers [0, c), the top layer excepted.
+  const int64_t checkpointed_candidates = std::min(c, layers - 1);
+  const int64_t from_checkpointed = std::min(n, checkpointed_candidates);
+  for (int64_t k = 0; k < from_checkpointed; ++k) {
+    p.offloaded[(2 * k + 1) * checkpointed_candidates / (2 * from_checkpointed)] = true;
+  }
+  // Then evenly over the plain layers [c, layers - 1), from the lowest: the widest gap lies
+  // between the top one and the top layer, where backward starts.
+  const int64_t plain_candidates = std::max<int64_t>(layers - 1 - c, 0);
+  const int64_t from_plain = std::min(n - from_checkpointed, plain_candidates);
+  for (int64_t k = 0; k < from_plain; ++k) p.offloaded[c + k * plain_candidates / from_plain] = true;
+  for (int64_t j = 0; j + 1 < layers; ++j) {
+    int64_t at = j + 1;
+    if (p.offloaded[j]) {
+      at = j < c ? std::min(j + 2, layers - 1) : layers - 1;
+      for (int64_t i = j + 1; i < at; ++i) {
+        if (p.offloaded[i]) {
+          at = i;
+          break;
+        }
+      }
+    } else if (j >= c) {
+      continue;  // a plain layer: nothing of it is offloaded
+    }
+    p.prefetch_at[at].push_back(j);
+  }
+  for (std::vector<int64_t>& groups : p.prefetch_at) std::sort(groups.rbegin(), groups.rend());
+  return p;
+}
+
 }  // namespace qlora::engine

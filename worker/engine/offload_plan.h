@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/engine/memory_plan.h"
@@ -84,5 +85,26 @@ absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanReque
 // layers' copies".
 std::string DescribeOffloadCapacity(const MemoryPlanRequest& request, int64_t checkpointed_layers,
                                     const OffloadRates& rates);
+
+// Which layers an offload of n takes, and where backward fetches each back.
+struct OffloadPlacement {
+  std::vector<bool> offloaded;  // per layer
+  // Per layer: the groups (layers) whose offloaded tensors the hook on that layer's output fetches
+  // (it runs before the layer's backward), the highest first: one copy stream serves them in
+  // order, and backward reaches the highest first.
+  std::vector<std::vector<int64_t>> prefetch_at;
+};
+
+// The layers `n` offloaded layers (clamped to [0, layers - 1]) take with the lowest
+// `checkpointed` layers checkpointed: never the top one (backward needs it first); first the
+// checkpointed layers, spread evenly over them, then plain ones, spread evenly over theirs, so
+// that each offloaded layer is followed by others whose forward hides its copy to the host and
+// whose backward its copy back. Fetching back: an offloaded checkpointed layer's tensors at the
+// layer two above (its backward recomputes, so two layers' backward cover its copy), a plain one's
+// at the next offloaded layer above, else the top (a plain layer's backward is a third of a copy
+// of its tensors at ~55 GB/s: the copy needs every layer between them), and a checkpointed
+// layer's input (offloaded whenever offloading is on, but the top layer's) one layer above; never
+// before the next offloaded layer above is fetched (at most two layers' tensors come back ahead).
+OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n);
 
 }  // namespace qlora::engine
