@@ -1,7 +1,8 @@
 // trainer.dequantized_weight_layers on one rank (worker/run/dequantized_weights.h), on a real
 // tiny NF4 model on the CPU: a count holds that many top layers at once; auto waits for the
 // first step's peak and holds what fits the budget less 2 % (its arithmetic with the 7B
-// figures, and the choice on the model); auto on a CPU worker holds none.
+// figures, and the choice on the model), less one offloaded layer in transit where offloading
+// is on; auto on a CPU worker holds none.
 #include <stdlib.h>
 
 #include <string>
@@ -101,6 +102,44 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
   EXPECT_THAT(line, HasSubstr("so from the next step 2 of 4 layers hold their weights"));
   EXPECT_EQ(on_gpu.AfterStep(2, 0, &line), 0);  // decided once
   EXPECT_EQ(model->dequantized_layers(), 2);
+}
+
+// With activation offloading on, a faster step lets copies lag further behind (round 22: the 7B
+// step with 10 plain layers offloaded peaked 0.7-0.9 GiB over the first step's peak plus the
+// held layers), so auto also leaves room for one offloaded layer's saved tensors of a micro-batch.
+TEST(DequantizedWeights, AutoLeavesRoomForOneOffloadedLayerInTransit) {
+  auto model = TinyNf4Model();
+  ASSERT_NE(model, nullptr);
+  engine::ActivationOffloadOptions offload;
+  offload.min_bytes = 0;  // the tiny model's tensors are small
+  model->SetCheckpointedLayers(0);
+  model->SetOffloadedLayers(2, offload);
+  model->SetTraining(true);
+  const at::Tensor ids = at::randint(0, model->config().vocab_size, {2, 16}, at::kLong);
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {  // a step of two micro-batches
+    model->Forward(ids).to(at::kFloat).sum().backward();
+  }
+  const int64_t moved = model->activation_offloader()->offloaded_bytes();
+  ASSERT_GT(moved, 0);
+  const int64_t reserve = moved / (2 * 2);  // 2 layers, 2 micro-batches
+
+  TrainerConfig trainer;
+  trainer.dequantized_weights_auto = true;
+  trainer.max_memory_gib = 1;
+  DequantizedWeightsOptions o;
+  o.trainer = &trainer;
+  o.model = model.get();
+  o.device = c10::Device(c10::kCUDA, 0);  // a GPU worker's decision; only the bytes matter
+  o.micro_batches_per_step = 2;
+  const int64_t layer = model->DequantizedLayerBytes();
+  const int64_t peak = static_cast<int64_t>(kGiB * 0.98) - 3 * layer - reserve / 2;
+  std::string line;
+  DequantizedWeights d = DequantizedWeights::Start(o, &line);
+  d.AfterStep(1, peak, &line);
+  const int64_t without = DequantizedWeights::FittingLayers(kGiB, peak, layer, 4);
+  EXPECT_EQ(model->dequantized_layers(), DequantizedWeights::FittingLayers(kGiB, peak, layer, 4, reserve));
+  EXPECT_LT(model->dequantized_layers(), without);
+  EXPECT_THAT(line, HasSubstr("for one more offloaded layer in transit"));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
                                              std::string* line) {
   DequantizedWeights d;
   d.model_ = o.model;
+  d.micro_batches_per_step_ = std::max<int64_t>(o.micro_batches_per_step, 1);
   const TrainerConfig& t = *o.trainer;
   line->clear();
   if (t.dequantized_weights_auto) {
@@ -45,10 +46,11 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
 }
 
 int64_t DequantizedWeights::FittingLayers(int64_t budget_bytes, int64_t peak_bytes,
-                                          int64_t layer_bytes, int64_t max_layers) {
+                                          int64_t layer_bytes, int64_t max_layers,
+                                          int64_t reserve_bytes) {
   if (layer_bytes <= 0) return 0;
   const double room = static_cast<double>(budget_bytes) * (1 - kMarginFraction) -
-                      static_cast<double>(peak_bytes);
+                      static_cast<double>(peak_bytes) - static_cast<double>(reserve_bytes);
   if (room <= 0) return 0;
   return std::min<int64_t>(max_layers, static_cast<int64_t>(room / layer_bytes));
 }
@@ -58,13 +60,25 @@ int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, std::str
   if (!pending_auto_ || step != 1) return 0;
   pending_auto_ = false;
   const int64_t layer_bytes = model_->DequantizedLayerBytes();
+  const int64_t reserve = OffloadedLayerBytes();
   model_->SetDequantizedLayers(FittingLayers(budget_bytes_, peak_bytes, layer_bytes,
-                                             static_cast<int64_t>(model_->layers.size())));
+                                             static_cast<int64_t>(model_->layers.size()),
+                                             reserve));
   *line = absl::StrCat("dequantized_weight_layers: auto: the first step peaked at ",
                        engine::FormatMemory(peak_bytes), " of a ",
-                       engine::FormatMemory(budget_bytes_), " budget, so from the next step ",
-                       Held(*model_));
+                       engine::FormatMemory(budget_bytes_), " budget",
+                       reserve > 0 ? absl::StrCat(" (less ", engine::FormatMemory(reserve),
+                                                  " for one more offloaded layer in transit)")
+                                   : "",
+                       ", so from the next step ", Held(*model_));
   return model_->dequantized_layers() * layer_bytes;
+}
+
+int64_t DequantizedWeights::OffloadedLayerBytes() const {
+  const engine::ActivationOffloader* offloader = model_->activation_offloader();
+  const int64_t layers = model_->offloaded_layers();
+  if (offloader == nullptr || layers == 0) return 0;
+  return offloader->offloaded_bytes() / (layers * micro_batches_per_step_);
 }
 
 }  // namespace qlora::worker

@@ -6,7 +6,10 @@
 // first step's measured peak and then sets as many as fit between it and the budget less 2 %:
 // trainer.max_memory_gib, else what this process could allocate when the job started
 // (DeviceAvailableBytes, as checkpointing's auto reads it). The held layers only add memory, the
-// same at every moment of a step, so the next steps peak at the first one's plus theirs. On a CPU
+// same at every moment of a step, so the next steps peak at the first one's plus theirs, but
+// with activation offloading on: a faster step lets the copies lag further behind, so auto also
+// leaves room for one more offloaded layer's saved tensors (round 22 measured the 7B step with 10
+// plain layers offloaded 0.7-0.9 GiB over the first step's peak plus the held layers). On a CPU
 // `auto` holds none (a CPU has no figure of its own to plan for). Torch side.
 #pragma once
 
@@ -26,6 +29,9 @@ struct DequantizedWeightsOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // The budget when trainer.max_memory_gib is unset: DeviceAvailableBytes (0 on a CPU).
   int64_t available_bytes = 0;
+  // Micro-batches in a step (gradient_accumulation_steps): an offloaded layer's bytes are the
+  // offloader's first-step bytes over these and the offloaded layers.
+  int64_t micro_batches_per_step = 1;
 };
 
 class DequantizedWeights {
@@ -39,18 +45,22 @@ class DequantizedWeights {
   int64_t AfterStep(int64_t step, int64_t peak_bytes, std::string* line);
 
   // auto's choice for a peak and budget: the layers of `layer_bytes` each that fit under
-  // budget x (1 - margin), at most `max_layers`.
+  // budget x (1 - margin) less `reserve_bytes`, at most `max_layers`.
   static int64_t FittingLayers(int64_t budget_bytes, int64_t peak_bytes, int64_t layer_bytes,
-                               int64_t max_layers);
+                               int64_t max_layers, int64_t reserve_bytes = 0);
 
   static constexpr double kMarginFraction = 0.02;
 
  private:
   DequantizedWeights() = default;
+  // One offloaded layer's saved tensors in a micro-batch, from the offloader's bytes so far (the
+  // first step's); 0 without offloading.
+  int64_t OffloadedLayerBytes() const;
 
   engine::LlamaForCausalLM* model_ = nullptr;
   bool pending_auto_ = false;  // auto on a GPU, before the first step's peak
   int64_t budget_bytes_ = 0;
+  int64_t micro_batches_per_step_ = 1;
 };
 
 }  // namespace qlora::worker

@@ -161,6 +161,7 @@ absl::Status Trainer::ChooseCheckpointing() {
   d.model = model_.get();
   d.device = device_;
   d.available_bytes = o.available_bytes;
+  d.micro_batches_per_step = t.gradient_accumulation_steps;
   std::string line;
   dequantized_ = DequantizedWeights::Start(d, &line);
   if (!line.empty()) Log(line);
