@@ -111,5 +111,38 @@ TEST(CheckpointingBudget, OffloadingOnACpuWorkerIsIgnoredAndSaidSo) {
                                       "not on a GPU"));
 }
 
+// The room dequantized_weight_layers: auto leaves for an offloaded layer in transit: the plan's
+// bytes of a plain 7B layer at micro-batch 4 x 2048, which round 22 saw as the step's peak rising
+// 0.7-0.9 GiB over the first step's plus the held layers with 8 or 10 plain layers offloaded.
+TEST(CheckpointingBudget, AnOffloadedLayerInTransitIsAPlainLayersSavedTensors) {
+  engine::MemoryPlanRequest r;
+  r.model = Llama2_7bShape();
+  r.micro_batch = 4;
+  r.sequence_length = 2048;
+  r.dtype_bytes = 2;
+  r.lora_r = 16;
+  r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  const int64_t bytes = CheckpointingBudget::OffloadedLayerBytes(r);
+  EXPECT_EQ(bytes, engine::PerTokenLayerBytes(r).plain * 4 * 2048);
+  EXPECT_GT(bytes, int64_t{700} << 20);
+  EXPECT_LT(bytes, int64_t{1} << 30);
+
+  // Nothing offloaded (a CPU worker ignores the count): no room set aside.
+  engine::LlamaForCausalLM model(Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU));
+  JobConfig config;
+  config.trainer.batch_size = 4;
+  config.data.max_sequence_length = 2048;
+  config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
+  config.trainer.offload_activation_layers = 10;
+  CheckpointingBudgetOptions o;
+  o.config = &config;
+  o.model = &model;
+  o.allocated_bytes = int64_t{7} << 30;
+  auto budget = CheckpointingBudget::Start(o);
+  ASSERT_TRUE(budget.ok()) << budget.status();
+  EXPECT_EQ(model.offloaded_layers(), 0);
+  EXPECT_EQ(budget->OffloadedLayerBytes(), 0);
+}
+
 }  // namespace
 }  // namespace qlora::worker

@@ -57,6 +57,7 @@ bool CheckpointingBudget::UsesOffloadRates(const TrainerConfig& t, const c10::De
 absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const CheckpointingBudgetOptions& o) {
   CheckpointingBudget b;
   b.model_ = o.model;
+  b.request_ = RequestFor(o);  // the plan's figures, whatever the split (OffloadedLayerBytes)
   const TrainerConfig& t = o.config->trainer;
   b.offload_requested_ = t.offload_activation_layers;
   b.offload_auto_ = t.offload_activation_auto;
@@ -78,7 +79,6 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
     if (t.gradient_checkpointing == CheckpointingMode::kAll) {
       // Every layer, or all but the top one when the plan shows that costs no memory (same
       // values either way, one layer's recomputation less).
-      b.request_ = RequestFor(o);
       const int64_t c = engine::LeanestCheckpointedLayers(b.request_);
       o.model->SetCheckpointedLayers(c);
       if (b.offload_rates_) {  // as many of the checkpointed layers as the link carries
@@ -93,7 +93,6 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
     o.model->SetGradientCheckpointing(true);
     return b;
   }
-  b.request_ = RequestFor(o);
   b.request_.budget_bytes = budget;
   if (b.offload_rates_) {
     absl::StatusOr<engine::OffloadedPlan> plan =
@@ -111,6 +110,14 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   b.peak_before_ = o.peak_bytes;
   o.model->SetCheckpointedLayers(b.plan_.checkpointed_layers);
   return b;
+}
+
+int64_t CheckpointingBudget::OffloadedLayerBytes(const engine::MemoryPlanRequest& request) {
+  return engine::PerTokenLayerBytes(request).plain * request.micro_batch * request.sequence_length;
+}
+
+int64_t CheckpointingBudget::OffloadedLayerBytes() const {
+  return model_->offloaded_layers() > 0 ? OffloadedLayerBytes(request_) : 0;
 }
 
 std::string CheckpointingBudget::Describe() const {

@@ -81,6 +81,11 @@ class CheckpointingBudget {
   // step: dequantized_weights.h), added to its fixed part and its planned peak, so that the next
   // steps' peaks are compared with a plan that counts them.
   void AddFixedBytes(int64_t bytes);
+  // One offloaded layer's saved tensors in a micro-batch, as the plan counts them (0 when no layer
+  // is offloaded): the room dequantized_weight_layers: auto leaves for the copies in transit.
+  int64_t OffloadedLayerBytes() const;
+  // The same for a request: the plan's bytes of a plain layer at its micro-batch and sequence.
+  static int64_t OffloadedLayerBytes(const engine::MemoryPlanRequest& request);
 
  private:
   CheckpointingBudget() = default;

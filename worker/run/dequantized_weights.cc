@@ -23,7 +23,6 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
                                              std::string* line) {
   DequantizedWeights d;
   d.model_ = o.model;
-  d.micro_batches_per_step_ = std::max<int64_t>(o.micro_batches_per_step, 1);
   const TrainerConfig& t = *o.trainer;
   line->clear();
   if (t.dequantized_weights_auto) {
@@ -55,12 +54,13 @@ int64_t DequantizedWeights::FittingLayers(int64_t budget_bytes, int64_t peak_byt
   return std::min<int64_t>(max_layers, static_cast<int64_t>(room / layer_bytes));
 }
 
-int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, std::string* line) {
+int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, int64_t reserve_bytes,
+                                      std::string* line) {
   line->clear();
   if (!pending_auto_ || step != 1) return 0;
   pending_auto_ = false;
   const int64_t layer_bytes = model_->DequantizedLayerBytes();
-  const int64_t reserve = OffloadedLayerBytes();
+  const int64_t reserve = std::max<int64_t>(reserve_bytes, 0);
   model_->SetDequantizedLayers(FittingLayers(budget_bytes_, peak_bytes, layer_bytes,
                                              static_cast<int64_t>(model_->layers.size()),
                                              reserve));
@@ -72,13 +72,6 @@ int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, std::str
                                    : "",
                        ", so from the next step ", Held(*model_));
   return model_->dequantized_layers() * layer_bytes;
-}
-
-int64_t DequantizedWeights::OffloadedLayerBytes() const {
-  const engine::ActivationOffloader* offloader = model_->activation_offloader();
-  const int64_t layers = model_->offloaded_layers();
-  if (offloader == nullptr || layers == 0) return 0;
-  return offloader->offloaded_bytes() / (layers * micro_batches_per_step_);
 }
 
 }  // namespace qlora::worker

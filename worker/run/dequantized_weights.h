@@ -8,8 +8,9 @@
 // (DeviceAvailableBytes, as checkpointing's auto reads it). The held layers only add memory, the
 // same at every moment of a step, so the next steps peak at the first one's plus theirs, but
 // with activation offloading on: a faster step lets the copies lag further behind, so auto also
-// leaves room for one more offloaded layer's saved tensors (round 22 measured the 7B step with 10
-// plain layers offloaded 0.7-0.9 GiB over the first step's peak plus the held layers). On a CPU
+// leaves the room the caller gives for one more offloaded layer's saved tensors
+// (CheckpointingBudget::OffloadedLayerBytes; round 22 measured the 7B step with 8 or 10 plain
+// layers offloaded 0.7-0.9 GiB over the first step's peak plus the held layers). On a CPU
 // `auto` holds none (a CPU has no figure of its own to plan for). Torch side.
 #pragma once
 
@@ -29,9 +30,6 @@ struct DequantizedWeightsOptions {
   c10::Device device = c10::Device(c10::kCPU);
   // The budget when trainer.max_memory_gib is unset: DeviceAvailableBytes (0 on a CPU).
   int64_t available_bytes = 0;
-  // Micro-batches in a step (gradient_accumulation_steps): an offloaded layer's bytes are the
-  // offloader's first-step bytes over these and the offloaded layers.
-  int64_t micro_batches_per_step = 1;
 };
 
 class DequantizedWeights {
@@ -40,9 +38,10 @@ class DequantizedWeights {
   static DequantizedWeights Start(const DequantizedWeightsOptions& options, std::string* line);
 
   // After a step (`step` 1-based in this run) with the allocator's peak so far: auto's choice
-  // after the first. Returns the bytes the held layers took then (for the checkpointing plan's
-  // fixed part) and a line for the log in *line ("" when nothing changed).
-  int64_t AfterStep(int64_t step, int64_t peak_bytes, std::string* line);
+  // after the first, leaving `reserve_bytes` more room (one offloaded layer in transit, or 0).
+  // Returns the bytes the held layers took then (for the checkpointing plan's fixed part) and a
+  // line for the log in *line ("" when nothing changed).
+  int64_t AfterStep(int64_t step, int64_t peak_bytes, int64_t reserve_bytes, std::string* line);
 
   // auto's choice for a peak and budget: the layers of `layer_bytes` each that fit under
   // budget x (1 - margin) less `reserve_bytes`, at most `max_layers`.
@@ -53,14 +52,10 @@ class DequantizedWeights {
 
  private:
   DequantizedWeights() = default;
-  // One offloaded layer's saved tensors in a micro-batch, from the offloader's bytes so far (the
-  // first step's); 0 without offloading.
-  int64_t OffloadedLayerBytes() const;
 
   engine::LlamaForCausalLM* model_ = nullptr;
   bool pending_auto_ = false;  // auto on a GPU, before the first step's peak
   int64_t budget_bytes_ = 0;
-  int64_t micro_batches_per_step_ = 1;
 };
 
 }  // namespace qlora::worker

@@ -161,7 +161,6 @@ absl::Status Trainer::ChooseCheckpointing() {
   d.model = model_.get();
   d.device = device_;
   d.available_bytes = o.available_bytes;
-  d.micro_batches_per_step = t.gradient_accumulation_steps;
   std::string line;
   dequantized_ = DequantizedWeights::Start(d, &line);
   if (!line.empty()) Log(line);
@@ -300,10 +299,12 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   totals_.steps += 1;
   if (device_.is_cuda()) {
     const int64_t peak = PeakMemoryBytes(device_);
+    // Held layers first: a re-plan below may change what is offloaded.
+    std::string held;
+    const int64_t held_bytes = dequantized_->AfterStep(
+        totals_.steps, peak, checkpointing_->OffloadedLayerBytes(), &held);
     const std::string measured = checkpointing_->AfterStep(totals_.steps, peak);
     if (!measured.empty()) Log(measured);
-    std::string held;
-    const int64_t held_bytes = dequantized_->AfterStep(totals_.steps, peak, &held);
     checkpointing_->AddFixedBytes(held_bytes);
     if (!held.empty()) Log(held);
   }
