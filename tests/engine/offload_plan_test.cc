@@ -4,6 +4,7 @@
 // layers.
 #include "worker/engine/offload_plan.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -188,6 +189,40 @@ TEST(EngineOffloadPlan, PlainLayersOffloadEvenlyAndComeBackAfterTheOneAbove) {
   EXPECT_EQ(Offloaded(all), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(FetchedAt(all, 0), 1);
   EXPECT_EQ(FetchedAt(all, 2), 3);
+}
+
+// Among checkpointed layers the placement is the one rounds 9-20 measured, for every split:
+// evenly at (2k + 1) c' / 2n (c' = the checkpointed layers but the top one), each fetched two
+// layers ahead or at the next offloaded layer if nearer, every other input one layer ahead; and
+// as many layers go as asked, never the top one.
+TEST(EngineOffloadPlan, CheckpointedPlacementIsUnchangedForEverySplit) {
+  for (int64_t layers = 1; layers <= 40; ++layers) {
+    for (int64_t c = 0; c <= layers; ++c) {
+      for (int64_t n = 0; n <= layers + 1; ++n) {
+        SCOPED_TRACE(::testing::Message() << layers << " layers, " << c << " checkpointed, " << n);
+        const OffloadPlacement p = PlaceOffloads(layers, c, n);
+        ASSERT_EQ(static_cast<int64_t>(p.offloaded.size()), layers);
+        EXPECT_EQ(static_cast<int64_t>(Offloaded(p).size()), std::min(n, std::max<int64_t>(layers - 1, 0)));
+        if (layers > 0) EXPECT_FALSE(p.offloaded[layers - 1]);
+        const int64_t candidates = std::min(c, layers - 1);
+        const int64_t from_checkpointed = std::min(n, candidates);
+        std::vector<bool> expected(layers, false);
+        for (int64_t k = 0; k < from_checkpointed; ++k) {
+          expected[(2 * k + 1) * candidates / (2 * from_checkpointed)] = true;
+        }
+        for (int64_t j = 0; j < candidates; ++j) {
+          EXPECT_EQ(p.offloaded[j], expected[j]) << "layer " << j;
+          if (n == 0) continue;  // offloading off: nothing travels
+          int64_t at = j + 1;    // (the nearer offloaded layer may be the lowest plain one)
+          if (expected[j]) at = p.offloaded[j + 1] ? j + 1 : std::min(j + 2, layers - 1);
+          EXPECT_EQ(FetchedAt(p, j), at) << "layer " << j;
+        }
+        if (n == 0) {
+          for (const std::vector<int64_t>& groups : p.prefetch_at) EXPECT_TRUE(groups.empty());
+        }
+      }
+    }
+  }
 }
 
 TEST(EngineOffloadPlan, OffloadsBeyondTheCheckpointedLayersSpreadOverThePlainOnes) {
