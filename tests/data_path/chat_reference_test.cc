@@ -27,34 +27,27 @@ namespace {
 class DataChatReferenceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    python_ = ReferencePython();
-    if (python_.empty()) return;
-    dir_ = new TempDir();
     const std::string source = std::getenv("QLORA_SOURCE_DIR");
-    const std::string command =
-        absl::StrCat(python_, " ", source, "/tests/data_path/make_chat_references.py ", source,
-                     "/tests/data/fixtures/chat_templates.json ", dir_->path());
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
-    expected_ = new nlohmann::ordered_json(nlohmann::ordered_json::parse(ReadFile(dir_->path() + "/expected.json")));
+    reference_ = new ReferenceRun<nlohmann::ordered_json>(
+        absl::StrCat(source, "/tests/data_path/make_chat_references.py ", source,
+                     "/tests/data/fixtures/chat_templates.json"));
   }
   static void TearDownTestSuite() {
-    delete expected_;
-    delete dir_;
-    expected_ = nullptr;
-    dir_ = nullptr;
+    delete reference_;
+    reference_ = nullptr;
   }
   void SetUp() override {
-    if (python_.empty()) GTEST_SKIP() << "QLORA_PYTHON is not set: no reference";
-    ASSERT_NE(expected_, nullptr);
+    if (reference_->python.empty()) GTEST_SKIP() << "QLORA_PYTHON is not set: no reference";
+    ASSERT_NE(reference_->expected, nullptr) << reference_->command;
+    dir_ = &reference_->dir;
+    expected_ = reference_->expected.get();
   }
 
-  static std::string python_;
-  static TempDir* dir_;
-  static nlohmann::ordered_json* expected_;
+  static ReferenceRun<nlohmann::ordered_json>* reference_;
+  const TempDir* dir_ = nullptr;
+  nlohmann::ordered_json* expected_ = nullptr;
 };
-std::string DataChatReferenceTest::python_;
-TempDir* DataChatReferenceTest::dir_ = nullptr;
-nlohmann::ordered_json* DataChatReferenceTest::expected_ = nullptr;
+ReferenceRun<nlohmann::ordered_json>* DataChatReferenceTest::reference_ = nullptr;
 
 jinja::Value Messages(const std::string& json) {
   return jinja::Value::FromJson(nlohmann::ordered_json::parse(json));

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 
@@ -43,6 +44,25 @@ inline std::string ReferencePython() {
   if (python == nullptr || *python == '\0' || !std::filesystem::exists(python)) return "";
   return python;
 }
+
+// What a reference script made for a test suite, once: `python <script and args> <dir>` writes
+// its files and expected.json into a fresh folder, read as `Json` (nlohmann::json or
+// ordered_json). Without a reference Python nothing runs (python is ""); a script that fails
+// leaves `expected` null and `command` says what ran.
+template <typename Json>
+struct ReferenceRun {
+  std::string python;
+  std::string command;
+  TempDir dir;
+  std::unique_ptr<Json> expected;
+
+  explicit ReferenceRun(const std::string& script_and_args) : python(ReferencePython()) {
+    if (python.empty()) return;
+    command = python + " " + script_and_args + " " + dir.path();
+    if (std::system(command.c_str()) != 0) return;
+    expected = std::make_unique<Json>(Json::parse(ReadFile(dir.path() + "/expected.json")));
+  }
+};
 
 }  // namespace qlora::data
 

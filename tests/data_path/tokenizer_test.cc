@@ -19,34 +19,25 @@ namespace {
 class DataTokenizerTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    python_ = ReferencePython();
-    if (python_.empty()) return;
-    dir_ = new TempDir();
-    std::string script =
-        absl::StrCat(std::getenv("QLORA_SOURCE_DIR"), "/tests/data_path/make_tokenizers.py");
-    std::string command = absl::StrCat(python_, " ", script, " ", dir_->path());
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
-    expected_ = new nlohmann::json(
-        nlohmann::json::parse(ReadFile(dir_->path() + "/expected.json")));
+    reference_ = new ReferenceRun<nlohmann::json>(
+        absl::StrCat(std::getenv("QLORA_SOURCE_DIR"), "/tests/data_path/make_tokenizers.py"));
   }
   static void TearDownTestSuite() {
-    delete expected_;
-    delete dir_;
-    expected_ = nullptr;
-    dir_ = nullptr;
+    delete reference_;
+    reference_ = nullptr;
   }
   void SetUp() override {
-    if (python_.empty()) GTEST_SKIP() << "QLORA_PYTHON is not set: no reference tokenizers";
-    ASSERT_NE(expected_, nullptr);
+    if (reference_->python.empty()) GTEST_SKIP() << "QLORA_PYTHON is not set: no reference tokenizers";
+    ASSERT_NE(reference_->expected, nullptr) << reference_->command;
+    dir_ = &reference_->dir;
+    expected_ = reference_->expected.get();
   }
 
-  static std::string python_;
-  static TempDir* dir_;
-  static nlohmann::json* expected_;
+  static ReferenceRun<nlohmann::json>* reference_;
+  const TempDir* dir_ = nullptr;
+  nlohmann::json* expected_ = nullptr;
 };
-std::string DataTokenizerTest::python_;
-TempDir* DataTokenizerTest::dir_ = nullptr;
-nlohmann::json* DataTokenizerTest::expected_ = nullptr;
+ReferenceRun<nlohmann::json>* DataTokenizerTest::reference_ = nullptr;
 
 TEST_P(DataTokenizerTest, IdsEqualReferenceOnStressCorpus) {
   const std::string name = GetParam();
