@@ -267,24 +267,26 @@ class Parser {
     return expr;
   }
 
-  absl::StatusOr<ExprPtr> ParseOr() {
-    QLORA_ASSIGN_OR_RETURN(ExprPtr left, ParseAnd());
-    while (IsName("or")) {
-      const size_t pos = Next().pos;
-      QLORA_ASSIGN_OR_RETURN(ExprPtr right, ParseAnd());
-      left = Binary("or", std::move(left), std::move(right), pos);
+  // left (op right)*, left-associative, as jinja2 parses its binary operators: `at_operator` says
+  // whether the current token is one of the level's operators (a symbol, or a keyword such as
+  // `and`), `operand` parses each side (the next level up).
+  template <typename AtOperator, typename Operand>
+  absl::StatusOr<ExprPtr> ParseLeftAssociative(AtOperator at_operator, Operand operand) {
+    QLORA_ASSIGN_OR_RETURN(ExprPtr left, operand());
+    while (at_operator()) {
+      const Token& op = Next();
+      QLORA_ASSIGN_OR_RETURN(ExprPtr right, operand());
+      left = Binary(op.text, std::move(left), std::move(right), op.pos);
     }
     return left;
   }
 
+  absl::StatusOr<ExprPtr> ParseOr() {
+    return ParseLeftAssociative([this] { return IsName("or"); }, [this] { return ParseAnd(); });
+  }
+
   absl::StatusOr<ExprPtr> ParseAnd() {
-    QLORA_ASSIGN_OR_RETURN(ExprPtr left, ParseNot());
-    while (IsName("and")) {
-      const size_t pos = Next().pos;
-      QLORA_ASSIGN_OR_RETURN(ExprPtr right, ParseNot());
-      left = Binary("and", std::move(left), std::move(right), pos);
-    }
-    return left;
+    return ParseLeftAssociative([this] { return IsName("and"); }, [this] { return ParseNot(); });
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
@@ -327,43 +329,23 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseMath1() {
-    QLORA_ASSIGN_OR_RETURN(ExprPtr left, ParseConcat());
-    while (IsOp("+") || IsOp("-")) {
-      const Token& op = Next();
-      QLORA_ASSIGN_OR_RETURN(ExprPtr right, ParseConcat());
-      left = Binary(op.text, std::move(left), std::move(right), op.pos);
-    }
-    return left;
+    return ParseLeftAssociative([this] { return IsOp("+") || IsOp("-"); },
+                                [this] { return ParseConcat(); });
   }
 
   absl::StatusOr<ExprPtr> ParseConcat() {
-    QLORA_ASSIGN_OR_RETURN(ExprPtr left, ParseMath2());
-    while (IsOp("~")) {
-      const size_t pos = Next().pos;
-      QLORA_ASSIGN_OR_RETURN(ExprPtr right, ParseMath2());
-      left = Binary("~", std::move(left), std::move(right), pos);
-    }
-    return left;
+    return ParseLeftAssociative([this] { return IsOp("~"); }, [this] { return ParseMath2(); });
   }
 
   absl::StatusOr<ExprPtr> ParseMath2() {
-    QLORA_ASSIGN_OR_RETURN(ExprPtr left, ParsePow());
-    while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
-      const Token& op = Next();
-      QLORA_ASSIGN_OR_RETURN(ExprPtr right, ParsePow());
-      left = Binary(op.text, std::move(left), std::move(right), op.pos);
-    }
-    return left;
+    return ParseLeftAssociative(
+        [this] { return IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%"); },
+        [this] { return ParsePow(); });
   }
 
   absl::StatusOr<ExprPtr> ParsePow() {
-    QLORA_ASSIGN_OR_RETURN(ExprPtr left, ParseUnary(true));
-    while (IsOp("**")) {
-      const size_t pos = Next().pos;
-      QLORA_ASSIGN_OR_RETURN(ExprPtr right, ParseUnary(true));
-      left = Binary("**", std::move(left), std::move(right), pos);
-    }
-    return left;
+    return ParseLeftAssociative([this] { return IsOp("**"); },
+                                [this] { return ParseUnary(true); });
   }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
