@@ -1,7 +1,9 @@
 // trainer.enable_gradient_checkpointing: true on the CPU, no weights needed: the top layer runs
 // plainly exactly when the plan shows its recomputation would not lower the peak (backward
 // recomputes it first thing); otherwise every layer is checkpointed.
+#include <algorithm>
 #include <iostream>
+#include <limits>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -145,6 +147,56 @@ TEST(CheckpointingBudget, AnOffloadedLayerInTransitIsAPlainLayersSavedTensors) {
   ASSERT_TRUE(budget.ok()) << budget.status();
   EXPECT_EQ(model.offloaded_layers(), 0);
   EXPECT_EQ(budget->OffloadedLayerBytes(), 0);
+}
+
+// enable_gradient_checkpointing: auto under 24 GiB for 7B at micro-batch 4 x 2048 on a weightless
+// model (7 GiB counted as resident), with a step-1 peak 2 GiB above the plan: the plan counts the
+// difference and checkpoints more layers. The allocator's peak is the process's, so step 2 reads
+// step 1's again unless it went higher: that is no new miss (counting it twice checkpointed
+// layers for nothing), while a higher one is.
+TEST(CheckpointingBudget, AStepOnlyCountsWhereItPeakedAboveTheEarlierSteps) {
+  engine::LlamaForCausalLM model(Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU));
+  JobConfig config;
+  config.trainer.batch_size = 4;
+  config.data.max_sequence_length = 2048;
+  config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
+  config.trainer.max_memory_gib = 24;
+  CheckpointingBudgetOptions o;
+  o.config = &config;
+  o.model = &model;
+  o.allocated_bytes = int64_t{7} << 30;
+  auto budget = CheckpointingBudget::Start(o);
+  ASSERT_TRUE(budget.ok()) << budget.status();
+  const int64_t planned = budget->Report().planned_peak_bytes;
+  const int64_t first = model.checkpointed_layers();
+  ASSERT_GT(first, 0);
+  ASSERT_LT(first, 30);
+  const int64_t step1 = planned + (int64_t{2} << 30);
+  EXPECT_THAT(budget->AfterStep(1, step1), ::testing::HasSubstr("above the plan"));
+  const int64_t second = model.checkpointed_layers();
+  EXPECT_GT(second, first);
+  EXPECT_EQ(budget->AfterStep(2, step1), "");  // step 1's peak again
+  EXPECT_EQ(model.checkpointed_layers(), second);
+
+  // What dequantized weights may add keeps the plan's 8 % margin: none after a step above it,
+  // the plan's slack after one within the plan.
+  const double allowed = 24.0 * (int64_t{1} << 30) * (1 - engine::MemoryPlanRequest().margin_fraction);
+  EXPECT_GT(step1, allowed);
+  EXPECT_EQ(budget->RoomForFixedBytes(step1), 0);
+  const int64_t replanned = budget->Report().planned_peak_bytes;
+  ASSERT_LE(replanned, allowed);
+  const int64_t room = budget->RoomForFixedBytes(replanned - (int64_t{1} << 30));
+  EXPECT_EQ(room, static_cast<int64_t>(allowed - static_cast<double>(replanned)));
+  budget->AddFixedBytes(room);
+  EXPECT_LE(budget->Report().planned_peak_bytes, allowed);
+  // Step 2 a GiB above step 1: a new miss, counted.
+  EXPECT_THAT(budget->AfterStep(2, step1 + (int64_t{1} << 30) + room), ::testing::HasSubstr("step 2"));
+
+  // Checkpointing true or false plans nothing: no limit from it.
+  config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
+  auto plain = CheckpointingBudget::Start(o);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->RoomForFixedBytes(step1), std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // is on; auto on a CPU worker holds none.
 #include <stdlib.h>
 
+#include <limits>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -22,6 +23,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
 
 // A tiny NF4 model of 4 layers with adapters on every projection, in a fresh folder.
 std::unique_ptr<engine::LlamaForCausalLM> TinyNf4Model() {
@@ -52,6 +54,11 @@ TEST(DequantizedWeights, FittingLayersLeaveTwoPercentOfTheBudget) {
   EXPECT_EQ(DequantizedWeights::FittingLayers(140 * kGiB, peak, layer, 32), 32);  // all of them
   EXPECT_EQ(DequantizedWeights::FittingLayers(32 * kGiB, peak, layer, 32), 0);    // no room
   EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, 0, 32), 0);        // nothing 4-bit
+  // Beside enable_gradient_checkpointing: auto, no more than the plan leaves (its 8 % margin
+  // kept): here room for 3 layers, less one in transit.
+  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, 0, 3 * layer + 1), 3);
+  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, layer, 3 * layer + 1), 2);
+  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, 0, 0), 0);
 }
 
 TEST(DequantizedWeights, ACountHoldsThatManyTopLayersAtOnce) {
@@ -68,7 +75,7 @@ TEST(DequantizedWeights, ACountHoldsThatManyTopLayersAtOnce) {
   EXPECT_FALSE(model->layers[0].q_proj.base.resident.defined());
   EXPECT_TRUE(model->layers[1].q_proj.base.resident.defined());
   EXPECT_THAT(line, HasSubstr("3 of 4 layers hold their weights dequantized"));
-  EXPECT_EQ(d.AfterStep(1, 100 * kGiB, 0, &line), 0);  // a count never changes
+  EXPECT_EQ(d.AfterStep(1, 100 * kGiB, 0, kNoLimit, &line), 0);  // a count never changes
   EXPECT_EQ(line, "");
   EXPECT_EQ(model->dequantized_layers(), 3);
 }
@@ -84,7 +91,7 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
   std::string line;
   DequantizedWeights on_cpu = DequantizedWeights::Start(o, &line);
   EXPECT_THAT(line, HasSubstr("auto: none (the model is not on a GPU)"));
-  EXPECT_EQ(on_cpu.AfterStep(1, 0, 0, &line), 0);
+  EXPECT_EQ(on_cpu.AfterStep(1, 0, 0, kNoLimit, &line), 0);
   EXPECT_EQ(model->dequantized_layers(), 0);
 
   // A GPU worker's decision (the model itself stays on the CPU: only its bytes matter here):
@@ -97,10 +104,10 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
   DequantizedWeights on_gpu = DequantizedWeights::Start(o, &line);
   EXPECT_THAT(line, HasSubstr("chosen after the first step, for a 1.0 GiB budget"));
   EXPECT_EQ(model->dequantized_layers(), 0);  // not before the first step
-  EXPECT_EQ(on_gpu.AfterStep(1, peak, 0, &line), 2 * layer);
+  EXPECT_EQ(on_gpu.AfterStep(1, peak, 0, kNoLimit, &line), 2 * layer);
   EXPECT_EQ(model->dequantized_layers(), 2);
   EXPECT_THAT(line, HasSubstr("so from the next step 2 of 4 layers hold their weights"));
-  EXPECT_EQ(on_gpu.AfterStep(2, 0, 0, &line), 0);  // decided once
+  EXPECT_EQ(on_gpu.AfterStep(2, 0, 0, kNoLimit, &line), 0);  // decided once
   EXPECT_EQ(model->dequantized_layers(), 2);
 }
 
@@ -122,7 +129,7 @@ TEST(DequantizedWeights, AutoLeavesTheRoomItIsGivenForAnOffloadedLayerInTransit)
   const int64_t peak = static_cast<int64_t>(kGiB * 0.98) - 3 * layer - layer / 2;
   std::string line;
   DequantizedWeights d = DequantizedWeights::Start(o, &line);
-  d.AfterStep(1, peak, layer + layer / 2, &line);
+  d.AfterStep(1, peak, layer + layer / 2, kNoLimit, &line);
   EXPECT_EQ(model->dequantized_layers(), 2);
   EXPECT_THAT(line, HasSubstr("for one more offloaded layer in transit"));
   EXPECT_EQ(DequantizedWeights::FittingLayers(kGiB, peak, layer, 4), 3);  // without it

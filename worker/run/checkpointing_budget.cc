@@ -2,6 +2,7 @@
 #include "worker/run/checkpointing_budget.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
@@ -179,6 +180,14 @@ CheckpointingReport CheckpointingBudget::Report() const {
   return r;
 }
 
+int64_t CheckpointingBudget::RoomForFixedBytes(int64_t peak_bytes) const {
+  if (!planned_) return std::numeric_limits<int64_t>::max();
+  const double allowed =
+      static_cast<double>(plan_.budget_bytes) * (1 - request_.margin_fraction) -
+      static_cast<double>(std::max(peak_bytes, plan_.planned_peak_bytes));
+  return allowed > 0 ? static_cast<int64_t>(allowed) : 0;
+}
+
 void CheckpointingBudget::AddFixedBytes(int64_t bytes) {
   if (!planned_ || bytes <= 0) return;
   request_.resident_bytes += bytes;
@@ -187,7 +196,10 @@ void CheckpointingBudget::AddFixedBytes(int64_t bytes) {
 
 std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
   if (!planned_ || step > 2 || peak_bytes <= peak_before_) return "";
-  measured_peak_ = std::max(measured_peak_, peak_bytes);
+  // The allocator's peak is the process's so far: no higher than an earlier step's, it is that
+  // step's, whose correction is made (counting it again would checkpoint layers for nothing).
+  if (peak_bytes <= measured_peak_) return "";
+  measured_peak_ = peak_bytes;
   std::string line = absl::StrFormat(
       "activation checkpointing: step %d measured a peak of %s (planned %s, budget %s)", step,
       engine::FormatMemory(peak_bytes), engine::FormatMemory(plan_.planned_peak_bytes),

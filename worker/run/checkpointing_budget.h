@@ -16,7 +16,8 @@
 // with false none.
 //
 // Correction (a GPU): after each of the first two steps, the allocator's peak is compared with
-// the plan. A peak above the plan raises the plan's fixed part by the difference and plans again;
+// the plan (the process's peak so far: the second step counts only where it went higher than the
+// first, which was corrected for already). A peak above the plan raises the plan's fixed part by the difference and plans again;
 // when that needs more checkpointed layers, the next steps use them (the split only ever grows
 // towards all checkpointed: each split computes the same values). The peak before the first
 // step (loading) is remembered so that only a peak a step set counts. Torch side.
@@ -81,6 +82,11 @@ class CheckpointingBudget {
   // step: dequantized_weights.h), added to its fixed part and its planned peak, so that the next
   // steps' peaks are compared with a plan that counts them.
   void AddFixedBytes(int64_t bytes);
+  // How many bytes AddFixedBytes may add after a step that peaked at `peak_bytes` without the
+  // plan leaving its margin (the budget less its margin less the larger of that peak and the
+  // planned one; 0 when none is left); no limit (INT64_MAX) where nothing is planned. What
+  // dequantized_weight_layers: auto may take beside enable_gradient_checkpointing: auto.
+  int64_t RoomForFixedBytes(int64_t peak_bytes) const;
   // One offloaded layer's saved tensors in a micro-batch, as the plan counts them (0 when no layer
   // is offloaded): the room dequantized_weight_layers: auto leaves for the copies in transit.
   int64_t OffloadedLayerBytes() const;

@@ -46,16 +46,18 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
 
 int64_t DequantizedWeights::FittingLayers(int64_t budget_bytes, int64_t peak_bytes,
                                           int64_t layer_bytes, int64_t max_layers,
-                                          int64_t reserve_bytes) {
+                                          int64_t reserve_bytes, int64_t limit_bytes) {
   if (layer_bytes <= 0) return 0;
-  const double room = static_cast<double>(budget_bytes) * (1 - kMarginFraction) -
-                      static_cast<double>(peak_bytes) - static_cast<double>(reserve_bytes);
+  const double room = std::min(static_cast<double>(budget_bytes) * (1 - kMarginFraction) -
+                                   static_cast<double>(peak_bytes),
+                               static_cast<double>(limit_bytes)) -
+                      static_cast<double>(reserve_bytes);
   if (room <= 0) return 0;
   return std::min<int64_t>(max_layers, static_cast<int64_t>(room / layer_bytes));
 }
 
 int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, int64_t reserve_bytes,
-                                      std::string* line) {
+                                      int64_t limit_bytes, std::string* line) {
   line->clear();
   if (!pending_auto_ || step != 1) return 0;
   pending_auto_ = false;
@@ -63,7 +65,7 @@ int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, int64_t 
   const int64_t reserve = std::max<int64_t>(reserve_bytes, 0);
   model_->SetDequantizedLayers(FittingLayers(budget_bytes_, peak_bytes, layer_bytes,
                                              static_cast<int64_t>(model_->layers.size()),
-                                             reserve));
+                                             reserve, limit_bytes));
   *line = absl::StrCat("dequantized_weight_layers: auto: the first step peaked at ",
                        engine::FormatMemory(peak_bytes), " of a ",
                        engine::FormatMemory(budget_bytes_), " budget",

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -38,15 +39,18 @@ class DequantizedWeights {
   static DequantizedWeights Start(const DequantizedWeightsOptions& options, std::string* line);
 
   // After a step (`step` 1-based in this run) with the allocator's peak so far: auto's choice
-  // after the first, leaving `reserve_bytes` more room (one offloaded layer in transit, or 0).
-  // Returns the bytes the held layers took then (for the checkpointing plan's fixed part) and a
-  // line for the log in *line ("" when nothing changed).
-  int64_t AfterStep(int64_t step, int64_t peak_bytes, int64_t reserve_bytes, std::string* line);
+  // after the first, leaving `reserve_bytes` more room (one offloaded layer in transit, or 0)
+  // and taking at most `limit_bytes` (what the checkpointing plan leaves:
+  // CheckpointingBudget::RoomForFixedBytes). Returns the bytes the held layers took then (for the
+  // checkpointing plan's fixed part) and a line for the log in *line ("" when nothing changed).
+  int64_t AfterStep(int64_t step, int64_t peak_bytes, int64_t reserve_bytes, int64_t limit_bytes,
+                    std::string* line);
 
-  // auto's choice for a peak and budget: the layers of `layer_bytes` each that fit under
-  // budget x (1 - margin) less `reserve_bytes`, at most `max_layers`.
+  // auto's choice for a peak and budget: the layers of `layer_bytes` each that fit in
+  // min(budget x (1 - margin) - peak, limit) less `reserve_bytes`, at most `max_layers`.
   static int64_t FittingLayers(int64_t budget_bytes, int64_t peak_bytes, int64_t layer_bytes,
-                               int64_t max_layers, int64_t reserve_bytes = 0);
+                               int64_t max_layers, int64_t reserve_bytes = 0,
+                               int64_t limit_bytes = std::numeric_limits<int64_t>::max());
 
   static constexpr double kMarginFraction = 0.02;
 

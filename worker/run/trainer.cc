@@ -301,8 +301,9 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
     const int64_t peak = PeakMemoryBytes(device_);
     // Held layers first: a re-plan below may change what is offloaded.
     std::string held;
-    const int64_t held_bytes = dequantized_->AfterStep(
-        totals_.steps, peak, checkpointing_->OffloadedLayerBytes(), &held);
+    const int64_t held_bytes =
+        dequantized_->AfterStep(totals_.steps, peak, checkpointing_->OffloadedLayerBytes(),
+                                checkpointing_->RoomForFixedBytes(peak), &held);
     const std::string measured = checkpointing_->AfterStep(totals_.steps, peak);
     if (!measured.empty()) Log(measured);
     checkpointing_->AddFixedBytes(held_bytes);
