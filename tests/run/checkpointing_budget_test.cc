@@ -114,6 +114,22 @@ TEST(CheckpointingBudget, OffloadingOnACpuWorkerIsIgnoredAndSaidSo) {
                                       "not on a GPU"));
 }
 
+// A 7B-shaped weightless model at micro-batch 4 x 2048 with 7 GiB counted as resident, and the
+// options that start a budget for it under `config` (set here to that shape; the caller adds the
+// trainer's choices before Start).
+struct SevenBBudget {
+  engine::LlamaForCausalLM model{Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU)};
+  JobConfig config;
+  CheckpointingBudgetOptions options;
+  SevenBBudget() {
+    config.trainer.batch_size = 4;
+    config.data.max_sequence_length = 2048;
+    options.config = &config;
+    options.model = &model;
+    options.allocated_bytes = int64_t{7} << 30;
+  }
+};
+
 // The room dequantized_weight_layers: auto leaves for an offloaded layer in transit: the plan's
 // bytes of a plain 7B layer at micro-batch 4 x 2048, which round 22 saw as the step's peak rising
 // 0.7-0.9 GiB over the first step's plus the held layers with 8 or 10 plain layers offloaded.
@@ -133,19 +149,12 @@ TEST(CheckpointingBudget, AnOffloadedLayerInTransitIsAPlainLayersSavedTensors) {
   EXPECT_LT(bytes, int64_t{1} << 30);
 
   // Nothing offloaded (a CPU worker ignores the count): no room set aside.
-  engine::LlamaForCausalLM model(Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU));
-  JobConfig config;
-  config.trainer.batch_size = 4;
-  config.data.max_sequence_length = 2048;
-  config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
-  config.trainer.offload_activation_layers = 10;
-  CheckpointingBudgetOptions o;
-  o.config = &config;
-  o.model = &model;
-  o.allocated_bytes = int64_t{7} << 30;
-  auto budget = CheckpointingBudget::Start(o);
+  SevenBBudget b;
+  b.config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
+  b.config.trainer.offload_activation_layers = 10;
+  auto budget = CheckpointingBudget::Start(b.options);
   ASSERT_TRUE(budget.ok()) << budget.status();
-  EXPECT_EQ(model.offloaded_layers(), 0);
+  EXPECT_EQ(b.model.offloaded_layers(), 0);
   EXPECT_EQ(budget->OffloadedLayerBytes(), 0);
 }
 
@@ -155,17 +164,11 @@ TEST(CheckpointingBudget, AnOffloadedLayerInTransitIsAPlainLayersSavedTensors) {
 // step 1's again unless it went higher: that is no new miss (counting it twice checkpointed
 // layers for nothing), while a higher one is.
 TEST(CheckpointingBudget, AStepOnlyCountsWhereItPeakedAboveTheEarlierSteps) {
-  engine::LlamaForCausalLM model(Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU));
-  JobConfig config;
-  config.trainer.batch_size = 4;
-  config.data.max_sequence_length = 2048;
-  config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
-  config.trainer.max_memory_gib = 24;
-  CheckpointingBudgetOptions o;
-  o.config = &config;
-  o.model = &model;
-  o.allocated_bytes = int64_t{7} << 30;
-  auto budget = CheckpointingBudget::Start(o);
+  SevenBBudget b;
+  b.config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
+  b.config.trainer.max_memory_gib = 24;
+  engine::LlamaForCausalLM& model = b.model;
+  auto budget = CheckpointingBudget::Start(b.options);
   ASSERT_TRUE(budget.ok()) << budget.status();
   const int64_t planned = budget->Report().planned_peak_bytes;
   const int64_t first = model.checkpointed_layers();
@@ -193,8 +196,8 @@ TEST(CheckpointingBudget, AStepOnlyCountsWhereItPeakedAboveTheEarlierSteps) {
   EXPECT_THAT(budget->AfterStep(2, step1 + (int64_t{1} << 30) + room), ::testing::HasSubstr("step 2"));
 
   // Checkpointing true or false plans nothing: no limit from it.
-  config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
-  auto plain = CheckpointingBudget::Start(o);
+  b.config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
+  auto plain = CheckpointingBudget::Start(b.options);
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->RoomForFixedBytes(step1), std::numeric_limits<int64_t>::max());
 }
