@@ -17,10 +17,11 @@
 //
 // Correction (a GPU): after each of the first two steps, the allocator's peak is compared with
 // the plan (the process's peak so far: the second step counts only where it went higher than the
-// first, which was corrected for already). A peak above the plan raises the plan's fixed part by the difference and plans again;
-// when that needs more checkpointed layers, the next steps use them (the split only ever grows
-// towards all checkpointed: each split computes the same values). The peak before the first
-// step (loading) is remembered so that only a peak a step set counts. Torch side.
+// first, which was corrected for already). A peak above the plan raises the plan's fixed part by
+// the difference and plans again; when that needs more checkpointed layers, the next steps use
+// them (the split only ever grows towards all checkpointed: each split computes the same
+// values). The peak before the first step (loading) is remembered so that only a peak a step set
+// counts. Torch side.
 #pragma once
 
 #include <cstdint>
