@@ -365,6 +365,82 @@ TEST(EngineFused, PackedQkvWithRotaryEqualsTheLayersOneByOneThenRotary) {
   }
 }
 
+// Where the norm's source comes with its output (NormedInput, as the decoder passes the fused
+// norms'), the widened node keeps the source and rstd instead of the output's rows: the same
+// outputs to the bit, the same gradients of the norm's inputs and of the adapters (the norm's
+// factors move outside the As' GEMM: summation order in float32, rounding in bf16), and the
+// output's rows are freed once the caller lets them go (the node without the source keeps them).
+// Over SharedInputLayers (one GEMM each) and over three equally wide layers (packed, as gate/up
+// run), with the residual add (the post-attention norm) and without (the input norm).
+TEST(EngineFused, WidenedNodeKeepingTheNormsSourceEqualsTheNodeKeepingItsOutput) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(device.str());
+    at::manual_seed(23);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const int64_t in = 64;
+    for (const bool packed : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "packed " << packed);
+      std::vector<LinearLayer> layers = SharedInputLayers(device);
+      if (packed) {
+        for (LinearLayer& l : layers) {
+          l.base.bias = at::Tensor();
+          if (l.base.out_features == in) continue;
+          l.base = FrozenWeight();
+          l.base.dense = at::randn({in, in}, f32) * 0.1;
+          l.base.out_features = in;
+          l.base.in_features = in;
+          l.lora->b = (at::randn({in, l.lora->a.size(0)}, f32) * 0.2).requires_grad_();
+        }
+      }
+      const std::vector<const LinearLayer*> group = {&layers[0], &layers[1], &layers[2]};
+      const int64_t spare = SharedInputSpareColumns(group, /*training=*/true);
+      for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        for (const bool with_delta : {true, false}) {
+          SCOPED_TRACE(::testing::Message() << c10::toString(dtype) << " delta " << with_delta);
+          CastFrozen(layers, dtype);
+          const at::Tensor w = (1 + 0.1 * at::randn({in}, f32)).to(dtype);
+          const at::Tensor x0 = at::randn({2, 9, in}, f32).to(dtype);
+          const at::Tensor d0 = at::randn({2, 9, in}, f32).to(dtype);
+          at::Tensor xk = x0.clone().requires_grad_(), xs = x0.clone().requires_grad_();
+          at::Tensor dk = d0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
+          NormedResidual kept =
+              ResidualRmsNormNode(xk, with_delta ? dk : at::Tensor(), w, 1e-5, spare);
+          NormedResidual sourced =
+              ResidualRmsNormNode(xs, with_delta ? ds : at::Tensor(), w, 1e-5, spare);
+          ASSERT_EQ(sourced.n.stride(1), in + spare);
+          const NormedInput normed{sourced.h, sourced.rstd, w};
+          const std::vector<at::Tensor> ys =
+              SharedInputForward(group, sourced.n, /*training=*/true, false, nullptr, &normed);
+          const std::vector<at::Tensor> yk = SharedInputForward(group, kept.n, /*training=*/true);
+          const c10::weak_intrusive_ptr<c10::StorageImpl> kept_rows =
+              kept.n.storage().getWeakStorageImpl();
+          const c10::weak_intrusive_ptr<c10::StorageImpl> sourced_rows =
+              sourced.n.storage().getWeakStorageImpl();
+          kept.n.reset();
+          sourced.n.reset();
+          EXPECT_FALSE(kept_rows.expired());
+          EXPECT_TRUE(sourced_rows.expired());
+          std::vector<at::Tensor> adapters, outs = {sourced.h}, ref_outs = {kept.h};
+          std::vector<at::Tensor> seeds = {at::randn_like(kept.h)};
+          for (size_t i = 0; i < layers.size(); ++i) {
+            EXPECT_TRUE(at::equal(ys[i], yk[i])) << "output " << i;
+            adapters.push_back(layers[i].lora->a);
+            adapters.push_back(layers[i].lora->b);
+            outs.push_back(ys[i]);
+            ref_outs.push_back(yk[i]);
+            seeds.push_back(at::randn_like(yk[i]));
+          }
+          const std::vector<at::Tensor> inputs =
+              with_delta ? Joined({xs, ds}, adapters) : Joined({xs}, adapters);
+          const std::vector<at::Tensor> ref_inputs =
+              with_delta ? Joined({xk, dk}, adapters) : Joined({xk}, adapters);
+          ExpectSameGradients(outs, inputs, ref_outs, ref_inputs, seeds, dtype);
+        }
+      }
+    }
+  }
+}
+
 // Where the input is frozen (the first decoder layer's norm of the embeddings), the nodes skip
 // its gradient (its base GEMMs and dequantizations) and the adapters' gradients stay what they
 // are with a trained input, to the bit: the q/k/v group over plain and over widened rows, and one

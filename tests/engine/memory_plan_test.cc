@@ -36,6 +36,7 @@ using ::testing::HasSubstr;
 //   budget 32 GiB  ->   4 of 32 checkpointed
 //   budget 40 GiB  ->   0 of 32 checkpointed, planned peak 32.14 GiB
 //   budget  6 GiB  ->   FAILED_PRECONDITION (8.8 GiB needed with the margin)
+// (On CUDA, fused_norms: a plain layer saves 93,672, neither n nor m; FusedNormsKeepNeither...)
 TEST(EngineMemoryPlan, SevenBAtMicroBatch4Sequence2048) {
   const MemoryPlanRequest r = SevenB(24);
   const LayerActivationBytes per = PerTokenLayerBytes(r);
@@ -128,6 +129,29 @@ TEST(EngineMemoryPlan, CorrectionAndDropoutRaiseThePeak) {
   EXPECT_GT(PerTokenLayerBytes(r).plain, PerTokenLayerBytes(SevenB(24)).plain);
   r.lora_r = 0;           // no adapters: the 4-bit GEMMs save no inputs
   EXPECT_EQ(PerTokenLayerBytes(r).plain, 109928 - 4096 * 2 * 2 - 7 * 16 * 2);
+}
+
+// On CUDA the norms are fused and the q/k/v and gate/up nodes keep their sources (kept by the
+// norms anyway) instead of n and m: 2 x 4,096 x 2 bytes a token less a plain layer, 4 GiB less
+// at 7B with no layer checkpointed; the same with dropout (the nodes do not run) or with one
+// layer of a group adapted (no node).
+TEST(EngineMemoryPlan, FusedNormsKeepNeitherNormsOutput) {
+  MemoryPlanRequest r = SevenB(40);
+  r.fused_norms = true;
+  EXPECT_EQ(PerTokenLayerBytes(r).plain, 110056 - 2 * 4096 * 2);
+  EXPECT_EQ(PerTokenLayerBytes(r).recomputed, 110056 - 2 * 4096 * 2 + 11008 * 2 - 8192);
+  EXPECT_EQ(PlannedPeakBytes(SevenB(40), 0) - PlannedPeakBytes(r, 0),
+            int64_t{32} * 4 * 2048 * 2 * 4096 * 2);
+  EXPECT_EQ(PlanCheckpointing(r)->checkpointed_layers, 0);
+  MemoryPlanRequest dropout = SevenB(40), fused_dropout = SevenB(40);
+  dropout.lora_dropout = fused_dropout.lora_dropout = true;
+  fused_dropout.fused_norms = true;
+  EXPECT_EQ(PerTokenLayerBytes(fused_dropout).plain, PerTokenLayerBytes(dropout).plain);
+  MemoryPlanRequest q_only = SevenB(40);
+  q_only.lora_targets = {"q_proj"};
+  MemoryPlanRequest fused_q_only = q_only;
+  fused_q_only.fused_norms = true;
+  EXPECT_EQ(PerTokenLayerBytes(fused_q_only).plain, PerTokenLayerBytes(q_only).plain);
 }
 
 TEST(EngineMemoryPlan, FormatMemory) {

@@ -75,7 +75,8 @@ variable_list ResidualRmsNormOutputs(AutogradContext* ctx, const at::Tensor& x,
   ctx->saved_data["weight"] = weight;  // frozen: kept by reference, never differentiated
   ctx->saved_data["grad_spare_columns"] = grad_spare_columns;
   SaveForBackward(ctx, {r.h, r.rstd});
-  return {r.h, r.n};
+  ctx->mark_non_differentiable({r.rstd});
+  return {r.h, r.n, r.rstd};
 }
 
 struct ResidualRmsNormFunction : public torch::autograd::Function<ResidualRmsNormFunction> {
@@ -86,7 +87,7 @@ struct ResidualRmsNormFunction : public torch::autograd::Function<ResidualRmsNor
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const at::Tensor dx = ResidualRmsNormGradient(ctx, grad_outputs);
+    const at::Tensor dx = ResidualRmsNormGradient(ctx, grad_outputs);  // rstd's is none
     return {dx, dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -123,17 +124,24 @@ at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {
   return SumGraphOnlyFunction::apply(a, b);
 }
 
-std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
-                                                  const at::Tensor& weight, double eps,
-                                                  int64_t spare_columns,
-                                                  int64_t grad_spare_columns) {
+NormedResidual ResidualRmsNormNode(const at::Tensor& x, const at::Tensor& delta,
+                                   const at::Tensor& weight, double eps, int64_t spare_columns,
+                                   int64_t grad_spare_columns) {
   TORCH_CHECK(!weight.requires_grad(), "ResidualRmsNorm: the norm weight must be frozen");
   TORCH_CHECK(grad_spare_columns >= 0, "ResidualRmsNorm: grad_spare_columns must be >= 0");
   const variable_list out =
       delta.defined()
           ? ResidualRmsNormFunction::apply(x, delta, weight, eps, spare_columns, grad_spare_columns)
           : RmsNormPassThroughFunction::apply(x, weight, eps, spare_columns, grad_spare_columns);
-  return {out[0], out[1]};
+  return {out[0], out[1], out[2]};
+}
+
+std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
+                                                  const at::Tensor& weight, double eps,
+                                                  int64_t spare_columns,
+                                                  int64_t grad_spare_columns) {
+  NormedResidual r = ResidualRmsNormNode(x, delta, weight, eps, spare_columns, grad_spare_columns);
+  return {std::move(r.h), std::move(r.n)};
 }
 
 }  // namespace qlora::engine

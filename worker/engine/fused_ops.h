@@ -9,7 +9,9 @@
 //                         delta (one gradient for both: the norm's plus h's own, summed in the
 //                         kernel); saves h and rstd. Without delta, h is x passed through: the
 //                         norm of a residual stream whose other use adds its gradient in the
-//                         norm's backward kernel instead of a separate pass
+//                         norm's backward kernel instead of a separate pass. ResidualRmsNormNode
+//                         also gives rstd = 1 / rms(h) (not differentiable), with which a
+//                         consumer may keep h (which the norm keeps anyway) instead of its output
 #pragma once
 
 #include <utility>
@@ -42,5 +44,14 @@ std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at:
                                                   const at::Tensor& weight, double eps,
                                                   int64_t spare_columns = 0,
                                                   int64_t grad_spare_columns = 0);
+
+// The same node's outputs with the float32 rstd of h's rows (x's shape without the last dim):
+// n = h * rstd * weight.
+struct NormedResidual {
+  at::Tensor h, n, rstd;
+};
+NormedResidual ResidualRmsNormNode(const at::Tensor& x, const at::Tensor& delta,
+                                   const at::Tensor& weight, double eps, int64_t spare_columns = 0,
+                                   int64_t grad_spare_columns = 0);
 
 }  // namespace qlora::engine

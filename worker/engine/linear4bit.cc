@@ -714,8 +714,11 @@ void SaveGroup(AutogradContext* ctx, variable_list leading, at::TensorList a, at
 // SwiGLU's backward writes them over), dh' goes into those columns and x's gradient is one GEMM,
 // dx = [g_1 ... g_n | dh'] [W_1; ...; W_n; A_1; ...; A_n], summed in float32 and rounded once
 // (no [T, in] pass writing dh' A for the base GEMM to read back and add to).
+// With `normed`, x is the source of the node's input rms_norm(x) * weight (linear4bit.h
+// NormedInput; normed->source is not read): the As' gradient is ((rstd dh')^T x) diag(weight).
 variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ha,
-                            at::TensorList adapters, const variable_list& grad_outputs) {
+                            at::TensorList adapters, const variable_list& grad_outputs,
+                            const NormedInput* normed = nullptr) {
   const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
   const std::vector<double> scales = ctx->saved_data["scales"].toDoubleVector();
   const size_t n = ranks.size();
@@ -751,8 +754,17 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
     offset += ranks[i];
   }
   LoraGradientPairs(gemm, pairs);
-  LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
+  if (normed != nullptr) {
+    // The norm's factors outside the GEMM: its rows' rstd on dh' ([T, sum of r], rounded once to
+    // the dtype as x's rows were), the weight on the float32 result's columns below.
+    at::Tensor scaled = at::empty({dha.size(0), dha.size(1)}, dha.options());
+    at::mul_out(scaled, dha, normed->rstd.reshape({-1, 1}));  // one pass, float32 inside
+    LoraAddmm(gemm, adapter_grads.Slot(0), scaled.t(), x, 0.0);
+  } else {
+    LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
+  }
   const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
+  if (normed != nullptr) cast[0].mul_(normed->weight);
   const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
   for (size_t i = 0; i < n; ++i) {
     grads[1 + i] = da[i];
@@ -913,7 +925,8 @@ at::Tensor PackedGradientRows(const variable_list& grads, int64_t spare) {
 struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList a,
                                at::TensorList b, const std::vector<const LinearLayer*>* group,
-                               bool value_unused, bool packed, const SharedInputRotary* rotary) {
+                               bool value_unused, bool packed, const SharedInputRotary* rotary,
+                               const NormedInput* normed) {
     const at::ScalarType dtype = x.scalar_type();
     const size_t n = group->size();
     std::vector<int64_t> ranks;
@@ -958,17 +971,33 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       scales.push_back(layer.lora->scale);
       offset += ranks[i];
     }
-    SaveGroup(ctx, {x}, a, b, ranks, scales);
+    if (normed != nullptr) {
+      // Not x's rows: the norm's source and rstd (the norm node keeps them too: one storage, one
+      // offloading trip) and ha, out of the spare columns (small: stays on the device).
+      ctx->saved_data["norm_weight"] = normed->weight;  // frozen: kept by reference
+      SaveGroup(ctx,
+                {normed->source.reshape({rows, in}), normed->rstd.reshape({rows}),
+                 wide.narrow(1, in, rank_sum).clone(at::MemoryFormat::Contiguous)},
+                a, b, ranks, scales);
+    } else {
+      SaveGroup(ctx, {x}, a, b, ranks, scales);
+    }
     return outputs;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = SavedForBackward(ctx);
-    const at::Tensor& x = saved[0];  // rows with their spare columns (restored with them too)
+    // x's rows with their spare columns (restored with them too), or the norm's source rows.
+    const at::Tensor& x = saved[0];
+    std::optional<NormedInput> normed;
+    if (ctx->saved_data.count("norm_weight") > 0) {
+      normed = NormedInput{at::Tensor(), saved[1], ctx->saved_data["norm_weight"].toTensor()};
+    }
     int64_t rank_sum = 0;
     for (int64_t r : ctx->saved_data["ranks"].toIntVector()) rank_sum += r;
     const at::Tensor ha =
-        WithSpareColumns(x, x.stride(0) - x.size(1)).narrow(1, x.size(1), rank_sum);
+        normed ? saved[2]
+               : WithSpareColumns(x, x.stride(0) - x.size(1)).narrow(1, x.size(1), rank_sum);
     if (ctx->saved_data.count("rotary_shape") > 0) {  // packed: q's and k's gradients rotated back
       const std::vector<int64_t> shape = ctx->saved_data["rotary_shape"].toIntVector();
       const at::Tensor cos = ctx->saved_data["rotary_cos"].toTensor();
@@ -1006,9 +1035,11 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
         }
       }
     }
-    variable_list grads = GroupBackward(ctx, x, ha, at::TensorList(saved).slice(1), grad_outputs);
+    variable_list grads = GroupBackward(ctx, x, ha, at::TensorList(saved).slice(normed ? 3 : 1),
+                                        grad_outputs, normed ? &*normed : nullptr);
     grads.emplace_back();  // packed
     grads.emplace_back();  // rotary
+    grads.emplace_back();  // normed
     return grads;
   }
 };
@@ -1150,7 +1181,8 @@ int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, b
 
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
                                            const at::Tensor& x, bool training, bool value_unused,
-                                           const SharedInputRotary* rotary) {
+                                           const SharedInputRotary* rotary,
+                                           const NormedInput* normed) {
   std::vector<at::Tensor> out;
   bool rotated = false;
   if (!Grouped(layers, training)) {
@@ -1168,7 +1200,7 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
     if (HasSpareColumns(x2, SharedInputSpareColumns(layers, training))) {
       const bool packed = !value_unused && Packable(layers);
       ys = LoraWideGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,
-                                        value_unused, packed, packed ? rotary : nullptr);
+                                        value_unused, packed, packed ? rotary : nullptr, normed);
       rotated = packed;
     } else {
       ys = LoraGroupFunction::apply(x2, at::TensorList(a), at::TensorList(b), &layers,

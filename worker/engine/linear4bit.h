@@ -110,15 +110,30 @@ struct LinearLayer {
 // node's backward packs their gradients likewise (q's and k's rotated back into the rows, v's
 // copied) for one such GEMM: one [T, q + k + v] buffer more at a layer's backward, so a model
 // that saves memory first (checkpointing) leaves it off.
+//
+// With `normed` (x = rms_norm(source) * weight, the norm's input and its rows' float32 1/rms:
+// fused_ops.h ResidualRmsNormNode), the widened node keeps source and rstd, which the norm keeps
+// for its own backward anyway, and its rank-r projections (copied out of the spare columns)
+// instead of x's rows: one [T, in] activation less a node (q/k/v and gate/up: 2 x 64 MB a layer
+// at 7B, micro-batch 4). Its backward takes the As' gradient from source,
+//   dA = dh'^T x = ((rstd dh')^T source) diag(weight),
+// the same sum with the norm's factors moved outside the GEMM (the values of the node keeping x
+// up to rounding: fused_paths_test).
 struct SharedInputRotary {
   at::Tensor cos, sin;  // [batch or 1, 1, seq, head_dim] in x's dtype (constants)
   int64_t batch = 0, seq = 0, head_dim = 0;
   bool packed_gradients = false;
 };
+struct NormedInput {
+  at::Tensor source;  // x's shape and dtype: the norm's input (its residual stream)
+  at::Tensor rstd;    // float32, one per row of source
+  at::Tensor weight;  // [in] in x's dtype, frozen
+};
 std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>& layers,
                                            const at::Tensor& x, bool training,
                                            bool value_unused = false,
-                                           const SharedInputRotary* rotary = nullptr);
+                                           const SharedInputRotary* rotary = nullptr,
+                                           const NormedInput* normed = nullptr);
 
 // The spare columns SharedInputForward(layers, x, training) uses when x's rows have them: the
 // adapters' ranks summed, rounded up so that rows are a multiple of 64 values (aligned rows

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -252,13 +253,19 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // projections (SharedInputForward's widened GEMMs).
   const std::vector<const LinearLayer*> qkv_layers = {&layer.q_proj, &layer.k_proj, &layer.v_proj};
   const std::vector<const LinearLayer*> gate_up_layers = {&layer.gate_proj, &layer.up_proj};
+  // The fused norms' outputs are given with their sources, which the q/k/v and gate/up nodes
+  // keep instead of the outputs (linear4bit.h NormedInput).
   at::Tensor residual, n;
+  std::optional<NormedInput> n_source, m_source;
   if (fused_norm(layer.input_layernorm)) {
     // Its gradient (x's, the layer below's output) goes to the down projection below alone,
     // which then writes its dh' beside it (linear4bit.h OutputGradientSpareColumns).
-    std::tie(residual, n) = ResidualRmsNorm(x, at::Tensor(), layer.input_layernorm, eps,
-                                            SharedInputSpareColumns(qkv_layers, training_),
-                                            OutputGradientSpareColumns(layer.down_proj, training_));
+    NormedResidual r = ResidualRmsNormNode(x, at::Tensor(), layer.input_layernorm, eps,
+                                           SharedInputSpareColumns(qkv_layers, training_),
+                                           OutputGradientSpareColumns(layer.down_proj, training_));
+    residual = std::move(r.h);
+    n = std::move(r.n);
+    n_source = NormedInput{residual, std::move(r.rstd), layer.input_layernorm};
   } else {
     residual = x;
     n = RmsNorm(x, layer.input_layernorm, eps);
@@ -276,7 +283,10 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // buffer more at a layer's backward: linear4bit.h).
   const SharedInputRotary rotary{cos, sin, batch, seq, head_dim,
                                  /*packed_gradients=*/checkpointed_layers_ == 0};
-  std::vector<at::Tensor> qkv = SharedInputForward(qkv_layers, n, training_, false, &rotary);
+  std::vector<at::Tensor> qkv = SharedInputForward(qkv_layers, n, training_, false, &rotary,
+                                                   n_source ? &*n_source : nullptr);
+  n.reset();  // kept by the node where it keeps it (not where it keeps n's source)
+  n_source.reset();
   const at::Tensor q = split(std::exchange(qkv[0], {}), heads);
   const at::Tensor k = split(std::exchange(qkv[1], {}), kv_heads);
   const at::Tensor v = split(std::exchange(qkv[2], {}), kv_heads);
@@ -293,15 +303,21 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
   at::Tensor h, m;
   if (fused_norm(layer.post_attention_layernorm)) {
-    std::tie(h, m) = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps,
-                                     SharedInputSpareColumns(gate_up_layers, training_),
-                                     OutputGradientSpareColumns(layer.o_proj, training_));
+    NormedResidual r = ResidualRmsNormNode(residual, o, layer.post_attention_layernorm, eps,
+                                           SharedInputSpareColumns(gate_up_layers, training_),
+                                           OutputGradientSpareColumns(layer.o_proj, training_));
+    h = std::move(r.h);
+    m = std::move(r.n);
+    m_source = NormedInput{h, std::move(r.rstd), layer.post_attention_layernorm};
   } else {
     h = residual + o;
     m = RmsNorm(h, layer.post_attention_layernorm, eps);
   }
   o.reset();
-  std::vector<at::Tensor> gate_up = SharedInputForward(gate_up_layers, m, training_);
+  std::vector<at::Tensor> gate_up = SharedInputForward(gate_up_layers, m, training_, false,
+                                                       nullptr, m_source ? &*m_source : nullptr);
+  m.reset();
+  m_source.reset();
   // With grad, one node for SwiGLU and down (SwigluThenForward): a layer that keeps its
   // activations until backward (no checkpoint) saves gate and up but not their product, which
   // the node gets again in backward; a checkpointed layer's recomputation lives one layer's

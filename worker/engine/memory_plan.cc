@@ -2,6 +2,7 @@
 #include "worker/engine/memory_plan.h"
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
@@ -67,7 +68,7 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   };
   const Module modules[] = {{"q_proj", H},    {"k_proj", H},  {"v_proj", H},   {"o_proj", Q},
                             {"gate_proj", H}, {"up_proj", H}, {"down_proj", I}};
-  bool saves_n = false, saves_m = false, saves_gated = false;
+  bool reads_n = false, reads_m = false, saves_gated = false;
   for (const Module& module : modules) {
     if (!Targets(r, module.name)) continue;
     plain += r.lora_r * d;  // h A^T
@@ -75,20 +76,28 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
     if (r.lora_dropout) {
       plain += module.in * (d + r.dropout_mask_bytes);  // the dropped input and its mask
     } else if (name == "q_proj" || name == "k_proj" || name == "v_proj") {
-      saves_n = true;
+      reads_n = true;
     } else if (name == "gate_proj" || name == "up_proj") {
-      saves_m = true;
+      reads_m = true;
     } else if (name == "down_proj") {
       saves_gated = true;
     }  // o_proj's input is the attention output, already counted
   }
-  plain += (saves_n ? H * d : 0) + (saves_m ? H * d : 0);
+  // Over the fused norms, a group node (two or more adapted) keeps its norm's source and rstd,
+  // which the norm keeps anyway, instead of n or m (linear4bit.h NormedInput).
+  auto grouped = [&](std::initializer_list<const char*> names) {
+    return std::count_if(names.begin(), names.end(),
+                         [&](const char* name) { return Targets(r, name); }) > 1;
+  };
+  const bool keeps_n = reads_n && !(r.fused_norms && grouped({"q_proj", "k_proj", "v_proj"}));
+  const bool keeps_m = reads_m && !(r.fused_norms && grouped({"gate_proj", "up_proj"}));
+  plain += (keeps_n ? H * d : 0) + (keeps_m ? H * d : 0);
   // gate and up packed (equally wide, both adapted): the rows keep the adapters' columns spare
   // for backward's low-rank term (linear4bit.cc PackedForward); q/k/v packed (multi-head), their
   // gradients may be packed likewise, replacing q's and k's rotated gradients (Q + K).
-  const bool packable = saves_m && Targets(r, "gate_proj") && Targets(r, "up_proj");
+  const bool packable = reads_m && Targets(r, "gate_proj") && Targets(r, "up_proj");
   plain += packable ? (AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;
-  if (saves_n && Q == K && Targets(r, "q_proj") && Targets(r, "k_proj") && Targets(r, "v_proj")) {
+  if (reads_n && Q == K && Targets(r, "q_proj") && Targets(r, "k_proj") && Targets(r, "v_proj")) {
     b.packed_gradients = (AlignedRow(Q + 2 * K + 3 * r.lora_r) - (Q + K)) * d;
   }
   // down_proj's input, silu(gate) * up: a plain layer's down node gets it again in backward

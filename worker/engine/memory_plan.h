@@ -19,6 +19,9 @@
 //                      n = norm(x) for q/k/v, the attention output for o, m = norm(h) for
 //                      gate/up; counted once each) and h A^T (r d); down's input, the SwiGLU
 //                      output, is not saved: its backward gets it again (SwigluThenForward).
+//                      With fused norms (CUDA), the q/k/v and gate/up nodes keep the norms'
+//                      sources x and h and their rstd instead of n and m (linear4bit.h
+//                      NormedInput): n and m are not counted.
 //                      With LoRA dropout each adapted module keeps its own dropped input
 //                      (in d) and the dropout mask (in bytes of `dropout_mask_bytes`) instead.
 //   checkpointed layer its input only (H d); its recomputation saves what a plain layer does
@@ -63,6 +66,7 @@ struct MemoryPlanRequest {
   std::vector<std::string> lora_targets;  // module names (q_proj, ...), already expanded
   bool lora_dropout = false;          // dropout > 0 while training
   int64_t dropout_mask_bytes = 1;     // per element: a bool mask on CUDA, d on the CPU
+  bool fused_norms = false;           // the decoder's norms are fused nodes (CUDA: fused_ops.h)
   int64_t trainable_elements = 0;     // their gradients (float32) exist during backward
   // Allocated once the model, adapters and optimizer are built (weights, NF4 blocks, adapters,
   // fp32 master copy, AdamW state, gradient buffers).

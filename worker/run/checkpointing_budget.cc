@@ -41,6 +41,8 @@ engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
   }
   // CUDA's dropout keeps a bool mask; the CPU's keeps the scaled mask in the input's dtype.
   r.dropout_mask_bytes = o.device.is_cuda() ? 1 : r.dtype_bytes;
+  // On CUDA the norms are fused nodes, whose sources the grouped nodes keep (memory_plan.h).
+  r.fused_norms = o.device.is_cuda();
   r.trainable_elements = o.trainable_elements;
   r.resident_bytes =
       o.allocated_bytes > 0 ? o.allocated_bytes : model.ResidentBytes() + o.strategy_bytes;
