@@ -110,6 +110,7 @@ std::unique_ptr<BudgetSetup> SetUpBudget(const SmallModel& small, const at::Devi
   r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   r.trainable_elements = small.trainable;
   r.resident_bytes = o.allocated_bytes;
+  r.fused_norms = true;  // on CUDA the norms are fused nodes (as the budget's own request says)
   return b;
 }
 

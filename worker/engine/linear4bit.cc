@@ -1093,13 +1093,20 @@ at::Tensor RotaryRows(const at::Tensor& y, const SharedInputRotary& rotary) {
 
 }  // namespace
 
+kernels::Quantized4bit WithCodesOnDevice(const kernels::Quantized4bit& q) {
+  if (q.packed.device() == q.absmax.device()) return q;
+  kernels::Quantized4bit on_device = q;
+  on_device.packed = q.packed.to(q.absmax.device());
+  return on_device;
+}
+
 kernels::Quantized4bit QuantizeWeight(const at::Tensor& weight,
                                       const kernels::Quantize4bitOptions& options) {
   return kernels::Quantize4bit(weight, options);
 }
 
 at::Tensor DequantizeWeight(const kernels::Quantized4bit& q, at::ScalarType dtype) {
-  return kernels::Dequantize4bit(q, dtype);
+  return kernels::Dequantize4bit(WithCodesOnDevice(q), dtype);
 }
 
 at::Tensor BitsandbytesQuantMap(kernels::QuantType type) { return kernels::SerializedQuantMap(type); }
@@ -1126,7 +1133,7 @@ void FrozenWeight::MaterializeInto(const at::Tensor& out,
     return;
   }
   if (quantized) {
-    kernels::Dequantize4bitInto(*quantized, out, after);
+    kernels::Dequantize4bitInto(WithCodesOnDevice(*quantized), out, after);
     return;
   }
   out.copy_(dense);

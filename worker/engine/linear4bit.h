@@ -25,7 +25,11 @@ namespace qlora::engine {
 // The kernels' entry points, raising c10::Error when the build has no kernels.
 kernels::Quantized4bit QuantizeWeight(const at::Tensor& weight,
                                       const kernels::Quantize4bitOptions& options);
+// (On q's block scales' device: codes in host memory, a held layer's, are copied there first.)
 at::Tensor DequantizeWeight(const kernels::Quantized4bit& q, at::ScalarType dtype);
+// q with its codes on its block scales' device (itself where they are; else a copy whose codes
+// are copied there: a layer held dequantized keeps its codes in host memory, resident_weights.h).
+kernels::Quantized4bit WithCodesOnDevice(const kernels::Quantized4bit& q);
 // The 16-entry code table bitsandbytes stores as `quant_map` (float32).
 at::Tensor BitsandbytesQuantMap(kernels::QuantType type);
 

@@ -153,7 +153,8 @@ void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {
 int64_t LlamaForCausalLM::DequantizedLayerBytes() const {
   int64_t most = 0;
   for (const DecoderLayer& layer : layers) {
-    most = std::max(most, ResidentWeightBytes(layer, compute_dtype_));
+    // Its buffers less its codes, which move to host memory.
+    most = std::max(most, ResidentWeightBytes(layer, compute_dtype_) - MovedCodeBytes(layer));
   }
   return most;
 }
@@ -168,7 +169,9 @@ int64_t LlamaForCausalLM::ResidentBytes() const {
       total += bytes(linear.base.dense) + bytes(linear.base.bias);
       if (linear.base.quantized) {
         const kernels::Quantized4bit& q = *linear.base.quantized;
-        total += bytes(q.packed) + bytes(q.absmax) + bytes(q.nested_absmax);
+        // A held layer's codes wait in host memory (resident_weights.h).
+        total += (q.packed.device() == q.absmax.device() ? bytes(q.packed) : 0) + bytes(q.absmax) +
+                 bytes(q.nested_absmax);
       }
       if (linear.lora) total += bytes(linear.lora->a) + bytes(linear.lora->b);
     }

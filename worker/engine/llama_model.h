@@ -128,7 +128,8 @@ class LlamaForCausalLM {
   // values and gradients with any n.
   void SetDequantizedLayers(int64_t n);
   int64_t dequantized_layers() const { return dequantized_layers_; }
-  // Device bytes one more dequantized layer takes (the largest layer's; 0 without 4-bit weights).
+  // Device bytes one more dequantized layer takes (the largest layer's; 0 without 4-bit weights):
+  // its buffers less its codes, which wait in host memory while it is held (on CUDA).
   int64_t DequantizedLayerBytes() const;
   // The offloader (null until SetOffloadedLayers > 0): bytes moved, for logs and tests.
   const ActivationOffloader* activation_offloader() const { return offloader_.get(); }

@@ -41,6 +41,18 @@ int64_t ResidentWeightBytes(const DecoderLayer& layer, at::ScalarType dtype) {
   return bytes;
 }
 
+int64_t MovedCodeBytes(const DecoderLayer& layer) {
+  int64_t bytes = 0;
+  for (const auto& group : Groups(const_cast<DecoderLayer&>(layer))) {
+    if (BufferShape(group).first == 0) continue;
+    for (const LinearLayer* linear : group) {
+      const kernels::Quantized4bit& q = *linear->base.quantized;
+      if (!q.absmax.is_cpu()) bytes += static_cast<int64_t>(q.packed.nbytes());
+    }
+  }
+  return bytes;
+}
+
 void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
   for (const auto& group : Groups(layer)) {
     const auto [rows, stride] = BufferShape(group);
@@ -48,8 +60,9 @@ void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
     if (group[0]->base.resident.defined() && group[0]->base.resident.scalar_type() == dtype) {
       continue;
     }
+    // On the block scales' device (the codes may be in host memory already).
     const at::Tensor buffer = at::zeros(
-        {rows, stride}, group[0]->base.quantized->packed.options().dtype(dtype));
+        {rows, stride}, group[0]->base.quantized->absmax.options().dtype(dtype));
     int64_t row = 0;
     for (LinearLayer* linear : group) {
       FrozenWeight& w = linear->base;
@@ -57,6 +70,9 @@ void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
       const at::Tensor view = buffer.narrow(0, row, w.out_features).narrow(1, 0, w.in_features);
       w.MaterializeInto(view);
       w.resident = view;
+      // Nothing on the device reads the codes now: they wait in host memory (the copy is
+      // stream-ordered after the dequantization above).
+      if (!w.quantized->packed.is_cpu()) w.quantized->packed = w.quantized->packed.cpu();
       row += w.out_features;
     }
   }
@@ -64,7 +80,13 @@ void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
 
 void DropResident(DecoderLayer& layer) {
   for (const auto& group : Groups(layer)) {
-    for (LinearLayer* linear : group) linear->base.resident = at::Tensor();
+    for (LinearLayer* linear : group) {
+      FrozenWeight& w = linear->base;
+      if (w.quantized && w.quantized->packed.device() != w.quantized->absmax.device()) {
+        w.quantized->packed = w.quantized->packed.to(w.quantized->absmax.device());
+      }
+      w.resident = at::Tensor();
+    }
   }
 }
 
