@@ -40,6 +40,28 @@ std::string FormatDuration(double seconds) {
   return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
 }
 
+std::string CheckpointLine(const v1::Progress& p) {
+  const v1::CheckpointingReport& c = p.checkpointing();
+  if (!p.has_checkpointing() || c.checkpointed_layers() < 0) return "";
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  std::string line = absl::StrFormat("rank %d: %d of %d layers activation-checkpointed", p.rank(),
+                                     c.checkpointed_layers(), c.layers());
+  if (c.budget_bytes() > 0) {
+    absl::StrAppendFormat(&line, ", planned peak %.1f GiB of a %.1f GiB budget",
+                          c.planned_peak_bytes() / kGiB, c.budget_bytes() / kGiB);
+  }
+  if (c.measured_peak_bytes() > 0) {
+    absl::StrAppendFormat(&line, ", measured %.1f GiB", c.measured_peak_bytes() / kGiB);
+  }
+  if (c.offloaded_layers() > 0) {
+    absl::StrAppendFormat(&line, ", %d offloaded to host memory", c.offloaded_layers());
+  }
+  if (c.dequantized_layers() > 0) {
+    absl::StrAppendFormat(&line, ", %d with weights held dequantized", c.dequantized_layers());
+  }
+  return line;
+}
+
 std::string ProgressLine(const v1::Job& job) {
   std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
   if (!HasSteps(job)) {

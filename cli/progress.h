@@ -15,6 +15,12 @@ const char* StateName(v1::JobState state);
 // "job-000001 RUNNING step 12/40 [=====>     ] loss 2.3140 lr 0.0002 tok/s 812 ETA 0:00:31".
 std::string ProgressLine(const v1::Job& job);
 
+// A rank's activation-checkpointing choice as `qloractl get` prints it: "rank 0: 10 of 32
+// layers activation-checkpointed, planned peak 21.6 GiB of a 24.0 GiB budget, measured 21.1 GiB,
+// 4 offloaded to host memory, 26 with weights held dequantized" (each part after the first only
+// where it is set); "" where the rank reported no choice.
+std::string CheckpointLine(const v1::Progress& progress);
+
 // "1:02:03"; "--:--" for a negative or non-finite duration.
 std::string FormatDuration(double seconds);
 

@@ -97,25 +97,8 @@ void PrintJob(const v1::Job& job, bool json) {
            static_cast<long long>(e.malformed()), static_cast<long long>(e.without_target()),
            static_cast<long long>(t.trained()), static_cast<long long>(t.left_over()),
            static_cast<long long>(t.malformed()), static_cast<long long>(t.without_target()));
-    const v1::CheckpointingReport& c = p.checkpointing();
-    if (p.has_checkpointing() && c.checkpointed_layers() >= 0) {
-      constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-      printf("checkpoint:  rank %d: %lld of %lld layers activation-checkpointed", p.rank(),
-             static_cast<long long>(c.checkpointed_layers()), static_cast<long long>(c.layers()));
-      if (c.budget_bytes() > 0) {
-        printf(", planned peak %.1f GiB of a %.1f GiB budget", c.planned_peak_bytes() / kGiB,
-               c.budget_bytes() / kGiB);
-      }
-      if (c.measured_peak_bytes() > 0) printf(", measured %.1f GiB", c.measured_peak_bytes() / kGiB);
-      if (c.offloaded_layers() > 0) {
-        printf(", %lld offloaded to host memory", static_cast<long long>(c.offloaded_layers()));
-      }
-      if (c.dequantized_layers() > 0) {
-        printf(", %lld with weights held dequantized",
-               static_cast<long long>(c.dequantized_layers()));
-      }
-      printf("\n");
-    }
+    const std::string checkpoint = CheckpointLine(p);
+    if (!checkpoint.empty()) printf("checkpoint:  %s\n", checkpoint.c_str());
   }
   if (job.has_summary()) printf("summary:     %s\n", FormatTrainSummary(FromProto(job.summary())).c_str());
 }

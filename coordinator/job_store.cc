@@ -5,7 +5,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -189,8 +193,9 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   std::unique_ptr<JobStore> store(new JobStore(db));
   if (options.read_only) return store;
   QLORA_RETURN_IF_ERROR(store->Exec(kSchema));
-  // Stores made before a column existed gain it (an error only means it is there already).
-  for (const char* column : {"dev_reserved INTEGER DEFAULT 0", "strategy_stage INTEGER DEFAULT -1",
+  // Stores made before a column existed gain it; failing that, the store does not open (a store
+  // missing a column would fail every later write of it).
+  absl::Status migrated = store->AddMissingColumns("events", {"dev_reserved INTEGER DEFAULT 0", "strategy_stage INTEGER DEFAULT -1",
                              "strategy_world INTEGER DEFAULT 0", "strategy_trainable INTEGER DEFAULT 0",
                              "strategy_partition INTEGER DEFAULT 0", "strategy_flags INTEGER DEFAULT 0",
                              "epoch_trained INTEGER DEFAULT 0", "epoch_left_over INTEGER DEFAULT 0",
@@ -200,15 +205,17 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                              "ckpt_layers INTEGER DEFAULT -1", "ckpt_total INTEGER DEFAULT 0",
                              "ckpt_planned INTEGER DEFAULT 0", "ckpt_budget INTEGER DEFAULT 0",
                              "ckpt_measured INTEGER DEFAULT 0", "ckpt_offloaded INTEGER DEFAULT 0",
-                             "ckpt_dequantized INTEGER DEFAULT 0"}) {
-    (void)store->Exec(absl::StrCat("ALTER TABLE events ADD COLUMN ", column).c_str());
+                             "ckpt_dequantized INTEGER DEFAULT 0"});
+  if (migrated.ok()) {
+    std::vector<const char*> job_columns = {"owner TEXT DEFAULT ''", "uid TEXT DEFAULT ''",
+                                            "restarts INTEGER DEFAULT 0",
+                                            "restart_causes TEXT DEFAULT ''"};
+    job_columns.insert(job_columns.end(), std::begin(kOutputColumns), std::end(kOutputColumns));
+    migrated = store->AddMissingColumns("jobs", job_columns);
   }
-  (void)store->Exec("ALTER TABLE jobs ADD COLUMN owner TEXT DEFAULT ''");
-  (void)store->Exec("ALTER TABLE jobs ADD COLUMN uid TEXT DEFAULT ''");
-  (void)store->Exec("ALTER TABLE jobs ADD COLUMN restarts INTEGER DEFAULT 0");
-  (void)store->Exec("ALTER TABLE jobs ADD COLUMN restart_causes TEXT DEFAULT ''");
-  for (const char* column : kOutputColumns) {
-    (void)store->Exec(absl::StrCat("ALTER TABLE jobs ADD COLUMN ", column).c_str());
+  if (!migrated.ok()) {
+    return absl::Status(migrated.code(), absl::StrCat("cannot bring job store ", path,
+                                                      " up to date: ", migrated.message()));
   }
   if (options.max_pages > 0) {
     QLORA_RETURN_IF_ERROR(
@@ -218,6 +225,30 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 }
 
 JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::AddMissingColumns(const char* table,
+                                         const std::vector<const char*>& columns) {
+  std::set<std::string> present;
+  Statement info(db_, absl::StrCat("PRAGMA table_info(", table, ")").c_str());
+  QLORA_RETURN_IF_ERROR(info.status());
+  for (;;) {
+    QLORA_ASSIGN_OR_RETURN(const bool row, info.Step());
+    if (!row) break;
+    present.insert(info.Text(1));  // the column's name
+  }
+  for (const char* column : columns) {
+    const absl::string_view definition(column);
+    const std::string name(definition.substr(0, definition.find(' ')));
+    if (present.count(name) > 0) continue;
+    const absl::Status added =
+        Exec(absl::StrCat("ALTER TABLE ", table, " ADD COLUMN ", column).c_str());
+    if (!added.ok()) {
+      return absl::Status(added.code(), absl::StrCat("adding the column ", table, ".", name,
+                                                     ": ", added.message()));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status JobStore::Exec(const char* sql) {
   const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);

@@ -51,6 +51,9 @@ class JobStore {
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status PutOutputs(const JobRecord& job);  // merged_path and summary (PutJob calls it)
   absl::Status Exec(const char* sql);
+  // Adds each of `columns` ("name TYPE DEFAULT ...") that `table` lacks (a store made before the
+  // column existed); an error reading the table's columns or adding one is returned, naming it.
+  absl::Status AddMissingColumns(const char* table, const std::vector<const char*>& columns);
   sqlite3* db_;
 };
 

@@ -2,6 +2,7 @@
 // step and state change however many ranks report each step; on a terminal, a redrawn line.
 #include "cli/progress.h"
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/str_split.h"
@@ -92,6 +93,36 @@ TEST(ProgressPrinterTest, LineShowsStepLossAndEta) {
   EXPECT_NE(line.find("ETA 0:00:30"), std::string::npos) << line;
   EXPECT_EQ(FormatDuration(-1), "--:--");
   EXPECT_EQ(FormatDuration(3723), "1:02:03");
+}
+
+// `qloractl get`'s checkpoint line: every part the worker reported, GiB from bytes, and nothing
+// for a rank without a choice (-1, as the coordinator stores a report without one, or none).
+TEST(CheckpointLineTest, SaysEachPartTheRankReported) {
+  v1::Progress p;
+  p.set_rank(1);
+  EXPECT_EQ(CheckpointLine(p), "");
+  v1::CheckpointingReport* c = p.mutable_checkpointing();
+  c->set_checkpointed_layers(-1);
+  EXPECT_EQ(CheckpointLine(p), "");
+  c->set_checkpointed_layers(0);
+  c->set_layers(32);
+  EXPECT_EQ(CheckpointLine(p), "rank 1: 0 of 32 layers activation-checkpointed");
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  c->set_checkpointed_layers(10);
+  c->set_planned_peak_bytes(kGiB * 216 / 10);
+  c->set_budget_bytes(24 * kGiB);
+  c->set_measured_peak_bytes(kGiB * 211 / 10);
+  c->set_offloaded_layers(4);
+  c->set_dequantized_layers(26);
+  EXPECT_EQ(CheckpointLine(p),
+            "rank 1: 10 of 32 layers activation-checkpointed, planned peak 21.6 GiB of a 24.0 GiB "
+            "budget, measured 21.1 GiB, 4 offloaded to host memory, 26 with weights held "
+            "dequantized");
+  c->set_budget_bytes(0);
+  c->set_offloaded_layers(0);
+  EXPECT_EQ(CheckpointLine(p),
+            "rank 1: 10 of 32 layers activation-checkpointed, measured 21.1 GiB, 26 with weights "
+            "held dequantized");
 }
 
 }  // namespace

@@ -212,6 +212,42 @@ TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeep
   EXPECT_EQ((*events)[1].progress->checkpointing.dequantized_layers, 6);
 }
 
+// A store whose events cannot gain a column (here `events` is a view, as a hand-edited or foreign
+// file may have it) does not open: the error names the store and the column, and the file keeps
+// what it had. (Before, the column's error was taken for "there already" and every later write
+// of the job's events failed.)
+TEST_F(CoordinatorJobStoreTest, AStoreThatCannotGainAColumnDoesNotOpenAndSaysWhich) {
+  const std::string path = dir_.path() + "/jobs.sqlite";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db,
+                         "CREATE TABLE old_events (job_id TEXT, seq INTEGER); "
+                         "INSERT INTO old_events VALUES ('job-000001', 1); "
+                         "CREATE VIEW events AS SELECT * FROM old_events",
+                         nullptr, nullptr, &error),
+            SQLITE_OK)
+      << (error != nullptr ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
+
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInternal);
+  const std::string message(store.status().message());
+  EXPECT_THAT(message, ::testing::HasSubstr("cannot bring job store " + path + " up to date"));
+  EXPECT_THAT(message, ::testing::HasSubstr("adding the column events.dev_reserved"));
+  EXPECT_THAT(message, ::testing::HasSubstr("view"));
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* count = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM old_events", -1, &count, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(count), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(count, 0), 1);
+  sqlite3_finalize(count);
+  sqlite3_close(db);
+}
+
 TEST_F(CoordinatorJobStoreTest, EventsComeBackInSequenceOrderAfterAGivenSequence) {
   auto store = Open();
   ASSERT_NE(store, nullptr);
