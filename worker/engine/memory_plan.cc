@@ -2,7 +2,7 @@
 #include "worker/engine/memory_plan.h"
 
 #include <algorithm>
-#include <initializer_list>
+#include <array>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
@@ -18,16 +18,24 @@ bool Targets(const MemoryPlanRequest& r, const std::string& module) {
          std::find(r.lora_targets.begin(), r.lora_targets.end(), module) != r.lora_targets.end();
 }
 
-// Elements of the As that the group nodes read concatenated (linear4bit.h SharedInputForward:
-// q/k/v and gate/up, two or more adapted and no dropout), which AdapterCopies keeps once more.
+// The modules that read one input (linear4bit.h SharedInputForward): a group node runs them
+// where two or more are adapted and no dropout runs.
+constexpr std::array<const char*, 3> kQkv = {"q_proj", "k_proj", "v_proj"};
+constexpr std::array<const char*, 2> kGateUp = {"gate_proj", "up_proj"};
+
+// How many of `group` have adapters.
+template <size_t N>
+int64_t Adapted(const MemoryPlanRequest& r, const std::array<const char*, N>& group) {
+  return std::count_if(group.begin(), group.end(),
+                       [&](const char* name) { return Targets(r, name); });
+}
+
+// Elements of the As that the group nodes read concatenated (q/k/v and gate/up, two or more
+// adapted and no dropout), which AdapterCopies keeps once more.
 int64_t GroupedAdapterElements(const MemoryPlanRequest& r) {
   if (r.lora_dropout) return 0;
   int64_t grouped = 0;
-  for (const std::vector<std::string>& group :
-       {std::vector<std::string>{"q_proj", "k_proj", "v_proj"},
-        std::vector<std::string>{"gate_proj", "up_proj"}}) {
-    const int64_t n = std::count_if(group.begin(), group.end(),
-                                    [&](const std::string& name) { return Targets(r, name); });
+  for (const int64_t n : {Adapted(r, kQkv), Adapted(r, kGateUp)}) {
     if (n > 1) grouped += n;
   }
   return grouped * r.lora_r * r.model.hidden_size * r.model.num_hidden_layers;
@@ -85,19 +93,15 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   }
   // Over the fused norms, a group node (two or more adapted) keeps its norm's source and rstd,
   // which the norm keeps anyway, instead of n or m (linear4bit.h NormedInput).
-  auto grouped = [&](std::initializer_list<const char*> names) {
-    return std::count_if(names.begin(), names.end(),
-                         [&](const char* name) { return Targets(r, name); }) > 1;
-  };
-  const bool keeps_n = reads_n && !(r.fused_norms && grouped({"q_proj", "k_proj", "v_proj"}));
-  const bool keeps_m = reads_m && !(r.fused_norms && grouped({"gate_proj", "up_proj"}));
+  const bool keeps_n = reads_n && !(r.fused_norms && Adapted(r, kQkv) > 1);
+  const bool keeps_m = reads_m && !(r.fused_norms && Adapted(r, kGateUp) > 1);
   plain += (keeps_n ? H * d : 0) + (keeps_m ? H * d : 0);
   // gate and up packed (equally wide, both adapted): the rows keep the adapters' columns spare
   // for backward's low-rank term (linear4bit.cc PackedForward); q/k/v packed (multi-head), their
   // gradients may be packed likewise, replacing q's and k's rotated gradients (Q + K).
-  const bool packable = reads_m && Targets(r, "gate_proj") && Targets(r, "up_proj");
+  const bool packable = reads_m && Adapted(r, kGateUp) == 2;
   plain += packable ? (AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;
-  if (reads_n && Q == K && Targets(r, "q_proj") && Targets(r, "k_proj") && Targets(r, "v_proj")) {
+  if (reads_n && Q == K && Adapted(r, kQkv) == 3) {
     b.packed_gradients = (AlignedRow(Q + 2 * K + 3 * r.lora_r) - (Q + K)) * d;
   }
   // down_proj's input, silu(gate) * up: a plain layer's down node gets it again in backward
