@@ -82,9 +82,7 @@ void DropResident(DecoderLayer& layer) {
   for (const auto& group : Groups(layer)) {
     for (LinearLayer* linear : group) {
       FrozenWeight& w = linear->base;
-      if (w.quantized && w.quantized->packed.device() != w.quantized->absmax.device()) {
-        w.quantized->packed = w.quantized->packed.to(w.quantized->absmax.device());
-      }
+      if (w.quantized) *w.quantized = WithCodesOnDevice(*w.quantized);
       w.resident = at::Tensor();
     }
   }
