@@ -267,8 +267,8 @@ TEST(EngineFused, SharedInputLoraGroupOverWidenedRowsEqualsTheLayersOneByOne) {
       const at::Tensor d0 = at::randn({2, 9, in}, f32).to(dtype);
       at::Tensor xw = x0.clone().requires_grad_(), dw = d0.clone().requires_grad_();
       at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
-      const auto [hw, nw] = ResidualRmsNorm(xw, dw, w, 1e-5, spare);
-      const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
+      const auto [hw, nw, rstd_nw] = ResidualRmsNorm(xw, dw, w, 1e-5, spare);
+      const auto [hs, ns, rstd_ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
       ASSERT_EQ(nw.stride(1), in + spare);
       const std::vector<at::Tensor> widened = SharedInputForward(group, nw, /*training=*/true);
       std::vector<at::Tensor> single;
@@ -333,8 +333,8 @@ TEST(EngineFused, PackedQkvWithRotaryEqualsTheLayersOneByOneThenRotary) {
         rotary.packed_gradients = packed_gradients;
         at::Tensor xp = x0.clone().requires_grad_(), dp = d0.clone().requires_grad_();
         at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
-        const auto [hp, np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
-        const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
+        const auto [hp, np, rstd_np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
+        const auto [hs, ns, rstd_ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
         const std::vector<at::Tensor> packed =
             SharedInputForward(group, np, /*training=*/true, /*value_unused=*/false, &rotary);
         std::vector<at::Tensor> single;
@@ -404,9 +404,9 @@ TEST(EngineFused, WidenedNodeKeepingTheNormsSourceEqualsTheNodeKeepingItsOutput)
           at::Tensor xk = x0.clone().requires_grad_(), xs = x0.clone().requires_grad_();
           at::Tensor dk = d0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
           NormedResidual kept =
-              ResidualRmsNormNode(xk, with_delta ? dk : at::Tensor(), w, 1e-5, spare);
+              ResidualRmsNorm(xk, with_delta ? dk : at::Tensor(), w, 1e-5, spare);
           NormedResidual sourced =
-              ResidualRmsNormNode(xs, with_delta ? ds : at::Tensor(), w, 1e-5, spare);
+              ResidualRmsNorm(xs, with_delta ? ds : at::Tensor(), w, 1e-5, spare);
           ASSERT_EQ(sourced.n.stride(1), in + spare);
           const NormedInput normed{sourced.h, sourced.rstd, w};
           const std::vector<at::Tensor> ys =
@@ -474,8 +474,7 @@ TEST(EngineFused, FrozenInputLeavesTheAdaptersGradientsAsTheyAre) {
       std::vector<std::vector<at::Tensor>> runs;
       for (const bool trained : {true, false}) {
         at::Tensor x = x0.clone().requires_grad_(trained);
-        const at::Tensor n =
-            std::get<1>(ResidualRmsNorm(x, at::Tensor(), w, 1e-5, widened ? spare : 0));
+        const at::Tensor n = ResidualRmsNorm(x, at::Tensor(), w, 1e-5, widened ? spare : 0).n;
         ASSERT_EQ(n.requires_grad(), trained);
         ASSERT_EQ(n.stride(1), widened ? in + spare : in);
         runs.push_back(adapter_gradients(SharedInputForward(group, n, /*training=*/true)));
@@ -760,7 +759,7 @@ TEST(EngineFused, PackedGateUpThroughSwigluAndDownEqualsTheLayersOneByOne) {
       const at::Tensor d0 = at::randn({2, 7, in}, f32).to(dtype);
       const at::Tensor seed = at::randn({2, 7, in}, f32).to(dtype);
       at::Tensor xs = x0.clone().requires_grad_(), ds = d0.clone().requires_grad_();
-      const auto [hs, ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
+      const auto [hs, ns, rstd_ns] = ResidualRmsNorm(xs, ds, w, 1e-5);
       const at::Tensor gate_s = layers[0].Forward(ns, true), up_s = layers[1].Forward(ns, true);
       const at::Tensor separate = hs + down.Forward(Swiglu(gate_s, up_s), true);
       const std::vector<at::Tensor> inputs_s = Joined({xs, ds}, adapters);
@@ -772,7 +771,7 @@ TEST(EngineFused, PackedGateUpThroughSwigluAndDownEqualsTheLayersOneByOne) {
           SCOPED_TRACE(::testing::Message() << (widened ? "widened down rows" : "plain down rows")
                                             << ", mode " << mode);
           at::Tensor xp = x0.clone().requires_grad_(), dp = d0.clone().requires_grad_();
-          const auto [hp, np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
+          const auto [hp, np, rstd_np] = ResidualRmsNorm(xp, dp, w, 1e-5, spare);
           std::vector<at::Tensor> gate_up = SharedInputForward(group, np, /*training=*/true);
           ASSERT_EQ(gate_up[0].stride(-1), 1);
           // Packed rows, with spare columns after them for the low-rank input gradient.
@@ -916,7 +915,7 @@ TEST(EngineFused, ResidualRmsNormNodeEqualsAddThenNormUnderAutograd) {
       const at::Tensor w = (1 + 0.1 * at::randn({256}, opts.dtype(at::kFloat))).to(dtype);
       at::Tensor xa = x.detach().requires_grad_(), da = delta.detach().requires_grad_();
       at::Tensor xb = x.detach().requires_grad_(), db = delta.detach().requires_grad_();
-      const auto [h, n] = ResidualRmsNorm(xa, da, w, 1e-5);
+      const auto [h, n, rstd_n] = ResidualRmsNorm(xa, da, w, 1e-5);
       const at::Tensor h_ref = xb + db;
       const at::Tensor n_ref = at::rms_norm(h_ref, {256}, w, 1e-5);
       EXPECT_TRUE(at::equal(h, h_ref));
@@ -936,7 +935,7 @@ TEST(EngineFused, ResidualRmsNormNodeEqualsAddThenNormUnderAutograd) {
       // Without delta: x passes through as the residual stream; its gradient is the norm's plus
       // the stream's own.
       at::Tensor xc = x.detach().requires_grad_(), xd = x.detach().requires_grad_();
-      const auto [pass, n2] = ResidualRmsNorm(xc, at::Tensor(), w, 1e-5);
+      const auto [pass, n2, rstd_n2] = ResidualRmsNorm(xc, at::Tensor(), w, 1e-5);
       EXPECT_TRUE(at::equal(pass, xc));
       const at::Tensor n2_ref = at::rms_norm(xd, {256}, w, 1e-5);
       EXPECT_LT((n2 - n2_ref).abs().max().item<double>(), tol);

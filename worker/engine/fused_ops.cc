@@ -124,9 +124,9 @@ at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {
   return SumGraphOnlyFunction::apply(a, b);
 }
 
-NormedResidual ResidualRmsNormNode(const at::Tensor& x, const at::Tensor& delta,
-                                   const at::Tensor& weight, double eps, int64_t spare_columns,
-                                   int64_t grad_spare_columns) {
+NormedResidual ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, double eps, int64_t spare_columns,
+                               int64_t grad_spare_columns) {
   TORCH_CHECK(!weight.requires_grad(), "ResidualRmsNorm: the norm weight must be frozen");
   TORCH_CHECK(grad_spare_columns >= 0, "ResidualRmsNorm: grad_spare_columns must be >= 0");
   const variable_list out =
@@ -134,14 +134,6 @@ NormedResidual ResidualRmsNormNode(const at::Tensor& x, const at::Tensor& delta,
           ? ResidualRmsNormFunction::apply(x, delta, weight, eps, spare_columns, grad_spare_columns)
           : RmsNormPassThroughFunction::apply(x, weight, eps, spare_columns, grad_spare_columns);
   return {out[0], out[1], out[2]};
-}
-
-std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
-                                                  const at::Tensor& weight, double eps,
-                                                  int64_t spare_columns,
-                                                  int64_t grad_spare_columns) {
-  NormedResidual r = ResidualRmsNormNode(x, delta, weight, eps, spare_columns, grad_spare_columns);
-  return {std::move(r.h), std::move(r.n)};
 }
 
 }  // namespace qlora::engine

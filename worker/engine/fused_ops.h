@@ -9,12 +9,10 @@
 //                         delta (one gradient for both: the norm's plus h's own, summed in the
 //                         kernel); saves h and rstd. Without delta, h is x passed through: the
 //                         norm of a residual stream whose other use adds its gradient in the
-//                         norm's backward kernel instead of a separate pass. ResidualRmsNormNode
-//                         also gives rstd = 1 / rms(h) (not differentiable), with which a
-//                         consumer may keep h (which the norm keeps anyway) instead of its output
+//                         norm's backward kernel instead of a separate pass. It also
+//                         gives rstd = 1 / rms(h) (not differentiable), with which a consumer
+//                         may keep h (which the norm keeps anyway) instead of the output
 #pragma once
-
-#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -34,24 +32,18 @@ at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b);
 // graph): one element expanded, so that it holds no memory.
 at::Tensor ValueUnused(at::IntArrayRef sizes, const at::TensorOptions& options);
 
-// The residual add and the RMSNorm of its result as one node ({h, normalized h}); weight in x's
-// dtype and frozen; delta may be undefined (h = x). With spare_columns, the normalized h's rows
+// The residual add and the RMSNorm of its result as one node: {h, normalized h n = h * rstd *
+// weight, the float32 rstd of h's rows (x's shape without the last dim; not differentiable)};
+// weight in x's dtype and frozen; delta may be undefined (h = x). With spare_columns, n's rows
 // are followed by that many unset values (kernels/rms_norm.h) for SharedInputForward's widened
 // GEMMs (linear4bit.h); with grad_spare_columns, so are the rows of the gradient backward
 // returns (for x and delta), for the input-gradient GEMMs of the LoRA nodes that take it
 // (linear4bit.h OutputGradientSpareColumns).
-std::pair<at::Tensor, at::Tensor> ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
-                                                  const at::Tensor& weight, double eps,
-                                                  int64_t spare_columns = 0,
-                                                  int64_t grad_spare_columns = 0);
-
-// The same node's outputs with the float32 rstd of h's rows (x's shape without the last dim):
-// n = h * rstd * weight.
 struct NormedResidual {
   at::Tensor h, n, rstd;
 };
-NormedResidual ResidualRmsNormNode(const at::Tensor& x, const at::Tensor& delta,
-                                   const at::Tensor& weight, double eps, int64_t spare_columns = 0,
-                                   int64_t grad_spare_columns = 0);
+NormedResidual ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, double eps, int64_t spare_columns = 0,
+                               int64_t grad_spare_columns = 0);
 
 }  // namespace qlora::engine

@@ -116,7 +116,7 @@ struct LinearLayer {
 // that saves memory first (checkpointing) leaves it off.
 //
 // With `normed` (x = rms_norm(source) * weight, the norm's input and its rows' float32 1/rms:
-// fused_ops.h ResidualRmsNormNode), the widened node keeps source and rstd, which the norm keeps
+// fused_ops.h ResidualRmsNorm), the widened node keeps source and rstd, which the norm keeps
 // for its own backward anyway, and its rank-r projections (copied out of the spare columns)
 // instead of x's rows: one [T, in] activation less a node (q/k/v and gate/up: 2 x 64 MB a layer
 // at 7B, micro-batch 4). Its backward takes the As' gradient from source,

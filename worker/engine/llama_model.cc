@@ -263,9 +263,9 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   if (fused_norm(layer.input_layernorm)) {
     // Its gradient (x's, the layer below's output) goes to the down projection below alone,
     // which then writes its dh' beside it (linear4bit.h OutputGradientSpareColumns).
-    NormedResidual r = ResidualRmsNormNode(x, at::Tensor(), layer.input_layernorm, eps,
-                                           SharedInputSpareColumns(qkv_layers, training_),
-                                           OutputGradientSpareColumns(layer.down_proj, training_));
+    NormedResidual r = ResidualRmsNorm(x, at::Tensor(), layer.input_layernorm, eps,
+                                       SharedInputSpareColumns(qkv_layers, training_),
+                                       OutputGradientSpareColumns(layer.down_proj, training_));
     residual = std::move(r.h);
     n = std::move(r.n);
     n_source = NormedInput{residual, std::move(r.rstd), layer.input_layernorm};
@@ -306,9 +306,9 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
   at::Tensor h, m;
   if (fused_norm(layer.post_attention_layernorm)) {
-    NormedResidual r = ResidualRmsNormNode(residual, o, layer.post_attention_layernorm, eps,
-                                           SharedInputSpareColumns(gate_up_layers, training_),
-                                           OutputGradientSpareColumns(layer.o_proj, training_));
+    NormedResidual r = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps,
+                                       SharedInputSpareColumns(gate_up_layers, training_),
+                                       OutputGradientSpareColumns(layer.o_proj, training_));
     h = std::move(r.h);
     m = std::move(r.n);
     m_source = NormedInput{h, std::move(r.rstd), layer.post_attention_layernorm};
