@@ -1,6 +1,7 @@
 // AdamW on one flat fp32 buffer, numerically the single-tensor path of torch.optim.AdamW
 // (decoupled weight decay, bias correction, no amsgrad): the strategies call it on the part of
-// the flattened parameters they own.
+// the flattened parameters they own. The step itself is kernels/adamw.h (one CUDA kernel on the
+// GPU, ATen's ops elsewhere).
 #pragma once
 
 #include <cstdint>
@@ -22,8 +23,11 @@ class AdamW {
   AdamW(const AdamWOptions& options, int64_t numel, const at::TensorOptions& device);
 
   // One step with learning rate `lr`: updates `param` (fp32, numel elements, same device) in
-  // place from `grad` and increments step().
-  void Step(double lr, const at::Tensor& param, const at::Tensor& grad);
+  // place from `grad` and increments step(). grad_factor (undefined, or one float32/float64
+  // element on grad's device: the clipping coefficient) multiplies grad first, as
+  // grad.mul_(grad_factor) would, without writing grad.
+  void Step(double lr, const at::Tensor& param, const at::Tensor& grad,
+            const at::Tensor& grad_factor = at::Tensor());
 
   const AdamWOptions& options() const { return options_; }
   int64_t step() const { return step_; }

@@ -272,8 +272,10 @@ absl::StatusOr<StepReport> ZeroStrategy::Step(double lr) {
   // The norm reaches the host while the optimizer's kernels run: the clipping coefficient is
   // applied on the device (x 1 exactly when it is 1), so no read of the norm stalls the queue.
   const ScalarRead norm_read(norm);
-  if (options_.max_grad_norm > 0) grad.mul_(ClipCoefficientOnDevice(norm, options_.max_grad_norm));
-  adamw_->Step(lr, master_, grad);
+  // The coefficient multiplies the gradient inside the optimizer's pass (grad is zeroed next).
+  adamw_->Step(lr, master_, grad,
+               options_.max_grad_norm > 0 ? ClipCoefficientOnDevice(norm, options_.max_grad_norm)
+                                          : at::Tensor());
   StepReport report;
   report.lr = lr;
   report.grad_norm = norm_read.Get();
