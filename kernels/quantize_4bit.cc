@@ -3,6 +3,8 @@
 // bitsandbytes.functional.quantize_4bit does it), and dispatch to the CPU or CUDA backend.
 #include "kernels/quantize_4bit.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -98,7 +100,31 @@ void FillColumnsAfter(const at::Tensor& columns, const ColumnsAfter& after) {
 }  // namespace
 
 void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after) {
-  FillColumnsAfter(ColumnsAfterView(out, after), after);
+  WriteColumnsAfter(std::vector<ColumnsAfterTarget>{{out, after}});
+}
+
+void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets) {
+  std::vector<at::Tensor> views;  // each checked before anything is written
+  for (const ColumnsAfterTarget& t : targets) views.push_back(ColumnsAfterView(t.out, t.after));
+  if (targets.empty()) return;
+  const at::Tensor& first = targets[0].out;
+  bool one_launch = first.is_cuda() && HasCudaKernels() &&
+                    (first.scalar_type() == at::kFloat || first.scalar_type() == at::kHalf ||
+                     first.scalar_type() == at::kBFloat16);
+  for (const ColumnsAfterTarget& t : targets) {
+    one_launch = one_launch && t.out.device() == first.device() &&
+                 t.out.scalar_type() == first.scalar_type();
+  }
+  if (!one_launch) {
+    for (size_t i = 0; i < targets.size(); ++i) FillColumnsAfter(views[i], targets[i].after);
+    return;
+  }
+  for (size_t i = 0; i < targets.size(); i += kMaxColumnsAfterTargets) {
+    const size_t end = std::min(targets.size(), i + kMaxColumnsAfterTargets);
+    CudaOnly(cuda::WriteColumnsAfter(std::vector<ColumnsAfterTarget>(
+        targets.begin() + static_cast<std::ptrdiff_t>(i),
+        targets.begin() + static_cast<std::ptrdiff_t>(end))));
+  }
 }
 
 bool HasCudaKernels() {

@@ -75,9 +75,19 @@ struct ColumnsAfter {
 // the row stride must leave room for.
 void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out,
                         const ColumnsAfter* after = nullptr);
-// Just `after`'s columns after the rows of out [rows, cols] (ATen ops; what Dequantize4bitInto
-// does off CUDA), for a weight written there otherwise (a dense one copied in).
+// Just `after`'s columns after the rows of out [rows, cols] (what Dequantize4bitInto writes there
+// too), for a weight written there otherwise (a dense one copied in, or one held dequantized):
+// one launch on CUDA, ATen ops elsewhere.
 void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after);
+// The same for several weights' rows (a grouped layer's stacked weights): one launch on CUDA for
+// up to kMaxColumnsAfterTargets of one dtype and device (a launch a held 7B layer's q/k/v
+// instead of seven: three products and four zero fills).
+struct ColumnsAfterTarget {
+  at::Tensor out;
+  ColumnsAfter after;
+};
+inline constexpr int kMaxColumnsAfterTargets = 4;
+void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.
 at::Tensor BlockAbsmax(const Quantized4bit& q);

@@ -9,6 +9,7 @@
 //   QuantizeBlockwise8bitKernel one warp per block of absmax values, dynamic map in shared memory
 //   Dequantize4bitKernel        4 packed words (32 outputs) a thread, loads first, 16-byte stores;
 //                               blocks past the weight's write the columns after its rows
+//   ColumnsAfterKernel          just those columns, for up to four weights' rows at once
 //   DequantizeBlockwise8bitKernel  absmax = code[q] * absmax2 + offset, one thread per value
 #include <cstdint>
 
@@ -181,6 +182,28 @@ __device__ __forceinline__ void WriteAfterColumns(const AfterArgs& after, RowLay
   out[int64_t{row} * rows.stride + cols + col] = ToOutput<T>(v);
 }
 
+// Up to kMaxColumnsAfterTargets weights' columns after their rows, in one launch: target i's
+// blocks start at its after.weight_blocks (WriteAfterColumns' block offset).
+struct AfterTargetArgs {
+  void* out = nullptr;  // the weight's first row
+  RowLayout rows;
+  AfterArgs after;
+};
+struct AfterTargetsArgs {
+  AfterTargetArgs targets[kMaxColumnsAfterTargets];
+  int count = 0;
+};
+
+template <typename T>
+__global__ void ColumnsAfterKernel(AfterTargetsArgs args) {
+  AfterTargetArgs t = args.targets[0];  // constant indices: no local copy of the arguments
+#pragma unroll
+  for (int i = 1; i < kMaxColumnsAfterTargets; ++i) {
+    if (i < args.count && blockIdx.x >= args.targets[i].after.weight_blocks) t = args.targets[i];
+  }
+  WriteAfterColumns(t.after, t.rows, t.rows.cols, static_cast<T*>(t.out));
+}
+
 template <typename T>
 __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
@@ -278,6 +301,19 @@ unsigned Grid(int64_t threads) {
   return static_cast<unsigned>(grid);
 }
 
+// after's columns of a weight of `rows` rows as the kernels take them (weight_blocks left 0).
+AfterArgs AfterArgsOf(const ColumnsAfter& after, int64_t rows) {
+  AfterArgs a;
+  a.values = after.values.const_data_ptr<float>();
+  a.values_stride = after.values.stride(0);
+  a.zeros = static_cast<uint32_t>(after.zeros);
+  a.r = static_cast<uint32_t>(after.values.size(1));
+  a.width = static_cast<uint32_t>(after.zeros + after.values.size(1) + after.trailing_zeros);
+  a.elements = rows * int64_t{a.width};
+  a.scale = static_cast<float>(after.scale);
+  return a;
+}
+
 }  // namespace
 
 void Quantize4bit(const at::Tensor& x, QuantType type, int64_t blocksize, at::Tensor& packed,
@@ -321,6 +357,33 @@ void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets) {
+  TORCH_CHECK(!targets.empty() && targets.size() <= static_cast<size_t>(kMaxColumnsAfterTargets),
+              "WriteColumnsAfter: 1 to ", kMaxColumnsAfterTargets, " targets a launch");
+  const at::Tensor& first = targets[0].out;
+  const c10::cuda::CUDAGuard guard(first.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AfterTargetsArgs args;
+  unsigned blocks = 0;
+  for (const ColumnsAfterTarget& target : targets) {
+    const at::Tensor& out = target.out;
+    TORCH_CHECK(out.size(0) * out.stride(0) < (int64_t{1} << 32),
+                "WriteColumnsAfter: a weight's rows take < 2^32 values");
+    AfterTargetArgs& t = args.targets[args.count++];
+    t.out = out.data_ptr();
+    t.rows = {true, static_cast<uint32_t>(out.size(1)), out.stride(0)};
+    t.after = AfterArgsOf(target.after, out.size(0));
+    t.after.weight_blocks = blocks;
+    blocks += Grid(t.after.elements);
+  }
+  if (blocks == 0) return;
+  DispatchFloatingOrFail(first.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    ColumnsAfterKernel<T><<<blocks, kThreads, 0, stream>>>(args);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantType type,
                     int64_t blocksize, at::Tensor& out, const ColumnsAfter* after) {
   const c10::cuda::CUDAGuard guard(packed.device());
@@ -346,14 +409,7 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
   AfterArgs after_args;
   if (after != nullptr) {
     TORCH_CHECK(rows.strided, "Dequantize4bit: columns after the rows need a row-strided output");
-    after_args.values = after->values.const_data_ptr<float>();
-    after_args.values_stride = after->values.stride(0);
-    after_args.zeros = static_cast<uint32_t>(after->zeros);
-    after_args.r = static_cast<uint32_t>(after->values.size(1));
-    after_args.width =
-        static_cast<uint32_t>(after->zeros + after->values.size(1) + after->trailing_zeros);
-    after_args.elements = out.size(0) * int64_t{after_args.width};
-    after_args.scale = static_cast<float>(after->scale);
+    after_args = AfterArgsOf(*after, out.size(0));
   }
   // 8 outputs a chunk stay in one row, 16-byte aligned, when rows are multiples of 8 values.
   const bool rows_in_chunks = !rows.strided || (rows.cols % 8 == 0 && rows.stride % 8 == 0);

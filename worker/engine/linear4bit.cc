@@ -861,17 +861,25 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   if (!stacked.defined()) {
     stacked = at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
   }
-  // Each layer's launch writes its rows' adapter columns whole, zeros around its own B.
+  // Each layer's launch writes its rows' adapter columns whole, zeros around its own B; the
+  // layers held dequantized have only those columns to write, all in one launch.
+  std::vector<kernels::ColumnsAfterTarget> held;
   int64_t row = 0, offset = 0;
   for (size_t i = 0; i < group.size(); ++i) {
     const LinearLayer& layer = *group[i];
     const int64_t out = layer.base.out_features;
-    const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat), layer.lora->scale,
-                                        rank_sum - offset - b[i].size(1)};
-    layer.base.MaterializeInto(stacked.narrow(0, row, out).narrow(1, 0, in), &adapter);
+    const at::Tensor rows = stacked.narrow(0, row, out).narrow(1, 0, in);
+    kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat), layer.lora->scale,
+                                  rank_sum - offset - b[i].size(1)};
+    if (layer.base.IsResidentView(rows)) {
+      held.push_back({rows, std::move(adapter)});
+    } else {
+      layer.base.MaterializeInto(rows, &adapter);
+    }
     row += out;
     offset += b[i].size(1);
   }
+  kernels::WriteColumnsAfter(held);
   // Without a rotary (gate/up), the rows keep sum(r) spare columns (aligned) after the outputs:
   // their gradients come back over them, and GroupBackward writes dh' there (WithColumnsAfter).
   const at::Tensor packed =
@@ -1122,13 +1130,16 @@ at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
   return quantized ? DequantizeWeight(*quantized, dtype) : dense.to(dtype);
 }
 
+bool FrozenWeight::IsResidentView(const at::Tensor& out) const {
+  return resident.defined() && out.data_ptr() == resident.data_ptr() &&
+         out.sizes() == resident.sizes() && out.strides() == resident.strides() &&
+         out.scalar_type() == resident.scalar_type();
+}
+
 void FrozenWeight::MaterializeInto(const at::Tensor& out,
                                    const kernels::ColumnsAfter* after) const {
   if (resident.defined()) {
-    const bool itself = out.data_ptr() == resident.data_ptr() && out.sizes() == resident.sizes() &&
-                        out.strides() == resident.strides() &&
-                        out.scalar_type() == resident.scalar_type();
-    if (!itself) at::Tensor(out).copy_(resident);
+    if (!IsResidentView(out)) at::Tensor(out).copy_(resident);
     if (after != nullptr) kernels::WriteColumnsAfter(out, *after);
     return;
   }

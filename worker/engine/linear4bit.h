@@ -57,6 +57,8 @@ struct FrozenWeight {
   // Where out is the resident view itself, only `after`'s columns are written.
   void MaterializeInto(const at::Tensor& out,
                        const kernels::ColumnsAfter* after = nullptr) const;
+  // Whether out is the resident view itself (MaterializeInto then writes only `after`'s columns).
+  bool IsResidentView(const at::Tensor& out) const;
   // x W^T (+ bias) in x's dtype.
   at::Tensor Apply(const at::Tensor& x) const;
 };
