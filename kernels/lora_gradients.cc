@@ -58,8 +58,10 @@ void CheckShapes(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
 // adapter copy's slice) gets a copy of its own, r * out values.
 cuda::PairOperands KernelOperands(const LoraGradientPairOperands& p) {
   const bool readable = p.b.is_contiguous() && RowsOf16Bytes(p.b);
-  return {p.g, readable ? p.b : p.b.clone(at::MemoryFormat::Contiguous), p.ha,
-          static_cast<float>(p.scale), p.dha, p.db};
+  return {p.g,  readable ? p.b : p.b.clone(at::MemoryFormat::Contiguous),
+          p.ha, static_cast<float>(p.scale),
+          p.dha, p.db,
+          p.row_scale, p.dha_scaled};
 }
 #endif
 
@@ -91,13 +93,27 @@ bool LoraGradientPairsFused(const std::vector<LoraGradientPairOperands>& pairs,
         p.g.scalar_type() != first.g.scalar_type() || p.g.device() != first.g.device()) {
       return false;
     }
+    if (p.row_scale.defined() &&
+        (p.row_scale.scalar_type() != at::kFloat || !p.row_scale.is_contiguous() ||
+         p.row_scale.device() != p.g.device() || p.dha_scaled.scalar_type() != p.g.scalar_type() ||
+         p.dha_scaled.device() != p.g.device() || p.dha_scaled.dim() != 2 ||
+         p.dha_scaled.stride(1) != 1)) {
+      return false;
+    }
   }
   return true;
 }
 
 void LoraGradientPairs(const std::vector<LoraGradientPairOperands>& pairs,
                        const LoraGradientPairOptions& options) {
-  for (const LoraGradientPairOperands& p : pairs) CheckShapes(p.g, p.b, p.ha, p.dha, p.db);
+  for (const LoraGradientPairOperands& p : pairs) {
+    CheckShapes(p.g, p.b, p.ha, p.dha, p.db);
+    TORCH_CHECK(p.row_scale.defined() == p.dha_scaled.defined(),
+                "LoRA gradients: row_scale and dha_scaled go together");
+    TORCH_CHECK(!p.row_scale.defined() || (p.row_scale.numel() == p.g.size(0) &&
+                                           p.dha_scaled.sizes() == p.dha.sizes()),
+                "LoRA gradients: row_scale must be [", p.g.size(0), "] and dha_scaled dha's shape");
+  }
   if (LoraGradientPairsFused(pairs, options)) {
 #ifdef QLORA_HAVE_CUDA
     std::vector<cuda::PairOperands> operands;
@@ -108,6 +124,10 @@ void LoraGradientPairs(const std::vector<LoraGradientPairOperands>& pairs,
   }
   for (const LoraGradientPairOperands& p : pairs) {
     LoraGradientPair(p.g, p.b, p.ha, p.scale, p.dha, p.db, options);
+    if (p.row_scale.defined()) {
+      at::Tensor scaled = p.dha_scaled;
+      at::mul_out(scaled, p.dha, p.row_scale.reshape({-1, 1}));
+    }
   }
 }
 

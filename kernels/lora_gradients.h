@@ -48,10 +48,18 @@ void LoraGradientPair(const at::Tensor& g, const at::Tensor& b, const at::Tensor
                       const LoraGradientPairOptions& options = {});
 
 // One adapter's tensors for LoraGradientPairs, as LoraGradientPair takes them.
+//
+// Optionally (both or neither) dha_scaled [T, r] (dha's dtype, unit column stride) is written
+// too: dh' with each row times row_scale (float32 [T], contiguous), the product of dh''s rounded
+// values formed in float32 and rounded once, as at::mul_out(dha_scaled, dha, row_scale[:, None])
+// makes it. The norm's rstd on the q/k/v and gate/up nodes' dh' (worker/engine GroupBackward,
+// the As' gradient taken from the norm's source): the kernel's reduction writes it with dh', no
+// launch and pass of its own.
 struct LoraGradientPairOperands {
   at::Tensor g, b, ha;
   double scale = 1.0;
   at::Tensor dha, db;
+  at::Tensor row_scale, dha_scaled;
 };
 
 // The adapters LoraGradientPairs runs in one launch at most.

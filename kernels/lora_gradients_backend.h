@@ -15,6 +15,7 @@ struct PairOperands {
   at::Tensor g, b, ha;
   float scale;
   at::Tensor dha, db;
+  at::Tensor row_scale, dha_scaled;  // optional (LoraGradientPairOperands)
 };
 
 // 1 to kMaxLoraGradientPairs adapters of one rank and one T, in one launch of each kernel.

@@ -13,7 +13,8 @@
 //                             in registers while the rows go by; per-chunk partial sums go to
 //                             float32 workspaces.
 //   LoraGradientReduceKernel  adds each value's partials in chunk order (the same bits every
-//                             run), scales and rounds once, as a GEMM's epilogue does; one
+//                             run), scales and rounds once, as a GEMM's epilogue does (and
+//                             writes dh' times a row factor beside dh' where asked); one
 //                             slice of the grid an adapter.
 #include <algorithm>
 #include <cstdint>
@@ -333,6 +334,9 @@ struct AdapterReduceArgs {
   int64_t dha_stride;
   void* db;
   int64_t db_stride;
+  const float* row_scale;  // null: no dha_scaled
+  void* dha_scaled;
+  int64_t dha_scaled_stride;
 };
 
 struct ReduceArgs {
@@ -377,8 +381,15 @@ __global__ void LoraGradientReduceKernel(ReduceArgs args) {
     for (; c < chunks; ++c) add(partial[c * step]);
     T* out = static_cast<T*>(is_dha ? op.dha : op.db) +
              row * (is_dha ? op.dha_stride : op.db_stride) + quad * 4;
+    T rounded[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = T(__fmul_rn(sum[k], op.scale));
+    for (int k = 0; k < 4; ++k) out[k] = rounded[k] = T(__fmul_rn(sum[k], op.scale));
+    if (is_dha && op.row_scale != nullptr) {  // dh' (rounded) times the row's factor, rounded
+      const float factor = op.row_scale[row];
+      T* scaled = static_cast<T*>(op.dha_scaled) + row * op.dha_scaled_stride + quad * 4;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) scaled[k] = T(__fmul_rn(static_cast<float>(rounded[k]), factor));
+    }
   }
 }
 
@@ -422,7 +433,10 @@ void Launch(const std::vector<PairOperands>& pairs, int blocks_per_sm) {
     reduce.adapters[i] = AdapterReduceArgs{
         dha_partial.const_data_ptr<float>(), static_cast<int>(chunks),
         db_partial.const_data_ptr<float>(), cols, chunks * chunk_cols, p.scale, p.dha.data_ptr(),
-        p.dha.stride(0), p.db.data_ptr(), p.db.stride(0)};
+        p.dha.stride(0), p.db.data_ptr(), p.db.stride(0),
+        p.row_scale.defined() ? p.row_scale.const_data_ptr<float>() : nullptr,
+        p.row_scale.defined() ? p.dha_scaled.data_ptr() : nullptr,
+        p.row_scale.defined() ? p.dha_scaled.stride(0) : 0};
     chunk += static_cast<int>(chunks);
   }
   args.count = static_cast<int>(pairs.size());

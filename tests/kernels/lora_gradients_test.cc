@@ -202,6 +202,50 @@ TEST(KernelsLoraGradients, GroupedAdaptersInOneLaunch) {
   }
 }
 
+// dh' times a row factor written beside dh' (the norm's rstd on a grouped node's dh'): the bits
+// of at::mul_out(scaled, dha, row_scale[:, None]) over the dh' the call wrote, for grouped
+// adapters in one launch (the kernel's reduction on CUDA) and on the CPU; dh' and dB unchanged.
+TEST(KernelsLoraGradients, RowScaledDhEqualsTheProductOfTheRoundedDh) {
+  for (const at::Device& device : KernelTestDevices()) {
+    SCOPED_TRACE(testing::Message() << device);
+    const int n = 2;
+    const int64_t rows = 1000, out = 4096, r = 16;
+    const Operands x = Make({rows, n * out, r}, at::kBFloat16, device, 21);
+    const Operands h = Make({rows, out, n * r}, at::kBFloat16, device, 22);
+    const at::Tensor rstd = (at::rand({rows}, at::device(device)) * 3 + 0.1).to(at::kFloat);
+    auto run = [&](bool with_scale) {
+      std::vector<at::Tensor> results = {at::empty({rows, n * r}, x.g.options()),
+                                         at::empty({rows, n * r}, x.g.options())};
+      std::vector<LoraGradientPairOperands> pairs;
+      for (int i = 0; i < n; ++i) {
+        results.push_back(at::empty({out, r}, x.g.options()));
+        pairs.push_back({x.g.narrow(1, i * out, out), x.b.narrow(0, i * out, out),
+                         h.ha.narrow(1, i * r, r), 0.25 + i, results[0].narrow(1, i * r, r),
+                         results.back()});
+        if (with_scale) {
+          pairs.back().row_scale = rstd;
+          pairs.back().dha_scaled = results[1].narrow(1, i * r, r);
+        }
+      }
+      EXPECT_EQ(LoraGradientPairsFused(pairs), device.is_cuda());
+      LoraGradientPairs(pairs);
+      return results;
+    };
+    const std::vector<at::Tensor> plain = run(false), scaled = run(true);
+    at::Tensor want = at::empty_like(scaled[1]);
+    at::mul_out(want, scaled[0], rstd.reshape({-1, 1}));
+    EXPECT_TRUE(at::equal(scaled[1], want));
+    EXPECT_TRUE(at::equal(scaled[0], plain[0]));
+    for (int i = 0; i < n; ++i) EXPECT_TRUE(at::equal(scaled[2 + i], plain[2 + i]));
+  }
+  // One of the two without the other is refused.
+  const Operands x = Make({64, 64, 16}, at::kBFloat16, at::kCPU, 23);
+  LoraGradientPairOperands half{x.g, x.b, x.ha, 1.0, at::empty({64, 16}, x.g.options()),
+                                at::empty({64, 16}, x.g.options())};
+  half.row_scale = at::ones({64});
+  EXPECT_THROW(LoraGradientPairs({half}), c10::Error);
+}
+
 TEST(KernelsLoraGradients, SameBitsOnEveryRun) {
   for (const at::Device& device : KernelTestDevices()) {
     SCOPED_TRACE(testing::Message() << device);

@@ -753,12 +753,26 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
                      scales[i], dha.narrow(1, offset, ranks[i]), adapter_grads.Slot(1 + i)});
     offset += ranks[i];
   }
+  // With `normed`, the norm's factors go outside the As' GEMM: its rows' rstd on dh' ([T, sum
+  // of r], rounded once to the dtype as x's rows were: written by the pair kernel's reduction
+  // where it runs, else one pass after it), the weight on the float32 result's columns below.
+  at::Tensor scaled;
+  if (normed != nullptr) {
+    scaled = at::empty({dha.size(0), dha.size(1)}, dha.options());
+    std::vector<kernels::LoraGradientPairOperands> with_rstd = pairs;
+    int64_t column = 0;
+    for (size_t i = 0; i < n; ++i) {
+      with_rstd[i].row_scale = normed->rstd;
+      with_rstd[i].dha_scaled = scaled.narrow(1, column, ranks[i]);
+      column += ranks[i];
+    }
+    if (kernels::LoraGradientPairsFused(with_rstd)) pairs = std::move(with_rstd);
+  }
   LoraGradientPairs(gemm, pairs);
   if (normed != nullptr) {
-    // The norm's factors outside the GEMM: its rows' rstd on dh' ([T, sum of r], rounded once to
-    // the dtype as x's rows were), the weight on the float32 result's columns below.
-    at::Tensor scaled = at::empty({dha.size(0), dha.size(1)}, dha.options());
-    at::mul_out(scaled, dha, normed->rstd.reshape({-1, 1}));  // one pass, float32 inside
+    if (!pairs[0].dha_scaled.defined()) {
+      at::mul_out(scaled, dha, normed->rstd.reshape({-1, 1}));  // one pass, float32 inside
+    }
     LoraAddmm(gemm, adapter_grads.Slot(0), scaled.t(), x, 0.0);
   } else {
     LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
