@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -94,6 +95,30 @@ at::Tensor RopeInverseFrequencies(const LlamaConfig& config) {
   return at::where(medium, smoothed, scaled);
 }
 
+struct LlamaForCausalLM::RotaryTableCache {
+  std::mutex mu;
+  int64_t seq = -1;  // none yet
+  at::Tensor cos, sin;
+};
+
+std::pair<at::Tensor, at::Tensor> LlamaForCausalLM::RotaryTables(const at::Tensor& positions) const {
+  // Computed in float32 then cast (as HF does).
+  const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq_.view({1, 1, -1});
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(compute_dtype_).unsqueeze(1), emb.sin().to(compute_dtype_).unsqueeze(1)};
+}
+
+std::pair<at::Tensor, at::Tensor> LlamaForCausalLM::DefaultRotaryTables(int64_t seq) const {
+  RotaryTableCache& cache = *rotary_tables_;
+  std::lock_guard<std::mutex> lock(cache.mu);
+  if (cache.seq != seq) {
+    std::tie(cache.cos, cache.sin) =
+        RotaryTables(at::arange(seq, at::dtype(at::kLong).device(device_)).unsqueeze(0));
+    cache.seq = seq;
+  }
+  return {cache.cos, cache.sin};
+}
+
 LlamaForCausalLM::LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dtype,
                                    at::Device device)
     : config_(std::move(config)),
@@ -103,6 +128,7 @@ LlamaForCausalLM::LlamaForCausalLM(LlamaConfig config, at::ScalarType compute_dt
   layers.resize(config_.num_hidden_layers);
   checkpointed_layers_ = config_.num_hidden_layers;
   adapter_copies_ = std::make_shared<AdapterCopies>();
+  rotary_tables_ = std::make_shared<RotaryTableCache>();
   if (device_.is_cuda()) gemm_tuner_ = std::make_shared<kernels::GemmTuner>();
   for (DecoderLayer& layer : layers) {
     for (const char* name : kLinearModuleNames) {
@@ -345,23 +371,19 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
 at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
                                      const ForwardOptions& options) const {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq], got ", input_ids.sizes());
-  const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  const int64_t seq = input_ids.size(1);
   const at::Tensor ids = input_ids.to(device_, at::kLong);
 
-  at::Tensor positions;
+  // cos/sin [batch or 1, 1, seq, head_dim].
+  at::Tensor cos, sin;
   if (options.position_ids.defined()) {
     TORCH_CHECK(options.position_ids.sizes() == input_ids.sizes(),
                 "position_ids must have input_ids' shape");
-    positions = options.position_ids.to(device_, at::kLong);
+    std::tie(cos, sin) = RotaryTables(options.position_ids.to(device_, at::kLong));
   } else {
     TORCH_CHECK(!options.block_diagonal, "block_diagonal attention needs position_ids");
-    positions = at::arange(seq, at::dtype(at::kLong).device(device_)).expand({batch, seq});
+    std::tie(cos, sin) = DefaultRotaryTables(seq);
   }
-  // cos/sin [batch, 1, seq, head_dim], computed in float32 then cast (as HF does).
-  const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq_.view({1, 1, -1});
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);
-  const at::Tensor cos = emb.cos().to(compute_dtype_).unsqueeze(1);
-  const at::Tensor sin = emb.sin().to(compute_dtype_).unsqueeze(1);
 
   // Each layer's attention: packed rows share one document layout; unpacked rows use plain
   // causal SDPA, with a dense mask only for sliding layers shorter than the row.

@@ -184,6 +184,14 @@ class LlamaForCausalLM {
   void PlaceOffloadedLayers();
   std::shared_ptr<kernels::GemmTuner> gemm_tuner_;  // shared by every LinearLayer::gemm
   std::shared_ptr<AdapterCopies> adapter_copies_;   // every LinearLayer::adapter_copies
+  // cos/sin [batch, 1, seq, head_dim] for positions [batch, seq].
+  std::pair<at::Tensor, at::Tensor> RotaryTables(const at::Tensor& positions) const;
+  // The same for positions 0..seq-1 of every row ([1, 1, seq, head_dim]), kept from one forward
+  // to the next: unpacked rows ask for the same tables every step (eight small kernels, and
+  // their launches at each step's start, where the GPU waits for the host).
+  std::pair<at::Tensor, at::Tensor> DefaultRotaryTables(int64_t seq) const;
+  struct RotaryTableCache;
+  std::shared_ptr<RotaryTableCache> rotary_tables_;
 };
 
 // RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, computed in float32 with one rounding to x's
