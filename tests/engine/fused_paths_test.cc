@@ -943,6 +943,22 @@ TEST(EngineFused, ResidualRmsNormNodeEqualsAddThenNormUnderAutograd) {
       const at::Tensor dx2_ref = torch::autograd::grad({xd * 1, n2_ref}, {xd}, {gh, gn})[0];
       EXPECT_LT((dx2.to(at::kFloat) - dx2_ref.to(at::kFloat)).abs().max().item<double>(),
                 dtype == at::kFloat ? 1e-5 : 0.1);
+
+      // One output with a gradient: the other's (and rstd's) reach backward undefined, not as
+      // zeros (the node does not materialize them), and the gradient is that output's alone.
+      at::Tensor xe = x.detach().requires_grad_(), de = delta.detach().requires_grad_();
+      at::Tensor xf = x.detach().requires_grad_(), df = delta.detach().requires_grad_();
+      const NormedResidual only_n = ResidualRmsNorm(xe, de, w, 1e-5);
+      const at::Tensor dn_only = torch::autograd::grad({only_n.n}, {xe}, {gn})[0];
+      const at::Tensor dn_ref =
+          torch::autograd::grad({at::rms_norm(xf + df, {256}, w, 1e-5)}, {xf}, {gn})[0];
+      EXPECT_LT((dn_only.to(at::kFloat) - dn_ref.to(at::kFloat)).abs().max().item<double>(),
+                dtype == at::kFloat ? 1e-5 : 0.1);
+      at::Tensor xg = x.detach().requires_grad_(), dg = delta.detach().requires_grad_();
+      const NormedResidual only_h = ResidualRmsNorm(xg, dg, w, 1e-5);
+      const auto dh_only = torch::autograd::grad({only_h.h}, {xg, dg}, {gh});
+      EXPECT_TRUE(at::equal(dh_only[0], gh));
+      EXPECT_TRUE(at::equal(dh_only[1], gh));
     }
   }
 }

@@ -32,10 +32,12 @@ void UnfusedStep(at::Tensor p, at::Tensor g, at::Tensor m, at::Tensor v,
   p.addcdiv_(m, denom, -(o.lr / bc1));
 }
 
-// Largest difference in units of the values' magnitude (relative to max(|b|, tiny)).
-double MaxRelative(const at::Tensor& a, const at::Tensor& b) {
+// Largest |a - b| / (|b| + floor): the difference in units of the values' magnitude, where a
+// value near zero counts at `floor` (a parameter that an update nearly cancelled keeps the
+// update's rounding error, which is relative to the update, not to what is left).
+double MaxRelative(const at::Tensor& a, const at::Tensor& b, double floor = 0.0) {
   const at::Tensor x = a.cpu().to(at::kDouble), y = b.cpu().to(at::kDouble);
-  return ((x - y).abs() / y.abs().clamp_min(1e-30)).max().item<double>();
+  return ((x - y).abs() / (y.abs() + floor).clamp_min(1e-30)).max().item<double>();
 }
 
 TEST(KernelsAdamW, StepsEqualTheUnfusedOps) {
@@ -72,9 +74,11 @@ TEST(KernelsAdamW, StepsEqualTheUnfusedOps) {
             UnfusedStep(p_ref, g, m_ref, v_ref, o, factor);
             EXPECT_TRUE(at::equal(g, g_before)) << "grad was written";
           }
-          // The same roundings, op for op: equal but where the compiler fused a multiply-add
-          // differently (a float32 ulp or two).
-          EXPECT_LE(MaxRelative(p, p_ref), 3e-7);
+          // The same roundings, op for op: equal but where a rounding differs by an ulp (the
+          // compiler's multiply-adds, the scalar divisor's reciprocal): a float32 ulp or two of
+          // the value, or of the last update (~lr) where the parameter is near zero (on an H200
+          // 99 % of the parameters are bitwise equal; a wrong formula is off by far more).
+          EXPECT_LE(MaxRelative(p, p_ref, /*floor=*/4 * o.lr), 5e-7);
           EXPECT_LE(MaxRelative(m, m_ref), 3e-7);
           EXPECT_LE(MaxRelative(v, v_ref), 3e-7);
           if (device.is_cpu()) {  // the CPU path is the ops themselves

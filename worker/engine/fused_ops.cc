@@ -57,7 +57,8 @@ struct SumGraphOnlyFunction : public torch::autograd::Function<SumGraphOnlyFunct
   }
 };
 
-// The gradient reaching x (and delta) of {h, rms_norm(h) * w}: the norm's plus h's own.
+// The gradient reaching x (and delta) of {h, rms_norm(h) * w}: the norm's plus h's own (either
+// may be undefined: no gradient; both: an undefined result).
 at::Tensor ResidualRmsNormGradient(AutogradContext* ctx, const variable_list& grad_outputs) {
   const at::Tensor &grad_h = grad_outputs[0], &grad_n = grad_outputs[1];
   const variable_list saved = SavedForBackward(ctx);
@@ -76,6 +77,9 @@ variable_list ResidualRmsNormOutputs(AutogradContext* ctx, const at::Tensor& x,
   ctx->saved_data["grad_spare_columns"] = grad_spare_columns;
   SaveForBackward(ctx, {r.h, r.rstd});
   ctx->mark_non_differentiable({r.rstd});
+  // Outputs without a gradient (rstd's, always) reach backward undefined, not as zeros that
+  // autograd fills a kernel each (one a layer, for nothing).
+  ctx->set_materialize_grads(false);
   return {r.h, r.n, r.rstd};
 }
 
