@@ -5,8 +5,8 @@
 // at::addmm_out, so callers need no second path.
 //
 // Tuning: the first call of a shape class (the operations, beta == 0, and the octave of m, n and
-// k: rows that vary from step to step, as packed or padded batches do, fall in one or two octaves
-// and are tuned once or twice) times ATen's call, up to `candidates` algorithms of cuBLASLt's
+// k, a side under 64 by its own value: rows that vary from step to step, as packed or padded
+// batches do, fall in one or two octaves and are tuned once or twice) times ATen's call, up to `candidates` algorithms of cuBLASLt's
 // heuristic and up to `variants` of them (the other custom options and CTA swizzling of the same
 // tiles, which the heuristic does not offer; more than `finalists` are first timed once each and
 // the fastest go on) (each the median of three batches, taken in turns across the candidates

@@ -49,12 +49,18 @@ bool Aligned16(const at::Tensor& t, int64_t ld) {
 // A call's exact shape: device, dtype, m, n, k, the operations, leading dimensions, beta == 0.
 using ShapeKey = std::tuple<int, int, int64_t, int64_t, int64_t, int, int, int64_t, int64_t,
                             int64_t, bool>;
-// What a tuning decides for: device, dtype, the operations, beta == 0, and the octave (floor of
-// log2) of m, n and k. Rows that vary from step to step (packed or padded batches) fall in a few
+// What a tuning decides for: device, dtype, the operations, beta == 0, and the size class of m,
+// n and k (SizeClass). Rows that vary from step to step (packed or padded batches) fall in a few
 // octaves, so they are tuned a few times, not every step.
 using TuningKey = std::tuple<int, int, int, int, bool, int, int, int>;
 
-int Octave(int64_t v) {
+// The octave (floor of log2) of a side of 64 or more; a smaller side is a class of its own. The
+// small sides are the adapters' ranks (16, and 32 or 48 for a grouped layer's): in one octave the
+// q/k/v As' gradient [48, in] ran the kernel tuned for gate/up's [32, in] or the other way round
+// (on an H200 at 7B one of the two took 52 us, the other 23), for a few more tunings at a job's
+// start.
+int SizeClass(int64_t v) {
+  if (v < 64) return 64 + static_cast<int>(v);  // octaves are 0..62
   int o = 0;
   while ((int64_t{2} << o) <= v) ++o;
   return o;
@@ -257,8 +263,8 @@ class AlgorithmCache {
                          static_cast<int>(x->op), static_cast<int>(y->op), x->ld, y->ld,
                          call->ldo, beta == 0);
     call->tuning = TuningKey(out.get_device(), static_cast<int>(dtype), static_cast<int>(x->op),
-                             static_cast<int>(y->op), beta == 0, Octave(call->m),
-                             Octave(call->n), Octave(call->k));
+                             static_cast<int>(y->op), beta == 0, SizeClass(call->m),
+                             SizeClass(call->n), SizeClass(call->k));
     return true;
   }
 

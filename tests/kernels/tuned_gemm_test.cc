@@ -82,6 +82,17 @@ TEST_P(KernelsTunedGemmCuda, EveryLayoutEqualsTheFloatProduct) {
   tuner.Addmm(out, a, b, 0.0);
   EXPECT_EQ(tuner.tuned_shapes(), calls + 1);
   EXPECT_FALSE(tuner.TimeCandidates(out, a, b, 0.0).empty());
+  // Sides under 64 (the adapters' ranks: a grouped layer's As' gradient [sum of r, in]) are
+  // classes of their own, not octaves: 32 and 48 rows are tuned apart, each right.
+  for (const int64_t rows : {int64_t{32}, int64_t{48}}) {
+    const at::Tensor x = at::randn({rows, k}, Options()), y = at::randn({k, n}, Options());
+    at::Tensor small = at::empty({rows, n}, Options());
+    const int64_t before = tuner.tuned_shapes();
+    tuner.Addmm(small, x, y, 0.0);
+    EXPECT_EQ(tuner.tuned_shapes(), before + 1) << rows;
+    EXPECT_TRUE(at::allclose(small.to(at::kFloat), Reference(small, x, y, 0.0, 1.0), 1e-2, 0.5))
+        << rows;
+  }
 }
 
 // C apart from D (the residual stream added in the down projection's epilogue): out = beta c +
