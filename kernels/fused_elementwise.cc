@@ -87,6 +87,26 @@ void CopyRows(const at::Tensor& src, at::Tensor& out) {
   out.copy_(src);
 }
 
+void CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t rows,
+                            const at::Tensor& scale) {
+  const int64_t cols = scale.numel();
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.numel() == in.numel() &&
+                  out.is_contiguous() && in.is_contiguous(),
+              "cast scaling leading rows: contiguous in and float32 out of one numel expected");
+  TORCH_CHECK(scale.dim() == 1 && scale.scalar_type() == in.scalar_type() && rows >= 0 &&
+                  rows * cols <= in.numel(),
+              "cast scaling leading rows: scale must be 1-D in in's dtype and [rows, ",
+              cols, "] within in, got rows ", rows);
+  if (OnCuda(in)) {
+#ifdef QLORA_HAVE_CUDA
+    if (cuda::CastScalingLeadingRows(in, out, rows * cols, scale)) return;
+#endif
+  }
+  at::Tensor o = out;
+  o.copy_(in);
+  if (rows > 0) o.view({-1}).narrow(0, 0, rows * cols).view({rows, cols}).mul_(scale);
+}
+
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
               "swiglu: gate and up must have one shape and dtype");

@@ -35,6 +35,15 @@ void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor
 // on CUDA where ATen's copy into a row-strided destination is an unvectorized one.
 void CopyRows(const at::Tensor& src, at::Tensor& out);
 
+// out (float32, contiguous) = in (contiguous, out's numel, a 16-bit float dtype) as float32, its
+// first `rows` x scale.numel() values (a [rows, cols] block) each times scale[column] (scale
+// [cols], in's dtype): the product of exact float32 values rounded once, what
+// out.copy_(in) then out[:rows * cols].view({rows, cols}).mul_(scale) computes, in one pass (one
+// launch on CUDA). A grouped node's adapter gradients cast to float32 with the norm weight's
+// factor on its As' gradient (worker/engine GroupBackward).
+void CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t rows,
+                            const at::Tensor& scale);
+
 // gate, up: the same shape and dtype (either may be rows of a wider buffer) -> silu(gate) * up.
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up);
 // The same for gate, up [rows, cols], written into rows of cols + spare values: a [rows, cols]

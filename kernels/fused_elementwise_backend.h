@@ -24,4 +24,9 @@ bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Te
 // out = x for 2-D x and out of one shape and dtype, each contiguous or rows as above.
 bool CopyRows(const at::Tensor& x, at::Tensor& out);
 
+// CastScalingLeadingRows for contiguous in (bfloat16 or float16) and out (float32), scale in in's
+// dtype (contiguous), scaled = rows * scale.numel() <= in.numel().
+bool CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t scaled,
+                            const at::Tensor& scale);
+
 }  // namespace qlora::kernels::cuda

@@ -174,6 +174,34 @@ __global__ void CopyRowsKernel(const T* __restrict__ x, T* __restrict__ out, int
   });
 }
 
+// out[i] = float(in[i]), times float(scale[i % cols]) for i < scaled (each product rounded once),
+// V values a thread (V divides cols and n where vectorized: then one column row each time).
+template <typename T, int V>
+__global__ void CastScalingKernel(const T* __restrict__ in, float* __restrict__ out, int64_t n,
+                                  int64_t scaled, const T* __restrict__ scale, int64_t cols) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  if constexpr (V > 1) {
+    const Vec<T, V> x = Load<T, V>(in + i);
+    float y[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[j] = static_cast<float>(x.v[j]);
+    if (i < scaled) {
+      const Vec<T, V> s = Load<T, V>(scale + i % cols);
+#pragma unroll
+      for (int j = 0; j < V; ++j) y[j] = __fmul_rn(y[j], static_cast<float>(s.v[j]));
+    }
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      *reinterpret_cast<float4*>(out + i + j) = make_float4(y[j], y[j + 1], y[j + 2], y[j + 3]);
+    }
+  } else {
+    float y = static_cast<float>(in[i]);
+    if (i < scaled) y = __fmul_rn(y, static_cast<float>(scale[i % cols]));
+    out[i] = y;
+  }
+}
+
 // dg, du for the output gradient dy; and x = silu(g) * u as SwigluForwardKernel rounds it.
 template <typename T>
 __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, T& x) {
@@ -382,6 +410,38 @@ bool CopyRows(const at::Tensor& x, at::Tensor& out) {
     CopyRowsKernel<T, V><<<RowGrid(rows, cols, V), kRowThreads, 0,
                            at::cuda::getCurrentCUDAStream()>>>(
         x.const_data_ptr<T>(), out.mutable_data_ptr<T>(), rows, cols, *xs, *os);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  });
+}
+
+bool CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t scaled,
+                            const at::Tensor& scale) {
+  if (!in.is_cuda() || (in.scalar_type() != at::kBFloat16 && in.scalar_type() != at::kHalf) ||
+      !in.is_contiguous() || !out.is_contiguous() || !scale.is_contiguous() ||
+      out.device() != in.device() || scale.device() != in.device() || in.numel() == 0) {
+    return false;
+  }
+  return DispatchFloating(in.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 8;  // 16 bytes of T in, 32 of float32 out
+    const int64_t n = in.numel(), cols = scale.numel();
+    const c10::cuda::CUDAGuard guard(in.device());
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const bool vectorized = n % V == 0 && (cols == 0 || cols % V == 0) && scaled % V == 0 &&
+                            Aligned16(in.const_data_ptr()) && Aligned16(out.const_data_ptr()) &&
+                            Aligned16(scale.const_data_ptr());
+    const int per_thread = vectorized ? V : 1;
+    const unsigned blocks = static_cast<unsigned>(CeilDiv(CeilDiv(n, per_thread), kThreads));
+    const T* s = scale.const_data_ptr<T>();
+    const int64_t c = std::max<int64_t>(cols, 1);
+    if (vectorized) {
+      CastScalingKernel<T, V><<<blocks, kThreads, 0, stream>>>(
+          in.const_data_ptr<T>(), out.mutable_data_ptr<float>(), n, scaled, s, c);
+    } else {
+      CastScalingKernel<T, 1><<<blocks, kThreads, 0, stream>>>(
+          in.const_data_ptr<T>(), out.mutable_data_ptr<float>(), n, scaled, s, c);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <tuple>
 #include <vector>
 
 #include "kernels/fused_elementwise.h"
@@ -242,6 +243,37 @@ TEST(KernelsFused, CopyRowsIntoAColumnBlockOfWiderRows) {
 // output): SwiGLU reads them as they are, and its backward writes the gradients over them, so
 // that they come out packed too. The same bits as contiguous gate and up (the row kernels), with
 // and without the product, the gradient of the output read from rows of a wider buffer as well.
+// A grouped node's adapter gradients cast to float32 with the norm weight on its As' gradient:
+// the bits of the cast followed by mul_ on the leading [rows, cols] block, the rest cast only;
+// vectorized (cols a multiple of 8) and not (cols 12), and no scaled rows at all.
+TEST(KernelsFused, CastScalingLeadingRowsEqualsTheCastThenMul) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      for (const auto& [rows, cols, rest] :
+           {std::tuple<int64_t, int64_t, int64_t>{48, 4096, 3 * 4096 * 16}, {5, 12, 37},
+            {0, 64, 256}}) {
+        SCOPED_TRACE(testing::Message() << device << " " << dtype << " rows " << rows << " cols "
+                                        << cols << " rest " << rest);
+        at::manual_seed(rows + cols);
+        const at::TensorOptions options = at::dtype(dtype).device(device);
+        const at::Tensor in = (at::randn({rows * cols + rest}) * 3).to(options);
+        const at::Tensor scale = (1 + 0.2 * at::randn({cols})).to(options);
+        const at::Tensor out = at::empty({in.numel()}, options.dtype(at::kFloat));
+        CastScalingLeadingRows(in, out, rows, scale);
+        at::Tensor want = in.to(at::kFloat);
+        want.narrow(0, 0, rows * cols).view({rows, cols}).mul_(scale);
+        EXPECT_TRUE(at::equal(out, want));
+      }
+    }
+  }
+  const at::Tensor in = at::zeros({64}, at::kBFloat16);
+  EXPECT_THROW(CastScalingLeadingRows(in, at::empty({64}), 5, at::ones({16}, at::kBFloat16)),
+               c10::Error);  // 5 x 16 > 64
+  EXPECT_THROW(CastScalingLeadingRows(in, at::empty({64}, at::kBFloat16), 1,
+                                      at::ones({16}, at::kBFloat16)),
+               c10::Error);  // not float32 out
+}
+
 TEST(KernelsFused, SwigluOverPackedGateAndUpEqualsTheContiguousCase) {
   for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {

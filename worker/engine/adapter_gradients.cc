@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/fused_elementwise.h"
+
 namespace qlora::engine {
 namespace {
 
@@ -31,8 +33,19 @@ at::Tensor AdapterGradients::Slot(size_t i) const {
   return buffer_.narrow(0, offsets_[i], Numel(shapes_[i])).view(shapes_[i]);
 }
 
-std::vector<at::Tensor> AdapterGradients::Cast(at::ScalarType dtype) const {
-  const at::Tensor cast = buffer_.to(dtype);
+std::vector<at::Tensor> AdapterGradients::Cast(at::ScalarType dtype,
+                                               const at::Tensor& first_slot_column_scale) const {
+  at::Tensor cast;
+  if (first_slot_column_scale.defined()) {
+    TORCH_CHECK(dtype == at::kFloat && !shapes_.empty() && !shapes_[0].empty() &&
+                    first_slot_column_scale.numel() == shapes_[0].back(),
+                "AdapterGradients: a column scale needs float32 and slot 0's last dim");
+    cast = at::empty({buffer_.numel()}, buffer_.options().dtype(dtype));
+    kernels::CastScalingLeadingRows(buffer_, cast, Numel(shapes_[0]) / shapes_[0].back(),
+                                    first_slot_column_scale);
+  } else {
+    cast = buffer_.to(dtype);
+  }
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < shapes_.size(); ++i) {
     out.push_back(cast.narrow(0, offsets_[i], Numel(shapes_[i])).view(shapes_[i]));

@@ -21,8 +21,12 @@ class AdapterGradients {
 
   // Slot i as a contiguous tensor of its shape, for a GEMM to write.
   at::Tensor Slot(size_t i) const;
-  // Every slot cast to `dtype` in one pass: one tensor per slot (views of one buffer).
-  std::vector<at::Tensor> Cast(at::ScalarType dtype) const;
+  // Every slot cast to `dtype` in one pass: one tensor per slot (views of one buffer). With
+  // `first_slot_column_scale` ([last dim of slot 0], the buffer's dtype; float32 `dtype` only),
+  // slot 0's values also times it along their last dim, in the same pass (each product rounded
+  // once, as the cast followed by mul_ rounds it).
+  std::vector<at::Tensor> Cast(at::ScalarType dtype,
+                               const at::Tensor& first_slot_column_scale = at::Tensor()) const;
 
  private:
   std::vector<std::vector<int64_t>> shapes_;

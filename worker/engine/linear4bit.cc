@@ -777,8 +777,9 @@ variable_list GroupBackward(AutogradContext* ctx, const at::Tensor& x, const at:
   } else {
     LoraAddmm(gemm, adapter_grads.Slot(0), dha.t(), x, 0.0);
   }
-  const std::vector<at::Tensor> cast = adapter_grads.Cast(a[0].scalar_type());
-  if (normed != nullptr) cast[0].mul_(normed->weight);
+  // The norm weight's factor on the As' gradient's columns, in the cast's pass.
+  const std::vector<at::Tensor> cast = adapter_grads.Cast(
+      a[0].scalar_type(), normed != nullptr ? normed->weight : at::Tensor());
   const std::vector<at::Tensor> da = cast[0].split_with_sizes(ranks, 0);
   for (size_t i = 0; i < n; ++i) {
     grads[1 + i] = da[i];
