@@ -12,6 +12,13 @@
 //                             columns (r 16 / 32 / 48-64), so that dB's sums for all of it stay
 //                             in registers while the rows go by; per-chunk partial sums go to
 //                             float32 workspaces.
+//   SwigluAGradientKernel     SwiGLU's backward over a tile of gate, up and the product's
+//                             gradient (as fused_elementwise's kernels compute it: the gate and up
+//                             gradients stored over gate and up), the product silu(gate) * up
+//                             kept in shared memory for the down projection's A gradient
+//                             dA^T += x^T dh' on the tensor cores (dB's code of the pair kernel):
+//                             the product is never written; per-chunk partials as above
+//   AGradientReduceKernel     adds those partials in chunk order, rounds once, writes dA [r, in]
 //   LoraGradientReduceKernel  adds each value's partials in chunk order (the same bits every
 //                             run), scales and rounds once, as a GEMM's epilogue does (and
 //                             writes dh' times a row factor beside dh' where asked); one
@@ -29,6 +36,7 @@
 
 #include "kernels/cuda_vectors.cuh"
 #include "kernels/lora_gradients_backend.h"
+#include "kernels/swiglu_math.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
@@ -479,7 +487,221 @@ void LaunchOfRank(const std::vector<PairOperands>& pairs, int blocks_per_sm, int
   }
 }
 
+// SwigluAGradientKernel's operands: rows [rows, cols] each with its row stride.
+struct SwigluAArgs {
+  const void* dy;  // the product's gradient
+  int64_t dy_stride;
+  void* gate;  // read, then its gradient written over it
+  int64_t gate_stride;
+  void* up;
+  int64_t up_stride;
+  const void* dh;  // [rows, 16]: the down projection's dh'
+  int64_t dh_stride;
+  int64_t rows, cols;
+  int chunk_rows;       // a multiple of the tile's rows
+  float* da_partial;    // [row chunks][cols_padded][16]
+  int64_t cols_padded;
+};
+
+constexpr int kSwigluStages = 2;
+constexpr int kSwigluRank = 16;
+constexpr int kSwigluRows = 32;  // a tile: 32 rows x 256 columns of each of gate, up and dy
+
+size_t SwigluASharedBytes() {
+  return sizeof(uint16_t) * kSwigluStages * kSwigluRows *
+         (3 * TileLd(kSwigluRows) + RankLd(kSwigluRank));
+}
+
+// One block per (row chunk, column chunk of 512): tiles stream in by cp.async (one ahead); each
+// thread turns 32 of a tile's values into their gate and up gradients (stored over gate and up in
+// global memory) and the product x (over dy's values in shared memory, which no one reads again);
+// then every warp adds its 32 columns' x^T dh' over the tile's rows (dB's mma of the pair kernel,
+// x for g and dh' for ha).
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2) SwigluAGradientKernel(SwigluAArgs args) {
+  using Op = typename MmaOperand<T>::type;
+  constexpr int R = kSwigluRank, kRows = kSwigluRows;
+  constexpr int kCols = TileCols(kRows), kLd = TileLd(kRows), kRankLd = RankLd(R);
+  constexpr int kChunkCols = ChunkCols(R), kColTiles = kChunkCols / kCols;
+  constexpr int kBlocks = R / 8, kSlices = kCols / 16 / 8, kPieces = kCols / 8;
+  constexpr int kStageValues = kRows * (3 * kLd + kRankLd);
+  extern __shared__ __align__(128) unsigned char shared[];
+  T* stages = reinterpret_cast<T*>(shared);  // per stage: gate, up, dy [kRows][kLd], dh [kRows][kRankLd]
+
+  const T* dy = static_cast<const T*>(args.dy);
+  T* gate = static_cast<T*>(args.gate);
+  T* up = static_cast<T*>(args.up);
+  const T* dh = static_cast<const T*>(args.dh);
+  const int64_t col0 = int64_t{blockIdx.x} * kChunkCols;
+  const int64_t row0 = int64_t{blockIdx.y} * args.chunk_rows;
+  const int row_tiles =
+      static_cast<int>((min(args.rows - row0, int64_t{args.chunk_rows}) + kRows - 1) / kRows);
+  const int tiles_total = row_tiles * kColTiles;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int db_col = warp * 16 * kSlices;
+
+  auto stage_of = [&](int t) { return stages + (t % kSwigluStages) * kStageValues; };
+  auto load_tile = [&](int t) {
+    T* dst = stage_of(t);
+    const int64_t r0 = row0 + int64_t{t / kColTiles} * kRows;
+    const int64_t c0 = col0 + int64_t{t % kColTiles} * kCols;
+#pragma unroll
+    for (int i = 0; i < kRows * kPieces / kThreads; ++i) {
+      const int p = threadIdx.x + i * kThreads;
+      const int row = p / kPieces, piece = p % kPieces;
+      const int64_t gr = r0 + row, gc = c0 + piece * 8;
+      const bool valid = gr < args.rows && gc < args.cols;
+      const int at = row * kLd + piece * 8;
+      CopyAsync16(dst + at, valid ? gate + gr * args.gate_stride + gc : gate, valid);
+      CopyAsync16(dst + kRows * kLd + at, valid ? up + gr * args.up_stride + gc : up, valid);
+      CopyAsync16(dst + 2 * kRows * kLd + at, valid ? dy + gr * args.dy_stride + gc : dy, valid);
+    }
+    T* dh_dst = dst + 3 * kRows * kLd;
+    for (int p = threadIdx.x; p < kRows * (R / 8); p += kThreads) {
+      const int row = p / (R / 8), piece = p % (R / 8);
+      const bool valid = r0 + row < args.rows;
+      CopyAsync16(dh_dst + row * kRankLd + piece * 8,
+                  valid ? dh + (r0 + row) * args.dh_stride + piece * 8 : dh, valid);
+    }
+  };
+
+  float db_sums[kColTiles][kSlices][kBlocks][4] = {};
+  if (tiles_total > 0) load_tile(0);
+  CommitCopies();
+  for (int t = 0; t < tiles_total; ++t) {
+    WaitCopies<0>();  // tile t has landed
+    __syncthreads();  // ... for every thread; the other stage (tile t - 1) is read no more
+    if (t + 1 < tiles_total) load_tile(t + 1);
+    CommitCopies();
+    T* tile = stage_of(t);
+    const int ct = t % kColTiles;
+    const int64_t r0 = row0 + int64_t{t / kColTiles} * kRows;
+    const int64_t c0 = col0 + int64_t{ct} * kCols;
+    // SwiGLU's backward on this thread's pieces: gradients to global memory, x over dy.
+#pragma unroll
+    for (int i = 0; i < kRows * kPieces / kThreads; ++i) {
+      const int p = threadIdx.x + i * kThreads;
+      const int row = p / kPieces, piece = p % kPieces;
+      const int at = row * kLd + piece * 8;
+      const Vec<T, 8> g = Load<T, 8>(tile + at), u = Load<T, 8>(tile + kRows * kLd + at);
+      const Vec<T, 8> d = Load<T, 8>(tile + 2 * kRows * kLd + at);
+      Vec<T, 8> dg, du, x;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) SwigluBackwardOne(d.v[j], g.v[j], u.v[j], dg.v[j], du.v[j], x.v[j]);
+      Store<T, 8>(tile + 2 * kRows * kLd + at, x);
+      const int64_t gr = r0 + row, gc = c0 + piece * 8;
+      if (gr < args.rows && gc < args.cols) {
+        Store<T, 8>(gate + gr * args.gate_stride + gc, dg);
+        Store<T, 8>(up + gr * args.up_stride + gc, du);
+      }
+    }
+    __syncthreads();  // the tile's x is whole
+    const T* x_tile = tile + 2 * kRows * kLd;
+    const T* dh_tile = tile + 3 * kRows * kLd;
+#pragma unroll
+    for (int m = 0; m < kRows; m += 16) {  // dA^T += x[m..m+16, cols]^T dh'[m..m+16, :]
+      uint32_t hf[R / 16][4];
+#pragma unroll
+      for (int j = 0; j < R / 16; ++j) {
+        LoadMatricesTransposed(hf[j], dh_tile + (m + RowsFirstRow(lane)) * kRankLd + j * 16 +
+                                          RowsFirstCol(lane));
+      }
+#pragma unroll
+      for (int sl = 0; sl < kSlices; ++sl) {
+        uint32_t a[4];
+        LoadMatricesTransposed(a, x_tile + (m + ColsFirstRow(lane)) * kLd + db_col + sl * 16 +
+                                      ColsFirstCol(lane));
+#pragma unroll
+        for (int j = 0; j < R / 16; ++j) {
+#pragma unroll
+          for (int c = 0; c < kColTiles; ++c) {  // constant register indices: the tile's own
+            if (c == ct) {
+              Mma(Op{}, db_sums[c][sl][2 * j], a, hf[j][0], hf[j][1]);
+              Mma(Op{}, db_sums[c][sl][2 * j + 1], a, hf[j][2], hf[j][3]);
+            }
+          }
+        }
+      }
+    }
+  }
+  WaitCopies<0>();
+  float* out = args.da_partial + (int64_t{blockIdx.y} * args.cols_padded + col0) * R;
+  const int c_lo = 2 * (lane % 4);
+#pragma unroll
+  for (int ct = 0; ct < kColTiles; ++ct) {
+#pragma unroll
+    for (int sl = 0; sl < kSlices; ++sl) {
+      const int n_lo = ct * kCols + db_col + sl * 16 + lane / 4;
+#pragma unroll
+      for (int n = 0; n < kBlocks; ++n) {
+        float* lo = out + n_lo * R + n * 8 + c_lo;
+        *reinterpret_cast<float2*>(lo) = make_float2(db_sums[ct][sl][n][0], db_sums[ct][sl][n][1]);
+        *reinterpret_cast<float2*>(lo + 8 * R) =
+            make_float2(db_sums[ct][sl][n][2], db_sums[ct][sl][n][3]);
+      }
+    }
+  }
+}
+
+// dA[k][c] = sum over row chunks, in order, of the partials' [c][k], rounded once (a thread a
+// value; reads in the partials' order).
+template <typename T>
+__global__ void AGradientReduceKernel(const float* __restrict__ partial, int row_chunks,
+                                      int64_t cols, int64_t cols_padded, T* __restrict__ da,
+                                      int64_t da_stride) {
+  constexpr int R = kSwigluRank;
+  const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (e >= cols * R) return;
+  const int64_t c = e / R;
+  const int k = static_cast<int>(e - c * R);
+  float sum = 0.0f;
+  for (int b = 0; b < row_chunks; ++b) sum += partial[(int64_t{b} * cols_padded + c) * R + k];
+  da[k * da_stride + c] = T(sum);
+}
+
 }  // namespace
+
+void SwigluBackwardWithAGradient(const at::Tensor& dy, const at::Tensor& gate,
+                                 const at::Tensor& up, const at::Tensor& dh,
+                                 const at::Tensor& da, int blocks_per_sm) {
+  const c10::cuda::CUDAGuard guard(dy.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t rows = dy.size(0), cols = dy.size(1);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t chunk_cols = ChunkCols(kSwigluRank);
+  const int64_t col_chunks = CeilDiv(cols, chunk_cols);
+  const int64_t wanted = std::max<int64_t>(1, CeilDiv(int64_t{sms} * blocks_per_sm, col_chunks));
+  const int64_t chunk_rows = CeilDiv(CeilDiv(rows, wanted), kSwigluRows) * kSwigluRows;
+  const int64_t row_chunks = CeilDiv(rows, chunk_rows);
+  TORCH_CHECK(row_chunks < 65536 && col_chunks < (int64_t{1} << 31),
+              "SwiGLU A-gradient kernel: too large");
+  const at::Tensor partial =
+      at::empty({row_chunks, col_chunks * chunk_cols, kSwigluRank}, dy.options().dtype(at::kFloat));
+  SwigluAArgs args{dy.const_data_ptr(), dy.stride(0), gate.data_ptr(), gate.stride(0),
+                   up.data_ptr(),       up.stride(0), dh.const_data_ptr(), dh.stride(0),
+                   rows,                cols,         static_cast<int>(chunk_rows),
+                   partial.mutable_data_ptr<float>(), col_chunks * chunk_cols};
+  const size_t shared = SwigluASharedBytes();
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    auto kernel = SwigluAGradientKernel<T>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(shared)));
+    kernel<<<dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)), kThreads,
+             shared, stream>>>(args);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    AGradientReduceKernel<T><<<static_cast<unsigned>(CeilDiv(cols * kSwigluRank, kThreads)),
+                               kThreads, 0, stream>>>(
+        partial.const_data_ptr<float>(), static_cast<int>(row_chunks), cols,
+        col_chunks * chunk_cols, static_cast<T*>(da.data_ptr()), da.stride(0));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (dy.scalar_type() == at::kBFloat16) {
+    launch(c10::BFloat16{});
+  } else {
+    launch(c10::Half{});
+  }
+}
 
 void LoraGradientPairs(const std::vector<PairOperands>& pairs, int blocks_per_sm, int tile_rows) {
   TORCH_CHECK(!pairs.empty() && pairs.size() <= static_cast<size_t>(kMaxAdapters),
