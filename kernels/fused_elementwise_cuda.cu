@@ -28,13 +28,17 @@
 
 #include "kernels/fused_elementwise_backend.h"
 #include "kernels/cuda_vectors.cuh"
-#include "kernels/swiglu_math.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
+// A float32 value stored as T: what ATen keeps between two ops.
+template <typename T>
+__device__ __forceinline__ float Round(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
 
 struct Strides4 {
   int64_t b, h, s;
@@ -87,6 +91,12 @@ __global__ void RotaryKernel(const T* x, const T* __restrict__ cos, const T* __r
   Store<T, V>(out + oo + half, o2);
 }
 
+// ATen's silu and silu_backward (ActivationSiluKernel.cu), in float32.
+__device__ __forceinline__ float Silu(float x) { return x / (1.0f + ::expf(-x)); }
+__device__ __forceinline__ float SiluBackward(float dy, float x) {
+  const float s = 1.0f / (1.0f + ::expf(-x));
+  return dy * s * (1.0f + x * (1.0f - s));
+}
 
 template <typename T, int V>
 __device__ __forceinline__ Vec<T, V> SwigluVector(const T* gate, const T* up) {
@@ -192,6 +202,16 @@ __global__ void CastScalingKernel(const T* __restrict__ in, float* __restrict__ 
   }
 }
 
+// dg, du for the output gradient dy; and x = silu(g) * u as SwigluForwardKernel rounds it.
+template <typename T>
+__device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, T& x) {
+  const float fdy = static_cast<float>(dy), fg = static_cast<float>(g);
+  const float silu = Round<T>(Silu(fg));
+  du = static_cast<T>(__fmul_rn(fdy, silu));
+  x = static_cast<T>(__fmul_rn(silu, static_cast<float>(u)));
+  const float dsilu = Round<T>(__fmul_rn(fdy, static_cast<float>(u)));
+  dg = static_cast<T>(SiluBackward(dsilu, fg));
+}
 
 // kProduct: also writes the forward's output silu(gate) * up to `product` (its own buffer).
 // Contiguous tensors; grad_gate and grad_up may be any of grad, gate and up (written in place).

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 
-#include "kernels/fused_elementwise.h"
 #include "kernels/lora_gradients_backend.h"
 #include "kernels/quantize_4bit.h"
 
@@ -130,50 +129,6 @@ void LoraGradientPairs(const std::vector<LoraGradientPairOperands>& pairs,
       at::mul_out(scaled, p.dha, p.row_scale.reshape({-1, 1}));
     }
   }
-}
-
-bool SwigluBackwardWithAGradientTakes(const at::Tensor& gate, const at::Tensor& up, int64_t r) {
-  if (!gate.is_cuda() || !HasCudaKernels() || gate.dim() != 2 || r != 16) return false;
-  const at::ScalarType dtype = gate.scalar_type();
-  return (dtype == at::kBFloat16 || dtype == at::kHalf) && up.scalar_type() == dtype &&
-         up.device() == gate.device() && up.sizes() == gate.sizes() && gate.size(0) > 0 &&
-         gate.size(1) % 8 == 0 && RowsOf16Bytes(gate) && RowsOf16Bytes(up);
-}
-
-bool SwigluBackwardWithAGradientFused(const at::Tensor& dy, const at::Tensor& gate,
-                                      const at::Tensor& up, const at::Tensor& dh,
-                                      const at::Tensor& da) {
-  if (dh.dim() != 2 || !SwigluBackwardWithAGradientTakes(gate, up, dh.size(1))) return false;
-  for (const at::Tensor* t : {&dy, &dh, &da}) {
-    if (t->scalar_type() != gate.scalar_type() || t->device() != gate.device() ||
-        t->dim() != 2 || t->stride(1) != 1) {
-      return false;
-    }
-  }
-  const int64_t rows = gate.size(0), cols = gate.size(1);
-  return dy.sizes() == gate.sizes() && dh.size(0) == rows && da.size(0) == dh.size(1) &&
-         da.size(1) == cols && RowsOf16Bytes(dy) && RowsOf16Bytes(dh);
-}
-
-void SwigluBackwardWithAGradient(const at::Tensor& dy, at::Tensor& gate, at::Tensor& up,
-                                 const at::Tensor& dh, const at::Tensor& da,
-                                 const SwigluAGradientOptions& options) {
-  TORCH_CHECK(dy.dim() == 2 && gate.sizes() == dy.sizes() && up.sizes() == dy.sizes() &&
-                  dh.dim() == 2 && dh.size(0) == dy.size(0) && da.dim() == 2 &&
-                  da.size(0) == dh.size(1) && da.size(1) == dy.size(1),
-              "SwiGLU A gradient: dy, gate and up [T, I], dh [T, r] and da [r, I] expected, got ",
-              dy.sizes(), ", ", gate.sizes(), ", ", up.sizes(), ", ", dh.sizes(), " and ",
-              da.sizes());
-  if (SwigluBackwardWithAGradientFused(dy, gate, up, dh, da)) {
-#ifdef QLORA_HAVE_CUDA
-    cuda::SwigluBackwardWithAGradient(dy, gate, up, dh, da, std::max(1, options.blocks_per_sm));
-    return;
-#endif
-  }
-  at::Tensor x;
-  SwigluBackwardIntoInputs(dy, gate, up, &x);
-  at::Tensor out = da;
-  at::mm_out(out, dh.t(), x.reshape({-1, x.size(-1)}));
 }
 
 }  // namespace qlora::kernels

@@ -79,31 +79,4 @@ bool LoraGradientPairsFused(const std::vector<LoraGradientPairOperands>& pairs,
 void LoraGradientPairs(const std::vector<LoraGradientPairOperands>& pairs,
                        const LoraGradientPairOptions& options = {});
 
-// SwiGLU's backward with the down projection's A gradient, for a LoRA down projection over
-// x = silu(gate) * up (worker/engine's SwigluLoraFunction): gate's and up's gradients for the
-// gradient dy of x, written over gate and up (fused_elementwise.h SwigluBackwardIntoInputs'
-// bits), and
-//
-//   dA = dh'^T x      [r, I]   (dh' = scale * dy_down B [T, r]: down's, from LoraGradientPair)
-//
-// CUDA (16-bit dtypes, r = 16): one kernel forms x from the gate and up it reads for their
-// gradients and adds x^T dh' on the tensor cores, so that x is never written and read back (at 7B,
-// micro-batch 4: 180 MB each way a layer, ~100 us on an H200); float32 sums of fixed order (the
-// same bits every run; not cuBLAS's order: a GEMM's result up to rounding). Elsewhere: the
-// product written, then dA as an ATen GEMM (the oracle of tests/kernels/lora_gradients_test.cc).
-// dy, gate, up: [T, I] (rows of wider buffers allowed: gate and up side by side in the packed
-// gate/up rows); dh [T, r]; da [r, I].
-struct SwigluAGradientOptions {
-  int blocks_per_sm = 2;
-};
-// Whether the kernel takes these gate and up rows and rank r (what SwigluBackwardWithAGradientFused
-// asks of them; dy, dh and da laid out as a caller allocates them then pass too).
-bool SwigluBackwardWithAGradientTakes(const at::Tensor& gate, const at::Tensor& up, int64_t r);
-bool SwigluBackwardWithAGradientFused(const at::Tensor& dy, const at::Tensor& gate,
-                                      const at::Tensor& up, const at::Tensor& dh,
-                                      const at::Tensor& da);
-void SwigluBackwardWithAGradient(const at::Tensor& dy, at::Tensor& gate, at::Tensor& up,
-                                 const at::Tensor& dh, const at::Tensor& da,
-                                 const SwigluAGradientOptions& options = {});
-
 }  // namespace qlora::kernels

@@ -21,9 +21,4 @@ struct PairOperands {
 // 1 to kMaxLoraGradientPairs adapters of one rank and one T, in one launch of each kernel.
 void LoraGradientPairs(const std::vector<PairOperands>& pairs, int blocks_per_sm, int tile_rows);
 
-// SwigluBackwardWithAGradient for tensors SwigluBackwardWithAGradientFused accepts.
-void SwigluBackwardWithAGradient(const at::Tensor& dy, const at::Tensor& gate,
-                                 const at::Tensor& up, const at::Tensor& dh,
-                                 const at::Tensor& da, int blocks_per_sm);
-
 }  // namespace qlora::kernels::cuda

@@ -10,7 +10,6 @@
 
 #include <vector>
 
-#include "kernels/fused_elementwise.h"
 #include "kernels/lora_gradients.h"
 #include "tests/kernels/test_devices.h"
 
@@ -245,51 +244,6 @@ TEST(KernelsLoraGradients, RowScaledDhEqualsTheProductOfTheRoundedDh) {
                                 at::empty({64, 16}, x.g.options())};
   half.row_scale = at::ones({64});
   EXPECT_THROW(LoraGradientPairs({half}), c10::Error);
-}
-
-// SwiGLU's backward with the down projection's A gradient over packed gate/up rows (their
-// gradients written over them) and dh' in the spare columns of the output gradient's rows, as the
-// decoder lays them out: the gate and up gradients have the bits of SwigluBackwardIntoInputs, dA
-// is the float32 product dh'^T (silu(gate) * up) within the dtype's rounding, the same bits on
-// every run; row counts off the kernel's tiles and chunks, and a column count that leaves a chunk
-// half full.
-TEST(KernelsLoraGradients, SwigluBackwardWithAGradientEqualsTheProductsGemm) {
-  for (const at::Device& device : KernelTestDevices()) {
-    for (const auto& [rows, cols] : device.is_cuda()
-                                        ? std::vector<std::pair<int64_t, int64_t>>{{8192, 11008},
-                                                                                   {1000, 136},
-                                                                                   {77, 1288}}
-                                        : std::vector<std::pair<int64_t, int64_t>>{{70, 136}}) {
-      SCOPED_TRACE(testing::Message() << device << " rows " << rows << " cols " << cols);
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(rows + cols);
-      const at::TensorOptions options = at::dtype(at::kBFloat16).device(device);
-      const at::Tensor packed = (at::randn({rows, 2 * cols + 32}, gen) * 2).to(options);
-      const at::Tensor dy = (at::randn({rows, cols}, gen) * 1e-2).to(options);
-      const at::Tensor grad_rows = (at::randn({rows, 4096 + 64}, gen) * 0.1).to(options);
-      const at::Tensor dh = grad_rows.narrow(1, 4096, 16);
-      auto run = [&](bool fused) {
-        at::Tensor rows_copy = packed.clone();
-        at::Tensor gate = rows_copy.narrow(1, 0, cols), up = rows_copy.narrow(1, cols, cols);
-        at::Tensor da = at::empty({16, cols}, options);
-        if (fused) {
-          EXPECT_EQ(SwigluBackwardWithAGradientFused(dy, gate, up, dh, da), device.is_cuda());
-          SwigluBackwardWithAGradient(dy, gate, up, dh, da);
-        } else {
-          at::Tensor x;
-          SwigluBackwardIntoInputs(dy, gate, up, &x);
-          at::mm_out(da, dh.t(), x);  // the unfused path's GEMM
-          return std::vector<at::Tensor>{rows_copy, da, x};
-        }
-        return std::vector<at::Tensor>{rows_copy, da};
-      };
-      const std::vector<at::Tensor> want = run(false), got = run(true), again = run(true);
-      EXPECT_TRUE(at::equal(got[0], want[0]));  // gradients over gate and up, spare columns kept
-      const at::Tensor product = want[2].to(at::kFloat);
-      EXPECT_LE(ToleranceUnits(got[1], at::mm(dh.to(at::kFloat).t(), product), at::kBFloat16),
-                1.0);
-      EXPECT_TRUE(at::equal(got[1], again[1]));
-    }
-  }
 }
 
 TEST(KernelsLoraGradients, SameBitsOnEveryRun) {

@@ -577,19 +577,12 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     const at::Tensor dha_into = grad_with_dha.defined()
                                     ? grad_with_dha.narrow(1, grad.size(1), b.size(1))
                                     : at::Tensor();
-    const bool overwrite = ctx->saved_data["overwrite_inputs"].toBool();
-    const bool packed_inputs = overwrite && PackedColumns({gate, up}).defined();
-    // Over packed gate/up rows where SwiGLU's backward kernel forms the product itself and takes
-    // dA = dh'^T x from it (kernels::SwigluBackwardWithAGradient: x never written), dA waits for
-    // it in every mode, so that a plain, a lean and a recomputed layer give it the same bits.
-    const bool a_in_swiglu =
-        packed_inputs && kernels::SwigluBackwardWithAGradientTakes(gate, up, b.size(1));
     if (recomputation) {
-      dx = saved[5];  // x: read by the adapter's gradients (but a_in_swiglu), then overwritten
-      d = LoraBackward(grad, a_in_swiglu ? at::Tensor() : dx, ha, a, b, scale, gemm, copies,
-                       /*input_gradient=*/false, dha_into);
+      dx = saved[5];  // x: read by the adapter's gradients, then overwritten by dx
+      d = LoraBackward(grad, dx, ha, a, b, scale, gemm, copies, /*input_gradient=*/false,
+                       dha_into);
       if (!dha_into.defined()) LoraAddmm(gemm, dx, d.dha, InDtype(copies, a, dtype), /*beta=*/0.0);
-    } else if (lean && !a_in_swiglu) {
+    } else if (lean) {
       {
         const at::Tensor x = kernels::SwigluForward(gate, up);  // freed before dx is allocated
         d = LoraBackward(grad, x, ha, a, b, scale, gemm, copies, /*input_gradient=*/false,
@@ -597,7 +590,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
       }
       if (!dha_into.defined()) dx = LoraInputGradient(d, a, dtype, gemm, copies);
     } else {
-      // dA waits for x, which SwiGLU's backward below forms from the gate and up it reads.
+      // dA waits for x, which SwiGLU's backward below writes from the gate and up it reads.
       d = LoraBackward(grad, at::Tensor(), ha, a, b, scale, gemm, copies, /*input_gradient=*/false,
                        dha_into);
       if (!dha_into.defined()) dx = LoraInputGradient(d, a, dtype, gemm, copies);
@@ -607,27 +600,23 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
     } else {
       Addmm(gemm, dx, grad, SavedBase(ctx, dtype));  // dx = dh' A + g W
     }
-    bool a_pending = a_in_swiglu || (!recomputation && !lean);  // dA still to take from x
+    const bool product_wanted = !recomputation && !lean;
     at::Tensor grad_gate = dx, grad_up, x;
-    if (packed_inputs) {
+    at::Tensor* product = product_wanted ? &x : nullptr;
+    const bool overwrite = ctx->saved_data["overwrite_inputs"].toBool();
+    if (overwrite && PackedColumns({gate, up}).defined()) {
       // gate and up side by side (packed gate/up): their gradients go over them, packed as
       // well, for the gate/up node's one GEMM; dx goes when this returns.
       grad_gate = gate;
       grad_up = up;
-      if (a_in_swiglu &&
-          kernels::SwigluBackwardWithAGradientFused(dx, gate, up, d.dha, d.ab->Slot(0))) {
-        kernels::SwigluBackwardWithAGradient(dx, grad_gate, grad_up, d.dha, d.ab->Slot(0));
-        a_pending = false;
-      } else {
-        kernels::SwigluBackwardIntoInputs(dx, grad_gate, grad_up, a_pending ? &x : nullptr);
-      }
+      kernels::SwigluBackwardIntoInputs(dx, grad_gate, grad_up, product);
     } else if (overwrite && up.is_contiguous()) {
       grad_up = up;
-      kernels::SwigluBackwardOverInputs(dx, gate, grad_up, a_pending ? &x : nullptr);
+      kernels::SwigluBackwardOverInputs(dx, gate, grad_up, product);
     } else {
-      grad_up = kernels::SwigluBackwardInPlace(dx, gate, up, a_pending ? &x : nullptr);
+      grad_up = kernels::SwigluBackwardInPlace(dx, gate, up, product);
     }
-    if (a_pending) LoraAGradient(d, x, gemm);
+    if (product_wanted) LoraAGradient(d, x, gemm);
     const std::vector<at::Tensor> ab = d.Cast(a);
     // The residual stream's own gradient is the output's (y = residual + ...).
     const at::Tensor grad_residual = ctx->saved_data["residual"].toBool() ? g : at::Tensor();
