@@ -17,13 +17,18 @@
 
 namespace qlora::kernels {
 
-struct AdamWStepOptions {
-  double lr = 0;
+// The optimizer's own settings (worker/optim's AdamWOptions), torch.optim.AdamW's defaults.
+struct AdamWHyperparameters {
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
-  int64_t step = 1;  // this step's number, from 1 (bias correction)
+};
+
+// One step's: the settings, the learning rate and the step's number.
+struct AdamWStepOptions : AdamWHyperparameters {
+  double lr = 0;
+  int64_t step = 1;  // from 1 (bias correction)
 };
 
 // param, exp_avg and exp_avg_sq are updated from grad (all float32, one shape, one device).

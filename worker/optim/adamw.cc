@@ -4,8 +4,6 @@
 
 #include <ATen/ATen.h>
 
-#include "kernels/adamw.h"
-
 namespace qlora::optim {
 
 AdamW::AdamW(const AdamWOptions& options, int64_t numel, const at::TensorOptions& device)
@@ -17,11 +15,8 @@ void AdamW::Step(double lr, const at::Tensor& param, const at::Tensor& grad,
                  const at::Tensor& grad_factor) {
   ++step_;
   kernels::AdamWStepOptions o;
+  static_cast<kernels::AdamWHyperparameters&>(o) = options_;
   o.lr = lr;
-  o.beta1 = options_.beta1;
-  o.beta2 = options_.beta2;
-  o.eps = options_.eps;
-  o.weight_decay = options_.weight_decay;
   o.step = step_;
   kernels::AdamWStep(param, grad, exp_avg_, exp_avg_sq_, o, grad_factor);
 }

@@ -8,14 +8,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/adamw.h"
+
 namespace qlora::optim {
 
-struct AdamWOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;  // torch.optim.AdamW's default
-};
+// beta1, beta2, eps, weight_decay (torch.optim.AdamW's defaults): the kernel's own settings.
+using AdamWOptions = kernels::AdamWHyperparameters;
 
 // Holds the moments of `numel` elements. Not thread-safe.
 class AdamW {
