@@ -58,10 +58,8 @@ void CheckShapes(const at::Tensor& g, const at::Tensor& b, const at::Tensor& ha,
 // adapter copy's slice) gets a copy of its own, r * out values.
 cuda::PairOperands KernelOperands(const LoraGradientPairOperands& p) {
   const bool readable = p.b.is_contiguous() && RowsOf16Bytes(p.b);
-  return {p.g,  readable ? p.b : p.b.clone(at::MemoryFormat::Contiguous),
-          p.ha, static_cast<float>(p.scale),
-          p.dha, p.db,
-          p.row_scale, p.dha_scaled};
+  return {p.g,   readable ? p.b : p.b.clone(at::MemoryFormat::Contiguous), p.ha,
+          static_cast<float>(p.scale), p.dha, p.db, p.row_scale, p.dha_scaled};
 }
 #endif
 

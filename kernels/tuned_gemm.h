@@ -6,14 +6,15 @@
 //
 // Tuning: the first call of a shape class (the operations, beta == 0, and the octave of m, n and
 // k, a side under 64 by its own value: rows that vary from step to step, as packed or padded
-// batches do, fall in one or two octaves and are tuned once or twice) times ATen's call, up to `candidates` algorithms of cuBLASLt's
-// heuristic and up to `variants` of them (the other custom options and CTA swizzling of the same
-// tiles, which the heuristic does not offer; more than `finalists` are first timed once each and
-// the fastest go on) (each the median of three batches, taken in turns across the candidates
-// after the GPU has been heated to its power limit: what wins on a cool GPU is not always what
-// wins in a training step, ~20 % lower clocked) on scratch memory taken from the
-// driver, outside ATen's caching allocator (its peaks, which the memory plan reads, do not
-// move; where the driver has no memory left the class stays on ATen's call). The fastest
+// batches do, fall in one or two octaves and are tuned once or twice) times ATen's call, up to
+// `candidates` algorithms of cuBLASLt's heuristic and up to `variants` of them (the other custom
+// options and CTA swizzling of the same tiles, which the heuristic does not offer; more than
+// `finalists` are first timed once each and the fastest go on) (each the median of three
+// batches, taken in turns across the candidates after the GPU has been heated to its power
+// limit: what wins on a cool GPU is not always what wins in a training step, ~20 % lower
+// clocked) on scratch memory taken from the driver, outside ATen's caching allocator (its peaks,
+// which the memory plan reads, do not move; where the driver has no memory left the class stays
+// on ATen's call). The fastest
 // candidate is kept only when it beats ATen's call by 1.5 %, so that timing noise rarely moves a
 // shape off ATen's choice; other shapes of the class run it where cuBLASLt accepts it for them
 // (cublasLtMatmulAlgoCheck), else ATen's call.

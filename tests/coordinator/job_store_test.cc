@@ -5,6 +5,7 @@
 #include <sqlite3.h>
 
 #include <cmath>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,6 +34,18 @@ JobRecord Job(const std::string& id, JobState state) {
   j.adapter_path = "/out/" + id + "/adapter";
   j.last_sequence = 0;
   return j;
+}
+
+// Runs `sql` on the store file at `path` directly (an older or foreign store made by hand),
+// expecting it to succeed.
+void ExecOnStoreFile(const std::string& path, const char* sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* error = nullptr;
+  EXPECT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, &error), SQLITE_OK)
+      << (error != nullptr ? error : "");
+  sqlite3_free(error);
+  sqlite3_close(db);
 }
 
 JobEvent StateEvent(int64_t seq, JobState state, const std::string& reason) {
@@ -182,17 +195,9 @@ TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeep
     ASSERT_TRUE(store->PutJob(Job("job-000001", JobState::kRunning)).ok());
     ASSERT_TRUE(store->AppendEvent("job-000001", ProgressEvent(1, 0, 1, 3.5)).ok());
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* error = nullptr;
-  EXPECT_EQ(sqlite3_exec(db,
-                         "ALTER TABLE events DROP COLUMN ckpt_offloaded; "
-                         "ALTER TABLE events DROP COLUMN ckpt_dequantized",
-                         nullptr, nullptr, &error),
-            SQLITE_OK)
-      << (error != nullptr ? error : "");
-  sqlite3_free(error);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(ExecOnStoreFile(path,
+                                          "ALTER TABLE events DROP COLUMN ckpt_offloaded; "
+                                          "ALTER TABLE events DROP COLUMN ckpt_dequantized"));
 
   auto store = Open();
   ASSERT_NE(store, nullptr);
@@ -218,18 +223,10 @@ TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeep
 // of the job's events failed.)
 TEST_F(CoordinatorJobStoreTest, AStoreThatCannotGainAColumnDoesNotOpenAndSaysWhich) {
   const std::string path = dir_.path() + "/jobs.sqlite";
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  char* error = nullptr;
-  EXPECT_EQ(sqlite3_exec(db,
-                         "CREATE TABLE old_events (job_id TEXT, seq INTEGER); "
-                         "INSERT INTO old_events VALUES ('job-000001', 1); "
-                         "CREATE VIEW events AS SELECT * FROM old_events",
-                         nullptr, nullptr, &error),
-            SQLITE_OK)
-      << (error != nullptr ? error : "");
-  sqlite3_free(error);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(ExecOnStoreFile(path,
+                                          "CREATE TABLE old_events (job_id TEXT, seq INTEGER); "
+                                          "INSERT INTO old_events VALUES ('job-000001', 1); "
+                                          "CREATE VIEW events AS SELECT * FROM old_events"));
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
   ASSERT_FALSE(store.ok());
@@ -238,6 +235,7 @@ TEST_F(CoordinatorJobStoreTest, AStoreThatCannotGainAColumnDoesNotOpenAndSaysWhi
   EXPECT_THAT(message, ::testing::HasSubstr("cannot bring job store " + path + " up to date"));
   EXPECT_THAT(message, ::testing::HasSubstr("adding the column events.dev_reserved"));
   EXPECT_THAT(message, ::testing::HasSubstr("view"));
+  sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   sqlite3_stmt* count = nullptr;
   ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM old_events", -1, &count, nullptr),
