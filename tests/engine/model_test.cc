@@ -345,25 +345,25 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
           return TwoMicroBatchGradients(model, ids, labels);
         };
         const int64_t bytes_before = model.ResidentBytes();
-        const at::Tensor merged_before = model.layers[2].q_proj.MergedWeight();
+        const at::Tensor merged_before = model.layers[0].q_proj.MergedWeight();
         const auto reference = step();
         model.SetDequantizedLayers(2);
         EXPECT_EQ(model.dequantized_layers(), 2);
-        EXPECT_FALSE(model.layers[0].down_proj.base.resident.defined());
-        EXPECT_TRUE(model.layers[2].down_proj.base.resident.defined());
+        EXPECT_FALSE(model.layers[2].down_proj.base.resident.defined());
+        EXPECT_TRUE(model.layers[0].down_proj.base.resident.defined());
         EXPECT_GT(model.DequantizedLayerBytes(), 0);
         EXPECT_EQ(model.ResidentBytes(), bytes_before + 2 * model.DequantizedLayerBytes());
         // On a GPU a held layer's codes wait in host memory (DequantizedLayerBytes counts them
         // out); the float32 merge of export still dequantizes them, to the same bits.
-        const kernels::Quantized4bit& held_codes = *model.layers[2].down_proj.base.quantized;
+        const kernels::Quantized4bit& held_codes = *model.layers[0].down_proj.base.quantized;
         EXPECT_TRUE(held_codes.packed.is_cpu());
-        EXPECT_EQ(model.layers[0].down_proj.base.quantized->packed.device(),
+        EXPECT_EQ(model.layers[2].down_proj.base.quantized->packed.device(),
                   held_codes.absmax.device());
-        EXPECT_EQ(MovedCodeBytes(model.layers[2]) > 0, device.is_cuda());
+        EXPECT_EQ(MovedCodeBytes(model.layers[0]) > 0, device.is_cuda());
         EXPECT_EQ(model.DequantizedLayerBytes(),
-                  ResidentWeightBytes(model.layers[2], at::kBFloat16) -
-                      MovedCodeBytes(model.layers[2]));
-        EXPECT_TRUE(at::equal(model.layers[2].q_proj.MergedWeight(), merged_before));
+                  ResidentWeightBytes(model.layers[0], at::kBFloat16) -
+                      MovedCodeBytes(model.layers[0]));
+        EXPECT_TRUE(at::equal(model.layers[0].q_proj.MergedWeight(), merged_before));
         const auto held = step();
         model.SetDequantizedLayers(9);  // clamped: every layer
         EXPECT_EQ(model.dequantized_layers(), 3);
@@ -394,9 +394,9 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
         }
         const auto changed_held = step();
         model.SetDequantizedLayers(0);
-        EXPECT_FALSE(model.layers[2].down_proj.base.resident.defined());
-        EXPECT_EQ(model.layers[2].down_proj.base.quantized->packed.device(),
-                  model.layers[2].down_proj.base.quantized->absmax.device());
+        EXPECT_FALSE(model.layers[0].down_proj.base.resident.defined());
+        EXPECT_EQ(model.layers[0].down_proj.base.quantized->packed.device(),
+                  model.layers[0].down_proj.base.quantized->absmax.device());
         EXPECT_EQ(model.ResidentBytes(), bytes_before);
         const auto changed = step();
         for (const auto& [name, g] : changed) {

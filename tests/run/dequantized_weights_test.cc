@@ -1,5 +1,5 @@
 // trainer.dequantized_weight_layers on one rank (worker/run/dequantized_weights.h), on a real
-// tiny NF4 model on the CPU: a count holds that many top layers at once; auto waits for the
+// tiny NF4 model on the CPU: a count holds that many first layers at once; auto waits for the
 // first step's peak and holds what fits the budget less 2 % (its arithmetic with the 7B
 // figures, and the choice on the model), less one offloaded layer in transit where offloading
 // is on; auto on a CPU worker holds none.
@@ -61,7 +61,7 @@ TEST(DequantizedWeights, FittingLayersLeaveTwoPercentOfTheBudget) {
   EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, 0, 0), 0);
 }
 
-TEST(DequantizedWeights, ACountHoldsThatManyTopLayersAtOnce) {
+TEST(DequantizedWeights, ACountHoldsThatManyFirstLayersAtOnce) {
   auto model = TinyNf4Model();
   ASSERT_NE(model, nullptr);
   TrainerConfig trainer;
@@ -72,8 +72,9 @@ TEST(DequantizedWeights, ACountHoldsThatManyTopLayersAtOnce) {
   std::string line;
   DequantizedWeights d = DequantizedWeights::Start(o, &line);
   EXPECT_EQ(model->dequantized_layers(), 3);
-  EXPECT_FALSE(model->layers[0].q_proj.base.resident.defined());
-  EXPECT_TRUE(model->layers[1].q_proj.base.resident.defined());
+  EXPECT_TRUE(model->layers[0].q_proj.base.resident.defined());
+  EXPECT_TRUE(model->layers[2].q_proj.base.resident.defined());
+  EXPECT_FALSE(model->layers[3].q_proj.base.resident.defined());
   EXPECT_THAT(line, HasSubstr("3 of 4 layers hold their weights dequantized"));
   EXPECT_EQ(d.AfterStep(1, 100 * kGiB, 0, kNoLimit, &line), 0);  // a count never changes
   EXPECT_EQ(line, "");

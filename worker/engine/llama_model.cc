@@ -168,7 +168,7 @@ void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {
   const int64_t count = static_cast<int64_t>(layers.size());
   dequantized_layers_ = std::clamp<int64_t>(n, 0, count);
   for (int64_t i = 0; i < count; ++i) {
-    if (i >= count - dequantized_layers_) {
+    if (i < dequantized_layers_) {
       MakeResident(layers[i], compute_dtype_);
     } else {
       DropResident(layers[i]);

@@ -122,10 +122,15 @@ class LlamaForCausalLM {
   // Same values and gradients as any split.
   void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
   int64_t offloaded_layers() const;
-  // The top `n` decoder layers (clamped to [0, layers]) hold their 4-bit weights dequantized in
-  // the compute dtype for as long as this stays set (resident_weights.h: no dequantization in
-  // their forward or backward, DequantizedLayerBytes each); 0 (the default) drops them. The same
-  // values and gradients with any n.
+  // The first `n` decoder layers (clamped to [0, layers]) hold their 4-bit weights dequantized
+  // in the compute dtype for as long as this stays set (resident_weights.h: no dequantization in
+  // their forward or backward, DequantizedLayerBytes each); 0 (the default) drops them. The
+  // bottom layers, for two reasons: a step's forward starts with them, where the host has queued
+  // nothing ahead of the GPU yet, and a layer's big GEMMs let the host get ahead where a
+  // dequantized layer's many short kernels keep the GPU waiting for each launch (round 24's
+  // profile: ~1 ms a 7B step idle in the first layers' dequantization with the top 26 held);
+  // and checkpointed layers are the first ones, whose recomputation dequantizes once more. The
+  // same values and gradients with any n.
   void SetDequantizedLayers(int64_t n);
   int64_t dequantized_layers() const { return dequantized_layers_; }
   // Device bytes one more dequantized layer takes (the largest layer's; 0 without 4-bit weights):

@@ -1,7 +1,7 @@
 // trainer.dequantized_weight_layers on one rank: how many decoder layers hold their 4-bit
 // weights dequantized for the job (worker/engine/resident_weights.h).
 //
-// A count sets that many (the top layers) before the first step (none for a model without 4-bit
+// A count sets that many (the first layers) before the first step (none for a model without 4-bit
 // weights: the log says it is ignored). `auto` (a GPU) waits for the
 // first step's measured peak and then sets as many as fit between it and the budget less 2 %:
 // trainer.max_memory_gib, else what this process could allocate when the job started
