@@ -16,6 +16,7 @@
 #include <ATen/ops/sub.h>
 #include <c10/util/Exception.h>
 
+#include "kernels/block_writes.h"
 #include "kernels/codebooks_4bit.h"
 #include "kernels/quantize_4bit_backend.h"
 
@@ -108,23 +109,20 @@ void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets) {
   for (const ColumnsAfterTarget& t : targets) views.push_back(ColumnsAfterView(t.out, t.after));
   if (targets.empty()) return;
   const at::Tensor& first = targets[0].out;
-  bool one_launch = first.is_cuda() && HasCudaKernels() &&
-                    (first.scalar_type() == at::kFloat || first.scalar_type() == at::kHalf ||
-                     first.scalar_type() == at::kBFloat16);
+  bool blocks = first.scalar_type() == at::kFloat || first.scalar_type() == at::kHalf ||
+                first.scalar_type() == at::kBFloat16;
   for (const ColumnsAfterTarget& t : targets) {
-    one_launch = one_launch && t.out.device() == first.device() &&
-                 t.out.scalar_type() == first.scalar_type();
+    blocks = blocks && t.out.device() == first.device() && t.out.scalar_type() == first.scalar_type();
   }
-  if (!one_launch) {
+  if (!blocks) {
     for (size_t i = 0; i < targets.size(); ++i) FillColumnsAfter(views[i], targets[i].after);
     return;
   }
-  for (size_t i = 0; i < targets.size(); i += kMaxColumnsAfterTargets) {
-    const size_t end = std::min(targets.size(), i + kMaxColumnsAfterTargets);
-    CudaOnly(cuda::WriteColumnsAfter(std::vector<ColumnsAfterTarget>(
-        targets.begin() + static_cast<std::ptrdiff_t>(i),
-        targets.begin() + static_cast<std::ptrdiff_t>(end))));
+  std::vector<BlockWrite> writes;  // one launch on CUDA (block_writes.h)
+  for (const ColumnsAfterTarget& t : targets) {
+    for (BlockWrite& w : ColumnsAfterBlocks(t.out, t.after)) writes.push_back(std::move(w));
   }
+  WriteBlocks(writes);
 }
 
 bool HasCudaKernels() {

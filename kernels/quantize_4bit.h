@@ -80,13 +80,11 @@ void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out,
 // one launch on CUDA, ATen ops elsewhere.
 void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after);
 // The same for several weights' rows (a grouped layer's stacked weights): one launch on CUDA for
-// up to kMaxColumnsAfterTargets of one dtype and device (a launch a held 7B layer's q/k/v
-// instead of seven: three products and four zero fills).
+// all of them where they share a 16-bit or float32 dtype and a device (block_writes.h).
 struct ColumnsAfterTarget {
   at::Tensor out;
   ColumnsAfter after;
 };
-inline constexpr int kMaxColumnsAfterTargets = 4;
 void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.

@@ -57,9 +57,6 @@ void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
 // columns follow each row (checked by the caller).
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& absmax, QuantType type,
                     int64_t blocksize, at::Tensor& out, const ColumnsAfter* after = nullptr);
-// The targets' columns after their rows (checked by the caller: 1 to kMaxColumnsAfterTargets,
-// one float dtype, one device, unit column strides, room in each row stride), one launch.
-void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets);
 }  // namespace cuda
 
 }  // namespace qlora::kernels

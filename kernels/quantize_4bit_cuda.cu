@@ -9,7 +9,6 @@
 //   QuantizeBlockwise8bitKernel one warp per block of absmax values, dynamic map in shared memory
 //   Dequantize4bitKernel        4 packed words (32 outputs) a thread, loads first, 16-byte stores;
 //                               blocks past the weight's write the columns after its rows
-//   ColumnsAfterKernel          just those columns, for up to four weights' rows at once
 //   DequantizeBlockwise8bitKernel  absmax = code[q] * absmax2 + offset, one thread per value
 #include <cstdint>
 
@@ -182,28 +181,6 @@ __device__ __forceinline__ void WriteAfterColumns(const AfterArgs& after, RowLay
   out[int64_t{row} * rows.stride + cols + col] = ToOutput<T>(v);
 }
 
-// Up to kMaxColumnsAfterTargets weights' columns after their rows, in one launch: target i's
-// blocks start at its after.weight_blocks (WriteAfterColumns' block offset).
-struct AfterTargetArgs {
-  void* out = nullptr;  // the weight's first row
-  RowLayout rows;
-  AfterArgs after;
-};
-struct AfterTargetsArgs {
-  AfterTargetArgs targets[kMaxColumnsAfterTargets];
-  int count = 0;
-};
-
-template <typename T>
-__global__ void ColumnsAfterKernel(AfterTargetsArgs args) {
-  AfterTargetArgs t = args.targets[0];  // constant indices: no local copy of the arguments
-#pragma unroll
-  for (int i = 1; i < kMaxColumnsAfterTargets; ++i) {
-    if (i < args.count && blockIdx.x >= args.targets[i].after.weight_blocks) t = args.targets[i];
-  }
-  WriteAfterColumns(t.after, t.rows, t.rows.cols, static_cast<T*>(t.out));
-}
-
 template <typename T>
 __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t n,
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
@@ -355,33 +332,6 @@ void DequantizeBlockwise8bit(const at::Tensor& codes, const at::Tensor& absmax,
       codes.const_data_ptr<uint8_t>(), absmax.const_data_ptr<float>(),
       code.const_data_ptr<float>(), offset, Log2(blocksize), n, out.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets) {
-  TORCH_CHECK(!targets.empty() && targets.size() <= static_cast<size_t>(kMaxColumnsAfterTargets),
-              "WriteColumnsAfter: 1 to ", kMaxColumnsAfterTargets, " targets a launch");
-  const at::Tensor& first = targets[0].out;
-  const c10::cuda::CUDAGuard guard(first.device());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AfterTargetsArgs args;
-  unsigned blocks = 0;
-  for (const ColumnsAfterTarget& target : targets) {
-    const at::Tensor& out = target.out;
-    TORCH_CHECK(out.size(0) * out.stride(0) < (int64_t{1} << 32),
-                "WriteColumnsAfter: a weight's rows take < 2^32 values");
-    AfterTargetArgs& t = args.targets[args.count++];
-    t.out = out.data_ptr();
-    t.rows = {true, static_cast<uint32_t>(out.size(1)), out.stride(0)};
-    t.after = AfterArgsOf(target.after, out.size(0));
-    t.after.weight_blocks = blocks;
-    blocks += Grid(t.after.elements);
-  }
-  if (blocks == 0) return;
-  DispatchFloatingOrFail(first.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    ColumnsAfterKernel<T><<<blocks, kThreads, 0, stream>>>(args);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
 }
 
 void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantType type,

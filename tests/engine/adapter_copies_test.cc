@@ -1,7 +1,8 @@
 // AdapterCopies (worker/engine/adapter_copies.h): inside a scope each adapter is cast once and
 // the copy handed back afterwards; outside, a fresh cast every time; after the last scope's end
 // the next scope casts the adapters' new values again, into the same storage, and a copy that a
-// scope did not use is freed at its end.
+// scope did not use is freed at its end. Writes noted in a scope (the held weights' adapter
+// blocks) are found there with their signature only, and go with the last scope.
 #include <ATen/ATen.h>
 
 #include "gtest/gtest.h"
@@ -115,6 +116,35 @@ TEST(EngineAdapterCopies, NestedScopesKeepTheCopiesUntilTheLastEnds) {
   outer.reset();
   AdapterCopyScope next(copies);
   EXPECT_TRUE(at::equal(copies.Get(a, at::kBFloat16), a.to(at::kBFloat16)));
+}
+
+TEST(EngineAdapterCopies, WritesNotedInAScopeLastUntilItsEnd) {
+  AdapterCopies copies;
+  int buffer = 0;
+  const void* key = &buffer;
+  copies.NoteWritten(key, 7);  // outside any scope: not noted
+  EXPECT_FALSE(copies.in_scope());
+  EXPECT_FALSE(copies.Written(key, 7));
+  {
+    AdapterCopyScope scope(copies);
+    EXPECT_TRUE(copies.in_scope());
+    EXPECT_FALSE(copies.Written(key, 7));
+    copies.NoteWritten(key, 7);
+    EXPECT_TRUE(copies.Written(key, 7));
+    EXPECT_FALSE(copies.Written(key, 8));  // another layout or source at the same place
+    {
+      AdapterCopyScope inner(copies);  // nested: the notes stand
+      copies.NoteWritten(key, 8);
+    }
+    EXPECT_TRUE(copies.Written(key, 8));
+    EXPECT_FALSE(copies.Written(key, 7));
+    copies.ForgetWrites();
+    EXPECT_FALSE(copies.Written(key, 8));
+    copies.NoteWritten(key, 9);
+  }
+  EXPECT_FALSE(copies.Written(key, 9));
+  AdapterCopyScope next(copies);  // the adapters may have changed: nothing carries over
+  EXPECT_FALSE(copies.Written(key, 9));
 }
 
 }  // namespace

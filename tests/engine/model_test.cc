@@ -303,13 +303,82 @@ TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
   }
 }
 
+// A held layer's buffer (resident_weights.h) as a whole: [rows, row stride] from its first
+// weight's view.
+at::Tensor HeldBuffer(const FrozenWeight& first) {
+  const at::Tensor& r = first.resident;
+  const int64_t ld = r.stride(0);
+  const int64_t rows = static_cast<int64_t>(r.storage().nbytes()) / (ld * r.element_size());
+  return at::empty({0}, r.options()).set_(r.storage(), 0, {rows, ld}, {ld, 1});
+}
+
+// Inside a training step's adapter scope, after its passes: each of the first `held` layers'
+// buffers holds its adapters as the passes read them, written by one launch at the forward's
+// start (WriteHeldAdapters) and still noted (no pass wrote another layout over them): the q/k/v
+// and gate/up rows' columns [0 | scale B_i | 0] (and down's [scale B] where its forward is
+// widened, on a GPU), every group's As in the rows under its weights, each in the compute dtype
+// with the float32 product rounded once.
+void ExpectHeldAdapters(const LlamaForCausalLM& model, int64_t held, bool widened_down) {
+  const AdapterCopies& copies = model.adapter_copies();
+  const at::ScalarType dtype = model.compute_dtype();
+  for (int64_t i = 0; i < held; ++i) {
+    const DecoderLayer& layer = model.layers[i];
+    SCOPED_TRACE("layer " + std::to_string(i));
+    const std::vector<std::vector<const LinearLayer*>> groups = {
+        {&layer.q_proj, &layer.k_proj, &layer.v_proj},
+        {&layer.o_proj},
+        {&layer.gate_proj, &layer.up_proj},
+        {&layer.down_proj}};
+    for (const auto& group : groups) {
+      bool adapters = true;
+      for (const LinearLayer* l : group) adapters = adapters && l->lora && l->lora->dropout == 0;
+      if (!adapters) continue;
+      const at::Tensor buffer = HeldBuffer(group[0]->base).cpu();
+      const int64_t in = group[0]->base.in_features;
+      int64_t rows = 0, rank_sum = 0;
+      for (const LinearLayer* l : group) rows += l->base.out_features, rank_sum += l->lora->b.size(1);
+      int64_t row = 0, offset = 0;
+      for (const LinearLayer* l : group) {
+        const int64_t out = l->base.out_features, r = l->lora->b.size(1);
+        const at::Tensor a = l->lora->a.detach().cpu().to(dtype);
+        EXPECT_TRUE(at::equal(buffer.narrow(0, rows + offset, r).narrow(1, 0, in), a))
+            << "the As under the weights";
+        const at::Tensor scaled_b =
+            (l->lora->b.detach().cpu() * static_cast<float>(l->lora->scale)).to(dtype);
+        const at::Tensor columns = buffer.narrow(0, row, out);
+        if (group.size() > 1) {
+          EXPECT_TRUE(at::equal(columns.narrow(1, in + offset, r), scaled_b)) << "scale B";
+          EXPECT_EQ(columns.narrow(1, in, rank_sum).to(at::kDouble).abs().sum().item<double>(),
+                    scaled_b.to(at::kDouble).abs().sum().item<double>())
+              << "zeros around scale B";
+        } else if (l == &layer.down_proj && widened_down) {
+          EXPECT_TRUE(at::equal(columns.narrow(1, in, r), scaled_b)) << "down's scale B";
+        }
+        row += out;
+        offset += r;
+      }
+    }
+    std::vector<HeldWrites> writes = {
+        HeldRowsBelow({&layer.q_proj, &layer.k_proj, &layer.v_proj}, true),
+        HeldRowsBelow({&layer.o_proj}, true), HeldRowsBelow({&layer.down_proj}, true)};
+    for (const auto& group : {groups[0], groups[2]}) {
+      for (HeldWrites& w : HeldGroupColumns(group, true)) writes.push_back(std::move(w));
+    }
+    if (widened_down) writes.push_back(HeldWidenedColumns(layer.down_proj, true));
+    for (const HeldWrites& w : writes) {
+      if (!w.blocks.empty()) EXPECT_TRUE(copies.Written(w.key, w.signature));
+    }
+  }
+}
+
 // Layers that hold their NF4 weights dequantized (resident_weights.h, what
 // trainer.dequantized_weight_layers sets) compute bit for bit what dequantizing at each use
 // does: loss and gradients over two micro-batches, checkpointed or not, with adapters on every
 // projection (the fused nodes; on a GPU their widened GEMMs read the buffer in place), with
 // dropout (the per-layer nodes) and on two projections only (the 4-bit node without an
-// adapter); also after the adapters changed (the B columns are written at each forward, the As
-// at each backward). The buffers take what DequantizedLayerBytes says and are dropped again.
+// adapter); also after the adapters changed (a scope's first forward writes the B columns and
+// the As once, ExpectHeldAdapters). The buffers take what DequantizedLayerBytes says and are
+// dropped again.
 TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
   TempDir dir;
   TinyModelOptions tiny;
@@ -365,6 +434,11 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
                       MovedCodeBytes(model.layers[0]));
         EXPECT_TRUE(at::equal(model.layers[0].q_proj.MergedWeight(), merged_before));
         const auto held = step();
+        {
+          AdapterCopyScope scope(model.adapter_copies());
+          TwoMicroBatchGradients(model, ids, labels);
+          ExpectHeldAdapters(model, 2, device.is_cuda());
+        }
         model.SetDequantizedLayers(9);  // clamped: every layer
         EXPECT_EQ(model.dequantized_layers(), 3);
         const auto all_held = step();
@@ -393,6 +467,11 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
           }
         }
         const auto changed_held = step();
+        {
+          AdapterCopyScope scope(model.adapter_copies());
+          TwoMicroBatchGradients(model, ids, labels);
+          ExpectHeldAdapters(model, 3, device.is_cuda());
+        }
         model.SetDequantizedLayers(0);
         EXPECT_FALSE(model.layers[0].down_proj.base.resident.defined());
         EXPECT_EQ(model.layers[0].down_proj.base.quantized->packed.device(),

@@ -249,8 +249,8 @@ TEST(KernelsQuantize4bit, DequantizeIntoWiderRowsWritesTheColumnsAfter) {
 
 // WriteColumnsAfter over several weights' rows (a grouped layer's stacked weights held
 // dequantized): each target's columns are its zeros, scale * values rounded once and its trailing
-// zeros, the weight's own columns and everything past the columns untouched; six targets (two
-// launches on CUDA, at most four a launch) of different row counts, offsets and widths; a bad
+// zeros, the weight's own columns and everything past the columns untouched; six targets (one
+// launch on CUDA) of different row counts, offsets and widths; a bad
 // target is named before anything is written.
 TEST(KernelsQuantize4bit, WriteColumnsAfterWritesEachTargetsColumnsOnly) {
   std::vector<at::Device> devices = {at::kCPU};

@@ -81,6 +81,27 @@ int64_t AdapterCopies::cached_bytes() const {
   return total;
 }
 
+bool AdapterCopies::in_scope() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return scopes_ > 0;
+}
+
+bool AdapterCopies::Written(const void* key, uint64_t signature) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = writes_.find(key);
+  return scopes_ > 0 && it != writes_.end() && it->second == signature;
+}
+
+void AdapterCopies::NoteWritten(const void* key, uint64_t signature) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (scopes_ > 0) writes_[key] = signature;
+}
+
+void AdapterCopies::ForgetWrites() {
+  std::lock_guard<std::mutex> lock(mu_);
+  writes_.clear();
+}
+
 void AdapterCopies::Enter() {
   std::lock_guard<std::mutex> lock(mu_);
   ++scopes_;
@@ -90,6 +111,7 @@ void AdapterCopies::Leave() {
   std::vector<at::Tensor> dropped;  // freed outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   if (--scopes_ > 0) return;
+  writes_.clear();
   EndScope(copies_, dropped);
   EndScope(mirrors_, dropped);
 }

@@ -49,6 +49,17 @@ class AdapterCopies {
   // Bytes of the copies held now, stale ones included (for tests and memory accounting).
   int64_t cached_bytes() const;
 
+  // Writes made from the adapters while a scope is open (the adapters' columns and rows of the
+  // weights held dequantized, resident_weights.h), so that a pass that would write the same
+  // again skips it: where a write went (`key`) and what it wrote (`signature`: its destinations
+  // and sources, tensors whose values the scope fixes). Written is false outside any scope, and
+  // every note goes when the last scope ends.
+  bool in_scope() const;
+  bool Written(const void* key, uint64_t signature) const;
+  void NoteWritten(const void* key, uint64_t signature);  // ignored outside any scope
+  // Drops every note (the buffers they name are going: LlamaForCausalLM::SetDequantizedLayers).
+  void ForgetWrites();
+
  private:
   friend class AdapterCopyScope;
   void Enter();
@@ -66,6 +77,7 @@ class AdapterCopies {
   };
   std::map<Key, Copy> copies_;                              // concatenations
   std::map<std::pair<const void*, int>, Copy> mirrors_;    // by storage address and dtype
+  std::map<const void*, uint64_t> writes_;                  // NoteWritten's, this scope's
 };
 
 // Caches copies in `copies` while alive; when the last scope ends they go stale.

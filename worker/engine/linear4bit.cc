@@ -5,6 +5,7 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -243,6 +244,77 @@ at::Tensor ResidentRows(const std::vector<const FrozenWeight*>& weights, int64_t
       .set_(first.storage(), first.storage_offset(), {rows + extra_rows, width}, {ld, 1});
 }
 
+// A 64-bit digest of the blocks: destinations, sources, shapes, strides, dtypes and scales.
+uint64_t BlocksSignature(const std::vector<kernels::BlockWrite>& blocks) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over 64-bit words
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (const kernels::BlockWrite& b : blocks) {
+    mix(reinterpret_cast<uintptr_t>(b.out.data_ptr()));
+    for (int64_t v : {b.out.size(0), b.out.size(1), b.out.stride(0)}) mix(static_cast<uint64_t>(v));
+    mix(static_cast<uint64_t>(b.out.scalar_type()));
+    if (b.source.defined()) {
+      mix(reinterpret_cast<uintptr_t>(b.source.const_data_ptr()));
+      mix(static_cast<uint64_t>(b.source.stride(0)));
+      mix(static_cast<uint64_t>(b.source.scalar_type()));
+    } else {
+      mix(0);
+    }
+    uint64_t scale_bits = 0;
+    std::memcpy(&scale_bits, &b.scale, sizeof(scale_bits));
+    mix(scale_bits);
+  }
+  return h;
+}
+
+// The adapter columns after rows [out_i, in] of a packed group's weights stacked in `stacked`
+// [sum of out, in + sum of r]: [0 | scale_i B_i | 0] (each B float32, as ColumnsAfter takes it).
+std::vector<kernels::BlockWrite> PackedColumnsBlocks(const at::Tensor& stacked,
+                                                     const std::vector<const LinearLayer*>& group,
+                                                     at::TensorList b, int64_t in) {
+  const int64_t rank_sum = stacked.size(1) - in;
+  std::vector<kernels::BlockWrite> blocks;
+  int64_t row = 0, offset = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int64_t out = group[i]->base.out_features, r = b[i].size(1);
+    const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat),
+                                        group[i]->lora->scale, rank_sum - offset - r};
+    for (kernels::BlockWrite& w :
+         kernels::ColumnsAfterBlocks(stacked.narrow(0, row, out).narrow(1, 0, in), adapter)) {
+      blocks.push_back(std::move(w));
+    }
+    row += out;
+    offset += r;
+  }
+  return blocks;
+}
+
+}  // namespace
+
+HeldWrites MakeHeldWrites(std::vector<kernels::BlockWrite> blocks, bool stable) {
+  HeldWrites w;
+  w.signature = BlocksSignature(blocks);
+  w.key = blocks.empty() ? nullptr : blocks[0].out.data_ptr();
+  w.blocks = std::move(blocks);
+  w.stable = stable;
+  return w;
+}
+
+void WriteHeld(AdapterCopies* copies, const std::vector<HeldWrites>& writes) {
+  std::vector<kernels::BlockWrite> blocks;
+  std::vector<const HeldWrites*> to_note;
+  for (const HeldWrites& w : writes) {
+    if (w.blocks.empty()) continue;
+    const bool noted = w.stable && copies != nullptr;
+    if (noted && copies->Written(w.key, w.signature)) continue;
+    blocks.insert(blocks.end(), w.blocks.begin(), w.blocks.end());
+    if (noted) to_note.push_back(&w);
+  }
+  kernels::WriteBlocks(blocks);
+  for (const HeldWrites* w : to_note) copies->NoteWritten(w->key, w->signature);
+}
+
+namespace {
+
 // The weight SaveBase kept, in dtype (dequantized, or the dense weight cast).
 at::Tensor SavedBase(AutogradContext* ctx, at::ScalarType dtype, const std::string& prefix = "") {
   return SavedFrozenWeight(ctx, prefix).Materialize(dtype);
@@ -264,13 +336,21 @@ at::Tensor StackedWeights(AutogradContext* ctx, const std::vector<std::string>& 
   for (const FrozenWeight& w : weights) views.push_back(&w);
   // Held dequantized: the buffer's own rows, the As written below them (nothing to dequantize).
   at::Tensor stacked = ResidentRows(views, extra, in, options.dtype().toScalarType());
-  if (!stacked.defined()) stacked = at::empty({rows, in}, options);
+  const bool held = stacked.defined();
+  if (!held) stacked = at::empty({rows, in}, options);
   int64_t row = 0;
   for (const FrozenWeight& w : weights) {
     w.MaterializeInto(stacked.narrow(0, row, w.out_features));
     row += w.out_features;
   }
-  if (below.defined()) stacked.narrow(0, row, below.size(0)).copy_(below);
+  if (below.defined() && held) {
+    // Noted in the adapters' scope (WriteHeld), where `below` is their scope copy.
+    AdapterCopies* copies = ctx->saved_data.count("adapter_copies") > 0 ? SavedCopies(ctx) : nullptr;
+    WriteHeld(copies, {MakeHeldWrites({{stacked.narrow(0, row, below.size(0)), below, 1.0}},
+                                      copies != nullptr && copies->in_scope())});
+  } else if (below.defined()) {
+    stacked.narrow(0, row, below.size(0)).copy_(below);
+  }
   return stacked;
 }
 
@@ -336,14 +416,27 @@ at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
 // base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
 // scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
 // are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
+// WidenedWeight's columns for a weight held dequantized: [0 | scale B] after its rows in its
+// buffer (noted in the adapters' scope where B is the float32 adapter itself), or none.
+HeldWrites HeldWidened(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
+                       int64_t offset, at::ScalarType dtype) {
+  const at::Tensor wide = ResidentRows({&base}, 0, in + offset + b.size(1), dtype);
+  if (!wide.defined()) return {};
+  const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
+  return MakeHeldWrites(kernels::ColumnsAfterBlocks(wide.narrow(1, 0, in), adapter),
+                        b.scalar_type() == at::kFloat);
+}
+
 at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
-                         int64_t offset, at::ScalarType dtype) {
+                         int64_t offset, at::ScalarType dtype, AdapterCopies* copies) {
   const int64_t out = b.size(0), r = b.size(1);
   at::Tensor wide = ResidentRows({&base}, 0, in + offset + r, dtype);  // only B's columns to write
-  if (!wide.defined()) {
-    wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
-               .narrow(1, 0, in + offset + r);
+  if (wide.defined()) {
+    WriteHeld(copies, {HeldWidened(base, in, b, scale, offset, dtype)});
+    return wide;
   }
+  wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))
+             .narrow(1, 0, in + offset + r);
   // The product formed in float32 (b's dtype, or b cast exactly) and rounded once.
   const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
   base.MaterializeInto(wide.narrow(1, 0, in), &adapter);  // a 4-bit base: one launch for all
@@ -491,11 +584,12 @@ std::pair<at::Tensor, at::Tensor> SwigluIntoWidenedRows(const at::Tensor& gate, 
 // projection, its adapter and the decoder's residual add as one GEMM over SwigluIntoWidenedRows'
 // rows (no rank-r GEMM writing scale (x A^T) B^T for the base GEMM to read back).
 at::Tensor DownOverWidenedRows(const at::Tensor& x, const at::Tensor& b, const FrozenWeight& base,
-                               double scale, kernels::GemmTuner* gemm, const at::Tensor& residual) {
+                               double scale, kernels::GemmTuner* gemm, AdapterCopies* copies,
+                               const at::Tensor& residual) {
   const int64_t in = x.size(1), r = b.size(1);
   const at::Tensor wide = WithSpareColumns(x, x.stride(0) - in).narrow(1, 0, in + r);
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
-  Addmm(gemm, y, wide, WidenedWeight(base, in, b, scale, 0, x.scalar_type()).t(),
+  Addmm(gemm, y, wide, WidenedWeight(base, in, b, scale, 0, x.scalar_type(), copies).t(),
         /*beta=*/residual.defined() ? 1.0 : 0.0, /*alpha=*/1.0, residual);
   return y;
 }
@@ -537,7 +631,7 @@ struct SwigluLoraFunction : public torch::autograd::Function<SwigluLoraFunction>
       if (value_unused) {
         y = ValueUnused({x.size(0), base->out_features}, x.options());
       } else {
-        y = DownOverWidenedRows(x, b, *base, scale, gemm, residual);
+        y = DownOverWidenedRows(x, b, *base, scale, gemm, copies, residual);
         ha = ha.contiguous();  // [T, r] of its own: x's rows go when forward ends
       }
     } else {
@@ -862,7 +956,8 @@ struct LoraGroupFunction : public torch::autograd::Function<LoraGroupFunction> {
 // in one pass. Returns each layer's columns (views of the packed rows).
 variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
                             const std::vector<const LinearLayer*>& group,
-                            const SharedInputRotary* rotary, kernels::GemmTuner* gemm) {
+                            const SharedInputRotary* rotary, kernels::GemmTuner* gemm,
+                            AdapterCopies* copies) {
   const int64_t width = wide.size(1);
   const int64_t in = group[0]->base.in_features, rank_sum = width - in;
   int64_t total = 0;
@@ -871,30 +966,28 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
     total += layer->base.out_features;
     bases.push_back(&layer->base);
   }
-  // Held dequantized (resident_weights.h): only the adapters' columns are written below.
+  // Held dequantized (resident_weights.h): only the adapters' columns are written, all in one
+  // launch, and not at all where the adapters' scope has them written (WriteHeldAdapters, or
+  // an earlier micro-batch); else each layer's launch writes its rows whole, zeros around its
+  // own B.
   at::Tensor stacked = ResidentRows(bases, 0, width, wide.scalar_type());
-  if (!stacked.defined()) {
+  if (stacked.defined()) {
+    bool stable = true;  // every B the float32 adapter itself
+    for (const at::Tensor& t : b) stable = stable && t.scalar_type() == at::kFloat;
+    WriteHeld(copies, {MakeHeldWrites(PackedColumnsBlocks(stacked, group, b, in), stable)});
+  } else {
     stacked = at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
-  }
-  // Each layer's launch writes its rows' adapter columns whole, zeros around its own B; the
-  // layers held dequantized have only those columns to write, all in one launch.
-  std::vector<kernels::ColumnsAfterTarget> held;
-  int64_t row = 0, offset = 0;
-  for (size_t i = 0; i < group.size(); ++i) {
-    const LinearLayer& layer = *group[i];
-    const int64_t out = layer.base.out_features;
-    const at::Tensor rows = stacked.narrow(0, row, out).narrow(1, 0, in);
-    kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat), layer.lora->scale,
-                                  rank_sum - offset - b[i].size(1)};
-    if (layer.base.IsResidentView(rows)) {
-      held.push_back({rows, std::move(adapter)});
-    } else {
-      layer.base.MaterializeInto(rows, &adapter);
+    int64_t row = 0, offset = 0;
+    for (size_t i = 0; i < group.size(); ++i) {
+      const LinearLayer& layer = *group[i];
+      const int64_t out = layer.base.out_features;
+      const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat), layer.lora->scale,
+                                          rank_sum - offset - b[i].size(1)};
+      layer.base.MaterializeInto(stacked.narrow(0, row, out).narrow(1, 0, in), &adapter);
+      row += out;
+      offset += b[i].size(1);
     }
-    row += out;
-    offset += b[i].size(1);
   }
-  kernels::WriteColumnsAfter(held);
   // Without a rotary (gate/up), the rows keep sum(r) spare columns (aligned) after the outputs:
   // their gradients come back over them, and GroupBackward writes dh' there (WithColumnsAfter).
   const at::Tensor packed =
@@ -911,7 +1004,7 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
     kernels::RotaryForwardInPlace(heads, rotary->cos, rotary->sin);
   }
   variable_list outputs;
-  row = 0;
+  int64_t row = 0;
   for (const LinearLayer* layer : group) {
     outputs.push_back(packed.narrow(1, row, layer->base.out_features));
     row += layer->base.out_features;
@@ -969,7 +1062,7 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
     variable_list outputs;
     std::vector<double> scales;
     if (packed) {
-      outputs = PackedForward(wide.narrow(1, 0, in + rank_sum), b, *group, rotary, gemm);
+      outputs = PackedForward(wide.narrow(1, 0, in + rank_sum), b, *group, rotary, gemm, copies);
     }
     if (packed && rotary != nullptr) {
       ctx->saved_data["rotary_cos"] = rotary->cos;
@@ -987,7 +1080,8 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       } else if (!packed) {
         at::Tensor y = at::empty({rows, out}, x.options());
         Addmm(gemm, y, wide.narrow(1, 0, in + offset + ranks[i]),
-              WidenedWeight(layer.base, in, b[i], layer.lora->scale, offset, dtype).t(), 0.0);
+              WidenedWeight(layer.base, in, b[i], layer.lora->scale, offset, dtype, copies).t(),
+              0.0);
         outputs.push_back(y);
       }
       SaveBase(ctx, layer.base, std::to_string(i) + ".");
@@ -1114,7 +1208,73 @@ at::Tensor RotaryRows(const at::Tensor& y, const SharedInputRotary& rotary) {
   return Rotary(heads, rotary.cos, rotary.sin).transpose(1, 2).reshape(y.sizes());
 }
 
+// Whether every layer is held dequantized with an adapter that runs without dropout.
+bool HeldWithAdapters(const std::vector<const LinearLayer*>& layers, bool training) {
+  bool held = !layers.empty();
+  for (const LinearLayer* layer : layers) {
+    held = held && layer->base.resident.defined() && AdapterWithoutDropout(*layer, training);
+  }
+  return held;
+}
+
 }  // namespace
+
+std::vector<HeldWrites> HeldGroupColumns(const std::vector<const LinearLayer*>& layers,
+                                         bool training) {
+  if (!HeldWithAdapters(layers, training) || !Grouped(layers, training)) return {};
+  const int64_t in = layers[0]->base.in_features;
+  const at::ScalarType dtype = layers[0]->base.resident.scalar_type();
+  if (!Packable(layers)) {  // each layer's widened weight (LoraWideGroupFunction's per layer)
+    std::vector<HeldWrites> writes;
+    int64_t offset = 0;
+    for (const LinearLayer* layer : layers) {
+      writes.push_back(HeldWidened(layer->base, in, layer->lora->b, layer->lora->scale, offset,
+                                   dtype));
+      offset += layer->lora->b.size(1);
+    }
+    return writes;
+  }
+  int64_t rank_sum = 0;
+  std::vector<const FrozenWeight*> bases;
+  std::vector<at::Tensor> b;
+  bool stable = true;
+  for (const LinearLayer* layer : layers) {
+    rank_sum += layer->lora->b.size(1);
+    bases.push_back(&layer->base);
+    b.push_back(layer->lora->b);
+    stable = stable && layer->lora->b.scalar_type() == at::kFloat;
+  }
+  const at::Tensor stacked = ResidentRows(bases, 0, in + rank_sum, dtype);
+  if (!stacked.defined()) return {};
+  return {MakeHeldWrites(PackedColumnsBlocks(stacked, layers, b, in), stable)};
+}
+
+HeldWrites HeldWidenedColumns(const LinearLayer& layer, bool training) {
+  if (!HeldWithAdapters({&layer}, training)) return {};
+  return HeldWidened(layer.base, layer.base.in_features, layer.lora->b, layer.lora->scale, 0,
+                     layer.base.resident.scalar_type());
+}
+
+HeldWrites HeldRowsBelow(const std::vector<const LinearLayer*>& layers, bool training) {
+  if (!HeldWithAdapters(layers, training)) return {};
+  const int64_t in = layers[0]->base.in_features;
+  const at::ScalarType dtype = layers[0]->base.resident.scalar_type();
+  std::vector<const FrozenWeight*> bases;
+  std::vector<at::Tensor> a;
+  int64_t rows = 0, rank_sum = 0;
+  for (const LinearLayer* layer : layers) {
+    bases.push_back(&layer->base);
+    a.push_back(layer->lora->a);
+    rows += layer->base.out_features;
+    rank_sum += layer->lora->a.size(0);
+  }
+  // The buffer's rows with the As' under the weights, as StackedWeights takes them.
+  const at::Tensor stacked = ResidentRows(bases, rank_sum, in, dtype);
+  if (!stacked.defined()) return {};
+  AdapterCopies* copies = layers[0]->adapter_copies;
+  return MakeHeldWrites({{stacked.narrow(0, rows, rank_sum), InDtype(copies, a, dtype), 1.0}},
+                        copies != nullptr && copies->in_scope());
+}
 
 kernels::Quantized4bit WithCodesOnDevice(const kernels::Quantized4bit& q) {
   if (q.packed.device() == q.absmax.device()) return q;
@@ -1278,7 +1438,8 @@ at::Tensor SwigluThenForward(const LinearLayer& down, at::Tensor gate, at::Tenso
     const at::Tensor x = SwigluIntoWidenedRows(std::exchange(g2, {}), std::exchange(u2, {}),
                                                down.lora->a, down.gemm, down.adapter_copies)
                              .first;
-    y = DownOverWidenedRows(x, down.lora->b, down.base, down.lora->scale, down.gemm, r2);
+    y = DownOverWidenedRows(x, down.lora->b, down.base, down.lora->scale, down.gemm,
+                            down.adapter_copies, r2);
   } else {
     at::Tensor x = kernels::SwigluForward(std::exchange(g2, {}), std::exchange(u2, {}));
     y = LoraForward(x, x, down.lora->a, down.lora->b, down.base, down.lora->scale,

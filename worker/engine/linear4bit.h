@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/block_writes.h"
 #include "kernels/quantize_4bit.h"
 #include "kernels/tuned_gemm.h"
 #include "worker/engine/adapter_copies.h"
@@ -145,6 +146,33 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 // adapters' ranks summed, rounded up so that rows are a multiple of 64 values (aligned rows
 // for the GEMMs), when the layers run as one node; else 0.
 int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, bool training);
+
+// The adapters' columns and rows of weights held dequantized (resident_weights.h), as the passes
+// that read them write them: blocks (kernels/block_writes.h) with where they go (`key`, the
+// first block's destination) and what they write (`signature`), and whether every source is a
+// tensor whose values the adapters' scope fixes (`stable`: a float32 adapter itself, or its
+// scope copy; only such writes are noted and skipped, AdapterCopies::Written).
+struct HeldWrites {
+  std::vector<kernels::BlockWrite> blocks;
+  const void* key = nullptr;
+  uint64_t signature = 0;
+  bool stable = false;
+};
+HeldWrites MakeHeldWrites(std::vector<kernels::BlockWrite> blocks, bool stable);
+// Writes those of `writes` that `copies`' open scope has not noted (copies may be null: all of
+// them), in one launch, and notes the stable ones there.
+void WriteHeld(AdapterCopies* copies, const std::vector<HeldWrites>& writes);
+// What the passes over `layers` held in one buffer write (empty where they are not, or where a
+// pass would not run that way): the widened forward's adapter columns of layers that run as one
+// node while `training` (q/k/v, gate/up; SharedInputForward): packed, [0 | scale B_i | 0] for
+// all of them at once, else each layer's [0 | scale B_i] (grouped-query q/k/v);
+std::vector<HeldWrites> HeldGroupColumns(const std::vector<const LinearLayer*>& layers,
+                                         bool training);
+// the widened forward's [scale B] of one layer (the down projection over widened rows:
+// SwigluThenOptions::widened_rows);
+HeldWrites HeldWidenedColumns(const LinearLayer& layer, bool training);
+// the input-gradient GEMM's As under the weights (any group: q/k/v, o, gate/up, down).
+HeldWrites HeldRowsBelow(const std::vector<const LinearLayer*>& layers, bool training);
 
 // How SwigluThenForward's node keeps and gives back its tensors.
 struct SwigluThenOptions {

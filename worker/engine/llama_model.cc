@@ -167,6 +167,7 @@ void LlamaForCausalLM::PlaceOffloadedLayers() {
 void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {
   const int64_t count = static_cast<int64_t>(layers.size());
   dequantized_layers_ = std::clamp<int64_t>(n, 0, count);
+  adapter_copies_->ForgetWrites();  // notes of buffers that may go below
   for (int64_t i = 0; i < count; ++i) {
     if (i < dequantized_layers_) {
       MakeResident(layers[i], compute_dtype_);
@@ -383,6 +384,14 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   } else {
     TORCH_CHECK(!options.block_diagonal, "block_diagonal attention needs position_ids");
     std::tie(cos, sin) = DefaultRotaryTables(seq);
+  }
+
+  // The held layers' adapter columns and rows for this step's passes, in one launch (noted in
+  // the adapters' scope: the next micro-batches find them written).
+  if (training_ && dequantized_layers_ > 0 && at::GradMode::is_enabled()) {
+    std::vector<const DecoderLayer*> held;
+    for (int64_t i = 0; i < dequantized_layers_; ++i) held.push_back(&layers[i]);
+    WriteHeldAdapters(held, training_, /*widened_down=*/device_.is_cuda());
   }
 
   // Each layer's attention: packed rows share one document layout; unpacked rows use plain

@@ -78,6 +78,27 @@ void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
   }
 }
 
+void WriteHeldAdapters(const std::vector<const DecoderLayer*>& layers, bool training,
+                       bool widened_down) {
+  if (layers.empty() || layers[0]->q_proj.adapter_copies == nullptr ||
+      !layers[0]->q_proj.adapter_copies->in_scope()) {
+    return;
+  }
+  std::vector<HeldWrites> writes;
+  for (const DecoderLayer* layer : layers) {
+    const std::vector<const LinearLayer*> qkv = {&layer->q_proj, &layer->k_proj, &layer->v_proj};
+    const std::vector<const LinearLayer*> gate_up = {&layer->gate_proj, &layer->up_proj};
+    for (const auto& group : {qkv, gate_up}) {
+      for (HeldWrites& w : HeldGroupColumns(group, training)) writes.push_back(std::move(w));
+    }
+    if (widened_down) writes.push_back(HeldWidenedColumns(layer->down_proj, training));
+    const std::vector<std::vector<const LinearLayer*>> groups = {
+        qkv, {&layer->o_proj}, gate_up, {&layer->down_proj}};
+    for (const auto& group : groups) writes.push_back(HeldRowsBelow(group, training));
+  }
+  WriteHeld(layers[0]->q_proj.adapter_copies, writes);
+}
+
 void DropResident(DecoderLayer& layer) {
   for (const auto& group : Groups(layer)) {
     for (LinearLayer* linear : group) {

@@ -7,16 +7,19 @@
 // (linear4bit.cc) use in place of the buffers they would dequantize into:
 //   rows of the weights, columns [0, in)     W_1; ...; W_n (each FrozenWeight::resident views
 //                                            its rows), written once here;
-//   the same rows, the columns after in      the widened forward's [0 | scale B_i | 0] (a
-//                                            forward writes them from the adapters it runs);
+//   the same rows, the columns after in      the widened forward's [0 | scale B_i | 0];
 //   the rows below, columns [0, in)          A_1; ...; A_n for the input-gradient GEMM over
-//                                            [g | dh'] (a backward writes them).
+//                                            [g | dh'].
 // So the forward GEMM reads [W | adapters' columns] and the backward GEMM [W; A] from the one
-// buffer, where each would otherwise dequantize W into a buffer of its own. The values are the
-// same bits as dequantized at each use. Torch side.
+// buffer, where each would otherwise dequantize W into a buffer of its own. The adapters' blocks
+// are written from the adapters each pass runs, by the pass itself, except where the adapters'
+// scope (adapter_copies.h) has them written already: a training forward writes every held
+// layer's at its start in one launch (WriteHeldAdapters below) and the passes then skip theirs.
+// The values are the same bits as dequantized at each use. Torch side.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -42,5 +45,15 @@ void MakeResident(DecoderLayer& layer, at::ScalarType dtype);
 // Drops the buffers (freed once no autograd graph holds a view of them), the codes back on the
 // device first.
 void DropResident(DecoderLayer& layer);
+
+// The adapters' columns and rows that a training step's forward and backward over the held
+// `layers` read (linear4bit.h: HeldGroupColumns for q/k/v and gate/up, HeldWidenedColumns for
+// the down projection when `widened_down`, HeldRowsBelow for each group), written in one launch
+// and noted in the adapters' open scope, where each pass then finds its own written and skips
+// it: one launch an optimizer step where each pass wrote its own (at 7B with 26 layers held, 182
+// small launches a step). A pass this does not foresee writes what it needs itself. Nothing
+// outside an AdapterCopyScope (nothing is noted there). The same bits either way.
+void WriteHeldAdapters(const std::vector<const DecoderLayer*>& layers, bool training,
+                       bool widened_down);
 
 }  // namespace qlora::engine
