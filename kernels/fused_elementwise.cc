@@ -2,6 +2,8 @@
 // the CUDA kernels.
 #include "kernels/fused_elementwise.h"
 
+#include <vector>
+
 #include <ATen/ATen.h>
 
 #include "kernels/fused_elementwise_backend.h"
@@ -40,7 +42,9 @@ void RotaryInto(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
               "rotary: cos and sin must have x's dtype");
   if (OnCuda(x)) {
 #ifdef QLORA_HAVE_CUDA
-    if (cuda::Rotary(x, cos.expand(x.sizes()), sin.expand(x.sizes()), backward, out)) return;
+    if (cuda::Rotary({{x, true}}, cos.expand(x.sizes()), sin.expand(x.sizes()), backward, out)) {
+      return;
+    }
 #endif
   }
   out.copy_(backward ? x * cos + RotateHalfTransposed(x * sin) : x * cos + RotateHalf(x) * sin);
@@ -73,6 +77,43 @@ void RotaryBackwardInto(const at::Tensor& grad_out, const at::Tensor& cos, const
 
 void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   RotaryInto(x, cos, sin, /*backward=*/false, x);
+}
+
+void RotaryBackwardAndCopyInto(at::TensorList rotated, const at::Tensor& copied,
+                               const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+  TORCH_CHECK(out.dim() == 4, "rotary: out must be [batch, heads, seq, dim], got ", out.sizes());
+  std::vector<at::Tensor> parts(rotated.begin(), rotated.end());
+  if (copied.defined()) parts.push_back(copied);
+  int64_t heads = 0;
+  for (const at::Tensor& p : parts) {
+    TORCH_CHECK(p.dim() == 4 && p.size(0) == out.size(0) && p.size(2) == out.size(2) &&
+                    p.size(3) == out.size(3) && p.scalar_type() == out.scalar_type(),
+                "rotary: each part must be [batch, heads_i, seq, dim] of out's ", out.sizes(),
+                " and dtype, got ", p.sizes());
+    heads += p.size(1);
+  }
+  TORCH_CHECK(heads == out.size(1), "rotary: the parts' heads (", heads, ") must be out's (",
+              out.size(1), ")");
+#ifdef QLORA_HAVE_CUDA
+  if (OnCuda(out) && !parts.empty() && parts.size() <= 3) {
+    std::vector<cuda::RotaryPart> cuda_parts;
+    for (size_t i = 0; i < parts.size(); ++i) cuda_parts.push_back({parts[i], i < rotated.size()});
+    if (cuda::Rotary(cuda_parts, cos.expand(out.sizes()), sin.expand(out.sizes()),
+                     /*backward=*/true, out)) {
+      return;
+    }
+  }
+#endif
+  int64_t head = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    at::Tensor into = out.narrow(1, head, parts[i].size(1));
+    if (i < rotated.size()) {
+      RotaryBackwardInto(parts[i], cos, sin, into);
+    } else {
+      into.copy_(parts[i]);
+    }
+    head += parts[i].size(1);
+  }
 }
 
 void CopyRows(const at::Tensor& src, at::Tensor& out) {

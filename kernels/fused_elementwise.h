@@ -31,6 +31,14 @@ void RotaryBackwardInto(const at::Tensor& grad_out, const at::Tensor& cos, const
 // beside it is touched).
 void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// The q/k/v gradients into packed gradient rows: `rotated` ([batch, heads_i, seq, dim] each: q's
+// and k's) through RotaryBackward and `copied` (v's, or undefined) as it is, into out
+// [batch, sum of heads, seq, dim] (a view of the rows) side by side in that order; cos and sin
+// broadcastable to out. One launch on CUDA for up to three parts where the layouts allow (16-byte
+// vectors), else RotaryBackwardInto and a copy each. The same values either way.
+void RotaryBackwardAndCopyInto(at::TensorList rotated, const at::Tensor& copied,
+                               const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out);
+
 // out = src (2-D, one shape and dtype; either may be rows of a wider buffer): one vectorized pass
 // on CUDA where ATen's copy into a row-strided destination is an unvectorized one.
 void CopyRows(const at::Tensor& src, at::Tensor& out);

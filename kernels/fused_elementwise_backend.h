@@ -3,14 +3,22 @@
 // layout), and the caller falls back to the ATen formula.
 #pragma once
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 
 namespace qlora::kernels::cuda {
 
-// out, x: [B, H, S, D] with unit last stride; cos, sin expanded to [B, H, S, D] (stride 0 where
-// broadcast). backward: x is the output's gradient and out the input's.
-bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
-            at::Tensor& out);
+// out [B, H, S, D] from up to three parts x_i [B, H_i, S, D] (H = the sum of H_i), side by side
+// over the heads, each rotated or copied; unit last strides; cos, sin expanded to out's
+// [B, H, S, D] (stride 0 where broadcast). backward: the x_i are the output's gradients and out
+// the input's. One launch.
+struct RotaryPart {
+  at::Tensor x;
+  bool rotate = true;
+};
+bool Rotary(const std::vector<RotaryPart>& parts, const at::Tensor& cos, const at::Tensor& sin,
+            bool backward, at::Tensor& out);
 // gate, up and out of one shape and dtype, each contiguous or 2-D rows [rows, cols] of a wider
 // buffer (unit column stride, cols and the row stride multiples of 16 bytes: gate and up side by
 // side in one packed buffer, out with spare columns).

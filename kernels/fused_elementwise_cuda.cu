@@ -5,7 +5,7 @@
 // Kernels:
 //   RotaryKernel   one thread per V pairs (i, i + D/2) of one row (b, h, s): 16-byte loads of x,
 //                  cos and sin at both halves, 16-byte stores (out may be x); strides from the
-//                  tensors
+//                  tensors; out's heads from up to three tensors, each rotated or copied
 //   SwigluForwardKernel / SwigluBackwardKernel   contiguous tensors: one thread per V
 //                  elements, 16-byte accesses (backward may write its gradients over any of its
 //                  inputs: each thread loads before it stores; and, asked, the forward's output
@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -50,26 +51,60 @@ struct Strides4 {
 // an H200, 45.6 us a call over [4, 32, 2048, 128] (round 14); a form walking a position's heads,
 // 4 a thread, with the tables loaded once for them, took 51 us (round 15: 126 registers, a
 // quarter of the warps of this one).
-// The grid: blockIdx.z the batch, blockIdx.y the head, x over a head's seq * half / V threads,
-// so that a thread finds its (b, h, s) with one 32-bit division (the 64-bit divisions of a flat
-// index cost ~30 % of the kernel's time).
+// The grid: blockIdx.z the batch, blockIdx.y the head of out, x over a head's seq * half / V
+// threads, so that a thread finds its (b, h, s) with one 32-bit division (the 64-bit divisions of
+// a flat index cost ~30 % of the kernel's time). out's heads come from up to kMaxRotarySources
+// tensors side by side (q's and k's gradients rotated back and v's copied into packed rows in
+// one launch): source i gives heads first_head_i .. first_head_{i+1} - 1, rotated or copied.
+constexpr int kMaxRotarySources = 3;
+
+template <typename T>
+struct RotarySource {
+  const T* x;
+  Strides4 xs;
+  int first_head;
+  bool rotate;
+};
+
+template <typename T>
+struct RotaryArgs {
+  RotarySource<T> sources[kMaxRotarySources];
+  int count;
+  const T* cos;
+  const T* sin;
+  T* out;
+  int seq, half;
+  Strides4 cs, ss, os;
+};
+
 template <typename T, int V, bool kBackward>
-__global__ void RotaryKernel(const T* x, const T* __restrict__ cos, const T* __restrict__ sin,
-                             T* out, int seq, int half, Strides4 xs, Strides4 cs, Strides4 ss,
-                             Strides4 os) {
-  const int per_row = half / V;
+__global__ void RotaryKernel(RotaryArgs<T> args) {
+  const int per_row = args.half / V;
   const int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (t >= seq * per_row) return;
+  if (t >= args.seq * per_row) return;
+  RotarySource<T> src = args.sources[0];  // constant indices: no local copy of the arguments
+#pragma unroll
+  for (int i = 1; i < kMaxRotarySources; ++i) {
+    if (i < args.count && static_cast<int>(blockIdx.y) >= args.sources[i].first_head) {
+      src = args.sources[i];
+    }
+  }
+  const int half = args.half;
   const int s = t / per_row;
   const int j = (t - s * per_row) * V;
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  const int64_t xo = b * xs.b + h * xs.h + s * xs.s + j;
-  const int64_t co = b * cs.b + h * cs.h + s * cs.s + j;
-  const int64_t so = b * ss.b + h * ss.h + s * ss.s + j;
-  const int64_t oo = b * os.b + h * os.h + s * os.s + j;
-  const Vec<T, V> x1 = Load<T, V>(x + xo), x2 = Load<T, V>(x + xo + half);
-  const Vec<T, V> c1 = Load<T, V>(cos + co), c2 = Load<T, V>(cos + co + half);
-  const Vec<T, V> s1 = Load<T, V>(sin + so), s2 = Load<T, V>(sin + so + half);
+  const int64_t h = blockIdx.y, b = blockIdx.z, xh = h - src.first_head;
+  const int64_t xo = b * src.xs.b + xh * src.xs.h + s * src.xs.s + j;
+  const int64_t oo = b * args.os.b + h * args.os.h + s * args.os.s + j;
+  const Vec<T, V> x1 = Load<T, V>(src.x + xo), x2 = Load<T, V>(src.x + xo + half);
+  if (!src.rotate) {
+    Store<T, V>(args.out + oo, x1);
+    Store<T, V>(args.out + oo + half, x2);
+    return;
+  }
+  const int64_t co = b * args.cs.b + h * args.cs.h + s * args.cs.s + j;
+  const int64_t so = b * args.ss.b + h * args.ss.h + s * args.ss.s + j;
+  const Vec<T, V> c1 = Load<T, V>(args.cos + co), c2 = Load<T, V>(args.cos + co + half);
+  const Vec<T, V> s1 = Load<T, V>(args.sin + so), s2 = Load<T, V>(args.sin + so + half);
   Vec<T, V> o1, o2;
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -87,8 +122,8 @@ __global__ void RotaryKernel(const T* x, const T* __restrict__ cos, const T* __r
     o1.v[k] = static_cast<T>(__fadd_rn(p1, q1));
     o2.v[k] = static_cast<T>(__fadd_rn(p2, q2));
   }
-  Store<T, V>(out + oo, o1);
-  Store<T, V>(out + oo + half, o2);
+  Store<T, V>(args.out + oo, o1);
+  Store<T, V>(args.out + oo + half, o2);
 }
 
 // ATen's silu and silu_backward (ActivationSiluKernel.cu), in float32.
@@ -299,28 +334,52 @@ bool Vectorizable(const at::Tensor& t, int v) {
 
 }  // namespace
 
-bool Rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward,
-            at::Tensor& out) {
-  if (!x.is_cuda() || x.dim() != 4 || x.numel() == 0) return false;
-  return DispatchFloating(x.scalar_type(), [&](auto tag) {
+bool Rotary(const std::vector<RotaryPart>& parts, const at::Tensor& cos, const at::Tensor& sin,
+            bool backward, at::Tensor& out) {
+  if (parts.empty() || parts.size() > static_cast<size_t>(kMaxRotarySources) || !out.is_cuda() ||
+      out.dim() != 4 || out.numel() == 0) {
+    return false;
+  }
+  return DispatchFloating(out.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int V = 16 / sizeof(T);
-    const int64_t half = x.size(3) / 2;
-    if (half % V != 0 || !Vectorizable(x, V) || !Vectorizable(cos, V) || !Vectorizable(sin, V) ||
-        !Vectorizable(out, V)) {
+    const int64_t half = out.size(3) / 2;
+    if (half % V != 0 || !Vectorizable(out, V) || !Vectorizable(cos, V) ||
+        !Vectorizable(sin, V)) {
       return false;
     }
-    const c10::cuda::CUDAGuard guard(x.device());
+    RotaryArgs<T> args{};
+    int64_t heads = 0;
+    for (const RotaryPart& part : parts) {
+      const at::Tensor& x = part.x;
+      if (!x.is_cuda() || x.dim() != 4 || x.scalar_type() != out.scalar_type() ||
+          x.size(0) != out.size(0) || x.size(2) != out.size(2) || x.size(3) != out.size(3) ||
+          !Vectorizable(x, V)) {
+        return false;
+      }
+      args.sources[args.count++] = {x.const_data_ptr<T>(), StridesOf(x), static_cast<int>(heads),
+                                    part.rotate};
+      heads += x.size(1);
+    }
+    const int64_t batch = out.size(0), seq = out.size(2);
+    if (heads != out.size(1) || batch > 65535 || heads > 65535 ||
+        seq * (half / V) >= (int64_t{1} << 31)) {
+      return false;
+    }
+    const c10::cuda::CUDAGuard guard(out.device());
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    const int64_t batch = x.size(0), heads = x.size(1), seq = x.size(2);
-    if (batch > 65535 || heads > 65535 || seq * (half / V) >= (int64_t{1} << 31)) return false;
+    args.cos = cos.const_data_ptr<T>();
+    args.sin = sin.const_data_ptr<T>();
+    args.out = out.mutable_data_ptr<T>();
+    args.seq = static_cast<int>(seq);
+    args.half = static_cast<int>(half);
+    args.cs = StridesOf(cos);
+    args.ss = StridesOf(sin);
+    args.os = StridesOf(out);
     auto kernel = backward ? RotaryKernel<T, V, true> : RotaryKernel<T, V, false>;
     const dim3 grid(static_cast<unsigned>(CeilDiv(seq * (half / V), kThreads)),
                     static_cast<unsigned>(heads), static_cast<unsigned>(batch));
-    kernel<<<grid, kThreads, 0, stream>>>(
-        x.const_data_ptr<T>(), cos.const_data_ptr<T>(), sin.const_data_ptr<T>(),
-        out.mutable_data_ptr<T>(), static_cast<int>(seq), static_cast<int>(half), StridesOf(x),
-        StridesOf(cos), StridesOf(sin), StridesOf(out));
+    kernel<<<grid, kThreads, 0, stream>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

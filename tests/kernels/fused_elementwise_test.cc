@@ -2,7 +2,8 @@
 // formulas and what autograd computes for them: on CPU (the formulas; the backward formulas are
 // checked against autograd) and, where there is a GPU, the CUDA kernels against the same
 // formulas on the GPU: rotary bit for bit forward and backward (strided and broadcast inputs
-// too, per-head tables, in place over packed rows), SwiGLU forward bit for bit and backward
+// too, per-head tables, in place over packed rows, q/k/v gradients rotated back and copied into
+// packed rows in one call), SwiGLU forward bit for bit and backward
 // within one ulp (and the forward's output that backward may give again, bit for bit; over rows
 // of a wider buffer the contiguous case's bits).
 #include <ATen/ATen.h>
@@ -108,6 +109,40 @@ TEST(KernelsFused, RotaryInPlaceOverPackedRowsTouchesOnlyItsColumns) {
       ExpectBitEqual(q, expected, "q in place");
       ExpectBitEqual(packed.narrow(2, heads * dim, 2 * heads * dim),
                      before.narrow(2, heads * dim, 2 * heads * dim), "k and v untouched");
+    }
+  }
+}
+
+// q's and k's gradients rotated back and v's copied into packed gradient rows (with spare
+// columns after them) in one call: each column block holds RotaryBackward's bits (v's: its own),
+// grouped-query head counts too, and the spare columns stay as they were.
+TEST(KernelsFused, RotaryBackwardAndCopyFillPackedRowsBlockByBlock) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      for (const int64_t kv_heads : {int64_t{6}, int64_t{2}}) {
+        SCOPED_TRACE(::testing::Message() << device << " " << dtype << " kv heads " << kv_heads);
+        at::manual_seed(11);
+        const auto opts = at::TensorOptions().dtype(dtype).device(device);
+        const int64_t batch = 2, seq = 13, heads = 6, dim = 64, spare = 64;
+        const int64_t total = (heads + 2 * kv_heads) * dim;
+        const at::Tensor rows = at::randn({batch * seq, total + spare}, opts);
+        const at::Tensor before = rows.clone();
+        auto as_heads = [&](const at::Tensor& t, int64_t h) {  // [T, h * dim] rows as heads
+          return t.view({batch, seq, h, dim}).transpose(1, 2);
+        };
+        const at::Tensor gq = as_heads(at::randn({batch * seq, heads * dim}, opts), heads);
+        const at::Tensor gk = as_heads(at::randn({batch * seq, kv_heads * dim}, opts), kv_heads);
+        const at::Tensor gv = as_heads(at::randn({batch * seq, kv_heads * dim}, opts), kv_heads);
+        const at::Tensor angle = at::rand({batch, 1, seq, dim}, opts.dtype(at::kFloat)) * 40;
+        const at::Tensor cos = angle.cos().to(dtype), sin = angle.sin().to(dtype);
+        at::Tensor all = as_heads(rows.narrow(1, 0, total), heads + 2 * kv_heads);
+        RotaryBackwardAndCopyInto({gq, gk}, gv, cos, sin, all);
+        ExpectBitEqual(all.narrow(1, 0, heads), RotaryBackward(gq, cos, sin), "q");
+        ExpectBitEqual(all.narrow(1, heads, kv_heads), RotaryBackward(gk, cos, sin), "k");
+        ExpectBitEqual(all.narrow(1, heads + kv_heads, kv_heads), gv, "v copied");
+        ExpectBitEqual(rows.narrow(1, total, spare), before.narrow(1, total, spare), "spare");
+        EXPECT_THROW(RotaryBackwardAndCopyInto({gq}, gv, cos, sin, all), c10::Error);  // heads
+      }
     }
   }
 }

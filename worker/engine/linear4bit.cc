@@ -1131,10 +1131,20 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
           ctx->needs_input_grad(0) && ctx->saved_data["packed_gradients"].toBool()
               ? PackedGradientRows(grad_outputs, rank_sum)
               : at::Tensor();
+      if (packed.defined() && grad_outputs.size() == 3) {
+        // q's and k's rotated back and v's copied in one pass over the three (one launch).
+        at::Tensor all =  // a view of the packed rows
+            packed.view({shape[0], shape[1], packed.size(1) / shape[2], shape[2]}).transpose(1, 2);
+        kernels::RotaryBackwardAndCopyInto({heads(grad_outputs[0]), heads(grad_outputs[1])},
+                                           heads(grad_outputs[2]), cos, sin, all);
+      }
       int64_t column = 0;
       for (size_t i = 0; i < grad_outputs.size(); ++i) {
         const at::Tensor g = grad_outputs[i];
-        if (packed.defined()) {
+        if (packed.defined() && grad_outputs.size() == 3) {
+          grad_outputs[i] = packed.narrow(1, column, g.size(1));
+          column += g.size(1);
+        } else if (packed.defined()) {
           const at::Tensor into = packed.narrow(1, column, g.size(1));
           column += g.size(1);
           if (i < 2) {
