@@ -313,8 +313,8 @@ at::Tensor HeldBuffer(const FrozenWeight& first) {
 }
 
 // Inside a training step's adapter scope, after its passes: each of the first `held` layers'
-// buffers holds its adapters as the passes read them, written by one launch at the forward's
-// start (WriteHeldAdapters) and still noted (no pass wrote another layout over them): the q/k/v
+// buffers holds its adapters as the passes read them, written by the forward's refreshes
+// (WriteHeldAdapters) and still noted (no pass wrote another layout over them): the q/k/v
 // and gate/up rows' columns [0 | scale B_i | 0] (and down's [scale B] where its forward is
 // widened, on a GPU), every group's As in the rows under its weights, each in the compute dtype
 // with the float32 product rounded once.

@@ -386,13 +386,17 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
     std::tie(cos, sin) = DefaultRotaryTables(seq);
   }
 
-  // The held layers' adapter columns and rows for this step's passes, in one launch (noted in
-  // the adapters' scope: the next micro-batches find them written).
-  if (training_ && dequantized_layers_ > 0 && at::GradMode::is_enabled()) {
-    std::vector<const DecoderLayer*> held;
+  // The held layers' adapter columns and rows for this step's passes (noted in the adapters'
+  // scope: the passes and the next micro-batches find them written): the first layer's before
+  // anything, the others' in one launch once the first layer's forward is queued, where their
+  // host-side assembly (a few tensor views a block) overlaps the GPU's work instead of delaying
+  // the step's first kernels, which the GPU waits for.
+  std::vector<const DecoderLayer*> held;
+  if (training_ && at::GradMode::is_enabled()) {
     for (int64_t i = 0; i < dequantized_layers_; ++i) held.push_back(&layers[i]);
-    WriteHeldAdapters(held, training_, /*widened_down=*/device_.is_cuda());
   }
+  const bool widened_down = device_.is_cuda();  // as LayerForward's SwiGLU node runs
+  if (!held.empty()) WriteHeldAdapters({held[0]}, training_, widened_down);
 
   // Each layer's attention: packed rows share one document layout; unpacked rows use plain
   // causal SDPA, with a dense mask only for sliding layers shorter than the row.
@@ -431,6 +435,9 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
           x, LayerParameters(layer), input_offload);
     } else {
       x = LayerForward(layer, x, cos, sin, attention);
+    }
+    if (i == 0 && held.size() > 1) {
+      WriteHeldAdapters({held.begin() + 1, held.end()}, training_, widened_down);
     }
     if (offloader != nullptr && !prefetch_at_[i].empty() && x.requires_grad()) {
       // Runs when x's gradient is ready: before this layer's backward.

@@ -14,7 +14,8 @@
 // buffer, where each would otherwise dequantize W into a buffer of its own. The adapters' blocks
 // are written from the adapters each pass runs, by the pass itself, except where the adapters'
 // scope (adapter_copies.h) has them written already: a training forward writes every held
-// layer's at its start in one launch (WriteHeldAdapters below) and the passes then skip theirs.
+// layer's in two launches (WriteHeldAdapters below: the first layer's, then the others') and the
+// passes then skip theirs.
 // The values are the same bits as dequantized at each use. Torch side.
 #pragma once
 
@@ -50,8 +51,8 @@ void DropResident(DecoderLayer& layer);
 // `layers` read (linear4bit.h: HeldGroupColumns for q/k/v and gate/up, HeldWidenedColumns for
 // the down projection when `widened_down`, HeldRowsBelow for each group), written in one launch
 // and noted in the adapters' open scope, where each pass then finds its own written and skips
-// it: one launch an optimizer step where each pass wrote its own (at 7B with 26 layers held, 182
-// small launches a step). A pass this does not foresee writes what it needs itself. Nothing
+// it: one launch for all of `layers` where each pass wrote its own (at 7B with 26 layers held,
+// 182 small launches a step). A pass this does not foresee writes what it needs itself. Nothing
 // outside an AdapterCopyScope (nothing is noted there). The same bits either way.
 void WriteHeldAdapters(const std::vector<const DecoderLayer*>& layers, bool training,
                        bool widened_down);
