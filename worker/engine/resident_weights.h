@@ -14,7 +14,7 @@
 // buffer, where each would otherwise dequantize W into a buffer of its own. The adapters' blocks
 // are written from the adapters each pass runs, by the pass itself, except where the adapters'
 // scope (adapter_copies.h) has them written already: a training forward writes every held
-// layer's in two launches (WriteHeldAdapters below: the first layer's, then the others') and the
+// layer's a few layers a launch (WriteHeldAdapters below; LlamaForCausalLM::Forward) and the
 // passes then skip theirs.
 // The values are the same bits as dequantized at each use. Torch side.
 #pragma once
