@@ -312,16 +312,17 @@ at::Tensor HeldBuffer(const FrozenWeight& first) {
   return at::empty({0}, r.options()).set_(r.storage(), 0, {rows, ld}, {ld, 1});
 }
 
-// Inside a training step's adapter scope, after its passes: each of the first `held` layers'
-// buffers holds its adapters as the passes read them, written by the forward's refreshes
-// (WriteHeldAdapters) and still noted (no pass wrote another layout over them): the q/k/v
+// Inside a training step's adapter scope, after its passes: the buffers of held layers 1 to
+// `held` - 1 hold their adapters as the passes read them, written by the forward's refreshes
+// (WriteHeldAdapters; layer 0's passes write their own, what they read) and still noted (no
+// pass wrote another layout over them): the q/k/v
 // and gate/up rows' columns [0 | scale B_i | 0] (and down's [scale B] where its forward is
 // widened, on a GPU), every group's As in the rows under its weights, each in the compute dtype
 // with the float32 product rounded once.
 void ExpectHeldAdapters(const LlamaForCausalLM& model, int64_t held, bool widened_down) {
   const AdapterCopies& copies = model.adapter_copies();
   const at::ScalarType dtype = model.compute_dtype();
-  for (int64_t i = 0; i < held; ++i) {
+  for (int64_t i = 1; i < held; ++i) {
     const DecoderLayer& layer = model.layers[i];
     SCOPED_TRACE("layer " + std::to_string(i));
     const std::vector<std::vector<const LinearLayer*>> groups = {

@@ -388,10 +388,11 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
 
   // The held layers' adapter columns and rows for this step's passes (noted in the adapters'
   // scope: the passes and the next micro-batches find them written), a launch for every
-  // kHeldLayersALaunch layers: the first layer's before anything, then each batch once the layer
-  // before it is queued, so that assembling the blocks on the host (tens of tensor views a
-  // layer) overlaps the GPU's work on the layers queued before (all of the others' at once took
-  // longer than the first layer's forward under the profiler, round 25a: 12 ms a step idle).
+  // kHeldLayersALaunch layers, each batch once the layer before it is queued, so that assembling
+  // the blocks on the host (tens of tensor views a layer) overlaps the GPU's work on the layers
+  // queued before (all of them at once outlasted the first layer's forward under the profiler,
+  // round 25a: 12 ms a step idle). The first layer's passes write their own, as its forward
+  // starts the step, where the GPU waits for the host.
   constexpr int64_t kHeldLayersALaunch = 4;
   const int64_t held = training_ && at::GradMode::is_enabled() ? dequantized_layers_ : 0;
   auto write_held = [&](int64_t first, int64_t count) {
@@ -399,7 +400,6 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
     for (int64_t i = first; i < std::min(held, first + count); ++i) batch.push_back(&layers[i]);
     if (!batch.empty()) WriteHeldAdapters(batch, training_, /*widened_down=*/device_.is_cuda());
   };
-  write_held(0, 1);
 
   // Each layer's attention: packed rows share one document layout; unpacked rows use plain
   // causal SDPA, with a dense mask only for sliding layers shorter than the row.
