@@ -412,10 +412,6 @@ at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
   return WithSpareColumns(rows, spare).narrow(1, 0, rows.size(1) + count);
 }
 
-// Layer i's weight widened for rows [x | h A_1^T | ... | h A_n^T]: [W_i | 0 | scale_i B_i], the
-// base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
-// scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
-// are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
 // WidenedWeight's columns for a weight held dequantized: [0 | scale B] after its rows in its
 // buffer (noted in the adapters' scope where B is the float32 adapter itself), or none.
 HeldWrites HeldWidened(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
@@ -427,6 +423,10 @@ HeldWrites HeldWidened(const FrozenWeight& base, int64_t in, const at::Tensor& b
                         b.scalar_type() == at::kFloat);
 }
 
+// Layer i's weight widened for rows [x | h A_1^T | ... | h A_n^T]: [W_i | 0 | scale_i B_i], the
+// base weight [out, in] (dequantized), zeros over the adapters before i (`offset` columns), then
+// scale_i * B_i [out, r_i] rounded once to dtype. Rows [T, in + offset + r_i] times its transpose
+// are x W_i^T + scale_i (x A_i^T) B_i^T in one GEMM, summed in float32 and rounded once.
 at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
                          int64_t offset, at::ScalarType dtype, AdapterCopies* copies) {
   const int64_t out = b.size(0), r = b.size(1);
