@@ -54,25 +54,4 @@ void WriteBlocks(const std::vector<BlockWrite>& writes) {
   }
 }
 
-std::vector<BlockWrite> ColumnsAfterBlocks(const at::Tensor& out, const ColumnsAfter& after) {
-  TORCH_CHECK(out.dim() == 2 && out.stride(1) == 1 && after.values.dim() == 2 &&
-                  after.values.size(0) == out.size(0) && after.zeros >= 0 &&
-                  after.trailing_zeros >= 0,
-              "ColumnsAfterBlocks: rows [rows, cols] and values [rows, r], got ", out.sizes(),
-              " and ", after.values.sizes());
-  const int64_t r = after.values.size(1);
-  const int64_t width = after.zeros + r + after.trailing_zeros;
-  TORCH_CHECK(out.stride(0) >= out.size(1) + width, "ColumnsAfterBlocks: rows of stride ",
-              out.stride(0), " leave no room for ", width, " columns after ", out.size(1));
-  const at::Tensor columns = out.as_strided({out.size(0), width}, {out.stride(0), 1},
-                                            out.storage_offset() + out.size(1));
-  std::vector<BlockWrite> blocks;
-  if (after.zeros > 0) blocks.push_back({columns.narrow(1, 0, after.zeros), at::Tensor(), 1.0});
-  blocks.push_back({columns.narrow(1, after.zeros, r), after.values, after.scale});
-  if (after.trailing_zeros > 0) {
-    blocks.push_back({columns.narrow(1, after.zeros + r, after.trailing_zeros), at::Tensor(), 1.0});
-  }
-  return blocks;
-}
-
 }  // namespace qlora::kernels

@@ -11,8 +11,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "kernels/quantize_4bit.h"
-
 namespace qlora::kernels {
 
 struct BlockWrite {
@@ -25,9 +23,5 @@ struct BlockWrite {
 // Writes every block (all on one device, one dtype; blocks must not overlap): one launch on
 // CUDA, ATen ops elsewhere. Throws c10::Error on a malformed block, before writing anything.
 void WriteBlocks(const std::vector<BlockWrite>& writes);
-
-// The blocks WriteColumnsAfter(out, after) writes: zeros, scale * values, zeros after out's
-// rows (the same bits through WriteBlocks).
-std::vector<BlockWrite> ColumnsAfterBlocks(const at::Tensor& out, const ColumnsAfter& after);
 
 }  // namespace qlora::kernels

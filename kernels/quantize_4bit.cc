@@ -3,8 +3,6 @@
 // bitsandbytes.functional.quantize_4bit does it), and dispatch to the CPU or CUDA backend.
 #include "kernels/quantize_4bit.h"
 
-#include <algorithm>
-#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -101,28 +99,23 @@ void FillColumnsAfter(const at::Tensor& columns, const ColumnsAfter& after) {
 }  // namespace
 
 void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after) {
-  WriteColumnsAfter(std::vector<ColumnsAfterTarget>{{out, after}});
-}
-
-void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets) {
-  std::vector<at::Tensor> views;  // each checked before anything is written
-  for (const ColumnsAfterTarget& t : targets) views.push_back(ColumnsAfterView(t.out, t.after));
-  if (targets.empty()) return;
-  const at::Tensor& first = targets[0].out;
-  bool blocks = first.scalar_type() == at::kFloat || first.scalar_type() == at::kHalf ||
-                first.scalar_type() == at::kBFloat16;
-  for (const ColumnsAfterTarget& t : targets) {
-    blocks = blocks && t.out.device() == first.device() && t.out.scalar_type() == first.scalar_type();
-  }
-  if (!blocks) {
-    for (size_t i = 0; i < targets.size(); ++i) FillColumnsAfter(views[i], targets[i].after);
+  if (!IsFloating(out.scalar_type())) {
+    FillColumnsAfter(ColumnsAfterView(out, after), after);
     return;
   }
-  std::vector<BlockWrite> writes;  // one launch on CUDA (block_writes.h)
-  for (const ColumnsAfterTarget& t : targets) {
-    for (BlockWrite& w : ColumnsAfterBlocks(t.out, t.after)) writes.push_back(std::move(w));
+  WriteBlocks(ColumnsAfterBlocks(out, after));  // one launch on CUDA
+}
+
+std::vector<BlockWrite> ColumnsAfterBlocks(const at::Tensor& out, const ColumnsAfter& after) {
+  const at::Tensor columns = ColumnsAfterView(out, after);
+  const int64_t r = after.values.size(1);
+  std::vector<BlockWrite> blocks;
+  if (after.zeros > 0) blocks.push_back({columns.narrow(1, 0, after.zeros), at::Tensor(), 1.0});
+  blocks.push_back({columns.narrow(1, after.zeros, r), after.values, after.scale});
+  if (after.trailing_zeros > 0) {
+    blocks.push_back({columns.narrow(1, after.zeros + r, after.trailing_zeros), at::Tensor(), 1.0});
   }
-  WriteBlocks(writes);
+  return blocks;
 }
 
 bool HasCudaKernels() {

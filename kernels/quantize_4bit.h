@@ -23,6 +23,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kernels/block_writes.h"
+
 namespace qlora::kernels {
 
 enum class QuantType { kNF4, kFP4 };
@@ -77,15 +79,12 @@ void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out,
                         const ColumnsAfter* after = nullptr);
 // Just `after`'s columns after the rows of out [rows, cols] (what Dequantize4bitInto writes there
 // too), for a weight written there otherwise (a dense one copied in, or one held dequantized):
-// one launch on CUDA, ATen ops elsewhere.
+// one launch on CUDA (block_writes.h), ATen ops elsewhere.
 void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after);
-// The same for several weights' rows (a grouped layer's stacked weights): one launch on CUDA for
-// all of them where they share a 16-bit or float32 dtype and a device (block_writes.h).
-struct ColumnsAfterTarget {
-  at::Tensor out;
-  ColumnsAfter after;
-};
-void WriteColumnsAfter(const std::vector<ColumnsAfterTarget>& targets);
+// The blocks WriteColumnsAfter(out, after) writes (out float32, float16 or bfloat16): zeros,
+// scale * values, zeros after out's rows, for a caller that writes them with others in one
+// WriteBlocks (the same bits).
+std::vector<BlockWrite> ColumnsAfterBlocks(const at::Tensor& out, const ColumnsAfter& after);
 
 // The float32 per-block absmax (resolving double quantization), on q's device.
 at::Tensor BlockAbsmax(const Quantized4bit& q);

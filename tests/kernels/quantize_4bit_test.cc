@@ -249,9 +249,9 @@ TEST(KernelsQuantize4bit, DequantizeIntoWiderRowsWritesTheColumnsAfter) {
 
 // WriteColumnsAfter over several weights' rows (a grouped layer's stacked weights held
 // dequantized): each target's columns are its zeros, scale * values rounded once and its trailing
-// zeros, the weight's own columns and everything past the columns untouched; six targets (one
-// launch on CUDA) of different row counts, offsets and widths; a bad
-// target is named before anything is written.
+// zeros, the weight's own columns and everything past the columns untouched; six targets of
+// different row counts, offsets and widths, each its own call; a bad target is named before
+// anything is written.
 TEST(KernelsQuantize4bit, WriteColumnsAfterWritesEachTargetsColumnsOnly) {
   std::vector<at::Device> devices = {at::kCPU};
   if (HasCudaKernels() && at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);
@@ -262,34 +262,31 @@ TEST(KernelsQuantize4bit, WriteColumnsAfterWritesEachTargetsColumnsOnly) {
       const int64_t cols = 128, stride = 192, r = 16;
       const at::Tensor stacked = at::full({6 * 70, stride}, 7.0, at::dtype(dtype).device(device));
       const at::Tensor before = stacked.clone();
-      std::vector<ColumnsAfterTarget> targets;
+      std::vector<std::pair<at::Tensor, ColumnsAfter>> targets;
       for (int64_t i = 0; i < 6; ++i) {
         const int64_t rows = 40 + 5 * i;  // rows of target i: from i * 70
         const at::Tensor values = at::randn({rows, r}, at::device(device)) *
                                   at::pow(10.0, at::randint(-6, 3, {rows, r}, at::device(device)));
-        targets.push_back({stacked.narrow(0, i * 70, rows).narrow(1, 0, cols),
-                           ColumnsAfter{16 * (i % 3), values, 0.5 + i, 16 * (2 - i % 3)}});
+        targets.emplace_back(stacked.narrow(0, i * 70, rows).narrow(1, 0, cols),
+                             ColumnsAfter{16 * (i % 3), values, 0.5 + i, 16 * (2 - i % 3)});
       }
-      WriteColumnsAfter(targets);
+      for (const auto& [out, after] : targets) WriteColumnsAfter(out, after);
       at::Tensor expected = before.clone();
       for (int64_t i = 0; i < 6; ++i) {
-        const ColumnsAfterTarget& t = targets[static_cast<size_t>(i)];
-        at::Tensor columns = expected.narrow(0, i * 70, t.out.size(0))
-                                 .narrow(1, cols, t.after.zeros + r + t.after.trailing_zeros);
+        const auto& [out, after] = targets[static_cast<size_t>(i)];
+        at::Tensor columns = expected.narrow(0, i * 70, out.size(0))
+                                 .narrow(1, cols, after.zeros + r + after.trailing_zeros);
         columns.zero_();
-        at::Tensor scaled = columns.narrow(1, t.after.zeros, r);
-        at::mul_out(scaled, t.after.values, at::scalar_tensor(t.after.scale, at::kDouble));
+        at::Tensor scaled = columns.narrow(1, after.zeros, r);
+        at::mul_out(scaled, after.values, at::scalar_tensor(after.scale, at::kDouble));
       }
       EXPECT_TRUE(at::equal(stacked, expected));
     }
   }
   const at::Tensor wide = at::zeros({8, 80});
-  const std::vector<ColumnsAfterTarget> one_bad = {
-      {wide.narrow(1, 0, 64), ColumnsAfter{0, at::randn({8, 8}), 1.0}},
-      {wide.narrow(1, 0, 64), ColumnsAfter{12, at::randn({8, 8}), 1.0}}};  // 64 + 20 > 80
-  EXPECT_THROW(WriteColumnsAfter(one_bad), c10::Error);
-  EXPECT_TRUE(at::equal(wide, at::zeros({8, 80})));  // the good one was not written either
-  WriteColumnsAfter(std::vector<ColumnsAfterTarget>{});  // nothing to do
+  EXPECT_THROW(WriteColumnsAfter(wide.narrow(1, 0, 64), ColumnsAfter{12, at::randn({8, 8}), 1.0}),
+               c10::Error);  // 64 + 20 > 80
+  EXPECT_TRUE(at::equal(wide, at::zeros({8, 80})));  // nothing written
 }
 
 TEST(KernelsQuantize4bit, RejectsBadArguments) {
