@@ -95,7 +95,7 @@ void RotaryBackwardAndCopyInto(at::TensorList rotated, const at::Tensor& copied,
   TORCH_CHECK(heads == out.size(1), "rotary: the parts' heads (", heads, ") must be out's (",
               out.size(1), ")");
 #ifdef QLORA_HAVE_CUDA
-  if (OnCuda(out) && !parts.empty() && parts.size() <= 3) {
+  if (OnCuda(out)) {  // cuda::Rotary takes up to three parts
     std::vector<cuda::RotaryPart> cuda_parts;
     for (size_t i = 0; i < parts.size(); ++i) cuda_parts.push_back({parts[i], i < rotated.size()});
     if (cuda::Rotary(cuda_parts, cos.expand(out.sizes()), sin.expand(out.sizes()),
@@ -114,18 +114,6 @@ void RotaryBackwardAndCopyInto(at::TensorList rotated, const at::Tensor& copied,
     }
     head += parts[i].size(1);
   }
-}
-
-void CopyRows(const at::Tensor& src, at::Tensor& out) {
-  TORCH_CHECK(src.dim() == 2 && src.sizes() == out.sizes() &&
-                  src.scalar_type() == out.scalar_type(),
-              "copy rows: src and out must be 2-D of one shape and dtype");
-  if (OnCuda(src)) {
-#ifdef QLORA_HAVE_CUDA
-    if (cuda::CopyRows(src, out)) return;
-#endif
-  }
-  out.copy_(src);
 }
 
 void CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t rows,

@@ -39,10 +39,6 @@ void RotaryForwardInPlace(at::Tensor& x, const at::Tensor& cos, const at::Tensor
 void RotaryBackwardAndCopyInto(at::TensorList rotated, const at::Tensor& copied,
                                const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out);
 
-// out = src (2-D, one shape and dtype; either may be rows of a wider buffer): one vectorized pass
-// on CUDA where ATen's copy into a row-strided destination is an unvectorized one.
-void CopyRows(const at::Tensor& src, at::Tensor& out);
-
 // out (float32, contiguous) = in (contiguous, out's numel, a 16-bit float dtype) as float32, its
 // first `rows` x scale.numel() values (a [rows, cols] block) each times scale[column] (scale
 // [cols], in's dtype): the product of exact float32 values rounded once, what

@@ -29,8 +29,6 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
 bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
                     at::Tensor& grad_gate, at::Tensor& grad_up, at::Tensor* product = nullptr);
 
-// out = x for 2-D x and out of one shape and dtype, each contiguous or rows as above.
-bool CopyRows(const at::Tensor& x, at::Tensor& out);
 
 // CastScalingLeadingRows for contiguous in (bfloat16 or float16) and out (float32), scale in in's
 // dtype (contiguous), scaled = rows * scale.numel() <= in.numel().

@@ -10,7 +10,6 @@
 //                  elements, 16-byte accesses (backward may write its gradients over any of its
 //                  inputs: each thread loads before it stores; and, asked, the forward's output
 //                  again)
-//   CopyRowsKernel the row kernels' walk for a copy between rows of wider buffers
 //   SwigluForwardRowsKernel / SwigluBackwardRowsKernel   the same where some tensor is rows of
 //                  a wider buffer (each its own row stride: gate and up side by side in one
 //                  packed buffer, outputs with spare columns): blockIdx.y takes kRowsPerBlock
@@ -193,19 +192,6 @@ __global__ void SwigluForwardRowsKernel(const T* __restrict__ gate, const T* __r
   ForBlockRows(rows, [&](int64_t row) {
     Store<T, V>(out + row * strides.out + c,
                 SwigluVector<T, V>(gate + row * strides.gate + c, up + row * strides.up + c));
-  });
-}
-
-// out = x over [rows, cols] (cols a multiple of V), each with its row stride: a gradient copied
-// into a column block of packed rows (ATen's copy into such a destination runs its unvectorized
-// kernel: 91 us for [8192, 4096] bf16 in a 7B step on an H200, round 17a).
-template <typename T, int V>
-__global__ void CopyRowsKernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows,
-                               int64_t cols, int64_t x_stride, int64_t out_stride) {
-  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
-  if (c >= cols) return;
-  ForBlockRows(rows, [&](int64_t row) {
-    Store<T, V>(out + row * out_stride + c, Load<T, V>(x + row * x_stride + c));
   });
 }
 
@@ -449,26 +435,6 @@ bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Te
           grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), product_out, rows, cols,
           s);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return true;
-  });
-}
-
-bool CopyRows(const at::Tensor& x, at::Tensor& out) {
-  if (!x.is_cuda() || x.dim() != 2 || x.sizes() != out.sizes() ||
-      x.scalar_type() != out.scalar_type() || x.numel() == 0) {
-    return false;
-  }
-  return DispatchFloating(x.scalar_type(), [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int V = 16 / sizeof(T);
-    const int64_t rows = x.size(0), cols = x.size(1);
-    const std::optional<int64_t> xs = RowStride<V>(x, cols), os = RowStride<V>(out, cols);
-    if (!xs || !os || cols % V != 0) return false;
-    const c10::cuda::CUDAGuard guard(x.device());
-    CopyRowsKernel<T, V><<<RowGrid(rows, cols, V), kRowThreads, 0,
-                           at::cuda::getCurrentCUDAStream()>>>(
-        x.const_data_ptr<T>(), out.mutable_data_ptr<T>(), rows, cols, *xs, *os);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

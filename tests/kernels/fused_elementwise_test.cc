@@ -244,36 +244,6 @@ TEST(KernelsFused, SwigluOverRowsOfAWiderBufferEqualsTheContiguousCase) {
   }
 }
 
-// CopyRows between rows of wider buffers (v's gradient into its column block of the packed q/k/v
-// gradient rows) and contiguous tensors: the values, and nothing beside the destination touched.
-TEST(KernelsFused, CopyRowsIntoAColumnBlockOfWiderRows) {
-  for (const at::Device& device : KernelTestDevices()) {
-    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
-      at::manual_seed(15);
-      const auto opts = at::TensorOptions().dtype(dtype).device(device);
-      const int64_t rows = 37, cols = 64;
-      const at::Tensor src = at::randn({rows, cols}, opts);
-      const at::Tensor wide_src = at::full({rows, cols + 16}, 3.0, opts);
-      wide_src.narrow(1, 8, cols).copy_(src);
-      for (const bool strided_src : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "strided source " << strided_src);
-        const at::Tensor wide = at::full({rows, 3 * cols + 32}, 7.0, opts);
-        at::Tensor block = wide.narrow(1, 2 * cols, cols);
-        CopyRows(strided_src ? wide_src.narrow(1, 8, cols) : src, block);
-        ExpectBitEqual(block, src, "copied block");
-        EXPECT_TRUE(wide.narrow(1, 0, 2 * cols).eq(7.0).all().item<bool>()) << "columns before";
-        EXPECT_TRUE(wide.narrow(1, 3 * cols, 32).eq(7.0).all().item<bool>()) << "columns after";
-      }
-      at::Tensor contiguous = at::empty({rows, cols}, opts);
-      CopyRows(src, contiguous);
-      ExpectBitEqual(contiguous, src, "contiguous copy");
-      at::Tensor wrong = at::empty({rows, cols + 1}, opts);
-      EXPECT_THROW(CopyRows(src, wrong), c10::Error);
-    }
-  }
-}
-
 // gate and up side by side in one packed buffer [rows, 2 cols] (the packed gate/up GEMM's
 // output): SwiGLU reads them as they are, and its backward writes the gradients over them, so
 // that they come out packed too. The same bits as contiguous gate and up (the row kernels), with

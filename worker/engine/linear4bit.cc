@@ -266,28 +266,6 @@ uint64_t BlocksSignature(const std::vector<kernels::BlockWrite>& blocks) {
   return h;
 }
 
-// The adapter columns after rows [out_i, in] of a packed group's weights stacked in `stacked`
-// [sum of out, in + sum of r]: [0 | scale_i B_i | 0] (each B float32, as ColumnsAfter takes it).
-std::vector<kernels::BlockWrite> PackedColumnsBlocks(const at::Tensor& stacked,
-                                                     const std::vector<const LinearLayer*>& group,
-                                                     at::TensorList b, int64_t in) {
-  const int64_t rank_sum = stacked.size(1) - in;
-  std::vector<kernels::BlockWrite> blocks;
-  int64_t row = 0, offset = 0;
-  for (size_t i = 0; i < group.size(); ++i) {
-    const int64_t out = group[i]->base.out_features, r = b[i].size(1);
-    const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat),
-                                        group[i]->lora->scale, rank_sum - offset - r};
-    for (kernels::BlockWrite& w :
-         kernels::ColumnsAfterBlocks(stacked.narrow(0, row, out).narrow(1, 0, in), adapter)) {
-      blocks.push_back(std::move(w));
-    }
-    row += out;
-    offset += r;
-  }
-  return blocks;
-}
-
 }  // namespace
 
 HeldWrites MakeHeldWrites(std::vector<kernels::BlockWrite> blocks, bool stable) {
@@ -298,6 +276,41 @@ HeldWrites MakeHeldWrites(std::vector<kernels::BlockWrite> blocks, bool stable) 
   w.stable = stable;
   return w;
 }
+
+namespace {
+
+// The adapter columns after rows [out_i, in] of a packed group's weights stacked in `stacked`
+// [sum of out, in + sum of r]: [0 | scale_i B_i | 0] (each B float32, as ColumnsAfter takes it),
+// noted in the adapters' scope where every B is the float32 adapter itself.
+HeldWrites HeldPackedColumns(const at::Tensor& stacked,
+                             const std::vector<const LinearLayer*>& group, at::TensorList b,
+                             int64_t in) {
+  const int64_t rank_sum = stacked.size(1) - in;
+  std::vector<kernels::BlockWrite> blocks;
+  bool stable = true;
+  int64_t row = 0, offset = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int64_t out = group[i]->base.out_features, r = b[i].size(1);
+    const kernels::ColumnsAfter adapter{offset, b[i].detach().to(at::kFloat),
+                                        group[i]->lora->scale, rank_sum - offset - r};
+    for (kernels::BlockWrite& w :
+         kernels::ColumnsAfterBlocks(stacked.narrow(0, row, out).narrow(1, 0, in), adapter)) {
+      blocks.push_back(std::move(w));
+    }
+    stable = stable && b[i].scalar_type() == at::kFloat;
+    row += out;
+    offset += r;
+  }
+  return MakeHeldWrites(std::move(blocks), stable);
+}
+
+// The As in the compute dtype (`below`) written into the rows under a held group's weights
+// (`rows`), noted in the adapters' scope where `below` is their scope copy.
+HeldWrites HeldAs(const at::Tensor& rows, const at::Tensor& below, AdapterCopies* copies) {
+  return MakeHeldWrites({{rows, below, 1.0}}, copies != nullptr && copies->in_scope());
+}
+
+}  // namespace
 
 void WriteHeld(AdapterCopies* copies, const std::vector<HeldWrites>& writes) {
   std::vector<kernels::BlockWrite> blocks;
@@ -346,8 +359,7 @@ at::Tensor StackedWeights(AutogradContext* ctx, const std::vector<std::string>& 
   if (below.defined() && held) {
     // Noted in the adapters' scope (WriteHeld), where `below` is their scope copy.
     AdapterCopies* copies = ctx->saved_data.count("adapter_copies") > 0 ? SavedCopies(ctx) : nullptr;
-    WriteHeld(copies, {MakeHeldWrites({{stacked.narrow(0, row, below.size(0)), below, 1.0}},
-                                      copies != nullptr && copies->in_scope())});
+    WriteHeld(copies, {HeldAs(stacked.narrow(0, row, below.size(0)), below, copies)});
   } else if (below.defined()) {
     stacked.narrow(0, row, below.size(0)).copy_(below);
   }
@@ -972,9 +984,7 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
   // own B.
   at::Tensor stacked = ResidentRows(bases, 0, width, wide.scalar_type());
   if (stacked.defined()) {
-    bool stable = true;  // every B the float32 adapter itself
-    for (const at::Tensor& t : b) stable = stable && t.scalar_type() == at::kFloat;
-    WriteHeld(copies, {MakeHeldWrites(PackedColumnsBlocks(stacked, group, b, in), stable)});
+    WriteHeld(copies, {HeldPackedColumns(stacked, group, b, in)});
   } else {
     stacked = at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
     int64_t row = 0, offset = 0;
@@ -1131,32 +1141,23 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
           ctx->needs_input_grad(0) && ctx->saved_data["packed_gradients"].toBool()
               ? PackedGradientRows(grad_outputs, rank_sum)
               : at::Tensor();
-      if (packed.defined() && grad_outputs.size() == 3) {
-        // q's and k's rotated back and v's copied in one pass over the three (one launch).
+      if (packed.defined()) {
+        // q's and k's rotated back and v's copied, in one pass (one launch).
         at::Tensor all =  // a view of the packed rows
             packed.view({shape[0], shape[1], packed.size(1) / shape[2], shape[2]}).transpose(1, 2);
-        kernels::RotaryBackwardAndCopyInto({heads(grad_outputs[0]), heads(grad_outputs[1])},
-                                           heads(grad_outputs[2]), cos, sin, all);
-      }
-      int64_t column = 0;
-      for (size_t i = 0; i < grad_outputs.size(); ++i) {
-        const at::Tensor g = grad_outputs[i];
-        if (packed.defined() && grad_outputs.size() == 3) {
-          grad_outputs[i] = packed.narrow(1, column, g.size(1));
-          column += g.size(1);
-        } else if (packed.defined()) {
-          const at::Tensor into = packed.narrow(1, column, g.size(1));
-          column += g.size(1);
-          if (i < 2) {
-            at::Tensor rotated =  // a view of the packed rows
-                into.view({shape[0], shape[1], into.size(1) / shape[2], shape[2]}).transpose(1, 2);
-            kernels::RotaryBackwardInto(heads(g), cos, sin, rotated);
-          } else {
-            at::Tensor copied = into;
-            kernels::CopyRows(g, copied);
-          }
-          grad_outputs[i] = into;
-        } else if (i < 2 && g.defined()) {
+        kernels::RotaryBackwardAndCopyInto(
+            {heads(grad_outputs[0]), heads(grad_outputs[1])},
+            grad_outputs.size() > 2 ? heads(grad_outputs[2]) : at::Tensor(), cos, sin, all);
+        int64_t column = 0;
+        for (at::Tensor& g : grad_outputs) {
+          const int64_t width = g.size(1);
+          g = packed.narrow(1, column, width);
+          column += width;
+        }
+      } else {
+        for (size_t i = 0; i < 2 && i < grad_outputs.size(); ++i) {
+          const at::Tensor g = grad_outputs[i];
+          if (!g.defined()) continue;
           grad_outputs[i] =
               kernels::RotaryBackward(heads(g), cos, sin).transpose(1, 2).reshape(g.sizes());
         }
@@ -1247,16 +1248,14 @@ std::vector<HeldWrites> HeldGroupColumns(const std::vector<const LinearLayer*>& 
   int64_t rank_sum = 0;
   std::vector<const FrozenWeight*> bases;
   std::vector<at::Tensor> b;
-  bool stable = true;
   for (const LinearLayer* layer : layers) {
     rank_sum += layer->lora->b.size(1);
     bases.push_back(&layer->base);
     b.push_back(layer->lora->b);
-    stable = stable && layer->lora->b.scalar_type() == at::kFloat;
   }
   const at::Tensor stacked = ResidentRows(bases, 0, in + rank_sum, dtype);
   if (!stacked.defined()) return {};
-  return {MakeHeldWrites(PackedColumnsBlocks(stacked, layers, b, in), stable)};
+  return {HeldPackedColumns(stacked, layers, b, in)};
 }
 
 HeldWrites HeldWidenedColumns(const LinearLayer& layer, bool training) {
@@ -1282,8 +1281,7 @@ HeldWrites HeldRowsBelow(const std::vector<const LinearLayer*>& layers, bool tra
   const at::Tensor stacked = ResidentRows(bases, rank_sum, in, dtype);
   if (!stacked.defined()) return {};
   AdapterCopies* copies = layers[0]->adapter_copies;
-  return MakeHeldWrites({{stacked.narrow(0, rows, rank_sum), InDtype(copies, a, dtype), 1.0}},
-                        copies != nullptr && copies->in_scope());
+  return HeldAs(stacked.narrow(0, rows, rank_sum), InDtype(copies, a, dtype), copies);
 }
 
 kernels::Quantized4bit WithCodesOnDevice(const kernels::Quantized4bit& q) {

@@ -86,15 +86,15 @@ void WriteHeldAdapters(const std::vector<const DecoderLayer*>& layers, bool trai
   }
   std::vector<HeldWrites> writes;
   for (const DecoderLayer* layer : layers) {
-    const std::vector<const LinearLayer*> qkv = {&layer->q_proj, &layer->k_proj, &layer->v_proj};
-    const std::vector<const LinearLayer*> gate_up = {&layer->gate_proj, &layer->up_proj};
-    for (const auto& group : {qkv, gate_up}) {
-      for (HeldWrites& w : HeldGroupColumns(group, training)) writes.push_back(std::move(w));
+    for (const auto& mutable_group : Groups(const_cast<DecoderLayer&>(*layer))) {
+      const std::vector<const LinearLayer*> group(mutable_group.begin(), mutable_group.end());
+      if (group.size() > 1) {  // q/k/v, gate/up: one node's widened forward
+        for (HeldWrites& w : HeldGroupColumns(group, training)) writes.push_back(std::move(w));
+      } else if (group[0] == &layer->down_proj && widened_down) {
+        writes.push_back(HeldWidenedColumns(layer->down_proj, training));
+      }
+      writes.push_back(HeldRowsBelow(group, training));
     }
-    if (widened_down) writes.push_back(HeldWidenedColumns(layer->down_proj, training));
-    const std::vector<std::vector<const LinearLayer*>> groups = {
-        qkv, {&layer->o_proj}, gate_up, {&layer->down_proj}};
-    for (const auto& group : groups) writes.push_back(HeldRowsBelow(group, training));
   }
   WriteHeld(layers[0]->q_proj.adapter_copies, writes);
 }
