@@ -32,12 +32,11 @@ void AdamWStep(const at::Tensor& param, const at::Tensor& grad, const at::Tensor
   p.mul_(1.0 - o.lr * o.weight_decay);
   m.lerp_(g, 1.0 - o.beta1);
   v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
-  const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
-  const double step_size = o.lr / bias_correction1;
+  const AdamWBiasCorrections bias = BiasCorrections(o);
+  const double step_size = o.lr / bias.first;
   // One temporary (the same roundings as sqrt(v) / sqrt(bc2) + eps written out of place).
   at::Tensor denom = v.sqrt();
-  denom.div_(std::sqrt(bias_correction2)).add_(o.eps);
+  denom.div_(std::sqrt(bias.second)).add_(o.eps);
   p.addcdiv_(m, denom, -step_size);
 }
 

@@ -11,6 +11,7 @@
 // results differ in the last bit.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
@@ -30,6 +31,16 @@ struct AdamWStepOptions : AdamWHyperparameters {
   double lr = 0;
   int64_t step = 1;  // from 1 (bias correction)
 };
+
+// The step's bias corrections, 1 - beta^step for each moment (in double, as torch computes them;
+// the ops and the kernel take them from here).
+struct AdamWBiasCorrections {
+  double first, second;
+};
+inline AdamWBiasCorrections BiasCorrections(const AdamWStepOptions& o) {
+  return {1.0 - std::pow(o.beta1, static_cast<double>(o.step)),
+          1.0 - std::pow(o.beta2, static_cast<double>(o.step))};
+}
 
 // param, exp_avg and exp_avg_sq are updated from grad (all float32, one shape, one device).
 // grad_factor: undefined, or a one-element float32 or float64 tensor on grad's device by which

@@ -112,16 +112,15 @@ bool AdamWStep(const at::Tensor& param, const at::Tensor& grad, const at::Tensor
   }
   const int64_t n = param.numel();
   if (n == 0) return true;
-  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
-  const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
+  const AdamWBiasCorrections bias = BiasCorrections(o);
   Coefficients c;
   c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
   c.lerp_weight = static_cast<float>(1.0 - o.beta1);
   c.beta2 = static_cast<float>(o.beta2);
   c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  c.inv_bias_sqrt = 1.0f / static_cast<float>(std::sqrt(bias_correction2));
+  c.inv_bias_sqrt = 1.0f / static_cast<float>(std::sqrt(bias.second));
   c.eps = static_cast<float>(o.eps);
-  c.neg_step_size = static_cast<float>(-(o.lr / bias_correction1));
+  c.neg_step_size = static_cast<float>(-(o.lr / bias.first));
   const c10::cuda::CUDAGuard guard(param.device());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
