@@ -4,8 +4,8 @@
 // formulas on the GPU: rotary bit for bit forward and backward (strided and broadcast inputs
 // too, per-head tables, in place over packed rows, q/k/v gradients rotated back and copied into
 // packed rows in one call), SwiGLU forward bit for bit and backward
-// within one ulp (and the forward's output that backward may give again, bit for bit; over rows
-// of a wider buffer the contiguous case's bits).
+// within one ulp (over every finite 16-bit gate value as well; and the forward's output that
+// backward may give again, bit for bit; over rows of a wider buffer the contiguous case's bits).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -201,6 +201,33 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
         ExpectBitEqual(over_up2, du, "grad up over up, with the product");
         ExpectBitEqual(product_over, ref.detach(), "product next to gradients over the inputs");
       }
+    }
+  }
+}
+
+// Every finite 16-bit gate value, up and the output's gradient random: SwiGLU's kernels give
+// ATen's bits forward and for the up gradient, and the gate gradient within one ulp of
+// autograd's, over the whole range (|gate| past exp's range, values next to every rounding
+// boundary of silu) and not just where random samples land.
+TEST(KernelsFused, SwigluOverEveryGateValueKeepsATensBits) {
+  for (const at::Device& device : KernelTestDevices()) {
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      SCOPED_TRACE(::testing::Message() << device << " " << dtype);
+      at::manual_seed(21);
+      const at::Tensor every = at::arange(-32768, 32768, at::kInt).to(at::kShort).view(dtype);
+      const at::Tensor g = every.masked_select(at::isfinite(every)).to(device);
+      const auto opts = at::TensorOptions().dtype(dtype).device(device);
+      const at::Tensor u = at::randn(g.sizes(), opts), dy = at::randn(g.sizes(), opts);
+      at::Tensor gl = g.detach().requires_grad_(), ul = u.detach().requires_grad_();
+      const at::Tensor ref = at::silu(gl) * ul;
+      const auto ref_grads = torch::autograd::grad({ref}, {gl, ul}, {dy});
+      ExpectBitEqual(SwigluForward(g, u), ref.detach(), "forward");
+      const auto [dg, du] = SwigluBackward(dy, g, u);
+      ExpectBitEqual(du, ref_grads[1], "grad up");
+      const at::Tensor a = dg.to(at::kDouble), b = ref_grads[0].to(at::kDouble);
+      const double ulp = dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
+      const at::Tensor excess = (a - b).abs() - b.abs() * ulp - 1e-30;
+      EXPECT_LE(excess.max().item<double>(), 0.0) << "grad gate";
     }
   }
 }
