@@ -147,6 +147,31 @@ TEST(KernelsFused, RotaryBackwardAndCopyFillPackedRowsBlockByBlock) {
   }
 }
 
+// SwigluForward and SwigluBackward against at::silu(g) * u and autograd's gradients for dy: the
+// forward's and the up gradient's bits, and the gate gradient's on the CPU; on CUDA within one
+// ulp of the dtype (float32: a few), as silu_backward's float arithmetic may be contracted
+// differently by two compilers. Returns {dg, du, the reference forward}.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ExpectSwigluMatchesAutograd(const at::Tensor& g,
+                                                                         const at::Tensor& u,
+                                                                         const at::Tensor& dy) {
+  at::Tensor gl = g.detach().requires_grad_(), ul = u.detach().requires_grad_();
+  const at::Tensor ref = at::silu(gl) * ul;
+  const auto ref_grads = torch::autograd::grad({ref}, {gl, ul}, {dy});
+  ExpectBitEqual(SwigluForward(g, u), ref.detach(), "forward");
+  auto [dg, du] = SwigluBackward(dy, g, u);
+  ExpectBitEqual(du, ref_grads[1], "grad up");
+  if (g.is_cpu()) {
+    ExpectBitEqual(dg, ref_grads[0], "grad gate");
+  } else {
+    const at::ScalarType t = g.scalar_type();
+    const at::Tensor a = dg.to(at::kDouble), b = ref_grads[0].to(at::kDouble);
+    const double ulp = t == at::kFloat ? 4.0 / (1 << 23) : t == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
+    const at::Tensor excess = (a - b).abs() - b.abs() * ulp - 1e-30;
+    EXPECT_LE(excess.max().item<double>(), 0.0) << "grad gate";
+  }
+  return {dg, du, ref.detach()};
+}
+
 TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
   for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
@@ -157,22 +182,7 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
         const at::Tensor g = (at::randn({n}, opts) * 4).view({-1, n % 8 == 0 ? 8 : 7});
         const at::Tensor u = at::randn(g.sizes(), opts) * 2;
         const at::Tensor dy = at::randn(g.sizes(), opts);
-        at::Tensor gl = g.detach().requires_grad_(), ul = u.detach().requires_grad_();
-        const at::Tensor ref = at::silu(gl) * ul;
-        const auto ref_grads = torch::autograd::grad({ref}, {gl, ul}, {dy});
-        ExpectBitEqual(SwigluForward(g, u), ref.detach(), "forward");
-        const auto [dg, du] = SwigluBackward(dy, g, u);
-        ExpectBitEqual(du, ref_grads[1], "grad up");
-        if (device.is_cpu()) {
-          ExpectBitEqual(dg, ref_grads[0], "grad gate");
-        } else {
-          // silu_backward's float arithmetic may be contracted differently by two compilers:
-          // within one ulp of the dtype (float32: a few ulps) of the reference.
-          const at::Tensor a = dg.to(at::kDouble), b = ref_grads[0].to(at::kDouble);
-          const double ulp = dtype == at::kFloat ? 4.0 / (1 << 23) : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
-          const at::Tensor excess = (a - b).abs() - b.abs() * ulp - 1e-30;
-          EXPECT_LE(excess.max().item<double>(), 0.0) << "grad gate";
-        }
+        const auto [dg, du, ref] = ExpectSwigluMatchesAutograd(g, u, dy);
         // In place: grad_gate lands in the incoming gradient's buffer, bit for bit the same.
         at::Tensor in_place = dy.clone();
         const void* buffer = in_place.const_data_ptr();
@@ -194,20 +204,20 @@ TEST(KernelsFused, SwigluEqualsTheUnfusedFormulaAndItsAutogradGradient) {
         ExpectBitEqual(SwigluBackwardInPlace(in_place2, g, u, &product_in_place), du,
                        "grad up, with the product");
         ExpectBitEqual(in_place2, dg, "grad gate in place, with the product");
-        ExpectBitEqual(product_in_place, ref.detach(), "product next to an in-place grad gate");
+        ExpectBitEqual(product_in_place, ref, "product next to an in-place grad gate");
         at::Tensor over_grad2 = dy.clone(), over_up2 = u.clone();
         SwigluBackwardOverInputs(over_grad2, g, over_up2, &product_over);
         ExpectBitEqual(over_grad2, dg, "grad gate over the gradient, with the product");
         ExpectBitEqual(over_up2, du, "grad up over up, with the product");
-        ExpectBitEqual(product_over, ref.detach(), "product next to gradients over the inputs");
+        ExpectBitEqual(product_over, ref, "product next to gradients over the inputs");
       }
     }
   }
 }
 
 // Every finite 16-bit gate value, up and the output's gradient random: SwiGLU's kernels give
-// ATen's bits forward and for the up gradient, and the gate gradient within one ulp of
-// autograd's, over the whole range (|gate| past exp's range, values next to every rounding
+// ATen's bits forward and for the up gradient, and the gate gradient's (on CUDA within one ulp
+// of autograd's), over the whole range (|gate| past exp's range, values next to every rounding
 // boundary of silu) and not just where random samples land.
 TEST(KernelsFused, SwigluOverEveryGateValueKeepsATensBits) {
   for (const at::Device& device : KernelTestDevices()) {
@@ -218,16 +228,7 @@ TEST(KernelsFused, SwigluOverEveryGateValueKeepsATensBits) {
       const at::Tensor g = every.masked_select(at::isfinite(every)).to(device);
       const auto opts = at::TensorOptions().dtype(dtype).device(device);
       const at::Tensor u = at::randn(g.sizes(), opts), dy = at::randn(g.sizes(), opts);
-      at::Tensor gl = g.detach().requires_grad_(), ul = u.detach().requires_grad_();
-      const at::Tensor ref = at::silu(gl) * ul;
-      const auto ref_grads = torch::autograd::grad({ref}, {gl, ul}, {dy});
-      ExpectBitEqual(SwigluForward(g, u), ref.detach(), "forward");
-      const auto [dg, du] = SwigluBackward(dy, g, u);
-      ExpectBitEqual(du, ref_grads[1], "grad up");
-      const at::Tensor a = dg.to(at::kDouble), b = ref_grads[0].to(at::kDouble);
-      const double ulp = dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
-      const at::Tensor excess = (a - b).abs() - b.abs() * ulp - 1e-30;
-      EXPECT_LE(excess.max().item<double>(), 0.0) << "grad gate";
+      ExpectSwigluMatchesAutograd(g, u, dy);
     }
   }
 }
