@@ -33,6 +33,7 @@
 #include "worker/run/step_batches.h"
 #include "worker/run/step_profiler.h"
 #include "worker/run/trainer.h"
+#include "worker/run/training_observer.h"
 
 namespace qlora::worker {
 namespace {
@@ -283,6 +284,71 @@ TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical)
   for (const auto& [name, tensor] : first) {
     EXPECT_TRUE(at::equal(tensor, second.at(name))) << name;
   }
+}
+
+// Records when each step's work starts being queued (its first micro-batch) and when each step
+// is reported (After's progress report).
+class QueueOrder final : public TrainingObserver {
+ public:
+  void OnMicroBatch(int64_t step, int index, const DeviceBatch&) override {
+    if (index == 0) events.push_back(absl::StrCat("queue ", step + 1));
+  }
+  std::vector<std::string> events;
+};
+
+// Run() reads and reports a step once the next one is queued, except where After needs the
+// model as that step left it (the checkpoint at 3 and 6), at the last step, and in the first two
+// steps (the memory plans); and it reports, checkpoints and ends exactly as the phases driven one
+// by one do (the same losses and learning rates, the same data position, the same adapter bits).
+TEST_F(TrainerPhases, RunQueuesTheNextStepBeforeReportingAndEndsAsStepByStep) {
+  config_.trainer.train_steps = 8;
+  std::vector<ProgressSnapshot> reports[2];
+  for (const bool whole_run : {true, false}) {
+    SCOPED_TRACE(whole_run ? "Run()" : "phase by phase");
+    TrainingContext context = Context(tmp_ / (whole_run ? "run" : "phases"));
+    QueueOrder order;
+    context.observer = &order;
+    context.report_progress = [&](const ProgressSnapshot& p) {
+      reports[whole_run].push_back(p);
+      order.events.push_back(absl::StrCat("report ", p.step));
+    };
+    auto trainer = Trainer::Create(context);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    if (whole_run) {
+      ASSERT_TRUE((*trainer)->Run().ok());
+      EXPECT_THAT(order.events,
+                  ::testing::ElementsAre("queue 1", "report 1", "queue 2", "report 2", "queue 3",
+                                         "report 3", "queue 4", "queue 5", "report 4", "queue 6",
+                                         "report 5", "report 6", "queue 7", "queue 8", "report 7",
+                                         "report 8"));
+    } else {
+      ASSERT_TRUE((*trainer)->Resume().ok());
+      for (int64_t step = 0; step < 8; ++step) {
+        auto result = (*trainer)->Step(step);
+        ASSERT_TRUE(result.ok()) << result.status();
+        ASSERT_TRUE((*trainer)->After(*result).ok());
+      }
+      ASSERT_TRUE((*trainer)->Finish().ok());
+    }
+    const std::string checkpoints = CheckpointsDir(context.assignment.output_dir, "job-phases", "");
+    EXPECT_EQ(LatestCheckpoint(checkpoints), CheckpointDir(checkpoints, 6));
+  }
+  ASSERT_EQ(reports[0].size(), 8u);
+  ASSERT_EQ(reports[1].size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    SCOPED_TRACE(absl::StrCat("report ", i + 1));
+    EXPECT_EQ(reports[1][i].step, reports[0][i].step);
+    EXPECT_EQ(reports[1][i].loss, reports[0][i].loss);
+    EXPECT_EQ(reports[1][i].learning_rate, reports[0][i].learning_rate);
+    EXPECT_EQ(reports[1][i].epoch, reports[0][i].epoch);
+    EXPECT_EQ(reports[1][i].epoch_records.trained, reports[0][i].epoch_records.trained);
+    EXPECT_EQ(reports[1][i].total_records.trained, reports[0][i].total_records.trained);
+  }
+  const auto run = testing::LoadTensors(tmp_ / "run/adapter/adapter_model.safetensors");
+  const auto phases = testing::LoadTensors(tmp_ / "phases/adapter/adapter_model.safetensors");
+  ASSERT_EQ(run.size(), phases.size());
+  ASSERT_FALSE(run.empty());
+  for (const auto& [name, tensor] : run) EXPECT_TRUE(at::equal(tensor, phases.at(name))) << name;
 }
 
 // trainer.dequantized_weight_layers: a count holds that many layers of an NF4 model from the

@@ -2,6 +2,8 @@
 #include "worker/run/step_profiler.h"
 
 #include <ATen/Context.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -27,6 +29,15 @@ using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
 
 constexpr char kRankPlaceholder[] = "{rank}";
+
+// Waits for the work queued so far on `device`'s current stream (nothing on a CPU).
+void DrainQueue(const c10::Device& device) {
+  if (device.is_cpu()) return;
+  const c10::impl::VirtualGuardImpl guard(device.type());
+  c10::Event queued(device.type());
+  queued.record(guard.getStream(device));
+  queued.synchronize();
+}
 
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -101,13 +112,14 @@ void StepProfiler::Start() {
 }
 
 void StepProfiler::OnMicroBatch(int64_t step, int index, const DeviceBatch& batch) {
-  (void)batch;
   if (index != 0 || written_) return;
   if (step == first_step_ - 1) Prepare();
   if (!running_ && step >= first_step_ && step < first_step_ + steps_) {
     started_step_ = step;
+    DrainQueue(batch.input_ids.device());
     Start();
   } else if (running_ && step >= first_step_ + steps_) {
+    DrainQueue(batch.input_ids.device());
     const absl::Status stopped = Stop();
     if (!stopped.ok()) fprintf(stderr, "[rank %d] profiler: %s\n", rank_, stopped.ToString().c_str());
   }

@@ -11,9 +11,13 @@
 //
 // The profiler starts before micro-batch 0 of step FIRST and stops before micro-batch 0 of step
 // FIRST + COUNT (or when Stop() is called, at the latest when the run ends), so the trace holds
-// whole steps, their progress reports included. Kineto is prepared one step earlier, so that its
-// set-up is not in the trace. The trainer names its phases (qlora::step, qlora::forward,
-// qlora::loss, qlora::backward, qlora::grads, qlora::optimizer) for the attribution. Torch side.
+// whole steps, their progress reports included; at both ends it first waits for the device's
+// queue to drain (the trainer queues a step while the GPU still runs the one before: trainer.h),
+// so that the GPU's work in the trace is those steps' (the start shows the host's lead taken
+// away: a short idle before the first step's first kernels). Kineto is prepared one step
+// earlier, so that its set-up is not in the trace. The trainer names its phases (qlora::step,
+// qlora::forward, qlora::loss, qlora::backward, qlora::grads, qlora::optimizer) for the
+// attribution. Torch side.
 #pragma once
 
 #include <cstdint>

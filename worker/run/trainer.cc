@@ -217,18 +217,29 @@ absl::StatusOr<int64_t> Trainer::Resume() {
 }
 
 absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
+  QLORA_ASSIGN_OR_RETURN(QueuedStep queued, QueueStep(step));
+  return Resolve(queued);
+}
+
+absl::StatusOr<Trainer::QueuedStep> Trainer::QueueStep(int64_t step) {
   // Named ranges for a profiler (step_profiler.h): each costs a flag test when none runs.
   RECORD_USER_SCOPE("qlora::step");
-  const double start = SteadySeconds();
-  if (started_ == 0) started_ = last_checkpoint_ = start;
+  QueuedStep queued;
+  queued.start = SteadySeconds();
+  if (started_ == 0) started_ = last_checkpoint_ = queued.start;
   SeedGeneratorsForStep(device_, config_.trainer.seed, assignment_.rank, step);
   QLORA_ASSIGN_OR_RETURN(std::vector<DeviceBatch> batches, steps_->Next());
-  StepResult result;
-  int64_t local_target_tokens = 0, local_rows = 0;
+  StepResult& result = queued.result;
+  result.step = step + 1;
+  result.epoch = steps_->epoch();
+  result.epoch_finished = steps_->epoch_finished();
+  result.epoch_records = steps_->epoch_records();
+  result.total_records = steps_->total_records();
+  int64_t local_target_tokens = 0;
   for (const DeviceBatch& b : batches) {
     local_target_tokens += b.target_tokens;
     result.local_input_tokens += b.input_tokens;
-    local_rows += b.input_ids.size(0);
+    result.global_rows += b.input_ids.size(0);  // this rank's until Resolve sums them
   }
   // The mean over the global batch: every rank's token losses divided by all ranks' tokens.
   QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_target_tokens));
@@ -236,7 +247,6 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   // loss: read at the step's end, it waits for that copy only, and the GPU is still busy with
   // the backward and the optimizer while the host queues the next step.
   at::Tensor local_loss_sum;
-  strategy::ScalarRead local_loss_read;
   {
     // The adapters cast to the compute dtype once for all of this step's micro-batches; the
     // copies go stale (the scope ends) before the optimizer changes the adapters.
@@ -259,7 +269,7 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
             engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels, loss_options);
         const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
         local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
-        if (i + 1 == batches.size()) local_loss_read = strategy::ScalarRead(local_loss_sum);
+        if (i + 1 == batches.size()) queued.local_loss = strategy::ScalarRead(local_loss_sum);
         scaled_loss = loss.loss_sum * scale.scale;
       }
       {
@@ -276,26 +286,38 @@ absl::StatusOr<StepResult> Trainer::Step(int64_t step) {
   const double lr = optim::LearningRate(schedule_, strategy_->steps_taken());
   {
     RECORD_USER_SCOPE("qlora::optimizer");
-    QLORA_ASSIGN_OR_RETURN(result.report, strategy_->Step(lr));
+    QLORA_ASSIGN_OR_RETURN(queued.report, strategy_->QueueStep(lr));
   }
   // Rank 0's clock decides a time-based checkpoint for every rank; the flag rides on the loss's
-  // all-reduce, so it costs no collective of its own.
+  // all-reduce (Resolve), so it costs no collective of its own.
   const double every_s = 60 * config_.trainer.checkpoint_every_minutes;
-  const bool due_here = assignment_.rank == 0 && every_s > 0 && SteadySeconds() - last_checkpoint_ >= every_s;
-  const double local_loss = local_loss_read.Get();
+  queued.due_here = assignment_.rank == 0 && every_s > 0 && SteadySeconds() - last_checkpoint_ >= every_s;
+  queued.loss_scale = scale.scale;
+  result.global_target_tokens = scale.global_target_tokens;
+  queued.queued = SteadySeconds();
+  return queued;
+}
+
+absl::StatusOr<StepResult> Trainer::Resolve(QueuedStep& queued) {
+  StepResult result = queued.result;
+  result.report = queued.report.Get();
+  const double local_loss = queued.local_loss.Get();
   QLORA_ASSIGN_OR_RETURN(std::vector<double> global,
                          SumOverRanks(*communicator_,
-                                      {local_loss, due_here ? 1.0 : 0.0,
+                                      {local_loss, queued.due_here ? 1.0 : 0.0,
                                        static_cast<double>(result.local_input_tokens),
-                                       static_cast<double>(local_rows)},
+                                       static_cast<double>(result.global_rows)},
                                       device_));
-  result.step = step + 1;
-  result.loss = global[0] * scale.scale;
+  result.loss = global[0] * queued.loss_scale;
   result.checkpoint_due = global[1] > 0;
   result.global_input_tokens = static_cast<int64_t>(global[2]);
   result.global_rows = static_cast<int64_t>(global[3]);
-  result.global_target_tokens = scale.global_target_tokens;
-  result.seconds = SteadySeconds() - start;
+  // Its values were ready once read on a GPU (the reads wait for its work), when it was queued on
+  // a CPU (which did the work then); its time runs from the later of its start and the previous
+  // step's values: the device's time for it when the host ran ahead.
+  const double ready = device_.is_cuda() ? SteadySeconds() : queued.queued;
+  result.seconds = ready - std::max(queued.start, last_ready_);
+  last_ready_ = ready;
   totals_.steps += 1;
   if (device_.is_cuda()) {
     const int64_t peak = PeakMemoryBytes(device_);
@@ -343,7 +365,7 @@ absl::Status Trainer::After(const StepResult& result) {
   }
   const ProgressSnapshot p = Progress(result);
   context_.report_progress(p);
-  if (steps_->epoch_finished()) {
+  if (result.epoch_finished) {
     const RecordCounts& r = p.epoch_records;
     Log(absl::StrFormat("epoch %d: trained %d records, %d left over (beyond the shortest rank's "
                         "steps), %d malformed skipped, %d without a target",
@@ -411,7 +433,7 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) const {
   p.rank = assignment_.rank;
   p.step = result.step;
   p.total_steps = total_steps_;
-  p.epoch = steps_->epoch();
+  p.epoch = result.epoch;
   p.loss = result.loss;
   p.learning_rate = result.report.lr;
   p.tokens_per_second = result.seconds > 0 ? static_cast<double>(result.local_input_tokens) / result.seconds : 0;
@@ -430,8 +452,8 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) const {
   p.strategy.partition_elements = d.partition_elements;
   p.strategy.partitioned_optimizer = d.partitions_optimizer_state;
   p.strategy.partitioned_gradients = d.partitions_gradients;
-  p.epoch_records = steps_->epoch_records();
-  p.total_records = steps_->total_records();
+  p.epoch_records = result.epoch_records;
+  p.total_records = result.total_records;
   p.checkpointing = checkpointing();
   return p;
 }
@@ -509,13 +531,41 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
   return outcome;
 }
 
+bool Trainer::MustResolveBeforeNext(const QueuedStep& queued) const {
+  const TrainerConfig& t = config_.trainer;
+  const int64_t done = queued.result.step;
+  // The memory plans look at the first two steps' peaks (checkpointing_budget.h,
+  // dequantized_weights.h) and may change the model before the next. One rank alone knows
+  // whether its clock calls for a checkpoint.
+  constexpr int64_t kPlannedSteps = 2;
+  return communicator_->world_size() > 1 || totals_.steps < kPlannedSteps ||
+         done >= total_steps_ || queued.due_here ||
+         (t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0) ||
+         (validation_ != nullptr && t.eval_steps > 0 && done % t.eval_steps == 0);
+}
+
 absl::StatusOr<TrainingOutcome> Trainer::Run() {
   QLORA_ASSIGN_OR_RETURN(int64_t start_step, Resume());
+  // One step behind (see trainer.h): `behind` is queued, its values not read yet.
+  std::optional<QueuedStep> behind;
+  auto finish_behind = [&]() -> absl::Status {
+    if (!behind.has_value()) return absl::OkStatus();
+    QueuedStep queued = std::move(*behind);
+    behind.reset();
+    QLORA_ASSIGN_OR_RETURN(StepResult result, Resolve(queued));
+    return After(result);
+  };
   for (int64_t step = start_step; step < total_steps_; ++step) {
-    if (context_.should_stop()) return absl::CancelledError("stopped on request");
-    QLORA_ASSIGN_OR_RETURN(StepResult result, Step(step));
-    QLORA_RETURN_IF_ERROR(After(result));
+    if (context_.should_stop()) {
+      QLORA_RETURN_IF_ERROR(finish_behind());
+      return absl::CancelledError("stopped on request");
+    }
+    QLORA_ASSIGN_OR_RETURN(QueuedStep queued, QueueStep(step));
+    QLORA_RETURN_IF_ERROR(finish_behind());  // the previous step, while this one runs
+    behind = std::move(queued);
+    if (MustResolveBeforeNext(*behind)) QLORA_RETURN_IF_ERROR(finish_behind());
   }
+  QLORA_RETURN_IF_ERROR(finish_behind());
   return Finish();
 }
 

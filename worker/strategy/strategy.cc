@@ -1,5 +1,5 @@
-// MakeStrategy (the only place that maps a ZeRO stage to a plan) and the shared
-// DistributedStrategy::TakeGradsFromParams and OnGradientsReady.
+// MakeStrategy (the only place that maps a ZeRO stage to a plan), the shared
+// DistributedStrategy::TakeGradsFromParams, OnGradientsReady and Step, and PendingStepReport.
 #include "worker/strategy/strategy.h"
 
 #include <utility>
@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/optim/clip.h"
 #include "worker/strategy/zero_strategy.h"
 
 namespace qlora::strategy {
@@ -34,6 +35,21 @@ absl::Status DistributedStrategy::TakeGradsFromParams() {
     grads.push_back(std::exchange(grad, at::Tensor()));
   }
   return OnGradientsReady(indices, grads);
+}
+
+PendingStepReport::PendingStepReport(StepReport known, ScalarRead grad_norm, double max_grad_norm)
+    : known_(known), grad_norm_(std::move(grad_norm)), max_grad_norm_(max_grad_norm) {}
+
+StepReport PendingStepReport::Get() const {
+  StepReport report = known_;
+  report.grad_norm = grad_norm_.Get();
+  report.clip_coefficient = optim::ClipCoefficient(report.grad_norm, max_grad_norm_);
+  return report;
+}
+
+absl::StatusOr<StepReport> DistributedStrategy::Step(double lr) {
+  QLORA_ASSIGN_OR_RETURN(PendingStepReport pending, QueueStep(lr));
+  return pending.Get();
 }
 
 absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
 #include "worker/optim/adamw.h"
+#include "worker/strategy/scalar_read.h"
 
 namespace qlora::strategy {
 
@@ -71,6 +72,24 @@ struct StepReport {
   double lr = 0;
   double grad_norm = 0;          // global L2 norm before clipping
   double clip_coefficient = 1;   // what the gradients were multiplied by
+};
+
+// A step's report whose gradient norm may still be on its way to the host (QueueStep below):
+// Get() waits for that copy only, not for the work queued after it, so a caller that reads it
+// late (the trainer, once the next step is queued) never drains the device's queue.
+class PendingStepReport {
+ public:
+  PendingStepReport() = default;
+  // `known` less the norm and the clipping coefficient, which Get() fills from `grad_norm` and
+  // `max_grad_norm` (<= 0: no clipping).
+  PendingStepReport(StepReport known, ScalarRead grad_norm, double max_grad_norm);
+
+  StepReport Get() const;
+
+ private:
+  StepReport known_;
+  ScalarRead grad_norm_;
+  double max_grad_norm_ = 0;
 };
 
 // What a strategy is, for the job's reports: the stage it runs and this rank's share.
@@ -116,8 +135,11 @@ class DistributedStrategy {
   virtual absl::Status EndMicroBatch() = 0;
 
   // At the accumulation boundary: reduce, clip by the global norm, AdamW with `lr`, write the
-  // updated values into the parameters on every rank, clear the gradients.
-  virtual absl::StatusOr<StepReport> Step(double lr) = 0;
+  // updated values into the parameters on every rank, clear the gradients. The work is queued
+  // on the device; the report's gradient norm is read when asked (PendingStepReport::Get).
+  virtual absl::StatusOr<PendingStepReport> QueueStep(double lr) = 0;
+  // QueueStep with its report read at once.
+  absl::StatusOr<StepReport> Step(double lr);
 
   virtual int64_t steps_taken() const = 0;
   virtual MemoryReport Memory() const = 0;

@@ -242,7 +242,7 @@ absl::Status ZeroStrategy::EndMicroBatch() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepReport> ZeroStrategy::Step(double lr) {
+absl::StatusOr<PendingStepReport> ZeroStrategy::QueueStep(double lr) {
   if (!broken_.ok()) return absl::FailedPreconditionError(broken_.message());
   if (ReducesInBuckets() &&
       std::any_of(reported_.begin(), reported_.end(), [](bool r) { return r; })) {
@@ -270,21 +270,20 @@ absl::StatusOr<StepReport> ZeroStrategy::Step(double lr) {
     norm = sum_sq.sqrt();
   }
   // The norm reaches the host while the optimizer's kernels run: the clipping coefficient is
-  // applied on the device (x 1 exactly when it is 1), so no read of the norm stalls the queue.
-  const ScalarRead norm_read(norm);
+  // applied on the device (x 1 exactly when it is 1), and the report reads the norm when asked
+  // (PendingStepReport::Get), so no read of it stalls the queue.
+  ScalarRead norm_read(norm);
   // The coefficient multiplies the gradient inside the optimizer's pass (grad is zeroed next).
   adamw_->Step(lr, master_, grad,
                options_.max_grad_norm > 0 ? ClipCoefficientOnDevice(norm, options_.max_grad_norm)
                                           : at::Tensor());
   StepReport report;
   report.lr = lr;
-  report.grad_norm = norm_read.Get();
-  report.clip_coefficient = optim::ClipCoefficient(report.grad_norm, options_.max_grad_norm);
   report.step = adamw_->step();
   if (!grad.is_same(grad_)) live_comm_bytes_ -= grad.nbytes();
   grad_.zero_();
   QLORA_RETURN_IF_ERROR(PublishMaster());
-  return report;
+  return PendingStepReport(report, std::move(norm_read), options_.max_grad_norm);
 }
 
 absl::StatusOr<at::Tensor> ZeroStrategy::FullMaster() {

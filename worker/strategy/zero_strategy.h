@@ -42,7 +42,7 @@ class ZeroStrategy final : public DistributedStrategy {
   absl::Status OnGradientsReady(const std::vector<int>& param_indices,
                                 const std::vector<at::Tensor>& grads) override;
   absl::Status EndMicroBatch() override;
-  absl::StatusOr<StepReport> Step(double lr) override;
+  absl::StatusOr<PendingStepReport> QueueStep(double lr) override;
   int64_t steps_taken() const override { return adamw_->step(); }
   MemoryReport Memory() const override;
   StrategyDescription Describe() const override;
