@@ -239,7 +239,7 @@ absl::StatusOr<Trainer::QueuedStep> Trainer::QueueStep(int64_t step) {
   for (const DeviceBatch& b : batches) {
     local_target_tokens += b.target_tokens;
     result.local_input_tokens += b.input_tokens;
-    result.global_rows += b.input_ids.size(0);  // this rank's until Resolve sums them
+    queued.local_rows += b.input_ids.size(0);
   }
   // The mean over the global batch: every rank's token losses divided by all ranks' tokens.
   QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_target_tokens));
@@ -298,7 +298,7 @@ absl::StatusOr<Trainer::QueuedStep> Trainer::QueueStep(int64_t step) {
   return queued;
 }
 
-absl::StatusOr<StepResult> Trainer::Resolve(QueuedStep& queued) {
+absl::StatusOr<StepResult> Trainer::Resolve(const QueuedStep& queued) {
   StepResult result = queued.result;
   result.report = queued.report.Get();
   const double local_loss = queued.local_loss.Get();
@@ -306,7 +306,7 @@ absl::StatusOr<StepResult> Trainer::Resolve(QueuedStep& queued) {
                          SumOverRanks(*communicator_,
                                       {local_loss, queued.due_here ? 1.0 : 0.0,
                                        static_cast<double>(result.local_input_tokens),
-                                       static_cast<double>(result.global_rows)},
+                                       static_cast<double>(queued.local_rows)},
                                       device_));
   result.loss = global[0] * queued.loss_scale;
   result.checkpoint_due = global[1] > 0;

@@ -6,6 +6,11 @@
 //   Resume   restore the newest complete checkpoint of this job and replay the data order to it
 //   Step     one optimizer step: accumulate the step's micro-batches, reduce, clip, AdamW
 //   After    evaluate, checkpoint and report progress as the job's settings ask
+//   Finish   final evaluation, gather the weights, write the PEFT adapter with its model card and
+//            the merged model if asked (rank 0), and summarize the run (TrainSummary)
+//
+// Run() is all of them in order; each is public so that tests can drive them one by one. Every
+// phase but the accessors is collective: all ranks call them in the same order. Torch side.
 //
 // Run() keeps the device busy between steps: it reads a step's values (loss, gradient norm) and
 // runs its After once the next step's work is queued, so that the host's reporting and the next
@@ -15,11 +20,6 @@
 // or by time, an evaluation, the run's last step) or the memory plans may still change it (the
 // run's first two steps), and with more than one rank (their sums are a collective that would
 // wait for the next step's work anyway: every step is finished first there, as before).
-//   Finish   final evaluation, gather the weights, write the PEFT adapter with its model card and
-//            the merged model if asked (rank 0), and summarize the run (TrainSummary)
-//
-// Run() is all of them in order; each is public so that tests can drive them one by one. Every
-// phase but the accessors is collective: all ranks call them in the same order. Torch side.
 #pragma once
 
 #include <cmath>
@@ -96,6 +96,7 @@ class Trainer {
     double start = 0;   // steady-clock seconds when it began
     double queued = 0;  // ... and when its work was all queued (on a CPU: done)
     double loss_scale = 0;
+    int64_t local_rows = 0;  // this rank's sequences, summed over ranks by Resolve
     bool due_here = false;  // rank 0's clock: a time-based checkpoint is due (rank 0 only)
     strategy::ScalarRead local_loss;
     strategy::PendingStepReport report;
@@ -103,7 +104,7 @@ class Trainer {
   absl::StatusOr<QueuedStep> QueueStep(int64_t step);
   // The step's values (collective: summed over ranks), the run's totals and the memory plans'
   // look at the peak.
-  absl::StatusOr<StepResult> Resolve(QueuedStep& queued);
+  absl::StatusOr<StepResult> Resolve(const QueuedStep& queued);
   // Whether Run() must finish `queued` before queuing the next step (see the header comment).
   bool MustResolveBeforeNext(const QueuedStep& queued) const;
   // Rank 0: the step's metrics into runs/ and metrics.jsonl (opened on first use; a failure is

@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/optim/clip.h"
 #include "worker/strategy/scalar_read.h"
 
 namespace qlora::strategy {
