@@ -18,6 +18,7 @@
 
 #include "kernels/cross_entropy_backend.h"
 #include "kernels/cuda_vectors.cuh"
+#include "kernels/dependent_launch.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
@@ -68,6 +69,7 @@ template <typename T, int V>
 __global__ void CrossEntropyKernel(T* __restrict__ logits, const int64_t* __restrict__ targets,
                                    int64_t vocab, int64_t ignore_index, bool write_gradient,
                                    float grad_scale, float* __restrict__ losses) {
+  AwaitPrecedingGrids();
   T* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const int64_t target = targets[blockIdx.x];
   const bool valid = target != ignore_index;
@@ -121,9 +123,9 @@ bool CrossEntropyWithGradient(at::Tensor& logits, const at::Tensor& targets, int
     const c10::cuda::CUDAGuard guard(logits.device());
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     auto kernel = vectorized ? CrossEntropyKernel<T, kVec> : CrossEntropyKernel<T, 1>;
-    kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        logits.mutable_data_ptr<T>(), targets.const_data_ptr<int64_t>(), vocab, ignore_index,
-        write_gradient, grad_scale, losses.mutable_data_ptr<float>());
+    LaunchDependent(kernel, static_cast<unsigned>(rows), kThreads, 0, stream,
+                    logits.mutable_data_ptr<T>(), targets.const_data_ptr<int64_t>(), vocab,
+                    ignore_index, write_gradient, grad_scale, losses.mutable_data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

@@ -136,6 +136,22 @@ void CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t
   if (rows > 0) o.view({-1}).narrow(0, 0, rows * cols).view({rows, cols}).mul_(scale);
 }
 
+void ScaleInPlace(const at::Tensor& x, const at::Tensor& factor) {
+  TORCH_CHECK(x.is_contiguous() && at::isFloatingType(x.scalar_type()),
+              "scale in place: contiguous floating x expected");
+  TORCH_CHECK(
+      factor.numel() == 1 && factor.scalar_type() == at::kFloat && factor.device() == x.device(),
+      "scale in place: the factor must be one float32 value on x's device");
+  if (x.numel() == 0) return;
+  if (OnCuda(x)) {
+#ifdef QLORA_HAVE_CUDA
+    if (cuda::ScaleInPlace(x, factor)) return;
+#endif
+  }
+  at::Tensor y = x;
+  y.copy_(x.to(at::kFloat).mul_(factor.reshape({})));
+}
+
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
               "swiglu: gate and up must have one shape and dtype");

@@ -35,4 +35,8 @@ bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Te
 bool CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t scaled,
                             const at::Tensor& scale);
 
+// ScaleInPlace for contiguous x (float32, float16 or bfloat16), factor a float32 scalar on x's
+// device.
+bool ScaleInPlace(const at::Tensor& x, const at::Tensor& factor);
+
 }  // namespace qlora::kernels::cuda

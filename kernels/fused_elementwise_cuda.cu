@@ -28,6 +28,7 @@
 
 #include "kernels/fused_elementwise_backend.h"
 #include "kernels/cuda_vectors.cuh"
+#include "kernels/dependent_launch.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
@@ -78,6 +79,7 @@ struct RotaryArgs {
 
 template <typename T, int V, bool kBackward>
 __global__ void RotaryKernel(RotaryArgs<T> args) {
+  AwaitPrecedingGrids();
   const int per_row = args.half / V;
   const int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (t >= args.seq * per_row) return;
@@ -147,6 +149,7 @@ __device__ __forceinline__ Vec<T, V> SwigluVector(const T* gate, const T* up) {
 template <typename T, int V>
 __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up,
                                     T* __restrict__ out, int64_t n) {
+  AwaitPrecedingGrids();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {
@@ -187,6 +190,7 @@ template <typename T, int V>
 __global__ void SwigluForwardRowsKernel(const T* __restrict__ gate, const T* __restrict__ up,
                                         T* __restrict__ out, int64_t rows, int64_t cols,
                                         SwigluStrides strides) {
+  AwaitPrecedingGrids();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= cols) return;
   ForBlockRows(rows, [&](int64_t row) {
@@ -200,6 +204,7 @@ __global__ void SwigluForwardRowsKernel(const T* __restrict__ gate, const T* __r
 template <typename T, int V>
 __global__ void CastScalingKernel(const T* __restrict__ in, float* __restrict__ out, int64_t n,
                                   int64_t scaled, const T* __restrict__ scale, int64_t cols) {
+  AwaitPrecedingGrids();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if constexpr (V > 1) {
@@ -223,6 +228,24 @@ __global__ void CastScalingKernel(const T* __restrict__ in, float* __restrict__ 
   }
 }
 
+// x[i] = T(float(x[i]) * factor), V values a thread; nothing where the factor is exactly 1.
+template <typename T, int V>
+__global__ void ScaleKernel(T* __restrict__ x, int64_t n, const float* __restrict__ factor) {
+  AwaitPrecedingGrids();
+  const float f = *factor;
+  if (f == 1.0f) return;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  if constexpr (V > 1) {
+    Vec<T, V> v = Load<T, V>(x + i);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v.v[j] = static_cast<T>(__fmul_rn(static_cast<float>(v.v[j]), f));
+    Store<T, V>(x + i, v);
+  } else {
+    x[i] = static_cast<T>(__fmul_rn(static_cast<float>(x[i]), f));
+  }
+}
+
 // dg, du for the output gradient dy; and x = silu(g) * u as SwigluForwardKernel rounds it.
 template <typename T>
 __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, T& x) {
@@ -239,6 +262,7 @@ __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, 
 template <typename T, int V, bool kProduct>
 __global__ void SwigluBackwardKernel(const T* grad, const T* gate, const T* up, T* grad_gate,
                                      T* grad_up, T* __restrict__ product, int64_t n) {
+  AwaitPrecedingGrids();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {
@@ -268,6 +292,7 @@ template <typename T, int V, bool kProduct>
 __global__ void SwigluBackwardRowsKernel(const T* grad, const T* gate, const T* up, T* grad_gate,
                                          T* grad_up, T* __restrict__ product, int64_t rows,
                                          int64_t cols, SwigluStrides strides) {
+  AwaitPrecedingGrids();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= cols) return;
   ForBlockRows(rows, [&](int64_t row) {
@@ -365,7 +390,7 @@ bool Rotary(const std::vector<RotaryPart>& parts, const at::Tensor& cos, const a
     auto kernel = backward ? RotaryKernel<T, V, true> : RotaryKernel<T, V, false>;
     const dim3 grid(static_cast<unsigned>(CeilDiv(seq * (half / V), kThreads)),
                     static_cast<unsigned>(heads), static_cast<unsigned>(batch));
-    kernel<<<grid, kThreads, 0, stream>>>(args);
+    LaunchDependent(kernel, grid, kThreads, 0, stream, args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });
@@ -384,14 +409,15 @@ bool SwigluForward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     if (gate.is_contiguous() && up.is_contiguous() && out.is_contiguous()) {
       const int64_t n = gate.numel();
-      SwigluForwardKernel<T, V><<<Grid(CeilDiv(n, V)), kThreads, 0, stream>>>(
-          gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), n);
+      LaunchDependent(SwigluForwardKernel<T, V>, Grid(CeilDiv(n, V)), kThreads, 0, stream,
+                      gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
+                      n);
     } else {
       SwigluStrides strides;
       strides.gate = *g, strides.up = *u, strides.out = *o;
-      SwigluForwardRowsKernel<T, V><<<RowGrid(rows, cols, V), kRowThreads, 0, stream>>>(
-          gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(), rows, cols,
-          strides);
+      LaunchDependent(SwigluForwardRowsKernel<T, V>, RowGrid(rows, cols, V), kRowThreads, 0, stream,
+                      gate.const_data_ptr<T>(), up.const_data_ptr<T>(), out.mutable_data_ptr<T>(),
+                      rows, cols, strides);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
@@ -423,17 +449,44 @@ bool SwigluBackward(const at::Tensor& grad, const at::Tensor& gate, const at::Te
       const int64_t n = gate.numel();
       auto kernel = product != nullptr ? SwigluBackwardKernel<T, V, true>
                                        : SwigluBackwardKernel<T, V, false>;
-      kernel<<<Grid(CeilDiv(n, V)), kThreads, 0, stream>>>(
-          grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
-          grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), product_out, n);
+      LaunchDependent(kernel, Grid(CeilDiv(n, V)), kThreads, 0, stream, grad.const_data_ptr<T>(),
+                      gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
+                      grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), product_out,
+                      n);
     } else {
       const SwigluStrides s{*strides[0], *strides[1], *strides[2], *strides[3], *strides[4], cols};
       auto kernel = product != nullptr ? SwigluBackwardRowsKernel<T, V, true>
                                        : SwigluBackwardRowsKernel<T, V, false>;
-      kernel<<<RowGrid(rows, cols, V), kRowThreads, 0, stream>>>(
-          grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
-          grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), product_out, rows, cols,
-          s);
+      LaunchDependent(kernel, RowGrid(rows, cols, V), kRowThreads, 0, stream,
+                      grad.const_data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(),
+                      grad_gate.mutable_data_ptr<T>(), grad_up.mutable_data_ptr<T>(), product_out,
+                      rows, cols, s);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  });
+}
+
+bool ScaleInPlace(const at::Tensor& x, const at::Tensor& factor) {
+  if (!x.is_cuda() || !x.is_contiguous() || factor.device() != x.device() ||
+      factor.scalar_type() != at::kFloat || x.numel() == 0) {
+    return false;
+  }
+  return DispatchFloating(x.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = 16 / sizeof(T);
+    const int64_t n = x.numel();
+    const c10::cuda::CUDAGuard guard(x.device());
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const bool vectorized = n % V == 0 && Aligned16(x.const_data_ptr());
+    const int per_thread = vectorized ? V : 1;
+    const unsigned blocks = static_cast<unsigned>(CeilDiv(CeilDiv(n, per_thread), kThreads));
+    if (vectorized) {
+      LaunchDependent(ScaleKernel<T, V>, blocks, kThreads, 0, stream, x.mutable_data_ptr<T>(), n,
+                      factor.const_data_ptr<float>());
+    } else {
+      LaunchDependent(ScaleKernel<T, 1>, blocks, kThreads, 0, stream, x.mutable_data_ptr<T>(), n,
+                      factor.const_data_ptr<float>());
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
@@ -461,11 +514,11 @@ bool CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t
     const T* s = scale.const_data_ptr<T>();
     const int64_t c = std::max<int64_t>(cols, 1);
     if (vectorized) {
-      CastScalingKernel<T, V><<<blocks, kThreads, 0, stream>>>(
-          in.const_data_ptr<T>(), out.mutable_data_ptr<float>(), n, scaled, s, c);
+      LaunchDependent(CastScalingKernel<T, V>, blocks, kThreads, 0, stream, in.const_data_ptr<T>(),
+                      out.mutable_data_ptr<float>(), n, scaled, s, c);
     } else {
-      CastScalingKernel<T, 1><<<blocks, kThreads, 0, stream>>>(
-          in.const_data_ptr<T>(), out.mutable_data_ptr<float>(), n, scaled, s, c);
+      LaunchDependent(CastScalingKernel<T, 1>, blocks, kThreads, 0, stream, in.const_data_ptr<T>(),
+                      out.mutable_data_ptr<float>(), n, scaled, s, c);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;

@@ -28,6 +28,7 @@
 #include <c10/util/Half.h>
 
 #include "kernels/cuda_vectors.cuh"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/lora_gradients_backend.h"
 
 namespace qlora::kernels::cuda {
@@ -155,6 +156,7 @@ __device__ __forceinline__ int ColsFirstCol(int lane) { return ((lane / 8) % 2) 
 // w * kCols / 8 .. + kCols / 8 over all its rows.
 template <typename T, int R, int kRows>
 __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs args) {
+  AwaitPrecedingGrids();
   using Op = typename MmaOperand<T>::type;
   constexpr int kCols = TileCols(kRows), kLd = TileLd(kRows);
   constexpr int kRankLd = RankLd(R), kPieces = R / 8;  // 16-byte pieces of a rank row
@@ -350,6 +352,7 @@ struct ReduceArgs {
 // in flight at a time, added in chunk order; blockIdx.y is the adapter.
 template <typename T>
 __global__ void LoraGradientReduceKernel(ReduceArgs args) {
+  AwaitPrecedingGrids();
   AdapterReduceArgs op = args.adapters[0];  // constant indices: no local copy of the arguments
 #pragma unroll
   for (int i = 1; i < kMaxAdapters; ++i) {
@@ -447,8 +450,9 @@ void Launch(const std::vector<PairOperands>& pairs, int blocks_per_sm) {
   const size_t shared = SharedBytes<R, kRows>();
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(shared)));
-  kernel<<<dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)), kThreads,
-           shared, stream>>>(args);
+  LaunchDependent(kernel,
+                  dim3(static_cast<unsigned>(col_chunks), static_cast<unsigned>(row_chunks)),
+                  kThreads, shared, stream, args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   reduce.rows = rows;
   reduce.rows_padded = row_chunks * chunk_rows;
@@ -456,8 +460,9 @@ void Launch(const std::vector<PairOperands>& pairs, int blocks_per_sm) {
   reduce.r = R;
   const unsigned reduce_blocks = static_cast<unsigned>(
       std::min<int64_t>(CeilDiv(reduce_values / 4, kThreads), int64_t{sms} * 16));
-  LoraGradientReduceKernel<T>
-      <<<dim3(reduce_blocks, static_cast<unsigned>(pairs.size())), kThreads, 0, stream>>>(reduce);
+  LaunchDependent(LoraGradientReduceKernel<T>,
+                  dim3(reduce_blocks, static_cast<unsigned>(pairs.size())), kThreads, 0, stream,
+                  reduce);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -21,6 +21,7 @@
 
 #include "kernels/codebooks_4bit.h"
 #include "kernels/cuda_vectors.cuh"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/quantize_4bit_backend.h"
 #include "kernels/quantize_4bit_math.h"
 
@@ -186,6 +187,7 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
                                      bool vector_io, RowLayout rows, AfterArgs after,
                                      T* __restrict__ out) {
+  AwaitPrecedingGrids();
   if (after.elements > 0 && blockIdx.x >= after.weight_blocks) {  // the whole block
     WriteAfterColumns(after, rows, rows.cols, out);
     return;
@@ -372,8 +374,8 @@ void Dequantize4bit(const at::Tensor& packed, const AbsmaxSource& source, QuantT
     const unsigned weight_blocks = Grid(CeilDiv(chunks, kChunksPerThread));
     after_args.weight_blocks = weight_blocks;
     const unsigned blocks = weight_blocks + Grid(after_args.elements);
-    Dequantize4bitKernel<T><<<blocks, kThreads, 0, stream>>>(
-        in, n, Log2(blocksize), args, table, vector_io, rows, after_args, dst);
+    LaunchDependent(Dequantize4bitKernel<T>, blocks, kThreads, 0, stream, in, n, Log2(blocksize),
+                    args, table, vector_io, rows, after_args, dst);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

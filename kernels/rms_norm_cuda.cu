@@ -21,6 +21,7 @@
 
 #include "kernels/rms_norm_backend.h"
 #include "kernels/cuda_vectors.cuh"
+#include "kernels/dependent_launch.cuh"
 
 namespace qlora::kernels::cuda {
 namespace {
@@ -50,6 +51,7 @@ __global__ void ResidualRmsNormForwardKernel(const T* __restrict__ x, const T* _
                                              const T* __restrict__ weight, int64_t dim, float eps,
                                              T* h, T* __restrict__ n, int64_t n_stride,
                                              float* __restrict__ rstd_out) {
+  AwaitPrecedingGrids();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
   T* const n_row = n + static_cast<int64_t>(blockIdx.x) * n_stride;
   const int64_t vectors = dim / V;
@@ -91,6 +93,7 @@ __global__ void RmsNormBackwardKernel(const T* __restrict__ grad_n, const T* __r
                                       const T* __restrict__ weight, const T* __restrict__ grad_h,
                                       int64_t dim, int64_t grad_n_stride, int64_t grad_h_stride,
                                       int64_t dx_stride, T* __restrict__ dx) {
+  AwaitPrecedingGrids();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
   const T* const grad_n_row = grad_n + static_cast<int64_t>(blockIdx.x) * grad_n_stride;
   const T* const grad_h_row =
@@ -161,11 +164,12 @@ bool ResidualRmsNormForward(const at::Tensor& x, const at::Tensor& delta, const 
     if (!Takes({&x, &delta, &weight, &h, &n}, dim, x.scalar_type(), V, {&n})) return false;
     if (rows == 0) return true;
     const c10::cuda::CUDAGuard guard(x.device());
-    ResidualRmsNormForwardKernel<T, V><<<static_cast<unsigned>(rows), kThreads, 0,
-                                         at::cuda::getCurrentCUDAStream()>>>(
-        x.const_data_ptr<T>(), delta.defined() ? delta.const_data_ptr<T>() : nullptr,
-        weight.const_data_ptr<T>(), dim, eps, delta.defined() ? h.mutable_data_ptr<T>() : nullptr,
-        n.mutable_data_ptr<T>(), n.stride(0), rstd.mutable_data_ptr<float>());
+    LaunchDependent(ResidualRmsNormForwardKernel<T, V>, static_cast<unsigned>(rows), kThreads, 0,
+                    at::cuda::getCurrentCUDAStream(), x.const_data_ptr<T>(),
+                    delta.defined() ? delta.const_data_ptr<T>() : nullptr,
+                    weight.const_data_ptr<T>(), dim, eps,
+                    delta.defined() ? h.mutable_data_ptr<T>() : nullptr, n.mutable_data_ptr<T>(),
+                    n.stride(0), rstd.mutable_data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });
@@ -187,12 +191,12 @@ bool RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Te
     }
     if (rows == 0) return true;
     const c10::cuda::CUDAGuard guard(h.device());
-    RmsNormBackwardKernel<T, V><<<static_cast<unsigned>(rows), kThreads, 0,
-                                  at::cuda::getCurrentCUDAStream()>>>(
-        grad_n.const_data_ptr<T>(), h.const_data_ptr<T>(), rstd.const_data_ptr<float>(),
-        weight.const_data_ptr<T>(), grad_h.defined() ? grad_h.const_data_ptr<T>() : nullptr, dim,
-        grad_n.stride(0), grad_h.defined() ? grad_h.stride(0) : dim, dx.stride(0),
-        dx.mutable_data_ptr<T>());
+    LaunchDependent(RmsNormBackwardKernel<T, V>, static_cast<unsigned>(rows), kThreads, 0,
+                    at::cuda::getCurrentCUDAStream(), grad_n.const_data_ptr<T>(),
+                    h.const_data_ptr<T>(), rstd.const_data_ptr<float>(), weight.const_data_ptr<T>(),
+                    grad_h.defined() ? grad_h.const_data_ptr<T>() : nullptr, dim, grad_n.stride(0),
+                    grad_h.defined() ? grad_h.stride(0) : dim, dx.stride(0),
+                    dx.mutable_data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   });

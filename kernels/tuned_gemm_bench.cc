@@ -1,9 +1,10 @@
 // qlora-tuned-gemm-bench: for the base projections' GEMMs of one decoder layer, as the engine
 // issues them at rank 16, every cuBLASLt candidate's time against ATen's own call (cuBLAS's pick).
 //   tuned_gemm_bench [tokens hidden intermediate kv_hidden [repetitions heat_ms [candidates
-//                    [variants [steady_ms [steady_finalists]]]]]]
+//                    [variants [steady_ms [steady_finalists [workspace_bytes]]]]]]]
 //   (default 8192 4096 11008 4096, and the tuner's timing_repetitions, heat_ms, candidates,
-//   variants, steady_ms and steady_finalists; with steady_ms, the contenders timed in steady state are listed)
+//   variants, steady_ms, steady_finalists and workspace_bytes; with steady_ms, the contenders
+//   timed in steady state are listed; each candidate names the workspace it asks for)
 // Then the adapters' weight-gradient GEMMs (dA [r, in] over K = tokens: split-K may run them).
 // Prints, per GEMM, ATen's milliseconds and TFLOP/s, the fastest candidate's, and the top three,
 // as the tuner times them (GemmTunerOptions: `repetitions` runs per batch; ATen's GEMM first runs
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   options.variants = argc > 8 ? std::atoi(argv[8]) : options.variants;
   options.steady_ms = argc > 9 ? std::atof(argv[9]) : options.steady_ms;
   options.steady_finalists = argc > 10 ? std::atoi(argv[10]) : options.steady_finalists;
+  options.workspace_bytes = argc > 11 ? std::atoll(argv[11]) : options.workspace_bytes;
   GemmTuner tuner(options);
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   // The engine's base GEMMs at rank 16 (linear4bit.cc): forward over rows widened by the

@@ -206,7 +206,10 @@ class AlgorithmCache {
     const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(call, plan);
     std::vector<GemmCandidateTiming> result;
     for (const Timing& t : Time(call, plan, candidates, out)) {
-      result.push_back({t.index < 0 ? "aten" : Describe(candidates[t.index]), t.ms, t.steady_ms});
+      result.push_back({t.index < 0 ? "aten"
+                                    : Describe(candidates[t.index]) + " workspace=" +
+                                          std::to_string(Workspace(plan, candidates[t.index])),
+                        t.ms, t.steady_ms});
     }
     Destroy(plan);
     return result;
@@ -279,6 +282,16 @@ class AlgorithmCache {
       return std::nullopt;
     }
     return algo;
+  }
+
+  // The workspace bytes `algo` asks for on the plan's shape (0 where cuBLASLt rejects it).
+  size_t Workspace(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+    cublasLtMatmulHeuristicResult_t result{};
+    if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x, plan.y,
+                                plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS) {
+      return 0;
+    }
+    return result.workspaceSize;
   }
 
   // Runs the call with the plan's algorithm for it; false: ATen's call is the caller's to run.

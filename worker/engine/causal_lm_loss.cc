@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/cross_entropy.h"
+#include "kernels/fused_elementwise.h"
 
 namespace qlora::engine {
 namespace {
@@ -43,7 +44,6 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     }
     ctx->save_for_backward({grad_hidden});
     ctx->saved_data["grad_scale"] = options.grad_scale;
-    ctx->saved_data["chunk"] = options.chunk_size;
     return losses.empty() ? at::zeros({}, hidden.options().dtype(at::kFloat))
                           : at::cat(losses).sum();
   }
@@ -55,15 +55,11 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
                 "did not require grad)");
     const at::Tensor ratio =
         grad_outputs[0].to(at::kFloat) / static_cast<float>(ctx->saved_data["grad_scale"].toDouble());
-    // In place, in float32, a chunk of rows at a time: no [tokens, hidden] float32 copies at
-    // the start of backward, where every layer's activations are still held.
-    at::Tensor grad = grad_hidden;
-    const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    for (int64_t start = 0; start < grad.size(0); start += chunk) {
-      at::Tensor rows = grad.narrow(0, start, std::min(chunk, grad.size(0) - start));
-      rows.copy_(rows.to(at::kFloat).mul_(ratio));
-    }
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // In place, each value's float32 product rounded once, with no [tokens, hidden] float32 copy
+    // at the start of backward, where every layer's activations are still held (on CUDA one
+    // launch, which changes nothing where the ratio is 1).
+    kernels::ScaleInPlace(grad_hidden, ratio);
+    return {grad_hidden, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -76,10 +72,18 @@ CausalLmLoss ComputeCausalLmLoss(const at::Tensor& hidden, const at::Tensor& lm_
   TORCH_CHECK(options.chunk_size > 0, "chunk_size must be positive");
   TORCH_CHECK(options.grad_scale != 0, "grad_scale must not be zero");
   const int64_t batch = hidden.size(0), seq = hidden.size(1);
-  // Position t predicts labels[t + 1]: drop the last position and the first label.
-  const at::Tensor h = hidden.narrow(1, 0, seq - 1).reshape({batch * (seq - 1), hidden.size(2)});
-  const at::Tensor targets =
-      labels.to(hidden.device(), at::kLong).narrow(1, 1, seq - 1).reshape({batch * (seq - 1)});
+  // Position t predicts labels[t + 1]; a row's last position predicts nothing (its target is
+  // ignored, so its loss and gradient are 0). Every position goes in: hidden's rows as they are
+  // (a view where hidden is contiguous), not a copy of all but the last, whose gradient would
+  // then be scattered back into a zeroed tensor of hidden's shape.
+  const at::Tensor h = hidden.reshape({batch * seq, hidden.size(2)});
+  at::Tensor targets = at::full({batch, seq}, kIgnoreIndex,
+                                at::TensorOptions().dtype(at::kLong).device(hidden.device()));
+  if (seq > 1) {
+    targets.narrow(1, 0, seq - 1)
+        .copy_(labels.to(hidden.device(), at::kLong).narrow(1, 1, seq - 1));
+  }
+  targets = targets.view({batch * seq});
   CausalLmLoss result;
   if (options.count_tokens) result.num_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
   const bool with_gradient = at::GradMode::is_enabled() && hidden.requires_grad();
