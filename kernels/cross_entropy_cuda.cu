@@ -69,7 +69,7 @@ template <typename T, int V>
 __global__ void CrossEntropyKernel(T* __restrict__ logits, const int64_t* __restrict__ targets,
                                    int64_t vocab, int64_t ignore_index, bool write_gradient,
                                    float grad_scale, float* __restrict__ losses) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   T* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const int64_t target = targets[blockIdx.x];
   const bool valid = target != ignore_index;

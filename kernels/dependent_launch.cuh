@@ -1,14 +1,14 @@
 // Kernel launches that overlap the previous kernel's end (programmatic dependent launch, sm_90):
-// where two of these kernels follow each other in a stream, the second's blocks are launched
-// while the first's last ones run, and wait at their start until the first has finished and its
-// writes are visible, instead of the GPU launching the second only once the first is done (the
-// ~1.5 us bubble between dependent kernels, round 27's 7B profile). After any other kind of
-// kernel, or a copy, the launch is an ordinary one: the driver overlaps only a kernel that asks
-// for it (AwaitPrecedingGrids' trigger).
+// where a kernel launched here follows one that allows it (ours all do, in BeginDependentKernel;
+// library kernels may), its blocks are launched while that one's last blocks run and wait at
+// their start until it has finished and its writes are visible, instead of the GPU launching it
+// only once the first is done (the ~1.5 us bubble between dependent kernels, round 27's 7B
+// profile). After a copy or a kernel that does not allow it, the launch is an ordinary one.
 //
-// Every kernel launched by LaunchDependent must call AwaitPrecedingGrids before it reads or
+// Every kernel launched by LaunchDependent must call BeginDependentKernel before it reads or
 // writes global memory (first thing, in every block), so that it never runs ahead of what came
-// before it in the stream.
+// before it in the stream. Built only where every CUDA architecture of the build is sm_90 or
+// later (QLORA_DEPENDENT_LAUNCH, kernels/CMakeLists.txt); elsewhere both are ordinary.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,13 +17,20 @@
 
 #include <c10/cuda/CUDAException.h>
 
+#ifndef QLORA_DEPENDENT_LAUNCH
+#define QLORA_DEPENDENT_LAUNCH 0
+#endif
+#if QLORA_DEPENDENT_LAUNCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "QLORA_DEPENDENT_LAUNCH needs every CUDA architecture of the build to be sm_90 or later"
+#endif
+
 namespace qlora::kernels::cuda {
 
-// Waits for the kernels before this one in the stream (and their writes), then lets the next
-// one's blocks launch once every block of this one has started. Nothing on GPUs before sm_90,
-// where LaunchDependent's launches are ordinary ones.
-__device__ __forceinline__ void AwaitPrecedingGrids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The first statement of a kernel launched by LaunchDependent. Two things: waits for the
+// kernels before this one in the stream (and their writes), then releases the next kernel, whose
+// blocks may launch once every block of this one has passed here.
+__device__ __forceinline__ void BeginDependentKernel() {
+#if QLORA_DEPENDENT_LAUNCH && defined(__CUDA_ARCH__)
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -43,7 +50,7 @@ void LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sh
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = QLORA_DEPENDENT_LAUNCH ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

@@ -137,8 +137,10 @@ void CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t
 }
 
 void ScaleInPlace(const at::Tensor& x, const at::Tensor& factor) {
-  TORCH_CHECK(x.is_contiguous() && at::isFloatingType(x.scalar_type()),
-              "scale in place: contiguous floating x expected");
+  const at::ScalarType dtype = x.scalar_type();
+  TORCH_CHECK(
+      x.is_contiguous() && (dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16),
+      "scale in place: contiguous float32, float16 or bfloat16 x expected");
   TORCH_CHECK(
       factor.numel() == 1 && factor.scalar_type() == at::kFloat && factor.device() == x.device(),
       "scale in place: the factor must be one float32 value on x's device");
@@ -148,8 +150,7 @@ void ScaleInPlace(const at::Tensor& x, const at::Tensor& factor) {
     if (cuda::ScaleInPlace(x, factor)) return;
 #endif
   }
-  at::Tensor y = x;
-  y.copy_(x.to(at::kFloat).mul_(factor.reshape({})));
+  x.copy_(x.to(at::kFloat).mul_(factor.reshape({})));
 }
 
 at::Tensor SwigluForward(const at::Tensor& gate, const at::Tensor& up) {

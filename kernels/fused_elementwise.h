@@ -48,11 +48,12 @@ void RotaryBackwardAndCopyInto(at::TensorList rotated, const at::Tensor& copied,
 void CastScalingLeadingRows(const at::Tensor& in, const at::Tensor& out, int64_t rows,
                             const at::Tensor& scale);
 
-// x (contiguous, a float dtype) = x times `factor` (a float32 scalar on x's device), each product
-// of exact float32 values rounded once to x's dtype: what x.copy_(x.to(float32).mul_(factor))
-// computes, in place, without the float32 copy (one launch on CUDA, which reads the factor on the
-// device and leaves x untouched where it is exactly 1). The causal-LM loss's hidden gradient
-// times the incoming gradient over the one its forward assumed (worker/engine/causal_lm_loss.h).
+// x (contiguous float32, float16 or bfloat16) = x times `factor` (a float32 scalar on x's
+// device), each product rounded to float32 and then to x's dtype: what
+// x.copy_(x.to(float32).mul_(factor)) computes, in place, without the float32 copy (one launch on
+// CUDA, which reads the factor on the device and leaves x untouched where it is exactly 1). The
+// causal-LM loss's hidden gradient times the incoming gradient over the one its forward assumed
+// (worker/engine/causal_lm_loss.h).
 void ScaleInPlace(const at::Tensor& x, const at::Tensor& factor);
 
 // gate, up: the same shape and dtype (either may be rows of a wider buffer) -> silu(gate) * up.

@@ -14,6 +14,11 @@
 //                  a wider buffer (each its own row stride: gate and up side by side in one
 //                  packed buffer, outputs with spare columns): blockIdx.y takes kRowsPerBlock
 //                  rows, so no thread divides an index by the row length
+//   CastScalingKernel / ScaleKernel   one thread per V elements: a 16-bit tensor cast to float32
+//                  (a leading block times a column scale), and a tensor times a device scalar in
+//                  place (nothing where it is 1)
+// Each launches through LaunchDependent (dependent_launch.cuh) and begins with
+// BeginDependentKernel.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -79,7 +84,7 @@ struct RotaryArgs {
 
 template <typename T, int V, bool kBackward>
 __global__ void RotaryKernel(RotaryArgs<T> args) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int per_row = args.half / V;
   const int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (t >= args.seq * per_row) return;
@@ -149,7 +154,7 @@ __device__ __forceinline__ Vec<T, V> SwigluVector(const T* gate, const T* up) {
 template <typename T, int V>
 __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restrict__ up,
                                     T* __restrict__ out, int64_t n) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {
@@ -190,7 +195,7 @@ template <typename T, int V>
 __global__ void SwigluForwardRowsKernel(const T* __restrict__ gate, const T* __restrict__ up,
                                         T* __restrict__ out, int64_t rows, int64_t cols,
                                         SwigluStrides strides) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= cols) return;
   ForBlockRows(rows, [&](int64_t row) {
@@ -204,7 +209,7 @@ __global__ void SwigluForwardRowsKernel(const T* __restrict__ gate, const T* __r
 template <typename T, int V>
 __global__ void CastScalingKernel(const T* __restrict__ in, float* __restrict__ out, int64_t n,
                                   int64_t scaled, const T* __restrict__ scale, int64_t cols) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if constexpr (V > 1) {
@@ -231,7 +236,7 @@ __global__ void CastScalingKernel(const T* __restrict__ in, float* __restrict__ 
 // x[i] = T(float(x[i]) * factor), V values a thread; nothing where the factor is exactly 1.
 template <typename T, int V>
 __global__ void ScaleKernel(T* __restrict__ x, int64_t n, const float* __restrict__ factor) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const float f = *factor;
   if (f == 1.0f) return;
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
@@ -262,7 +267,7 @@ __device__ __forceinline__ void SwigluBackwardOne(T dy, T g, T u, T& dg, T& du, 
 template <typename T, int V, bool kProduct>
 __global__ void SwigluBackwardKernel(const T* grad, const T* gate, const T* up, T* grad_gate,
                                      T* grad_up, T* __restrict__ product, int64_t n) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
   if (i + V <= n) {
@@ -292,7 +297,7 @@ template <typename T, int V, bool kProduct>
 __global__ void SwigluBackwardRowsKernel(const T* grad, const T* gate, const T* up, T* grad_gate,
                                          T* grad_up, T* __restrict__ product, int64_t rows,
                                          int64_t cols, SwigluStrides strides) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= cols) return;
   ForBlockRows(rows, [&](int64_t row) {
@@ -479,8 +484,7 @@ bool ScaleInPlace(const at::Tensor& x, const at::Tensor& factor) {
     const c10::cuda::CUDAGuard guard(x.device());
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const bool vectorized = n % V == 0 && Aligned16(x.const_data_ptr());
-    const int per_thread = vectorized ? V : 1;
-    const unsigned blocks = static_cast<unsigned>(CeilDiv(CeilDiv(n, per_thread), kThreads));
+    const unsigned blocks = Grid(CeilDiv(n, vectorized ? V : 1));
     if (vectorized) {
       LaunchDependent(ScaleKernel<T, V>, blocks, kThreads, 0, stream, x.mutable_data_ptr<T>(), n,
                       factor.const_data_ptr<float>());

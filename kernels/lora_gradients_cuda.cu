@@ -156,7 +156,7 @@ __device__ __forceinline__ int ColsFirstCol(int lane) { return ((lane / 8) % 2) 
 // w * kCols / 8 .. + kCols / 8 over all its rows.
 template <typename T, int R, int kRows>
 __global__ void __launch_bounds__(kThreads, 2) LoraGradientPairKernel(PairArgs args) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   using Op = typename MmaOperand<T>::type;
   constexpr int kCols = TileCols(kRows), kLd = TileLd(kRows);
   constexpr int kRankLd = RankLd(R), kPieces = R / 8;  // 16-byte pieces of a rank row
@@ -352,7 +352,7 @@ struct ReduceArgs {
 // in flight at a time, added in chunk order; blockIdx.y is the adapter.
 template <typename T>
 __global__ void LoraGradientReduceKernel(ReduceArgs args) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   AdapterReduceArgs op = args.adapters[0];  // constant indices: no local copy of the arguments
 #pragma unroll
   for (int i = 1; i < kMaxAdapters; ++i) {

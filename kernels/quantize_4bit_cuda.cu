@@ -187,7 +187,7 @@ __global__ void Dequantize4bitKernel(const uint8_t* __restrict__ packed, int64_t
                                      int log2_blocksize, AbsmaxArgs absmax_args, Codebook16 table,
                                      bool vector_io, RowLayout rows, AfterArgs after,
                                      T* __restrict__ out) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   if (after.elements > 0 && blockIdx.x >= after.weight_blocks) {  // the whole block
     WriteAfterColumns(after, rows, rows.cols, out);
     return;

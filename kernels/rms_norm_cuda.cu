@@ -51,7 +51,7 @@ __global__ void ResidualRmsNormForwardKernel(const T* __restrict__ x, const T* _
                                              const T* __restrict__ weight, int64_t dim, float eps,
                                              T* h, T* __restrict__ n, int64_t n_stride,
                                              float* __restrict__ rstd_out) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
   T* const n_row = n + static_cast<int64_t>(blockIdx.x) * n_stride;
   const int64_t vectors = dim / V;
@@ -93,7 +93,7 @@ __global__ void RmsNormBackwardKernel(const T* __restrict__ grad_n, const T* __r
                                       const T* __restrict__ weight, const T* __restrict__ grad_h,
                                       int64_t dim, int64_t grad_n_stride, int64_t grad_h_stride,
                                       int64_t dx_stride, T* __restrict__ dx) {
-  AwaitPrecedingGrids();
+  BeginDependentKernel();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * dim;
   const T* const grad_n_row = grad_n + static_cast<int64_t>(blockIdx.x) * grad_n_stride;
   const T* const grad_h_row =

@@ -206,10 +206,13 @@ class AlgorithmCache {
     const std::vector<cublasLtMatmulAlgo_t> candidates = Candidates(call, plan);
     std::vector<GemmCandidateTiming> result;
     for (const Timing& t : Time(call, plan, candidates, out)) {
-      result.push_back({t.index < 0 ? "aten"
-                                    : Describe(candidates[t.index]) + " workspace=" +
-                                          std::to_string(Workspace(plan, candidates[t.index])),
-                        t.ms, t.steady_ms});
+      std::string name = "aten";
+      if (t.index >= 0) {
+        const std::optional<size_t> workspace = Workspace(plan, candidates[t.index]);
+        name = Describe(candidates[t.index]) +
+               " workspace=" + (workspace ? std::to_string(*workspace) : "rejected");
+      }
+      result.push_back({name, t.ms, t.steady_ms});
     }
     Destroy(plan);
     return result;
@@ -271,27 +274,24 @@ class AlgorithmCache {
     return true;
   }
 
+  // The workspace bytes cuBLASLt says `algo` needs for the plan's shape; none where it rejects
+  // the algorithm for it.
+  std::optional<size_t> Workspace(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+    cublasLtMatmulHeuristicResult_t result{};
+    if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x, plan.y,
+                                plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS) {
+      return std::nullopt;
+    }
+    return result.workspaceSize;
+  }
+
   // `algo` (chosen for another shape of the same key) where cuBLASLt accepts it for this exact
   // shape within the workspace.
   std::optional<cublasLtMatmulAlgo_t> Accepted(const Plan& plan,
                                                const cublasLtMatmulAlgo_t& algo) const {
-    cublasLtMatmulHeuristicResult_t result{};
-    if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x,
-                                plan.y, plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS ||
-        result.workspaceSize > WorkspaceBytes()) {
-      return std::nullopt;
-    }
+    const std::optional<size_t> workspace = Workspace(plan, algo);
+    if (!workspace || *workspace > WorkspaceBytes()) return std::nullopt;
     return algo;
-  }
-
-  // The workspace bytes `algo` asks for on the plan's shape (0 where cuBLASLt rejects it).
-  size_t Workspace(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
-    cublasLtMatmulHeuristicResult_t result{};
-    if (cublasLtMatmulAlgoCheck(at::cuda::getCurrentCUDABlasLtHandle(), plan.desc, plan.x, plan.y,
-                                plan.d, plan.d, &algo, &result) != CUBLAS_STATUS_SUCCESS) {
-      return 0;
-    }
-    return result.workspaceSize;
   }
 
   // Runs the call with the plan's algorithm for it; false: ATen's call is the caller's to run.

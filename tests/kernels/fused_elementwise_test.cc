@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/fused_elementwise.h"
@@ -307,18 +308,21 @@ TEST(KernelsFused, CastScalingLeadingRowsEqualsTheCastThenMul) {
                c10::Error);  // not float32 out
 }
 
-// The loss's hidden gradient times a device factor: the bits of the float32 product rounded once
-// (a factor of 1 changes nothing; vectorized lengths and not, each float dtype), without a
-// float32 copy of x.
-TEST(KernelsFused, ScaleInPlaceEqualsTheFloat32ProductRoundedOnce) {
+// The loss's hidden gradient times a device factor: the bits of the float32 product rounded to
+// x's dtype (a factor of 1 changes nothing; vectorized lengths and not, a 16-byte-aligned start
+// and not, each float dtype), without a float32 copy of x.
+TEST(KernelsFused, ScaleInPlaceEqualsTheFloat32ProductRounded) {
   for (const at::Device& device : KernelTestDevices()) {
     for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-      for (const int64_t n : {int64_t{4096 * 9}, int64_t{37}}) {
+      for (const auto& [n, offset] :
+           {std::pair<int64_t, int64_t>{4096 * 9, 0}, {37, 0}, {4096 * 9, 1}}) {
         for (const float factor : {1.0f, 0.37f, -3.0f}) {
-          SCOPED_TRACE(testing::Message()
-                       << device << " " << dtype << " n " << n << " factor " << factor);
+          SCOPED_TRACE(testing::Message() << device << " " << dtype << " n " << n << " offset "
+                                          << offset << " factor " << factor);
           at::manual_seed(n);
-          const at::Tensor x = (at::randn({n}) * 3).to(at::dtype(dtype).device(device));
+          const at::Tensor x = (at::randn({n + offset}) * 3)
+                                   .to(at::dtype(dtype).device(device))
+                                   .narrow(0, offset, n);
           const at::Tensor f = at::full({}, factor, at::dtype(at::kFloat).device(device));
           const at::Tensor want = x.to(at::kFloat).mul(factor).to(dtype);
           const at::Tensor before = x.clone();
@@ -332,6 +336,7 @@ TEST(KernelsFused, ScaleInPlaceEqualsTheFloat32ProductRoundedOnce) {
   EXPECT_THROW(ScaleInPlace(at::ones({4, 4}).t(), at::ones({})), c10::Error);  // not contiguous
   EXPECT_THROW(ScaleInPlace(at::ones({4}), at::ones({2})), c10::Error);        // not one value
   EXPECT_THROW(ScaleInPlace(at::ones({4}), at::ones({}, at::kDouble)), c10::Error);
+  EXPECT_THROW(ScaleInPlace(at::ones({4}, at::kDouble), at::ones({})), c10::Error);  // float64 x
 }
 
 TEST(KernelsFused, SwigluOverPackedGateAndUpEqualsTheContiguousCase) {
