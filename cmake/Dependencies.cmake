@@ -65,8 +65,15 @@ if(NOT QLORA_CUDA STREQUAL "OFF")
 endif()
 message(STATUS "qlora: CUDA kernels ${QLORA_HAVE_CUDA}")
 
-# LibTorch: CMAKE_PREFIX_PATH names it (scripts/build.sh passes the cache folder).
-set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "")
+# LibTorch: CMAKE_PREFIX_PATH names it (scripts/build.sh passes the cache folder). Torch's CMake
+# hands nvcc the architectures of TORCH_CUDA_ARCH_LIST (its "9.0" form) and clears
+# CMAKE_CUDA_ARCHITECTURES, so that list is derived from QLORA_CUDA_ARCHITECTURES ("90" -> "9.0",
+# "90a" -> "9.0a"): the option is what the kernels are built for.
+set(TORCH_CUDA_ARCH_LIST "")
+foreach(arch IN LISTS QLORA_CUDA_ARCHITECTURES)
+  string(REGEX REPLACE "^([0-9]+)([0-9])([a-z]?)$" "\\1.\\2\\3" torch_arch "${arch}")
+  list(APPEND TORCH_CUDA_ARCH_LIST "${torch_arch}")
+endforeach()
 find_package(Torch REQUIRED)
 # Torch's flags carry -D_GLIBCXX_USE_CXX11_ABI=1, which matches the system libraries.
 add_library(qlora_torch INTERFACE)
