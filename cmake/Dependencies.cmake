@@ -68,11 +68,22 @@ message(STATUS "qlora: CUDA kernels ${QLORA_HAVE_CUDA}")
 # LibTorch: CMAKE_PREFIX_PATH names it (scripts/build.sh passes the cache folder). Torch's CMake
 # hands nvcc the architectures of TORCH_CUDA_ARCH_LIST (its "9.0" form) and clears
 # CMAKE_CUDA_ARCHITECTURES, so that list is derived from QLORA_CUDA_ARCHITECTURES ("90" -> "9.0",
-# "90a" -> "9.0a"): the option is what the kernels are built for.
+# "90a" -> "9.0a"): the option is what the kernels are built for. The kernels' programmatic
+# dependent launch (kernels/dependent_launch.cuh) needs griddepcontrol in every architecture
+# built (sm_90 and later): a kernel built for an older one (an H200 JIT-compiles a build's
+# compute_80 code where it has no sm_90 code) could not wait for the kernel before it.
 set(TORCH_CUDA_ARCH_LIST "")
+set(QLORA_DEPENDENT_LAUNCH 0)
+if(QLORA_CUDA_ARCHITECTURES)
+  set(QLORA_DEPENDENT_LAUNCH 1)
+endif()
 foreach(arch IN LISTS QLORA_CUDA_ARCHITECTURES)
   string(REGEX REPLACE "^([0-9]+)([0-9])([a-z]?)$" "\\1.\\2\\3" torch_arch "${arch}")
   list(APPEND TORCH_CUDA_ARCH_LIST "${torch_arch}")
+  string(REGEX MATCH "^[0-9]+" arch_number "${arch}")
+  if(NOT arch_number OR arch_number LESS 90)
+    set(QLORA_DEPENDENT_LAUNCH 0)
+  endif()
 endforeach()
 find_package(Torch REQUIRED)
 # Torch's flags carry -D_GLIBCXX_USE_CXX11_ABI=1, which matches the system libraries.

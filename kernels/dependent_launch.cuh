@@ -8,7 +8,7 @@
 // Every kernel launched by LaunchDependent must call BeginDependentKernel before it reads or
 // writes global memory (first thing, in every block), so that it never runs ahead of what came
 // before it in the stream. Built only where every CUDA architecture of the build is sm_90 or
-// later (QLORA_DEPENDENT_LAUNCH, kernels/CMakeLists.txt); elsewhere both are ordinary.
+// later (QLORA_DEPENDENT_LAUNCH, cmake/Dependencies.cmake); elsewhere both are ordinary.
 #pragma once
 
 #include <cuda_runtime.h>

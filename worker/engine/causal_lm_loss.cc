@@ -55,7 +55,8 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
                 "did not require grad)");
     const at::Tensor ratio =
         grad_outputs[0].to(at::kFloat) / static_cast<float>(ctx->saved_data["grad_scale"].toDouble());
-    // In place, each value's float32 product rounded once, with no [tokens, hidden] float32 copy
+    // In place, each value's float32 product rounded to the gradient's dtype (as the float32
+    // formula rounds it: kernels::ScaleInPlace), with no [tokens, hidden] float32 copy
     // at the start of backward, where every layer's activations are still held (on CUDA one
     // launch, which changes nothing where the ratio is 1).
     kernels::ScaleInPlace(grad_hidden, ratio);
