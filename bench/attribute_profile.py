@@ -37,7 +37,7 @@ them, given with record_shapes):
   LoRA GEMMs         a GEMM (name ~ gemm | gemv | cutlass | cublas | nvjet | xmma | wgmma | splitK |
                      matmul; on CPU ops aten::mm/addmm/bmm) launched inside ours' `qlora::lora`
                      range (the engine's rank-r GEMMs, whose ops show the layer's shapes, not r:
-                     worker/engine/linear4bit.cc) or whose dims hold the LoRA rank r
+                     worker/engine/*_function.cc) or whose dims hold the LoRA rank r
   LoRA other         any other item launched there or whose dims hold r (casts, scaling, grads)
   base GEMMs         every other GEMM (the frozen projections, forward, recompute and backward)
   elementwise        the rest, split by name and ops into: norms (rms_norm | layer_norm),
@@ -101,7 +101,7 @@ CATEGORIES = [
     ("kernel bubbles (idle < 5 us between items)", "bubble"),
     ("host gaps (GPU idle)", "idle"),
 ]
-# Ours' engine marks its rank-r GEMMs with this range (worker/engine/linear4bit.cc); not a phase.
+# Ours' engine marks its rank-r GEMMs with this range (worker/engine/linear4bit_internal.cc); not a phase.
 LORA_RANGE = "qlora::lora"
 BUBBLE_US = 5.0  # shorter idle spans are the switch between kernels, not the host
 PHASES = ["forward", "loss", "backward", "recompute", "grads", "optimizer", "step (other)", "outside"]

@@ -2,7 +2,7 @@
 an input (q/k/v, gate/up) against one GEMM per projection, forward (y_i = x W_i) and backward
 (dx = sum_i dy_i W_i^T: beta = 1 after the first, or one GEMM over [dy_1 | dy_2 | ...]), at the 7B
 shapes with 8192 tokens, through torch.mm (cuBLAS's pick). Prints ms and TFLOP/s, two repetitions.
-On an H200 (bench/results/2026-12-02-h200-round13-probes.txt): forward no faster merged; backward
+On an H200 (bench/reports/kernels_h200_2026-12-01_04.md): forward no faster merged; backward
 q/k/v 0-5 % and gate/up 0-4 % faster, i.e. at most ~2-3 ms of a 7B step.
 
   python3 bench/gemm_merge_probe.py        (a CUDA GPU and torch; not part of the product)

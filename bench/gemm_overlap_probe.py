@@ -4,9 +4,10 @@ One 7B decoder layer's forward GEMMs (8192 tokens; q/k/v with the widened K of t
 o, gate/up, down) run back to back ("gemms"), each after a uint8 -> bf16 conversion of its
 weight's size standing in for the NF4 dequantize ("serial"), and with that conversion on a second
 stream while the previous GEMM runs ("overlapped"); "copies" alone for scale. Milliseconds per
-layer, three repetitions. On an H200 at its 700 W limit (bench/results/2026-12-02-h200-round13-
-probes.txt) overlapping was slower than serial: the GEMMs hold the power limit and the persistent
-GEMM kernels leave no room on the SMs, so memory-bound passes do not hide under them.
+layer, three repetitions. On an H200 at its 700 W limit
+(bench/reports/kernels_h200_2026-12-01_04.md) overlapping was slower than serial: the GEMMs hold
+the power limit and the persistent GEMM kernels leave no room on the SMs, so memory-bound passes
+do not hide under them.
 
   python3 bench/gemm_overlap_probe.py      (a CUDA GPU and torch; not part of the product)
 """
