@@ -96,13 +96,13 @@ struct LinearLayer {
 // Forward(x) of each of `layers`, which read the same input (q/k/v, or gate/up): the same values
 // and gradients (up to the GEMMs' summation order), computed as one node when every layer has
 // an adapter and no dropout runs, so that x is read once for the rank-r projections and its
-// gradient is accumulated in one buffer (see LoraGroupFunction in the .cc).
+// gradient is accumulated in one buffer (see lora_group_function.cc).
 //
 // Widened rows: when x's rows are followed by SharedInputSpareColumns(layers) spare values (x a
 // view of [T, in + spare] rows, as ResidualRmsNorm's spare_columns makes them), the node writes
 // the adapters' rank-r projections there and runs each layer's forward as one GEMM over the
 // widened rows and its widened weight [W | 0 | scale B], with no separate pass for the
-// adapter's output (LoraWideGroupFunction in the .cc). Same values up to rounding.
+// adapter's output (lora_wide_group_function.cc). Same values up to rounding.
 //
 // With `rotary` (q/k/v), the first two outputs come back rotated (fused_ops.h's Rotary over
 // their rows seen as [batch, seq, out / head_dim, head_dim]). Where the widened node runs and
@@ -205,7 +205,7 @@ int64_t OutputGradientSpareColumns(const LinearLayer& layer, bool training);
 
 // down.Forward(silu(gate) * up, training, value_unused): with an adapter (and no dropout
 // running) as one node whose backward writes SwiGLU's gate gradient over its own input gradient
-// (see SwigluLoraFunction in the .cc). Plain layers: it saves gate and up but not their product
+// (see swiglu_lora_function.cc). Plain layers: it saves gate and up but not their product
 // ([tokens, intermediate] less held from forward to backward), which backward gets again from
 // SwiGLU's backward (or, lean_backward, recomputes first). Without grad the same computation
 // without the node, gate and up let go once SwiGLU has read them (pass them over, std::move).
