@@ -4,10 +4,9 @@
 // CPU, and tensors the kernel does not take: the ATen ops of torch/optim/adam.py
 // `_single_tensor_adam` (the oracle of tests/kernels/adamw_test.cc). CUDA (contiguous float32):
 // one kernel reads each element of param, grad and the moments once and writes param and the
-// moments once, where the ops make eight passes (~1.2 ms of an H200's 7B step at r = 16 on every
-// projection, 40 M parameters; the kernel ~0.35 ms). Its arithmetic is the ops', in their order
-// and float32 roundings (a scalar divisor as its float32 reciprocal, as ATen's CUDA division by a
-// scalar does); where the compiler fuses a multiply-add differently from ATen's kernels the
+// moments once, where the ops make eight passes over them. Its arithmetic is the ops', in their
+// order and float32 roundings (a scalar divisor as its float32 reciprocal, as ATen's CUDA division
+// by a scalar does); where the compiler fuses a multiply-add differently from ATen's kernels the
 // results differ in the last bit.
 #pragma once
 

@@ -55,7 +55,7 @@ inline constexpr Fp4Pivots kFp4Pivots{};
 
 // bitsandbytes.functional.create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8):
 // the code of double quantization (nested_quant_map). Dumped from bitsandbytes 0.50.2 by
-// tests/kernels/dump_dynamic_map.py, checked against tests/data/bnb/cuda/dynamic_map.bin.
+// tests/kernels/dump_dynamic_map.py, checked against tests/assets/bnb/cuda/dynamic_map.bin.
 // Sorted ascending; index 127 is 0, index 255 is 1.
 inline constexpr Codebook256 kDynamicMap = {{
     -0.99296874f, -0.9789063f, -0.96484375f, -0.9507812f,

@@ -2,8 +2,9 @@
 // where a kernel launched here follows one that allows it (ours all do, in BeginDependentKernel;
 // library kernels may), its blocks are launched while that one's last blocks run and wait at
 // their start until it has finished and its writes are visible, instead of the GPU launching it
-// only once the first is done (the ~1.5 us bubble between dependent kernels, round 27's 7B
-// profile). After a copy or a kernel that does not allow it, the launch is an ordinary one.
+// only once the first is done (a bubble between dependent kernels, which adds up over a step's
+// thousands of kernels). After a copy or a kernel that does not allow it, the launch is an
+// ordinary one.
 //
 // Every kernel launched by LaunchDependent must call BeginDependentKernel before it reads or
 // writes global memory (first thing, in every block), so that it never runs ahead of what came

@@ -52,10 +52,9 @@ struct Strides4 {
 
 // Forward:  o1 = x1 c1 + (-x2) s1,  o2 = x2 c2 + x1 s2.
 // Backward: d1 = g1 c1 + g2 s2,      d2 = g2 c2 - g1 s1.
-// A thread loads all its values before it stores any, so out may be x (in place). In a 7B step on
-// an H200, 45.6 us a call over [4, 32, 2048, 128] (round 14); a form walking a position's heads,
-// 4 a thread, with the tables loaded once for them, took 51 us (round 15: 126 registers, a
-// quarter of the warps of this one).
+// A thread loads all its values before it stores any, so out may be x (in place). A form walking
+// a position's heads, 4 a thread, with the tables loaded once for them, was slower: its registers
+// left it a quarter of the warps of this one.
 // The grid: blockIdx.z the batch, blockIdx.y the head of out, x over a head's seq * half / V
 // threads, so that a thread finds its (b, h, s) with one 32-bit division (the 64-bit divisions of
 // a flat index cost ~30 % of the kernel's time). out's heads come from up to kMaxRotarySources
@@ -168,7 +167,7 @@ __global__ void SwigluForwardKernel(const T* __restrict__ gate, const T* __restr
 }
 
 // Rows a block walks in the row kernels: four rows' loads in flight a thread (one row a block
-// made SwiGLU's forward into wider rows 9 % slower than the contiguous kernel, round 15).
+// made SwiGLU's forward into wider rows slower than the contiguous kernel).
 constexpr int kRowsPerBlock = 4;
 constexpr int kRowThreads = 128;
 

@@ -3,13 +3,13 @@
 //   dh' = scale * g B              [T, r]     (B [out, r]: the adapter's up projection)
 //   dB  = scale * g^T (h A^T)      [out, r]   (ha = h A^T [T, r], saved by forward)
 //
-// As two GEMMs each reads all of g (for a 7B layer ~680 MB of gradients, twice, ~12.5 ms a
-// micro-batch-4 step on an H200). CUDA: one kernel reads each tile of g once and feeds both
-// products from it on the tensor cores (float32 sums of fixed order: the same bits every run),
-// then a small kernel adds the per-chunk partial sums and rounds once, as a GEMM's epilogue does;
-// a grouped layer's adapters (q/k/v, gate/up) go in one launch of each (LoraGradientPairs). At
-// rank 16 only by default: above it the kernel is slower than the GEMMs. CPU (and any tensor the
-// kernel does not take, LoraGradientPairFused): the two GEMMs as ATen ops, the oracle of
+// As two GEMMs each reads all of g (for a 7B layer at micro-batch 4 ~680 MB of gradients, twice).
+// CUDA: one kernel reads each tile of g once and feeds both products from it on the tensor cores
+// (float32 sums of fixed order: the same bits every run), then a small kernel adds the per-chunk
+// partial sums and rounds once, as a GEMM's epilogue does; a grouped layer's adapters (q/k/v,
+// gate/up) go in one launch of each (LoraGradientPairs). At rank 16 only by default: above it the
+// kernel is slower than the GEMMs. CPU (and any tensor the kernel does not take,
+// LoraGradientPairFused): the two GEMMs as ATen ops, the oracle of
 // tests/kernels/lora_gradients_test.cc.
 #pragma once
 
@@ -24,13 +24,13 @@ struct LoraGradientPairOptions {
   // each block's chunk of rows adds a partial dB of out x r float32 values to write and add).
   int blocks_per_sm = 2;
   // Rows of the kernel's 16 KB tiles of g: 32 (x 256 columns: longer pieces of each row a tile;
-  // r 16 and 32 only, others take 64) or 64 (x 128). On an H200 32 was 5-7 % faster at the 7B
-  // shapes (bench/results/2026-12-02-h200-round14-notes.md).
+  // r 16 and 32 only, others take 64) or 64 (x 128). 32 was faster at the 7B shapes
+  // (bench/reports/kernels_h200_2026-12-01_04.md, "The LoRA gradient pair kernel").
   int tile_rows = 32;
   // The kernel runs for ranks up to this (it takes 16, 32, 48 and 64); higher ranks get the two
-  // GEMMs. Its work per byte of g grows with r and it does not keep up: on an H200 at the 7B
-  // shapes it is 1.25-1.38x the GEMMs' speed at r 16 but 0.67-0.85x at 32, 0.56-0.60x at 48 and
-  // 0.39-0.40x at 64 (bench/results/2026-12-03-h200-round19-lora-grads.txt).
+  // GEMMs. Its work per byte of g grows with r and it does not keep up: at the 7B shapes it beats
+  // the GEMMs at r 16 and falls behind them from 32 on, the more the higher r
+  // (bench/reports/kernels_h200_2026-12-01_04.md, "The LoRA gradient pair kernel").
   int64_t max_rank = 16;
 };
 

@@ -130,11 +130,9 @@ __device__ __forceinline__ T ToOutput(float v) {
 // bytes and stores 512 contiguous bytes of bf16 (16 bytes a lane). The kernel is bound by the
 // latency of its loads (the packed word, then the nested absmax's dependent pair), so all of a
 // thread's loads are issued before any decode: four words in flight per thread instead of one
-// (one: 21.6 ms of dequantize in a 7B step at micro-batch 4; four: 16.0 ms, ~2.8 TB/s; eight:
-// 17.5 ms, so more words in flight do not help: the stores bound it now). kernels/
-// dequantize_bench on an H200 (bench/results/2026-12-01-h200-round8-dequant.txt): 3.0-3.5 TB/s
-// counting the bytes read and written, i.e. its bf16 writes as fast as a bf16 fill's (2.8-3.3
-// TB/s); 8- and 16-byte chunks a thread were 5-45 % slower.
+// (eight do not help: the stores bound it now, its bf16 writes as fast as a bf16 fill's in
+// kernels/dequantize_bench); 8- and 16-byte chunks a thread were slower
+// (bench/reports/kernels_h200_2026-12-01_04.md, "NF4 dequantize").
 // The last, partial tile (and unaligned views) take the chunk-by-chunk path, byte by byte at
 // the tail.
 constexpr int kChunksPerThread = 4;

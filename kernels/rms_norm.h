@@ -34,7 +34,7 @@ ResidualRmsNormResult ResidualRmsNormForward(const at::Tensor& x, const at::Tens
 // are read in place on CUDA); rstd from forward; grad_h: h's shape and dtype, or undefined (no
 // residual gradient). Returns dx in h's shape and dtype; with dx_spare_columns > 0, its rows are
 // the first dim values of rows dim + dx_spare_columns long (the spare values unset), for a
-// consumer that puts its own columns beside the gradient's (linear4bit.cc's input gradients
+// consumer that puts its own columns beside the gradient's (the LoRA nodes' input gradients
 // with the adapters' low-rank term inside).
 at::Tensor RmsNormBackward(const at::Tensor& grad_n, const at::Tensor& h, const at::Tensor& rstd,
                            const at::Tensor& weight, const at::Tensor& grad_h,

@@ -40,9 +40,9 @@ struct GemmTunerOptions {
   int candidates = 16;           // heuristic results asked of cuBLASLt per shape
   // Variants of the heuristic's configurations (their algorithm's other custom options and CTA
   // swizzling) timed as well, at most this many per shape; 0: the heuristic's only. Off by
-  // default: on an H200 (bench/results/2026-12-02-h200-round13-notes.md) 64 of them found kernels
-  // 1-3 % faster than the heuristic's best in kernels/tuned_gemm_bench, but no faster 7B step,
-  // and they cost ~3 s of tuning at a job's start.
+  // default: they found kernels a little faster than the heuristic's best in
+  // kernels/tuned_gemm_bench, but no faster 7B step, and they cost seconds of tuning at a job's
+  // start (bench/reports/kernels_h200_2026-12-01_04.md, "GEMMs").
   int variants = 0;
   // Past this many candidates, each is timed once first and only the fastest this many (and
   // ATen's call) go on to the three batches that decide.
@@ -66,7 +66,7 @@ struct GemmTunerOptions {
   // kernel's own draw (the clock it runs at is the one the kernels before it left), so the
   // batches rank kernels by speed at a given clock; in a training step at the power limit a kernel
   // that draws more lowers the clock for itself and everything after it. 0: off. The default
-  // costs a job ~1 s at its start per large shape class (~10 at 7B).
+  // costs a job seconds of tuning at its start (about ten large shape classes at 7B).
   double steady_ms = 150;
   int steady_finalists = 3;
   double steady_min_call_ms = 0.2;

@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   options.workspace_bytes = argc > 11 ? std::atoll(argv[11]) : options.workspace_bytes;
   GemmTuner tuner(options);
   const auto opt = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
-  // The engine's base GEMMs at rank 16 (linear4bit.cc): forward over rows widened by the
+  // The engine's base GEMMs at rank 16 (the LoRA nodes): forward over rows widened by the
   // adapters' h A^T columns (q/k/v and gate/up stacked, K = in + the ranks), o and down adding
   // into what is there (beta 1); backward over gradients with dh' after them and the As under
   // the stacked weights (K = out + the ranks).

@@ -57,7 +57,7 @@ using TuningKey = std::tuple<int, int, int, int, bool, int, int, int>;
 // The octave (floor of log2) of a side of 64 or more; a smaller side is a class of its own. The
 // small sides are the adapters' ranks (16, and 32 or 48 for a grouped layer's): in one octave the
 // q/k/v As' gradient [48, in] ran the kernel tuned for gate/up's [32, in] or the other way round
-// (on an H200 at 7B one of the two took 52 us, the other 23), for a few more tunings at a job's
+// (at 7B one of the two then ran much slower than the other), for a few more tunings at a job's
 // start.
 int SizeClass(int64_t v) {
   if (v < 64) return 64 + static_cast<int>(v);  // octaves are 0..62
@@ -361,8 +361,8 @@ class AlgorithmCache {
 
   // The heuristic's configurations with every custom option and CTA swizzling their algorithm
   // accepts for this shape (cuBLASLt's heuristic offers one custom option per tile, not always
-  // the fastest: on an H200 another option of one of its tiles was 1-3 % faster for the 7B
-  // projections, bench/results/2026-12-02-h200-round13-gemm.txt), new ones appended.
+  // the fastest: another option of one of its tiles was a little faster for the 7B projections,
+  // bench/reports/kernels_h200_2026-12-01_04.md), new ones appended.
   void AppendVariants(const Call& c, const Plan& plan,
                       std::vector<cublasLtMatmulAlgo_t>* out) const {
     const cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
@@ -422,9 +422,9 @@ class AlgorithmCache {
   // runs, on scratch memory of out's layout taken straight from the driver: outside the caching
   // allocator, so the tuning moves neither its statistics nor its pools (the peaks the memory
   // plan is checked against). Fastest first; empty when the scratch memory is not there.
-  // A training step holds the GPU at its power limit, with the SM clock ~20 % under its maximum
-  // (H200: 1,450-1,850 MHz at 700 W against 1,980 idle; bench/results/2026-12-01-h200-round7-*),
-  // and which kernel is fastest there is not always the one that is fastest on a cool GPU. So
+  // A training step holds the GPU at its power limit, with the SM clock well under its maximum
+  // (bench/reports/kernels_h200_2026-12-01_04.md, "The power limit"), and which kernel is
+  // fastest there is not always the one that is fastest on a cool GPU. So
   // ATen's call first runs back to back for heat_ms, and the batches go round the candidates
   // (every candidate's first batch, then every second, then every third) rather than one
   // candidate after another, so that each is timed in the same thermal state as the others.

@@ -1,6 +1,6 @@
 // The LoRA adapters in the compute dtype, cast once per optimizer step instead of at every use.
 //
-// A and B are float32 parameters; the LoRA nodes (linear4bit.cc) multiply in the compute dtype
+// A and B are float32 parameters; the LoRA nodes (*_function.cc) multiply in the compute dtype
 // (bf16). Cast at each use, a decoder layer's adapters cost ~45 cast kernels a micro-batch
 // (forward, a checkpointed layer's recomputation, backward), ~1,450 a step at 7B, each a kernel
 // launch and a bubble between kernels on the GPU. Within an AdapterCopyScope, Get makes a copy on
@@ -14,14 +14,13 @@
 // once, on the first use in the scope. The trainer's adapters are views of the strategy's flat
 // float32 buffer, so one cast kernel a step makes every adapter's copy (at 7B, r = 16 on every
 // projection: 80 MB in bf16), where a cast per adapter cost ~450 kernels a step, each a launch
-// and a bubble between kernels on the GPU (~1.5 ms of an H200's 7B step). Several tensors asked
-// together (the q/k/v or gate/up As) are concatenated from their views, that concatenation kept
-// as well (keyed by the members' addresses and sizes and the dtype). When the last scope ends
-// the copies go stale but keep their memory, and the next scope casts into the same storage:
-// freeing and reallocating ~290 tensors a step cost ~0.85 ms of host time at each step's end,
-// where the GPU waits for the host (round 8's 7B trace). A copy not used during a scope is freed
-// when it ends. So a copy handed out is only valid until its scope ends. Thread-safe:
-// concurrent forwards may share a scope.
+// and a bubble between kernels on the GPU. Several tensors asked together (the q/k/v or gate/up
+// As) are concatenated from their views, that concatenation kept as well (keyed by the members'
+// addresses and sizes and the dtype). When the last scope ends the copies go stale but keep their
+// memory, and the next scope casts into the same storage: freeing and reallocating ~290 tensors a
+// step cost host time at each step's end, where the GPU waits for the host. A copy not used
+// during a scope is freed when it ends. So a copy handed out is only valid until its scope ends.
+// Thread-safe: concurrent forwards may share a scope.
 #pragma once
 
 #include <cstdint>

@@ -1,13 +1,12 @@
 // Causal attention through cuDNN's fused attention kernels, as one autograd node of our own.
 //
-// at::scaled_dot_product_attention already picks cuDNN on an H200 for the model's shapes (torch
-// 2.11, cuDNN 9.19: faster than flash-attention 2 there, ~480 against ~270 TFLOP/s forward,
-// bench/attention_backends.py), but its backward hands cuDNN the incoming gradient in whatever
+// at::scaled_dot_product_attention already picks cuDNN on sm_90 for the model's shapes (faster
+// than flash-attention 2 there), but its backward hands cuDNN the incoming gradient in whatever
 // layout it arrives, and ATen caches one cuDNN plan per shape without that layout: once one
 // layout has run for a shape, a gradient of another layout gets wrong q/k/v gradients (relative
-// error ~1.5; seen on the H200 for every shape tried, plain and grouped-query heads,
-// bench/results/2026-12-01-h200-cudnn-gradient-layout.txt). This node hands cuDNN the gradient
-// in the output's own layout, always, so every call for a shape agrees with its cached plan.
+// error above 1 for every shape tried, plain and grouped-query heads). This node hands cuDNN the
+// gradient in the output's own layout, always, so every call for a shape agrees with its cached
+// plan. Both findings: "Attention" in bench/reports/kernels_h200_2026-12-01_04.md.
 //
 // Used where ATen says cuDNN can run these inputs (sdp::can_use_cudnn_attention: a CUDA build,
 // bf16/fp16, supported head sizes and hardware, SDPA's cuDNN backend enabled, deterministic

@@ -391,8 +391,8 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   // kHeldLayersALaunch layers, each batch once the layer before it is queued, so that assembling
   // the blocks on the host (tens of tensor views a layer) overlaps the GPU's work on the layers
   // queued before (all of them at once outlasted the first layer's forward under the profiler,
-  // round 25a: 12 ms a step idle). The first layer's passes write their own, as its forward
-  // starts the step, where the GPU waits for the host.
+  // leaving the GPU idle). The first layer's passes write their own, as its forward starts the
+  // step, where the GPU waits for the host.
   constexpr int64_t kHeldLayersALaunch = 4;
   const int64_t held = training_ && at::GradMode::is_enabled() ? dequantized_layers_ : 0;
   auto write_held = [&](int64_t first, int64_t count) {

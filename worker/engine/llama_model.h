@@ -127,10 +127,10 @@ class LlamaForCausalLM {
   // their forward or backward, DequantizedLayerBytes each); 0 (the default) drops them. The
   // bottom layers, for two reasons: a step's forward starts with them, where the host has queued
   // nothing ahead of the GPU yet, and a layer's big GEMMs let the host get ahead where a
-  // dequantizing layer's many short kernels keep the GPU waiting for each launch (round 24's
-  // profile: ~1 ms a 7B step idle in the first layers' dequantization with the top 26 held);
-  // and checkpointed layers are the first ones, whose recomputation dequantizes once more. The
-  // same values and gradients with any n.
+  // dequantizing layer's many short kernels keep the GPU waiting for each launch (held at the
+  // top instead, the GPU idled in the first layers' dequantization); and checkpointed layers
+  // are the first ones, whose recomputation dequantizes once more. The same values and gradients
+  // with any n.
   void SetDequantizedLayers(int64_t n);
   int64_t dequantized_layers() const { return dequantized_layers_; }
   // Device bytes one more dequantized layer takes (the largest layer's; 0 without 4-bit weights):

@@ -97,7 +97,7 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   const bool keeps_m = reads_m && !(r.fused_norms && Adapted(r, kGateUp) > 1);
   plain += (keeps_n ? H * d : 0) + (keeps_m ? H * d : 0);
   // gate and up packed (equally wide, both adapted): the rows keep the adapters' columns spare
-  // for backward's low-rank term (linear4bit.cc PackedForward); q/k/v packed (multi-head), their
+  // for backward's low-rank term (lora_wide_group_function.cc PackedForward); q/k/v packed (multi-head), their
   // gradients may be packed likewise, replacing q's and k's rotated gradients (Q + K).
   const bool packable = reads_m && Adapted(r, kGateUp) == 2;
   plain += packable ? (AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;

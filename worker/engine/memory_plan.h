@@ -10,7 +10,7 @@
 // checkpointed layer is recomputed, one layer's activations more at the peak.
 //
 // Per token, with d the compute dtype's bytes, H hidden, I intermediate, Q = heads * head_dim,
-// K = kv_heads * head_dim (what LayerForward, linear4bit.cc, fused_ops.cc and
+// K = kv_heads * head_dim (what LayerForward, the LoRA nodes, fused_ops.cc and
 // causal_lm_loss.cc save for backward):
 //   plain layer        input_layernorm: x (H d) + rstd (4); q, k, v, attention output (2Q + 2K)
 //                      d and its logsumexp (4 heads) (flash SDPA); post_attention_layernorm: h

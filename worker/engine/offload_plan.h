@@ -12,11 +12,11 @@
 //            the offloader's pending limit, else the host waits for the copies and the GPU drains;
 //   back     the region's backward (its layers' backward, the recomputation of those not
 //            offloaded) and the two layers above it, where the first prefetch starts.
-// Measured on an H200 (round 9/10): at 7B micro-batch 4 with 31 layers checkpointed the tokens/s
-// peaked at 11-12 offloaded layers (the out window: ~11 GB a step at ~55 GB/s); with 13
-// checkpointed under a 24 GiB budget, 12 offloaded layers (a model of the out window alone) made
-// the step 96 ms slower than none, 8 (out and back) 17 ms faster, where the recomputation they
-// spare is ~45 ms: the backlog; the 70B-width slice at micro-batch 1 did best with 5 of 6.
+// Why three: at 7B micro-batch 4 with 31 layers checkpointed the gain peaked where the out window
+// fills; with 13 checkpointed under a 24 GiB budget, the count from a model of the out window
+// alone made the step slower than none, that from out and back faster, but by less than the
+// recomputation it spared: the backlog (bench/reports/llama7b_h200_2026-12-01.md). The 70B-width
+// slice at micro-batch 1 did best with 5 of 6 layers offloaded.
 // The layers' times are estimated from their FLOPs at the measured GEMM rate over the GEMMs'
 // share of a forward, backward a fixed multiple of forward. Host memory bounds the count too: the
 // pinned allocator rounds each block up to a power of two, so a layer is counted twice.
@@ -40,11 +40,11 @@ struct OffloadRates {
   int64_t max_pending_bytes = int64_t{2} << 30;
 };
 
-// The base GEMMs' share of a forward's time (74.7 % of a 7B micro-batch-4 step without
-// checkpointing in round 8's profile; attention and the elementwise kernels take the rest).
+// The base GEMMs' share of a forward's time (from the profile of a 7B micro-batch-4 step without
+// checkpointing; attention and the elementwise kernels take the rest).
 inline constexpr double kGemmShareOfForward = 0.75;
-// A layer's backward over its forward without recomputation (round 8's profile of that step:
-// 223.5 ms against 187.1; the frozen base has no weight gradients).
+// A layer's backward over its forward without recomputation (from the same profile; the frozen
+// base has no weight gradients).
 inline constexpr double kBackwardOverForward = 1.2;
 
 // Forward FLOPs per token of one decoder layer: its seven projections and causal attention.
@@ -101,10 +101,11 @@ struct OffloadPlacement {
 // that each offloaded layer is followed by others whose forward hides its copy to the host and
 // whose backward its copy back. Fetching back: an offloaded checkpointed layer's tensors at the
 // layer two above (its backward recomputes, so two layers' backward cover its copy), a plain one's
-// at the next offloaded layer above, else the top (a plain layer's backward is a third of a copy
-// of its tensors at ~55 GB/s: the copy needs every layer between them), and a checkpointed
-// layer's input (offloaded whenever offloading is on, but the top layer's) one layer above; never
-// before the next offloaded layer above is fetched (at most two layers' tensors come back ahead).
+// at the next offloaded layer above, else the top (a plain layer's backward lasts about a third of
+// the copy of its tensors over the host link: the copy needs every layer between them), and a
+// checkpointed layer's input (offloaded whenever offloading is on, but the top layer's) one layer
+// above; never before the next offloaded layer above is fetched (at most two layers' tensors come
+// back ahead).
 OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n);
 
 }  // namespace qlora::engine

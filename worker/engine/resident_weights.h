@@ -4,7 +4,7 @@
 //
 // Layout: one buffer per group of projections that read one input or run alone (q/k/v, o,
 // gate/up, down), [sum of out + sum of r, AlignedRow(in + sum of r)], which the LoRA nodes
-// (linear4bit.cc) use in place of the buffers they would dequantize into:
+// (worker/engine/*_function.cc) use in place of the buffers they would dequantize into:
 //   rows of the weights, columns [0, in)     W_1; ...; W_n (each FrozenWeight::resident views
 //                                            its rows), written once here;
 //   the same rows, the columns after in      the widened forward's [0 | scale B_i | 0];

@@ -9,9 +9,9 @@
 // same at every moment of a step, so the next steps peak at the first one's plus theirs, but
 // with activation offloading on: a faster step lets the copies lag further behind, so auto also
 // leaves the room the caller gives for one more offloaded layer's saved tensors
-// (CheckpointingBudget::OffloadedLayerBytes; round 22 measured the 7B step with 8 or 10 plain
-// layers offloaded 0.7-0.9 GiB over the first step's peak plus the held layers). On a CPU
-// `auto` holds none (a CPU has no figure of its own to plan for). Torch side.
+// (CheckpointingBudget::OffloadedLayerBytes: the 7B step with 8 or 10 plain layers offloaded
+// peaked 0.7-0.9 GiB over the first step's peak plus the held layers). On a CPU `auto` holds
+// none (a CPU has no figure of its own to plan for). Torch side.
 #pragma once
 
 #include <cstdint>

@@ -15,9 +15,9 @@ namespace {
 // [rows, seq_len] int64 on `device`. For a GPU the host copy is pinned and the transfer
 // non-blocking: StepBatches reads a step ahead on a thread of its own, and a copy from pageable
 // memory ends in a stream synchronization, which waits for every kernel the training thread has
-// queued on the stream (the H200 profiles of round 7 showed that thread blocked for most of a
-// step, and the next step starting late: 3-5 ms a step of idle GPU). The pinned block is not
-// reused before the copy has run (the caching host allocator records the copy's stream).
+// queued on the stream (profiles showed that thread blocked for most of a step, and the next
+// step starting late, with the GPU idle meanwhile). The pinned block is not reused before the
+// copy has run (the caching host allocator records the copy's stream).
 at::Tensor ToTensor(const std::vector<int32_t>& values, int rows, int seq_len, const at::Device& device) {
   const bool gpu = device.is_cuda();
   at::Tensor t = at::empty({rows, seq_len}, at::TensorOptions().dtype(at::kLong).pinned_memory(gpu));

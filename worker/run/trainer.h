@@ -15,11 +15,11 @@
 // Run() keeps the device busy between steps: it reads a step's values (loss, gradient norm) and
 // runs its After once the next step's work is queued, so that the host's reporting and the next
 // step's first launches overlap the GPU's end of this one, instead of the GPU waiting for them
-// (a drained queue at every step start: ~1-2 ms of a 7B step on an H200). A step is finished
-// before the next is queued wherever its After reads or changes the model (a checkpoint, by steps
-// or by time, an evaluation, the run's last step) or the memory plans may still change it (the
-// run's first two steps), and with more than one rank (their sums are a collective that would
-// wait for the next step's work anyway: every step is finished first there, as before).
+// (a drained queue at every step start). A step is finished before the next is queued wherever
+// its After reads or changes the model (a checkpoint, by steps or by time, an evaluation, the
+// run's last step) or the memory plans may still change it (the run's first two steps), and with
+// more than one rank (their sums are a collective that would wait for the next step's work
+// anyway: every step is finished first there, as before).
 #pragma once
 
 #include <cmath>

@@ -195,7 +195,7 @@ absl::Status ZeroStrategy::OnGradientsReady(const std::vector<int>& param_indice
   }
   if (!broken_.ok()) return absl::FailedPreconditionError(broken_.message());
   // One multi-tensor add for all of them: the same sums as one add_ each, without a launch
-  // (and ~5 us of host time, longer than the add itself) per parameter.
+  // (and host time longer than the add itself) per parameter.
   std::vector<at::Tensor> sums, addends;
   for (size_t k = 0; k < grads.size(); ++k) {
     QLORA_RETURN_IF_ERROR(CheckGradient(param_indices[k], grads[k]));
