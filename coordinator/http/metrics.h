@@ -14,8 +14,8 @@
 #include <set>
 #include <string>
 
-#include "coordinator/job_manager.h"
-#include "coordinator/worker_group.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/worker_group.h"
 
 namespace prometheus {
 class Registry;

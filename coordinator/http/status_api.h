@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/job_types.h"
+#include "coordinator/jobs/job_types.h"
 
 namespace qlora::coordinator {
 

@@ -12,7 +12,7 @@
 #include "coordinator/http/log_tail.h"
 #include "coordinator/http/status_api.h"
 #include "coordinator/http/status_assets.h"
-#include "coordinator/job_store.h"
+#include "coordinator/store/job_store.h"
 
 namespace qlora::coordinator {
 namespace {

@@ -26,10 +26,10 @@
 #include <cstdint>
 #include <string>
 
-#include "coordinator/authenticator.h"
+#include "coordinator/auth/authenticator.h"
 #include "coordinator/http/http_server.h"
 #include "coordinator/http/metrics.h"
-#include "coordinator/job_manager.h"
+#include "coordinator/jobs/job_manager.h"
 
 namespace qlora::coordinator {
 

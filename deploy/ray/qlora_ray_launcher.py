@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The driver of one start of a qlora job on a Ray cluster.
 
-The coordinator (coordinator/ray/ray_worker_launcher.h) submits it as a Ray job whose
+The coordinator (coordinator/launch/ray/ray_worker_launcher.h) submits it as a Ray job whose
 entrypoint is `python3 qlora_ray_launcher.py`, with the start described in the environment
 variable QLORA_RAY_SPEC (JSON: ranks with their argv and environment, the bundle, the placement
 strategy, timeouts). It runs on the cluster, in Ray's own Python: it is the one piece of this

@@ -7,13 +7,13 @@
 #include <sys/wait.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_harness.h"
+#include "tests/util/files.h"
 
 namespace qlora::testing {
 namespace {
@@ -30,14 +30,11 @@ struct JobFiles {
 JobFiles MakeJobFiles() {
   JobFiles f;
   f.dir = MakeTempDir("qlora-cli-test-");
-  fs::create_directories(f.dir + "/model");
-  std::ofstream(f.dir + "/model/config.json") << "{}\n";
-  f.dataset = f.dir + "/train.jsonl";
-  std::ofstream(f.dataset) << R"({"instruction": "say hi", "output": "hi"})" << "\n";
-  f.job = f.dir + "/job.yaml";
-  std::ofstream(f.job) << "base_model: " << f.dir << "/model\n"
-                       << "adapter: {type: lora}\n"
-                       << "trainer: {batch_size: 1, epochs: 1}\n";
+  WriteFile(f.dir + "/model/config.json", "{}\n");
+  f.dataset = WriteFile(f.dir + "/train.jsonl", R"({"instruction": "say hi", "output": "hi"})" "\n");
+  f.job = WriteFile(f.dir + "/job.yaml", absl::StrCat("base_model: ", f.dir, "/model\n",
+                                                      "adapter: {type: lora}\n",
+                                                      "trainer: {batch_size: 1, epochs: 1}\n"));
   return f;
 }
 
@@ -53,7 +50,7 @@ TEST(CliTest, ValidateExitStatuses) {
       RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dir, "/none.jsonl"));
   EXPECT_EQ(no_data.exit_code, 3) << no_data.output;
 
-  const std::string bad = SourceDir() + "/tests/data/jobs/bad/batch_size_zero.yaml";
+  const std::string bad = SourceDir() + "/tests/assets/jobs/bad/batch_size_zero.yaml";
   CommandResult invalid =
       RunCommand(absl::StrCat(Ctl(), " validate ", bad, " --dataset ", f.dataset));
   EXPECT_EQ(invalid.exit_code, 3) << invalid.output;
@@ -137,10 +134,10 @@ TEST(CliTest, ExampleCatalogValidates) {
 // conflict is refused (exit status 3) naming both keys.
 TEST(CliTest, ValidateShowsLudwigKeysMappedAndRefusesConflicts) {
   const JobFiles f = MakeJobFiles();
-  std::ofstream(f.job, std::ios::app) << "prompt: {template: \"Q: {instruction}\"}\n"
-                                      << "preprocessing:\n  global_max_sequence_length: 96\n"
-                                      << "  split: {type: random, probabilities: [0.9, 0.05, 0.05]}\n"
-                                      << "generation: {temperature: 0.5, max_new_tokens: 16}\n";
+  AppendFile(f.job, "prompt: {template: \"Q: {instruction}\"}\n"
+                    "preprocessing:\n  global_max_sequence_length: 96\n"
+                    "  split: {type: random, probabilities: [0.9, 0.05, 0.05]}\n"
+                    "generation: {temperature: 0.5, max_new_tokens: 16}\n");
   CommandResult ok = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   for (const char* shown : {"prompt_template: \"Q: {instruction}\"  # Ludwig: prompt.template",
@@ -149,7 +146,7 @@ TEST(CliTest, ValidateShowsLudwigKeysMappedAndRefusesConflicts) {
                             "test_fraction: 0.05", "generation:", "temperature: 0.5", "max_new_tokens: 16"}) {
     EXPECT_NE(ok.output.find(shown), std::string::npos) << shown << " not in\n" << ok.output;
   }
-  std::ofstream(f.job, std::ios::app) << "data: {max_sequence_length: 128}\n";
+  AppendFile(f.job, "data: {max_sequence_length: 128}\n");
   CommandResult conflict = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
   EXPECT_EQ(conflict.exit_code, 3) << conflict.output;
   EXPECT_NE(conflict.output.find("preprocessing.global_max_sequence_length: is 96 but data.max_sequence_length"),
@@ -194,7 +191,7 @@ TEST(CliTest, SubmitGetListLogsCancelAgainstACoordinator) {
     EXPECT_EQ(remote.exit_code, 0) << remote.output;
     EXPECT_NE(remote.output.find("r: 24"), std::string::npos) << remote.output;
     CommandResult bad = coordinator.Ctl(absl::StrCat(
-        "submit ", SourceDir(), "/tests/data/jobs/bad/lora_r_zero.yaml --dataset ", f.dataset));
+        "submit ", SourceDir(), "/tests/assets/jobs/bad/lora_r_zero.yaml --dataset ", f.dataset));
     EXPECT_EQ(bad.exit_code, 3) << bad.output;
     status = coordinator.Stop(SIGTERM);
   }

@@ -8,23 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "common/posix_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/files.h"
 #include "tests/util/temp_dir.h"
 
 namespace qlora {
 namespace {
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 TEST(CommonAtomicFileTest, CommitReplacesTheFileWhole) {
   testing::TempDir dir;
@@ -34,10 +25,10 @@ TEST(CommonAtomicFileTest, CommitReplacesTheFileWhole) {
     AtomicFileWriter writer(path);
     writer.Append("new ");
     writer.Append("contents");
-    EXPECT_EQ(Slurp(path), "old") << "nothing shows before the commit";
+    EXPECT_EQ(testing::ReadFile(path), "old") << "nothing shows before the commit";
     ASSERT_TRUE(writer.Commit().ok());
   }
-  EXPECT_EQ(Slurp(path), "new contents");
+  EXPECT_EQ(testing::ReadFile(path), "new contents");
   EXPECT_FALSE(PathExists(path + ".tmp"));
 }
 
@@ -49,7 +40,7 @@ TEST(CommonAtomicFileTest, AnAbandonedWriteLeavesTheOldFileAndNoTemporary) {
     AtomicFileWriter writer(path);
     writer.Append("half");
   }  // an early return: never committed
-  EXPECT_EQ(Slurp(path), "old");
+  EXPECT_EQ(testing::ReadFile(path), "old");
   EXPECT_FALSE(PathExists(path + ".tmp"));
 }
 
@@ -79,7 +70,7 @@ TEST(CommonAtomicFileTest, AFailedWriteIsNamedAndLeavesNothingBehind) {
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the failure did not name EFBIG as RESOURCE_EXHAUSTED";
-  EXPECT_EQ(Slurp(path), "old");
+  EXPECT_EQ(testing::ReadFile(path), "old");
   EXPECT_FALSE(PathExists(path + ".tmp"));
 }
 

@@ -1,25 +1,18 @@
-// Shared helpers of the config tests: parsing without touching the file system, fixture paths.
+// Shared helpers of the config tests: parsing without touching the file system, fixture paths
+// (files are read with tests/util/files.h).
 #pragma once
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/config/job_config_parser.h"
+#include "tests/util/files.h"
 
 namespace qlora::testing {
 
-// The fixture folder (tests/data/jobs), compiled in: parameterized tests list the fixtures
+// The fixture folder (tests/assets/jobs), compiled in: parameterized tests list the fixtures
 // while ctest discovers them, before any test environment exists.
 inline std::string JobFixturesDir() { return QLORA_JOB_FIXTURES_DIR; }
-
-inline std::string ReadFileOrDie(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // Parses `yaml` with paths unchecked and a dataset given as on the command line.
 inline absl::StatusOr<JobConfig> ParseNoPaths(const std::string& yaml,

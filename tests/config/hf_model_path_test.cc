@@ -7,24 +7,20 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/config/job_config_parser.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/files.h"
 
 namespace qlora {
 namespace {
 
 namespace fs = std::filesystem;
+using ::qlora::testing::WriteFile;  // a fs::path converts to the std::string it takes
 using ::testing::HasSubstr;
-
-void WriteFile(const fs::path& path, const std::string& text) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path) << text;
-}
 
 class ConfigHfModelPathTest : public ::testing::Test {
  protected:

@@ -1,4 +1,4 @@
-// Every file in tests/data/jobs/bad/ must be refused with INVALID_ARGUMENT, and the message must
+// Every file in tests/assets/jobs/bad/ must be refused with INVALID_ARGUMENT, and the message must
 // contain what the file's header comments promise:
 //   # expect: <substring>     (repeatable; e.g. the field path and the suggestion)
 //   # line: <n>               (the message points at "<file>:<n>:")
@@ -53,7 +53,7 @@ Expectations ReadHeader(const std::string& text) {
 
 void ExpectRefusedAsPromised(const std::string& name) {
   SCOPED_TRACE(name);
-  const std::string text = testing::ReadFileOrDie(testing::JobFixturesDir() + "/bad/" + name);
+  const std::string text = testing::ReadFile(testing::JobFixturesDir() + "/bad/" + name);
   const Expectations expect = ReadHeader(text);
   ASSERT_FALSE(expect.substrings.empty()) << name << " has no '# expect:' line";
 

@@ -1,10 +1,10 @@
 // The tokens file (UserTable), caller authentication (Authenticator) and job access: what a
 // shared coordinator's users rely on to keep their jobs their own.
-#include "coordinator/authenticator.h"
+#include "coordinator/auth/authenticator.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/auth/token_hash.h"
-#include "coordinator/user_table.h"
+#include "coordinator/auth/user_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/test_util.h"

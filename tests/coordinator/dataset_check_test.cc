@@ -1,6 +1,6 @@
 // CheckDatasetFiles: every file of the training and validation lists must be a regular,
 // non-empty file (stat only); a Parquet file must also have a readable footer.
-#include "coordinator/dataset_check.h"
+#include "coordinator/admission/dataset_check.h"
 
 #include <sys/stat.h>
 

@@ -1,12 +1,13 @@
 // JobManager driven by hand: a real SQLite store and real job files and datasets, with a fake
 // launcher (the test decides when and how each worker process ends) and a fake clock (deadlines
 // pass without waiting). PollOnce stands in for the monitor thread.
-#include "coordinator/job_manager.h"
+#include "coordinator/jobs/job_manager.h"
 
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -409,7 +410,7 @@ TEST_F(CoordinatorJobManagerTest, AJobsOutputFolderIsItsOwn) {
   std::filesystem::create_directory_symlink(state_dir() + "/jobs", dir_.path() + "/link");
   refused(dir_.path() + "/link/x", "state folder");  // a symbolic link does not hide it
   std::filesystem::create_directories(dir_.path() + "/full");
-  std::ofstream(dir_.path() + "/full/someone-elses.txt") << "precious";
+  WriteFile(dir_.path() + "/full/someone-elses.txt", "precious");
   refused(dir_.path() + "/full", "not empty");
   absl::StatusOr<JobRecord> first = with_output(dir_.path() + "/runs/a");
   ASSERT_TRUE(first.ok()) << first.status();
@@ -810,6 +811,32 @@ TEST_F(CoordinatorJobManagerTest, SubmitThatTheStoreCannotRecordFailsAndKeepsNot
   EXPECT_THAT(*store_->LoadEvents("job-000001", 0), IsEmpty());  // no half-written record
   EXPECT_THAT(AllJobs(), IsEmpty());
   EXPECT_EQ(Submit(1), "job-000001");  // the number was not used up
+}
+
+// An acknowledged cancel is never lost: with a store that refuses writes (opened read-only here,
+// failing as a full disk does, with UNAVAILABLE), Cancel fails with the store's error and
+// cancels nothing, and the coordinator turns unhealthy. Once the store takes writes again the
+// job is still queued, and a cancel then is stored and survives a restart.
+TEST_F(CoordinatorJobManagerTest, ACancelTheStoreCannotRecordFailsAndCancelsNothing) {
+  Start(Options(1));
+  const std::string id = Submit(1);  // not polled: it stays queued
+  std::vector<absl::Status> reported;
+  JobManagerOptions options = Options(1);
+  options.on_unhealthy = [&](const absl::Status& s) { reported.push_back(s); };
+  Start(options, JobStoreOptions{.read_only = true});
+  absl::StatusOr<JobRecord> cancelled = manager_->Cancel(id);
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(cancelled.status().message(),
+              HasSubstr("could not record the cancel of job " + id + ", so it was not cancelled"));
+  EXPECT_EQ(Record(id).state, JobState::kQueued);
+  EXPECT_FALSE(manager_->Health().ok());
+  EXPECT_EQ(reported.size(), 1u);
+
+  Start(Options(1));
+  EXPECT_EQ(Record(id).state, JobState::kQueued);
+  ASSERT_TRUE(manager_->Cancel(id).ok());
+  Start(Options(1));
+  EXPECT_EQ(Record(id).state, JobState::kCancelled);
 }
 
 // A state change that cannot be written turns the coordinator unhealthy, once, with the cause:

@@ -1,11 +1,12 @@
 // JobStore on a real SQLite file: jobs and events round-trip, keep their order and survive a
 // reopen (what a restarted coordinator reads back).
-#include "coordinator/job_store.h"
+#include "coordinator/store/job_store.h"
 
 #include <sqlite3.h>
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -184,37 +185,102 @@ TEST_F(CoordinatorJobStoreTest, PutJobUpdatesInPlaceAndKeepsTheOrder) {
   EXPECT_DOUBLE_EQ((*jobs)[0].finished_unix, 1700000100);
 }
 
-// A store written before events had the ckpt_offloaded and ckpt_dequantized columns (the
-// coordinator upgraded in place): it opens, gains them, keeps its events (their counts 0) and
-// stores new ones with theirs.
-TEST_F(CoordinatorJobStoreTest, AStoreFromBeforeTheOffloadedColumnGainsItAndKeepsItsEvents) {
+// A store written before events were kept as protos (the positional events table, here as its
+// first version, without the columns later versions added): it opens, its events are moved into
+// the current table with every field they had (the later fields at those versions' defaults),
+// the old table is gone, and new events are stored and read beside the moved ones.
+TEST_F(CoordinatorJobStoreTest, AStoreWithThePositionalEventTableOpensWithItsEventsMoved) {
+  const std::string path = dir_.path() + "/jobs.sqlite";
+  ASSERT_NO_FATAL_FAILURE(ExecOnStoreFile(path, R"sql(
+CREATE TABLE events (
+  job_id TEXT, seq INTEGER, time REAL, state INTEGER, reason_code TEXT, message TEXT,
+  has_progress INTEGER, rank INTEGER, step INTEGER, total_steps INTEGER, epoch INTEGER,
+  loss REAL, lr REAL, tokens_per_second REAL, eval_loss REAL, elapsed REAL,
+  dev_alloc INTEGER, dev_peak INTEGER, master INTEGER, optim INTEGER, grads INTEGER,
+  comm INTEGER, rss INTEGER, PRIMARY KEY (job_id, seq));
+INSERT INTO events (job_id, seq, time, state, reason_code, message, has_progress)
+  VALUES ('job-000001', 1, 1700000001.5, 1, 'SUBMITTED', 'accepted; 2 workers', 0);
+INSERT INTO events VALUES ('job-000001', 2, 1700000002.25, 3, 'PROGRESS', '', 1, 1, 40, 100, 2,
+  1.75, 0.0002, 812.5, NULL, 33.5, 11, 12, 13, 14, 15, 16, 17);
+INSERT INTO events (job_id, seq, time, state, reason_code, message, has_progress)
+  VALUES ('job-000002', 1, 1700000003, 1, 'SUBMITTED', 'other', 0);
+)sql"));
+
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::vector<JobEvent>> events = store->LoadEvents("job-000001", 0);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[0].sequence, 1);
+  EXPECT_DOUBLE_EQ((*events)[0].time_unix, 1700000001.5);
+  EXPECT_EQ((*events)[0].state, JobState::kQueued);
+  EXPECT_EQ((*events)[0].reason_code, "SUBMITTED");
+  EXPECT_EQ((*events)[0].message, "accepted; 2 workers");
+  EXPECT_FALSE((*events)[0].progress.has_value());
+  ASSERT_TRUE((*events)[1].progress.has_value());
+  const ProgressSnapshot& p = *(*events)[1].progress;
+  EXPECT_EQ((*events)[1].state, JobState::kRunning);
+  EXPECT_EQ(p.rank, 1);
+  EXPECT_EQ(p.step, 40);
+  EXPECT_EQ(p.total_steps, 100);
+  EXPECT_EQ(p.epoch, 2);
+  EXPECT_DOUBLE_EQ(p.loss, 1.75);
+  EXPECT_DOUBLE_EQ(p.learning_rate, 0.0002);
+  EXPECT_DOUBLE_EQ(p.tokens_per_second, 812.5);
+  EXPECT_TRUE(std::isnan(p.eval_loss));
+  EXPECT_DOUBLE_EQ(p.elapsed_seconds, 33.5);
+  EXPECT_EQ(p.memory.device_allocated_bytes, 11);
+  EXPECT_EQ(p.memory.host_rss_bytes, 17);
+  EXPECT_EQ(p.memory.device_reserved_peak_bytes, 0);
+  EXPECT_EQ(p.strategy.zero_stage, -1);
+  EXPECT_EQ(p.checkpointing.checkpointed_layers, -1);
+  EXPECT_EQ(p.checkpointing.offloaded_layers, 0);
+
+  JobEvent next = ProgressEvent(3, 0, 41, 1.5);
+  ASSERT_TRUE(store->AppendEvent("job-000001", next).ok());
+  store.reset();
+  store = Open();  // a second open finds the current table and changes nothing
+  ASSERT_NE(store, nullptr);
+  events = store->LoadEvents("job-000001", 1);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[1].progress->checkpointing.offloaded_layers, 7);
+  absl::StatusOr<std::vector<JobEvent>> other = store->LoadEvents("job-000002", 0);
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_EQ(other->size(), 1u);
+  EXPECT_EQ((*other)[0].message, "other");
+
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* columns = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info('events') ORDER BY cid",
+                               -1, &columns, nullptr), SQLITE_OK);
+  std::vector<std::string> names;
+  while (sqlite3_step(columns) == SQLITE_ROW) {
+    names.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(columns, 0)));
+  }
+  sqlite3_finalize(columns);
+  sqlite3_close(db);
+  EXPECT_THAT(names, ::testing::ElementsAre("job_id", "seq", "event"));
+}
+
+// An event whose stored bytes are not a qlora.v1.JobEvent (a damaged or foreign file) fails the
+// read with INTERNAL instead of coming back as an empty event.
+TEST_F(CoordinatorJobStoreTest, AnEventThatDoesNotParseFailsTheRead) {
   const std::string path = dir_.path() + "/jobs.sqlite";
   {
     auto store = Open();
     ASSERT_NE(store, nullptr);
-    ASSERT_TRUE(store->PutJob(Job("job-000001", JobState::kRunning)).ok());
-    ASSERT_TRUE(store->AppendEvent("job-000001", ProgressEvent(1, 0, 1, 3.5)).ok());
+    ASSERT_TRUE(store->AppendEvent("job-000001", StateEvent(1, JobState::kQueued, "SUBMITTED")).ok());
   }
-  ASSERT_NO_FATAL_FAILURE(ExecOnStoreFile(path,
-                                          "ALTER TABLE events DROP COLUMN ckpt_offloaded; "
-                                          "ALTER TABLE events DROP COLUMN ckpt_dequantized"));
-
+  ASSERT_NO_FATAL_FAILURE(ExecOnStoreFile(
+      path, "INSERT INTO events VALUES ('job-000001', 2, x'ffffffffffffffffff')"));
   auto store = Open();
   ASSERT_NE(store, nullptr);
-  JobEvent next = ProgressEvent(2, 0, 2, 3.25);
-  next.progress->checkpointing.offloaded_layers = 5;
-  next.progress->checkpointing.dequantized_layers = 6;
-  ASSERT_TRUE(store->AppendEvent("job-000001", next).ok());
   absl::StatusOr<std::vector<JobEvent>> events = store->LoadEvents("job-000001", 0);
-  ASSERT_TRUE(events.ok()) << events.status();
-  ASSERT_EQ(events->size(), 2u);
-  ASSERT_TRUE((*events)[0].progress.has_value() && (*events)[1].progress.has_value());
-  EXPECT_DOUBLE_EQ((*events)[0].progress->loss, 3.5);
-  EXPECT_EQ((*events)[0].progress->checkpointing.checkpointed_layers, 20);
-  EXPECT_EQ((*events)[0].progress->checkpointing.offloaded_layers, 0);
-  EXPECT_EQ((*events)[1].progress->checkpointing.offloaded_layers, 5);
-  EXPECT_EQ((*events)[0].progress->checkpointing.dequantized_layers, 0);
-  EXPECT_EQ((*events)[1].progress->checkpointing.dequantized_layers, 6);
+  ASSERT_FALSE(events.ok());
+  EXPECT_EQ(events.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(events.status().message()), ::testing::HasSubstr("qlora.v1.JobEvent"));
 }
 
 // A store whose events cannot gain a column (here `events` is a view, as a hand-edited or foreign

@@ -1,6 +1,6 @@
 // Which addresses the coordinator may listen on: loopback always; elsewhere only with TLS and
 // client authentication, or --insecure.
-#include "coordinator/listen_policy.h"
+#include "coordinator/auth/listen_policy.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -27,6 +27,23 @@ TEST(CoordinatorListenPolicyTest, LoopbackIsAllowedAnythingElseNeedsTlsAndAuthOr
     EXPECT_TRUE(IsExposedInsecurely(exposed, {.insecure = true}));
     EXPECT_TRUE(CheckListenAddress(exposed, {.tls = true, .authentication = true}).ok()) << exposed;
     EXPECT_FALSE(IsExposedInsecurely(exposed, {.tls = true, .authentication = true}));
+  }
+}
+
+// The decision is made on the addresses a name resolves to, not on its spelling: a DNS name that
+// starts with "127." (here under .invalid, which never resolves, RFC 6761) is not loopback, and
+// neither is an IPv4-mapped address outside 127/8; numeric loopback forms are.
+TEST(CoordinatorListenPolicyTest, ANameIsJudgedByWhatItResolvesTo) {
+  for (const char* spelled_like_loopback :
+       {"127.0.0.1.invalid:50051", "127.evil.invalid:50051", "localhost.invalid:1",
+        "[::ffff:10.0.0.1]:50051"}) {
+    EXPECT_FALSE(IsLoopbackAddress(spelled_like_loopback)) << spelled_like_loopback;
+    EXPECT_EQ(CheckListenAddress(spelled_like_loopback, {}).code(),
+              absl::StatusCode::kFailedPrecondition)
+        << spelled_like_loopback;
+  }
+  for (const char* loopback : {"[::ffff:127.0.0.1]:50051", "127.1:50051"}) {
+    EXPECT_TRUE(IsLoopbackAddress(loopback)) << loopback;
   }
 }
 

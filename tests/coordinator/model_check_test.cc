@@ -1,6 +1,6 @@
 // CheckBaseModelConfig: a base model folder whose config.json the workers would refuse is
 // refused at submission, naming the folder and the reason; a FIFO never blocks the check.
-#include "coordinator/model_check.h"
+#include "coordinator/admission/model_check.h"
 
 #include <sys/stat.h>
 

@@ -1,6 +1,6 @@
 // Path confinement: a job reads datasets and models only under --read-roots and writes only
 // under --output-root, with symbolic links resolved so that none leads out.
-#include "coordinator/path_confinement.h"
+#include "coordinator/admission/path_confinement.h"
 
 #include <unistd.h>
 

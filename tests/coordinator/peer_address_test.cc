@@ -1,5 +1,5 @@
 // PeerHost: where a worker's call came from, as shown in the job's events.
-#include "coordinator/peer_address.h"
+#include "coordinator/jobs/peer_address.h"
 
 #include "gtest/gtest.h"
 

@@ -1,6 +1,6 @@
 // PosixProcessLauncher with real processes (/bin/sh): exit codes, signals, the log file, the
 // environment and the process group a worker runs in.
-#include "coordinator/process_launcher.h"
+#include "coordinator/launch/process_launcher.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -2,9 +2,9 @@
 // REST answers (ParseRayJobInfo, ParseRayClusterCapacity; the samples are the shapes Ray 2.60's
 // dashboard returned, trimmed). The whole path against a real Ray cluster is
 // tests/service/ray_cluster_test.cc.
-#include "coordinator/ray/driver_log.h"
+#include "coordinator/launch/ray/driver_log.h"
 
-#include "coordinator/ray/ray_job_api.h"
+#include "coordinator/launch/ray/ray_job_api.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,6 +1,6 @@
 // Rendezvous: the registration wait, the NCCL id relay and the Gloo store of one job generation,
 // with real threads and real (short) deadlines.
-#include "coordinator/rendezvous.h"
+#include "coordinator/jobs/rendezvous.h"
 
 #include <thread>
 

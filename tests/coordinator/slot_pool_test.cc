@@ -1,5 +1,5 @@
 // Worker slot accounting: GPU ids or CPU slot numbers, busy until released.
-#include "coordinator/slot_pool.h"
+#include "coordinator/launch/slot_pool.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,5 +1,5 @@
 // StateDirLock: one holder per state folder; the refusal names the folder and the holder's pid.
-#include "coordinator/state_lock.h"
+#include "coordinator/store/state_lock.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

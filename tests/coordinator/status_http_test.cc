@@ -9,7 +9,7 @@
 #include "coordinator/http/log_tail.h"
 #include "coordinator/http/metrics.h"
 #include "coordinator/http/status_api.h"
-#include "coordinator/job_store.h"
+#include "coordinator/store/job_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/test_util.h"

@@ -1,5 +1,5 @@
 // StreamLimit: a cap on open streams for everyone and one per user; closed slots free places.
-#include "coordinator/stream_limit.h"
+#include "coordinator/rpc/stream_limit.h"
 
 #include <vector>
 

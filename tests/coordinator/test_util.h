@@ -4,31 +4,19 @@
 #include <stdlib.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <thread>
 
+#include "tests/util/files.h"
 #include "tests/util/temp_dir.h"
 
 namespace qlora::coordinator::testing {
 
 using TempDir = ::qlora::testing::TempDir;  // tests/util/temp_dir.h
 
-inline std::string WriteFile(const std::string& path, const std::string& text) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-  return path;
-}
-
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using ::qlora::testing::ReadFile;   // tests/util/files.h
+using ::qlora::testing::WriteFile;  // tests/util/files.h
 
 // Calls `done` until it returns true or `timeout` passes; returns its last answer.
 inline bool PollUntil(const std::function<bool()>& done,

@@ -1,9 +1,9 @@
 // WorkerGroup with real processes (/bin/sh through LocalWorkerLauncher and PosixProcessLauncher):
 // launching, reaping, SIGTERM on Stop, SIGKILL only once the grace has passed, a failed start
 // leaving nothing running, and the heartbeat bookkeeping.
-#include "coordinator/worker_group.h"
+#include "coordinator/jobs/worker_group.h"
 
-#include "coordinator/local_worker_launcher.h"
+#include "coordinator/launch/local_worker_launcher.h"
 
 #include <signal.h>
 

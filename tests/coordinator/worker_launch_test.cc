@@ -1,6 +1,6 @@
 // The launch spec of one worker: its command line, what it sees of the GPUs and CPU cores, and
 // where its output goes.
-#include "coordinator/worker_launch.h"
+#include "coordinator/launch/worker_launch.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

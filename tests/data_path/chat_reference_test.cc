@@ -1,6 +1,6 @@
 // The tokenizer's chat template against the reference: make_chat_references.py builds a
 // byte-level BPE tokenizer per template family (LLaMA-3, LLaMA-2, Mistral v0.1 and v0.3,
-// Qwen2 and Qwen2.5; templates in tests/data/fixtures/chat_templates.json) and writes what
+// Qwen2 and Qwen2.5; templates in tests/assets/chat_templates.json) and writes what
 // transformers' apply_chat_template renders and tokenizes, and an assistant mask computed
 // independently in Python. Our rendering (with and without the generation prompt), ids,
 // labels and the templates' own raise_exception must agree. Small templates check the
@@ -30,7 +30,7 @@ class DataChatReferenceTest : public ::testing::Test {
     const std::string source = std::getenv("QLORA_SOURCE_DIR");
     reference_ = new ReferenceRun<nlohmann::ordered_json>(
         absl::StrCat(source, "/tests/data_path/make_chat_references.py ", source,
-                     "/tests/data/fixtures/chat_templates.json"));
+                     "/tests/assets/chat_templates.json"));
   }
   static void TearDownTestSuite() {
     delete reference_;

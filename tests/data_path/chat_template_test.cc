@@ -242,7 +242,7 @@ TEST_F(DataChatExampleTest, BadTemplatesAndRecordsAreClearErrors) {
 }
 
 TEST_F(DataChatExampleTest, SentencePieceTokenizersAreRefusedForTemplates) {
-  const std::string fixture = std::string(std::getenv("QLORA_SOURCE_DIR")) + "/tests/data/fixtures/spm_bpe";
+  const std::string fixture = std::string(std::getenv("QLORA_SOURCE_DIR")) + "/tests/assets/spm_bpe";
   WriteFile(dir_.path() + "/tokenizer.model", ReadFile(fixture + "/tokenizer.model"));
   nlohmann::json config = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"chat_template", kTemplate}};
   WriteFile(dir_.path() + "/tokenizer_config.json", config.dump());

@@ -1,7 +1,7 @@
 """Reference results for chat templates, from transformers and jinja2.
 
 Usage: make_chat_references.py FIXTURES_JSON OUT_DIR
-For each template family in FIXTURES_JSON (tests/data/fixtures/chat_templates.json) writes
+For each template family in FIXTURES_JSON (tests/assets/chat_templates.json) writes
 OUT_DIR/<family>/ (tokenizer.json: a byte-level BPE trained here with every family's special
 tokens added; tokenizer_config.json: the family's bos/eos tokens and chat_template), and
 OUT_DIR/expected.json:

@@ -20,7 +20,7 @@ TEST(DataSpmIsolationTest, SentencePieceWorksBesideSystemProtobuf) {
 
   const char* source = std::getenv("QLORA_SOURCE_DIR");
   ASSERT_NE(source, nullptr);
-  auto tokenizer = LoadTokenizer(std::string(source) + "/tests/data/fixtures/spm_bpe");
+  auto tokenizer = LoadTokenizer(std::string(source) + "/tests/assets/spm_bpe");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   EXPECT_EQ((*tokenizer)->kind(), "tokenizer.model (SentencePiece)");
   // From sentencepiece.SentencePieceProcessor(model_file=...).encode (see fixtures/README.md).

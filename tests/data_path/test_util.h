@@ -3,17 +3,18 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "common/dataset/shard_planner.h"
+#include "tests/util/files.h"
 #include "tests/util/temp_dir.h"
 
 namespace qlora::data {
 
 using TempDir = ::qlora::testing::TempDir;  // tests/util/temp_dir.h
+using ::qlora::testing::ReadFile;           // tests/util/files.h
+using ::qlora::testing::WriteFile;          // tests/util/files.h
 
 // Plan options that cut a file of `bytes` bytes into about `chunks` chunks.
 inline ShardPlanOptions ChunksOf(int64_t bytes, int chunks) {
@@ -22,20 +23,9 @@ inline ShardPlanOptions ChunksOf(int64_t bytes, int chunks) {
   return options;
 }
 
-inline void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
-}
-
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// $QLORA_PYTHON, else the QLORA_PYTHON the build was configured with (tests/data/CMakeLists.txt
-// compiles it in because the shared test helper's ENVIRONMENT property currently passes only
-// its first variable); "" when neither names an existing file.
+// $QLORA_PYTHON, else the QLORA_PYTHON the build was configured with
+// (tests/data_path/CMakeLists.txt compiles it in because the shared test helper's ENVIRONMENT
+// property currently passes only its first variable); "" when neither names an existing file.
 inline std::string ReferencePython() {
   const char* python = std::getenv("QLORA_PYTHON");
 #ifdef QLORA_CONFIGURED_PYTHON

@@ -7,10 +7,10 @@ The base and every overlay of deploy/k8s are rendered with `kubectl kustomize` (
 check_deploy.py does) and each object is validated with the `jsonschema` package against:
   - for Kubernetes' own kinds, the JSON schemas of Kubernetes v1.32.0, "local-strict" (every
     object closed with additionalProperties: false, so a misspelled or misplaced field fails),
-    in tests/deploy/fixtures/kubernetes-v1.32.0 (their source: fixtures/README.md);
-  - for RayCluster (ray.io/v1), fixtures/raycluster-ray.io-v1.json: this project's closed schema
-    of KubeRay v1.7.0's RayCluster (the field names, types and required fields of spec,
-    headGroupSpec and workerGroupSpecs as its CRD gives them; pod templates as Kubernetes'
+    in tests/assets/deploy/kubernetes-v1.32.0 (their source: tests/assets/README.md);
+  - for RayCluster (ray.io/v1), tests/assets/deploy/raycluster-ray.io-v1.json: this project's
+    closed schema of KubeRay v1.7.0's RayCluster (the field names, types and required fields of
+    spec, headGroupSpec and workerGroupSpecs as its CRD gives them; pod templates as Kubernetes'
     PodTemplateSpec, metadata as ObjectMeta). The CRD itself (ray.io_rayclusters.yaml) is not
     redistributed in this repository; where it is at hand — --kuberay-crd FILE, or
     ../shared/fixtures/kuberay-v1.7.0/ray.io_rayclusters.yaml.gz beside SOURCE_DIR — RayClusters
@@ -18,7 +18,8 @@ check_deploy.py does) and each object is validated with the `jsonschema` package
     structural schema (an object with `properties` and without x-kubernetes-preserve-unknown-fields
     is closed: the API server would drop an unknown field silently, here it is an error;
     `nullable` admits null), after checking the file is KubeRay v1.7.0's byte for byte (SHA-256).
-A kind with no schema here is an error too: add its schema (fixtures/README.md says how).
+A kind with no schema here is an error too: add its schema (tests/assets/README.md says
+how).
 Not checked: CEL rules (x-kubernetes-validations), formats, what admission webhooks decide.
 
 Python: the jsonschema, referencing and PyYAML packages. Where $QLORA_RAYENV is set (scripts/test.sh
@@ -36,7 +37,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FIXTURES = os.path.join(HERE, "fixtures")
+FIXTURES = os.path.normpath(os.path.join(HERE, os.pardir, "assets", "deploy"))
 KUBERNETES_SCHEMAS = os.path.join(FIXTURES, "kubernetes-v1.32.0")
 DEFINITIONS_ID = "https://kubernetes.io/api/_definitions.json"  # the $id the kinds' $refs resolve to
 KUBERAY_CRD = os.path.join("kuberay-v1.7.0", "ray.io_rayclusters.yaml.gz")
@@ -169,7 +170,7 @@ def main():
         try:
             upstream = crd_schemas(crd_path, yaml)
         except (OSError, ValueError) as error:
-            failures.append(f"the KubeRay CRD: {error} (tests/deploy/fixtures/README.md says where it comes from)")
+            failures.append(f"the KubeRay CRD: {error} (tests/assets/README.md says where it comes from)")
     print("RayCluster: this project's schema" + (f" and KubeRay's CRD ({crd_path})" if upstream else
           " (KubeRay's CRD not at hand: --kuberay-crd FILE adds it)"))
     registry = referencing.Registry().with_resource(

@@ -103,7 +103,7 @@ TEST_P(CudnnAttentionCuda, MatchesFloat32AsCloselyAsFlashWhateverTheGradientLayo
     flash = testing::RunAttention(c, SdpaCausal, at::kBFloat16, gpu);
   }
   // A contiguous gradient, then the model's layout, then contiguous again: ATen's own backward
-  // gets the second wrong (bench/results/2026-12-01-h200-cudnn-gradient-layout.txt).
+  // gets the second wrong (bench/reports/kernels_h200_2026-12-01_04.md).
   const AttentionResult runs[3] = {testing::RunAttention(c, cudnn, at::kBFloat16, gpu),
                                    testing::RunAttention(c, model_layout, at::kBFloat16, gpu),
                                    testing::RunAttention(c, cudnn, at::kBFloat16, gpu)};

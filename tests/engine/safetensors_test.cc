@@ -1,8 +1,6 @@
 // safetensors reader/writer: round trips, corrupt files, and both directions against the Python
 // `safetensors` package.
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "common/safetensors/checkpoint_files.h"
 #include "common/safetensors/reader.h"
@@ -10,23 +8,15 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/test_util.h"
+#include "tests/util/files.h"
 
 namespace qlora::safetensors {
 namespace {
 
+using ::qlora::testing::ReadFile;
 using ::qlora::testing::RunScript;
 using ::qlora::testing::TempDir;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+using ::qlora::testing::WriteFile;
 
 // The value the Python check expects at flat index i (see safetensors_ref.py: check).
 double ExpectedValue(int64_t i) { return static_cast<double>(i * 7 % 13) - 6.0; }
@@ -67,7 +57,7 @@ TEST(EngineSafetensors, RoundTripKeepsBytesShapesAndMetadata) {
   TempDir dir;
   const std::string path = dir / "a.safetensors";
   ASSERT_TRUE(WriteCheckFile(path).ok());
-  const std::string bytes = ReadAll(path);
+  const std::string bytes = ReadFile(path);
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   EXPECT_EQ(n % 8, 0u);
@@ -140,8 +130,8 @@ TEST(EngineSafetensors, OpenReportsMissingAndTruncatedFiles) {
   TempDir dir;
   EXPECT_EQ(SafetensorsFile::Open(dir / "none").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(WriteCheckFile(dir / "a.safetensors").ok());
-  const std::string bytes = ReadAll(dir / "a.safetensors");
-  WriteAll(dir / "cut.safetensors", bytes.substr(0, bytes.size() - 3));
+  const std::string bytes = ReadFile(dir / "a.safetensors");
+  WriteFile(dir / "cut.safetensors", bytes.substr(0, bytes.size() - 3));
   auto cut = SafetensorsFile::Open(dir / "cut.safetensors");
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
   EXPECT_EQ(CheckpointFiles::Open(dir.path()).status().code(), absl::StatusCode::kNotFound);
@@ -172,7 +162,7 @@ TEST(EngineSafetensors, ReadsFilesWrittenByPythonSafetensors) {
   QLORA_PYTHON_OR_SKIP(python);
   TempDir dir;
   ASSERT_EQ(RunScript(python, "safetensors_ref.py", {"write", dir.path()}), 0);
-  const auto manifest = nlohmann::json::parse(ReadAll(dir / "manifest.json"));
+  const auto manifest = nlohmann::json::parse(ReadFile(dir / "manifest.json"));
 
   auto single = CheckpointFiles::OpenFile(dir / "single.safetensors");
   ASSERT_TRUE(single.ok()) << single.status();
@@ -188,9 +178,9 @@ TEST(EngineSafetensors, ShardedIndexMustAgreeWithShards) {
   TempDir dir;
   ASSERT_EQ(RunScript(python, "safetensors_ref.py", {"write", dir.path()}), 0);
   const std::string index = dir / "sharded/model.safetensors.index.json";
-  auto json = nlohmann::json::parse(ReadAll(index));
+  auto json = nlohmann::json::parse(ReadFile(index));
   json["weight_map"]["ghost"] = "model-00001-of-00002.safetensors";
-  WriteAll(index, json.dump());
+  WriteFile(index, json.dump());
   auto files = CheckpointFiles::Open(dir / "sharded");
   ASSERT_FALSE(files.ok());
   EXPECT_NE(files.status().message().find("ghost"), std::string::npos) << files.status();

@@ -1,10 +1,8 @@
-// Helpers shared by the engine tests: temp folders and running the reference Python scripts in
-// tests/engine/ with $QLORA_PYTHON (tests skip when it is absent).
+// Helpers shared by the engine tests: running the reference Python scripts in tests/engine/ with
+// $QLORA_PYTHON (tests skip when it is absent); temporary folders and file helpers come from
+// tests/util/.
 #pragma once
 
-#include <dirent.h>
-#include <ftw.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/util/files.h"  // ReadFile, WriteFile, ListDir, FileSize
 #include "tests/util/temp_dir.h"
 
 namespace qlora::testing {
@@ -47,26 +46,6 @@ inline std::string ScriptPath(const std::string& script) {
 #endif
   return std::string(src ? src : ".") + "/tests/engine/" + script;
 }
-
-// Names in a directory (no "." or ".."). POSIX, not std::filesystem: libtorch.so exports
-// broken copies of some std::filesystem symbols.
-inline std::vector<std::string> ListDir(const std::string& path) {
-  std::vector<std::string> names;
-  if (DIR* dir = ::opendir(path.c_str())) {
-    while (const dirent* entry = ::readdir(dir)) {
-      const std::string name = entry->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(dir);
-  }
-  return names;
-}
-
-inline int64_t FileSize(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
-}
-
 
 // Runs `python script args...`; returns the exit status (0 = success).
 inline int RunScript(const std::string& python, const std::string& script,

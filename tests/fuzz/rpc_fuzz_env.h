@@ -19,11 +19,11 @@
 #include <grpcpp/server_context.h>
 
 #include "absl/synchronization/mutex.h"
-#include "coordinator/job_manager.h"
-#include "coordinator/job_service.h"
-#include "coordinator/job_store.h"
-#include "coordinator/process_launcher.h"
-#include "coordinator/worker_service.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/rpc/job_service.h"
+#include "coordinator/store/job_store.h"
+#include "coordinator/launch/process_launcher.h"
+#include "coordinator/rpc/worker_service.h"
 #include "tests/util/temp_dir.h"
 
 namespace qlora::fuzz {

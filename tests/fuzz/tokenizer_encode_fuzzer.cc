@@ -1,6 +1,6 @@
 // Fuzz target: encoding text. Loads two fixed tokenizers once: the example byte-level BPE
 // tokenizer.json (examples/tokenizer) and the SentencePiece fixture
-// (tests/data/fixtures/spm_bpe). The first byte picks one; the rest is the text to encode. The
+// (tests/assets/spm_bpe). The first byte picks one; the rest is the text to encode. The
 // ids must decode, and for the byte-level tokenizer back to exactly the text (it covers every
 // byte, so encoding loses nothing).
 #include <cstddef>
@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   static const qlora::data::Tokenizer& bpe = Load(QLORA_FUZZ_SOURCE_DIR "/examples/tokenizer");
   static const qlora::data::Tokenizer& spm =
-      Load(QLORA_FUZZ_SOURCE_DIR "/tests/data/fixtures/spm_bpe");
+      Load(QLORA_FUZZ_SOURCE_DIR "/tests/assets/spm_bpe");
   const bool use_bpe = (data[0] & 1) == 0;
   const qlora::data::Tokenizer& tokenizer = use_bpe ? bpe : spm;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);

@@ -3,8 +3,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -12,6 +10,7 @@
 
 #include "kernels/codebooks_4bit.h"
 #include "kernels/quantize_4bit_math.h"
+#include "tests/util/files.h"
 
 namespace qlora::kernels {
 namespace {
@@ -23,8 +22,7 @@ uint32_t Bits(float v) {
 }
 
 std::vector<float> ReadFloats(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = testing::ReadFile(path);
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
   return out;

@@ -7,7 +7,7 @@ dynamic_map.bin that tests/kernels/make_bnb_fixtures.py dumped from the real lib
 that both agree bit for bit before printing. Run once; the printed table is embedded, not
 regenerated at run time.
 
-    $QLORA_PYTHON tests/kernels/dump_dynamic_map.py tests/data/bnb/cuda/dynamic_map.bin
+    $QLORA_PYTHON tests/kernels/dump_dynamic_map.py tests/assets/bnb/cuda/dynamic_map.bin
 """
 import sys
 

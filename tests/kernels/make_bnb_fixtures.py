@@ -3,7 +3,7 @@
 
 Run it where the real bitsandbytes wheel runs, preferably on a CUDA GPU (the semantics we match):
 
-    python3 tests/kernels/make_bnb_fixtures.py --device cuda --out tests/data/bnb/cuda
+    python3 tests/kernels/make_bnb_fixtures.py --device cuda --out tests/assets/bnb/cuda
 
 With --device cpu it uses bitsandbytes' CPU backend instead (all-zero blocks, the tail block and
 value clamping differ from CUDA there); the manifest records the backend that made every file,

@@ -1,4 +1,4 @@
-// Bit-exactness against bitsandbytes' own output. Reads tests/data/bnb/<backend>/manifest.json
+// Bit-exactness against bitsandbytes' own output. Reads tests/assets/bnb/<backend>/manifest.json
 // (made by make_bnb_fixtures.py) and, for every case, on the CPU and (when present) the GPU:
 //   - dequantizing bitsandbytes' packed/absmax (and nested state) gives its output bit for bit;
 //   - quantizing its input gives the same packed bytes and absmax; the CPU may pick the
@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "kernels/codebooks_4bit.h"
 #include "kernels/quantize_4bit.h"
 #include "tests/kernels/code_boundary.h"
+#include "tests/util/files.h"
 
 namespace qlora::kernels {
 namespace {
@@ -44,9 +44,8 @@ at::ScalarType DtypeOf(const std::string& name) {
 }
 
 at::Tensor ReadTensor(const std::string& path, at::ScalarType dtype) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!testing::FileExists(path)) throw std::runtime_error("cannot read " + path);
+  const std::string bytes = testing::ReadFile(path);
   const int64_t item = static_cast<int64_t>(c10::elementSize(dtype));
   at::Tensor t = at::empty({static_cast<int64_t>(bytes.size()) / item}, at::dtype(dtype));
   std::memcpy(t.data_ptr(), bytes.data(), bytes.size());

@@ -24,7 +24,7 @@ inline absl::Status MakeTinyModelWithExampleTokenizer(const std::string& dir) {
   QLORA_RETURN_IF_ERROR(engine::MakeTinyModel(dir, model));
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
     QLORA_ASSIGN_OR_RETURN(std::string bytes,
-                           ReadFile(absl::StrCat(SourceDir(), "/examples/tokenizer/", name)));
+                           ::qlora::ReadFile(absl::StrCat(SourceDir(), "/examples/tokenizer/", name)));
     QLORA_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/", name), bytes));
   }
   return absl::OkStatus();

@@ -13,8 +13,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +21,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_harness.h"
+#include "tests/util/files.h"
+#include "tests/util/job_yaml.h"
 
 namespace qlora::testing {
 namespace {
@@ -31,16 +31,9 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The original job file with a trainer section and, on the cluster, its backend set for CPU
-// workers placed with `placement`.
-std::string Job(int workers, int stage, bool on_ray, const std::string& placement, const std::string& trainer) {
+// The original job file with the trainer and data sections of `training` and, on the cluster,
+// its backend set for CPU workers placed with `placement`.
+std::string Job(int workers, int stage, bool on_ray, const std::string& placement, const TestTraining& training) {
   std::string yaml = OriginalJobYaml(on_ray);
   const std::string old_backend = yaml.substr(yaml.find("backend:"), yaml.find("\ntrainer:") - yaml.find("backend:"));
   const std::string backend = absl::StrCat(
@@ -49,14 +42,12 @@ std::string Job(int workers, int stage, bool on_ray, const std::string& placemen
       "\n    strategy: {type: deepspeed, zero_optimization: {stage: ", stage, "}}");
   yaml.replace(yaml.find(old_backend), old_backend.size(), backend);
   yaml = yaml.substr(0, yaml.find("\ntrainer:") + 1);
-  return absl::StrCat(yaml, trainer, "data: {max_sequence_length: 48}\n");
+  return absl::StrCat(yaml, TrainingYaml(training));
 }
 
-const char kShortTrainer[] =
-    "trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 2, train_steps: 4, learning_rate: 0.001}\n";
-const char kLongTrainer[] =
-    "trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 100000, "
-    "learning_rate: 0.001, max_restarts: 0}\n";
+const TestTraining kShortTraining = ShortTraining();
+const TestTraining kLongTraining = {
+    .gradient_accumulation_steps = 1, .train_steps = 100000, .more_trainer = "max_restarts: 0"};
 
 class RayClusterTest : public ::testing::Test {
  protected:
@@ -110,8 +101,7 @@ class RayClusterTest : public ::testing::Test {
   static int WorkersOn(const std::string& host) {
     int n = 0;
     for (absl::string_view pid : absl::StrSplit(Hosts("pids " + host).output, '\n', absl::SkipWhitespace())) {
-      std::ifstream in(absl::StrCat("/proc/", absl::StripAsciiWhitespace(pid), "/cmdline"));
-      std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string cmdline = ReadFile(absl::StrCat("/proc/", absl::StripAsciiWhitespace(pid), "/cmdline"));
       if (cmdline.find("qlora-worker") != std::string::npos) ++n;
     }
     return n;
@@ -131,7 +121,7 @@ class RayClusterTest : public ::testing::Test {
     if (out != nullptr) *out = job;
     EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
     if (job.state() != v1::JOB_STATE_SUCCEEDED) return "";
-    return ReadBytes(job.adapter_path() + "/adapter_model.safetensors");
+    return ReadFile(job.adapter_path() + "/adapter_model.safetensors");
   }
 
   static inline std::string skip_, rayenv_, dir_, dashboard_;
@@ -143,18 +133,18 @@ class RayClusterTest : public ::testing::Test {
 TEST_F(RayClusterTest, StrictSpreadRanksRunOnTwoHostsAndMatchLocalWorkers) {
   CoordinatorProcess local(dir_ + "/local-2", 2);
   ASSERT_TRUE(local.started());
-  const std::string expected = RunToEnd(local, Job(2, 2, false, "", kShortTrainer));
+  const std::string expected = RunToEnd(local, Job(2, 2, false, "", kShortTraining));
   ASSERT_FALSE(expected.empty());
 
   const std::string state = dir_ + "/ray-2";
   auto c = RayCoordinator(state);
   ASSERT_TRUE(c->started());
   const std::string job_file = state + "/job.yaml";
-  std::ofstream(job_file) << Job(2, 2, true, "STRICT_SPREAD", kShortTrainer);
+  WriteFile(job_file, Job(2, 2, true, "STRICT_SPREAD", kShortTraining));
   CommandResult validate = c->Ctl(absl::StrCat("validate --remote ", job_file, " --dataset ", TrainData()));
   EXPECT_THAT(validate.output, HasSubstr("runs on: the Ray cluster at " + dashboard_)) << validate.output;
   v1::Job job;
-  const std::string got = RunToEnd(*c, Job(2, 2, true, "STRICT_SPREAD", kShortTrainer), &job);
+  const std::string got = RunToEnd(*c, Job(2, 2, true, "STRICT_SPREAD", kShortTraining), &job);
   ASSERT_FALSE(got.empty());
   EXPECT_TRUE(got == expected) << "the adapter trained on the cluster differs from the local one";
   const std::string events = StoredEvents(state, job.id());
@@ -175,9 +165,9 @@ TEST_F(RayClusterTest, FourWorkersTwoPerHostMatchLocalWorkersAtStagesZeroAndOne)
   ASSERT_TRUE(c->started());
   for (int stage : {0, 1}) {
     SCOPED_TRACE(absl::StrCat("stage ", stage));
-    const std::string expected = RunToEnd(local, Job(4, stage, false, "", kShortTrainer));
+    const std::string expected = RunToEnd(local, Job(4, stage, false, "", kShortTraining));
     v1::Job job;
-    const std::string got = RunToEnd(*c, Job(4, stage, true, "SPREAD", kShortTrainer), &job);
+    const std::string got = RunToEnd(*c, Job(4, stage, true, "SPREAD", kShortTraining), &job);
     ASSERT_FALSE(got.empty());
     EXPECT_TRUE(got == expected) << "the adapter trained on the cluster differs from the local one";
     const std::string events = StoredEvents(dir_ + "/ray-4", job.id());
@@ -190,7 +180,7 @@ TEST_F(RayClusterTest, FourWorkersTwoPerHostMatchLocalWorkersAtStagesZeroAndOne)
 TEST_F(RayClusterTest, RemoteLogsFollowAndCancelEndsEveryWorkerWithinFiveSeconds) {
   auto c = RayCoordinator(dir_ + "/ray-cancel");
   ASSERT_TRUE(c->started());
-  v1::Job job = Submit(*c, Job(2, 2, true, "STRICT_SPREAD", kLongTrainer));
+  v1::Job job = Submit(*c, Job(2, 2, true, "STRICT_SPREAD", kLongTraining));
   ASSERT_TRUE(WaitUntil([&] { return c->GetJob(job.id()).progress_size() == 2 &&
                                      c->GetJob(job.id()).progress(1).step() > 0; }, 240))
       << c->GetJob(job.id()).state_message();
@@ -212,10 +202,8 @@ TEST_F(RayClusterTest, RemoteLogsFollowAndCancelEndsEveryWorkerWithinFiveSeconds
 // A coordinator killed mid-job: restarted, it stops the old Ray job, queues the job again, and
 // it resumes on the cluster from its last checkpoint, ending bit-identical to an uninterrupted run.
 TEST_F(RayClusterTest, CoordinatorKilledMidJobResumesOnTheClusterBitIdentically) {
-  const char trainer[] =
-      "trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 60, "
-      "steps_per_checkpoint: 20, learning_rate: 0.001}\n";
-  const std::string yaml = Job(2, 2, true, "STRICT_SPREAD", trainer);
+  const std::string yaml = Job(2, 2, true, "STRICT_SPREAD",
+                               {.gradient_accumulation_steps = 1, .train_steps = 60, .steps_per_checkpoint = 20});
   const std::string state = dir_ + "/ray-resume";
   std::string id;
   {
@@ -232,7 +220,7 @@ TEST_F(RayClusterTest, CoordinatorKilledMidJobResumesOnTheClusterBitIdentically)
   v1::Job resumed = c->WaitForState(id, {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 400);
   ASSERT_EQ(resumed.state(), v1::JOB_STATE_SUCCEEDED) << resumed.state_message();
   EXPECT_THAT(c->Ctl("logs " + id + " --rank 0").output, HasSubstr("resumed from"));
-  const std::string a = ReadBytes(resumed.adapter_path() + "/adapter_model.safetensors");
+  const std::string a = ReadFile(resumed.adapter_path() + "/adapter_model.safetensors");
   const std::string b = RunToEnd(*c, yaml);
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the resumed run's adapter differs from the uninterrupted run's";
@@ -248,8 +236,8 @@ TEST_F(RayClusterTest, ElasticJobGoesOnOnTheHostThatRemains) {
   auto c = RayCoordinator(state, "--restart-backoff-s 30");
   ASSERT_TRUE(c->started());
   std::string yaml = Job(2, 2, true, "STRICT_SPREAD",
-                         "trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 400, "
-                         "steps_per_checkpoint: 5, learning_rate: 0.001, max_restarts: 1}\n");
+                         {.gradient_accumulation_steps = 1, .train_steps = 400, .steps_per_checkpoint = 5,
+                          .more_trainer = "max_restarts: 1"});
   const std::string workers = "    num_workers: 2\n";
   yaml.replace(yaml.find(workers), workers.size(), workers + "    min_workers: 1\n");
   v1::Job job = Submit(*c, yaml);
@@ -275,7 +263,7 @@ TEST_F(RayClusterTest, ADatasetAHostLacksFailsNamingTheHostAndThePath) {
   auto c = RayCoordinator(dir_ + "/ray-hidden");
   ASSERT_TRUE(c->started());
   grpc::Status submitted;
-  const v1::Job job = SubmitJob(*c, Job(2, 2, true, "STRICT_SPREAD", kShortTrainer), &submitted, hidden);
+  const v1::Job job = SubmitJob(*c, Job(2, 2, true, "STRICT_SPREAD", kShortTraining), &submitted, hidden);
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
   v1::Job failed = c->WaitForState(job.id(), {v1::JOB_STATE_FAILED, v1::JOB_STATE_SUCCEEDED}, 300);
   ASSERT_EQ(failed.state(), v1::JOB_STATE_FAILED) << failed.state_message();
@@ -289,7 +277,7 @@ TEST_F(RayClusterTest, ADatasetAHostLacksFailsNamingTheHostAndThePath) {
 TEST_F(RayClusterTest, LostHostFailsTheJobNamingRankAndHost) {
   auto c = RayCoordinator(dir_ + "/ray-lost", "--heartbeat-timeout-s 15");
   ASSERT_TRUE(c->started());
-  v1::Job job = Submit(*c, Job(2, 2, true, "STRICT_SPREAD", kLongTrainer));
+  v1::Job job = Submit(*c, Job(2, 2, true, "STRICT_SPREAD", kLongTraining));
   ASSERT_TRUE(WaitUntil([&] { return c->GetJob(job.id()).state() == v1::JOB_STATE_RUNNING; }, 240))
       << c->GetJob(job.id()).state_message();
   const auto lost_at = std::chrono::steady_clock::now();

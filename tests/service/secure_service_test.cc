@@ -8,8 +8,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -19,21 +17,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_harness.h"
+#include "tests/util/files.h"
 
 namespace qlora::testing {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 // A CA, certificates signed by it, and a second, unrelated CA: made once for the test binary.
 class Pki {
@@ -70,7 +60,7 @@ class Pki {
              int days) {
     std::string extfile;
     if (!ext.empty()) {
-      WriteText(Path(name + ".ext"), ext + "\n");
+      WriteFile(Path(name + ".ext"), ext + "\n");
       extfile = absl::StrCat(" -extfile ", name, ".ext");
     }
     return Run(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ", name,
@@ -93,10 +83,10 @@ class SecureClient {
   SecureClient(const std::string& address, const Identity& who) : token_(who.token) {
     const Pki& pki = Pki::Get();
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ReadText(pki.Path(who.ca + ".crt"));
+    ssl.pem_root_certs = ReadFile(pki.Path(who.ca + ".crt"));
     if (!who.cert.empty()) {
-      ssl.pem_cert_chain = ReadText(pki.Path(who.cert + ".crt"));
-      ssl.pem_private_key = ReadText(pki.Path(who.cert + ".key"));
+      ssl.pem_cert_chain = ReadFile(pki.Path(who.cert + ".crt"));
+      ssl.pem_private_key = ReadFile(pki.Path(who.cert + ".key"));
     }
     stub_ = v1::JobService::NewStub(grpc::CreateChannel(address, grpc::SslCredentials(ssl)));
   }
@@ -199,7 +189,7 @@ class SecureServiceTest : public ::testing::Test {
     ASSERT_TRUE(Pki::Get().ok()) << "could not make the test certificates with openssl";
     state_ = MakeTempDir("qlora-secure-");
     tokens_ = state_ + "/tokens";
-    WriteText(tokens_, absl::StrCat("# users of the test\n", TokenLine(kAliceToken, "alice", "user"),
+    WriteFile(tokens_, absl::StrCat("# users of the test\n", TokenLine(kAliceToken, "alice", "user"),
                                     TokenLine(kBobToken, "bob", "user"), TokenLine(kOpsToken, "ops", "admin")));
     fs::permissions(tokens_, fs::perms::owner_read | fs::perms::owner_write);
   }
@@ -215,15 +205,9 @@ class SecureServiceTest : public ::testing::Test {
   std::string tokens_;
 };
 
-std::string ShortJob() {
-  return TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 2, train_steps: 4, learning_rate: 0.001}
-data: {max_sequence_length: 48}
-)");
-}
-
 TEST_F(SecureServiceTest, UsersSeeTheirOwnJobsAdminsSeeAllAndTheJobTrainsOverTls) {
   CoordinatorProcess c(state_ + "/s", 1, absl::StrCat(TlsFlags(), " --auth-tokens ", tokens_));
-  ASSERT_TRUE(c.started()) << ReadText(state_ + "/s/coordinator.log");
+  ASSERT_TRUE(c.started()) << ReadFile(state_ + "/s/coordinator.log");
   SecureClient nobody(c.address(), {});
   SecureClient alice(c.address(), {.token = kAliceToken});
   SecureClient bob(c.address(), {.token = kBobToken});
@@ -260,12 +244,12 @@ TEST_F(SecureServiceTest, UsersSeeTheirOwnJobsAdminsSeeAllAndTheJobTrainsOverTls
   // The workers dial the coordinator over TLS: the job trains to the end.
   const v1::Job done = alice.WaitForEnd(id, 240);
   EXPECT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.state_message() << "\n"
-                                                   << ReadText(state_ + "/s/coordinator.log");
+                                                   << ReadFile(state_ + "/s/coordinator.log");
   EXPECT_TRUE(alice.Logs(id).ok());
 
   // qloractl with a CA and a token file; without a token it says it is not authenticated.
   const std::string token_file = state_ + "/alice.token";
-  WriteText(token_file, std::string(kAliceToken) + "\n");
+  WriteFile(token_file, std::string(kAliceToken) + "\n");
   const std::string ctl = absl::StrCat(BinaryDir(), "/cli/qloractl --address ", c.address(), " --tls-ca ",
                                        Pki::Get().Path("ca.crt"));
   const CommandResult got = RunCommand(absl::StrCat(ctl, " --token-file ", token_file, " get ", id));
@@ -278,7 +262,7 @@ TEST_F(SecureServiceTest, UsersSeeTheirOwnJobsAdminsSeeAllAndTheJobTrainsOverTls
 
 TEST_F(SecureServiceTest, PlaintextAndWrongCaClientsCannotConnect) {
   CoordinatorProcess c(state_ + "/s", 1, absl::StrCat(TlsFlags(), " --auth-tokens ", tokens_));
-  ASSERT_TRUE(c.started()) << ReadText(state_ + "/s/coordinator.log");
+  ASSERT_TRUE(c.started()) << ReadFile(state_ + "/s/coordinator.log");
   // The harness's own channel is plaintext: the TLS port does not answer it.
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -309,7 +293,7 @@ TEST_F(SecureServiceTest, ClientCertificatesIdentifyUsersAndBadOnesAreRefused) {
   CoordinatorProcess c(state_ + "/s", 1,
                        absl::StrCat(TlsFlags(), " --tls-client-ca ", Pki::Get().Path("ca.crt"), " --auth-tokens ",
                                     tokens_));
-  ASSERT_TRUE(c.started()) << ReadText(state_ + "/s/coordinator.log");
+  ASSERT_TRUE(c.started()) << ReadFile(state_ + "/s/coordinator.log");
   SecureClient alice(c.address(), {.cert = "alice"});
   SecureClient ops(c.address(), {.cert = "ops"});  // an admin by the tokens file's role for "ops"
   SecureClient mallory(c.address(), {.cert = "mallory"});   // CN=alice, signed by another CA
@@ -317,9 +301,7 @@ TEST_F(SecureServiceTest, ClientCertificatesIdentifyUsersAndBadOnesAreRefused) {
   SecureClient nobody(c.address(), {});
 
   v1::Job job;
-  const std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, train_steps: 100000}
-)");
-  grpc::Status submitted = alice.Submit(yaml, &job);
+  grpc::Status submitted = alice.Submit(LongJob(), &job);
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
   EXPECT_EQ(job.owner(), "alice");
   std::vector<std::string> ids;
@@ -334,11 +316,11 @@ TEST_F(SecureServiceTest, ClientCertificatesIdentifyUsersAndBadOnesAreRefused) {
 
 TEST_F(SecureServiceTest, TokensFileIsReReadOnSighup) {
   CoordinatorProcess c(state_ + "/s", 1, absl::StrCat(TlsFlags(), " --auth-tokens ", tokens_));
-  ASSERT_TRUE(c.started()) << ReadText(state_ + "/s/coordinator.log");
+  ASSERT_TRUE(c.started()) << ReadFile(state_ + "/s/coordinator.log");
   SecureClient carol(c.address(), {.token = kCarolToken});
   std::vector<std::string> ids;
   EXPECT_EQ(carol.List(&ids).error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  std::ofstream(tokens_, std::ios::app) << TokenLine(kCarolToken, "carol", "user");
+  AppendFile(tokens_, TokenLine(kCarolToken, "carol", "user"));
   kill(c.pid(), SIGHUP);
   bool admitted = false;
   for (int i = 0; i < 50 && !admitted; ++i) {
@@ -347,18 +329,18 @@ TEST_F(SecureServiceTest, TokensFileIsReReadOnSighup) {
   }
   EXPECT_TRUE(admitted);
   // A broken file leaves the previous users in force.
-  WriteText(tokens_, "not a tokens file\n");
+  WriteFile(tokens_, "not a tokens file\n");
   kill(c.pid(), SIGHUP);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(carol.List(&ids).ok());
-  EXPECT_THAT(ReadText(state_ + "/s/coordinator.log"), HasSubstr("kept the previous tokens"));
+  EXPECT_THAT(ReadFile(state_ + "/s/coordinator.log"), HasSubstr("kept the previous tokens"));
 }
 
 TEST_F(SecureServiceTest, NonLoopbackNeedsTlsAndAuthenticationNotInsecure) {
   CoordinatorProcess c(state_ + "/s", 1, absl::StrCat("--address 0.0.0.0:0 ", TlsFlags(), " --auth-tokens ", tokens_,
                                                       " --health-address 127.0.0.1:0"));
-  ASSERT_TRUE(c.started()) << ReadText(state_ + "/s/coordinator.log");
-  const std::string log = ReadText(state_ + "/s/coordinator.log");
+  ASSERT_TRUE(c.started()) << ReadFile(state_ + "/s/coordinator.log");
+  const std::string log = ReadFile(state_ + "/s/coordinator.log");
   EXPECT_THAT(log, ::testing::Not(HasSubstr("INSECURE")));
   // Probes that cannot speak TLS ask the plaintext health port, which serves nothing else.
   const std::string marker = "health (plaintext) on ";

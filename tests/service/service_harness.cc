@@ -11,10 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "qlora/v1/job.pb.h"
+#include "tests/util/files.h"
 
 namespace qlora::testing {
 namespace fs = std::filesystem;
@@ -65,10 +69,7 @@ std::string TinyModelDir() {
 }
 
 std::string OriginalJobYaml(bool on_ray) {
-  std::ifstream in(SourceDir() + "/tests/data/jobs/good/ludwig_original.yaml");
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string yaml = text.str();
+  std::string yaml = ReadFile(SourceDir() + "/tests/assets/jobs/good/ludwig_original.yaml");
   const std::string from = "base_model: meta-llama/Llama-2-7b-hf";
   const size_t at = yaml.find(from);
   if (at == std::string::npos) return "";
@@ -173,9 +174,27 @@ v1::Job SubmitJob(CoordinatorProcess& c, const std::string& yaml, grpc::Status* 
 }
 
 std::string StoredEvents(const std::string& state_dir, const std::string& job_id) {
-  return RunCommand(absl::StrCat(
-      "sqlite3 ", state_dir, "/jobs.sqlite \"select reason_code || ': ' || ifnull(message, '') || ' @' || "
-      "ifnull(step, '') || ' ' || ifnull(loss, '') from events where job_id='", job_id, "' order by seq\"")).output;
+  // The store keeps each event as its qlora.v1.JobEvent message: read the bytes as hex with the
+  // sqlite3 program, as an operator would, and decode them with the public proto.
+  const std::string hex = RunCommand(absl::StrCat(
+      "sqlite3 ", state_dir, "/jobs.sqlite \"select hex(event) from events where job_id='",
+      job_id, "' order by seq\"")).output;
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(hex, '\n', absl::SkipWhitespace())) {
+    v1::JobEvent event;
+    if (!event.ParseFromString(absl::HexStringToBytes(absl::StripAsciiWhitespace(line)))) {
+      absl::StrAppend(&out, "<unparsable event>\n");
+      continue;
+    }
+    absl::StrAppend(&out, event.reason_code(), ": ", event.message(), " @");
+    if (event.has_progress()) {
+      absl::StrAppend(&out, event.progress().step(), " ", event.progress().loss());
+    } else {
+      absl::StrAppend(&out, " ");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
 }
 
 bool WaitUntil(const std::function<bool()>& done, double seconds) {
@@ -200,8 +219,7 @@ std::vector<pid_t> WorkerPids(const std::string& coordinator_address, const std:
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline", std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string cmdline = ReadFile(entry.path() / "cmdline");
     for (char& c : cmdline) {
       if (c == '\0') c = ' ';
     }

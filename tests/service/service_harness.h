@@ -13,6 +13,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "qlora/v1/job_service.grpc.pb.h"
+#include "tests/util/job_yaml.h"
 
 namespace qlora::testing {
 
@@ -30,11 +31,19 @@ std::string MakeTempDir(const std::string& prefix);
 
 // A tiny HF model folder (random weights, the example tokenizer) made once per test binary.
 std::string TinyModelDir();
-// The original Ludwig job file (tests/data/jobs/good/ludwig_original.yaml) with base_model
+// The original Ludwig job file (tests/assets/jobs/good/ludwig_original.yaml) with base_model
 // pointing at the tiny model; its `backend.type: ray` becomes `local` unless `on_ray`.
 std::string OriginalJobYaml(bool on_ray = false);
 // The same without its `trainer:` line, and `extra` YAML (a trainer section) appended.
 std::string TinyJobYaml(const std::string& extra = "");
+// The same with the trainer and data sections that `training` describes (tests/util/job_yaml.h).
+inline std::string TinyJobYaml(const TestTraining& training) {
+  return TinyJobYaml(TrainingYaml(training));
+}
+// The tiny job with a few optimizer steps: quick on a CPU.
+inline std::string ShortJob() { return TinyJobYaml(ShortTraining()); }
+// The tiny job running long enough to be cancelled, killed or looked at while it trains.
+inline std::string LongJob() { return TinyJobYaml(LongTraining()); }
 
 class CoordinatorProcess {
  public:

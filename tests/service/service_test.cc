@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "common/safetensors/reader.h"
 #include "tests/service/service_harness.h"
+#include "tests/util/files.h"
 
 namespace qlora::testing {
 namespace {
@@ -31,26 +32,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-
-// A few optimizer steps: quick on a CPU.
-std::string ShortJob() {
-  return TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 2, train_steps: 4, learning_rate: 0.001}
-data: {max_sequence_length: 48}
-)");
-}
-
-// Runs long enough to be cancelled or killed.
-std::string LongJob() {
-  return TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 100000, learning_rate: 0.001}
-data: {max_sequence_length: 48}
-)");
-}
-
-std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
-  const std::string path = dir + "/" + name;
-  std::ofstream(path) << text;
-  return path;
-}
 
 // grpc.health's overall status, or -1 when the call fails within `seconds`.
 int HealthOf(CoordinatorProcess& c, double seconds = 2) {
@@ -77,7 +58,7 @@ class ServiceTest : public ::testing::Test {
 TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgress) {
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
-  const std::string job_file = WriteFile(state_, "job.yaml", ShortJob());
+  const std::string job_file = WriteFile(state_ + "/job.yaml", ShortJob());
   CommandResult submit = c.Ctl(absl::StrCat("submit ", job_file, " --dataset ", TrainData()));
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
   const std::string cli_id(submit.output.substr(0, submit.output.find('\n')));
@@ -153,16 +134,15 @@ TEST_F(ServiceTest, SkewedRecordsTrainAsManyOnTwoWorkersAsOnOneAndAreAccountedFo
     absl::StrAppend(&data, "{\"instruction\": \"", instruction, "\", \"output\": \"", i + 1, "\"}\n");
   }
   data += "not json\n";
-  const std::string dataset = WriteFile(state_, "skewed.jsonl", data);
+  const std::string dataset = WriteFile(state_ + "/skewed.jsonl", data);
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
   constexpr int kRows = 2;
   std::map<int, int64_t> trained;
   for (int workers : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(workers, " workers"));
-    std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 2, gradient_accumulation_steps: 1, epochs: 1, learning_rate: 0.001}
-data: {max_sequence_length: 48, malformed_records: skip}
-)");
+    std::string yaml = TinyJobYaml({.batch_size = 2, .gradient_accumulation_steps = 1, .epochs = 1,
+                                    .train_steps = 0, .more_data = "malformed_records: skip"});
     const std::string backend = "  trainer:\n";
     yaml.replace(yaml.find(backend), backend.size(), absl::StrCat("  trainer:\n    num_workers: ", workers, "\n"));
     grpc::Status submitted;
@@ -198,9 +178,8 @@ data: {max_sequence_length: 48, malformed_records: skip}
 // the merged folder that transformers loads and generates with, and HF-like end-of-run figures
 // in the job, its completion event and `qloractl get`.
 TEST_F(ServiceTest, FinishedJobHasServableOutputsAndATrainSummary) {
-  std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 2, train_steps: 4, learning_rate: 0.001, steps_per_checkpoint: 2, eval_steps: 2}
-data: {max_sequence_length: 48, validation_fraction: 0.25}
-)");
+  std::string yaml = TinyJobYaml({.steps_per_checkpoint = 2, .eval_steps = 2,
+                                  .more_data = "validation_fraction: 0.25"});
   const std::string adapter = "adapter: {type: lora}";
   yaml.replace(yaml.find(adapter), adapter.size(),
                "adapter: {type: lora, postprocessor: {merge_adapter_into_base_model: true}}");
@@ -272,7 +251,7 @@ TEST_F(ServiceTest, OriginalJobFileTrainsUnderStage2AndItsAdapterLoadsInPeft) {
   ASSERT_FALSE(yaml.empty()) << "the original job file fixture changed";
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());
-  const std::string job_file = WriteFile(state_, "original.yaml", yaml);
+  const std::string job_file = WriteFile(state_ + "/original.yaml", yaml);
   // 100 records: 3 epochs (the default) of about 12 steps (about 50 records per rank, 4
   // micro-batches per step).
   CommandResult submit = c.Ctl(absl::StrCat("submit ", job_file, " --dataset ", SourceDir(),
@@ -396,9 +375,8 @@ TEST_F(ServiceTest, StagesZeroOneTwoGiveTheSameAdapter) {
 // the last complete checkpoint, and the final adapter is bit-identical to an uninterrupted run's
 // (same data order, same dropout masks: generators are seeded per step).
 TEST_F(ServiceTest, JobResumedAfterCoordinatorRestartEqualsUninterruptedRun) {
-  std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 240, steps_per_checkpoint: 40, learning_rate: 0.001}
-data: {max_sequence_length: 48}
-)");
+  std::string yaml =
+      TinyJobYaml({.gradient_accumulation_steps = 1, .train_steps = 240, .steps_per_checkpoint = 40});
   const std::string adapter = "adapter: {type: lora}";
   yaml.replace(yaml.find(adapter), adapter.size(), "adapter: {type: lora, dropout: 0.1}");
   std::string resumed_id, first_address;
@@ -447,9 +425,8 @@ data: {max_sequence_length: 48}
 TEST_F(ServiceTest, ElasticJobGoesOnWithTheWorkersThatRemain) {
   // Long enough that a fast machine (32 cores) is still training when the coordinator is killed
   // right after the first checkpoint.
-  std::string yaml = TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 3, train_steps: 120, steps_per_checkpoint: 10, learning_rate: 0.001}
-data: {max_sequence_length: 48}
-)");
+  std::string yaml =
+      TinyJobYaml({.gradient_accumulation_steps = 3, .train_steps = 120, .steps_per_checkpoint = 10});
   const std::string backend = "  trainer:\n";
   yaml.replace(yaml.find(backend), backend.size(), "  trainer:\n    num_workers: 4\n    min_workers: 2\n");
   std::string id;
@@ -505,7 +482,7 @@ TEST_F(ServiceTest, RelativePathsInTheJobFileAreTheUsers) {
   ASSERT_TRUE(c.started());
   const std::string user = MakeTempDir("qlora-user-");  // the user's folder, not the state folder
   fs::copy_file(SourceDir() + "/examples/data/validation.jsonl", user + "/data.jsonl");
-  WriteFile(user, "job.yaml", ShortJob() + "dataset: data.jsonl\noutput_dir: runs/first\n");
+  WriteFile(user + "/job.yaml", ShortJob() + "dataset: data.jsonl\noutput_dir: runs/first\n");
   CommandResult submit = RunCommand(absl::StrCat("cd ", user, " && ", BinaryDir(), "/cli/qloractl --address ",
                                                  c.address(), " submit job.yaml --follow"));
   ASSERT_EQ(submit.exit_code, 0) << submit.output;
@@ -646,15 +623,11 @@ TEST_F(ServiceTest, AStolenStartupTokenIsUseless) {
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.state_message();
   std::vector<pid_t> pids;
   ASSERT_TRUE(WaitUntil([&] { return (pids = WorkerPids(c.address(), job.id())).size() == 2; }, 10));
-  auto slurp = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
   auto worker = v1::WorkerService::NewStub(c.channel());
   for (pid_t pid : pids) {
     const std::string proc = "/proc/" + std::to_string(pid);
-    const std::string cmdline = slurp(proc + "/cmdline");
-    const std::string environ = slurp(proc + "/environ");
+    const std::string cmdline = ReadFile(proc + "/cmdline");
+    const std::string environ = ReadFile(proc + "/environ");
     const std::string key = "QLORA_WORKER_TOKEN=";
     const size_t at = environ.find(key);
     ASSERT_NE(at, std::string::npos) << "the token is handed over in the environment";
@@ -692,8 +665,7 @@ bool SignalRank1(CoordinatorProcess& c, const std::string& job_id, int signal) {
   std::vector<pid_t> pids;
   if (!WaitUntil([&] { return (pids = WorkerPids(c.address(), job_id)).size() >= 2; }, 10)) return false;
   for (pid_t p : pids) {
-    std::ifstream in("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string cmd = ReadFile("/proc/" + std::to_string(p) + "/cmdline");
     if (cmd.find(std::string("--rank") + '\0' + "1" + '\0') != std::string::npos) return kill(p, signal) == 0;
   }
   return false;
@@ -738,10 +710,8 @@ TEST_P(ServiceRestartTest, FailedRankRestartsFromTheCheckpointAndEndsBitIdentica
   CoordinatorProcess c(state_, fault.workers, "--restart-backoff-s 0.5 --heartbeat-timeout-s 8");
   unsetenv("QLORA_TEST_CRASH_BEFORE_SAVE");
   ASSERT_TRUE(c.started());
-  std::string yaml = TinyJobYaml(absl::StrCat(
-      "trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 100, "
-      "steps_per_checkpoint: 40, learning_rate: 0.001}\n"
-      "data: {max_sequence_length: 48}\n"));  // every one of the coordinator's workers
+  std::string yaml = TinyJobYaml(  // every one of the coordinator's workers
+      {.gradient_accumulation_steps = 1, .train_steps = 100, .steps_per_checkpoint = 40});
   const std::string adapter = "adapter: {type: lora}";
   yaml.replace(yaml.find(adapter), adapter.size(), "adapter: {type: lora, dropout: 0.1}");
   grpc::Status submitted;
@@ -798,8 +768,7 @@ TEST_F(ServiceTest, KilledWorkerFailsJobNamingRankAndSignal) {
   // Kill rank 1: find it by its command line.
   pid_t victim = -1;
   for (pid_t p : pids) {
-    std::ifstream in("/proc/" + std::to_string(p) + "/cmdline", std::ios::binary);
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string cmd = ReadFile("/proc/" + std::to_string(p) + "/cmdline");
     if (cmd.find(std::string("--rank") + '\0' + "1") != std::string::npos) victim = p;
   }
   ASSERT_GT(victim, 0);
@@ -867,13 +836,11 @@ TEST_F(ServiceTest, BadJobFilesAreRefusedAndNothingIsStored) {
   CoordinatorProcess c(state_ + "/coord", 2);
   ASSERT_TRUE(c.started());
   int files = 0;
-  const std::string dir = SourceDir() + "/tests/data/jobs/bad";
+  const std::string dir = SourceDir() + "/tests/assets/jobs/bad";
   for (const auto& entry : fs::directory_iterator(dir)) {
-    std::ifstream in(entry.path());
-    std::stringstream text;
-    text << in.rdbuf();
+    const std::string text = ReadFile(entry.path());
     std::string first_expect;
-    std::istringstream lines(text.str());
+    std::istringstream lines(text);
     for (std::string line; std::getline(lines, line);) {
       if (line.rfind("# expect: ", 0) == 0) {
         first_expect = line.substr(10);
@@ -882,7 +849,7 @@ TEST_F(ServiceTest, BadJobFilesAreRefusedAndNothingIsStored) {
     }
     grpc::ClientContext ctx;
     v1::SubmitJobRequest req;
-    req.set_job_yaml(text.str());
+    req.set_job_yaml(text);
     req.set_source_name(entry.path().filename().string());
     req.set_dataset(TrainData());
     v1::SubmitJobResponse resp;

@@ -31,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_harness.h"
+#include "tests/util/files.h"
 
 namespace qlora::testing {
 namespace {
@@ -38,19 +39,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// Runs until cancelled: long enough to be looked at while it trains.
-std::string LongJob() {
-  return TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 1, train_steps: 100000, learning_rate: 0.001}
-data: {max_sequence_length: 48}
-)");
-}
-
-std::string ShortJob() {
-  return TinyJobYaml(R"(trainer: {type: finetune, batch_size: 1, gradient_accumulation_steps: 2, train_steps: 4, learning_rate: 0.001}
-data: {max_sequence_length: 48}
-)");
-}
 
 struct HttpAnswer {
   int status = 0;
@@ -160,12 +148,7 @@ class StatusPageTest : public ::testing::Test {
     return ParseMetrics(a.body);
   }
 
-  std::string ReadLog() const {
-    std::ifstream in(state_ + "/s/coordinator.log");
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
+  std::string ReadLog() const { return ReadFile(state_ + "/s/coordinator.log"); }
 
   void Cancel(CoordinatorProcess& c, const std::string& id, const std::string& token = "") {
     grpc::ClientContext ctx;

@@ -9,8 +9,8 @@
 #include "common/safetensors/reader.h"
 #include "common/safetensors/writer.h"
 #include "tests/util/rank_processes.h"
+#include "tests/util/temp_dir.h"
 #include "tests/zero/synthetic_problem.h"
-#include "tests/zero/temp_dir.h"
 #include "worker/comm/gloo_communicator.h"
 
 namespace qlora {

@@ -6,14 +6,14 @@
 
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <string>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/zero/temp_dir.h"
+#include "tests/util/files.h"
+#include "tests/util/temp_dir.h"
 #include "worker/optim/adamw.h"
 #include "worker/optim/clip.h"
 #include "worker/optim/lr_schedule.h"
@@ -35,7 +35,7 @@ nlohmann::json RunPython(const std::string& script) {
   if (python.empty() || !testing::FileExists(python)) return nullptr;
   testing::TempDir tmp;
   const std::string path = tmp.Sub("script.py");
-  std::ofstream(path) << script;
+  testing::WriteFile(path, script);
   FILE* pipe = ::popen((python + " " + path + " 2>/dev/null").c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;

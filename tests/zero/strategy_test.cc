@@ -13,9 +13,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/util/files.h"
+#include "tests/util/temp_dir.h"
 #include "tests/zero/gloo_world.h"
 #include "tests/zero/synthetic_problem.h"
-#include "tests/zero/temp_dir.h"
 #include "worker/strategy/scalar_read.h"
 
 #include <ATen/ATen.h>

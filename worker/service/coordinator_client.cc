@@ -9,6 +9,7 @@
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/worker_protocol_convert.h"
 #include "common/status_macros.h"
+#include "common/text/utf8.h"
 #include "qlora/v1/worker_service.grpc.pb.h"
 
 namespace qlora::worker {
@@ -70,7 +71,9 @@ class GrpcCoordinatorClient : public CoordinatorClient {
     v1::CompletionReport req;
     req.set_rank(id_.rank);
     req.set_ok(completion.ok);
-    req.set_error(completion.error);
+    // An error may quote a record's bytes; a string field that is not UTF-8 would not serialize
+    // and the cause would be lost.
+    req.set_error(ValidUtf8(completion.error));
     req.set_retryable(completion.retryable);
     req.set_adapter_path(completion.adapter_path);
     req.set_merged_path(completion.merged_path);

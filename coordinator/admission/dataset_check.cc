@@ -1,0 +1,70 @@
+// stat checks of a job's dataset files, and the footer of Parquet ones (see dataset_check.h).
+#include "coordinator/admission/dataset_check.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/dataset/parquet_reader.h"
+#include "common/dataset/record.h"
+#include "common/status_macros.h"
+
+namespace qlora::coordinator {
+namespace {
+
+const char* KindOf(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+absl::Status CheckFile(const char* field, const std::string& path, DatasetFormat format) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {  // follows links: what a reader would open
+    const int err = errno;
+    const std::string message = absl::StrCat(field, ": cannot stat '", path, "': ", strerror(err));
+    return err == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", path, "' is ", KindOf(st.st_mode), ", not a regular file"));
+  }
+  if (st.st_size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
+  }
+  // Parquet: the footer, so that a truncated or corrupt file fails here rather than on every
+  // worker. (A name of no known format is left to the planner's message.)
+  absl::StatusOr<data::DataFormat> resolved = data::ResolveFormat(format, path);
+  if (resolved.ok() && *resolved == data::DataFormat::kParquet) {
+    absl::StatusOr<data::ParquetLayout> layout = data::ReadParquetLayout(path);
+    if (!layout.ok())
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", layout.status().message()));
+    if (layout->rows == 0)
+      return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' has no rows"));
+  }
+  return absl::OkStatus();
+}
+
+// `paths` is split as the shard planner splits it (shard_plan.cc).
+absl::Status CheckList(const char* field, const std::string& paths, DatasetFormat format) {
+  const std::vector<std::string> files = absl::StrSplit(paths, ',', absl::SkipEmpty());
+  for (const std::string& file : files) QLORA_RETURN_IF_ERROR(CheckFile(field, file, format));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckDatasetFiles(const DataConfig& data) {
+  QLORA_RETURN_IF_ERROR(CheckList("dataset", data.train_path, data.format));
+  return CheckList("validation_dataset", data.validation_path, data.format);
+}
+
+}  // namespace qlora::coordinator

@@ -1,0 +1,348 @@
+// One job's state machine and its current start (see job.h).
+#include "coordinator/jobs/job.h"
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/config/job_config_emit.h"
+#include "common/status_macros.h"
+#include "common/train_summary_text.h"
+
+namespace qlora::coordinator {
+namespace {
+
+std::string RandomToken() {
+  std::random_device rd;
+  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
+}
+
+// "adapter written to A; merged model written to M; train_runtime ..." (what is known of it).
+std::string CompletionMessage(const JobRecord& job) {
+  std::vector<std::string> parts;
+  if (!job.adapter_path.empty()) parts.push_back(absl::StrCat("adapter written to ", job.adapter_path));
+  if (!job.merged_path.empty()) parts.push_back(absl::StrCat("merged model written to ", job.merged_path));
+  if (job.summary) parts.push_back(FormatTrainSummary(*job.summary));
+  return parts.empty() ? "training finished" : absl::StrJoin(parts, "; ");
+}
+
+}  // namespace
+
+Job::Job(JobRecord record, JobConfig config, const JobEnv* env)
+    : env_(env), record_(std::move(record)), config_(std::move(config)) {}
+
+double Job::NowUnix() const { return absl::ToDoubleSeconds(env_->now() - absl::UnixEpoch()); }
+
+// ---------------------------------------------------------------------------------------------
+// State changes
+
+absl::Status Job::Write(JobEvent event) {
+  event.sequence = ++record_.last_sequence;
+  event.time_unix = NowUnix();
+  return env_->store->Record(record_, event);
+}
+
+void Job::Record(JobEvent event) {
+  const std::string what = absl::StrCat(event.reason_code, " of job ", record_.id);
+  if (absl::Status s = Write(std::move(event)); !s.ok()) {
+    env_->store_failed(absl::Status(s.code(), absl::StrCat("could not record ", what, ": ", s.message())));
+  }
+  env_->changed();
+}
+
+absl::Status Job::RecordSubmission(const std::string& message) {
+  record_.state = JobState::kQueued;
+  record_.reason_code = "SUBMITTED";
+  record_.message = message;
+  QLORA_RETURN_IF_ERROR(Write(StateEventOf(record_)));
+  env_->changed();
+  return absl::OkStatus();
+}
+
+void Job::SetState(JobState state, const std::string& reason_code, const std::string& message) {
+  record_.state = state;
+  record_.reason_code = reason_code;
+  record_.message = message;
+  if (IsTerminal(state)) record_.finished_unix = NowUnix();
+}
+
+void Job::AfterTransition() {
+  if (IsTerminal(record_.state) && rendezvous_) {
+    rendezvous_->Close(absl::StrCat("job ", record_.id, " has ended"));
+  }
+}
+
+void Job::Transition(JobState state, const std::string& reason_code, const std::string& message) {
+  SetState(state, reason_code, message);
+  AfterTransition();
+  Record(StateEventOf(record_));
+}
+
+void Job::Fail(const std::string& reason_code, const std::string& message) {
+  if (ended()) return;
+  workers_.Stop(env_->now() + env_->stop_grace);
+  Transition(JobState::kFailed, reason_code, message);
+}
+
+// How long a rank's report of a failure waits for the exit of another rank that caused it.
+constexpr absl::Duration kFailureSettle = absl::Seconds(2);
+
+int Job::max_restarts() const {
+  return config_.trainer.max_restarts >= 0 ? static_cast<int>(config_.trainer.max_restarts)
+                                           : env_->default_max_restarts;
+}
+
+void Job::FailOrRestart(const std::string& reason_code, const std::string& message, bool retryable) {
+  if (ended() || state() == JobState::kQueued) return;
+  const int allowed = max_restarts();
+  if (!retryable || record_.restarts >= allowed) {
+    std::string why = message;
+    if (!retryable && record_.restarts < allowed) absl::StrAppend(&why, " (not retried: a restart would fail the same way)");
+    if (!record_.restart_causes.empty()) {
+      absl::StrAppend(&why, "; gave up after ", record_.restarts, " restart(s), earlier failures: ",
+                      absl::StrJoin(record_.restart_causes, "; "));
+    }
+    Fail(reason_code, why);
+    return;
+  }
+  workers_.Stop(env_->now() + env_->stop_grace);
+  if (rendezvous_) rendezvous_->Close("the job is restarting");
+  ++record_.restarts;
+  record_.restart_causes.push_back(message);
+  record_.progress.clear();
+  const absl::Duration backoff = std::min(env_->restart_backoff * (1 << std::min(record_.restarts - 1, 10)),
+                                          absl::Minutes(5));
+  not_before_ = env_->now() + backoff;
+  Transition(JobState::kQueued, "RESTARTING",
+             absl::StrCat("restart ", record_.restarts, " of ", allowed, " in ", absl::FormatDuration(backoff),
+                          ", from the last checkpoint, after: ", message));
+}
+
+absl::Status Job::Cancel() {
+  const JobRecord before = record_;
+  SetState(JobState::kCancelled, "CANCELLED_BY_USER", "cancelled by a client");
+  if (absl::Status written = Write(StateEventOf(record_)); !written.ok()) {
+    record_ = before;
+    const absl::Status failed(written.code(),
+                              absl::StrCat("could not record the cancel of job ", record_.id,
+                                           ", so it was not cancelled: ", written.message()));
+    env_->store_failed(failed);
+    return failed;
+  }
+  workers_.Stop(env_->now() + env_->stop_grace);
+  AfterTransition();
+  env_->changed();
+  return absl::OkStatus();
+}
+
+void Job::Requeue() {
+  record_.progress.clear();
+  Transition(JobState::kQueued, "REQUEUED_AFTER_RESTART",
+             "the coordinator restarted while this job ran; it is queued again");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Starting and watching the workers
+
+absl::Status Job::Start(WorkerLauncher* launcher, const std::vector<int>& slots, int world,
+                        WorkerLaunchRequest launch, JobShards shards) {
+  start_config_yaml_ = record_.resolved_config_yaml;
+  if (world != record_.num_workers) {
+    JobConfig resized = config_;
+    const int64_t ga = resized.trainer.gradient_accumulation_steps;
+    const int64_t batch = resized.trainer.batch_size;
+    const int64_t all = record_.num_workers;
+    std::string how;
+    if ((ga * all) % world == 0) {
+      resized.trainer.gradient_accumulation_steps = ga * all / world;
+      how = absl::StrCat("gradient_accumulation_steps ", ga, " -> ", ga * all / world, " keeps the global batch of ",
+                         batch * ga * all, " sequences");
+    } else {
+      how = absl::StrCat("the global batch changes from ", batch * ga * all, " to ", batch * ga * world,
+                         " sequences (gradient_accumulation_steps ", ga, " does not scale by ", all, "/", world, ")");
+    }
+    start_config_yaml_ = EmitResolvedJobYaml(resized);
+    Transition(state(), "ELASTIC_RESIZE",
+               absl::StrCat("continuing on ", world, " of ", all, " workers (min_workers ",
+                            config_.backend.min_workers, "): ", how,
+                            "; the last checkpoint is re-partitioned over ", world, " ranks"));
+  }
+  shards_ = std::move(shards);
+  reported_failure_.reset();
+  const absl::Time now = env_->now();
+  use_gpu_ = launch.use_gpu;
+  placed_on_ = launcher->Describe();
+  RendezvousOptions rendezvous;
+  rendezvous.generation = absl::ToUnixMicros(now);
+  rendezvous.world_size = world;
+  rendezvous.relay_nccl_id = use_gpu_;
+  rendezvous_ = std::make_shared<Rendezvous>(rendezvous);
+  workers_ = WorkerGroup();
+  start_deadline_ = now + env_->register_timeout;
+  record_.started_unix = NowUnix();
+  record_.progress.assign(world, ProgressSnapshot{});
+  GroupLaunch group;
+  group.job_id = record_.id;
+  group.job_uid = record_.uid;
+  group.generation = rendezvous.generation;
+  group.use_gpu = use_gpu_;
+  group.cpus_per_worker = config_.backend.cpus_per_worker;
+  group.placement = config_.backend.placement;
+  std::vector<std::string> tokens;
+  launch.job_id = record_.id;
+  launch.world_size = world;
+  for (int rank = 0; rank < world; ++rank) {
+    launch.rank = rank;
+    launch.slot = slots.empty() ? 0 : slots[rank];
+    launch.startup_token = RandomToken();
+    tokens.push_back(launch.startup_token);
+    group.ranks.push_back({rank, launch.slot, BuildWorkerLaunchSpec(launch)});
+  }
+  QLORA_RETURN_IF_ERROR(workers_.Launch(launcher, group, tokens, now));
+  Transition(JobState::kStarting, "WORKERS_STARTING",
+             absl::StrCat("started ", world, use_gpu_ ? " GPU" : " CPU", " workers on ", placed_on_,
+                          "; waiting for them to register"));
+  return absl::OkStatus();
+}
+
+void Job::FailOnExit(const WorkerExit& exit) {
+  const bool clean = !exit.info.signaled && exit.info.code == 0;
+  if (workers_.stopping() || (clean && exit.completed)) return;
+  // The rank that reported a failure ends by itself; the settle time decides (CheckDeadlines).
+  if (reported_failure_.has_value() && reported_failure_->rank == exit.rank && !exit.info.signaled) return;
+  std::string message =
+      absl::StrCat("rank ", exit.rank, " (", exit.where, ") ended with ", exit.info.Describe(),
+                   exit.completed ? "" : " before finishing", "; see `qloractl logs ", record_.id, " --rank ",
+                   exit.rank, "`");
+  // A failure another rank reported just before is most likely this exit's consequence.
+  if (reported_failure_.has_value()) absl::StrAppend(&message, " (then ", reported_failure_->message, ")");
+  reported_failure_.reset();
+  FailOrRestart("WORKER_EXITED", message);
+}
+
+std::vector<int> Job::Poll() {
+  std::vector<int> freed;
+  for (const WorkerExit& exit : workers_.Reap()) {
+    freed.push_back(exit.slot);
+    if (env_->worker_exited) env_->worker_exited(exit);
+    FailOnExit(exit);
+  }
+  workers_.KillOverdue(env_->now());
+  CheckDeadlines();
+  return freed;
+}
+
+void Job::CheckDeadlines() {
+  const absl::Time now = env_->now();
+  if (reported_failure_.has_value() && now >= reported_failure_->act_at) {
+    const std::string message = reported_failure_->message;
+    reported_failure_.reset();
+    FailOrRestart("WORKER_FAILED", message);
+  }
+  if (state() == JobState::kStarting && now > start_deadline_) {
+    FailOrRestart("WORKER_REGISTRATION_TIMEOUT",
+         absl::StrCat("rank(s) ", rendezvous_->UnregisteredRanks(), " did not register within ",
+                      absl::FormatDuration(env_->register_timeout)));
+  }
+  if (state() == JobState::kRunning) {
+    if (const WorkerProcess* w = workers_.SilentSince(now - env_->heartbeat_timeout)) {
+      FailOrRestart("WORKER_HEARTBEAT_LOST",
+           absl::StrCat("rank ", w->rank, " (", w->where, ") sent no heartbeat for ",
+                        absl::FormatDuration(now - w->last_heartbeat)));
+    }
+  }
+}
+
+void Job::Kill() {
+  workers_.KillAll();
+  if (rendezvous_) rendezvous_->Close("the coordinator is shutting down");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker calls
+
+absl::Status Job::Register(WorkerProcess& worker, int rank, const std::string& host, int64_t pid) {
+  if (worker.rank != rank) {
+    return absl::InvalidArgumentError(absl::StrCat("token belongs to rank ", worker.rank, ", not ", rank));
+  }
+  if (ended()) return absl::FailedPreconditionError(absl::StrCat("job ", record_.id, " has ended"));
+  QLORA_RETURN_IF_ERROR(rendezvous_->Register(rank));
+  worker.last_heartbeat = env_->now();
+  if (!host.empty()) worker.where = absl::StrCat("host ", host, ", pid ", pid);
+  if (state() == JobState::kStarting && rendezvous_->AllRegistered()) {
+    // Ranks that registered early waited in GetAssignment without heartbeats: the clock of
+    // every rank starts now.
+    workers_.TouchAll(env_->now());
+    std::vector<std::string> places;
+    for (const WorkerProcess& w : workers_.workers()) places.push_back(absl::StrCat("rank ", w.rank, ": ", w.where));
+    Transition(JobState::kRunning, "ALL_WORKERS_REGISTERED",
+               absl::StrCat(workers_.size(), " workers registered (", absl::StrJoin(places, "; "), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerAssignment> Job::Assignment(WorkerProcess& worker, std::string nccl_unique_id) {
+  if (ended()) return absl::AbortedError(absl::StrCat("job ", record_.id, " has ended"));
+  worker.last_heartbeat = env_->now();  // the heartbeat thread starts after the assignment
+  WorkerAssignment a;
+  a.job_id = record_.id;
+  a.rank = worker.rank;
+  a.world_size = workers_.size();
+  a.device = use_gpu_ ? DeviceKind::kCuda : DeviceKind::kCpu;
+  a.resolved_config_yaml = start_config_yaml_;
+  a.train_shards = shards_.train[worker.rank];
+  a.validation_shards = shards_.validation[worker.rank];
+  a.nccl_unique_id = std::move(nccl_unique_id);
+  a.generation = rendezvous_->generation();
+  a.output_dir = record_.output_dir;
+  a.job_uid = record_.uid;
+  return a;
+}
+
+bool Job::Heartbeat(WorkerProcess& worker) {
+  worker.last_heartbeat = env_->now();
+  return ended() || workers_.stopping();
+}
+
+void Job::ReportProgress(WorkerProcess& worker, ProgressSnapshot progress) {
+  if (ended()) return;
+  worker.last_heartbeat = env_->now();
+  progress.rank = worker.rank;
+  if (static_cast<int>(record_.progress.size()) <= progress.rank) record_.progress.resize(progress.rank + 1);
+  record_.progress[progress.rank] = progress;
+  JobEvent e;
+  e.state = record_.state;
+  e.reason_code = "PROGRESS";
+  e.progress = progress;
+  Record(std::move(e));
+}
+
+void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion) {
+  if (ended() || state() == JobState::kQueued) return;  // a late call of a stopped start
+  if (!completion.ok) {
+    const std::string message = absl::StrCat("rank ", worker.rank, ": ", completion.error);
+    if (!completion.retryable) {
+      FailOrRestart("WORKER_FAILED", message, /*retryable=*/false);
+    } else if (!reported_failure_.has_value()) {
+      reported_failure_ = ReportedFailure{worker.rank, message, env_->now() + kFailureSettle};
+    }
+    return;
+  }
+  worker.completed = true;
+  if (worker.rank == 0) {
+    if (!completion.adapter_path.empty()) record_.adapter_path = completion.adapter_path;
+    if (!completion.merged_path.empty()) record_.merged_path = completion.merged_path;
+    if (completion.summary) record_.summary = completion.summary;
+  }
+  if (!workers_.AllCompleted()) return;
+  // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
+  workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);
+  std::string message = CompletionMessage(record_);
+  const std::string records = RecordSummary(record_.progress);
+  if (!records.empty()) absl::StrAppend(&message, "; ", records);
+  Transition(JobState::kSucceeded, "COMPLETED", message);
+}
+
+}  // namespace qlora::coordinator
