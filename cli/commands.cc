@@ -78,6 +78,12 @@ std::vector<CommandSpec>* MakeCommands() {
        {"qloractl validate examples/qlora-tiny.yaml",
         "qloractl validate job.yaml trainer.epochs=3 adapter.r=32",
         "qloractl validate job.yaml --dataset /srv/data/train.jsonl --remote"}},
+      {"explain", "[KEY]", "describe the job file's keys: type, default, meaning",
+       "Without KEY, the top-level keys; with a dotted KEY (trainer.batch_size), that key and its "
+       "sub-keys. --markdown prints the whole reference (docs/job-file.md is this output).",
+       {{"--markdown", "", "", "the whole reference as Markdown"}},
+       false,
+       {"qloractl explain", "qloractl explain trainer", "qloractl explain adapter.target_modules"}},
       {"hash-token", "", "hash a token read from stdin, for the coordinator's --auth-tokens file",
        "Prints the token's hash, or with --user the whole tokens-file line \"sha256:HEX USER ROLE\".",
        {{"--user", "", "NAME", "print the tokens-file line for this user"},

@@ -23,6 +23,7 @@
 #include "common/auth/token_hash.h"
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
+#include "common/config/job_file_reference.h"
 #include "common/config/yaml_overrides.h"
 #include "common/posix_files.h"
 #include "common/program/version.h"
@@ -329,6 +330,25 @@ int HashToken(const ParsedArgs& a) {
   return kOk;
 }
 
+// Prints the job-file reference: one key (or the top level) as text, or all of it as Markdown.
+int Explain(const ParsedArgs& a) {
+  if (a.Has("--markdown")) {
+    printf("%s", JobFileReferenceMarkdown().c_str());
+    return kOk;
+  }
+  if (a.positional.size() > 1) {
+    fprintf(stderr, "qloractl explain: give at most one KEY (qloractl explain --help)\n");
+    return kUsage;
+  }
+  absl::StatusOr<std::string> text = ExplainJobFileKey(a.positional.empty() ? "" : a.positional[0]);
+  if (!text.ok()) {
+    fprintf(stderr, "qloractl explain: %s\n", std::string(text.status().message()).c_str());
+    return kNotFound;
+  }
+  printf("%s", text->c_str());
+  return kOk;
+}
+
 int Run(const std::vector<std::string>& argv) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argv, AllValueFlags(), AllSwitchFlags(), AllAliases());
   if (!parsed.ok()) {
@@ -375,6 +395,7 @@ int Run(const std::vector<std::string>& argv) {
   }
   if (command == "validate" && !a.Has("--remote")) return Validate(a, json);
   if (command == "hash-token") return HashToken(a);
+  if (command == "explain") return Explain(a);
 
   absl::StatusOr<std::unique_ptr<Client>> connected = Client::FromArgs(a);
   if (!connected.ok()) {

@@ -1,6 +1,6 @@
 // The typed, validated, fully resolved configuration of one training job.
 //
-// A job file (Ludwig-style YAML, see README "Job file") is parsed exactly once into this
+// A job file (Ludwig-style YAML, see docs/job-file.md) is parsed exactly once into this
 // struct by ParseJobConfig (job_config_parser.h), which resolves every default in one place
 // (the ZeRO stage included). Everything downstream -- coordinator, worker, engine, strategy,
 // data path -- reads only this struct. No torch, no protobuf here.

@@ -20,7 +20,7 @@
 #include "common/config/hf_model_path.h"
 #include "common/config/job_config_schema.h"
 #include "common/config/ludwig_sections.h"
-#include "common/config/utf8_check.h"
+#include "common/text/utf8.h"
 #include "common/config/yaml_stream_shape.h"
 #include "common/config/yaml_map_reader.h"
 #include "common/config/zero_stage_policy.h"
@@ -334,13 +334,28 @@ absl::Status ReadBackend(const MapReader& top, const QuantizationConfig& quant,
 }
 
 // Why `name` cannot name a job ("" when it can): it is shown in terminals and tables, so no
-// control characters (C0, DEL, C1: terminal escapes could forge rows) and at most 128 bytes.
+// control characters (C0, DEL, C1: terminal escapes could forge rows), no bidirectional
+// formatting characters (U+061C, U+200E-F, U+202A-E, U+2066-9: a name would show reversed, or
+// reorder the columns after it) nor line and paragraph separators (U+2028-9), and at most 128
+// bytes.
+// Whether `text` starts with one of the formatting characters JobNameProblem refuses.
+bool IsLayoutControl(std::string_view text) {
+  const auto at = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  if (text.size() >= 2 && at(0) == 0xD8 && at(1) == 0x9C) return true;  // U+061C
+  if (text.size() < 3 || at(0) != 0xE2) return false;
+  if (at(1) == 0x80) {
+    const unsigned char c = at(2);
+    return c == 0x8E || c == 0x8F || (c >= 0xA8 && c <= 0xAE);  // U+200E-F, U+2028-E
+  }
+  return at(1) == 0x81 && at(2) >= 0xA6 && at(2) <= 0xA9;  // U+2066-9
+}
+
 std::string JobNameProblem(const std::string& name) {
   constexpr size_t kMaxNameBytes = 128;
   if (name.size() > kMaxNameBytes) {
     return absl::StrCat("at most ", kMaxNameBytes, " bytes, got ", name.size());
   }
-  if (const size_t bad = config_internal::FirstInvalidUtf8(name); bad != std::string::npos) {
+  if (const size_t bad = FirstInvalidUtf8(name); bad != std::string::npos) {
     return absl::StrCat("not valid UTF-8 at byte ", bad);
   }
   for (size_t i = 0; i < name.size(); ++i) {
@@ -350,6 +365,10 @@ std::string JobNameProblem(const std::string& name) {
                     static_cast<unsigned char>(name[i + 1]) <= 0x9F;
     if (c < 0x20 || c == 0x7F || c1) {
       return absl::StrCat("control character at byte ", i, " (names must be printable)");
+    }
+    if (IsLayoutControl(std::string_view(name).substr(i))) {
+      return absl::StrCat("bidirectional or line-layout control character at byte ", i,
+                          " (names must show as written)");
     }
   }
   return "";
@@ -633,7 +652,7 @@ absl::StatusOr<YAML::Node> LoadSingleDocument(const ErrorSite& site, const std::
     return site.Error(0, "", absl::StrCat("the job file is ", text.size(),
                                           " bytes, more than the limit of ", max_bytes));
   }
-  if (const size_t bad = config_internal::FirstInvalidUtf8(text); bad != std::string::npos) {
+  if (const size_t bad = FirstInvalidUtf8(text); bad != std::string::npos) {
     const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + bad, '\n'));
     return site.Error(line, "", absl::StrCat("not valid UTF-8 (byte ", bad,
                                              "); a job file must be UTF-8 text"));
@@ -714,7 +733,7 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
                                     std::pair{&options.validation_dataset_override,
                                               "--validation-dataset"},
                                     std::pair{&options.base_dir, "the client's folder"}}) {
-    if (config_internal::FirstInvalidUtf8(*given) != std::string::npos) {
+    if (FirstInvalidUtf8(*given) != std::string::npos) {
       return site->Error(0, "", absl::StrCat(what, " is not a valid UTF-8 path"));
     }
   }

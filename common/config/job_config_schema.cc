@@ -11,89 +11,268 @@
 namespace qlora::config_internal {
 namespace {
 
-SchemaNode Leaf(std::string key) { return SchemaNode{std::move(key), {}, {}}; }
+// The reference text of one key: see SchemaNode.
+struct KeyDoc {
+  std::string type;
+  std::string default_value = {};
+  std::string doc = {};
+  std::string origin = {};
+  std::string default_note = {};
+};
 
-SchemaNode Map(std::string key, std::vector<SchemaNode> children) {
-  return SchemaNode{std::move(key), std::move(children), {}};
+SchemaNode Leaf(std::string key, KeyDoc d) {
+  SchemaNode node;
+  node.key = std::move(key);
+  node.type = std::move(d.type);
+  node.default_value = std::move(d.default_value);
+  node.default_note = std::move(d.default_note);
+  node.doc = std::move(d.doc);
+  node.origin = std::move(d.origin);
+  return node;
 }
 
-SchemaNode Refused(std::string key, std::string because) {
-  return SchemaNode{std::move(key), {}, std::move(because)};
+SchemaNode Map(std::string key, KeyDoc d, std::vector<SchemaNode> children) {
+  SchemaNode node = Leaf(std::move(key), std::move(d));
+  node.children = std::move(children);
+  return node;
 }
+
+SchemaNode Refused(std::string key, std::string because, std::string origin) {
+  SchemaNode node;
+  node.key = std::move(key);
+  node.refused_because = std::move(because);
+  node.origin = std::move(origin);
+  return node;
+}
+
+constexpr char kLudwig[] = "Ludwig";
+constexpr char kDeepSpeed[] = "DeepSpeed";
+constexpr char kPeft[] = "PEFT";
+constexpr char kBnb[] = "bitsandbytes";
 
 SchemaNode BuildSchema() {
-  const std::vector<SchemaNode> feature = {Leaf("name"), Leaf("type")};
-  return Map("", {
-      Leaf("name"),
-      Leaf("model_type"),
-      Leaf("base_model"),
-      Leaf("base_model_path"),  // written by EmitResolvedJobYaml: the resolved local folder
-      Leaf("dataset"),
-      Leaf("validation_dataset"),
-      Leaf("output_dir"),
-      Map("input_features", feature),
-      Map("output_features", feature),
-      Map("adapter",
-          {Leaf("type"), Leaf("r"), Leaf("alpha"), Leaf("dropout"), Leaf("target_modules"),
-           Leaf("use_rslora"), Leaf("bias_type"),
-           Map("postprocessor", {Leaf("merge_adapter_into_base_model"), Leaf("progressbar")}),
+  const std::vector<SchemaNode> feature = {
+      Leaf("name", {"string", "", "the dataset column"}),
+      Leaf("type", {"string", "", "`text` (the only type trained)"})};
+  return Map("", {"mapping"}, {
+      Leaf("name", {"string", "", "the job's name in listings: at most 128 bytes of UTF-8, no "
+                                  "control characters; or `qloractl submit --name`"}),
+      Leaf("model_type", {"string", "llm", "`llm` (Ludwig's; the only type)", kLudwig}),
+      Leaf("base_model", {"string", "", "a local Hugging Face folder (`config.json`, safetensors, "
+                                        "a tokenizer) of a `llama`, `mistral` or `qwen2` model, "
+                                        "or a hub name found in the local Hugging Face cache "
+                                        "(`$HF_HUB_CACHE`, `$HF_HOME/hub`, "
+                                        "`~/.cache/huggingface/hub`); required", kLudwig}),
+      Leaf("base_model_path", {"string", "", "written by the service in the resolved file: the "
+                                             "local folder `base_model` resolved to"}),
+      Leaf("dataset", {"string", "", "the training file(s), comma-separated; or `qloractl submit "
+                                     "--dataset`; relative paths are relative to where qloractl "
+                                     "runs"}),
+      Leaf("validation_dataset", {"string", "", "the validation file(s), comma-separated; or "
+                                                "`--validation-dataset`"}),
+      Leaf("output_dir", {"string", "", "where the adapter (`adapter/`), checkpoints "
+                                        "(`checkpoints/<job id>-<uid>/step-N`), TensorBoard "
+                                        "events and metrics go; new or empty; inside "
+                                        "`--output-root` when the coordinator has one", "",
+                          "`<state-dir>/jobs/<id>/output`"}),
+      Map("input_features", {"list of {name, type}", "", "the dataset columns of the prompt",
+                             kLudwig, "`[{name: instruction, type: text}]`"}, feature),
+      Map("output_features", {"list of {name, type}", "", "the dataset column of the target; "
+                              "exactly one text output", kLudwig,
+                              "`[{name: output, type: text}]`"}, feature),
+      Map("adapter", {"mapping", "", "required: `{type: lora}`", kLudwig},
+          {Leaf("type", {"string", "lora", "`lora` (the only adapter)"}),
+           Leaf("r", {"integer >= 1", "8", "the LoRA rank"}),
+           Leaf("alpha", {"number > 0", "16", "the LoRA scale's numerator (scale = alpha / r, "
+                                              "or alpha / sqrt(r) with `use_rslora`)"}),
+           Leaf("dropout", {"number in [0, 1)", "0.05", "dropout on the adapters' input"}),
+           Leaf("target_modules", {"list of module names, or `all-linear`", "[q_proj, v_proj]",
+                                   "the projections that get adapters, by their Hugging Face "
+                                   "names (`q_proj` ... `down_proj`); the resolved file lists "
+                                   "them", kPeft}),
+           Leaf("use_rslora", {"bool", "false", "rank-stabilized LoRA's scale", kPeft}),
+           Leaf("bias_type", {"string", "", "`none` (the only choice)", kPeft, "`none`"}),
+           Map("postprocessor", {"mapping", "", "what happens after training", kLudwig},
+               {Leaf("merge_adapter_into_base_model",
+                     {"bool", "false", "also write the base model with the adapter merged in, "
+                                       "as a Hugging Face folder for `AutoModelForCausalLM`"}),
+                Leaf("progressbar", {"bool", "", "accepted and unused"})}),
            Refused("pretrained_adapter_weights",
-                   "starting from existing adapter weights is not supported yet")}),
-      Map("quantization",
-          {Leaf("bits"), Leaf("bnb_4bit_quant_type"), Leaf("bnb_4bit_use_double_quant"),
-           Leaf("bnb_4bit_compute_dtype"), Leaf("blocksize"),
+                   "starting from existing adapter weights is not supported yet", kLudwig)}),
+      Map("quantization", {"mapping, or null for a 16-bit base", "",
+                           "how the frozen base weights are stored; `null` keeps them in the "
+                           "compute dtype", kBnb},
+          {Leaf("bits", {"integer", "4", "4 (NF4 or FP4): the only width"}),
+           Leaf("bnb_4bit_quant_type", {"`nf4` or `fp4`", "nf4", "the 4-bit code", kBnb}),
+           Leaf("bnb_4bit_use_double_quant", {"bool", "true", "quantize the blocks' scales too "
+                                                              "(as bitsandbytes does)", kBnb}),
+           Leaf("bnb_4bit_compute_dtype", {"`bfloat16`, `float16` or `float32`", "bfloat16",
+                                           "the dtype of the forward and backward", kBnb}),
+           Leaf("blocksize", {"power of two in [32, 4096]", "64", "weights per quantization "
+                                                                  "block"}),
            Refused("llm_int8_threshold", "it only applies to 8-bit quantization, which is not "
-                                         "supported; remove it"),
+                                         "supported; remove it", kBnb),
            Refused("llm_int8_has_fp16_weight", "it only applies to 8-bit quantization, which "
-                                               "is not supported; remove it")}),
-      Map("backend",
-          {Leaf("type"),
-           Map("trainer",
-               {Leaf("use_gpu"), Leaf("num_workers"), Leaf("min_workers"), Leaf("placement_strategy"),
-                Map("resources_per_worker", {Leaf("CPU"), Leaf("GPU")}),
-                Map("strategy",
-                    {Leaf("type"), Leaf("zero_stage_reason"),
-                     Map("zero_optimization",
-                         {Leaf("stage"), Leaf("reduce_bucket_size"),
-                          Leaf("allgather_bucket_size"), Leaf("overlap_comm"),
-                          Leaf("contiguous_gradients"),
+                                               "is not supported; remove it", kBnb)}),
+      Map("backend", {"mapping", "", "where and how the workers run", kLudwig},
+          {Leaf("type", {"`local` or `ray`", "local",
+                         "`local`: the coordinator's own GPUs or CPU slots; `ray`: its Ray "
+                         "cluster (`--ray-address`), refused by a coordinator without one"}),
+           Map("trainer", {"mapping", "", "the workers"},
+               {Leaf("use_gpu", {"bool", "true", "`false`: CPU workers even where there are "
+                                                 "GPUs; on Ray it decides the bundle"}),
+                Leaf("num_workers", {"integer >= 0", "", "how many workers (ranks)", "",
+                                     "every GPU, or `--cpu-workers`; on Ray every GPU of the "
+                                     "cluster"}),
+                Leaf("min_workers", {"integer >= 0", "0", "elastic jobs: at a (re)start where "
+                                                          "workers are gone for good, go on "
+                                                          "with as many as remain, down to this "
+                                                          "many (0: never fewer)"}),
+                Leaf("placement_strategy", {"`PACK`, `SPREAD`, `STRICT_PACK` or "
+                                            "`STRICT_SPREAD`", "PACK",
+                                            "Ray only: the placement group's strategy (one "
+                                            "bundle per worker)"}),
+                Map("resources_per_worker", {"mapping", "", "Ray only: each bundle"},
+                    {Leaf("CPU", {"integer in [1, 1024]", "1", "CPUs per bundle (also the "
+                                                               "worker's threads)"}),
+                     Leaf("GPU", {"0 or 1", "1", "1 with `use_gpu`, else 0"})}),
+                Map("strategy", {"mapping, `deepspeed` or `ddp`", "",
+                                 "the data-parallel strategy: DeepSpeed's ZeRO stages; `ddp` is "
+                                 "stage 0", kDeepSpeed},
+                    {Leaf("type", {"`deepspeed` or `ddp`", "deepspeed", "", kDeepSpeed}),
+                     Leaf("zero_stage_reason", {"string", "", "written by the service in the "
+                                                              "resolved file: why this stage"}),
+                     Map("zero_optimization", {"mapping", "", "", kDeepSpeed},
+                         {Leaf("stage", {"0, 1 or 2", "2",
+                                         "0 replicates the optimizer; 1 partitions the fp32 "
+                                         "master weights and optimizer state; 2 also the "
+                                         "gradients. A job that names none gets 2 and the "
+                                         "resolved file says why. 3 is refused: it is not built "
+                                         "yet", kDeepSpeed}),
+                          Leaf("reduce_bucket_size", {"integer >= 1", "500000000",
+                                                      "elements per gradient bucket",
+                                                      kDeepSpeed}),
+                          Leaf("allgather_bucket_size", {"even integer >= 1", "500000000",
+                                                         "accepted for DeepSpeed compatibility; "
+                                                         "no effect here", kDeepSpeed}),
+                          Leaf("overlap_comm", {"bool", "true", "accepted for DeepSpeed "
+                                                                "compatibility; no effect here",
+                                                kDeepSpeed}),
+                          Leaf("contiguous_gradients", {"bool", "true", "accepted for DeepSpeed "
+                                                                        "compatibility; no "
+                                                                        "effect here",
+                                                        kDeepSpeed}),
                           Refused("offload_optimizer",
-                                  "CPU/NVMe optimizer offload is not built yet; remove it"),
+                                  "CPU/NVMe optimizer offload is not built yet; remove it",
+                                  kDeepSpeed),
                           Refused("offload_param",
                                   "parameter offload needs ZeRO stage 3, which is not built "
-                                  "yet; remove it")}),
-                     Map("fp16", {Leaf("enabled")}),
-                     Map("bf16", {Leaf("enabled")})})})}),
-      Map("trainer",
-          {Leaf("type"), Leaf("batch_size"), Leaf("eval_batch_size"),
-           Leaf("gradient_accumulation_steps"), Leaf("learning_rate"), Leaf("epochs"),
-           Leaf("train_steps"),
-           Map("optimizer", {Leaf("type"), Leaf("weight_decay"), Leaf("betas"), Leaf("eps")}),
-           Map("learning_rate_scheduler", {Leaf("decay"), Leaf("warmup_fraction")}),
-           Map("gradient_clipping", {Leaf("clipglobalnorm")}),
-           Leaf("enable_gradient_checkpointing"), Leaf("max_memory_gib"),
-           Leaf("offload_activation_layers"), Leaf("dequantized_weight_layers"),
-           Leaf("steps_per_checkpoint"), Leaf("checkpoint_every_minutes"),
-           Leaf("eval_steps"), Leaf("seed"), Leaf("max_restarts"), Leaf("keep_checkpoints"),
+                                  "yet; remove it", kDeepSpeed)}),
+                     Map("fp16", {"mapping", "", "must agree with "
+                                                 "`quantization.bnb_4bit_compute_dtype`",
+                                  kDeepSpeed},
+                         {Leaf("enabled", {"bool", "", "", kDeepSpeed})}),
+                     Map("bf16", {"mapping", "", "must agree with "
+                                                 "`quantization.bnb_4bit_compute_dtype`",
+                                  kDeepSpeed},
+                         {Leaf("enabled", {"bool", "", "", kDeepSpeed})})})})}),
+      Map("trainer", {"mapping", "", "the training loop", kLudwig},
+          {Leaf("type", {"string", "finetune", "`finetune` (the only type)", kLudwig}),
+           Leaf("batch_size", {"integer >= 1", "1", "rows per micro-batch and rank"}),
+           Leaf("eval_batch_size", {"integer >= 1", "2", "rows per evaluation batch"}),
+           Leaf("gradient_accumulation_steps", {"integer >= 1", "1",
+                                                "micro-batches per optimizer step"}),
+           Leaf("learning_rate", {"number > 0", "0.0002", "the peak learning rate"}),
+           Leaf("epochs", {"integer >= 0", "3", "passes over the training data (>= 1 unless "
+                                                "`train_steps` > 0)"}),
+           Leaf("train_steps", {"integer >= 0", "0", "stop after this many optimizer steps "
+                                                     "(0: `epochs` decides)"}),
+           Map("optimizer", {"mapping, or a type name", "", ""},
+               {Leaf("type", {"`adamw` or `adam`", "adamw", "paged and 8-bit optimizers are "
+                                                            "refused"}),
+                Leaf("weight_decay", {"number >= 0", "0", "decoupled weight decay (AdamW)"}),
+                Leaf("betas", {"two numbers in [0, 1)", "[0.9, 0.999]", "Adam's betas"}),
+                Leaf("eps", {"number in (0, 1]", "1e-08", "Adam's epsilon"})}),
+           Map("learning_rate_scheduler", {"mapping", "", ""},
+               {Leaf("decay", {"`cosine`, `linear` or `none`", "cosine",
+                               "the decay after warm-up"}),
+                Leaf("warmup_fraction", {"number in [0, 1]", "0.03",
+                                         "the share of steps spent warming up"})}),
+           Map("gradient_clipping", {"mapping", "", ""},
+               {Leaf("clipglobalnorm", {"number >= 0", "0.3", "the gradients' global norm "
+                                                              "bound (0: off)"})}),
+           Leaf("enable_gradient_checkpointing",
+                {"`true`, `false` or `auto`", "true",
+                 "`true` recomputes every decoder layer in backward (least memory), `false` "
+                 "none (fastest), `auto` only as many as fit `max_memory_gib` "
+                 "(docs/memory.md)"}),
+           Leaf("max_memory_gib", {"number > 0", "", "the GPU memory budget that `auto` plans "
+                                                     "for; only with an `auto`", "",
+                                   "what the GPU has free once the model is loaded"}),
+           Leaf("offload_activation_layers", {"integer >= 0 or `auto`", "",
+                                              "decoder layers whose saved activations wait in "
+                                              "pinned host memory instead of the GPU "
+                                              "(docs/memory.md)", "", "`0`"}),
+           Leaf("dequantized_weight_layers", {"integer >= 0 or `auto`", "",
+                                              "the first N decoder layers hold their weights "
+                                              "dequantized for the whole job: faster steps for "
+                                              "GPU memory (docs/memory.md)", "", "`0`"}),
+           Leaf("steps_per_checkpoint", {"integer >= 0", "0", "a checkpoint every N optimizer "
+                                                              "steps (0: by time only)"}),
+           Leaf("checkpoint_every_minutes", {"number >= 0", "10", "a checkpoint at the next "
+                                                                  "step once this long has "
+                                                                  "passed (0: off)"}),
+           Leaf("eval_steps", {"integer >= 0", "0", "evaluate every N steps (0: at each "
+                                                    "epoch's end)"}),
+           Leaf("seed", {"integer", "42", "shuffling, dropout and initialization"}),
+           Leaf("max_restarts", {"integer in [0, 100]", "", "automatic restarts from the last "
+                                                            "checkpoint after a failure that "
+                                                            "may pass", "",
+                                 "the coordinator's `--max-restarts` (2)"}),
+           Leaf("keep_checkpoints", {"integer >= 0", "2", "the newest complete checkpoints "
+                                                          "kept (0: all)"}),
            Refused("use_mixed_precision",
                    "DeepSpeed's AMP does not work with ZeRO; the compute dtype is "
-                   "quantization.bnb_4bit_compute_dtype")}),
-      Map("data",
-          {Leaf("format"), Leaf("prompt_template"), Leaf("max_sequence_length"),
-           Leaf("packing"), Leaf("malformed_records"), Leaf("validation_fraction"),
-           Leaf("test_fraction")}),
+                   "quantization.bnb_4bit_compute_dtype", kLudwig)}),
+      Map("data", {"mapping", "", "how records become training rows (docs/data-formats.md)"},
+          {Leaf("format", {"`auto`, `jsonl`, `csv`, `text` or `parquet`", "auto",
+                           "the files' format (`auto`: by extension)"}),
+           Leaf("prompt_template", {"string", "", "the prompt with `{column}` placeholders "
+                                                  "(`{{`/`}}` for braces), or `llama3_chat`", "",
+                                    "`### Instruction:\\n{instruction}\\n\\n### Response:\\n`"}),
+           Leaf("max_sequence_length", {"integer in [8, 131072]", "512", "rows are cut to this "
+                                                                         "many tokens"}),
+           Leaf("packing", {"bool", "false", "several examples per row, attention kept within "
+                                             "each"}),
+           Leaf("malformed_records", {"`fail` or `skip`", "fail", "a record that does not "
+                                                                  "parse or lacks a column"}),
+           Leaf("validation_fraction", {"number in [0, 1)", "0", "held out of the training "
+                                                                 "file for validation"}),
+           Leaf("test_fraction", {"number in [0, 1)", "0", "held out of the training file: "
+                                                           "never trained nor validated"})}),
       // Ludwig's LLM sections (ludwig_sections.h maps them onto data.* and generation).
-      Map("prompt",
-          {Leaf("template"),
-           Refused("task", "write the task into prompt.template instead"),
-           Refused("retrieval", "retrieval-augmented prompts are not supported")}),
-      Map("preprocessing",
-          {Map("split", {Leaf("type"), Leaf("probabilities")}),
-           Leaf("global_max_sequence_length")}),
-      Map("generation",
-          {Leaf("temperature"), Leaf("top_p"), Leaf("repetition_penalty"),
-           Leaf("max_new_tokens"), Leaf("min_new_tokens"), Leaf("top_k"), Leaf("num_beams"),
-           Leaf("do_sample")}),
+      Map("prompt", {"mapping", "", "", kLudwig},
+          {Leaf("template", {"string", "", "= `data.prompt_template`", kLudwig}),
+           Refused("task", "write the task into prompt.template instead", kLudwig),
+           Refused("retrieval", "retrieval-augmented prompts are not supported", kLudwig)}),
+      Map("preprocessing", {"mapping", "", "", kLudwig},
+          {Map("split", {"mapping", "", "= `data.validation_fraction` and "
+                                        "`data.test_fraction`", kLudwig},
+               {Leaf("type", {"`random`", "", "other split types are refused", kLudwig}),
+                Leaf("probabilities", {"[train, validation, test], summing to 1", "",
+                                       "", kLudwig, "`[0.7, 0.1, 0.2]`"})}),
+           Leaf("global_max_sequence_length", {"integer", "", "= `data.max_sequence_length`",
+                                               kLudwig})}),
+      Map("generation", {"mapping", "", "stored with the job and written back for inference "
+                                        "with the adapter; training does not read it", kLudwig},
+          {Leaf("temperature", {"number", "", "", kLudwig}),
+           Leaf("top_p", {"number", "", "", kLudwig}),
+           Leaf("repetition_penalty", {"number", "", "", kLudwig}),
+           Leaf("max_new_tokens", {"integer", "", "", kLudwig}),
+           Leaf("min_new_tokens", {"integer", "", "", kLudwig}),
+           Leaf("top_k", {"integer", "", "", kLudwig}),
+           Leaf("num_beams", {"integer", "", "", kLudwig}),
+           Leaf("do_sample", {"bool", "", "", kLudwig})}),
   });
 }
 

@@ -3,8 +3,10 @@
 // are known but refused) and builds "did you mean" suggestions from the same table, so adding a
 // field means adding it here once.
 //
-// Value types and ranges are checked by the parser itself (job_config_parser.cc); this table
-// only knows names and nesting.
+// The same table is the job-file reference: each key's type, default and meaning, rendered by
+// job_file_reference.h (`qloractl explain`, docs/job-file.md). Value types and ranges are
+// checked by the parser itself (job_config_parser.cc); a test checks every documented default
+// against what the parser resolves.
 #pragma once
 
 #include <string>
@@ -20,6 +22,15 @@ struct SchemaNode {
   // Non-empty: the key is known (Ludwig or DeepSpeed defines it) but this service refuses it;
   // the text says why and what to use instead.
   std::string refused_because;
+  // The reference: the values it takes, its default as the resolved job file writes it ("" when
+  // it has none or it depends on the machine or job; then `default_note` says what it is), what
+  // it does, and whose key it is ("Ludwig", "DeepSpeed", "PEFT", "bitsandbytes"; "" for this
+  // service's own).
+  std::string type;
+  std::string default_value;
+  std::string default_note;
+  std::string doc;
+  std::string origin;
 
   const SchemaNode* Child(const std::string& name) const;
 };

@@ -1,7 +1,7 @@
-// UTF-8 well-formedness (see utf8_check.h).
-#include "common/config/utf8_check.h"
+// UTF-8 well-formedness (see utf8.h).
+#include "common/text/utf8.h"
 
-namespace qlora::config_internal {
+namespace qlora {
 
 size_t FirstInvalidUtf8(std::string_view text) {
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
@@ -36,4 +36,20 @@ size_t FirstInvalidUtf8(std::string_view text) {
   return std::string_view::npos;
 }
 
-}  // namespace qlora::config_internal
+std::string ValidUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  while (!text.empty()) {
+    const size_t bad = FirstInvalidUtf8(text);
+    if (bad == std::string_view::npos) {
+      out.append(text);
+      break;
+    }
+    out.append(text.substr(0, bad));
+    out.append("\xEF\xBF\xBD");  // U+FFFD
+    text.remove_prefix(bad + 1);
+  }
+  return out;
+}
+
+}  // namespace qlora
