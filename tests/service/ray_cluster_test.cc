@@ -219,7 +219,11 @@ TEST_F(RayClusterTest, CoordinatorKilledMidJobResumesOnTheClusterBitIdentically)
   ASSERT_TRUE(c->started());
   v1::Job resumed = c->WaitForState(id, {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 400);
   ASSERT_EQ(resumed.state(), v1::JOB_STATE_SUCCEEDED) << resumed.state_message();
-  EXPECT_THAT(c->Ctl("logs " + id + " --rank 0").output, HasSubstr("resumed from"));
+  // The remote rank's output arrives through the Ray job's log, a moment after the rank reported.
+  CommandResult logs;
+  EXPECT_TRUE(WaitUntil([&] { return (logs = c->Ctl("logs " + id + " --rank 0")).output.find(
+                                         "resumed from") != std::string::npos; }, 15))
+      << logs.output;
   const std::string a = ReadFile(resumed.adapter_path() + "/adapter_model.safetensors");
   const std::string b = RunToEnd(*c, yaml);
   ASSERT_FALSE(a.empty());
