@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -966,6 +967,64 @@ TEST_F(ServiceTest, FifoAsDatasetIsRefusedAtOnceAndTheCoordinatorKeepsAnswering)
   // A coordinator stuck in open() on the FIFO could not stop: a writer would release it.
   const int writer = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
   if (writer >= 0) close(writer);
+}
+
+
+// The state folder is private (issue 58: it was 0755, its files 0644, so any local user read
+// every user's job files, logs and adapters): the folder, the store, a job's log and its adapter
+// belong to the coordinator's user alone, and another local user (uid 65534, when the test runs
+// as root) can open none of them.
+TEST_F(ServiceTest, StateIsPrivateToTheCoordinatorsUser) {
+  const std::string state = state_ + "/private";
+  CoordinatorProcess c(state, 2);
+  ASSERT_TRUE(c.started());
+  const v1::Job submitted = SubmitJob(c, ShortJob());
+  const v1::Job done =
+      c.WaitForState(submitted.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.state_message();
+  // (The harness makes the state folder itself, for its port file; everything below is the
+  // coordinator's and its workers'.)
+  const std::string job_dir = state + "/jobs/" + done.id();
+  const std::vector<std::string> paths = {
+      state + "/jobs", job_dir, state + "/jobs.sqlite", job_dir + "/logs/rank-0.log",
+      done.adapter_path(), done.adapter_path() + "/adapter_model.safetensors"};
+  for (const std::string& path : paths) {
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_mode & 077, 0u) << path << " has mode " << std::oct << (st.st_mode & 0777);
+  }
+  if (geteuid() != 0) return;  // the second user's attempt needs root to become one
+  for (const std::string& path : paths) {
+    const pid_t child = fork();
+    if (child == 0) {  // only async-signal-safe calls: the parent has threads
+      if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+      const int fd = open(path.c_str(), O_RDONLY);
+      _exit(fd >= 0 ? 1 : errno == EACCES ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "uid 65534 opened " << path << " (exit " << WEXITSTATUS(status) << ")";
+  }
+}
+
+// A state folder that others can read (made by an older version, or by hand) is named at start
+// in a warning with the command that makes it private; a mask that lets every user in is refused.
+TEST_F(ServiceTest, AStateFolderOthersCanReadIsNamedInAWarning) {
+  const std::string state = state_ + "/shared";
+  ASSERT_EQ(mkdir(state.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(state.c_str(), 0755), 0);
+  const std::string coordinator = BinaryDir() + "/coordinator/qlora-coordinator";
+  CommandResult warned = RunCommand(absl::StrCat("timeout 3 ", coordinator,
+                                                 " --address 127.0.0.1:0 --cpu-workers 1 --state-dir ",
+                                                 state));
+  EXPECT_THAT(warned.output, HasSubstr("WARNING: the state folder " + state + " has mode 0755"));
+  EXPECT_THAT(warned.output, HasSubstr("chmod -R go-rwx " + state));
+  CommandResult refused = RunCommand(absl::StrCat(coordinator, " --address 127.0.0.1:0 ",
+                                                  "--cpu-workers 1 --state-umask 022 --state-dir ",
+                                                  state));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("lets every local user reach the state folder"));
 }
 
 }  // namespace
