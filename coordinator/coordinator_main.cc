@@ -18,6 +18,7 @@
 #include "coordinator/admission/path_confinement.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/rpc/job_service.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "host:port to listen on (port 0 picks a free one)");
 ABSL_FLAG(bool, insecure, false,
@@ -47,8 +48,10 @@ ABSL_FLAG(double, restart_backoff_s,
           absl::ToDoubleSeconds(qlora::coordinator::JobManagerOptions{}.restart_backoff),
           "seconds before the first restart; each next one waits twice as long (at most 5 min)");
 ABSL_FLAG(int, max_queued_jobs_per_user, 0, "the same per user (0 = no per-user cap)");
-ABSL_FLAG(int, max_streams, 256, "at most this many watch and log streams open at once");
-ABSL_FLAG(int, max_streams_per_user, 0, "at most this many per user (0 = no per-user cap)");
+ABSL_FLAG(int, max_streams, qlora::coordinator::JobServiceOptions{}.max_streams,
+          "at most this many watch and log streams open at once");
+ABSL_FLAG(int, max_streams_per_user, qlora::coordinator::JobServiceOptions{}.max_streams_per_user,
+          "at most this many per user (0 = no per-user cap)");
 ABSL_FLAG(std::string, health_address, "",
           "also serve grpc.health.v1 alone, in plaintext, on this host:port (for probes that cannot "
           "speak TLS, e.g. Kubernetes' grpc probe): only grpc.health (and its reflection) is served there");

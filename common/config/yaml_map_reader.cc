@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/text/utf8.h"
 
 namespace qlora::config_internal {
 namespace {
@@ -60,8 +61,15 @@ std::string Describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing (null)";
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a mapping";
-  if (!IsPlainScalar(node)) return absl::StrCat("the string \"", node.Scalar(), "\"");
-  return absl::StrCat("'", node.Scalar(), "'");
+  // An error quotes the value, not all of it: a value of megabytes would make an error message
+  // that no client can receive (gRPC's metadata limit).
+  constexpr size_t kQuoted = 64;
+  std::string value = node.Scalar();
+  if (value.size() > kQuoted) {
+    value = absl::StrCat(std::string(Utf8Prefix(value, kQuoted)), "... (", value.size(), " bytes)");
+  }
+  if (!IsPlainScalar(node)) return absl::StrCat("the string \"", value, "\"");
+  return absl::StrCat("'", value, "'");
 }
 
 bool DecodeNumber(const YAML::Node& node, double* out) {

@@ -18,4 +18,7 @@ size_t FirstInvalidUtf8(std::string_view text);
 // replacement character), the rest unchanged.
 std::string ValidUtf8(std::string_view text);
 
+// The longest prefix of `text` of at most `max_bytes` that does not cut a multi-byte character.
+std::string_view Utf8Prefix(std::string_view text, size_t max_bytes);
+
 }  // namespace qlora

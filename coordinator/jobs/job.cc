@@ -319,8 +319,19 @@ void Job::ReportProgress(WorkerProcess& worker, ProgressSnapshot progress) {
   Record(std::move(e));
 }
 
-void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion) {
-  if (ended() || state() == JobState::kQueued) return;  // a late call of a stopped start
+absl::Status Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion) {
+  if (ended() || state() == JobState::kQueued) return absl::OkStatus();  // a stopped start's
+  if (completion.ok) {
+    for (const auto& [reported, planned] :
+         {std::pair{completion.adapter_path, record_.output_dir + "/adapter"},
+          std::pair{completion.merged_path, record_.output_dir + "/merged"}}) {
+      if (!reported.empty() && reported != planned) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "rank ", worker.rank, " reported an output outside the job's output folder (",
+            reported.substr(0, 256), "; expected ", planned, ")"));
+      }
+    }
+  }
   if (!completion.ok) {
     const std::string message = absl::StrCat("rank ", worker.rank, ": ", completion.error);
     if (!completion.retryable) {
@@ -328,7 +339,7 @@ void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& comple
     } else if (!reported_failure_.has_value()) {
       reported_failure_ = ReportedFailure{worker.rank, message, env_->now() + kFailureSettle};
     }
-    return;
+    return absl::OkStatus();
   }
   worker.completed = true;
   if (worker.rank == 0) {
@@ -336,13 +347,14 @@ void Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& comple
     if (!completion.merged_path.empty()) record_.merged_path = completion.merged_path;
     if (completion.summary) record_.summary = completion.summary;
   }
-  if (!workers_.AllCompleted()) return;
+  if (!workers_.AllCompleted()) return absl::OkStatus();
   // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
   workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);
   std::string message = CompletionMessage(record_);
   const std::string records = RecordSummary(record_.progress);
   if (!records.empty()) absl::StrAppend(&message, "; ", records);
   Transition(JobState::kSucceeded, "COMPLETED", message);
+  return absl::OkStatus();
 }
 
 }  // namespace qlora::coordinator

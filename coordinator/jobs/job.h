@@ -122,8 +122,11 @@ class Job {
   // Returns whether the worker should stop now.
   bool Heartbeat(WorkerProcess& worker);
   void ReportProgress(WorkerProcess& worker, ProgressSnapshot progress);
-  // A failure restarts the job when retryable and restarts remain (FailOrRestart).
-  void ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion);
+  // A failure restarts the job when retryable and restarts remain (FailOrRestart). A success
+  // must name the outputs the coordinator planned (`<output_dir>/adapter`, `<output_dir>/merged`):
+  // any other path is PERMISSION_DENIED and changes nothing (a replayed token must not turn a
+  // running job into a success with an adapter of its choosing).
+  absl::Status ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion);
 
  private:
   // Numbers, stamps and writes `event` with the job row.

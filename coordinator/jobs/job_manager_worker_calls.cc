@@ -12,6 +12,13 @@ absl::StatusOr<JobManager::WorkerCall> JobManager::FindForWorker(const std::stri
   QLORA_ASSIGN_OR_RETURN(Job * job, Find(job_id));
   WorkerProcess* worker = job->FindWorker(token);
   if (worker == nullptr) return absl::PermissionDeniedError("unknown startup token for this job");
+  // A token serves its rank while that rank runs: once it has completed or its process has
+  // ended, a call with it can only be a replay.
+  if (worker->completed || worker->exited) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "rank ", worker->rank, " of this start has ", worker->completed ? "completed" : "ended",
+        "; its startup token is spent"));
+  }
   return WorkerCall{job, worker};  // a job with workers has its rendezvous (Job::Start)
 }
 
@@ -68,8 +75,7 @@ absl::Status JobManager::ReportCompletion(const std::string& job_id, const std::
                                           const WorkerCompletion& completion) {
   absl::MutexLock lock(&mu_);
   QLORA_ASSIGN_OR_RETURN(WorkerCall call, FindForWorker(job_id, token));
-  call.job->ReportCompletion(*call.worker, completion);
-  return absl::OkStatus();
+  return call.job->ReportCompletion(*call.worker, completion);
 }
 
 absl::Status JobManager::StoreSet(const std::string& job_id, const std::string& token,

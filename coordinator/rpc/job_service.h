@@ -12,9 +12,10 @@ namespace qlora::coordinator {
 
 struct JobServiceOptions {
   // At most this many WatchJob / StreamLogs streams at once, and per user (0 = no per-user
-  // cap); RESOURCE_EXHAUSTED past either.
+  // cap); RESOURCE_EXHAUSTED past either. Each open stream holds a server thread: by default one
+  // user may hold an eighth of them, so no single user can take every stream.
   int max_streams = 256;
-  int max_streams_per_user = 0;
+  int max_streams_per_user = 32;
 };
 
 class JobServiceImpl final : public v1::JobService::Service {

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc/worker_protocol_convert.h"
 #include "common/text/utf8.h"
 
@@ -10,8 +11,17 @@ namespace qlora::coordinator {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
+  // The message travels in a trailer that clients cap (8 KiB by default): an error quoting a
+  // hostile input at length would reach the client as a transport error instead of itself.
+  constexpr size_t kMaxMessage = 2048;
+  std::string message = ValidUtf8(std::string(status.message()));
+  if (message.size() > kMaxMessage) {
+    const size_t kept = Utf8Prefix(message, kMaxMessage).size();
+    message = absl::StrCat(message.substr(0, kept), "... (", message.size() - kept,
+                           " more bytes of the message left out)");
+  }
   // absl::StatusCode and grpc::StatusCode share google.rpc.Code numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
 void ToProto(const JobRecord& in, v1::Job* out) {

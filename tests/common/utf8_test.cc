@@ -29,6 +29,14 @@ TEST(CommonUtf8Test, ValidUtf8ReplacesEachBadByteAndKeepsTheRest) {
             std::string::npos);
 }
 
+TEST(CommonUtf8Test, Utf8PrefixNeverCutsACharacter) {
+  EXPECT_EQ(Utf8Prefix("abc", 8), "abc");
+  EXPECT_EQ(Utf8Prefix("abcdef", 3), "abc");
+  EXPECT_EQ(Utf8Prefix("ab\xC3\xA9", 3), "ab");              // U+00E9 would be cut
+  EXPECT_EQ(Utf8Prefix("a\xF0\x9F\x98\x80z", 4), "a");       // U+1F600 would be cut
+  EXPECT_EQ(Utf8Prefix("a\xF0\x9F\x98\x80z", 5), "a\xF0\x9F\x98\x80");
+}
+
 // The failure that was lost: a completion report whose error quotes invalid bytes does not
 // parse at the coordinator's end (the call fails with INTERNAL), and does once repaired, with
 // the readable part of the cause intact.

@@ -90,6 +90,19 @@ TEST(ConfigParserTest, JobNamesWithBidiOrLineSeparatorsAreRefused) {
   }
 }
 
+// An error quotes a bad value's start, not all of it: a 100,000-character value made an error
+// message larger than a gRPC client accepts (issue 58).
+TEST(ConfigParserTest, AnErrorQuotesOnlyTheStartOfALongValue) {
+  const std::string base = "base_model: /m\nadapter: {type: lora}\n";
+  absl::StatusOr<JobConfig> c =
+      ParseNoPaths(base + "trainer: {batch_size: \"" + std::string(100000, '7') + "x\"}\n");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("trainer.batch_size"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("... (100001 bytes)"));
+  EXPECT_LT(c.status().message().size(), 400u);
+}
+
 // Found by tests/fuzz/job_config_fuzzer: yaml-cpp passed invalid UTF-8 through and its emitter
 // wrote U+FFFD instead, so the stored resolved copy differed from the validated file.
 TEST(ConfigParserTest, JobFilesNamesAndPathsMustBeUtf8) {

@@ -435,6 +435,48 @@ TEST_F(CoordinatorJobManagerTest, JobAskingForMoreWorkersThanSlotsIsRefusedAndNo
   EXPECT_THAT(*store_->LoadJobs(), IsEmpty());
 }
 
+// A worker's startup token, read from its environment by someone with the worker's rights, must
+// not turn a running job into a success with an adapter of the replayer's choosing (issue 58:
+// `adapterPath: /etc/passwd` made a job at step 80 of 400 SUCCEEDED): a completion naming any
+// output but the planned ones is refused and changes nothing, and once a rank has completed its
+// token is spent for every call.
+TEST_F(CoordinatorJobManagerTest, ACompletionMustNameThePlannedOutputsAndSpendsTheToken) {
+  Start(Options(2));
+  const std::string id = Submit(2);
+  manager_->PollOnce();
+  RegisterAll(id);
+  const std::vector<WorkerHandle> w = Workers(id);
+  ASSERT_EQ(w.size(), 2u);
+  const std::string output = Record(id).output_dir;
+  for (const std::string& forged :
+       {std::string("/etc/passwd"), output + "/../adapter", output + "/adapter/../../x"}) {
+    const absl::Status refused =
+        manager_->ReportCompletion(id, w[0].token, {.ok = true, .adapter_path = forged});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << forged;
+    EXPECT_THAT(refused.message(), HasSubstr("outside the job's output folder")) << forged;
+  }
+  EXPECT_EQ(manager_->ReportCompletion(id, w[0].token, {.ok = true, .adapter_path = output + "/adapter",
+                                                        .merged_path = "/tmp/merged"})
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Record(id).state, JobState::kRunning);
+  EXPECT_EQ(Record(id).adapter_path, "");
+
+  ASSERT_TRUE(manager_->ReportCompletion(id, w[1].token, {.ok = true}).ok());
+  // Rank 1 is done: its token is spent, for progress, heartbeats and completions alike.
+  EXPECT_EQ(manager_->ReportProgress(id, w[1].token, ProgressSnapshot{}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(manager_->Heartbeat(id, w[1].token).status().code(), absl::StatusCode::kPermissionDenied);
+  const absl::Status replayed = manager_->ReportCompletion(id, w[1].token, {.ok = true});
+  EXPECT_EQ(replayed.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(replayed.message(), HasSubstr("its startup token is spent"));
+  EXPECT_NE(Record(id).state, JobState::kSucceeded);
+
+  ASSERT_TRUE(manager_->ReportCompletion(id, w[0].token, {.ok = true, .adapter_path = output + "/adapter"}).ok());
+  EXPECT_EQ(Record(id).state, JobState::kSucceeded);
+  EXPECT_EQ(Record(id).adapter_path, output + "/adapter");
+}
+
 TEST_F(CoordinatorJobManagerTest, QueueIsStrictFifoAndWorkersAreFreeOnlyOnceTheirProcessEnds) {
   Start(Options(2));
   const std::string a = Submit(1);
@@ -453,9 +495,10 @@ TEST_F(CoordinatorJobManagerTest, QueueIsStrictFifoAndWorkersAreFreeOnlyOnceThei
   // a succeeds, but its worker process has not ended: it still holds its slot.
   RegisterAll(a);
   const WorkerHandle wa = Workers(a)[0];
-  ASSERT_TRUE(manager_->ReportCompletion(a, wa.token, {.ok = true, .adapter_path = "/out/adapter"}).ok());
+  const std::string adapter = Record(a).output_dir + "/adapter";
+  ASSERT_TRUE(manager_->ReportCompletion(a, wa.token, {.ok = true, .adapter_path = adapter}).ok());
   EXPECT_EQ(Record(a).state, JobState::kSucceeded);
-  EXPECT_EQ(Record(a).adapter_path, "/out/adapter");
+  EXPECT_EQ(Record(a).adapter_path, adapter);
   manager_->PollOnce();
   EXPECT_EQ(Record(b).state, JobState::kQueued);
   EXPECT_THAT(Workers(b), IsEmpty());

@@ -573,6 +573,42 @@ TEST_F(ServiceTest, OpenStreamsAreCapped) {
 }
 
 // Without TLS or authentication, listening beyond loopback needs the operator's --insecure.
+// One user cannot hold every watch and log stream (each holds a server thread) without the
+// operator asking for it: by default a user's 33rd open stream is refused, naming the per-user
+// limit, while the coordinator's total of 256 is far away (issue 58).
+TEST_F(ServiceTest, OneUserCannotHoldEveryStreamByDefault) {
+  CoordinatorProcess c(state_, 1);
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitJob(c, LongJob());
+  ASSERT_FALSE(job.id().empty());
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::WatchJobResponse>> reader;
+  };
+  std::vector<std::unique_ptr<Stream>> open;
+  grpc::Status refused;
+  for (int i = 0; i < 40; ++i) {
+    auto s = std::make_unique<Stream>();
+    v1::WatchJobRequest req;
+    req.set_id(job.id());
+    s->reader = c.jobs()->WatchJob(&s->ctx, req);
+    v1::WatchJobResponse first;
+    if (!s->reader->Read(&first)) {
+      refused = s->reader->Finish();
+      break;
+    }
+    open.push_back(std::move(s));
+  }
+  EXPECT_EQ(open.size(), 32u);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("the limit per user (--max-streams-per-user)"));
+  for (auto& s : open) {
+    s->ctx.TryCancel();
+    (void)s->reader->Finish();
+  }
+  ASSERT_EQ(c.Ctl("cancel " + job.id()).exit_code, 0);
+}
+
 TEST_F(ServiceTest, NonLoopbackAddressNeedsInsecure) {
   const CommandResult refused = RunCommand(absl::StrCat(
       "timeout 20 ", BinaryDir(), "/coordinator/qlora-coordinator --address 0.0.0.0:0 --state-dir ",
@@ -820,6 +856,22 @@ TEST_F(ServiceTest, RestartedCoordinatorListsSameJobsStatesAndHistory) {
   }
   EXPECT_GT(events, 4);
   EXPECT_EQ(last, c.GetJob(done_id).last_sequence());
+}
+
+// An error about a hostile input reaches the client as itself: a job file with a 100,000-
+// character key gave an error message past the client's metadata limit, so the client saw a
+// transport error instead of INVALID_ARGUMENT (issue 58). The message is cut, saying so.
+TEST_F(ServiceTest, AnErrorAboutAHugeInputReachesTheClientCut) {
+  CoordinatorProcess c(state_, 1);
+  ASSERT_TRUE(c.started());
+  grpc::Status status;
+  const v1::Job job = SubmitJob(c, ShortJob() + "? trainer_" + std::string(100000, 'k') + "\n: 1\n",
+                                &status);
+  EXPECT_TRUE(job.id().empty());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message().size();
+  EXPECT_THAT(status.error_message(), ::testing::StartsWith("job.yaml:14: trainer_kkkk"));
+  EXPECT_THAT(status.error_message(), HasSubstr("more bytes of the message left out"));
+  EXPECT_LT(status.error_message().size(), 2200u);
 }
 
 TEST_F(ServiceTest, BadJobFilesAreRefusedAndNothingIsStored) {
