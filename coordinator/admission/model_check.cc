@@ -3,6 +3,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/posix_files.h"
 #include "common/model/llama_config.h"
@@ -16,9 +19,33 @@ absl::Status Refuse(const std::string& dir, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("base_model '", dir, "': ", why));
 }
 
+// The largest rank an adapter of each targeted projection can have: min(in, out), the smallest
+// over the targets, with the projection it comes from.
+absl::Status CheckAdapterRank(const engine::LlamaConfig& m, const LoraConfig& lora) {
+  const int64_t q = m.num_attention_heads * m.head_dim, kv = m.num_key_value_heads * m.head_dim;
+  const auto dims = [&](const std::string& module) -> std::pair<int64_t, int64_t> {
+    if (module == "q_proj") return {m.hidden_size, q};
+    if (module == "k_proj" || module == "v_proj") return {m.hidden_size, kv};
+    if (module == "o_proj") return {q, m.hidden_size};
+    if (module == "gate_proj" || module == "up_proj") return {m.hidden_size, m.intermediate_size};
+    if (module == "down_proj") return {m.intermediate_size, m.hidden_size};
+    return {0, 0};  // not a projection the engine adapts; the parser refuses such names
+  };
+  for (const std::string& module : lora.target_modules) {
+    const auto [in, out] = dims(module);
+    const int64_t most = std::min(in, out);
+    if (most > 0 && lora.r > most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adapter.r: ", lora.r, " is larger than any adapter of ", module, " can use (", in,
+          " -> ", out, " features: at most ", most, "); lower adapter.r"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status CheckBaseModelConfig(const std::string& model_dir) {
+absl::Status CheckBaseModelConfig(const std::string& model_dir, const LoraConfig* lora) {
   if (model_dir.empty()) return absl::OkStatus();
   const std::string path = JoinPath(model_dir, "config.json");
   struct stat st;
@@ -29,7 +56,7 @@ absl::Status CheckBaseModelConfig(const std::string& model_dir) {
   if (!text.ok()) return Refuse(model_dir, text.status().message());
   absl::StatusOr<engine::LlamaConfig> config = engine::ParseLlamaConfig(*text);
   if (!config.ok()) return Refuse(model_dir, config.status().message());
-  return absl::OkStatus();
+  return lora == nullptr ? absl::OkStatus() : CheckAdapterRank(*config, *lora);
 }
 
 }  // namespace qlora::coordinator

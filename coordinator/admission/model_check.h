@@ -9,12 +9,16 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/config/job_config.h"
 
 namespace qlora::coordinator {
 
 // OK, or INVALID_ARGUMENT "base_model '<dir>': config.json: ..." naming what the engine refuses
 // (e.g. model_type "gpt2" is not supported (supported: llama, mistral, qwen2)). An empty
 // `model_dir` (nothing resolved locally) is OK.
-absl::Status CheckBaseModelConfig(const std::string& model_dir);
+// With `lora`, also INVALID_ARGUMENT "adapter.r: ..." when the rank exceeds what an adapter of a
+// targeted projection can have (min(in, out) of the smallest): such a job would only fail in its
+// workers (a rank of 1e9 asks for terabytes), so it is refused before it is queued.
+absl::Status CheckBaseModelConfig(const std::string& model_dir, const LoraConfig* lora = nullptr);
 
 }  // namespace qlora::coordinator

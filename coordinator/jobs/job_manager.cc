@@ -174,7 +174,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
     QLORA_ASSIGN_OR_RETURN(config.output_dir, ResolveOutputDir(config.output_dir, options_.state_dir));
   }
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));  // also before the lock
-  QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path));    // confined: read it
+  QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora));  // confined
   // The resolved file says how many restarts the job has.
   if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
   if (OnCluster(config)) {

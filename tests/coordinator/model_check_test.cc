@@ -33,6 +33,31 @@ TEST(CoordinatorModelCheckTest, SupportedFamiliesPassOthersAreRefusedByName) {
   EXPECT_TRUE(CheckBaseModelConfig("").ok());
 }
 
+// A rank no adapter of the model can use is refused at submit (issue 58: `adapter.r: 1e9` was
+// accepted and each worker tried a 512 GB allocation, retried twice): at most min(in, out) of
+// the smallest targeted projection; k_proj of a grouped-query model is the narrow one.
+TEST(CoordinatorModelCheckTest, AnAdapterRankTheModelCannotUseIsRefused) {
+  TempDir dir;
+  WriteFile(dir.path() + "/config.json",
+            R"({"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+                "num_attention_heads": 4, "num_key_value_heads": 2})");
+  LoraConfig lora;
+  lora.target_modules = {"q_proj", "v_proj"};
+  lora.r = 64;  // v_proj: 128 -> 64
+  EXPECT_TRUE(CheckBaseModelConfig(dir.path(), &lora).ok());
+  lora.r = 65;
+  absl::Status refused = CheckBaseModelConfig(dir.path(), &lora);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              HasSubstr("adapter.r: 65 is larger than any adapter of v_proj can use (128 -> 64 "
+                        "features: at most 64)"));
+  lora.r = 1000000000;
+  lora.target_modules = {"gate_proj"};
+  refused = CheckBaseModelConfig(dir.path(), &lora);
+  EXPECT_THAT(refused.message(), HasSubstr("at most 128"));
+  EXPECT_TRUE(CheckBaseModelConfig(dir.path()).ok()) << "without a LoRA config, the folder alone";
+}
+
 TEST(CoordinatorModelCheckTest, FifoOrHugeConfigIsRefusedWithoutReadingIt) {
   TempDir dir;
   const std::string fifo = dir.path() + "/config.json";
