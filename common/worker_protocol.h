@@ -55,8 +55,10 @@ struct WorkerCompletion {
 
 // The completion a rank reports for a run that ended with `status` (not OK). Retryable unless
 // the code says the job itself is wrong (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
-// PERMISSION_DENIED, OUT_OF_RANGE, UNIMPLEMENTED): those would fail the same way again.
-inline WorkerCompletion FailedCompletion(const absl::Status& status) {
+// PERMISSION_DENIED, OUT_OF_RANGE, UNIMPLEMENTED): those would fail the same way again. So would
+// running out of memory (RESOURCE_EXHAUSTED) before the run's first step (`stepped` false): a
+// restart of the same job from the same checkpoint asks for the same memory.
+inline WorkerCompletion FailedCompletion(const absl::Status& status, bool stepped = true) {
   WorkerCompletion c;
   c.error = std::string(status.message());
   switch (status.code()) {
@@ -66,6 +68,14 @@ inline WorkerCompletion FailedCompletion(const absl::Status& status) {
     case absl::StatusCode::kPermissionDenied:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kUnimplemented: c.retryable = false; break;
+    case absl::StatusCode::kResourceExhausted:
+      c.retryable = stepped;
+      if (!stepped) {
+        c.error += " (before the first step, so a restart would run out the same way: lower "
+                   "trainer.batch_size or data.max_sequence_length, or set "
+                   "enable_gradient_checkpointing: true)";
+      }
+      break;
     default: c.retryable = true;
   }
   return c;

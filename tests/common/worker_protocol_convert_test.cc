@@ -8,6 +8,22 @@
 namespace qlora {
 namespace {
 
+// Which failures a restart may cure: not a wrong job, and not running out of memory before the
+// run's first step (issue 58: an out-of-memory start was retried unchanged, twice); running out
+// later (fragmentation, a longer batch) may pass.
+TEST(CommonWorkerProtocol, OutOfMemoryBeforeTheFirstStepIsNotRetried) {
+  const absl::Status oom = absl::ResourceExhaustedError("out of memory: tried to allocate 512 GiB");
+  const WorkerCompletion at_start = FailedCompletion(oom, /*stepped=*/false);
+  EXPECT_FALSE(at_start.ok);
+  EXPECT_FALSE(at_start.retryable);
+  EXPECT_NE(at_start.error.find("tried to allocate 512 GiB (before the first step"),
+            std::string::npos)
+      << at_start.error;
+  EXPECT_TRUE(FailedCompletion(oom, /*stepped=*/true).retryable);
+  EXPECT_TRUE(FailedCompletion(absl::UnavailableError("peer lost"), /*stepped=*/false).retryable);
+  EXPECT_FALSE(FailedCompletion(absl::InvalidArgumentError("bad record")).retryable);
+}
+
 TEST(CommonWorkerProtocol, ProgressRoundTripsEveryField) {
   ProgressSnapshot in;
   in.rank = 3;

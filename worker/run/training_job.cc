@@ -3,6 +3,7 @@
 #include "worker/run/training_job.h"
 
 #include <cstdio>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -28,8 +29,12 @@ absl::StatusOr<TrainingOutcome> RunTrainingJob(const TrainingContext& context) {
       if (!stopped.ok()) fprintf(stderr, "[rank %d] profiler: %s\n", context.assignment.rank, stopped.ToString().c_str());
     }
     return outcome;
+  } catch (const c10::OutOfMemoryError& e) {  // a CUDA or host allocation that failed
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory: ", e.what_without_backtrace()));
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("torch: ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of host memory: ", e.what()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("error: ", e.what()));
   }

@@ -48,8 +48,9 @@ void Log(const std::string& line) {
 
 // Reports a failed run; the coordinator also learns of it from the exit, so a report that does
 // not arrive is logged, not fatal.
-void ReportFailure(qlora::worker::CoordinatorClient& client, const absl::Status& failure) {
-  if (absl::Status reported = client.ReportCompletion(qlora::FailedCompletion(failure));
+void ReportFailure(qlora::worker::CoordinatorClient& client, const absl::Status& failure,
+                   bool stepped) {
+  if (absl::Status reported = client.ReportCompletion(qlora::FailedCompletion(failure, stepped));
       !reported.ok()) {
     Log(absl::StrCat("failure not delivered: ", reported.ToString()));
   }
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
     absl::Status published = nccl_id.ok() ? client->PublishNcclId(*nccl_id) : nccl_id.status();
     if (!published.ok()) {
       Log(absl::StrCat("cannot publish the NCCL id: ", published.ToString()));
-      ReportFailure(*client, published);
+      ReportFailure(*client, published, /*stepped=*/false);
       return 1;
     }
   }
@@ -130,6 +131,7 @@ int main(int argc, char** argv) {
 
   // Heartbeats; a cancel from the coordinator (or SIGTERM) stops training at the next step.
   std::atomic<bool> cancelled{false};
+  std::atomic<bool> stepped{false};  // an optimizer step of this run finished
   absl::Notification done;
   std::thread heartbeat([&] {
     while (!done.WaitForNotificationWithTimeout(absl::Seconds(2))) {
@@ -153,7 +155,10 @@ int main(int argc, char** argv) {
     qlora::worker::ProgressPublisher progress(
         [&](const qlora::ProgressSnapshot& p) { return client->ReportProgress(p); },
         [](const std::string& line) { Log(line); });
-    context.report_progress = [&](const qlora::ProgressSnapshot& p) { progress.Publish(p); };
+    context.report_progress = [&](const qlora::ProgressSnapshot& p) {
+      stepped.store(true);  // a report follows every optimizer step
+      progress.Publish(p);
+    };
     // Tests of the coordinator's restarts may arm a crash here (fault_injection.h).
     std::unique_ptr<qlora::worker::TrainingObserver> fault =
         qlora::worker::FaultInjectorFromEnvironment(assignment->rank);
@@ -176,7 +181,7 @@ int main(int argc, char** argv) {
     if (!host_address.empty()) {
       failure = absl::Status(failure.code(), absl::StrCat("on host ", host_address, ": ", failure.message()));
     }
-    ReportFailure(*client, failure);
+    ReportFailure(*client, failure, stepped.load());
     return 1;
   }
   qlora::WorkerCompletion completed;
