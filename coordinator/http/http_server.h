@@ -39,8 +39,11 @@ struct HttpServerResponse {
 
 struct HttpServerOptions {
   std::string address;               // "IP:port" or "[IPv6]:port"; port 0 picks a free one
-  int threads = 4;                   // concurrent requests
-  int request_timeout_ms = 10000;    // a slow client is dropped after this
+  // A connection holds a thread from accept until its request has been read, so slow clients
+  // (a byte a second) hold threads: enough threads that a handful cannot take them all, and a
+  // short deadline for reading a whole request (a GET is a few hundred bytes).
+  int threads = 32;                  // concurrent connections
+  int request_timeout_ms = 2000;     // a request not read in full by then is dropped
 };
 
 class HttpServer {

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -366,6 +367,45 @@ TEST_F(StatusPageTest, TokensGuardTheDataUsersSeeTheirOwnJobsAdminsAll) {
     return absl::StrContains(Http(http_port_, "GET", job_path, Bearer("alice-token-0123456789")).body,
                              "\"state\":\"succeeded\"");
   }, 300)) << ReadLog();
+}
+
+// Slow clients do not take the page down (issue 58: 16 connections sending a byte a second made
+// every request time out for 50 s, with 4 server threads and a 10 s read deadline): while 16
+// such clients trickle, /metrics answers each request within a second and a half.
+TEST_F(StatusPageTest, SlowClientsDoNotTakeThePageDown) {
+  auto c = Start();
+  ASSERT_TRUE(c->started());
+  std::vector<int> slow;
+  for (int i = 0; i < 16; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(http_port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    (void)!write(fd, "GET /metrics HTTP/1.1\r\n", 23);
+    slow.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {  // a byte a second on each, for at most 6 s
+    for (int second = 0; second < 6 && !stop.load(); ++second) {
+      for (int fd : slow) (void)!send(fd, "X", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (int i = 0; i < 5; ++i) {
+    const auto begin = std::chrono::steady_clock::now();
+    const HttpAnswer a = Http(http_port_, "GET", "/metrics");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    EXPECT_EQ(a.status, 200) << "request " << i;
+    EXPECT_LT(seconds, 1.5) << "request " << i << " waited behind the slow clients";
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  stop.store(true);
+  trickle.join();
+  for (int fd : slow) close(fd);
 }
 
 TEST_F(StatusPageTest, NonLoopbackAddressNeedsInsecure) {
