@@ -1,4 +1,4 @@
-"""Probe (issue 13, round 13): one GEMM over the concatenated weights of the projections that share
+"""Probe: one GEMM over the concatenated weights of the projections that share
 an input (q/k/v, gate/up) against one GEMM per projection, forward (y_i = x W_i) and backward
 (dx = sum_i dy_i W_i^T: beta = 1 after the first, or one GEMM over [dy_1 | dy_2 | ...]), at the 7B
 shapes with 8192 tokens, through torch.mm (cuBLAS's pick). Prints ms and TFLOP/s, two repetitions.

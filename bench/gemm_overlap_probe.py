@@ -1,4 +1,4 @@
-"""Probe (issue 13, round 13): does memory-bound work on a side stream hide under the base GEMMs?
+"""Probe: does memory-bound work on a side stream hide under the base GEMMs?
 
 One 7B decoder layer's forward GEMMs (8192 tokens; q/k/v with the widened K of the LoRA columns,
 o, gate/up, down) run back to back ("gemms"), each after a uint8 -> bf16 conversion of its
