@@ -120,20 +120,27 @@ void Job::FailOrRestart(const std::string& reason_code, const std::string& messa
                           ", from the last checkpoint, after: ", message));
 }
 
-absl::Status Job::Cancel() {
+absl::Status Job::TransitionDurably(JobState state, const std::string& reason_code,
+                                    const std::string& message, const std::string& what) {
   const JobRecord before = record_;
-  SetState(JobState::kCancelled, "CANCELLED_BY_USER", "cancelled by a client");
+  SetState(state, reason_code, message);
   if (absl::Status written = Write(StateEventOf(record_)); !written.ok()) {
     record_ = before;
-    const absl::Status failed(written.code(),
-                              absl::StrCat("could not record the cancel of job ", record_.id,
-                                           ", so it was not cancelled: ", written.message()));
+    const absl::Status failed(written.code(), absl::StrCat("could not record ", what, " of job ",
+                                                           record_.id, ", so it did not take effect: ",
+                                                           written.message()));
     env_->store_failed(failed);
     return failed;
   }
-  workers_.Stop(env_->now() + env_->stop_grace);
   AfterTransition();
   env_->changed();
+  return absl::OkStatus();
+}
+
+absl::Status Job::Cancel() {
+  QLORA_RETURN_IF_ERROR(TransitionDurably(JobState::kCancelled, "CANCELLED_BY_USER",
+                                          "cancelled by a client", "the cancel"));
+  workers_.Stop(env_->now() + env_->stop_grace);
   return absl::OkStatus();
 }
 
@@ -341,6 +348,7 @@ absl::Status Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion
     }
     return absl::OkStatus();
   }
+  const JobRecord before = record_;
   worker.completed = true;
   if (worker.rank == 0) {
     if (!completion.adapter_path.empty()) record_.adapter_path = completion.adapter_path;
@@ -348,12 +356,20 @@ absl::Status Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion
     if (completion.summary) record_.summary = completion.summary;
   }
   if (!workers_.AllCompleted()) return absl::OkStatus();
-  // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
-  workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);
   std::string message = CompletionMessage(record_);
   const std::string records = RecordSummary(record_.progress);
   if (!records.empty()) absl::StrAppend(&message, "; ", records);
-  Transition(JobState::kSucceeded, "COMPLETED", message);
+  // The last rank is told its completion is taken only once the success is stored; otherwise
+  // nothing of it stands (the rank may report again).
+  if (absl::Status recorded =
+          TransitionDurably(JobState::kSucceeded, "COMPLETED", message, "the success");
+      !recorded.ok()) {
+    record_ = before;
+    worker.completed = false;
+    return recorded;
+  }
+  // A rank stuck in its exit (e.g. a CUDA/NCCL teardown) must not hold its slot forever.
+  workers_.ExpectExit(env_->now() + 10 * env_->stop_grace);
   return absl::OkStatus();
 }
 

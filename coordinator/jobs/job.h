@@ -11,9 +11,9 @@
 // Every state change and progress report is recorded: sequence-numbered, persisted in the
 // JobStore (the event and the job row in one transaction) and announced through
 // JobEnv::changed. A failed write is reported to JobEnv::store_failed; the change stands in
-// memory. The changes a client is told about are durable first: the submission's write is
-// checked by the caller (RecordSubmission) and a cancel that cannot be written is not made
-// (Cancel). Ending the job stops its workers (SIGTERM, then SIGKILL after the grace) and closes
+// memory. The changes a caller is told about are durable first: the submission's write is
+// checked by the caller (RecordSubmission), and a cancel or the last rank's completion that
+// cannot be written is not made (Cancel, ReportCompletion). Ending the job stops its workers (SIGTERM, then SIGKILL after the grace) and closes
 // its rendezvous.
 //
 // Not thread-safe: JobManager calls every method under its lock. Only the Rendezvous, which has
@@ -125,7 +125,8 @@ class Job {
   // A failure restarts the job when retryable and restarts remain (FailOrRestart). A success
   // must name the outputs the coordinator planned (`<output_dir>/adapter`, `<output_dir>/merged`):
   // any other path is PERMISSION_DENIED and changes nothing (a replayed token must not turn a
-  // running job into a success with an adapter of its choosing).
+  // running job into a success with an adapter of its choosing). The last rank's success is
+  // stored before it is acknowledged: the store's error otherwise, and nothing of it stands.
   absl::Status ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion);
 
  private:
@@ -137,6 +138,10 @@ class Job {
   void SetState(JobState state, const std::string& reason_code, const std::string& message);
   // What follows a transition once recorded: a terminal state closes the rendezvous.
   void AfterTransition();
+  // A transition a caller is told about: written first; when the store cannot record it the
+  // record is as it was, store_failed is told, and the error (naming `what`) is returned.
+  absl::Status TransitionDurably(JobState state, const std::string& reason_code,
+                                 const std::string& message, const std::string& what);
   void FailOnExit(const WorkerExit& exit);
   void CheckDeadlines();
   double NowUnix() const;

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -870,7 +871,7 @@ TEST_F(CoordinatorJobManagerTest, ACancelTheStoreCannotRecordFailsAndCancelsNoth
   absl::StatusOr<JobRecord> cancelled = manager_->Cancel(id);
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(cancelled.status().message(),
-              HasSubstr("could not record the cancel of job " + id + ", so it was not cancelled"));
+              HasSubstr("could not record the cancel of job " + id + ", so it did not take effect"));
   EXPECT_EQ(Record(id).state, JobState::kQueued);
   EXPECT_FALSE(manager_->Health().ok());
   EXPECT_EQ(reported.size(), 1u);
@@ -880,6 +881,37 @@ TEST_F(CoordinatorJobManagerTest, ACancelTheStoreCannotRecordFailsAndCancelsNoth
   ASSERT_TRUE(manager_->Cancel(id).ok());
   Start(Options(1));
   EXPECT_EQ(Record(id).state, JobState::kCancelled);
+}
+
+// The last rank's completion is acknowledged only once the job's success is stored: while
+// another connection holds the store's write lock (the manager's writes time out with
+// SQLITE_BUSY, as on a store it cannot write), the completion fails with UNAVAILABLE, the job
+// stays RUNNING, and the rank may report again; once the store takes writes, it succeeds.
+TEST_F(CoordinatorJobManagerTest, ASuccessTheStoreCannotRecordIsNotAcknowledged) {
+  Start(Options(1));
+  const std::string id = Submit(1);
+  manager_->PollOnce();
+  RegisterAll(id);
+  const WorkerHandle w = Workers(id)[0];
+  const std::string adapter = Record(id).output_dir + "/adapter";
+  sqlite3* blocker = nullptr;
+  ASSERT_EQ(sqlite3_open((state_dir() + "/jobs.sqlite").c_str(), &blocker), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(blocker, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr), SQLITE_OK);
+  const absl::Status refused =
+      manager_->ReportCompletion(id, w.token, {.ok = true, .adapter_path = adapter});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(refused.message(),
+              HasSubstr("could not record the success of job " + id + ", so it did not take effect"));
+  EXPECT_EQ(Record(id).state, JobState::kRunning);
+  EXPECT_EQ(Record(id).adapter_path, "");
+  ASSERT_EQ(sqlite3_exec(blocker, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(blocker);
+
+  ASSERT_TRUE(manager_->ReportCompletion(id, w.token, {.ok = true, .adapter_path = adapter}).ok());
+  EXPECT_EQ(Record(id).state, JobState::kSucceeded);
+  EXPECT_EQ(Record(id).adapter_path, adapter);
+  Start(Options(1));
+  EXPECT_EQ(Record(id).state, JobState::kSucceeded);
 }
 
 // A state change that cannot be written turns the coordinator unhealthy, once, with the cause:
