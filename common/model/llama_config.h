@@ -65,6 +65,20 @@ struct LlamaConfig {
     return sliding_window > 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
            sliding_layers[layer];
   }
+  // The input and output features of projection `module` ("q_proj" ... "down_proj"); {0, 0}
+  // for any other name.
+  struct Features {
+    int64_t in = 0, out = 0;
+  };
+  Features ProjectionFeatures(absl::string_view module) const {
+    const int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
+    if (module == "q_proj") return {hidden_size, q};
+    if (module == "k_proj" || module == "v_proj") return {hidden_size, kv};
+    if (module == "o_proj") return {q, hidden_size};
+    if (module == "gate_proj" || module == "up_proj") return {hidden_size, intermediate_size};
+    if (module == "down_proj") return {intermediate_size, hidden_size};
+    return {};
+  }
   // Whether projection `module` ("q_proj", ...) has a bias.
   bool ProjectionHasBias(absl::string_view module) const {
     if (module == "o_proj") return o_bias;

@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/posix_files.h"
@@ -21,23 +20,14 @@ absl::Status Refuse(const std::string& dir, absl::string_view why) {
 
 // The largest rank an adapter of each targeted projection can have: min(in, out), the smallest
 // over the targets, with the projection it comes from.
-absl::Status CheckAdapterRank(const engine::LlamaConfig& m, const LoraConfig& lora) {
-  const int64_t q = m.num_attention_heads * m.head_dim, kv = m.num_key_value_heads * m.head_dim;
-  const auto dims = [&](const std::string& module) -> std::pair<int64_t, int64_t> {
-    if (module == "q_proj") return {m.hidden_size, q};
-    if (module == "k_proj" || module == "v_proj") return {m.hidden_size, kv};
-    if (module == "o_proj") return {q, m.hidden_size};
-    if (module == "gate_proj" || module == "up_proj") return {m.hidden_size, m.intermediate_size};
-    if (module == "down_proj") return {m.intermediate_size, m.hidden_size};
-    return {0, 0};  // not a projection the engine adapts; the parser refuses such names
-  };
+absl::Status CheckAdapterRank(const engine::LlamaConfig& model, const LoraConfig& lora) {
   for (const std::string& module : lora.target_modules) {
-    const auto [in, out] = dims(module);
-    const int64_t most = std::min(in, out);
+    const engine::LlamaConfig::Features f = model.ProjectionFeatures(module);
+    const int64_t most = std::min(f.in, f.out);
     if (most > 0 && lora.r > most) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "adapter.r: ", lora.r, " is larger than any adapter of ", module, " can use (", in,
-          " -> ", out, " features: at most ", most, "); lower adapter.r"));
+          "adapter.r: ", lora.r, " is larger than any adapter of ", module, " can use (", f.in,
+          " -> ", f.out, " features: at most ", most, "); lower adapter.r"));
     }
   }
   return absl::OkStatus();

@@ -38,23 +38,13 @@ class Loader {
                              Dense(prefix + "input_layernorm.weight", {c.hidden_size}));
       QLORA_ASSIGN_OR_RETURN(layer.post_attention_layernorm,
                              Dense(prefix + "post_attention_layernorm.weight", {c.hidden_size}));
-      const int64_t q_out = c.num_attention_heads * c.head_dim;
-      const int64_t kv_out = c.num_key_value_heads * c.head_dim;
-      const struct {
-        const char* name;
-        int64_t out, in;
-      } linears[] = {
-          {"q_proj", q_out, c.hidden_size},          {"k_proj", kv_out, c.hidden_size},
-          {"v_proj", kv_out, c.hidden_size},         {"o_proj", c.hidden_size, q_out},
-          {"gate_proj", c.intermediate_size, c.hidden_size},
-          {"up_proj", c.intermediate_size, c.hidden_size},
-          {"down_proj", c.hidden_size, c.intermediate_size},
-      };
-      for (const auto& l : linears) {
-        FrozenWeight& base = layer.Linear(l.name).base;
-        QLORA_ASSIGN_OR_RETURN(base, Frozen(prefix + ModulePath(l.name), l.out, l.in));
-        if (c.ProjectionHasBias(l.name)) {
-          QLORA_ASSIGN_OR_RETURN(base.bias, Dense(prefix + ModulePath(l.name) + ".bias", {l.out}));
+      for (const char* name :
+           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}) {
+        const LlamaConfig::Features f = c.ProjectionFeatures(name);
+        FrozenWeight& base = layer.Linear(name).base;
+        QLORA_ASSIGN_OR_RETURN(base, Frozen(prefix + ModulePath(name), f.out, f.in));
+        if (c.ProjectionHasBias(name)) {
+          QLORA_ASSIGN_OR_RETURN(base.bias, Dense(prefix + ModulePath(name) + ".bias", {f.out}));
         }
       }
     }
