@@ -78,7 +78,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   if (migrated.ok()) {
     absl::StatusOr<bool> legacy = store_internal::HasLegacyEventTable(db);
     migrated = !legacy.ok() ? legacy.status()
-               : *legacy    ? store_internal::MigrateLegacyEventTable(db, kCreateEvents)
+               : *legacy    ? store_internal::MigrateLegacyEventTable(
+                                  db, kCreateEvents,
+                                  [s = store.get()](const std::string& id, const JobEvent& e) {
+                                    return s->AppendEvent(id, e);
+                                  })
                             : store->Exec(kCreateEvents);
   }
   if (!migrated.ok()) {

@@ -6,8 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/jobs/job_types.h"
-#include "coordinator/store/job_event_proto.h"
 #include "coordinator/store/sqlite_statement.h"
 
 namespace qlora::coordinator::store_internal {
@@ -73,7 +71,8 @@ JobEvent ReadLegacyEvent(const Statement& s) {
   return e;
 }
 
-absl::Status CopyLegacyEvents(sqlite3* db, const char* create_events_sql) {
+absl::Status CopyLegacyEvents(sqlite3* db, const char* create_events_sql,
+                              const AppendEventFn& append) {
   QLORA_RETURN_IF_ERROR(Exec(db, "ALTER TABLE events RENAME TO legacy_events"));
   QLORA_RETURN_IF_ERROR(Exec(db, create_events_sql));
   Statement read(db, absl::StrCat("SELECT ", kLegacyColumns, " FROM legacy_events").c_str());
@@ -81,11 +80,7 @@ absl::Status CopyLegacyEvents(sqlite3* db, const char* create_events_sql) {
   for (;;) {
     QLORA_ASSIGN_OR_RETURN(const bool row, read.Step());
     if (!row) break;
-    const JobEvent event = ReadLegacyEvent(read);
-    Statement insert(db, "INSERT INTO events (job_id, seq, event) VALUES (?1, ?2, ?3)");
-    QLORA_RETURN_IF_ERROR(insert.status());
-    insert.Bind(1, read.Text(0)).Bind(2, event.sequence).BindBlob(3, EncodeJobEvent(event));
-    QLORA_RETURN_IF_ERROR(insert.Step().status());
+    QLORA_RETURN_IF_ERROR(append(read.Text(0), ReadLegacyEvent(read)));
   }
   return Exec(db, "DROP TABLE legacy_events");
 }
@@ -97,10 +92,11 @@ absl::StatusOr<bool> HasLegacyEventTable(sqlite3* db) {
   return !columns.empty() && columns.count("event") == 0;
 }
 
-absl::Status MigrateLegacyEventTable(sqlite3* db, const char* create_events_sql) {
+absl::Status MigrateLegacyEventTable(sqlite3* db, const char* create_events_sql,
+                                     const AppendEventFn& append) {
   QLORA_RETURN_IF_ERROR(AddMissingColumns(db, "events", AddedColumns()));
   QLORA_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE"));
-  absl::Status moved = CopyLegacyEvents(db, create_events_sql);
+  absl::Status moved = CopyLegacyEvents(db, create_events_sql, append);
   if (moved.ok()) moved = Exec(db, "COMMIT");
   if (!moved.ok()) (void)Exec(db, "ROLLBACK");
   return moved;
