@@ -22,6 +22,11 @@
 #   ours-mb4-offN, ours-mb1-offN, ours-70b-mb4-offN, ours-70b-mb1-offN
 #                    ours with checkpointing and trainer.offload_activation_layers: N (ours-mb4-offN
 #                    is profiled: attr-ours-mb4-offN attributes it)
+#   ours-mb4-stage3  ours-mb4 under ZeRO stage 3 (at world 1: the base weights through the
+#                    partitioned store, no gather), against ours-mb4
+#   ours-mb4-offparam, ours-mb1-offparam, ours-70b-mb1-offparam
+#                    ours with zero_optimization.offload_param: {device: cpu} (the 4-bit base
+#                    weights in pinned host memory, copied a layer ahead)
 #   ours-auto24      ours, 1 GPU, micro-batch 4, enable_gradient_checkpointing: auto with
 #                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
 #                    summary compares it with the best anchor whose peak allocation fits 24 GiB
@@ -182,7 +187,7 @@ ours_job() {
   env BENCH_WARMUP="$warmup" BENCH_WINDOWS="$windows" BENCH_WINDOW_STEPS="$window_steps" BENCH_CHECKPOINTING="$ckpt" \
     BENCH_MAX_MEMORY_GIB="$budget_gib" \
     BENCH_KEEP="$logs/$label" BENCH_LABEL="$label" BENCH_SEQ="$seq" BENCH_PACKING="$packing" "${profile[@]}" \
-    "$root/bench/run_service_bench.sh" "$model" "$data" "$gpus" "$mb" 2 "$steps"
+    "$root/bench/run_service_bench.sh" "$model" "$data" "$gpus" "$mb" "${BENCH_STAGE:-2}" "$steps"
 }
 
 attribute() {  # TRACE TITLE NAME
@@ -292,6 +297,13 @@ for part in $parts; do
     ours-auto24) run_part ours-auto24 50 ours_job ours-auto24 "$gpus_1" 4 auto:24 ;;
     ours-auto24-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-auto24-off}" \
       bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 auto:24 ;;
+    ours-mb4-stage3) run_part "$part" 60 env BENCH_STAGE=3 bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 true ;;
+    ours-mb4-offparam) run_part "$part" 60 env BENCH_OFFLOAD_PARAM=cpu \
+      bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 true ;;
+    ours-mb1-offparam) run_part "$part" 40 env BENCH_OFFLOAD_PARAM=cpu \
+      bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
+    ours-70b-mb1-offparam) run_part "$part" 60 env BENCH_OFFLOAD_PARAM=cpu \
+      bash -c 'with_70b ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
     ours-mb4-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-mb4-off}" \
       bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 true "$work/trace-$part.json" ;;
     attr-ours-mb4-off*) run_part "$part" 20 attribute "$work/trace-${part#attr-}.json" \

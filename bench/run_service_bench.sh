@@ -10,6 +10,8 @@
 #   BENCH_MAX_MEMORY_GIB=24                               auto's budget (trainer.max_memory_gib)
 #   BENCH_OFFLOAD_LAYERS=8                                trainer.offload_activation_layers
 #   BENCH_DEQUANTIZED_LAYERS=auto                         trainer.dequantized_weight_layers
+#   BENCH_OFFLOAD_PARAM=cpu                               zero_optimization.offload_param: base
+#                                                         weights in host memory
 #   BENCH_SEQ=2048                                        the sequence length
 #   BENCH_PACKING=true                                    packed rows (data.packing; the rate then
 #                                                         counts non-padding tokens, summarize.py)
@@ -37,6 +39,9 @@ if [ -n "${BENCH_OFFLOAD_LAYERS:-}" ]; then
 fi
 if [ -n "${BENCH_DEQUANTIZED_LAYERS:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  dequantized_weight_layers: $BENCH_DEQUANTIZED_LAYERS|" "$work/job.yaml"
+fi
+if [ -n "${BENCH_OFFLOAD_PARAM:-}" ]; then
+  sed -i "s|zero_optimization: {stage: $stage}|zero_optimization: {stage: $stage, offload_param: {device: $BENCH_OFFLOAD_PARAM}}|" "$work/job.yaml"
 fi
 ray_flags=()
 if [ -n "${BENCH_RAY_ADDRESS:-}" ]; then

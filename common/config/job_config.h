@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/config/config_enums.h"
@@ -46,12 +47,19 @@ struct LoraConfig {
 
 struct StrategyConfig {
   StrategyType type = StrategyType::kDeepSpeed;  // ddp == stage 0
-  int zero_stage = 2;                       // resolved: 0, 1 or 2 (3 is refused with 4-bit)
+  int zero_stage = 2;                       // resolved: 0-3 (3: the base weights partitioned)
   std::string zero_stage_reason;            // why: "set in the job file" or the default's reason
   int64_t reduce_bucket_size = 500000000;   // elements
   int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = true;
   bool contiguous_gradients = true;
+  // offload_param: {device: cpu}: the frozen base weights wait in host memory (pinned unless
+  // pin_memory: false) and are copied to the GPU a layer ahead of use, on any stage.
+  bool offload_param = false;
+  bool offload_param_pin_memory = true;
+  // DeepSpeed's stage-3 tuning keys as written (key, scalar text): accepted with no effect here
+  // (the schema's text for each says why); the resolved file shows them with that text.
+  std::vector<std::pair<std::string, std::string>> stage3_knobs;
 };
 
 struct BackendConfig {

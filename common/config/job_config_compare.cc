@@ -12,12 +12,12 @@ namespace qlora {
 static_assert(sizeof(FeatureConfig) == 64, "FeatureConfig changed: see the note above");
 static_assert(sizeof(QuantizationConfig) == 24, "QuantizationConfig changed: see the note above");
 static_assert(sizeof(LoraConfig) == 56, "LoraConfig changed: see the note above");
-static_assert(sizeof(StrategyConfig) == 64, "StrategyConfig changed: see the note above");
-static_assert(sizeof(BackendConfig) == 88, "BackendConfig changed: see the note above");
+static_assert(sizeof(StrategyConfig) == 88, "StrategyConfig changed: see the note above");
+static_assert(sizeof(BackendConfig) == 112, "BackendConfig changed: see the note above");
 static_assert(sizeof(TrainerConfig) == 232, "TrainerConfig changed: see the note above");
 static_assert(sizeof(DataConfig) == 136, "DataConfig changed: see the note above");
 static_assert(sizeof(GenerationConfig) == 120, "GenerationConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 896, "JobConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 920, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -39,9 +39,11 @@ bool operator==(const LoraConfig& a, const LoraConfig& b) {
 
 bool operator==(const StrategyConfig& a, const StrategyConfig& b) {
   return std::tie(a.type, a.zero_stage, a.zero_stage_reason, a.reduce_bucket_size,
-                  a.allgather_bucket_size, a.overlap_comm, a.contiguous_gradients) ==
+                  a.allgather_bucket_size, a.overlap_comm, a.contiguous_gradients,
+                  a.offload_param, a.offload_param_pin_memory, a.stage3_knobs) ==
          std::tie(b.type, b.zero_stage, b.zero_stage_reason, b.reduce_bucket_size,
-                  b.allgather_bucket_size, b.overlap_comm, b.contiguous_gradients);
+                  b.allgather_bucket_size, b.overlap_comm, b.contiguous_gradients,
+                  b.offload_param, b.offload_param_pin_memory, b.stage3_knobs);
 }
 
 bool operator==(const BackendConfig& a, const BackendConfig& b) {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/config/job_config_schema.h"
 #include "yaml-cpp/yaml.h"
 
 namespace qlora {
@@ -80,6 +81,19 @@ void WriteStrategy(Writer& w, const StrategyConfig& s) {
     w.raw() << YAML::Comment(kNoEffect);
     w.Bool("contiguous_gradients", s.contiguous_gradients);
     w.raw() << YAML::Comment(kNoEffect);
+    w.Begin("offload_param", /*flow=*/true)
+        .Word("device", s.offload_param ? "cpu" : "none")
+        .Bool("pin_memory", s.offload_param_pin_memory)
+        .End();
+    const config_internal::SchemaNode* zero = config_internal::JobFileSchema()
+                                                  .Child("backend")
+                                                  ->Child("trainer")
+                                                  ->Child("strategy")
+                                                  ->Child("zero_optimization");
+    for (const auto& [key, value] : s.stage3_knobs) {
+      w.Word(key.c_str(), value);
+      w.raw() << YAML::Comment(zero->Child(key)->doc);
+    }
     w.End();
   }
   w.Text("zero_stage_reason", s.zero_stage_reason).End();

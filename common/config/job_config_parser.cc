@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/config/hf_model_path.h"
@@ -221,6 +222,41 @@ absl::Status ReadPrecisionSwitch(const MapReader& strategy, const std::string& k
   return section.ReadBool("enabled", enabled);
 }
 
+// An integer >= 0 (floats such as 1e9 too, as DeepSpeed's JSON allows), or a bool for the
+// _on_model_save key.
+bool IsDeepSpeedKnobValue(const std::string& key, const YAML::Node& value) {
+  const std::string& text = value.Scalar();
+  if (absl::EndsWith(key, "_on_model_save")) return text == "true" || text == "false";
+  double number = 0;
+  return absl::SimpleAtod(text, &number) && number >= 0 && number < 1e18;
+}
+
+// offload_param: {device: cpu|none, pin_memory, buffer_count, buffer_size, max_in_cpu}.
+absl::Status ReadOffloadParam(const MapReader& zero, StrategyConfig* s) {
+  if (!zero.Has("offload_param")) return absl::OkStatus();
+  const YAML::Node node = zero.Get("offload_param");
+  if (node.IsNull()) return absl::OkStatus();
+  QLORA_ASSIGN_OR_RETURN(MapReader offload, zero.OpenMap("offload_param"));
+  std::string device = "none";
+  QLORA_RETURN_IF_ERROR(offload.ReadString("device", &device));
+  if (device == "nvme") {
+    return offload.Error("device", "nvme is not built: the 4-bit weights of a 70B model (36 GB) "
+                                   "fit host memory; use device: cpu");
+  }
+  if (device != "cpu" && device != "none") {
+    return offload.Error("device", absl::StrCat("must be cpu or none, got \"", device, "\""));
+  }
+  s->offload_param = device == "cpu";
+  QLORA_RETURN_IF_ERROR(offload.ReadBool("pin_memory", &s->offload_param_pin_memory));
+  for (const char* key : {"buffer_count", "buffer_size", "max_in_cpu"}) {
+    if (offload.Has(key) && !(offload.Get(key).IsScalar() &&
+                              IsDeepSpeedKnobValue(key, offload.Get(key)))) {
+      return offload.Error(key, "must be an integer >= 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadZeroOptimization(const MapReader& strategy, StrategyConfig* s,
                                   std::optional<int>* written_stage, bool* written_auto) {
   QLORA_ASSIGN_OR_RETURN(MapReader zero, strategy.OpenMap("zero_optimization"));
@@ -242,6 +278,21 @@ absl::Status ReadZeroOptimization(const MapReader& strategy, StrategyConfig* s,
   }
   QLORA_RETURN_IF_ERROR(zero.ReadBool("overlap_comm", &s->overlap_comm));
   QLORA_RETURN_IF_ERROR(zero.ReadBool("contiguous_gradients", &s->contiguous_gradients));
+  QLORA_RETURN_IF_ERROR(ReadOffloadParam(zero, s));
+  // DeepSpeed's stage-3 tuning keys: checked (an integer, a bool, or "auto" as the HF
+  // integration writes them) and kept to be shown; they change nothing (the schema says why).
+  for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                          "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                          "stage3_gather_16bit_weights_on_model_save"}) {
+    if (!zero.Has(key)) continue;
+    const YAML::Node value = zero.Get(key);
+    if (!value.IsScalar() || !(value.Scalar() == "auto" || IsDeepSpeedKnobValue(key, value))) {
+      return zero.Error(key, absl::StrCat(
+          "must be ", absl::EndsWith(key, "_on_model_save") ? "true, false" : "an integer >= 0",
+          " or auto"));
+    }
+    s->stage3_knobs.emplace_back(key, value.Scalar());
+  }
   return absl::OkStatus();
 }
 

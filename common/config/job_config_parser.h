@@ -29,15 +29,15 @@
 //   trainer.learning_rate_scheduler: {decay: cosine|linear|none, warmup_fraction: 0.03};
 //       decay none (or null) is a constant rate after warmup.
 //   backend.trainer.strategy: "deepspeed", "ddp", or {type, zero_optimization: {stage,
-//       reduce_bucket_size, allgather_bucket_size, overlap_comm, contiguous_gradients},
+//       reduce_bucket_size, allgather_bucket_size, overlap_comm, contiguous_gradients,
+//       offload_param: {device: cpu|none, pin_memory}, stage3_* tuning keys (no effect)},
 //       fp16: {enabled}, bf16: {enabled}}. fp16/bf16 are checked against
 //       quantization.bnb_4bit_compute_dtype, which alone sets the compute dtype.
 //   adapter.target_modules: a list of LLaMA module names or "all-linear" (the 7 linear layers).
 //   quantization.blocksize: the 4-bit quantization block size (64 as bitsandbytes).
 //
 // The ZeRO stage (StrategyConfig::zero_stage/zero_stage_reason): a stage written in the file is
-// kept; `ddp` is stage 0; no stage (or `stage: auto`) picks 2 and says why. Stage 3 is refused
-// until it is built.
+// kept; `ddp` is stage 0; no stage (or `stage: auto`) picks 2 and says why.
 //
 // adapter.postprocessor.merge_adapter_into_base_model is allowed with 4-bit quantization (Ludwig
 // refuses merging into a 4-bit model) because the merge writes into a dequantized bf16 copy of

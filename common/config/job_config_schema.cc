@@ -50,6 +50,23 @@ constexpr char kDeepSpeed[] = "DeepSpeed";
 constexpr char kPeft[] = "PEFT";
 constexpr char kBnb[] = "bitsandbytes";
 
+// Why each stage-3 tuning key has no effect here (also the resolved file's comment on it).
+constexpr char kStage3PrefetchWhy[] =
+    "accepted; no effect here: the next decoder layer's 4-bit weights are always prefetched, "
+    "whatever their size";
+constexpr char kStage3PersistenceWhy[] =
+    "accepted; no effect here: norms, biases, embeddings and lm_head always stay whole on "
+    "every rank, and every layer's 4-bit weights are partitioned";
+constexpr char kStage3LiveWhy[] =
+    "accepted; no effect here: at most two gathered layers are kept (the one in use and the "
+    "next), besides what a layer's backward still reads";
+constexpr char kStage3ReuseWhy[] =
+    "accepted; no effect here: a layer is released after use and gathered again for its "
+    "recomputation";
+constexpr char kStage3GatherOnSaveWhy[] =
+    "accepted; no effect here: the adapter is always saved whole, and the merged model "
+    "(`adapter.postprocessor.merge_adapter_into_base_model`) always holds the whole weights";
+
 SchemaNode BuildSchema() {
   const std::vector<SchemaNode> feature = {
       Leaf("name", {"string", "", "the dataset column"}),
@@ -143,12 +160,13 @@ SchemaNode BuildSchema() {
                      Leaf("zero_stage_reason", {"string", "", "written by the service in the "
                                                               "resolved file: why this stage"}),
                      Map("zero_optimization", {"mapping", "", "", kDeepSpeed},
-                         {Leaf("stage", {"0, 1 or 2", "2",
+                         {Leaf("stage", {"0, 1, 2 or 3", "2",
                                          "0 replicates the optimizer; 1 partitions the fp32 "
                                          "master weights and optimizer state; 2 also the "
-                                         "gradients. A job that names none gets 2 and the "
-                                         "resolved file says why. 3 is refused: it is not built "
-                                         "yet", kDeepSpeed}),
+                                         "gradients; 3 also the frozen 4-bit base weights, "
+                                         "each layer gathered in its 4-bit form just before "
+                                         "use. A job that names none gets 2 and the resolved "
+                                         "file says why", kDeepSpeed}),
                           Leaf("reduce_bucket_size", {"integer >= 1", "500000000",
                                                       "elements per gradient bucket",
                                                       kDeepSpeed}),
@@ -163,11 +181,45 @@ SchemaNode BuildSchema() {
                                                                         "effect here",
                                                         kDeepSpeed}),
                           Refused("offload_optimizer",
-                                  "CPU/NVMe optimizer offload is not built yet; remove it",
+                                  "optimizer offload has nothing to save here: the optimizer "
+                                  "state is the LoRA adapters' (70B at r=16: 3.3 GB with "
+                                  "gradients and AdamW moments, divided among the ranks by "
+                                  "stages 1-3), and a host AdamW would add a PCIe round trip "
+                                  "every step; remove it (offload_param moves the base weights, "
+                                  "which are the bulk)",
                                   kDeepSpeed),
-                          Refused("offload_param",
-                                  "parameter offload needs ZeRO stage 3, which is not built "
-                                  "yet; remove it", kDeepSpeed)}),
+                          Map("offload_param", {"mapping", "", "where the frozen base weights "
+                                                               "wait between uses",
+                                                kDeepSpeed},
+                              {Leaf("device", {"`cpu` or `none`", "none",
+                                               "`cpu`: each layer's 4-bit weights (this rank's "
+                                               "share under stage 3) live in host memory and are "
+                                               "copied to the GPU a layer ahead of use, "
+                                               "overlapping compute; any stage. `nvme` is refused",
+                                               kDeepSpeed}),
+                               Leaf("pin_memory", {"bool", "true",
+                                                   "pinned host memory (asynchronous copies)",
+                                                   kDeepSpeed}),
+                               Leaf("buffer_count", {"integer", "", "accepted; no effect here: "
+                                                                    "one layer is copied ahead",
+                                                     kDeepSpeed}),
+                               Leaf("buffer_size", {"integer", "", "accepted; no effect here: "
+                                                                   "the copy unit is a layer",
+                                                    kDeepSpeed}),
+                               Leaf("max_in_cpu", {"integer", "", "accepted; no effect here: "
+                                                                  "every layer stays in host "
+                                                                  "memory",
+                                                   kDeepSpeed})}),
+                          Leaf("stage3_prefetch_bucket_size",
+                               {"integer or `auto`", "", kStage3PrefetchWhy, kDeepSpeed}),
+                          Leaf("stage3_param_persistence_threshold",
+                               {"integer or `auto`", "", kStage3PersistenceWhy, kDeepSpeed}),
+                          Leaf("stage3_max_live_parameters",
+                               {"integer or `auto`", "", kStage3LiveWhy, kDeepSpeed}),
+                          Leaf("stage3_max_reuse_distance",
+                               {"integer or `auto`", "", kStage3ReuseWhy, kDeepSpeed}),
+                          Leaf("stage3_gather_16bit_weights_on_model_save",
+                               {"bool or `auto`", "", kStage3GatherOnSaveWhy, kDeepSpeed})}),
                      Map("fp16", {"mapping", "", "must agree with "
                                                  "`quantization.bnb_4bit_compute_dtype`",
                                   kDeepSpeed},

@@ -13,28 +13,18 @@ absl::StatusOr<ZeroStageChoice> ChooseZeroStage(StrategyType strategy_type,
     return ZeroStageChoice{0, "strategy 'ddp' is plain data parallelism, which is ZeRO stage 0 "
                               "(replicated optimizer state, all-reduced gradients)"};
   }
-  if (written_stage.has_value()) {
-    if (*written_stage == 3) {
-      return absl::InvalidArgumentError(
-          quantized_4bit
-              ? "ZeRO stage 3 with 4-bit quantized weights is not built yet; use stage 2 "
-                "(optimizer state and gradients partitioned across GPUs, the 4-bit base "
-                "weights replicated)"
-              : "ZeRO stage 3 (partitioned weights) is not built yet; use stage 2 (optimizer "
-                "state and gradients partitioned across GPUs)");
-    }
-    return ZeroStageChoice{*written_stage, kZeroStageFromJobFile};
-  }
+  if (written_stage.has_value()) return ZeroStageChoice{*written_stage, kZeroStageFromJobFile};
   const std::string how = written_auto ? "'auto' in the job file" : "not set in the job file";
   const std::string why =
       quantized_4bit
           ? "the original Ludwig design defaulted to stage 3, assuming an unquantized model that "
-            "may not fit on one GPU; with 4-bit base weights each GPU holds a full copy at a "
-            "quarter of the bf16 size, so stage 2 (optimizer state and gradients partitioned) is "
-            "the natural choice until stage 3 on 4-bit weights exists"
+            "may not fit on one GPU; with 4-bit base weights each GPU usually holds a whole copy "
+            "at a quarter of the bf16 size, and stage 2 (optimizer state and gradients "
+            "partitioned) never waits for a gather; write stage: 3 to partition the 4-bit base "
+            "weights too when they do not fit"
           : "the original Ludwig design defaulted to stage 3, assuming a model that may not fit "
-            "on one GPU; stage 3 is not built yet, and stage 2 (optimizer state and gradients "
-            "partitioned) is the most memory-saving stage available";
+            "on one GPU; stage 2 (optimizer state and gradients partitioned) never waits for a "
+            "gather; write stage: 3 to partition the base weights too when they do not fit";
   return ZeroStageChoice{2, absl::StrCat(how, ", so stage 2 was chosen: ", why)};
 }
 

@@ -2,9 +2,7 @@
 // zero_stage_reason). ParseJobConfig calls it; nothing else chooses a stage.
 //
 //   strategy ddp                      -> 0
-//   deepspeed, stage 0/1/2 written    -> that stage, "set in the job file"
-//   deepspeed, stage 3 written        -> refused (not built yet; with 4-bit weights the message
-//                                        says so and suggests 2)
+//   deepspeed, stage 0-3 written      -> that stage, "set in the job file"
 //   deepspeed, no stage / stage: auto -> 2, with the reason (the original defaulted to 3,
 //                                        assuming an unquantized model that may not fit one GPU)
 #pragma once

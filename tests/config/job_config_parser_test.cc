@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/config/job_config_emit.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/config/config_test_util.h"
@@ -235,7 +236,10 @@ INSTANTIATE_TEST_SUITE_P(
         StrategyCase{"backend: {trainer: {strategy: {type: deepspeed, zero_optimization: "
                      "{stage: 2}}}}\n",
                      "deepspeed", 2, "set in the job file"},
-        StrategyCase{"quantization: null\n", "deepspeed", 2, "stage 3 is not built yet"}));
+        StrategyCase{"quantization: null\n", "deepspeed", 2, "write stage: 3"},
+        StrategyCase{"backend: {trainer: {strategy: {type: deepspeed, zero_optimization: "
+                     "{stage: 3}}}}\n",
+                     "deepspeed", 3, "set in the job file"}));
 
 TEST(ConfigParserTest, ZeroOptimizationKnobs) {
   const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(backend:
@@ -261,6 +265,35 @@ TEST(ConfigParserTest, ZeroOptimizationKnobs) {
   EXPECT_EQ(s.allgather_bucket_size, 100000000);
   EXPECT_FALSE(s.overlap_comm);
   EXPECT_FALSE(s.contiguous_gradients);
+}
+
+// Stage 3 with DeepSpeed's parameter offload and the stage-3 tuning keys users paste: offload is
+// read, the tuning keys are kept as written and the resolved file shows each with why it has
+// no effect.
+TEST(ConfigParserTest, StageThreeWithOffloadParamAndTuningKeys) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(backend:
+  trainer:
+    strategy:
+      zero_optimization:
+        stage: 3
+        offload_param: {device: cpu, pin_memory: false}
+        stage3_max_live_parameters: 1e9
+        stage3_gather_16bit_weights_on_model_save: true
+)"));
+  const StrategyConfig& s = c.backend.strategy;
+  EXPECT_EQ(s.zero_stage, 3);
+  EXPECT_TRUE(s.offload_param);
+  EXPECT_FALSE(s.offload_param_pin_memory);
+  ASSERT_EQ(s.stage3_knobs.size(), 2u);
+  EXPECT_EQ(s.stage3_knobs[0].first, "stage3_max_live_parameters");
+  EXPECT_EQ(s.stage3_knobs[0].second, "1e9");
+  const std::string resolved = EmitResolvedJobYaml(c);
+  EXPECT_THAT(resolved, HasSubstr("offload_param: {device: cpu, pin_memory: false}"));
+  EXPECT_THAT(resolved, HasSubstr("stage3_max_live_parameters: 1e9  # accepted; no effect here: "
+                                  "at most two gathered layers are kept"));
+  EXPECT_FALSE(ParseOk(kMinimal).backend.strategy.offload_param);
+  EXPECT_THAT(EmitResolvedJobYaml(ParseOk(kMinimal)),
+              HasSubstr("offload_param: {device: none, pin_memory: true}"));
 }
 
 TEST(ConfigParserTest, AdapterFields) {

@@ -384,6 +384,51 @@ TEST_F(TrainerPhases, DequantizedWeightLayersAreReportedAndLeaveTheLossesAsTheyA
   EXPECT_EQ((*trainer)->checkpointing().dequantized_layers, 0);
 }
 
+// Stage 3 (at world 1) and offload_param: {device: cpu} put the 4-bit base weights in a store
+// (partitioned, or in host memory) and leave the losses and the adapter bit for bit as they
+// were, the merged model too.
+TEST_F(TrainerPhases, BaseWeightsInAStoreLeaveLossesAndAdapterAsTheyAre) {
+  struct Case {
+    std::string name;
+    int stage;
+    bool offload;
+  };
+  std::vector<std::vector<double>> losses;
+  std::vector<std::map<std::string, at::Tensor>> adapters, merged;
+  for (const Case& c : {Case{"whole", 2, false}, Case{"stage3", 3, false},
+                        Case{"offload", 2, true}, Case{"stage3-offload", 3, true}}) {
+    SCOPED_TRACE(c.name);
+    TrainingContext context = Context(tmp_ / c.name);
+    context.config.quantization.enabled = true;
+    context.config.backend.strategy.zero_stage = c.stage;
+    context.config.backend.strategy.offload_param = c.offload;
+    context.config.lora.merge_adapter_into_base_model = true;
+    context.config.trainer.train_steps = 2;
+    context.config.trainer.steps_per_checkpoint = 0;
+    std::vector<double> reported;
+    context.report_progress = [&](const ProgressSnapshot& p) { reported.push_back(p.loss); };
+    auto trainer = Trainer::Create(context);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*trainer)->strategy().Describe().partitions_base_weights, c.stage == 3);
+    ASSERT_TRUE((*trainer)->Run().ok());
+    ASSERT_EQ(reported.size(), 2u);
+    losses.push_back(reported);
+    adapters.push_back(testing::LoadTensors(tmp_ / c.name + "/adapter/adapter_model.safetensors"));
+    merged.push_back(testing::LoadTensors(tmp_ / c.name + "/merged/model.safetensors"));
+  }
+  for (size_t k = 1; k < losses.size(); ++k) {
+    EXPECT_EQ(losses[k], losses[0]) << k;
+    ASSERT_EQ(adapters[k].size(), adapters[0].size());
+    for (const auto& [name, tensor] : adapters[0]) {
+      EXPECT_TRUE(at::equal(tensor, adapters[k].at(name))) << k << " " << name;
+    }
+    ASSERT_EQ(merged[k].size(), merged[0].size());
+    for (const auto& [name, tensor] : merged[0]) {
+      EXPECT_TRUE(at::equal(tensor, merged[k].at(name))) << k << " " << name;
+    }
+  }
+}
+
 // trainer.enable_gradient_checkpointing: auto plans the split for max_memory_gib once the model
 // and the strategy are built, and reports it with every progress report; a budget below what
 // every layer checkpointed needs fails the start naming both numbers; auto without a budget on

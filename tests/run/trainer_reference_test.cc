@@ -228,7 +228,8 @@ TEST_P(TrainerReference, AdapterAndLossesEqualTransformersPeftAdamW) {
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndStages, TrainerReference,
-                         ::testing::Values(Case{1, 0}, Case{2, 2}, Case{4, 1}, Case{4, 2}),
+                         ::testing::Values(Case{1, 0}, Case{2, 2}, Case{4, 1}, Case{4, 2},
+                                           Case{2, 3}, Case{4, 3}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return absl::StrCat(info.param.world, "Ranks_Stage", info.param.stage);
                          });

@@ -88,7 +88,7 @@ TEST(ZeroStrategy, EveryStageAndWorldSizeMatchesOneProcess) {
   EXPECT_THAT(clips, ::testing::Contains(1.0));
   // And the weights must have moved, or equality would prove nothing.
   EXPECT_GT(testing::MaxRelativeError(reference, testing::ReferenceTrain(p, 0)), 1e-2);
-  for (int stage : {0, 1, 2}) {
+  for (int stage : {0, 1, 2, 3}) {
     for (int world : {1, 2, 4}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + ", world " + std::to_string(world));
       RunResult run = RunWorld(p, {stage, world});
@@ -159,7 +159,8 @@ TEST(ZeroStrategy, ResumeOnAnotherWorldSizeRepartitions) {
   struct Case { int stage_before, world_before, stage_after, world_after; };
   testing::TempDir tmp;
   int index = 0;
-  for (Case c : {Case{2, 4, 2, 2}, Case{1, 2, 1, 4}, Case{0, 2, 2, 4}, Case{2, 4, 0, 1}}) {
+  for (Case c : {Case{2, 4, 2, 2}, Case{1, 2, 1, 4}, Case{0, 2, 2, 4}, Case{2, 4, 0, 1},
+                 Case{2, 4, 3, 2}, Case{3, 2, 2, 4}}) {
     SCOPED_TRACE(::testing::Message() << "stage " << c.stage_before << " x" << c.world_before
                                       << " -> stage " << c.stage_after << " x" << c.world_after);
     const std::string dir = tmp.Sub("case" + std::to_string(index++));
@@ -237,11 +238,34 @@ TEST(ZeroStrategy, GradientsTakenTogetherEqualThemOneByOne) {
   }
 }
 
-TEST(ZeroStrategy, FactoryKnowsStagesZeroToTwo) {
+// Stage 3 treats the trainable parameters as stage 2 does, bit for bit, and says it partitions
+// the base weights (which the model keeps: base_weights_test.cc).
+TEST(ZeroStrategy, StageThreeTrainsTheAdaptersAsStageTwoBitForBit) {
+  SyntheticProblem p;
+  for (int world : {2, 4}) {
+    RunResult two = RunWorld(p, {2, world}), three = RunWorld(p, {3, world});
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(two.params[r].size(), three.params[r].size());
+      for (size_t k = 0; k < two.params[r].size(); ++k) {
+        EXPECT_TRUE(at::equal(two.params[r][k], three.params[r][k]))
+            << "world " << world << " rank " << r << " parameter " << k;
+      }
+      EXPECT_EQ(two.memory[r].total(), three.memory[r].total());
+    }
+  }
+}
+
+TEST(ZeroStrategy, FactoryKnowsStagesZeroToThree) {
   auto statuses = testing::RunGlooWorld(1, [&](int, comm::Communicator& c) {
     SyntheticProblem p;
-    EXPECT_EQ(strategy::MakeStrategy(3, {}, c, p.MakeParams()).status().code(),
-              absl::StatusCode::kUnimplemented);
+    auto three = strategy::MakeStrategy(3, {}, c, p.MakeParams());
+    EXPECT_TRUE(three.ok()) << three.status();
+    if (three.ok()) {
+      const strategy::StrategyDescription d = (*three)->Describe();
+      EXPECT_EQ(d.stage, 3);
+      EXPECT_TRUE(d.partitions_base_weights && d.partitions_gradients &&
+                  d.partitions_optimizer_state);
+    }
     EXPECT_EQ(strategy::MakeStrategy(5, {}, c, p.MakeParams()).status().code(),
               absl::StatusCode::kInvalidArgument);
     return absl::OkStatus();

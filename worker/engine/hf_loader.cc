@@ -47,7 +47,9 @@ class Loader {
           QLORA_ASSIGN_OR_RETURN(base.bias, Dense(prefix + ModulePath(name) + ".bias", {f.out}));
         }
       }
+      if (options_.base_weights != nullptr) options_.base_weights->Take(i, layer);
     }
+    if (options_.base_weights != nullptr) model_->UseBaseWeightStore(options_.base_weights);
     QLORA_ASSIGN_OR_RETURN(model_->norm, Dense("model.norm.weight", {c.hidden_size}));
     if (c.tie_word_embeddings) {
       model_->lm_head = model_->embed_tokens;

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/quantize_4bit.h"
+#include "worker/engine/base_weight_store.h"
 #include "worker/engine/llama_model.h"
 
 namespace qlora::engine {
@@ -24,6 +25,10 @@ struct LoadOptions {
   int64_t blocksize = 64;
   at::ScalarType compute_dtype = at::kBFloat16;
   at::Device device = at::kCPU;
+  // Where the decoder layers' frozen weights go (partitioned, or in host memory): each layer's
+  // are handed over as soon as they are read, so the device never holds the whole model. Null:
+  // they stay in the model's layers.
+  std::shared_ptr<BaseWeightStore> base_weights;
 };
 
 // NotFound when the folder lacks config.json or weights; InvalidArgument when tensors are

@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/engine/base_weight_store.h"
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/cudnn_attention.h"
 #include "worker/engine/fused_ops.h"
@@ -164,9 +165,19 @@ void LlamaForCausalLM::PlaceOffloadedLayers() {
   prefetch_at_ = std::move(placement.prefetch_at);
 }
 
+void LlamaForCausalLM::UseBaseWeightStore(std::shared_ptr<BaseWeightStore> store) {
+  SetDequantizedLayers(0);
+  base_weights_ = std::move(store);
+}
+
+std::shared_ptr<const DecoderLayer> LlamaForCausalLM::WholeLayer(int64_t i) const {
+  if (base_weights_ != nullptr) return base_weights_->Whole(i, layers[i]);
+  return std::shared_ptr<const DecoderLayer>(std::shared_ptr<void>(), &layers[i]);  // not owned
+}
+
 void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {
   const int64_t count = static_cast<int64_t>(layers.size());
-  dequantized_layers_ = std::clamp<int64_t>(n, 0, count);
+  dequantized_layers_ = base_weights_ != nullptr ? 0 : std::clamp<int64_t>(n, 0, count);
   adapter_copies_->ForgetWrites();  // notes of buffers that may go below
   for (int64_t i = 0; i < count; ++i) {
     if (i < dequantized_layers_) {
@@ -178,6 +189,7 @@ void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {
 }
 
 int64_t LlamaForCausalLM::DequantizedLayerBytes() const {
+  if (base_weights_ != nullptr) return 0;  // none are held (UseBaseWeightStore)
   int64_t most = 0;
   for (const DecoderLayer& layer : layers) {
     // Its buffers less its codes, which move to host memory.
@@ -204,6 +216,7 @@ int64_t LlamaForCausalLM::ResidentBytes() const {
     }
     if (layer.q_proj.base.resident.defined()) total += ResidentWeightBytes(layer, compute_dtype_);
   }
+  if (base_weights_ != nullptr) total += base_weights_->device_bytes();
   return total;
 }
 
@@ -419,29 +432,38 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
   const bool checkpoint = training_ && at::GradMode::is_enabled();
   const std::shared_ptr<ActivationOffloader> offloader =
       checkpoint ? offloader_ : nullptr;  // null unless SetOffloadedLayers(n > 0)
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const DecoderLayer& layer = layers[i];
-    const LayerAttention& attention =
-        config_.SlidingLayer(static_cast<int64_t>(i)) ? window_attention : full_attention;
+  // With a base weight store, each layer's weights are made whole as it runs, the next one's
+  // prefetched: in forward the layer above; after the top layer, the first one backward
+  // recomputes (the top checkpointed layer); in a recomputation, the one below.
+  const int64_t count = static_cast<int64_t>(layers.size());
+  BaseWeightStore* store = base_weights_.get();
+  for (int64_t i = 0; i < count; ++i) {
+    const std::shared_ptr<const DecoderLayer> whole = WholeLayer(i);
+    if (store != nullptr) {
+      const int64_t recomputed_first = checkpoint ? checkpointed_layers_ - 1 : 0;
+      store->Prefetch(i + 1 < count ? i + 1 : recomputed_first);
+    }
+    const DecoderLayer& layer = *whole;
+    const LayerAttention& attention = config_.SlidingLayer(i) ? window_attention : full_attention;
     if (offloader != nullptr && offloaded_[i]) {
-      OffloadScope scope(offloader, static_cast<int64_t>(i));
+      OffloadScope scope(offloader, i);
       x = LayerForward(layer, x, cos, sin, attention);
-    } else if (checkpoint && static_cast<int64_t>(i) < checkpointed_layers_) {
+    } else if (checkpoint && i < checkpointed_layers_) {
       CheckpointOffload input_offload;  // the input waits in host memory (not the top layer's)
-      if (offloader != nullptr && i + 1 < layers.size()) {
-        input_offload = {offloader, static_cast<int64_t>(i)};
-      }
-      x = Checkpoint(  // the lambda outlives Forward: it copies the layout (tensor handles)
-          [this, &layer, cos, sin, attention](const at::Tensor& h, bool recompute) {
-            return LayerForward(layer, h, cos, sin, attention, /*value_unused=*/recompute);
+      if (offloader != nullptr && i + 1 < count) input_offload = {offloader, i};
+      // The lambda outlives Forward: it copies the layout (tensor handles), and asks for the
+      // layer's weights when it runs (its recomputation gathers them again).
+      x = Checkpoint(
+          [this, i, cos, sin, attention](const at::Tensor& h, bool recompute) {
+            const std::shared_ptr<const DecoderLayer> weights = WholeLayer(i);
+            if (recompute && base_weights_ != nullptr) base_weights_->Prefetch(i - 1);
+            return LayerForward(*weights, h, cos, sin, attention, /*value_unused=*/recompute);
           },
           x, LayerParameters(layer), input_offload);
     } else {
       x = LayerForward(layer, x, cos, sin, attention);
     }
-    if (static_cast<int64_t>(i) % kHeldLayersALaunch == 0) {
-      write_held(static_cast<int64_t>(i) + 1, kHeldLayersALaunch);
-    }
+    if (i % kHeldLayersALaunch == 0) write_held(i + 1, kHeldLayersALaunch);
     if (offloader != nullptr && !prefetch_at_[i].empty() && x.requires_grad()) {
       // Runs when x's gradient is ready: before this layer's backward.
       x.register_hook([offloader, groups = prefetch_at_[i]](const at::TensorBase&) {

@@ -72,6 +72,8 @@ struct DecoderLayer {
   const LinearLayer& Linear(const std::string& name) const;
 };
 
+class BaseWeightStore;
+
 class LlamaForCausalLM {
  public:
   // An empty model of `config` whose weights the loader (hf_loader.h) fills in.
@@ -136,6 +138,15 @@ class LlamaForCausalLM {
   // Device bytes one more dequantized layer takes (the largest layer's; 0 without 4-bit weights):
   // its buffers less its codes, which wait in host memory while it is held (on CUDA).
   int64_t DequantizedLayerBytes() const;
+  // The decoder layers' frozen weights live in `store` (base_weight_store.h: partitioned across
+  // ranks, or in host memory) from now on, and `layers` keep the rest (the loader hands each
+  // layer's weights to the store as it reads them). Held dequantized layers are dropped and
+  // none are held again: their weights would be whole on the device for the whole job.
+  void UseBaseWeightStore(std::shared_ptr<BaseWeightStore> store);
+  const BaseWeightStore* base_weight_store() const { return base_weights_.get(); }
+  // Layer i with its frozen weights whole (from the store, or layers[i] itself without one).
+  // With a partitioned store a collective: every rank asks for the same layers in order.
+  std::shared_ptr<const DecoderLayer> WholeLayer(int64_t i) const;
   // The offloader (null until SetOffloadedLayers > 0): bytes moved, for logs and tests.
   const ActivationOffloader* activation_offloader() const { return offloader_.get(); }
   // Bytes of the model's tensors: weights (4-bit blocks and their scales), norms, biases and
@@ -186,6 +197,7 @@ class LlamaForCausalLM {
   // Per layer: the groups (layers) whose offloaded tensors its output's hook fetches.
   std::vector<std::vector<int64_t>> prefetch_at_;
   std::shared_ptr<ActivationOffloader> offloader_;
+  std::shared_ptr<BaseWeightStore> base_weights_;  // null: every layer's weights in `layers`
   void PlaceOffloadedLayers();
   std::shared_ptr<kernels::GemmTuner> gemm_tuner_;  // shared by every LinearLayer::gemm
   std::shared_ptr<AdapterCopies> adapter_copies_;   // every LinearLayer::adapter_copies

@@ -15,6 +15,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "common/posix_files.h"
+#include "worker/engine/base_weight_store.h"
 #include "worker/engine/serving_files.h"
 #include "worker/engine/tensor_io.h"
 
@@ -177,8 +178,13 @@ absl::Status SaveMergedModel(const LlamaForCausalLM& model, const std::string& d
     const std::string prefix = absl::StrCat("model.layers.", i, ".");
     for (const char* module : kLinearModuleNames) {
       const LinearLayer* linear = &layer.Linear(module);
+      // The layer's weights made whole when written (from a base weight store: gathered once
+      // for its seven projections, which are written one after the other).
       add(prefix + ModulePath(module) + ".weight",
-          {{linear->base.out_features, linear->base.in_features}, [linear] { return linear->MergedWeight(); }});
+          {{linear->base.out_features, linear->base.in_features},
+           [&model, i, module] {
+             return model.WholeLayer(static_cast<int64_t>(i))->Linear(module).MergedWeight();
+           }});
       if (linear->base.bias.defined()) frozen(prefix + ModulePath(module) + ".bias", linear->base.bias);
     }
     frozen(prefix + "input_layernorm.weight", layer.input_layernorm);
@@ -200,6 +206,17 @@ absl::Status SaveMergedModel(const LlamaForCausalLM& model, const std::string& d
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("merging into ", dir, ": ", e.what_without_backtrace()));
   }
+}
+
+absl::Status JoinMergedModelSave(const LlamaForCausalLM& model) {
+  const BaseWeightStore* store = model.base_weight_store();
+  if (store == nullptr || store->world_size() == 1) return absl::OkStatus();
+  try {
+    for (size_t i = 0; i < model.layers.size(); ++i) model.WholeLayer(static_cast<int64_t>(i));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("merging: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace qlora::engine

@@ -53,5 +53,9 @@ struct MergeOptions {
 
 absl::Status SaveMergedModel(const LlamaForCausalLM& model, const std::string& dir,
                              const MergeOptions& options = {});
+// What every other rank runs while one rank runs SaveMergedModel on a model whose base weights
+// are partitioned (base_weight_store.h): the same gathers, layer by layer, in the same order.
+// Nothing to do otherwise.
+absl::Status JoinMergedModelSave(const LlamaForCausalLM& model);
 
 }  // namespace qlora::engine

@@ -36,7 +36,8 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
                          engine::FormatMemory(d.budget_bytes_), " budget");
   } else if (t.dequantized_weight_layers > 0 && o.model->DequantizedLayerBytes() == 0) {
     *line = absl::StrCat("dequantized_weight_layers: ", t.dequantized_weight_layers,
-                         " ignored: the model has no 4-bit weights to hold dequantized");
+                         " ignored: the model has no 4-bit weights it could hold dequantized "
+                         "(none, or they are partitioned or in host memory)");
   } else if (t.dequantized_weight_layers > 0) {
     o.model->SetDequantizedLayers(t.dequantized_weight_layers);
     *line = absl::StrCat("dequantized_weight_layers: ", Held(*o.model));

@@ -107,7 +107,10 @@ absl::Status Trainer::Connect() {
 absl::Status Trainer::LoadModel() {
   engine::UseMmapForLargeHostAllocations();  // host memory stays near one tensor while loading
   const double start = SteadySeconds();
-  QLORA_ASSIGN_OR_RETURN(model_, engine::LoadLlama(config_.base_model_path, LoadOptionsFor(config_, device_)));
+  engine::LoadOptions load = LoadOptionsFor(config_, device_);
+  QLORA_ASSIGN_OR_RETURN(load.base_weights, MakeBaseWeightStore());
+  QLORA_ASSIGN_OR_RETURN(model_, engine::LoadLlama(config_.base_model_path, load));
+  if (load.base_weights != nullptr) Log(load.base_weights->Describe());
   const QuantizationConfig& q = config_.quantization;
   Log(absl::StrFormat("loaded %s (%d layers, %s) in %.1fs", config_.base_model_path,
                       model_->config().num_hidden_layers, q.enabled ? EnumName(q.quant_type) : "unquantized",
@@ -116,6 +119,25 @@ absl::Status Trainer::LoadModel() {
   model_->SetTraining(true);  // every layer checkpointed until ChooseCheckpointing
   if (context_.observer != nullptr) context_.observer->OnLoraReady(*model_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<engine::BaseWeightStore>> Trainer::MakeBaseWeightStore() {
+  QLORA_ASSIGN_OR_RETURN(
+      const strategy::BaseWeightPartition partition,
+      strategy::PlanBaseWeights(config_.backend.strategy.zero_stage, StrategyOptionsFor(config_),
+                                *communicator_));
+  const StrategyConfig& s = config_.backend.strategy;
+  if (!partition.partitioned && !s.offload_param) {
+    return std::shared_ptr<engine::BaseWeightStore>();  // every layer whole on the device
+  }
+  engine::BaseWeightStoreOptions o;
+  o.device = device_;
+  o.rank = partition.rank;
+  o.world_size = partition.world_size;
+  o.all_gather = partition.all_gather;
+  o.on_host = s.offload_param;
+  o.pin_memory = s.offload_param_pin_memory;
+  return std::make_shared<engine::BaseWeightStore>(std::move(o));
 }
 
 absl::Status Trainer::BuildStrategy() {
@@ -526,6 +548,15 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
       Log(absl::StrCat("merged model written to ", outcome.merged_path));
     }
     Log(FormatTrainSummary(summary));
+  } else if (config_.lora.merge_adapter_into_base_model) {
+    QLORA_RETURN_IF_ERROR(engine::JoinMergedModelSave(*model_));  // rank 0's gathers
+  }
+  if (const engine::BaseWeightStore* store = model_->base_weight_store()) {
+    const engine::BaseWeightStats w = store->stats();
+    Log(absl::StrFormat("base weights: %d layers made whole (%d prefetched), %.1f MiB gathered, "
+                        "%.1f MiB copied from host memory, %.2fs waited",
+                        w.fetches, w.prefetched, w.gathered_bytes / 1048576.0,
+                        w.copied_bytes / 1048576.0, w.waited_seconds));
   }
   QLORA_RETURN_IF_ERROR(communicator_->Barrier(absl::Minutes(5)));
   return outcome;

@@ -32,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/base_weight_store.h"
 #include "worker/engine/llama_model.h"
 #include "worker/optim/lr_schedule.h"
 #include "worker/run/checkpointing_budget.h"
@@ -84,6 +85,9 @@ class Trainer {
   explicit Trainer(const TrainingContext& context);
   absl::Status Connect();
   absl::Status LoadModel();
+  // Where the base weights go as they load: partitioned (the strategy's plan), in host memory
+  // (offload_param), or null (whole on the device).
+  absl::StatusOr<std::shared_ptr<engine::BaseWeightStore>> MakeBaseWeightStore();
   absl::Status BuildStrategy();
   absl::Status ChooseCheckpointing();
   absl::Status OpenData();

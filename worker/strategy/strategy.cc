@@ -52,9 +52,9 @@ absl::StatusOr<StepReport> DistributedStrategy::Step(double lr) {
   return pending.Get();
 }
 
-absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(
-    int stage, const StrategyOptions& options, comm::Communicator& communicator,
-    std::vector<TrainableParam> params) {
+namespace {
+
+absl::StatusOr<ZeroPlan> PlanForStage(int stage) {
   ZeroPlan plan;
   plan.stage = stage;
   switch (stage) {
@@ -62,10 +62,38 @@ absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(
     case 1: plan.partition_optimizer = true; break;
     case 2: plan.partition_optimizer = plan.partition_gradients = true; break;
     case 3:
-      return absl::UnimplementedError("ZeRO stage 3 (partitioned base weights) is not supported");
+      plan.partition_optimizer = plan.partition_gradients = plan.partition_base_weights = true;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", stage, " is not 0-3"));
   }
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<BaseWeightPartition> PlanBaseWeights(int stage, const StrategyOptions& options,
+                                                    comm::Communicator& communicator) {
+  QLORA_ASSIGN_OR_RETURN(const ZeroPlan plan, PlanForStage(stage));
+  BaseWeightPartition partition;
+  if (!plan.partition_base_weights) return partition;
+  partition.partitioned = true;
+  partition.rank = communicator.rank();
+  partition.world_size = communicator.world_size();
+  if (partition.world_size > 1) {
+    const absl::Duration timeout = options.collective_timeout;
+    partition.all_gather = [&communicator, timeout](const at::Tensor& shard,
+                                                    const at::Tensor& full) {
+      return communicator.AllGather(shard, full, timeout);
+    };
+  }
+  return partition;
+}
+
+absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(
+    int stage, const StrategyOptions& options, comm::Communicator& communicator,
+    std::vector<TrainableParam> params) {
+  QLORA_ASSIGN_OR_RETURN(const ZeroPlan plan, PlanForStage(stage));
   auto strategy =
       std::make_unique<ZeroStrategy>(plan, options, communicator, std::move(params));
   try {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +101,7 @@ struct StrategyDescription {
   int64_t partition_elements = 0;    // elements this rank keeps fp32 master + AdamW state for
   bool partitions_optimizer_state = false;
   bool partitions_gradients = false;
+  bool partitions_base_weights = false;  // the frozen base weights (PlanBaseWeights)
 };
 
 struct ResumeReport {
@@ -160,10 +162,25 @@ class DistributedStrategy {
   virtual const std::vector<TrainableParam>& params() const = 0;
 };
 
-// Stage 0, 1 or 2 (UNIMPLEMENTED for 3). Collective: broadcasts rank 0's parameter values so
-// that every rank starts from the same weights. `communicator` must outlive the strategy.
+// Stage 0, 1, 2 or 3. Collective: broadcasts rank 0's parameter values so that every rank
+// starts from the same weights. `communicator` must outlive the strategy.
 absl::StatusOr<std::unique_ptr<DistributedStrategy>> MakeStrategy(
     int stage, const StrategyOptions& options, comm::Communicator& communicator,
     std::vector<TrainableParam> params);
+
+// How a stage keeps the model's frozen base weights, asked before the model is loaded (the
+// loader hands each layer to where it is kept as it reads it): whole on every rank (stages
+// 0-2), or cut into equal shards, one a rank, made whole by `all_gather` (stage 3).
+struct BaseWeightPartition {
+  bool partitioned = false;  // stage 3, at any world size (1: the one rank keeps it all)
+  int rank = 0;
+  int world_size = 1;
+  // Every rank's shard (int64 [n], the same n on every rank) into full (int64 [world_size n],
+  // rank r's at [r n, (r + 1) n)). A collective on the strategy's communicator; null when whole.
+  std::function<absl::Status(const at::Tensor& shard, const at::Tensor& full)> all_gather;
+};
+// `communicator` must outlive the all-gather. InvalidArgument for a stage outside 0-3.
+absl::StatusOr<BaseWeightPartition> PlanBaseWeights(int stage, const StrategyOptions& options,
+                                                    comm::Communicator& communicator);
 
 }  // namespace qlora::strategy

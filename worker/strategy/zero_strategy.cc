@@ -331,6 +331,7 @@ StrategyDescription ZeroStrategy::Describe() const {
   d.partition_elements = Owned().size();
   d.partitions_optimizer_state = plan_.partition_optimizer;
   d.partitions_gradients = plan_.partition_gradients;
+  d.partitions_base_weights = plan_.partition_base_weights;
   return d;
 }
 

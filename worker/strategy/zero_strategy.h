@@ -1,4 +1,4 @@
-// ZeroStrategy implements DistributedStrategy for ZeRO stages 0-2 from one plan of what is
+// ZeroStrategy implements DistributedStrategy for ZeRO stages 0-3 from one plan of what is
 // partitioned (the factory, MakeStrategy in strategy.cc, is the only place that maps a stage to a plan):
 //   stage 0: nothing      - replicated fp32 master + AdamW state; full gradients all-reduced in
 //                           buckets at the boundary.
@@ -6,7 +6,10 @@
 //                           gradients kept until the boundary, then reduce-scattered to owners.
 //   stage 2: + gradients  - gradients reduced to their owners bucket by bucket as backward
 //                           produces them; each rank keeps only its partition's sum.
-// Stages 1 and 2 all-gather the updated partitions into the parameters after each step.
+//   stage 3: + base weights - the frozen base weights are partitioned too (PlanBaseWeights in
+//                           strategy.h gives the model their all-gather); the trainable
+//                           parameters are handled as in stage 2.
+// Stages 1 to 3 all-gather the updated partitions into the parameters after each step.
 // Internal to worker/strategy.
 #pragma once
 
@@ -28,6 +31,7 @@ struct ZeroPlan {
   int stage = 0;                     // for reports and manifests only
   bool partition_optimizer = false;  // master + AdamW state for own partition only
   bool partition_gradients = false;  // reduce during backward, keep own partition only
+  bool partition_base_weights = false;  // the frozen base weights too (BaseWeightPartition)
 };
 
 class ZeroStrategy final : public DistributedStrategy {
