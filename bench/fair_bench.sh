@@ -27,6 +27,8 @@
 #   ours-mb4-offparam, ours-mb1-offparam, ours-70b-mb1-offparam
 #                    ours with zero_optimization.offload_param: {device: cpu} (the 4-bit base
 #                    weights in pinned host memory, copied a layer ahead)
+#   ours-70bnf4-mbN-offparam  the whole LLaMA-2-70B shape, pre-quantized (random NF4 codes),
+#                    micro-batch N, checkpointing, offload_param: cpu, on one GPU
 #   ours-auto24      ours, 1 GPU, micro-batch 4, enable_gradient_checkpointing: auto with
 #                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
 #                    summary compares it with the best anchor whose peak allocation fits 24 GiB
@@ -259,7 +261,24 @@ memory_peak() {
   python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb4.md"
 }
 
-export -f ours_job attribute with_70b memory_peak
+# The whole LLaMA-2-70B shape (80 layers, GQA with 8 KV heads), pre-quantized as bitsandbytes
+# saves NF4 with random codes (qlora-make-tiny-model --bnb_nf4: 36 GB, written in about a minute;
+# a bf16 folder would not fit the disk), on disk unless BENCH_MODEL70F_DIR says otherwise.
+model70f=${BENCH_MODEL70F_DIR:-/tmp/llama70b-nf4}
+with_70b_nf4() {
+  if [ ! -f "$model70f/config.json" ]; then
+    local start=$SECONDS
+    timeout 400 "${QLORA_BINARY_DIR:-$root/build}/worker/engine/qlora-make-tiny-model" "$model70f" \
+      --layers 80 --hidden 8192 --intermediate 28672 --heads 64 --kv_heads 8 --vocab 32000 \
+      --max_positions 4096 --dtype bfloat16 --bnb_nf4 --max_shard_bytes 5000000000 2>&1 | tail -2
+    cp "$root"/examples/tokenizer/* "$model70f"/
+    echo "70B NF4 folder $model70f made in $((SECONDS - start))s"
+  fi
+  model=$model70f "$@"
+}
+
+export -f ours_job attribute with_70b with_70b_nf4 memory_peak
+export model70f
 export gpus_1
 export model70
 export root work logs model warmup windows window_steps OUT
@@ -302,6 +321,9 @@ for part in $parts; do
       bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 4 true ;;
     ours-mb1-offparam) run_part "$part" 40 env BENCH_OFFLOAD_PARAM=cpu \
       bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
+    ours-70bnf4-mb*-offparam) mb=${part#ours-70bnf4-mb}; mb=${mb%%-*}
+      run_part "$part" 300 env BENCH_OFFLOAD_PARAM=cpu bash -c 'with_70b_nf4 ours_job "$@"' _ "$part" \
+        "$gpus_1" "$mb" true ;;
     ours-70b-mb1-offparam) run_part "$part" 60 env BENCH_OFFLOAD_PARAM=cpu \
       bash -c 'with_70b ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
     ours-mb4-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-mb4-off}" \

@@ -220,6 +220,54 @@ TEST(ZeroBaseWeights, PartitionedOverRanksEqualsWhole) {
   }
 }
 
+// The maker's pre-quantized folders (bitsandbytes' six keys per Linear, random codes), as the
+// 70B benchmark makes one: they load without quantizing, their weights are in the documented
+// range, and they load partitioned over 2 ranks and compute what they compute whole.
+TEST(ZeroBaseWeights, PrequantizedFolderLoadsWholeAndPartitioned) {
+  testing::TempDir dir;
+  engine::TinyModelOptions tiny;
+  tiny.config.num_hidden_layers = 3;
+  tiny.config.intermediate_size = 136;
+  tiny.dtype = "bfloat16";
+  tiny.bnb_nf4 = true;
+  const std::string path = dir.path() + "/bnb";
+  ASSERT_TRUE(engine::MakeTinyModel(path, tiny).ok());
+  engine::LoadOptions o = Options(/*quantize=*/false);
+  o.device = at::kCPU;
+  auto whole = Load(path, o);
+  ASSERT_NE(whole, nullptr);
+  ASSERT_TRUE(whole->config().bnb.has_value());
+  const engine::FrozenWeight& down = whole->layers[2].down_proj.base;
+  ASSERT_TRUE(down.quantized.has_value());
+  EXPECT_TRUE(down.quantized->double_quant);
+  EXPECT_EQ(down.quantized->shape, (std::vector<int64_t>{64, 136}));
+  const at::Tensor w = down.Materialize(at::kFloat);
+  EXPECT_LE(w.abs().max().item<float>(), 0.0601f);
+  EXPECT_GT(w.abs().max().item<float>(), 0.039f);
+  EXPECT_GT(w.std().item<float>(), 0.01f);
+  const StepResult expected = TwoSteps(*whole);
+
+  std::vector<StepResult> results(2);
+  auto statuses = testing::RunGlooWorld(2, [&](int rank, comm::Communicator& c) {
+    auto partition = strategy::PlanBaseWeights(3, {}, c);
+    if (!partition.ok()) return partition.status();
+    BaseWeightStoreOptions store;
+    store.rank = partition->rank;
+    store.world_size = partition->world_size;
+    store.all_gather = partition->all_gather;
+    engine::LoadOptions load = o;
+    load.base_weights = std::make_shared<BaseWeightStore>(store);
+    auto model = Load(path, load);
+    if (model == nullptr) return absl::InternalError("load failed");
+    results[rank] = TwoSteps(*model);
+    return absl::OkStatus();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(statuses[rank].ok()) << statuses[rank];
+    ExpectSame(expected, results[rank], absl::StrCat("pre-quantized, rank ", rank));
+  }
+}
+
 TEST(ZeroBaseWeights, StagesZeroToTwoKeepWeightsWhole) {
   auto statuses = testing::RunGlooWorld(2, [&](int, comm::Communicator& c) {
     for (int stage : {0, 1, 2}) {

@@ -17,6 +17,7 @@ ABSL_FLAG(int64_t, heads, 4, "num_attention_heads");
 ABSL_FLAG(int64_t, kv_heads, 2, "num_key_value_heads");
 ABSL_FLAG(int64_t, head_dim, 0, "head_dim (0: hidden / heads)");
 ABSL_FLAG(int64_t, vocab, 256, "vocab_size");
+ABSL_FLAG(int64_t, max_positions, 512, "max_position_embeddings");
 ABSL_FLAG(bool, tie_embeddings, false, "tie_word_embeddings");
 ABSL_FLAG(bool, llama3_rope, false, "llama3 rope scaling (factor 8, original context 64)");
 ABSL_FLAG(bool, rope_parameters, false, "write transformers 5's rope_parameters form");
@@ -25,6 +26,9 @@ ABSL_FLAG(std::string, dtype, "float32", "float32 | bfloat16 | float16");
 ABSL_FLAG(double, init_std, 0.02, "std of the random weights");
 ABSL_FLAG(uint64_t, seed, 0, "random seed");
 ABSL_FLAG(uint64_t, max_shard_bytes, 0, "0: one file; else shard with an index");
+ABSL_FLAG(bool, bnb_nf4, false,
+          "linear weights pre-quantized as bitsandbytes saves NF4 with double quantization "
+          "(random codes; any shape, e.g. LLaMA-2-70B's in the time it takes to write 36 GB)");
 
 int main(int argc, char** argv) {
   qlora::ProgramFlagsOptions program;
@@ -47,6 +51,7 @@ int main(int argc, char** argv) {
   c.head_dim = absl::GetFlag(FLAGS_head_dim) > 0 ? absl::GetFlag(FLAGS_head_dim)
                                                  : c.hidden_size / c.num_attention_heads;
   c.vocab_size = absl::GetFlag(FLAGS_vocab);
+  c.max_position_embeddings = absl::GetFlag(FLAGS_max_positions);
   c.tie_word_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
   c.rope.theta = absl::GetFlag(FLAGS_rope_theta);
   if (absl::GetFlag(FLAGS_llama3_rope)) {
@@ -67,6 +72,7 @@ int main(int argc, char** argv) {
   options.init_std = absl::GetFlag(FLAGS_init_std);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
+  options.bnb_nf4 = absl::GetFlag(FLAGS_bnb_nf4);
   if (c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
       c.num_attention_heads % c.num_key_value_heads != 0 || c.head_dim % 2 != 0) {
     std::cerr << "heads must be a positive multiple of kv_heads and head_dim even\n";

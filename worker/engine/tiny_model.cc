@@ -2,6 +2,7 @@
 // per-tensor seed.
 #include "worker/engine/tiny_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -16,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "common/posix_files.h"
 #include "common/model/model_family.h"
+#include "kernels/codebooks_4bit.h"
 
 namespace qlora::engine {
 namespace {
@@ -44,7 +46,84 @@ uint16_t RoundToF16(float f) {
   return bits;
 }
 
-std::vector<TensorSpec> Specs(const LlamaConfig& c, Dtype dtype) {
+// Pre-quantized linears (TinyModelOptions::bnb_nf4): what dequantizes the block scales. Every
+// absmax code then gives a scale in [kNestedOffset - kNestedAbsmax, kNestedOffset + kNestedAbsmax].
+constexpr int64_t kBnbBlocksize = 64;
+constexpr int64_t kBnbNestedBlocksize = 256;
+constexpr float kNestedOffset = 0.05f;
+constexpr float kNestedAbsmax = 0.01f;
+constexpr const char* kQuantStateSuffix = ".quant_state.bitsandbytes__nf4";
+
+// The JSON bitsandbytes' QuantState.as_dict(packed=True) stores for one weight.
+std::string QuantStateJson(int64_t out, int64_t in, const std::string& dtype) {
+  return nlohmann::json{{"quant_type", "nf4"},
+                        {"blocksize", kBnbBlocksize},
+                        {"dtype", dtype},
+                        {"shape", {out, in}},
+                        {"nested_blocksize", kBnbNestedBlocksize},
+                        {"nested_dtype", "float32"},
+                        {"nested_offset", kNestedOffset}}
+      .dump();
+}
+
+// A linear weight's specs: one dense tensor, or bitsandbytes' six keys.
+void AddLinear(std::vector<TensorSpec>* specs, const std::string& name, int64_t out, int64_t in,
+               Dtype dtype, bool bnb_nf4, const std::string& dtype_name) {
+  if (!bnb_nf4) {
+    specs->push_back({name, dtype, {out, in}});
+    return;
+  }
+  const int64_t n = out * in;
+  const int64_t blocks = (n + kBnbBlocksize - 1) / kBnbBlocksize;
+  const int64_t nested = (blocks + kBnbNestedBlocksize - 1) / kBnbNestedBlocksize;
+  specs->push_back({name, Dtype::kU8, {(n + 1) / 2, 1}});
+  specs->push_back({name + ".absmax", Dtype::kU8, {blocks}});
+  specs->push_back({name + ".nested_absmax", Dtype::kF32, {nested}});
+  specs->push_back({name + ".nested_quant_map", Dtype::kF32, {256}});
+  specs->push_back({name + ".quant_map", Dtype::kF32, {16}});
+  specs->push_back({name + kQuantStateSuffix, Dtype::kU8,
+                    {static_cast<int64_t>(QuantStateJson(out, in, dtype_name).size())}});
+}
+
+// The bytes of one pre-quantized key (AddLinear's), or false when `spec` is not one.
+bool ProduceBnb(const TensorSpec& spec, const LlamaConfig& config, std::mt19937_64& rng,
+                const std::string& dtype_name, std::string* bytes) {
+  auto fill_random = [&] {
+    for (size_t i = 0; i < bytes->size(); i += 8) {
+      const uint64_t r = rng();
+      std::memcpy(bytes->data() + i, &r, std::min<size_t>(8, bytes->size() - i));
+    }
+  };
+  auto floats = [&](const float* v, size_t count) {
+    bytes->assign(reinterpret_cast<const char*>(v), count * sizeof(float));
+  };
+  const std::string& name = spec.name;
+  if (absl::EndsWith(name, kQuantStateSuffix)) {
+    // "model.layers.N.self_attn.q_proj.weight.quant_state..." -> q_proj's shape.
+    const std::string weight = name.substr(0, name.size() - std::strlen(kQuantStateSuffix));
+    const std::string module_path = weight.substr(0, weight.size() - std::strlen(".weight"));
+    const std::string module = module_path.substr(module_path.rfind('.') + 1);
+    const LlamaConfig::Features f = config.ProjectionFeatures(module);
+    *bytes = QuantStateJson(f.out, f.in, dtype_name);
+  } else if (absl::EndsWith(name, ".quant_map")) {
+    floats(kernels::kNf4Values.v, 16);
+  } else if (absl::EndsWith(name, ".nested_quant_map")) {
+    floats(kernels::kDynamicMap.v, 256);
+  } else if (absl::EndsWith(name, ".nested_absmax")) {
+    const std::vector<float> scales(spec.shape[0], kNestedAbsmax);
+    floats(scales.data(), scales.size());
+  } else if (spec.dtype == Dtype::kU8 && (absl::EndsWith(name, ".absmax") ||
+                                          absl::EndsWith(name, "proj.weight"))) {
+    bytes->resize(safetensors::TensorByteSize(spec));
+    fill_random();  // random 4-bit codes, and random codes of the block scales
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::vector<TensorSpec> Specs(const LlamaConfig& c, Dtype dtype, bool bnb_nf4,
+                              const std::string& dtype_name) {
   std::vector<TensorSpec> specs;
   const int64_t q_out = c.num_attention_heads * c.head_dim;
   const int64_t kv_out = c.num_key_value_heads * c.head_dim;
@@ -53,13 +132,20 @@ std::vector<TensorSpec> Specs(const LlamaConfig& c, Dtype dtype) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     specs.push_back({p + "input_layernorm.weight", dtype, {c.hidden_size}});
     specs.push_back({p + "post_attention_layernorm.weight", dtype, {c.hidden_size}});
-    specs.push_back({p + "self_attn.q_proj.weight", dtype, {q_out, c.hidden_size}});
-    specs.push_back({p + "self_attn.k_proj.weight", dtype, {kv_out, c.hidden_size}});
-    specs.push_back({p + "self_attn.v_proj.weight", dtype, {kv_out, c.hidden_size}});
-    specs.push_back({p + "self_attn.o_proj.weight", dtype, {c.hidden_size, q_out}});
-    specs.push_back({p + "mlp.gate_proj.weight", dtype, {c.intermediate_size, c.hidden_size}});
-    specs.push_back({p + "mlp.up_proj.weight", dtype, {c.intermediate_size, c.hidden_size}});
-    specs.push_back({p + "mlp.down_proj.weight", dtype, {c.hidden_size, c.intermediate_size}});
+    const struct {
+      const char* name;
+      int64_t out, in;
+    } linears[] = {{"self_attn.q_proj", q_out, c.hidden_size},
+                   {"self_attn.k_proj", kv_out, c.hidden_size},
+                   {"self_attn.v_proj", kv_out, c.hidden_size},
+                   {"self_attn.o_proj", c.hidden_size, q_out},
+                   {"mlp.gate_proj", c.intermediate_size, c.hidden_size},
+                   {"mlp.up_proj", c.intermediate_size, c.hidden_size},
+                   {"mlp.down_proj", c.hidden_size, c.intermediate_size}};
+    for (const auto& l : linears) {
+      AddLinear(&specs, absl::StrCat(p, l.name, ".weight"), l.out, l.in, dtype, bnb_nf4,
+                dtype_name);
+    }
     const struct {
       const char* module;
       int64_t out;
@@ -129,12 +215,27 @@ absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& optio
   LlamaConfig config = options.config;
   config.torch_dtype = options.dtype;
   config.bnb.reset();
-  QLORA_RETURN_IF_ERROR(
-      WriteFileAtomically(JoinPath(dir, "config.json"), LlamaConfigToJson(config, options.rope_form)));
+  std::string config_json = LlamaConfigToJson(config, options.rope_form);
+  if (options.bnb_nf4) {
+    nlohmann::json json = nlohmann::json::parse(config_json);
+    json["quantization_config"] = {{"quant_method", "bitsandbytes"},
+                                   {"load_in_4bit", true},
+                                   {"load_in_8bit", false},
+                                   {"bnb_4bit_quant_type", "nf4"},
+                                   {"bnb_4bit_use_double_quant", true},
+                                   {"bnb_4bit_compute_dtype", options.dtype},
+                                   {"bnb_4bit_quant_storage", "uint8"}};
+    config_json = json.dump(2);
+  }
+  QLORA_RETURN_IF_ERROR(WriteFileAtomically(JoinPath(dir, "config.json"), config_json));
 
+  const std::vector<TensorSpec> specs = Specs(config, dtype, options.bnb_nf4, options.dtype);
   auto produce = [&](const TensorSpec& spec, std::string* bytes) {
     std::seed_seq seq{options.seed, Fnv1a(spec.name)};
     std::mt19937_64 rng(seq);
+    if (options.bnb_nf4 && ProduceBnb(spec, config, rng, options.dtype, bytes)) {
+      return absl::OkStatus();
+    }
     const bool is_norm = absl::EndsWith(spec.name, "norm.weight");
     std::normal_distribution<float> normal(is_norm ? 1.0f : 0.0f,
                                            is_norm ? 0.1f : static_cast<float>(options.init_std));
@@ -152,7 +253,6 @@ absl::Status MakeTinyModel(const std::string& dir, const TinyModelOptions& optio
     return absl::OkStatus();
   };
 
-  const std::vector<TensorSpec> specs = Specs(config, dtype);
   if (options.max_shard_bytes == 0) {
     return safetensors::WriteSafetensors(JoinPath(dir, safetensors::kSingleFileName),
                                          specs, produce);
