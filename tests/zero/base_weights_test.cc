@@ -245,6 +245,11 @@ TEST(ZeroBaseWeights, PrequantizedFolderLoadsWholeAndPartitioned) {
   EXPECT_LE(w.abs().max().item<float>(), 0.0601f);
   EXPECT_GT(w.abs().max().item<float>(), 0.039f);
   EXPECT_GT(w.std().item<float>(), 0.01f);
+  if (TestDevice().is_cuda()) {  // the same folder loaded onto the GPU gives the same weights
+    auto on_gpu = Load(path, Options(/*quantize=*/false));
+    ASSERT_NE(on_gpu, nullptr);
+    EXPECT_TRUE(at::equal(on_gpu->layers[2].down_proj.base.Materialize(at::kFloat).cpu(), w));
+  }
   const StepResult expected = TwoSteps(*whole);
 
   std::vector<StepResult> results(2);

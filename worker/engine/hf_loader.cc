@@ -76,13 +76,15 @@ class Loader {
     return view;
   }
 
-  // A tensor converted to `dtype` on the target device; its file pages are released.
+  // A tensor converted to `dtype` on the target device (or `device`); its file pages are
+  // released.
   absl::StatusOr<at::Tensor> Read(const std::string& name, const std::vector<int64_t>& shape,
-                                  std::optional<at::ScalarType> dtype) {
+                                  std::optional<at::ScalarType> dtype,
+                                  std::optional<at::Device> device = std::nullopt) {
     QLORA_ASSIGN_OR_RETURN(TensorView view, View(name, shape));
     QLORA_ASSIGN_OR_RETURN(at::ScalarType stored, ToScalarType(view.dtype));
     absl::StatusOr<at::Tensor> tensor =
-        CopyToTensor(view, dtype.value_or(stored), options_.device);
+        CopyToTensor(view, dtype.value_or(stored), device.value_or(options_.device));
     files_.Evict(name, view);
     return tensor;
   }
@@ -118,7 +120,9 @@ class Loader {
     const std::string w = module + ".weight";
     const BnbQuantizationConfig& bnb = *model_->config().bnb;
     const std::string state_key = absl::StrCat(w, ".quant_state.bitsandbytes__", bnb.quant_type);
-    QLORA_ASSIGN_OR_RETURN(at::Tensor state_bytes, Read(state_key, {}, std::nullopt));
+    // Read by the host (JSON text), so kept in host memory whatever the target device.
+    QLORA_ASSIGN_OR_RETURN(at::Tensor state_bytes,
+                           Read(state_key, {}, std::nullopt, at::Device(at::kCPU)));
     const std::string text(static_cast<const char*>(state_bytes.data_ptr()), state_bytes.numel());
     const auto state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (state.is_discarded() || !state.is_object() || !state.contains("shape") ||
