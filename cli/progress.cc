@@ -62,6 +62,20 @@ std::string CheckpointLine(const v1::Progress& p) {
   return line;
 }
 
+std::string BaseWeightsLine(const v1::Progress& p) {
+  const v1::StrategyReport& s = p.strategy();
+  if (!s.partitioned_base_weights() && !s.base_weights_in_host_memory()) return "";
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::string where = s.partitioned_base_weights()
+                          ? absl::StrFormat("partitioned over %d rank(s)", s.world_size())
+                          : std::string("whole");
+  if (s.base_weights_in_host_memory()) where += ", in host memory";
+  return absl::StrFormat("rank %d: %s; last step gathered %.1f MiB, copied %.1f MiB from host "
+                         "memory, waited %.2f s",
+                         p.rank(), where, s.base_weight_gathered_bytes() / kMiB,
+                         s.base_weight_copied_bytes() / kMiB, s.base_weight_wait_seconds());
+}
+
 std::string ProgressLine(const v1::Job& job) {
   std::string line = absl::StrCat(job.id(), " ", StateName(job.state()));
   if (!HasSteps(job)) {

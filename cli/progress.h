@@ -21,6 +21,11 @@ std::string ProgressLine(const v1::Job& job);
 // where it is set); "" where the rank reported no choice.
 std::string CheckpointLine(const v1::Progress& progress);
 
+// Where a rank's base weights live and what the reported step moved: "rank 0: partitioned over
+// 2 rank(s), in host memory; last step gathered 412.0 MiB, copied 3072.0 MiB from host memory,
+// waited 0.01 s"; "" where they sit whole on the device.
+std::string BaseWeightsLine(const v1::Progress& progress);
+
 // "1:02:03"; "--:--" for a negative or non-finite duration.
 std::string FormatDuration(double seconds);
 

@@ -100,6 +100,8 @@ void PrintJob(const v1::Job& job, bool json) {
            static_cast<long long>(t.malformed()), static_cast<long long>(t.without_target()));
     const std::string checkpoint = CheckpointLine(p);
     if (!checkpoint.empty()) printf("checkpoint:  %s\n", checkpoint.c_str());
+    const std::string base_weights = BaseWeightsLine(p);
+    if (!base_weights.empty()) printf("weights:     %s\n", base_weights.c_str());
   }
   if (job.has_summary()) printf("summary:     %s\n", FormatTrainSummary(FromProto(job.summary())).c_str());
 }

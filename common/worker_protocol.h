@@ -101,6 +101,13 @@ struct StrategySnapshot {
   int64_t partition_elements = 0;    // elements this rank keeps fp32 master + AdamW state for
   bool partitioned_optimizer = false;
   bool partitioned_gradients = false;
+  // The base weights (v1::StrategyReport says what each is); the byte counts and the wait are
+  // the reported step's.
+  bool partitioned_base_weights = false;
+  bool base_weights_in_host_memory = false;
+  int64_t base_weight_gathered_bytes = 0;
+  int64_t base_weight_copied_bytes = 0;
+  double base_weight_wait_seconds = 0;
 };
 
 // The activation checkpointing a rank runs (trainer.enable_gradient_checkpointing): its split

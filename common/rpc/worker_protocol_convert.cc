@@ -63,6 +63,11 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   s->set_partition_elements(in.strategy.partition_elements);
   s->set_partitioned_optimizer(in.strategy.partitioned_optimizer);
   s->set_partitioned_gradients(in.strategy.partitioned_gradients);
+  s->set_partitioned_base_weights(in.strategy.partitioned_base_weights);
+  s->set_base_weights_in_host_memory(in.strategy.base_weights_in_host_memory);
+  s->set_base_weight_gathered_bytes(in.strategy.base_weight_gathered_bytes);
+  s->set_base_weight_copied_bytes(in.strategy.base_weight_copied_bytes);
+  s->set_base_weight_wait_seconds(in.strategy.base_weight_wait_seconds);
   ToProto(in.epoch_records, out->mutable_epoch_records());
   ToProto(in.total_records, out->mutable_total_records());
   v1::CheckpointingReport* c = out->mutable_checkpointing();
@@ -91,8 +96,17 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
               m.optimizer_state_bytes(), m.gradient_bytes(), m.comm_buffer_bytes(),
               m.host_rss_bytes(), m.device_reserved_peak_bytes()};
   const v1::StrategyReport& s = in.strategy();
-  p.strategy = {s.zero_stage(), s.world_size(), s.trainable_elements(), s.partition_elements(),
-                s.partitioned_optimizer(), s.partitioned_gradients()};
+  p.strategy = {s.zero_stage(),
+                s.world_size(),
+                s.trainable_elements(),
+                s.partition_elements(),
+                s.partitioned_optimizer(),
+                s.partitioned_gradients(),
+                s.partitioned_base_weights(),
+                s.base_weights_in_host_memory(),
+                s.base_weight_gathered_bytes(),
+                s.base_weight_copied_bytes(),
+                s.base_weight_wait_seconds()};
   p.epoch_records = FromProto(in.epoch_records());
   p.total_records = FromProto(in.total_records());
   if (in.has_checkpointing()) {

@@ -125,5 +125,28 @@ TEST(CheckpointLineTest, SaysEachPartTheRankReported) {
             "held dequantized");
 }
 
+// `qloractl get`'s weights line: only where the base weights are partitioned or in host memory,
+// with the reported step's traffic.
+TEST(BaseWeightsLineTest, SaysWhereTheWeightsLiveAndWhatTheStepMoved) {
+  v1::Progress p;
+  p.set_rank(0);
+  v1::StrategyReport* s = p.mutable_strategy();
+  s->set_world_size(2);
+  EXPECT_EQ(BaseWeightsLine(p), "");
+  s->set_partitioned_base_weights(true);
+  s->set_base_weight_gathered_bytes(int64_t{412} << 20);
+  s->set_base_weight_wait_seconds(0.014);
+  EXPECT_EQ(BaseWeightsLine(p),
+            "rank 0: partitioned over 2 rank(s); last step gathered 412.0 MiB, copied 0.0 MiB "
+            "from host memory, waited 0.01 s");
+  s->set_partitioned_base_weights(false);
+  s->set_base_weights_in_host_memory(true);
+  s->set_base_weight_gathered_bytes(0);
+  s->set_base_weight_copied_bytes(int64_t{3} << 30);
+  EXPECT_EQ(BaseWeightsLine(p),
+            "rank 0: whole, in host memory; last step gathered 0.0 MiB, copied 3072.0 MiB from "
+            "host memory, waited 0.01 s");
+}
+
 }  // namespace
 }  // namespace qlora::cli

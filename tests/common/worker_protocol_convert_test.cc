@@ -36,7 +36,7 @@ TEST(CommonWorkerProtocol, ProgressRoundTripsEveryField) {
   in.eval_loss = 1.5;
   in.elapsed_seconds = 42.75;
   in.memory = {101, 102, 103, 104, 105, 106, 107, 108};
-  in.strategy = {2, 4, 201, 202, true, true};
+  in.strategy = {2, 4, 201, 202, true, true, true, true, 203, 204, 0.25};
   in.epoch_records = {301, 302, 303, 304};
   in.total_records = {401, 402, 403, 404};
   in.checkpointing = {13, 32, 501, 502, 503, 10, 26};
@@ -70,6 +70,11 @@ TEST(CommonWorkerProtocol, ProgressRoundTripsEveryField) {
   EXPECT_EQ(s.partition_elements, 202);
   EXPECT_TRUE(s.partitioned_optimizer);
   EXPECT_TRUE(s.partitioned_gradients);
+  EXPECT_TRUE(s.partitioned_base_weights);
+  EXPECT_TRUE(s.base_weights_in_host_memory);
+  EXPECT_EQ(s.base_weight_gathered_bytes, 203);
+  EXPECT_EQ(s.base_weight_copied_bytes, 204);
+  EXPECT_EQ(s.base_weight_wait_seconds, 0.25);
   for (const auto& [got, want] : {std::pair{out.epoch_records, in.epoch_records},
                                   std::pair{out.total_records, in.total_records}}) {
     EXPECT_EQ(got.trained, want.trained);

@@ -406,12 +406,19 @@ TEST_F(TrainerPhases, BaseWeightsInAStoreLeaveLossesAndAdapterAsTheyAre) {
     context.config.trainer.train_steps = 2;
     context.config.trainer.steps_per_checkpoint = 0;
     std::vector<double> reported;
-    context.report_progress = [&](const ProgressSnapshot& p) { reported.push_back(p.loss); };
+    StrategySnapshot last;
+    context.report_progress = [&](const ProgressSnapshot& p) {
+      reported.push_back(p.loss);
+      last = p.strategy;
+    };
     auto trainer = Trainer::Create(context);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     EXPECT_EQ((*trainer)->strategy().Describe().partitions_base_weights, c.stage == 3);
     ASSERT_TRUE((*trainer)->Run().ok());
     ASSERT_EQ(reported.size(), 2u);
+    EXPECT_EQ(last.partitioned_base_weights, c.stage == 3);
+    EXPECT_EQ(last.base_weights_in_host_memory, c.offload);
+    EXPECT_EQ(last.base_weight_gathered_bytes, 0);  // one rank: nothing to gather
     losses.push_back(reported);
     adapters.push_back(testing::LoadTensors(tmp_ / c.name + "/adapter/adapter_model.safetensors"));
     merged.push_back(testing::LoadTensors(tmp_ / c.name + "/merged/model.safetensors"));

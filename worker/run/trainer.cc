@@ -450,7 +450,7 @@ void Trainer::RecordFinalEvaluation() {
   }
 }
 
-ProgressSnapshot Trainer::Progress(const StepResult& result) const {
+ProgressSnapshot Trainer::Progress(const StepResult& result) {
   ProgressSnapshot p;
   p.rank = assignment_.rank;
   p.step = result.step;
@@ -474,6 +474,16 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) const {
   p.strategy.partition_elements = d.partition_elements;
   p.strategy.partitioned_optimizer = d.partitions_optimizer_state;
   p.strategy.partitioned_gradients = d.partitions_gradients;
+  if (const engine::BaseWeightStore* store = model_->base_weight_store()) {
+    // The step's share of the store's running totals.
+    const engine::BaseWeightStats now = store->stats();
+    p.strategy.partitioned_base_weights = store->world_size() > 1 || d.partitions_base_weights;
+    p.strategy.base_weights_in_host_memory = store->on_host();
+    p.strategy.base_weight_gathered_bytes = now.gathered_bytes - reported_base_stats_.gathered_bytes;
+    p.strategy.base_weight_copied_bytes = now.copied_bytes - reported_base_stats_.copied_bytes;
+    p.strategy.base_weight_wait_seconds = now.waited_seconds - reported_base_stats_.waited_seconds;
+    reported_base_stats_ = now;
+  }
   p.epoch_records = result.epoch_records;
   p.total_records = result.total_records;
   p.checkpointing = checkpointing();

@@ -115,7 +115,8 @@ class Trainer {
   // logged once and stops metrics, never training).
   void RecordMetrics(const StepResult& result, const ProgressSnapshot& p, bool evaluated);
   void RecordFinalEvaluation();
-  ProgressSnapshot Progress(const StepResult& result) const;
+  // Not const: the base weights' figures are those since the previous report.
+  ProgressSnapshot Progress(const StepResult& result);
   void NoteEvalLoss(double loss);
   // Collective: the full LoRA weights (gathered from the ZeRO partitions) into the model; then
   // rank 0 writes them as a PEFT adapter folder.
@@ -129,6 +130,7 @@ class Trainer {
   const at::Device device_;
   std::unique_ptr<comm::Communicator> communicator_;
   std::unique_ptr<engine::LlamaForCausalLM> model_;
+  engine::BaseWeightStats reported_base_stats_;  // the store's totals at the last report
   std::vector<strategy::TrainableParam> params_;
   std::unique_ptr<strategy::DistributedStrategy> strategy_;
   std::optional<CheckpointingBudget> checkpointing_;
