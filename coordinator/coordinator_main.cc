@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/time/time.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -48,6 +49,11 @@ ABSL_FLAG(double, restart_backoff_s,
           absl::ToDoubleSeconds(qlora::coordinator::JobManagerOptions{}.restart_backoff),
           "seconds before the first restart; each next one waits twice as long (at most 5 min)");
 ABSL_FLAG(int, max_queued_jobs_per_user, 0, "the same per user (0 = no per-user cap)");
+ABSL_FLAG(int, max_ended_jobs_per_user, 1000,
+          "ended jobs each user keeps, newest first; older ones are forgotten: their rows, "
+          "events, logs and outputs in the state folder (0 = keep all)");
+ABSL_FLAG(absl::Duration, ended_job_retention, absl::ZeroDuration(),
+          "forget ended jobs this long after they ended, e.g. 720h (0 = no age limit)");
 ABSL_FLAG(int, max_streams, qlora::coordinator::JobServiceOptions{}.max_streams,
           "at most this many watch and log streams open at once");
 ABSL_FLAG(int, max_streams_per_user, qlora::coordinator::JobServiceOptions{}.max_streams_per_user,
@@ -162,6 +168,8 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
   if (!roots.ok()) return roots.status();
   options.roots = *std::move(roots);
   options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
+  options.max_ended_jobs_per_user = absl::GetFlag(FLAGS_max_ended_jobs_per_user);
+  options.ended_job_retention = absl::GetFlag(FLAGS_ended_job_retention);
   options.default_max_restarts = absl::GetFlag(FLAGS_max_restarts);
   options.restart_backoff = absl::Seconds(absl::GetFlag(FLAGS_restart_backoff_s));
   if (!absl::GetFlag(FLAGS_tls_cert).empty()) {

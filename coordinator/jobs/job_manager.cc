@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -104,8 +107,10 @@ absl::Status JobManager::Load() {
   // Job folders the store does not know (a lost or replaced store) keep their numbers: a new job
   // never gets an old job's id, so never its folder, outputs or checkpoints to resume.
   const int64_t after_folders = NextJobNumberAfterFolders(options_.state_dir + "/jobs");
+  // Forgotten jobs (retention) left neither rows nor folders: the store keeps their numbers.
+  QLORA_ASSIGN_OR_RETURN(const int64_t after_forgotten, env_.store->NextJobNumber());
   absl::MutexLock lock(&mu_);
-  next_job_number_ = std::max(next_job_number_, after_folders);
+  next_job_number_ = std::max({next_job_number_, after_folders, after_forgotten});
   for (JobRecord& record : stored) {
     // Only a job that may still run needs its config: it is parsed once, here.
     absl::StatusOr<JobConfig> config = IsTerminal(record.state)
@@ -362,10 +367,13 @@ absl::StatusOr<std::vector<JobEvent>> JobManager::WaitEvents(const std::string& 
                                                              bool* terminal) const {
   absl::MutexLock lock(&mu_);
   QLORA_ASSIGN_OR_RETURN(const Job* job, Find(id));
-  const JobRecord& r = job->record();
-  while (r.last_sequence <= after_sequence && !job->ended() && !stop_) {
-    if (changed_.WaitWithDeadline(&mu_, deadline)) break;
+  while (job->record().last_sequence <= after_sequence && !job->ended() && !stop_) {
+    const bool timed_out = changed_.WaitWithDeadline(&mu_, deadline);
+    // Looked up again: retention may have forgotten the job while this waited.
+    QLORA_ASSIGN_OR_RETURN(job, Find(id));
+    if (timed_out) break;
   }
+  const JobRecord& r = job->record();
   *terminal = job->ended();
   if (stop_ && r.last_sequence <= after_sequence) {
     return absl::UnavailableError("the coordinator is shutting down; watch again to resume");
@@ -501,7 +509,59 @@ void JobManager::StartJob(Job& job, std::vector<int> slots, int world, JobShards
   if (!started.ok()) job.Fail("START_FAILED", std::string(started.message()));
 }
 
+int JobManager::ForgetEndedJobs() {
+  const int keep = options_.max_ended_jobs_per_user;
+  const absl::Duration max_age = options_.ended_job_retention;
+  if (keep <= 0 && max_age <= absl::ZeroDuration()) return 0;
+  const double now = absl::ToDoubleSeconds(options_.now() - absl::UnixEpoch());
+  // Each user's ended jobs whose workers are all gone, newest end first (the later submitted
+  // first among equal ends).
+  std::map<std::string, std::vector<const JobRecord*>> ended;
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+    const Job& job = *jobs_.at(*it);
+    if (job.ended() && !job.workers().AnyAlive()) ended[job.record().owner].push_back(&job.record());
+  }
+  std::set<std::string> victims;
+  for (auto& [owner, records] : ended) {
+    std::stable_sort(records.begin(), records.end(), [](const JobRecord* a, const JobRecord* b) {
+      return a->finished_unix > b->finished_unix;
+    });
+    for (size_t k = 0; k < records.size(); ++k) {
+      const bool too_many = keep > 0 && k >= static_cast<size_t>(keep);
+      const bool too_old = max_age > absl::ZeroDuration() && records[k]->finished_unix > 0 &&
+                           now - records[k]->finished_unix > absl::ToDoubleSeconds(max_age);
+      if (too_many || too_old) victims.insert(records[k]->id);
+    }
+  }
+  if (victims.empty()) return 0;
+  std::vector<std::string> folders;
+  for (const std::string& id : victims) {
+    const absl::Status forgotten = env_.store->ForgetJob(id, next_job_number_);
+    if (!forgotten.ok()) {
+      // Kept, to be tried again at the next pass; the store's trouble shows in the next write.
+      fprintf(stderr, "qlora-coordinator: retention: could not forget %s: %s\n", id.c_str(),
+              std::string(forgotten.message()).c_str());
+      break;
+    }
+    jobs_.erase(id);
+    folders.push_back(JobDir(id));
+  }
+  order_.erase(std::remove_if(order_.begin(), order_.end(),
+                              [&](const std::string& id) { return jobs_.count(id) == 0; }),
+               order_.end());
+  // The folders may be large: removed without the lock every client call needs.
+  mu_.Unlock();
+  for (const std::string& folder : folders) {
+    std::error_code ec;
+    std::filesystem::remove_all(folder, ec);
+  }
+  mu_.Lock();
+  return static_cast<int>(folders.size());
+}
+
 bool JobManager::Tick() {
+  ForgetEndedJobs();
+  if (stop_) return false;
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.workers().empty()) continue;

@@ -63,6 +63,13 @@ struct JobManagerOptions {
   int max_queued_jobs = 10000;
   // The same for one user's queued jobs (0 = no per-user cap), so one user cannot fill the queue.
   int max_queued_jobs_per_user = 0;
+  // Retention of ended jobs: each user keeps the newest this many (by end time; 0 = all), and
+  // none older than ended_job_retention after its end (0 = no age limit). A forgotten job's row,
+  // events and folder in the state folder (its logs, and its outputs unless the job named an
+  // output_dir elsewhere) are removed; its id is never given again. Without it a user's
+  // submit-and-cancel loop grows memory, the store and the folder without bound.
+  int max_ended_jobs_per_user = 1000;
+  absl::Duration ended_job_retention = absl::ZeroDuration();
   std::function<absl::Time()> now = [] { return absl::Now(); };
   // Called for every worker process (rank) whose end was seen, under the manager's lock: it must
   // not call the manager nor block (metrics count the ends by cause).
@@ -189,6 +196,9 @@ class JobManager {
   // queue may have changed while mu_ was released); otherwise drops the preparation.
   void StartPrepared(const StartRequest& request, absl::StatusOr<JobShards> prepared)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the ended jobs the retention policy no longer keeps: their rows and events under the
+  // lock, their folders with it released. Returns how many it forgot.
+  int ForgetEndedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Says (once per change) what a queued job waits for and who holds the slots.
   void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `world`: the workers of this start (fewer than the job's when it is elastic and some are gone).

@@ -44,6 +44,11 @@ CREATE TABLE IF NOT EXISTS events (
   job_id TEXT NOT NULL, seq INTEGER NOT NULL, event BLOB NOT NULL, PRIMARY KEY (job_id, seq));
 )sql";
 
+// What outlives the jobs' rows: the next job number once jobs were forgotten (retention).
+constexpr const char* kCreateMeta = R"sql(
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+)sql";
+
 // A job's outputs beyond the adapter: the merged folder and the TrainSummary (jobs.sum_*).
 constexpr const char* kOutputColumns[] = {
     "merged_path TEXT DEFAULT ''", "has_summary INTEGER DEFAULT 0", "sum_runtime REAL", "sum_loss REAL",
@@ -85,6 +90,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
                                   })
                             : store->Exec(kCreateEvents);
   }
+  if (migrated.ok()) migrated = store->Exec(kCreateMeta);
   if (!migrated.ok()) {
     return absl::Status(migrated.code(), absl::StrCat("cannot bring job store ", path,
                                                       " up to date: ", migrated.message()));
@@ -152,6 +158,33 @@ absl::Status JobStore::AppendEvent(const std::string& job_id, const JobEvent& e)
   QLORA_RETURN_IF_ERROR(s.status());
   s.Bind(1, job_id).Bind(2, e.sequence).BindBlob(3, EncodeJobEvent(e));
   return s.Step().status();
+}
+
+absl::Status JobStore::ForgetJob(const std::string& job_id, int64_t next_job_number) {
+  QLORA_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  absl::Status written;
+  for (const char* sql : {"DELETE FROM events WHERE job_id = ?1", "DELETE FROM jobs WHERE id = ?1"}) {
+    Statement s(db_, sql);
+    written = s.status();
+    if (written.ok()) written = s.Bind(1, job_id).Step().status();
+    if (!written.ok()) break;
+  }
+  if (written.ok()) {
+    Statement s(db_, "INSERT INTO meta (key, value) VALUES ('next_job_number', ?1) "
+                     "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)");
+    written = s.status();
+    if (written.ok()) written = s.Bind(1, next_job_number).Step().status();
+  }
+  if (written.ok()) written = Exec("COMMIT");
+  if (!written.ok()) (void)Exec("ROLLBACK");
+  return written;
+}
+
+absl::StatusOr<int64_t> JobStore::NextJobNumber() {
+  Statement s(db_, "SELECT value FROM meta WHERE key = 'next_job_number'");
+  QLORA_RETURN_IF_ERROR(s.status());
+  QLORA_ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Int(0) : 0;
 }
 
 absl::StatusOr<std::vector<JobEvent>> JobStore::LoadEvents(const std::string& job_id,

@@ -48,6 +48,11 @@ class JobStore {
   // Every job, oldest first, with `progress` rebuilt from its latest progress events.
   absl::StatusOr<std::vector<JobRecord>> LoadJobs();
   absl::StatusOr<std::vector<JobEvent>> LoadEvents(const std::string& job_id, int64_t after_sequence);
+  // Removes a job's row and events (retention), and notes that no new job may take a number
+  // below `next_job_number` (its id must never come back), in one transaction.
+  absl::Status ForgetJob(const std::string& job_id, int64_t next_job_number);
+  // The highest next_job_number ForgetJob noted (0: none).
+  absl::StatusOr<int64_t> NextJobNumber();
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
