@@ -66,6 +66,16 @@ class Job {
   const std::string& id() const { return record_.id; }
   JobState state() const { return record_.state; }
   bool ended() const { return IsTerminal(record_.state); }
+  // An ended job's job files (up to 1 MiB each) leave memory once the store holds its end; the
+  // store keeps them (JobStore::PutJob keeps stored files when given none) for whoever asks.
+  void DropJobFiles() {
+    record_.job_yaml.clear();
+    record_.job_yaml.shrink_to_fit();
+    record_.resolved_config_yaml.clear();
+    record_.resolved_config_yaml.shrink_to_fit();
+    job_files_dropped_ = true;
+  }
+  bool job_files_dropped() const { return job_files_dropped_; }
   const WorkerGroup& workers() const { return workers_; }
   // The current start's rendezvous; null before the first start.
   const std::shared_ptr<Rendezvous>& rendezvous() const { return rendezvous_; }
@@ -147,6 +157,7 @@ class Job {
   double NowUnix() const;
 
   const JobEnv* const env_;
+  bool job_files_dropped_ = false;
   JobRecord record_;
   JobConfig config_;                 // parsed once: at Submit, or at Load for a job that may run
   bool use_gpu_ = false;             // of the current start

@@ -303,7 +303,19 @@ absl::StatusOr<Job*> JobManager::Find(const std::string& id) const {
 absl::StatusOr<JobRecord> JobManager::Get(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   QLORA_ASSIGN_OR_RETURN(const Job* job, Find(id));
-  return job->record();
+  JobRecord record = job->record();
+  if (job->job_files_dropped()) {
+    QLORA_RETURN_IF_ERROR(
+        env_.store->LoadJobFiles(id, &record.job_yaml, &record.resolved_config_yaml));
+  }
+  return record;
+}
+
+absl::Status JobManager::FillJobFiles(JobRecord* record) const {
+  absl::MutexLock lock(&mu_);
+  QLORA_ASSIGN_OR_RETURN(const Job* job, Find(record->id));
+  if (!job->job_files_dropped()) return absl::OkStatus();
+  return env_.store->LoadJobFiles(record->id, &record->job_yaml, &record->resolved_config_yaml);
 }
 
 absl::StatusOr<std::vector<JobRecord>> JobManager::List(const std::set<JobState>& states,
@@ -559,7 +571,15 @@ int JobManager::ForgetEndedJobs() {
   return static_cast<int>(folders.size());
 }
 
+void JobManager::DropEndedJobFiles() {
+  if (!store_error_.ok()) return;  // the store may not hold the latest ends
+  for (auto& [id, job] : jobs_) {
+    if (job->ended() && !job->job_files_dropped()) job->DropJobFiles();
+  }
+}
+
 bool JobManager::Tick() {
+  DropEndedJobFiles();
   ForgetEndedJobs();
   if (stop_) return false;
   for (const std::string& id : order_) {

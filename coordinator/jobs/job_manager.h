@@ -132,7 +132,11 @@ class JobManager {
   absl::StatusOr<std::string> Validate(const SubmitRequest& request) const;
   // UNAVAILABLE, keeping nothing, when the store cannot record the new job.
   absl::StatusOr<JobRecord> Submit(const SubmitRequest& request);
+  // With its job files (an ended job's come from the store).
   absl::StatusOr<JobRecord> Get(const std::string& id) const;
+  // Fills in `record`'s job files from the store when memory no longer holds them (an ended job:
+  // List's records leave them empty).
+  absl::Status FillJobFiles(JobRecord* record) const;
   // Jobs in submission order whose state is in `states` (empty = all) and whose owner is
   // `owner` (nullopt = anyone's): at most `page_size` after the job `after_id` ("" = from the
   // first). `*next_id` is the id to pass as `after_id` for the next page, "" after the last.
@@ -199,6 +203,8 @@ class JobManager {
   // Forgets the ended jobs the retention policy no longer keeps: their rows and events under the
   // lock, their folders with it released. Returns how many it forgot.
   int ForgetEndedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets ended jobs' job files go from memory once their end is stored (Job::DropJobFiles).
+  void DropEndedJobFiles() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Says (once per change) what a queued job waits for and who holds the slots.
   void WaitForSlots(Job& job, int free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `world`: the workers of this start (fewer than the job's when it is elastic and some are gone).

@@ -112,6 +112,8 @@ grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context, const v1::Li
     if (!request->include_job_yaml()) {
       job.job_yaml.clear();
       job.resolved_config_yaml.clear();
+    } else if (absl::Status filled = manager_->FillJobFiles(&job); !filled.ok()) {
+      return ToGrpc(filled);
     }
     ToProto(job, response->add_jobs());
   }

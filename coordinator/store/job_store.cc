@@ -124,7 +124,9 @@ absl::Status JobStore::PutJob(const JobRecord& j) {
               "?11,?12,?13,?14,?15,?16,?17,?18,?19,"
               "(SELECT COALESCE(MAX(ord), 0) + 1 FROM jobs)) ON CONFLICT(id) DO UPDATE SET "
               "name=?2, state=?3, reason_code=?4, message=?5, created=?6, started=?7, finished=?8, "
-              "job_yaml=?9, resolved_yaml=?10, num_workers=?11, zero_stage=?12, output_dir=?13, "
+              "job_yaml=CASE WHEN ?9 = '' THEN job_yaml ELSE ?9 END, "
+              "resolved_yaml=CASE WHEN ?10 = '' THEN resolved_yaml ELSE ?10 END, "
+              "num_workers=?11, zero_stage=?12, output_dir=?13, "
               "adapter_path=?14, last_sequence=?15, owner=?16, uid=?17, restarts=?18, restart_causes=?19");
   QLORA_RETURN_IF_ERROR(s.status());
   s.Bind(1, j.id).Bind(2, j.name).Bind(3, static_cast<int>(j.state)).Bind(4, j.reason_code)
@@ -178,6 +180,18 @@ absl::Status JobStore::ForgetJob(const std::string& job_id, int64_t next_job_num
   if (written.ok()) written = Exec("COMMIT");
   if (!written.ok()) (void)Exec("ROLLBACK");
   return written;
+}
+
+absl::Status JobStore::LoadJobFiles(const std::string& job_id, std::string* job_yaml,
+                                   std::string* resolved_yaml) {
+  Statement s(db_, "SELECT job_yaml, resolved_yaml FROM jobs WHERE id = ?1");
+  QLORA_RETURN_IF_ERROR(s.status());
+  s.Bind(1, job_id);
+  QLORA_ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("job ", job_id, " is not in the store"));
+  *job_yaml = s.Text(0);
+  *resolved_yaml = s.Text(1);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> JobStore::NextJobNumber() {

@@ -40,7 +40,8 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  // Inserts a new job or replaces the stored fields of an existing one (progress excluded).
+  // Inserts a new job or replaces the stored fields of an existing one (progress excluded); empty
+  // job files leave the stored ones as they are (an ended job's are kept only here).
   absl::Status PutJob(const JobRecord& job);
   absl::Status AppendEvent(const std::string& job_id, const JobEvent& event);
   // AppendEvent(job.id, event) and PutJob(job) in one transaction: both are kept or neither.
@@ -51,6 +52,9 @@ class JobStore {
   // Removes a job's row and events (retention), and notes that no new job may take a number
   // below `next_job_number` (its id must never come back), in one transaction.
   absl::Status ForgetJob(const std::string& job_id, int64_t next_job_number);
+  // A job's job file and resolved job file as stored.
+  absl::Status LoadJobFiles(const std::string& job_id, std::string* job_yaml,
+                            std::string* resolved_yaml);
   // The highest next_job_number ForgetJob noted (0: none).
   absl::StatusOr<int64_t> NextJobNumber();
 

@@ -1137,5 +1137,49 @@ TEST_F(CoordinatorJobManagerTest, SubmitAndCancelLoopsKeepMemoryStoreAndFolderFl
   EXPECT_LT(disk_growth, int64_t{8} << 20);
 }
 
+// An ended job's job files leave the coordinator's memory once its end is stored; Get (and List's
+// callers through FillJobFiles) still give them, from the store, after a restart too.
+TEST_F(CoordinatorJobManagerTest, EndedJobsFilesLeaveMemoryButAreStillGiven) {
+  JobManagerOptions options = Options(1);
+  options.max_ended_jobs_per_user = 0;  // keep every ended job
+  Start(options);
+  SubmitRequest request = Job(1);
+  request.job_yaml += "# " + std::string(256 * 1024, 'y') + "\n";
+  const std::string id = manager_->Submit(request)->id;
+  const JobRecord submitted = Record(id);
+  ASSERT_TRUE(manager_->Cancel(id).ok());
+  manager_->PollOnce();
+  EXPECT_EQ(Record(id).job_yaml, request.job_yaml);
+  EXPECT_EQ(Record(id).resolved_config_yaml, submitted.resolved_config_yaml);
+  JobRecord listed = AllJobs().at(0);
+  EXPECT_TRUE(listed.job_yaml.empty());
+  ASSERT_TRUE(manager_->FillJobFiles(&listed).ok());
+  EXPECT_EQ(listed.job_yaml, request.job_yaml);
+  Start(options);
+  manager_->PollOnce();
+  EXPECT_EQ(Record(id).job_yaml, request.job_yaml);
+
+  // 200 more such jobs would hold 50 MiB of job files in memory.
+  auto resident_bytes = [] {
+    long pages = 0, resident = 0;
+    FILE* f = fopen("/proc/self/statm", "r");
+    if (f != nullptr) {
+      if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+      fclose(f);
+    }
+    return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+  };
+  const int64_t before = resident_bytes();
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<JobRecord> job = manager_->Submit(request);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE(manager_->Cancel(job->id).ok());
+    manager_->PollOnce();
+  }
+  const int64_t growth = resident_bytes() - before;
+  printf("200 ended jobs with 256 KiB job files grew RSS by %.1f MiB\n", growth / 1048576.0);
+  EXPECT_LT(growth, int64_t{20} << 20);
+}
+
 }  // namespace
 }  // namespace qlora::coordinator
