@@ -650,6 +650,9 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
     std::error_code ec;
     c->output_dir = fs::absolute(from_base(c->output_dir), ec).lexically_normal().string();
   }
+  auto allowed = [&](absl::string_view field, const std::string& path) {
+    return options.before_touching ? options.before_touching(field, path) : absl::OkStatus();
+  };
   for (const DatasetField& field :
        {DatasetField{"dataset", !options.dataset_override.empty(), &c->data.train_path},
         DatasetField{"validation_dataset", !options.validation_dataset_override.empty(),
@@ -657,6 +660,7 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
     if (field.path->empty()) continue;
     std::error_code ec;
     const fs::path absolute = fs::absolute(from_base(*field.path), ec).lexically_normal();
+    QLORA_RETURN_IF_ERROR(allowed(field.key, absolute.string()));
     if (ec || !fs::exists(absolute, ec)) {
       const std::string where =
           field.overridden ? absl::StrCat(field.key, " (from the command line)") : field.key;
@@ -669,6 +673,7 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
   }
   if (base_model_path_written) {
     std::error_code ec;
+    QLORA_RETURN_IF_ERROR(allowed("base_model_path", c->base_model_path));
     if (!fs::is_regular_file(fs::path(c->base_model_path) / "config.json", ec)) {
       return StatusWithCode(
           absl::StatusCode::kFailedPrecondition,
@@ -683,7 +688,13 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
   {
     std::error_code ec;
     const fs::path local = from_base(base_model);
-    if (local != fs::path(base_model) && fs::is_regular_file(local / "config.json", ec)) {
+    const std::string absolute = fs::absolute(local, ec).lexically_normal().string();
+    // A path (not a hub id, which names a folder of the operator's cache) is checked before
+    // it is looked at.
+    const bool is_path = fs::path(base_model).is_absolute() || absl::StartsWith(base_model, ".");
+    if (is_path) QLORA_RETURN_IF_ERROR(allowed("base_model", absolute));
+    if (local != fs::path(base_model) && allowed("base_model", absolute).ok() &&
+        fs::is_regular_file(local / "config.json", ec)) {
       base_model = local.string();
     }
   }

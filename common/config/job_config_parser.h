@@ -54,6 +54,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -77,6 +78,10 @@ struct ParseOptions {
   // Relative paths in the file (dataset, validation_dataset, a local base_model, output_dir)
   // resolve against this folder; empty = the process's working directory.
   std::string base_dir;
+  // With check_paths: called with each dataset path and local model folder (absolute, lexically
+  // normal) before anything looks at it; its error is returned as is. The coordinator refuses
+  // here what lies outside its read roots, so that nothing outside them is even stat'ed.
+  std::function<absl::Status(absl::string_view field, const std::string& path)> before_touching;
   // Non-empty: replaces the file's `name` (the CLI's --name), with the same checks.
   std::string name_override;
   // Larger inputs are refused before parsing.

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -97,11 +98,29 @@ absl::StatusOr<PathRoots> ResolvePathRoots(const std::string& read, const std::s
   for (absl::string_view part : absl::StrSplit(read, ',', absl::SkipEmpty())) {
     QLORA_ASSIGN_OR_RETURN(std::string real, folder(std::string(part), "--read-roots"));
     roots.read.push_back(std::move(real));
+    std::error_code ec;
+    roots.read_as_written.push_back(
+        std::filesystem::absolute(std::string(part), ec).lexically_normal().string());
+    if (!roots.read_as_written.back().empty() && roots.read_as_written.back().size() > 1 &&
+        roots.read_as_written.back().back() == '/') {
+      roots.read_as_written.back().pop_back();
+    }
   }
   if (!output.empty()) {
     QLORA_ASSIGN_OR_RETURN(roots.output, folder(output, "--output-root"));
   }
   return roots;
+}
+
+absl::Status CheckPathWithinReadRoots(absl::string_view field, const std::string& path,
+                                      const PathRoots& roots) {
+  // As written or resolved: a root reached through a link is still the root.
+  if (roots.read.empty() || WithinAny(path, roots.read) || WithinAny(path, roots.read_as_written)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", path, " lies outside the folders this coordinator reads jobs' files from "
+      "(--read-roots ", absl::StrJoin(roots.read, ","), ")"));
 }
 
 absl::Status CheckJobPathsConfined(const JobConfig& config, const PathRoots& roots) {

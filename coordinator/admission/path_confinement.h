@@ -26,6 +26,7 @@ absl::StatusOr<std::string> RealPathOfExistingPart(const std::string& path, absl
 
 struct PathRoots {
   std::vector<std::string> read;  // resolved; empty = datasets and models may lie anywhere
+  std::vector<std::string> read_as_written;  // the same as the flag wrote them (absolute)
   std::string output;             // resolved; empty = output folders may lie anywhere
 };
 
@@ -36,5 +37,11 @@ absl::StatusOr<PathRoots> ResolvePathRoots(const std::string& read, const std::s
 // OK when every dataset file, the model folder and each file in it lie under a read root, and
 // the output folder (already resolved, see output_dir_check.h) under the output root.
 absl::Status CheckJobPathsConfined(const JobConfig& config, const PathRoots& roots);
+
+// The check made before a path is looked at at all (ParseOptions::before_touching): `path`
+// (absolute, lexically normal) must lie in a read root, as written. Links are followed later, by
+// CheckJobPathsConfined. OK when there are no read roots.
+absl::Status CheckPathWithinReadRoots(absl::string_view field, const std::string& path,
+                                      const PathRoots& roots);
 
 }  // namespace qlora::coordinator

@@ -173,12 +173,18 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   parse.hf_hub_cache = options_.hf_hub_cache;
   parse.base_dir = request.base_dir;
   parse.name_override = request.name;
+  // Nothing outside the read roots is looked at, not even stat'ed (an existence oracle).
+  parse.before_touching = [this](absl::string_view field, const std::string& path) {
+    return CheckPathWithinReadRoots(field, path, options_.roots);
+  };
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseJobConfig(request.job_yaml, parse));
-  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data));  // before the lock: it may be slow
-  if (!config.output_dir.empty()) {  // also file-system work: before the lock
+  // File-system work, all before the lock; links are followed and checked before any file is
+  // opened (Parquet footers are read by CheckDatasetFiles).
+  if (!config.output_dir.empty()) {
     QLORA_ASSIGN_OR_RETURN(config.output_dir, ResolveOutputDir(config.output_dir, options_.state_dir));
   }
-  QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));  // also before the lock
+  QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));
+  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data));  // may be slow
   QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora));  // confined
   // The resolved file says how many restarts the job has.
   if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;

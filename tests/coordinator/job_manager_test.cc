@@ -338,6 +338,29 @@ TEST_F(CoordinatorJobManagerTest, PathsOutsideTheConfiguredRootsAreRefusedAtSubm
   EXPECT_TRUE(manager_->Submit(Job(1)).ok());
 }
 
+// Nothing outside the read roots is looked at before the check: a missing and an existing file
+// outside them get the same answer (no existence oracle), and so does a model folder.
+TEST_F(CoordinatorJobManagerTest, PathsOutsideTheRootsAreRefusedBeforeTheyAreLookedAt) {
+  JobManagerOptions options = Options(1);
+  absl::StatusOr<PathRoots> roots = ResolvePathRoots(dir_.path() + "/model", "");
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  options.roots = *roots;
+  Start(options);
+  for (const std::string& dataset : {train_path_, dir_.path() + "/no-such-file.jsonl"}) {
+    absl::StatusOr<JobRecord> job = manager_->Submit(Job(1, dataset));
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << dataset;
+    EXPECT_THAT(std::string(job.status().message()),
+                HasSubstr("dataset: " + dataset + " lies outside"));
+  }
+  SubmitRequest model_outside = Job(1);
+  absl::StrReplaceAll({{"base_model: " + dir_.path() + "/model", "base_model: /etc"}},
+                      &model_outside.job_yaml);
+  model_outside.dataset = dir_.path() + "/model/config.json";
+  absl::StatusOr<JobRecord> job = manager_->Submit(model_outside);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("base_model: /etc lies outside"));
+}
+
 TEST_F(CoordinatorJobManagerTest, EveryJobHasItsOwnUidKeptAcrossRestarts) {
   Start(Options(1));
   const std::string first = Submit(1), second = Submit(1);
