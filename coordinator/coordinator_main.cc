@@ -40,6 +40,10 @@ ABSL_FLAG(std::string, auth_tokens, "",
 ABSL_FLAG(std::string, read_roots, "",
           "comma-separated folders jobs may read datasets and models from (default: anywhere)");
 ABSL_FLAG(std::string, output_root, "", "the folder jobs' output_dir must lie in (default: anywhere)");
+ABSL_FLAG(bool, confine_workers, true,
+          "with --read-roots or --output-root, workers confine their own file accesses to the "
+          "read roots and their job's output folder (Linux Landlock), so that a path swapped for "
+          "a link after submit cannot lead out");
 ABSL_FLAG(int, max_queued_jobs, qlora::coordinator::JobManagerOptions{}.max_queued_jobs,
           "refuse submissions (RESOURCE_EXHAUSTED) while this many jobs are queued");
 ABSL_FLAG(int, max_restarts, qlora::coordinator::JobManagerOptions{}.default_max_restarts,
@@ -168,6 +172,7 @@ absl::StatusOr<qlora::coordinator::JobManagerOptions> OptionsFromFlags() {
   if (!roots.ok()) return roots.status();
   options.roots = *std::move(roots);
   options.max_queued_jobs_per_user = absl::GetFlag(FLAGS_max_queued_jobs_per_user);
+  options.confine_workers = absl::GetFlag(FLAGS_confine_workers);
   options.max_ended_jobs_per_user = absl::GetFlag(FLAGS_max_ended_jobs_per_user);
   options.ended_job_retention = absl::GetFlag(FLAGS_ended_job_retention);
   options.default_max_restarts = absl::GetFlag(FLAGS_max_restarts);

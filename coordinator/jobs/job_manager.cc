@@ -515,6 +515,10 @@ void JobManager::StartJob(Job& job, std::vector<int> slots, int world, JobShards
   launch.extra_env = options_.worker_env;
   launch.job_dir = JobDir(job.id());
   launch.use_gpu = RunsOnGpus(job.config());
+  if (options_.confine_workers && (!options_.roots.read.empty() || !options_.roots.output.empty())) {
+    launch.confine_read = options_.roots.read;
+    launch.confine_write = {job.record().output_dir};
+  }
   // A local CPU worker shares this host's cores with the job's others; a Ray worker has its bundle's.
   launch.threads_per_worker =
       ray ? job.config().backend.cpus_per_worker

@@ -56,6 +56,9 @@ struct JobManagerOptions {
   std::string hf_hub_cache;                    // empty: the usual environment lookup
   // The folders jobs may read from and write to (path_confinement.h); empty = anywhere.
   PathRoots roots;
+  // With roots: each worker confines its own file accesses to the read roots and its job's output
+  // folder (Landlock; worker/service/file_confinement.h), so the roots hold at the moment of use.
+  bool confine_workers = true;
   // Added to every worker's environment (how to dial the coordinator over TLS).
   std::map<std::string, std::string> worker_env;
   // Submit answers RESOURCE_EXHAUSTED while this many jobs are queued (a flood of submissions

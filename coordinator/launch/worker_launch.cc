@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace qlora::coordinator {
 
@@ -26,6 +27,12 @@ LaunchSpec BuildWorkerLaunchSpec(const WorkerLaunchRequest& r) {
     spec.env["CUDA_VISIBLE_DEVICES"] = "";
     spec.env["OMP_NUM_THREADS"] = std::to_string(std::max(1, r.threads_per_worker));
     spec.argv.push_back("--device=cpu");
+  }
+  if (!r.confine_read.empty()) {
+    spec.argv.push_back(absl::StrCat("--confine_read=", absl::StrJoin(r.confine_read, ",")));
+  }
+  if (!r.confine_write.empty()) {
+    spec.argv.push_back(absl::StrCat("--confine_write=", absl::StrJoin(r.confine_write, ",")));
   }
   spec.log_path = WorkerLogPath(r.job_dir, r.rank);
   return spec;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <vector>
 #include <string>
 
 #include "common/worker_protocol.h"
@@ -25,6 +26,10 @@ struct WorkerLaunchRequest {
   // Passed to every worker as is: how to dial the coordinator over TLS (QLORA_TLS_CA,
   // QLORA_TLS_SERVER_NAME; see common/rpc/coordinator_channel.h). Never a secret.
   std::map<std::string, std::string> extra_env;
+  // Non-empty: the worker confines its file accesses to these (--confine_read, --confine_write:
+  // worker/service/file_confinement.h): the read roots, and the job's output folder.
+  std::vector<std::string> confine_read;
+  std::vector<std::string> confine_write;
 };
 
 // The log file of `rank` under `job_dir` (what `qloractl logs` reads).

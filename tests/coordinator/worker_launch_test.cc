@@ -49,6 +49,18 @@ TEST(CoordinatorWorkerLaunchTest, CpuWorkerSeesNoGpuAndGetsItsThreads) {
   EXPECT_EQ(spec.log_path, WorkerLogPath("/state/jobs/job-000003", 1));
 }
 
+// With roots the worker is told what to confine itself to (folder names, never secrets).
+TEST(CoordinatorWorkerLaunchTest, ConfinedWorkersAreToldTheirFolders) {
+  WorkerLaunchRequest r = Request();
+  EXPECT_THAT(BuildWorkerLaunchSpec(r).argv, ::testing::Not(::testing::Contains(
+                                                 ::testing::HasSubstr("--confine"))));
+  r.confine_read = {"/srv/data", "/srv/models"};
+  r.confine_write = {"/srv/out/job-000003"};
+  const LaunchSpec spec = BuildWorkerLaunchSpec(r);
+  EXPECT_THAT(spec.argv, ::testing::Contains("--confine_read=/srv/data,/srv/models"));
+  EXPECT_THAT(spec.argv, ::testing::Contains("--confine_write=/srv/out/job-000003"));
+}
+
 TEST(CoordinatorWorkerLaunchTest, CpuWorkerGetsAtLeastOneThread) {
   WorkerLaunchRequest r = Request();
   r.threads_per_worker = 0;

@@ -56,6 +56,29 @@ class ServiceTest : public ::testing::Test {
   std::string state_;
 };
 
+// With roots, the workers confine their own file accesses (Landlock) and a job still trains:
+// the model, tokenizer and data are read beneath the read roots, the adapter and the merged
+// model written beneath the job's output folder.
+TEST_F(ServiceTest, JobsTrainWithWorkersConfinedToTheRoots) {
+  CoordinatorProcess c(state_, 1,
+                       absl::StrCat("--read-roots ", TinyModelDir(), ",", SourceDir(),
+                                    "/examples --output-root ", state_));
+  ASSERT_TRUE(c.started());
+  std::string yaml = TinyJobYaml({.steps_per_checkpoint = 2});
+  const std::string adapter = "adapter: {type: lora}";
+  yaml.replace(yaml.find(adapter), adapter.size(),
+               "adapter: {type: lora, postprocessor: {merge_adapter_into_base_model: true}}");
+  v1::Job job = SubmitJob(c, yaml);
+  ASSERT_FALSE(job.id().empty());
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+  EXPECT_TRUE(fs::exists(job.adapter_path() + "/adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(job.merged_path() + "/config.json"));
+  CommandResult logs = c.Ctl("logs " + job.id());
+  const bool unsupported = logs.output.find("has no Landlock") != std::string::npos;
+  if (!unsupported) EXPECT_THAT(logs.output, HasSubstr("file accesses confined: reads beneath"));
+}
+
 TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgress) {
   CoordinatorProcess c(state_, 2);
   ASSERT_TRUE(c.started());

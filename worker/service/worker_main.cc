@@ -7,10 +7,13 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/config/job_config_parser.h"
 #include "common/program/program_flags.h"
@@ -19,6 +22,7 @@
 #include "worker/run/fault_injection.h"
 #include "worker/run/training_job.h"
 #include "worker/service/coordinator_client.h"
+#include "worker/service/file_confinement.h"
 #include "worker/service/grpc_rendezvous_store.h"
 #include "worker/service/progress_publisher.h"
 
@@ -26,6 +30,12 @@ ABSL_FLAG(std::string, coordinator, "", "coordinator host:port");
 ABSL_FLAG(std::string, job, "", "job id");
 ABSL_FLAG(int, rank, 0, "this worker's rank");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(std::vector<std::string>, confine_read, {},
+          "folders this worker may read beneath (the coordinator's read roots; empty: reads "
+          "are not confined)");
+ABSL_FLAG(std::vector<std::string>, confine_write, {},
+          "folders this worker may write beneath (its job's output folder); set by the "
+          "coordinator when it has roots: file accesses are then confined by Landlock");
 ABSL_FLAG(bool, check_spm_module, false,
           "load the SentencePiece module (libqlora_spm.so), print where it was found, and exit");
 
@@ -92,6 +102,27 @@ int main(int argc, char** argv) {
   if (device != "cpu" && device != "cuda") {
     fprintf(stderr, "qlora-worker: --device must be cpu or cuda, not '%s'\n", device.c_str());
     return 2;
+  }
+  // Before any thread exists (Landlock confines the calling thread and what it starts later).
+  if (!absl::GetFlag(FLAGS_confine_write).empty() || !absl::GetFlag(FLAGS_confine_read).empty()) {
+    qlora::worker::FileConfinement confinement;
+    confinement.read_beneath = absl::GetFlag(FLAGS_confine_read);
+    confinement.write_beneath = absl::GetFlag(FLAGS_confine_write);
+    const absl::Status confined = qlora::worker::ConfineFiles(confinement);
+    if (absl::IsUnimplemented(confined)) {
+      Log(absl::StrCat("WARNING: ", confined.message(),
+                       "; the roots were checked at submit only"));
+    } else if (!confined.ok()) {
+      Log(std::string(confined.message()));
+      return 3;
+    } else {
+      Log(absl::StrCat("file accesses confined: reads beneath ",
+                       confinement.read_beneath.empty()
+                           ? std::string("anywhere")
+                           : absl::StrJoin(confinement.read_beneath, ", "),
+                       " and the system's folders; writes beneath ",
+                       absl::StrJoin(confinement.write_beneath, ", ")));
+    }
   }
   // Less fragmentation in the CUDA caching allocator (dequantized weights are short-lived
   // tensors of many sizes): its peak reservation stays close to what is allocated. A setting the
