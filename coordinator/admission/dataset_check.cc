@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/dataset/parquet_reader.h"
 #include "common/dataset/record.h"
 #include "common/status_macros.h"
+#include "coordinator/admission/confined_open.h"
 
 namespace qlora::coordinator {
 namespace {
@@ -26,12 +28,19 @@ const char* KindOf(mode_t mode) {
   return "not a regular file";
 }
 
-absl::Status CheckFile(const char* field, const std::string& path, DatasetFormat format) {
+absl::Status CheckFile(const char* field, const std::string& path, DatasetFormat format,
+                       const std::vector<std::string>& roots) {
+  // Opened O_PATH beneath the roots (links followed within them only); what is read below is
+  // this very file, whatever the path names by then.
+  absl::StatusOr<ConfinedFile> file = ConfinedFile::Open(path, roots);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat(field, ": cannot stat '", path, "': ", file.status().message()));
+  }
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) {  // follows links: what a reader would open
-    const int err = errno;
-    const std::string message = absl::StrCat(field, ": cannot stat '", path, "': ", strerror(err));
-    return err == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
+  if (fstat(file->fd(), &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": cannot stat '", path, "': ", strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -44,9 +53,12 @@ absl::Status CheckFile(const char* field, const std::string& path, DatasetFormat
   // worker. (A name of no known format is left to the planner's message.)
   absl::StatusOr<data::DataFormat> resolved = data::ResolveFormat(format, path);
   if (resolved.ok() && *resolved == data::DataFormat::kParquet) {
-    absl::StatusOr<data::ParquetLayout> layout = data::ReadParquetLayout(path);
-    if (!layout.ok())
-      return absl::InvalidArgumentError(absl::StrCat(field, ": ", layout.status().message()));
+    absl::StatusOr<data::ParquetLayout> layout = data::ReadParquetLayout(file->path_for_readers());
+    if (!layout.ok()) {  // the message names the file as the job does
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ",
+          absl::StrReplaceAll(layout.status().message(), {{file->path_for_readers(), path}})));
+    }
     if (layout->rows == 0)
       return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' has no rows"));
   }
@@ -54,17 +66,18 @@ absl::Status CheckFile(const char* field, const std::string& path, DatasetFormat
 }
 
 // `paths` is split as the shard planner splits it (shard_plan.cc).
-absl::Status CheckList(const char* field, const std::string& paths, DatasetFormat format) {
+absl::Status CheckList(const char* field, const std::string& paths, DatasetFormat format,
+                       const std::vector<std::string>& roots) {
   const std::vector<std::string> files = absl::StrSplit(paths, ',', absl::SkipEmpty());
-  for (const std::string& file : files) QLORA_RETURN_IF_ERROR(CheckFile(field, file, format));
+  for (const std::string& file : files) QLORA_RETURN_IF_ERROR(CheckFile(field, file, format, roots));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status CheckDatasetFiles(const DataConfig& data) {
-  QLORA_RETURN_IF_ERROR(CheckList("dataset", data.train_path, data.format));
-  return CheckList("validation_dataset", data.validation_path, data.format);
+absl::Status CheckDatasetFiles(const DataConfig& data, const std::vector<std::string>& roots) {
+  QLORA_RETURN_IF_ERROR(CheckList("dataset", data.train_path, data.format, roots));
+  return CheckList("validation_dataset", data.validation_path, data.format, roots);
 }
 
 }  // namespace qlora::coordinator

@@ -184,7 +184,10 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
     QLORA_ASSIGN_OR_RETURN(config.output_dir, ResolveOutputDir(config.output_dir, options_.state_dir));
   }
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));
-  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data));  // may be slow
+  std::vector<std::string> read_roots = options_.roots.read;
+  read_roots.insert(read_roots.end(), options_.roots.read_as_written.begin(),
+                    options_.roots.read_as_written.end());
+  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data, read_roots));  // may be slow
   QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora));  // confined
   // The resolved file says how many restarts the job has.
   if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;

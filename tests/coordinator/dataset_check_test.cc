@@ -3,6 +3,7 @@
 #include "coordinator/admission/dataset_check.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,31 @@ TEST(CoordinatorDatasetCheckTest, AParquetFileWhoseFooterDoesNotReadIsRefused) {
   // The same bytes under a JSON Lines name are left to the reader's malformed-record policy.
   data.train_path = WriteFile(dir.path() + "/bad.jsonl", "PAR1 not really parquet PAR1");
   EXPECT_TRUE(CheckDatasetFiles(data).ok());
+}
+
+// With read roots, each file is opened beneath them at the moment it is looked at: a link planted
+// in a root that leads out is refused, whatever it pointed at when the path was first checked.
+TEST(CoordinatorDatasetCheckTest, WithRootsAFileIsLookedAtBeneathThem) {
+  TempDir dir;
+  const std::string root = dir.path() + "/root";
+  const std::string inside = WriteFile(root + "/a.jsonl", "{}\n");
+  const std::string outside = WriteFile(dir.path() + "/outside/secret.jsonl", "{}\n");
+  const std::string link = root + "/link.jsonl";
+  ASSERT_EQ(symlink(outside.c_str(), link.c_str()), 0);
+  ASSERT_EQ(symlink("a.jsonl", (root + "/inner.jsonl").c_str()), 0);  // a link within: fine
+  DataConfig data;
+  data.train_path = inside + "," + root + "/inner.jsonl";
+  EXPECT_TRUE(CheckDatasetFiles(data, {root}).ok());
+  data.train_path = link;
+  absl::Status status = CheckDatasetFiles(data, {root});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("leads out of the folders this coordinator reads"));
+  data.train_path = root + "/../outside/secret.jsonl";
+  EXPECT_EQ(CheckDatasetFiles(data, {root}).code(), absl::StatusCode::kInvalidArgument);
+  // A bad Parquet file beneath a root is still named as the job names it.
+  data.train_path = WriteFile(root + "/bad.parquet", "PAR1 not really parquet PAR1");
+  status = CheckDatasetFiles(data, {root});
+  EXPECT_THAT(status.message(), HasSubstr("dataset: " + data.train_path + ": not a readable"));
 }
 
 }  // namespace

@@ -1053,6 +1053,17 @@ TEST_F(CoordinatorJobManagerTest, DatasetSwappedForAFifoAfterSubmitFailsTheStart
   EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 
+// This process's resident memory (/proc/self/statm), for the soak tests.
+int64_t ResidentBytes() {
+  long pages = 0, resident = 0;
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (f != nullptr) {
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    fclose(f);
+  }
+  return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
+
 // Retention: each user keeps the newest max_ended_jobs_per_user ended jobs; older ones lose
 // their rows, events and state-folder folders, other users' jobs and live jobs are untouched,
 // and a forgotten job's id is never given again, across a restart too.
@@ -1122,15 +1133,6 @@ TEST_F(CoordinatorJobManagerTest, SubmitAndCancelLoopsKeepMemoryStoreAndFolderFl
   Start(options);
   SubmitRequest request = Job(1);
   request.job_yaml += "# " + std::string(64 * 1024, 'x') + "\n";  // a large job file
-  auto resident_bytes = [] {
-    long pages = 0, resident = 0;
-    FILE* f = fopen("/proc/self/statm", "r");
-    if (f != nullptr) {
-      if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-      fclose(f);
-    }
-    return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
-  };
   auto state_bytes = [&] {
     int64_t total = 0;
     for (const auto& e : std::filesystem::recursive_directory_iterator(state_dir())) {
@@ -1148,9 +1150,9 @@ TEST_F(CoordinatorJobManagerTest, SubmitAndCancelLoopsKeepMemoryStoreAndFolderFl
     }
   };
   cycles(1000);
-  const int64_t rss = resident_bytes(), disk = state_bytes();
+  const int64_t rss = ResidentBytes(), disk = state_bytes();
   cycles(2000);
-  const int64_t rss_growth = resident_bytes() - rss, disk_growth = state_bytes() - disk;
+  const int64_t rss_growth = ResidentBytes() - rss, disk_growth = state_bytes() - disk;
   printf("after 1000 cycles: RSS %.1f MiB, state %.1f MiB; 2000 more grew them by %.1f and "
          "%.1f MiB\n", rss / 1048576.0, disk / 1048576.0, rss_growth / 1048576.0,
          disk_growth / 1048576.0);
@@ -1183,23 +1185,14 @@ TEST_F(CoordinatorJobManagerTest, EndedJobsFilesLeaveMemoryButAreStillGiven) {
   EXPECT_EQ(Record(id).job_yaml, request.job_yaml);
 
   // 200 more such jobs would hold 50 MiB of job files in memory.
-  auto resident_bytes = [] {
-    long pages = 0, resident = 0;
-    FILE* f = fopen("/proc/self/statm", "r");
-    if (f != nullptr) {
-      if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-      fclose(f);
-    }
-    return static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
-  };
-  const int64_t before = resident_bytes();
+  const int64_t before = ResidentBytes();
   for (int i = 0; i < 200; ++i) {
     absl::StatusOr<JobRecord> job = manager_->Submit(request);
     ASSERT_TRUE(job.ok()) << job.status();
     ASSERT_TRUE(manager_->Cancel(job->id).ok());
     manager_->PollOnce();
   }
-  const int64_t growth = resident_bytes() - before;
+  const int64_t growth = ResidentBytes() - before;
   printf("200 ended jobs with 256 KiB job files grew RSS by %.1f MiB\n", growth / 1048576.0);
   EXPECT_LT(growth, int64_t{20} << 20);
 }

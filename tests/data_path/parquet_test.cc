@@ -3,6 +3,9 @@
 // inside one row group), corrupt, truncated and column-less files named in the error, the
 // malformed-record policy, and the loader giving the same micro-batches from Parquet as from the
 // same rows as JSON Lines.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -69,6 +72,18 @@ class ParquetTest : public ::testing::Test {
   TempDir dir_;
   std::vector<Fields> expected_;
 };
+
+// The coordinator reads a footer through /proc/self/fd/N of a file it opened O_PATH beneath its
+// read roots (coordinator/admission/confined_open.h): the same layout as by its path.
+TEST_F(ParquetTest, TheFooterReadsThroughAnOpenDescriptorsProcPath) {
+  const int fd = open(Path("rows.parquet").c_str(), O_PATH | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  auto layout = ReadParquetLayout("/proc/self/fd/" + std::to_string(fd));
+  close(fd);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->rows, 50);
+  EXPECT_EQ(layout->row_group_rows, (std::vector<int64_t>{8, 8, 8, 8, 8, 8, 2}));
+}
 
 TEST_F(ParquetTest, RecordsEqualWhatPyarrowReads) {
   auto layout = ReadParquetLayout(Path("rows.parquet"));
