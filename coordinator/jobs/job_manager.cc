@@ -81,6 +81,13 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLaunch
 
 JobManager::~JobManager() { Shutdown(); }
 
+std::vector<std::string> JobManager::ReadRoots() const {
+  std::vector<std::string> roots = options_.roots.read;
+  roots.insert(roots.end(), options_.roots.read_as_written.begin(),
+               options_.roots.read_as_written.end());
+  return roots;
+}
+
 std::string JobManager::JobDir(const std::string& id) const {
   return absl::StrCat(options_.state_dir, "/jobs/", id);
 }
@@ -184,10 +191,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
     QLORA_ASSIGN_OR_RETURN(config.output_dir, ResolveOutputDir(config.output_dir, options_.state_dir));
   }
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));
-  std::vector<std::string> read_roots = options_.roots.read;
-  read_roots.insert(read_roots.end(), options_.roots.read_as_written.begin(),
-                    options_.roots.read_as_written.end());
-  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data, read_roots));  // may be slow
+  QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data, ReadRoots()));  // may be slow
   QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora));  // confined
   // The resolved file says how many restarts the job has.
   if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
@@ -456,7 +460,8 @@ std::optional<StartRequest> JobManager::NextStart() {
                                                : capacity.cpus / std::max(1, job.config().backend.cpus_per_worker);
       if (job.config().backend.placement == PlacementStrategy::kStrictSpread) holds = std::min(holds, capacity.hosts);
       if (min_workers > 0 && capacity.known && holds < need && holds >= min_workers) need = holds;
-      return StartRequest{id, {}, job.config().data, need, JobDir(id) + "/logs", job.record().output_dir};
+      return StartRequest{id, {}, job.config().data, need, JobDir(id) + "/logs",
+                          job.record().output_dir, ReadRoots()};
     }
     if (need > total_slots_) {  // e.g. queued again after a restart with fewer GPUs
       if (min_workers > 0 && total_slots_ >= min_workers) {
@@ -476,7 +481,7 @@ std::optional<StartRequest> JobManager::NextStart() {
     }
     free.resize(need);
     return StartRequest{id, std::move(free), job.config().data, need, JobDir(id) + "/logs",
-                        job.record().output_dir};
+                        job.record().output_dir, ReadRoots()};
   }
   return std::nullopt;
 }

@@ -229,6 +229,8 @@ class JobManager {
   // The workers a job's start gets: whether on GPUs, and how many threads each.
   bool RunsOnGpus(const JobConfig& config) const;
   std::string JobDir(const std::string& id) const;
+  // The read roots, resolved and as written (the files of a job are opened beneath them).
+  std::vector<std::string> ReadRoots() const;
 
   const JobManagerOptions options_;
   const int total_slots_;

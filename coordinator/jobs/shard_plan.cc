@@ -1,11 +1,18 @@
 // Per-rank shard planning for a job (see shard_plan.h).
 #include "coordinator/jobs/shard_plan.h"
 
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/dataset/record_reader.h"
 #include "common/dataset/shard_planner.h"
 #include "common/status_macros.h"
+#include "coordinator/admission/confined_open.h"
 
 namespace qlora::coordinator {
 namespace {
@@ -46,30 +53,86 @@ absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(con
   return data::PlanShards(files, world_size, options);
 }
 
-absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size) {
+namespace {
+
+// The files of `data` as descriptors opened beneath the roots: each list rewritten to their
+// /proc/self/fd paths (with the one format its files have by name made explicit), and the map
+// back to the names the job uses.
+struct ConfinedLists {
+  DataConfig data;
+  std::vector<ConfinedFile> held;            // open while the planner reads
+  std::map<std::string, std::string> named;  // /proc/self/fd/N -> the job's path
+};
+
+absl::Status ConfineList(std::string* list, DatasetFormat* format, DatasetFormat written,
+                         const std::vector<std::string>& roots, ConfinedLists* out) {
+  if (list->empty()) return absl::OkStatus();
+  const std::vector<std::string> files = absl::StrSplit(*list, ',', absl::SkipEmpty());
+  std::optional<data::DataFormat> common;
+  for (const std::string& file : files) {
+    QLORA_ASSIGN_OR_RETURN(const data::DataFormat f, data::ResolveFormat(written, file));
+    if (common && *common != f) return absl::OkStatus();  // mixed formats: planned by path
+    common = f;
+  }
+  std::vector<std::string> opened;
+  for (const std::string& file : files) {
+    QLORA_ASSIGN_OR_RETURN(ConfinedFile confined, ConfinedFile::Open(file, roots));
+    opened.push_back(confined.path_for_readers());
+    out->named[opened.back()] = file;
+    out->held.push_back(std::move(confined));
+  }
+  *list = absl::StrJoin(opened, ",");
+  *format = static_cast<DatasetFormat>(static_cast<int>(*common) + 1);  // kJsonl... after kAuto
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobShards> PlanJobShards(const DataConfig& written, int world_size,
+                                        const std::vector<std::string>& read_roots) {
+  static_assert(static_cast<int>(DatasetFormat::kParquet) ==
+                static_cast<int>(data::DataFormat::kParquet) + 1);
+  ConfinedLists confined;
+  confined.data = written;
+  DatasetFormat train_format = written.format, validation_format = written.format;
+  if (!read_roots.empty()) {
+    QLORA_RETURN_IF_ERROR(ConfineList(&confined.data.train_path, &train_format, written.format,
+                                      read_roots, &confined));
+    QLORA_RETURN_IF_ERROR(ConfineList(&confined.data.validation_path, &validation_format,
+                                      written.format, read_roots, &confined));
+  }
+  const DataConfig& data = confined.data;
   JobShards shards;
-  QLORA_ASSIGN_OR_RETURN(shards.train, PlanShardsForRanks(data.train_path, data.format, world_size));
+  QLORA_ASSIGN_OR_RETURN(shards.train, PlanShardsForRanks(data.train_path, train_format, world_size));
   shards.validation.assign(world_size, {});
   const bool validate = !data.validation_path.empty();
   if (validate) {
     QLORA_ASSIGN_OR_RETURN(shards.validation,
-                           PlanShardsForRanks(data.validation_path, data.format, world_size));
+                           PlanShardsForRanks(data.validation_path, validation_format, world_size));
   }
   // Every rank reads every chunk and keeps every world_size-th record: each needs one at least.
   QLORA_ASSIGN_OR_RETURN(const int64_t train_records,
-                         CountRecordsUpTo(shards.train[0], data.format, world_size));
+                         CountRecordsUpTo(shards.train[0], train_format, world_size));
   if (train_records < world_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the dataset is too small: ", train_records, " record(s) for ", world_size,
-        " workers, and each worker needs one at least (", data.train_path, ")"));
+        " workers, and each worker needs one at least (", written.train_path, ")"));
   }
   if (validate) {
     QLORA_ASSIGN_OR_RETURN(const int64_t validation_records,
-                           CountRecordsUpTo(shards.validation[0], data.format, world_size));
+                           CountRecordsUpTo(shards.validation[0], validation_format, world_size));
     if (validation_records < world_size) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the validation file is too small: ", validation_records, " record(s) for ", world_size,
-          " workers (", data.validation_path, ")"));
+          " workers (", written.validation_path, ")"));
+    }
+  }
+  // The workers open the files by the job's names.
+  for (auto* kind : {&shards.train, &shards.validation}) {
+    for (std::vector<data::ShardSpec>& rank : *kind) {
+      for (data::ShardSpec& spec : rank) {
+        if (auto it = confined.named.find(spec.path); it != confined.named.end()) spec.path = it->second;
+      }
     }
   }
   return shards;

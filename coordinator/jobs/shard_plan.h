@@ -29,6 +29,11 @@ struct JobShards {
 // Plans the training and validation files of `data` for `world_size` ranks. Every rank runs the
 // same collectives, so every rank needs data of each kind the job uses: FAILED_PRECONDITION when
 // a file has fewer records than ranks (counted from the start, only up to the world size).
-absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size);
+// With `read_roots`, every file is read through a descriptor opened beneath them
+// (admission/confined_open.h), so no link can lead the planner out at the moment it reads; the
+// shards name the files as the job does. (A list whose files are of different formats by name
+// is planned by path.)
+absl::StatusOr<JobShards> PlanJobShards(const DataConfig& data, int world_size,
+                                        const std::vector<std::string>& read_roots = {});
 
 }  // namespace qlora::coordinator

@@ -7,7 +7,7 @@
 namespace qlora::coordinator {
 
 absl::StatusOr<JobShards> PrepareStart(const StartRequest& request) {
-  QLORA_ASSIGN_OR_RETURN(JobShards shards, PlanJobShards(request.data, request.world_size));
+  QLORA_ASSIGN_OR_RETURN(JobShards shards, PlanJobShards(request.data, request.world_size, request.read_roots));
   QLORA_RETURN_IF_ERROR(MakeDirs(request.log_dir));
   QLORA_RETURN_IF_ERROR(MakeDirs(request.output_dir));
   return shards;

@@ -24,6 +24,7 @@ struct StartRequest {
   int world_size = 0;
   std::string log_dir;
   std::string output_dir;
+  std::vector<std::string> read_roots;  // the planner reads beneath these (empty: anywhere)
 };
 
 // Plans the shards (PlanJobShards) and creates the log and output folders. Thread-safe; blocks

@@ -335,7 +335,18 @@ TEST_F(CoordinatorJobManagerTest, PathsOutsideTheConfiguredRootsAreRefusedAtSubm
   EXPECT_THAT(AllJobs(), IsEmpty());
   options.roots.read.push_back(dir_.path());
   Start(options);
-  EXPECT_TRUE(manager_->Submit(Job(1)).ok());
+  absl::StatusOr<JobRecord> accepted = manager_->Submit(Job(1));
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  // The start's planner reads the dataset through a descriptor opened beneath the roots; the
+  // worker is still given the file by the job's name.
+  manager_->PollOnce();
+  RegisterAll(accepted->id);
+  const WorkerHandle w = Workers(accepted->id).at(0);
+  absl::StatusOr<WorkerAssignment> assignment =
+      manager_->GetAssignment(accepted->id, w.token, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(assignment.ok()) << assignment.status();
+  ASSERT_FALSE(assignment->train_shards.empty());
+  for (const data::ShardSpec& shard : assignment->train_shards) EXPECT_EQ(shard.path, train_path_);
 }
 
 // Nothing outside the read roots is looked at before the check: a missing and an existing file
@@ -359,6 +370,26 @@ TEST_F(CoordinatorJobManagerTest, PathsOutsideTheRootsAreRefusedBeforeTheyAreLoo
   absl::StatusOr<JobRecord> job = manager_->Submit(model_outside);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("base_model: /etc lies outside"));
+}
+
+// A dataset swapped for a link leading out of the roots between submit and start: the start's
+// planner refuses it when it opens it (the job fails naming it; nothing outside was read).
+TEST_F(CoordinatorJobManagerTest, ADatasetSwappedForALinkOutAfterSubmitFailsTheStart) {
+  JobManagerOptions options = Options(1);
+  absl::StatusOr<PathRoots> roots = ResolvePathRoots(dir_.path(), "");
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  options.roots = *roots;
+  Start(options);
+  const std::string id = Submit(1);
+  TempDir elsewhere;
+  const std::string secret = WriteFile(elsewhere.path() + "/secret.jsonl", "{\"instruction\": \"s\"}\n");
+  std::filesystem::remove(train_path_);
+  std::filesystem::create_symlink(secret, train_path_);
+  manager_->PollOnce();
+  const JobRecord r = Record(id);
+  EXPECT_EQ(r.state, JobState::kFailed);
+  EXPECT_THAT(r.message, HasSubstr("leads out of the folders this coordinator reads"));
+  EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 
 TEST_F(CoordinatorJobManagerTest, EveryJobHasItsOwnUidKeptAcrossRestarts) {
