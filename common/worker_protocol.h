@@ -18,6 +18,9 @@ namespace qlora {
 // argv: /proc/PID/cmdline is world-readable, /proc/PID/environ only by the owner). Single-use:
 // the coordinator refuses a second Register with it.
 inline constexpr char kWorkerTokenVariable[] = "QLORA_WORKER_TOKEN";
+// The coordinator's --state-umask in octal, applied by a worker before it creates anything: a
+// worker on a Ray host would otherwise keep that host's umask for its outputs.
+inline constexpr char kWorkerUmaskVariable[] = "QLORA_UMASK";
 
 // The end of a run as Hugging Face's Trainer.train() reports it (train_runtime, train_loss,
 // train_samples_per_second, train_steps_per_second), plus tokens, peak memory and evaluation.

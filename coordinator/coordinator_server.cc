@@ -19,7 +19,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/worker_protocol.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
@@ -157,6 +159,7 @@ absl::Status RunCoordinator(CoordinatorOptions options) {
   // Before anything is created: the state folder, the store, the logs and the workers' outputs
   // (workers inherit the mask) are private unless the operator widens it.
   umask(options.state_umask & 0777);
+  manager_options.worker_env[kWorkerUmaskVariable] = absl::StrFormat("%03o", options.state_umask & 0777);
   QLORA_ASSIGN_OR_RETURN(StateDir state,
                          OpenStateDir(manager_options.state_dir, options.state_umask & 0777));
 

@@ -3,6 +3,7 @@
 // Exit status: 0 success, 1 training failed, 2 bad arguments, 3 coordinator unreachable,
 // 4 stopped (cancelled).
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstdio>
@@ -102,6 +103,12 @@ int main(int argc, char** argv) {
   if (device != "cpu" && device != "cuda") {
     fprintf(stderr, "qlora-worker: --device must be cpu or cuda, not '%s'\n", device.c_str());
     return 2;
+  }
+  // The coordinator's mask for what this worker creates (on a Ray host too).
+  if (const char* mask = std::getenv(qlora::kWorkerUmaskVariable); mask != nullptr && *mask != 0) {
+    char* end = nullptr;
+    const long bits = std::strtol(mask, &end, 8);
+    if (end != nullptr && *end == 0 && bits >= 0 && bits <= 0777) umask(static_cast<mode_t>(bits));
   }
   // Before any thread exists (Landlock confines the calling thread and what it starts later).
   if (!absl::GetFlag(FLAGS_confine_write).empty() || !absl::GetFlag(FLAGS_confine_read).empty()) {
