@@ -1084,6 +1084,20 @@ TEST_F(CoordinatorJobManagerTest, DatasetSwappedForAFifoAfterSubmitFailsTheStart
   EXPECT_THAT(launcher_.launched(), IsEmpty());
 }
 
+// AddressSanitizer keeps freed memory in quarantine (256 MiB by default), so resident memory
+// says nothing about what the coordinator holds: the memory figures are only asserted without it.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kResidentMemoryMeaningful = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kResidentMemoryMeaningful = false;
+#else
+constexpr bool kResidentMemoryMeaningful = true;
+#endif
+#else
+constexpr bool kResidentMemoryMeaningful = true;
+#endif
+
 // This process's resident memory (/proc/self/statm), for the soak tests.
 int64_t ResidentBytes() {
   long pages = 0, resident = 0;
@@ -1189,7 +1203,7 @@ TEST_F(CoordinatorJobManagerTest, SubmitAndCancelLoopsKeepMemoryStoreAndFolderFl
          disk_growth / 1048576.0);
   EXPECT_EQ(AllJobs().size(), 20u);
   // 2000 kept job files alone would be 128 MiB.
-  EXPECT_LT(rss_growth, int64_t{16} << 20);
+  if (kResidentMemoryMeaningful) EXPECT_LT(rss_growth, int64_t{16} << 20);
   EXPECT_LT(disk_growth, int64_t{8} << 20);
 }
 
@@ -1225,7 +1239,7 @@ TEST_F(CoordinatorJobManagerTest, EndedJobsFilesLeaveMemoryButAreStillGiven) {
   }
   const int64_t growth = ResidentBytes() - before;
   printf("200 ended jobs with 256 KiB job files grew RSS by %.1f MiB\n", growth / 1048576.0);
-  EXPECT_LT(growth, int64_t{20} << 20);
+  if (kResidentMemoryMeaningful) EXPECT_LT(growth, int64_t{20} << 20);
 }
 
 }  // namespace
