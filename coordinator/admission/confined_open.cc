@@ -2,6 +2,8 @@
 #include "coordinator/admission/confined_open.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -26,6 +28,20 @@ absl::Status OpenError(const std::string& path, int error) {
 
 absl::StatusOr<ConfinedFile> ConfinedFile::Open(const std::string& path,
                                                 const std::vector<std::string>& roots) {
+  absl::StatusOr<ConfinedFile> opened = OpenAsNamed(path, roots);
+  if (opened.ok() || !absl::StrContains(opened.status().message(), " leads out of ")) return opened;
+  // RESOLVE_BENEATH refuses every absolute link, also one that points inside a root: try once
+  // more by the path's resolution, opened beneath the roots again (a link met on the way now,
+  // after a swap, is refused as before).
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) == nullptr || path == resolved) return opened;
+  absl::StatusOr<ConfinedFile> again = OpenAsNamed(resolved, roots);
+  if (again.ok()) return again;
+  return opened;
+}
+
+absl::StatusOr<ConfinedFile> ConfinedFile::OpenAsNamed(const std::string& path,
+                                                       const std::vector<std::string>& roots) {
   if (roots.empty()) {
     const int fd = open(path.c_str(), O_PATH | O_CLOEXEC);
     if (fd < 0) return OpenError(path, errno);

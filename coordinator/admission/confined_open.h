@@ -31,6 +31,9 @@ class ConfinedFile {
 
  private:
   explicit ConfinedFile(int fd) : fd_(fd) {}
+  // Open without the retry by the path's resolution (for absolute links within a root).
+  static absl::StatusOr<ConfinedFile> OpenAsNamed(const std::string& path,
+                                                  const std::vector<std::string>& roots);
   int fd_ = -1;
 };
 

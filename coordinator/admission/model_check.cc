@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/posix_files.h"
 #include "common/model/llama_config.h"
+#include "coordinator/admission/confined_open.h"
 
 namespace qlora::coordinator {
 namespace {
@@ -35,14 +38,17 @@ absl::Status CheckAdapterRank(const engine::LlamaConfig& model, const LoraConfig
 
 }  // namespace
 
-absl::Status CheckBaseModelConfig(const std::string& model_dir, const LoraConfig* lora) {
+absl::Status CheckBaseModelConfig(const std::string& model_dir, const LoraConfig* lora,
+                                  const std::vector<std::string>& roots) {
   if (model_dir.empty()) return absl::OkStatus();
-  const std::string path = JoinPath(model_dir, "config.json");
+  // Looked at through a descriptor opened beneath the roots (no link can lead out meanwhile).
+  absl::StatusOr<ConfinedFile> file = ConfinedFile::Open(JoinPath(model_dir, "config.json"), roots);
+  if (!file.ok()) return Refuse(model_dir, absl::StrCat("config.json: ", file.status().message()));
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return Refuse(model_dir, "config.json cannot be read");
+  if (fstat(file->fd(), &st) != 0) return Refuse(model_dir, "config.json cannot be read");
   if (!S_ISREG(st.st_mode)) return Refuse(model_dir, "config.json is not a regular file");
   if (st.st_size > kMaxConfigBytes) return Refuse(model_dir, "config.json is larger than 4 MiB");
-  absl::StatusOr<std::string> text = ReadFile(path);
+  absl::StatusOr<std::string> text = ReadFile(file->path_for_readers());
   if (!text.ok()) return Refuse(model_dir, text.status().message());
   absl::StatusOr<engine::LlamaConfig> config = engine::ParseLlamaConfig(*text);
   if (!config.ok()) return Refuse(model_dir, config.status().message());

@@ -8,6 +8,9 @@
 
 #include <string>
 
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "common/config/job_config.h"
 
@@ -19,6 +22,8 @@ namespace qlora::coordinator {
 // With `lora`, also INVALID_ARGUMENT "adapter.r: ..." when the rank exceeds what an adapter of a
 // targeted projection can have (min(in, out) of the smallest): such a job would only fail in its
 // workers (a rank of 1e9 asks for terabytes), so it is refused before it is queued.
-absl::Status CheckBaseModelConfig(const std::string& model_dir, const LoraConfig* lora = nullptr);
+// With `roots` (the read roots), config.json is opened beneath them (admission/confined_open.h).
+absl::Status CheckBaseModelConfig(const std::string& model_dir, const LoraConfig* lora = nullptr,
+                                  const std::vector<std::string>& roots = {});
 
 }  // namespace qlora::coordinator

@@ -192,7 +192,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   }
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));
   QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data, ReadRoots()));  // may be slow
-  QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora));  // confined
+  QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora, ReadRoots()));
   // The resolved file says how many restarts the job has.
   if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
   if (OnCluster(config)) {

@@ -4,6 +4,8 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -67,6 +69,27 @@ TEST(CoordinatorModelCheckTest, FifoOrHugeConfigIsRefusedWithoutReadingIt) {
   TempDir big;
   WriteFile(big.path() + "/config.json", std::string(5 << 20, ' '));
   EXPECT_THAT(CheckBaseModelConfig(big.path()).message(), HasSubstr("larger than 4 MiB"));
+}
+
+// With roots, config.json is read through a descriptor opened beneath them: a config.json that
+// is a link out of the roots is refused, whatever it names.
+TEST(CoordinatorModelCheckTest, WithRootsConfigJsonIsReadBeneathThem) {
+  TempDir dir;
+  const std::string model = dir.path() + "/root/model";
+  WriteFile(dir.path() + "/outside/config.json", R"({"model_type": "llama"})");
+  std::filesystem::create_directories(model);
+  std::filesystem::create_symlink(dir.path() + "/outside/config.json", model + "/config.json");
+  const absl::Status refused = CheckBaseModelConfig(model, nullptr, {dir.path() + "/root"});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("leads out of"));
+  // A link that stays beneath the root is followed, relative (the Hugging Face cache's snapshots
+  // link to its blobs so) or absolute.
+  WriteFile(dir.path() + "/root/blobs/config", R"({"model_type": "llama"})");
+  const std::string snapshot = dir.path() + "/root/snapshot";
+  std::filesystem::create_directories(snapshot);
+  std::filesystem::create_symlink("../blobs/config", snapshot + "/config.json");
+  EXPECT_TRUE(CheckBaseModelConfig(snapshot, nullptr, {dir.path() + "/root"}).ok());
+  EXPECT_TRUE(CheckBaseModelConfig(model, nullptr, {dir.path()}).ok());
 }
 
 }  // namespace
