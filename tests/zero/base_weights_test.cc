@@ -202,8 +202,10 @@ TEST(ZeroBaseWeights, PartitionedOverRanksEqualsWhole) {
       results[rank] = TwoSteps(*model);
       kept[rank] = store->device_bytes();
       EXPECT_GT(store->stats().gathered_bytes, 0);
-      return rank == 0 ? engine::SaveMergedModel(*model, merged)
-                       : engine::JoinMergedModelSave(*model);
+      const absl::Status saved = rank == 0 ? engine::SaveMergedModel(*model, merged)
+                                           : engine::JoinMergedModelSave(*model);
+      if (!saved.ok()) return saved;
+      return c.Barrier(absl::Seconds(30));  // no rank leaves while another still talks to it
     });
     for (int rank = 0; rank < world; ++rank) {
       ASSERT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
@@ -265,7 +267,7 @@ TEST(ZeroBaseWeights, PrequantizedFolderLoadsWholeAndPartitioned) {
     auto model = Load(path, load);
     if (model == nullptr) return absl::InternalError("load failed");
     results[rank] = TwoSteps(*model);
-    return absl::OkStatus();
+    return c.Barrier(absl::Seconds(30));  // no rank leaves while another still talks to it
   });
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(statuses[rank].ok()) << statuses[rank];
@@ -285,7 +287,7 @@ TEST(ZeroBaseWeights, StagesZeroToTwoKeepWeightsWhole) {
     EXPECT_TRUE(partition.ok() && partition->partitioned && partition->world_size == 2);
     EXPECT_EQ(strategy::PlanBaseWeights(4, {}, c).status().code(),
               absl::StatusCode::kInvalidArgument);
-    return absl::OkStatus();
+    return c.Barrier(absl::Seconds(30));  // no rank leaves while another still connects
   });
   for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
 }
