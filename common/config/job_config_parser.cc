@@ -692,8 +692,9 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
     // A path (not a hub id, which names a folder of the operator's cache) is checked before
     // it is looked at.
     const bool is_path = fs::path(base_model).is_absolute() || absl::StartsWith(base_model, ".");
-    if (is_path) QLORA_RETURN_IF_ERROR(allowed("base_model", absolute));
-    if (local != fs::path(base_model) && allowed("base_model", absolute).ok() &&
+    const absl::Status may_look = allowed("base_model", absolute);
+    if (is_path && !may_look.ok()) return may_look;
+    if (local != fs::path(base_model) && may_look.ok() &&
         fs::is_regular_file(local / "config.json", ec)) {
       base_model = local.string();
     }

@@ -14,7 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "coordinator/admission/path_confinement.h"
 
 namespace qlora::coordinator {
 namespace {
@@ -28,26 +28,28 @@ absl::Status OpenError(const std::string& path, int error) {
 
 absl::StatusOr<ConfinedFile> ConfinedFile::Open(const std::string& path,
                                                 const std::vector<std::string>& roots) {
-  absl::StatusOr<ConfinedFile> opened = OpenAsNamed(path, roots);
-  if (opened.ok() || !absl::StrContains(opened.status().message(), " leads out of ")) return opened;
+  bool leads_out = false;
+  absl::StatusOr<ConfinedFile> opened = OpenAsNamed(path, roots, &leads_out);
+  if (opened.ok() || !leads_out) return opened;
   // RESOLVE_BENEATH refuses every absolute link, also one that points inside a root: try once
   // more by the path's resolution, opened beneath the roots again (a link met on the way now,
   // after a swap, is refused as before).
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) == nullptr || path == resolved) return opened;
-  absl::StatusOr<ConfinedFile> again = OpenAsNamed(resolved, roots);
+  absl::StatusOr<ConfinedFile> again = OpenAsNamed(resolved, roots, &leads_out);
   if (again.ok()) return again;
   return opened;
 }
 
 absl::StatusOr<ConfinedFile> ConfinedFile::OpenAsNamed(const std::string& path,
-                                                       const std::vector<std::string>& roots) {
+                                                       const std::vector<std::string>& roots,
+                                                       bool* leads_out) {
+  *leads_out = false;
   if (roots.empty()) {
     const int fd = open(path.c_str(), O_PATH | O_CLOEXEC);
     if (fd < 0) return OpenError(path, errno);
     return ConfinedFile(fd);
   }
-  bool leads_out = false;
   for (const std::string& root : roots) {
     const std::string prefix = root == "/" ? "/" : root + "/";
     if (!absl::StartsWith(path, prefix) || path.size() == prefix.size()) continue;
@@ -62,11 +64,9 @@ absl::StatusOr<ConfinedFile> ConfinedFile::OpenAsNamed(const std::string& path,
     close(root_fd);
     if (fd >= 0) return ConfinedFile(static_cast<int>(fd));
     if (error != EXDEV) return OpenError(path, error);
-    leads_out = true;  // a link or `..` on the way leaves this root: try the next one
+    *leads_out = true;  // a link or `..` on the way leaves this root: try the next one
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      path, leads_out ? " leads out of" : " lies outside", " the folders this coordinator reads "
-      "jobs' files from (--read-roots ", absl::StrJoin(roots, ","), ")"));
+  return OutsideReadRoots(path, *leads_out ? "leads out of" : "lies outside", roots);
 }
 
 ConfinedFile::ConfinedFile(ConfinedFile&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}

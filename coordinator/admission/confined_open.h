@@ -31,9 +31,11 @@ class ConfinedFile {
 
  private:
   explicit ConfinedFile(int fd) : fd_(fd) {}
-  // Open without the retry by the path's resolution (for absolute links within a root).
+  // Open without the retry by the path's resolution (for absolute links within a root);
+  // `*leads_out`: refused because a link or `..` on the way left the roots.
   static absl::StatusOr<ConfinedFile> OpenAsNamed(const std::string& path,
-                                                  const std::vector<std::string>& roots);
+                                                  const std::vector<std::string>& roots,
+                                                  bool* leads_out);
   int fd_ = -1;
 };
 

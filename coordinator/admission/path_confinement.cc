@@ -37,10 +37,9 @@ bool WithinAny(const std::string& path, const std::vector<std::string>& roots) {
 absl::Status CheckReadable(const std::string& path, absl::string_view field, const PathRoots& roots) {
   QLORA_ASSIGN_OR_RETURN(std::string real, RealPath(path, field));
   if (WithinAny(real, roots.read)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": ", path, real == path ? "" : absl::StrCat(" (", real, ")"),
-      " lies outside the folders this coordinator reads jobs' files from (--read-roots ",
-      absl::StrJoin(roots.read, ","), ")"));
+  return OutsideReadRoots(
+      absl::StrCat(field, ": ", path, real == path ? "" : absl::StrCat(" (", real, ")")),
+      "lies outside", roots.read);
 }
 
 // The model folder and every entry in it (a file in the folder may be a link leading out).
@@ -99,12 +98,9 @@ absl::StatusOr<PathRoots> ResolvePathRoots(const std::string& read, const std::s
     QLORA_ASSIGN_OR_RETURN(std::string real, folder(std::string(part), "--read-roots"));
     roots.read.push_back(std::move(real));
     std::error_code ec;
-    roots.read_as_written.push_back(
-        std::filesystem::absolute(std::string(part), ec).lexically_normal().string());
-    if (!roots.read_as_written.back().empty() && roots.read_as_written.back().size() > 1 &&
-        roots.read_as_written.back().back() == '/') {
-      roots.read_as_written.back().pop_back();
-    }
+    std::string written = std::filesystem::absolute(std::string(part), ec).lexically_normal();
+    if (written.size() > 1 && written.back() == '/') written.pop_back();  // "/data/" as "/data"
+    roots.read_as_written.push_back(std::move(written));
   }
   if (!output.empty()) {
     QLORA_ASSIGN_OR_RETURN(roots.output, folder(output, "--output-root"));
@@ -118,9 +114,14 @@ absl::Status CheckPathWithinReadRoots(absl::string_view field, const std::string
   if (roots.read.empty() || WithinAny(path, roots.read) || WithinAny(path, roots.read_as_written)) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": ", path, " lies outside the folders this coordinator reads jobs' files from "
-      "(--read-roots ", absl::StrJoin(roots.read, ","), ")"));
+  return OutsideReadRoots(absl::StrCat(field, ": ", path), "lies outside", roots.read);
+}
+
+absl::Status OutsideReadRoots(absl::string_view subject, absl::string_view relation,
+                              const std::vector<std::string>& roots) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(subject, " ", relation, " the folders this coordinator reads jobs' files from "
+                   "(--read-roots ", absl::StrJoin(roots, ","), ")"));
 }
 
 absl::Status CheckJobPathsConfined(const JobConfig& config, const PathRoots& roots) {

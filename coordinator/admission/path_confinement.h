@@ -38,6 +38,12 @@ absl::StatusOr<PathRoots> ResolvePathRoots(const std::string& read, const std::s
 // the output folder (already resolved, see output_dir_check.h) under the output root.
 absl::Status CheckJobPathsConfined(const JobConfig& config, const PathRoots& roots);
 
+// INVALID_ARGUMENT "<subject> <relation> the folders this coordinator reads jobs' files from
+// (--read-roots a,b)": the one wording of a path refused by the read roots ("lies outside",
+// "leads out of").
+absl::Status OutsideReadRoots(absl::string_view subject, absl::string_view relation,
+                              const std::vector<std::string>& roots);
+
 // The check made before a path is looked at at all (ParseOptions::before_touching): `path`
 // (absolute, lexically normal) must lie in a read root, as written. Links are followed later, by
 // CheckJobPathsConfined. OK when there are no read roots.

@@ -38,8 +38,7 @@ class Loader {
                              Dense(prefix + "input_layernorm.weight", {c.hidden_size}));
       QLORA_ASSIGN_OR_RETURN(layer.post_attention_layernorm,
                              Dense(prefix + "post_attention_layernorm.weight", {c.hidden_size}));
-      for (const char* name :
-           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}) {
+      for (const char* name : kLinearModuleNames) {
         const LlamaConfig::Features f = c.ProjectionFeatures(name);
         FrozenWeight& base = layer.Linear(name).base;
         QLORA_ASSIGN_OR_RETURN(base, Frozen(prefix + ModulePath(name), f.out, f.in));

@@ -451,11 +451,14 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
     } else if (checkpoint && i < checkpointed_layers_) {
       CheckpointOffload input_offload;  // the input waits in host memory (not the top layer's)
       if (offloader != nullptr && i + 1 < count) input_offload = {offloader, i};
-      // The lambda outlives Forward: it copies the layout (tensor handles), and asks for the
-      // layer's weights when it runs (its recomputation gathers them again).
+      // The lambda outlives Forward: it copies the layout (tensor handles). Its first call, at
+      // once, uses `whole`; its recomputation asks for the weights again (gathers them again),
+      // as the lambda must not keep them alive until backward.
       x = Checkpoint(
-          [this, i, cos, sin, attention](const at::Tensor& h, bool recompute) {
-            const std::shared_ptr<const DecoderLayer> weights = WholeLayer(i);
+          [this, i, cos, sin, attention, in_forward = std::weak_ptr<const DecoderLayer>(whole)](
+              const at::Tensor& h, bool recompute) {
+            std::shared_ptr<const DecoderLayer> weights = recompute ? nullptr : in_forward.lock();
+            if (weights == nullptr) weights = WholeLayer(i);
             if (recompute && base_weights_ != nullptr) base_weights_->Prefetch(i - 1);
             return LayerForward(*weights, h, cos, sin, attention, /*value_unused=*/recompute);
           },

@@ -125,34 +125,23 @@ bool ProduceBnb(const TensorSpec& spec, const LlamaConfig& config, std::mt19937_
 std::vector<TensorSpec> Specs(const LlamaConfig& c, Dtype dtype, bool bnb_nf4,
                               const std::string& dtype_name) {
   std::vector<TensorSpec> specs;
-  const int64_t q_out = c.num_attention_heads * c.head_dim;
-  const int64_t kv_out = c.num_key_value_heads * c.head_dim;
   specs.push_back({"model.embed_tokens.weight", dtype, {c.vocab_size, c.hidden_size}});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     specs.push_back({p + "input_layernorm.weight", dtype, {c.hidden_size}});
     specs.push_back({p + "post_attention_layernorm.weight", dtype, {c.hidden_size}});
-    const struct {
-      const char* name;
-      int64_t out, in;
-    } linears[] = {{"self_attn.q_proj", q_out, c.hidden_size},
-                   {"self_attn.k_proj", kv_out, c.hidden_size},
-                   {"self_attn.v_proj", kv_out, c.hidden_size},
-                   {"self_attn.o_proj", c.hidden_size, q_out},
-                   {"mlp.gate_proj", c.intermediate_size, c.hidden_size},
-                   {"mlp.up_proj", c.intermediate_size, c.hidden_size},
-                   {"mlp.down_proj", c.hidden_size, c.intermediate_size}};
-    for (const auto& l : linears) {
-      AddLinear(&specs, absl::StrCat(p, l.name, ".weight"), l.out, l.in, dtype, bnb_nf4,
-                dtype_name);
+    // HF module paths ("self_attn.q_proj"); shapes from the config's one projection table.
+    constexpr const char* kPaths[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                      "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                      "mlp.down_proj"};
+    for (const char* path : kPaths) {
+      const LlamaConfig::Features f = c.ProjectionFeatures(std::strchr(path, '.') + 1);
+      AddLinear(&specs, absl::StrCat(p, path, ".weight"), f.out, f.in, dtype, bnb_nf4, dtype_name);
     }
-    const struct {
-      const char* module;
-      int64_t out;
-    } biased[] = {{"q_proj", q_out}, {"k_proj", kv_out}, {"v_proj", kv_out}, {"o_proj", c.hidden_size}};
-    for (const auto& b : biased) {
-      if (c.ProjectionHasBias(b.module)) {
-        specs.push_back({absl::StrCat(p, "self_attn.", b.module, ".bias"), dtype, {b.out}});
+    for (const char* path : kPaths) {
+      const char* module = std::strchr(path, '.') + 1;
+      if (c.ProjectionHasBias(module)) {
+        specs.push_back({absl::StrCat(p, path, ".bias"), dtype, {c.ProjectionFeatures(module).out}});
       }
     }
   }

@@ -477,7 +477,7 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) {
   if (const engine::BaseWeightStore* store = model_->base_weight_store()) {
     // The step's share of the store's running totals.
     const engine::BaseWeightStats now = store->stats();
-    p.strategy.partitioned_base_weights = store->world_size() > 1 || d.partitions_base_weights;
+    p.strategy.partitioned_base_weights = d.partitions_base_weights;
     p.strategy.base_weights_in_host_memory = store->on_host();
     p.strategy.base_weight_gathered_bytes = now.gathered_bytes - reported_base_stats_.gathered_bytes;
     p.strategy.base_weight_copied_bytes = now.copied_bytes - reported_base_stats_.copied_bytes;
