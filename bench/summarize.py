@@ -15,7 +15,8 @@ the anchors are (bench/anchor_common.py):
   event, what the service shows) is printed beside it for comparison.
 
 Memory: the largest peak allocated and peak reserved bytes any progress event of a rank carried
-(the CUDA caching allocator's peaks over the worker's whole process, loading included).
+(the CUDA caching allocator's peaks over the worker's whole process, loading included), and the
+largest resident set of its process (host memory, pinned base weights included; getrusage).
 MFU and HFU: bench/flops.py, from the model folder's config.json (--model).
 Standard library only.
 """
@@ -112,6 +113,8 @@ def main():
             for r, steps in progress.items()}
     reserved = {r: max(int(p.get("memory", {}).get("device_reserved_peak_bytes", 0)) for p in steps.values())
                 for r, steps in progress.items()}
+    host_peak = {r: max(int(p.get("memory", {}).get("host_peak_rss_bytes", 0)) for p in steps.values())
+                 for r, steps in progress.items()}
     checkpointing = a.checkpointing.lower() in ("1", "true", "yes", "on")
     fraction = float(checkpointing)
     auto = {}
@@ -163,7 +166,8 @@ def main():
            "peak_allocated_gib": round(max(peak.values()) / 2**30, 2),
            "peak_reserved_gib": round(max(reserved.values()) / 2**30, 2),
            "peak_allocated_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(peak.items())},
-           "peak_reserved_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(reserved.items())}}
+           "peak_reserved_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(reserved.items())},
+           "host_peak_gib_per_rank": {r: round(b / 2**30, 2) for r, b in sorted(host_peak.items())}}
     out.update(auto)
     if a.model and not packing:  # flops.py counts attention over the whole row, not per document
         f = flops_per_token(load_config(a.model), a.seq, a.lora_r, fraction)
@@ -176,7 +180,7 @@ def main():
     packed = f" seq {a.seq} packed ({out['row_fill']:.1%} full) |" if packing else ""
     print(f"| {a.label} | {gpus} GPU | mb {a.micro_batch} |{packed} ZeRO-{a.stage} | {out['tokens_per_s']:,.0f} tok/s/GPU "
           f"({out['tokens_per_s_min']:,.0f}-{out['tokens_per_s_max']:,.0f}) | {out['peak_allocated_gib']:.2f} GiB "
-          f"({out['peak_reserved_gib']:.2f} reserved){mfu_text} |", file=sys.stderr)
+          f"({out['peak_reserved_gib']:.2f} reserved, host {max(host_peak.values()) / 2**30:.1f}){mfu_text} |", file=sys.stderr)
 
 
 if __name__ == "__main__":

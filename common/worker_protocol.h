@@ -93,6 +93,7 @@ struct MemorySnapshot {
   int64_t comm_buffer_bytes = 0;
   int64_t host_rss_bytes = 0;
   int64_t device_reserved_peak_bytes = 0;  // the caching allocator's peak reservation
+  int64_t host_peak_rss_bytes = 0;  // the largest resident set so far (getrusage), loading too
 };
 
 // The data-parallel strategy a rank actually runs (what its strategy object says of itself, not

@@ -56,6 +56,7 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   m->set_comm_buffer_bytes(in.memory.comm_buffer_bytes);
   m->set_host_rss_bytes(in.memory.host_rss_bytes);
   m->set_device_reserved_peak_bytes(in.memory.device_reserved_peak_bytes);
+  m->set_host_peak_rss_bytes(in.memory.host_peak_rss_bytes);
   v1::StrategyReport* s = out->mutable_strategy();
   s->set_zero_stage(in.strategy.zero_stage);
   s->set_world_size(in.strategy.world_size);
@@ -94,7 +95,7 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   const v1::MemoryReport& m = in.memory();
   p.memory = {m.device_allocated_bytes(), m.device_peak_bytes(), m.master_weight_bytes(),
               m.optimizer_state_bytes(), m.gradient_bytes(), m.comm_buffer_bytes(),
-              m.host_rss_bytes(), m.device_reserved_peak_bytes()};
+              m.host_rss_bytes(), m.device_reserved_peak_bytes(), m.host_peak_rss_bytes()};
   const v1::StrategyReport& s = in.strategy();
   p.strategy = {s.zero_stage(),
                 s.world_size(),

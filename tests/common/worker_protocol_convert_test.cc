@@ -35,7 +35,7 @@ TEST(CommonWorkerProtocol, ProgressRoundTripsEveryField) {
   in.tokens_per_second = 19864.5;
   in.eval_loss = 1.5;
   in.elapsed_seconds = 42.75;
-  in.memory = {101, 102, 103, 104, 105, 106, 107, 108};
+  in.memory = {101, 102, 103, 104, 105, 106, 107, 108, 109};
   in.strategy = {2, 4, 201, 202, true, true, true, true, 203, 204, 0.25};
   in.epoch_records = {301, 302, 303, 304};
   in.total_records = {401, 402, 403, 404};
@@ -63,6 +63,7 @@ TEST(CommonWorkerProtocol, ProgressRoundTripsEveryField) {
   EXPECT_EQ(m.comm_buffer_bytes, 106);
   EXPECT_EQ(m.host_rss_bytes, 107);
   EXPECT_EQ(m.device_reserved_peak_bytes, 108);
+  EXPECT_EQ(m.host_peak_rss_bytes, 109);
   const StrategySnapshot& s = out.strategy;
   EXPECT_EQ(s.zero_stage, 2);
   EXPECT_EQ(s.world_size, 4);

@@ -31,6 +31,10 @@ void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory) {
     fclose(f);
   }
   memory->host_rss_bytes = static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    memory->host_peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux: KiB
+  }
 }
 
 int64_t PeakMemoryBytes(const c10::Device& device) {
