@@ -28,7 +28,9 @@
 #                    ours with zero_optimization.offload_param: {device: cpu} (the 4-bit base
 #                    weights in pinned host memory, copied a layer ahead)
 #   ours-70bnf4-mbN-offparam  the whole LLaMA-2-70B shape, pre-quantized (random NF4 codes),
-#                    micro-batch N, checkpointing, offload_param: cpu, max_memory_gib: 24, one GPU
+#                    micro-batch N, checkpointing auto under max_memory_gib: 24, offload_param: cpu
+#   ours-70bnf4-mbN-planned  the same with the stage and offload_param left to the workers
+#                    (stage: auto): what the memory planner chooses under the 24 GiB budget
 #   ours-auto24      ours, 1 GPU, micro-batch 4, enable_gradient_checkpointing: auto with
 #                    max_memory_gib: 24 (the split the worker chose is in results.jsonl); the
 #                    summary compares it with the best anchor whose peak allocation fits 24 GiB
@@ -323,7 +325,10 @@ for part in $parts; do
       bash -c 'ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
     ours-70bnf4-mb*-offparam) mb=${part#ours-70bnf4-mb}; mb=${mb%%-*}
       run_part "$part" 300 env BENCH_OFFLOAD_PARAM=cpu bash -c 'with_70b_nf4 ours_job "$@"' _ "$part" \
-        "$gpus_1" "$mb" true:24 ;;
+        "$gpus_1" "$mb" auto:24 ;;
+    ours-70bnf4-mb*-planned) mb=${part#ours-70bnf4-mb}; mb=${mb%%-*}
+      run_part "$part" 300 env BENCH_STAGE=auto bash -c 'with_70b_nf4 ours_job "$@"' _ "$part" \
+        "$gpus_1" "$mb" auto:24 ;;
     ours-70b-mb1-offparam) run_part "$part" 60 env BENCH_OFFLOAD_PARAM=cpu \
       bash -c 'with_70b ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
     ours-mb4-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-mb4-off}" \

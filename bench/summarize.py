@@ -80,7 +80,7 @@ def main():
     p.add_argument("events")
     p.add_argument("--gpus", default="0")
     p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--stage", type=int, default=2)
+    p.add_argument("--stage", default="2", help="the job file's stage (auto: the ranks' report)")
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--model", help="the model folder (its config.json gives the FLOPs); none: no MFU")
     p.add_argument("--lora-r", type=int, default=16)
@@ -128,7 +128,16 @@ def main():
                 "max_memory_gib": float(a.max_memory_gib) if a.max_memory_gib else None,
                 "planned_peak_gib": [round(int(c.get("planned_peak_bytes", 0)) / 2**30, 2) for c in reports],
                 "measured_peak_gib": [round(int(c.get("measured_peak_bytes", 0)) / 2**30, 2) for c in reports]}
-    variant = f"nf4-dq+bf16 ZeRO-{a.stage}"
+    # The stage and base-weight placement the ranks reported (a stage left to the workers is
+    # theirs to plan), else the job file's.
+    last = [steps[max(steps)].get("strategy", {}) for steps in progress.values()]
+    stage = max(int(s.get("zero_stage", -1)) for s in last)
+    stage = stage if stage >= 0 else int(a.stage) if a.stage.isdigit() else a.stage
+    variant = f"nf4-dq+bf16 ZeRO-{stage}" + (" (auto)" if a.stage == "auto" else "")
+    if any(s.get("base_weights_in_host_memory") for s in last):
+        variant += ", base weights streamed from host memory"
+    elif any(s.get("partitioned_base_weights") for s in last):
+        variant += ", base weights sharded"
     # Offloaded layers are not recomputed: the count the ranks reported (auto's choice), else the
     # job file's.
     reported = [int(steps[max(steps)].get("checkpointing", {}).get("offloaded_layers", 0))
@@ -154,7 +163,7 @@ def main():
         variant += f", weights of {held} layers held dequantized" + (" (auto)" if count == "auto" else "")
     gpus = len(a.gpus.split(","))
     out = {"impl": "ours", "label": a.label, "variant": variant, "state": state,
-           "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": a.stage, "seq": a.seq,
+           "gpus": gpus, "micro_batch": a.micro_batch, "zero_stage": stage, "seq": a.seq,
            "checkpointing": checkpointing, "recomputed_fraction": round(fraction, 4), "packing": packing, "row_fill": round(statistics.mean(fills), 4),
            "model": os.path.abspath(a.model) if a.model else None,
            "lora_r": a.lora_r,
@@ -178,7 +187,7 @@ def main():
     print(json.dumps(out))
     mfu_text = f" | MFU {out['mfu']:.1%} HFU {out['hfu']:.1%}" if "mfu" in out else ""
     packed = f" seq {a.seq} packed ({out['row_fill']:.1%} full) |" if packing else ""
-    print(f"| {a.label} | {gpus} GPU | mb {a.micro_batch} |{packed} ZeRO-{a.stage} | {out['tokens_per_s']:,.0f} tok/s/GPU "
+    print(f"| {a.label} | {gpus} GPU | mb {a.micro_batch} |{packed} ZeRO-{stage} | {out['tokens_per_s']:,.0f} tok/s/GPU "
           f"({out['tokens_per_s_min']:,.0f}-{out['tokens_per_s_max']:,.0f}) | {out['peak_allocated_gib']:.2f} GiB "
           f"({out['peak_reserved_gib']:.2f} reserved, host {max(host_peak.values()) / 2**30:.1f}){mfu_text} |", file=sys.stderr)
 

@@ -3,7 +3,7 @@
 // product formed in float32 and rounded once to the buffer's dtype: ColumnsAfter's arithmetic,
 // quantize_4bit.h), or to a copy of a source of the buffer's dtype. The weights a model holds
 // dequantized take their adapters' columns and rows this way once an optimizer step
-// (worker/engine/resident_weights.h), where each layer's forward and backward wrote its own: at
+// (worker/engine/dequantized_layers.h), where each layer's forward and backward wrote its own: at
 // 7B with 26 layers held, 182 launches of a few microseconds a step, now one every four layers.
 #pragma once
 

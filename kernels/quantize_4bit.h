@@ -78,7 +78,7 @@ struct ColumnsAfter {
 void Dequantize4bitInto(const Quantized4bit& q, const at::Tensor& out,
                         const ColumnsAfter* after = nullptr);
 // Just `after`'s columns after the rows of out [rows, cols] (what Dequantize4bitInto writes there
-// too), for a weight written there otherwise (a dense one copied in, or one held dequantized):
+// too), for a weight written there otherwise (a dense one copied in, or one kept dequantized):
 // one launch on CUDA (block_writes.h), ATen ops elsewhere.
 void WriteColumnsAfter(const at::Tensor& out, const ColumnsAfter& after);
 // The blocks WriteColumnsAfter(out, after) writes (out float32, float16 or bfloat16): zeros,

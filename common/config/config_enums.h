@@ -22,7 +22,7 @@ enum class PlacementStrategy { kPack, kSpread, kStrictPack, kStrictSpread };
 enum class DatasetFormat { kAuto, kJsonl, kCsv, kText, kParquet };  // data.format
 enum class MalformedRecords { kFail, kSkip };             // data.malformed_records
 // trainer.enable_gradient_checkpointing: every decoder layer, none, or as many as the memory
-// budget needs (trainer.max_memory_gib; the worker plans it, worker/engine/memory_plan.h).
+// budget needs (trainer.max_memory_gib; the worker plans it, worker/memory/activation_plan.h).
 enum class CheckpointingMode { kAll, kNone, kAuto };
 
 template <typename E>

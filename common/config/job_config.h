@@ -53,6 +53,10 @@ struct StrategyConfig {
   int64_t allgather_bucket_size = 500000000;
   bool overlap_comm = true;
   bool contiguous_gradients = true;
+  // The stage is the workers' to plan from the memory budget (no stage written, or stage: auto;
+  // worker/memory/base_weight_plan.h): zero_stage holds the floor (2) until they do. The resolved
+  // file says stage: auto.
+  bool zero_stage_auto = false;
   // offload_param: {device: cpu}: the frozen base weights wait in host memory (pinned unless
   // pin_memory: false) and are copied to the GPU a layer ahead of use, on any stage.
   bool offload_param = false;
@@ -104,7 +108,7 @@ struct TrainerConfig {
   int64_t eval_steps = 0;                   // 0 = evaluate at the end of each epoch
   // enable_gradient_checkpointing: true (every decoder layer is activation-checkpointed), false
   // (none), or auto: the worker leaves as many of the last layers uncheckpointed as fit
-  // max_memory_gib and reports its choice (worker/engine/memory_plan.h).
+  // max_memory_gib and reports its choice (worker/memory/activation_plan.h).
   CheckpointingMode gradient_checkpointing = CheckpointingMode::kAll;
   // With auto only (the parser refuses it otherwise): the per-GPU budget in GiB (2^30 bytes) for
   // what PyTorch allocates during a step. 0 = unset: the GPU's free memory when the worker
@@ -116,11 +120,11 @@ struct TrainerConfig {
   int64_t offload_activation_layers = 0;
   // offload_activation_layers: auto (the count above unused): the worker measures its host link
   // and GEMM rate and offloads as many layers as the link keeps up with (copies out, their
-  // backlog, copies back) where that spares recomputation (worker/engine/offload_plan.h); none
+  // backlog, copies back) where that spares recomputation (worker/memory/activation_offload_plan.h); none
   // without checkpointing.
   bool offload_activation_auto = false;
   // This many decoder layers (the top ones) hold their 4-bit weights dequantized in the compute
-  // dtype for the whole job (worker/engine/resident_weights.h): no dequantization in their
+  // dtype for the whole job (worker/engine/dequantized_layers.h): no dequantization in their
   // forward or backward, ~2 bytes per weight more each (~0.4 GB a 7B layer). 0 = off.
   int64_t dequantized_weight_layers = 0;
   // dequantized_weight_layers: auto (the count above unused): after the first step, as many

@@ -72,9 +72,13 @@ void WriteStrategy(Writer& w, const StrategyConfig& s) {
     // Accepted so that DeepSpeed job files run unchanged, but nothing reads them: the resolved
     // copy says so next to each.
     constexpr char kNoEffect[] = "accepted for DeepSpeed compatibility; no effect here";
-    w.Begin("zero_optimization")
-        .Integer("stage", s.zero_stage)
-        .Integer("reduce_bucket_size", s.reduce_bucket_size)
+    w.Begin("zero_optimization");
+    if (s.zero_stage_auto) {
+      w.Word("stage", "auto");
+    } else {
+      w.Integer("stage", s.zero_stage);
+    }
+    w.Integer("reduce_bucket_size", s.reduce_bucket_size)
         .Integer("allgather_bucket_size", s.allgather_bucket_size);
     w.raw() << YAML::Comment(kNoEffect);
     w.Bool("overlap_comm", s.overlap_comm);

@@ -326,7 +326,7 @@ absl::Status ReadStrategy(const MapReader& backend_trainer, const QuantizationCo
     QLORA_RETURN_IF_ERROR(strategy->ReadString("zero_stage_reason", &written_reason));
   }
   absl::StatusOr<ZeroStageChoice> choice =
-      ChooseZeroStage(s->type, written_stage, written_auto, quant.enabled);
+      ChooseZeroStage(s->type, written_stage, written_auto, quant.enabled, s->offload_param);
   if (!choice.ok()) {
     ErrorSite* site = backend_trainer.site();
     const std::string stage_path = absl::StrCat(stage_key_path, ".stage");
@@ -334,6 +334,7 @@ absl::Status ReadStrategy(const MapReader& backend_trainer, const QuantizationCo
   }
   s->zero_stage = choice->stage;
   s->zero_stage_reason = reason_written ? written_reason : choice->reason;
+  s->zero_stage_auto = choice->automatic;
 
   if (fp16 && bf16) {
     return strategy->Error("bf16", "fp16 and bf16 cannot both be enabled (DeepSpeed refuses "
@@ -500,8 +501,8 @@ absl::Status ReadLayersOrAuto(const MapReader& trainer, const std::string& key, 
 
 // enable_gradient_checkpointing: a boolean or `auto`; max_memory_gib: the budget auto plans for,
 // refused where nothing plans by it (checkpointing true or false without dequantized_weight_layers:
-// auto, so a budget there would be silently unused).
-absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t) {
+// auto and with a written ZeRO stage, so a budget there would be silently unused).
+absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t, bool stage_planned) {
   const std::string key = "enable_gradient_checkpointing";
   const YAML::Node value = trainer.Get(key);
   if (trainer.Has(key) && IsPlainScalar(value) && value.Scalar() == "auto") {
@@ -522,17 +523,18 @@ absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t) {
   QLORA_RETURN_IF_ERROR(
       trainer.ReadNumber("max_memory_gib", {0, false}, {1e6, true}, &t->max_memory_gib));
   if (trainer.Has("max_memory_gib") && t->gradient_checkpointing != CheckpointingMode::kAuto &&
-      !t->dequantized_weights_auto) {
+      !t->dequantized_weights_auto && !stage_planned) {
     return trainer.Error("max_memory_gib",
                          absl::StrCat("applies only with enable_gradient_checkpointing: auto "
                                       "(it is ", EnumName(t->gradient_checkpointing),
-                                      ") or dequantized_weight_layers: auto; set one or remove "
+                                      "), dequantized_weight_layers: auto or a ZeRO stage left "
+                                      "to the service (stage: auto); set one or remove "
                                       "max_memory_gib"));
   }
   return absl::OkStatus();
 }
 
-absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
+absl::Status ReadTrainer(const MapReader& top, bool stage_planned, TrainerConfig* t) {
   QLORA_ASSIGN_OR_RETURN(MapReader trainer, top.OpenMap("trainer"));
   QLORA_RETURN_IF_ERROR(trainer.ReadChoice("type", {"finetune", "none"}, &t->type));
   QLORA_RETURN_IF_ERROR(RejectAuto(trainer, "batch_size", "an integer >= 1"));
@@ -558,7 +560,7 @@ absl::Status ReadTrainer(const MapReader& top, TrainerConfig* t) {
   if (norm.IsDefined() && norm.IsNull()) t->max_grad_norm = 0;  // null: no clipping
   QLORA_RETURN_IF_ERROR(
       clipping.ReadNumber("clipglobalnorm", {0, true}, {kInf, true}, &t->max_grad_norm));
-  QLORA_RETURN_IF_ERROR(ReadCheckpointing(trainer, t));
+  QLORA_RETURN_IF_ERROR(ReadCheckpointing(trainer, t, stage_planned));
   QLORA_RETURN_IF_ERROR(
       trainer.ReadInt("steps_per_checkpoint", 0, kInt64Max, &t->steps_per_checkpoint));
   QLORA_RETURN_IF_ERROR(
@@ -780,7 +782,7 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   presence.quantization_written = top.Get("quantization").IsDefined();
   QLORA_RETURN_IF_ERROR(ReadQuantization(top, &c.quantization));
   QLORA_RETURN_IF_ERROR(ReadBackend(top, c.quantization, &c.backend));
-  QLORA_RETURN_IF_ERROR(ReadTrainer(top, &c.trainer));
+  QLORA_RETURN_IF_ERROR(ReadTrainer(top, c.backend.strategy.zero_stage_auto, &c.trainer));
   QLORA_RETURN_IF_ERROR(ReadData(top, &c.data, &presence));
   QLORA_RETURN_IF_ERROR(config_internal::ReadLudwigDataSections(top, &c.data, &presence.split));
   QLORA_RETURN_IF_ERROR(config_internal::ReadGeneration(top, &c.generation));

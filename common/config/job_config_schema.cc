@@ -160,13 +160,14 @@ SchemaNode BuildSchema() {
                      Leaf("zero_stage_reason", {"string", "", "written by the service in the "
                                                               "resolved file: why this stage"}),
                      Map("zero_optimization", {"mapping", "", "", kDeepSpeed},
-                         {Leaf("stage", {"0, 1, 2 or 3", "2",
+                         {Leaf("stage", {"0, 1, 2, 3 or auto", "auto",
                                          "0 replicates the optimizer; 1 partitions the fp32 "
                                          "master weights and optimizer state; 2 also the "
                                          "gradients; 3 also the frozen 4-bit base weights, "
                                          "each layer gathered in its 4-bit form just before "
-                                         "use. A job that names none gets 2 and the resolved "
-                                         "file says why", kDeepSpeed}),
+                                         "use. auto (or none written): the workers plan the "
+                                         "lowest of 2, 3 and 3 with offload_param that fits "
+                                         "the memory budget, and say which and why", kDeepSpeed}),
                           Leaf("reduce_bucket_size", {"integer >= 1", "500000000",
                                                       "elements per gradient bucket",
                                                       kDeepSpeed}),

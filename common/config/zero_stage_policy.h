@@ -3,8 +3,9 @@
 //
 //   strategy ddp                      -> 0
 //   deepspeed, stage 0-3 written      -> that stage, "set in the job file"
-//   deepspeed, no stage / stage: auto -> 2, with the reason (the original defaulted to 3,
-//                                        assuming an unquantized model that may not fit one GPU)
+//   deepspeed, no stage / stage: auto -> planned by the workers (automatic; 2 until then) from
+//                                        the memory budget (worker/memory/base_weight_plan.h),
+//                                        unless offload_param's device is cpu (then 2)
 #pragma once
 
 #include <optional>
@@ -18,6 +19,7 @@ namespace qlora {
 struct ZeroStageChoice {
   int stage = 2;
   std::string reason;
+  bool automatic = false;  // the workers plan it (StrategyConfig::zero_stage_auto)
 };
 
 inline constexpr char kZeroStageFromJobFile[] = "set in the job file";
@@ -27,6 +29,7 @@ inline constexpr char kZeroStageFromJobFile[] = "set in the job file";
 // message is the problem only (the caller adds file, line and field).
 absl::StatusOr<ZeroStageChoice> ChooseZeroStage(StrategyType strategy_type,
                                                 std::optional<int> written_stage,
-                                                bool written_auto, bool quantized_4bit);
+                                                bool written_auto, bool quantized_4bit,
+                                                bool offload_param = false);
 
 }  // namespace qlora

@@ -35,6 +35,11 @@ struct BnbQuantizationConfig {
   std::string compute_dtype = "float32";  // bnb_4bit_compute_dtype
 };
 
+// The seven projections of a decoder layer, by their HF module names, in the order the engine,
+// the adapters and the memory plans list them.
+inline constexpr const char* kProjectionNames[] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                   "gate_proj", "up_proj", "down_proj"};
+
 struct LlamaConfig {
   std::string model_type = "llama";   // the family (model_family.h)
   int64_t vocab_size = 32000;

@@ -66,8 +66,13 @@ TEST(ConfigEmitTest, StatesTheStageAndItsReason) {
   absl::StatusOr<JobConfig> c = testing::ParseNoPaths("base_model: m\nadapter: {type: lora}\n");
   ASSERT_TRUE(c.ok()) << c.status();
   const std::string yaml = EmitResolvedJobYaml(*c);
-  EXPECT_THAT(yaml, HasSubstr("stage: 2"));
+  EXPECT_THAT(yaml, HasSubstr("stage: auto"));
   EXPECT_THAT(yaml, HasSubstr("zero_stage_reason: \"not set in the job file"));
+  // The workers read the resolved file: it must stay theirs to plan.
+  absl::StatusOr<JobConfig> again = testing::ParseNoPaths(yaml);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->backend.strategy.zero_stage_auto);
+  EXPECT_EQ(again->backend.strategy.zero_stage_reason, c->backend.strategy.zero_stage_reason);
 }
 
 TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {

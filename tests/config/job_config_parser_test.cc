@@ -209,6 +209,17 @@ TEST_P(ConfigStrategyFormsTest, ResolvesTypeStageAndReason) {
   EXPECT_EQ(EnumName(c.backend.strategy.type), p.type);
   EXPECT_EQ(c.backend.strategy.zero_stage, p.stage);
   EXPECT_THAT(c.backend.strategy.zero_stage_reason, HasSubstr(p.reason_part));
+  // A stage neither written nor fixed by strategy ddp is the workers' to plan.
+  const bool planned = p.type == "deepspeed" && p.reason_part != "set in the job file";
+  EXPECT_EQ(c.backend.strategy.zero_stage_auto, planned) << p.backend_yaml;
+}
+
+TEST(ConfigParserTest, StreamedBaseWeightsWrittenFixTheStage) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, "backend: {trainer: {strategy: {zero_optimization: "
+                                                     "{offload_param: {device: cpu}}}}}\n"));
+  EXPECT_EQ(c.backend.strategy.zero_stage, 2);
+  EXPECT_FALSE(c.backend.strategy.zero_stage_auto);
+  EXPECT_THAT(c.backend.strategy.zero_stage_reason, HasSubstr("offload_param's device cpu"));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -437,10 +448,11 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
             "trainer.max_memory_gib: must be a number"},
            {"{max_memory_gib: 24}",
             "trainer.max_memory_gib: applies only with enable_gradient_checkpointing: auto (it "
-            "is true) or dequantized_weight_layers: auto; set one or remove max_memory_gib"},
+            "is true), dequantized_weight_layers: auto or a ZeRO stage left to the service "
+            "(stage: auto); set one or remove max_memory_gib"},
            {"{enable_gradient_checkpointing: false, dequantized_weight_layers: 4, "
             "max_memory_gib: 24}",
-            "(it is false) or dequantized_weight_layers: auto"},
+            "(it is false), dequantized_weight_layers: auto"},
            {"{dequantized_weight_layers: -2}",
             "trainer.dequantized_weight_layers: must be a number of layers (an integer >= 0) or "
             "auto, got '-2'"},
@@ -457,7 +469,10 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
             "auto, got 'some'"},
            {"{offload_activation_layers: \"auto\"}", "trainer.offload_activation_layers"},
        }) {
-    absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(kMinimal, "trainer: ", k.trainer, "\n"));
+    // A written stage: a stage left to the service plans by max_memory_gib too.
+    absl::StatusOr<JobConfig> c = ParseNoPaths(
+        absl::StrCat(kMinimal, "trainer: ", k.trainer,
+                     "\nbackend: {trainer: {strategy: {zero_optimization: {stage: 2}}}}\n"));
     ASSERT_FALSE(c.ok()) << k.trainer;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << k.trainer;
     EXPECT_THAT(std::string(c.status().message()), HasSubstr(k.message)) << k.trainer;

@@ -31,7 +31,7 @@
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/peft_io.h"
-#include "worker/engine/resident_weights.h"
+#include "worker/engine/dequantized_layers.h"
 #include "worker/engine/tiny_model.h"
 
 namespace qlora::engine {
@@ -303,23 +303,23 @@ TEST(EngineModel, AdapterCopiesGiveBitwiseTheSameGradients) {
   }
 }
 
-// A held layer's buffer (resident_weights.h) as a whole: [rows, row stride] from its first
+// A dequantized layer's buffer (dequantized_layers.h) as a whole: [rows, row stride] from its first
 // weight's view.
-at::Tensor HeldBuffer(const FrozenWeight& first) {
-  const at::Tensor& r = first.resident;
+at::Tensor DequantizedBuffer(const FrozenWeight& first) {
+  const at::Tensor& r = first.dequantized;
   const int64_t ld = r.stride(0);
   const int64_t rows = static_cast<int64_t>(r.storage().nbytes()) / (ld * r.element_size());
   return at::empty({0}, r.options()).set_(r.storage(), 0, {rows, ld}, {ld, 1});
 }
 
-// Inside a training step's adapter scope, after its passes: the buffers of held layers 1 to
+// Inside a training step's adapter scope, after its passes: the buffers of dequantized layers 1 to
 // `held` - 1 hold their adapters as the passes read them, written by the forward's refreshes
-// (WriteHeldAdapters; layer 0's passes write their own, what they read) and still noted (no
+// (WriteDequantizedAdapters; layer 0's passes write their own, what they read) and still noted (no
 // pass wrote another layout over them): the q/k/v
 // and gate/up rows' columns [0 | scale B_i | 0] (and down's [scale B] where its forward is
 // widened, on a GPU), every group's As in the rows under its weights, each in the compute dtype
 // with the float32 product rounded once.
-void ExpectHeldAdapters(const LlamaForCausalLM& model, int64_t held, bool widened_down) {
+void ExpectDequantizedAdapters(const LlamaForCausalLM& model, int64_t held, bool widened_down) {
   const AdapterCopies& copies = model.adapter_copies();
   const at::ScalarType dtype = model.compute_dtype();
   for (int64_t i = 1; i < held; ++i) {
@@ -334,7 +334,7 @@ void ExpectHeldAdapters(const LlamaForCausalLM& model, int64_t held, bool widene
       bool adapters = true;
       for (const LinearLayer* l : group) adapters = adapters && l->lora && l->lora->dropout == 0;
       if (!adapters) continue;
-      const at::Tensor buffer = HeldBuffer(group[0]->base).cpu();
+      const at::Tensor buffer = DequantizedBuffer(group[0]->base).cpu();
       const int64_t in = group[0]->base.in_features;
       int64_t rows = 0, rank_sum = 0;
       for (const LinearLayer* l : group) rows += l->base.out_features, rank_sum += l->lora->b.size(1);
@@ -359,26 +359,26 @@ void ExpectHeldAdapters(const LlamaForCausalLM& model, int64_t held, bool widene
         offset += r;
       }
     }
-    std::vector<HeldWrites> writes = {
-        HeldRowsBelow({&layer.q_proj, &layer.k_proj, &layer.v_proj}, true),
-        HeldRowsBelow({&layer.o_proj}, true), HeldRowsBelow({&layer.down_proj}, true)};
+    std::vector<DequantizedWrites> writes = {
+        DequantizedRowsBelow({&layer.q_proj, &layer.k_proj, &layer.v_proj}, true),
+        DequantizedRowsBelow({&layer.o_proj}, true), DequantizedRowsBelow({&layer.down_proj}, true)};
     for (const auto& group : {groups[0], groups[2]}) {
-      for (HeldWrites& w : HeldGroupColumns(group, true)) writes.push_back(std::move(w));
+      for (DequantizedWrites& w : DequantizedGroupColumns(group, true)) writes.push_back(std::move(w));
     }
-    if (widened_down) writes.push_back(HeldWidenedColumns(layer.down_proj, true));
-    for (const HeldWrites& w : writes) {
+    if (widened_down) writes.push_back(DequantizedWidenedColumns(layer.down_proj, true));
+    for (const DequantizedWrites& w : writes) {
       if (!w.blocks.empty()) EXPECT_TRUE(copies.Written(w.key, w.signature));
     }
   }
 }
 
-// Layers that hold their NF4 weights dequantized (resident_weights.h, what
+// Layers that hold their NF4 weights dequantized (dequantized_layers.h, what
 // trainer.dequantized_weight_layers sets) compute bit for bit what dequantizing at each use
 // does: loss and gradients over two micro-batches, checkpointed or not, with adapters on every
 // projection (the fused nodes; on a GPU their widened GEMMs read the buffer in place), with
 // dropout (the per-layer nodes) and on two projections only (the 4-bit node without an
 // adapter); also after the adapters changed (a scope's first forward writes the B columns and
-// the As once, ExpectHeldAdapters). The buffers take what DequantizedLayerBytes says and are
+// the As once, ExpectDequantizedAdapters). The buffers take what DequantizedLayerBytes says and are
 // dropped again.
 TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
   TempDir dir;
@@ -414,35 +414,35 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
           AdapterCopyScope scope(model.adapter_copies());
           return TwoMicroBatchGradients(model, ids, labels);
         };
-        const int64_t bytes_before = model.ResidentBytes();
+        const int64_t bytes_before = model.BuiltBytes();
         const at::Tensor merged_before = model.layers[0].q_proj.MergedWeight();
         const auto reference = step();
         model.SetDequantizedLayers(2);
         EXPECT_EQ(model.dequantized_layers(), 2);
-        EXPECT_FALSE(model.layers[2].down_proj.base.resident.defined());
-        EXPECT_TRUE(model.layers[0].down_proj.base.resident.defined());
+        EXPECT_FALSE(model.layers[2].down_proj.base.dequantized.defined());
+        EXPECT_TRUE(model.layers[0].down_proj.base.dequantized.defined());
         EXPECT_GT(model.DequantizedLayerBytes(), 0);
-        EXPECT_EQ(model.ResidentBytes(), bytes_before + 2 * model.DequantizedLayerBytes());
-        // On a GPU a held layer's codes wait in host memory (DequantizedLayerBytes counts them
+        EXPECT_EQ(model.BuiltBytes(), bytes_before + 2 * model.DequantizedLayerBytes());
+        // On a GPU a dequantized layer's codes wait in host memory (DequantizedLayerBytes counts them
         // out); the float32 merge of export still dequantizes them, to the same bits.
-        const kernels::Quantized4bit& held_codes = *model.layers[0].down_proj.base.quantized;
-        EXPECT_TRUE(held_codes.packed.is_cpu());
+        const kernels::Quantized4bit& dequantized_codes = *model.layers[0].down_proj.base.quantized;
+        EXPECT_TRUE(dequantized_codes.packed.is_cpu());
         EXPECT_EQ(model.layers[2].down_proj.base.quantized->packed.device(),
-                  held_codes.absmax.device());
+                  dequantized_codes.absmax.device());
         EXPECT_EQ(MovedCodeBytes(model.layers[0]) > 0, device.is_cuda());
         EXPECT_EQ(model.DequantizedLayerBytes(),
-                  ResidentWeightBytes(model.layers[0], at::kBFloat16) -
+                  DequantizedBufferBytes(model.layers[0], at::kBFloat16) -
                       MovedCodeBytes(model.layers[0]));
         EXPECT_TRUE(at::equal(model.layers[0].q_proj.MergedWeight(), merged_before));
         const auto held = step();
         {
           AdapterCopyScope scope(model.adapter_copies());
           TwoMicroBatchGradients(model, ids, labels);
-          ExpectHeldAdapters(model, 2, device.is_cuda());
+          ExpectDequantizedAdapters(model, 2, device.is_cuda());
         }
         model.SetDequantizedLayers(9);  // clamped: every layer
         EXPECT_EQ(model.dequantized_layers(), 3);
-        const auto all_held = step();
+        const auto all_dequantized = step();
         // Bit for bit on the CPU. On a GPU the held weights' GEMMs read rows of another stride,
         // where the tuner's cuBLASLt kernel (or ATen's, where ATen's call won the tuning) may be
         // another one for the same shape: there within bf16 rounding, and the test says which.
@@ -456,9 +456,9 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
         };
         for (const auto& [name, g] : reference) {
           same(name, g, held.at(name));
-          same(name, g, all_held.at(name));
+          same(name, g, all_dequantized.at(name));
         }
-        // The adapters change (as the optimizer changes them): the held layers compute with the
+        // The adapters change (as the optimizer changes them): the dequantized layers compute with the
         // new values, as dequantizing at each use does.
         RandomizeLoraB(model, 11);
         {
@@ -467,20 +467,20 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
             if (name.find("lora_A") != std::string::npos) const_cast<at::Tensor&>(p).mul_(1.5);
           }
         }
-        const auto changed_held = step();
+        const auto changed_dequantized = step();
         {
           AdapterCopyScope scope(model.adapter_copies());
           TwoMicroBatchGradients(model, ids, labels);
-          ExpectHeldAdapters(model, 3, device.is_cuda());
+          ExpectDequantizedAdapters(model, 3, device.is_cuda());
         }
         model.SetDequantizedLayers(0);
-        EXPECT_FALSE(model.layers[0].down_proj.base.resident.defined());
+        EXPECT_FALSE(model.layers[0].down_proj.base.dequantized.defined());
         EXPECT_EQ(model.layers[0].down_proj.base.quantized->packed.device(),
                   model.layers[0].down_proj.base.quantized->absmax.device());
-        EXPECT_EQ(model.ResidentBytes(), bytes_before);
+        EXPECT_EQ(model.BuiltBytes(), bytes_before);
         const auto changed = step();
         for (const auto& [name, g] : changed) {
-          same(name, g, changed_held.at(name));
+          same(name, g, changed_dequantized.at(name));
           if (name.rfind("loss_sum", 0) == 0) EXPECT_FALSE(at::equal(g, reference.at(name)));
         }
       }
@@ -488,7 +488,7 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
   }
 }
 
-// Checkpointing the first n of L layers (the auto mode's split, memory_plan.h) computes exactly
+// Checkpointing the first n of L layers (the auto mode's split, activation_plan.h) computes exactly
 // what all or none does: the same ops on the same values, the dropout masks replayed.
 TEST(EngineModel, CheckpointingTheFirstNLayersGivesBitwiseTheSameLossAndGradients) {
   TempDir dir;

@@ -18,9 +18,11 @@ inline std::string SourceDir() {
   return src ? src : QLORA_DEFAULT_SOURCE_DIR;
 }
 
-inline absl::Status MakeTinyModelWithExampleTokenizer(const std::string& dir) {
+// `layers` > 0: that many decoder layers (else the tiny model's).
+inline absl::Status MakeTinyModelWithExampleTokenizer(const std::string& dir, int layers = 0) {
   engine::TinyModelOptions model;
   model.config.vocab_size = 512;  // the example tokenizer's
+  if (layers > 0) model.config.num_hidden_layers = layers;
   QLORA_RETURN_IF_ERROR(engine::MakeTinyModel(dir, model));
   for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
     QLORA_ASSIGN_OR_RETURN(std::string bytes,

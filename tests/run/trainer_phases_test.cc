@@ -27,6 +27,7 @@
 #include "tests/zero/gloo_world.h"
 #include "worker/comm/in_memory_store.h"
 #include "worker/engine/tiny_model.h"
+#include "worker/memory/base_weight_plan.h"
 #include "tests/run/tiny_model_dir.h"
 #include "worker/run/checkpoint_dirs.h"
 #include "worker/run/run_options.h"
@@ -434,6 +435,46 @@ TEST_F(TrainerPhases, BaseWeightsInAStoreLeaveLossesAndAdapterAsTheyAre) {
       EXPECT_TRUE(at::equal(tensor, merged[k].at(name))) << k << " " << name;
     }
   }
+}
+
+// A stage left to the service (no stage written): the rank plans where the base weights go for
+// the budget before loading. A budget between what streaming and what whole weights need gets
+// stage 3 with the weights in host memory, and its progress says so; the run trains as stage 2
+// would, bit for bit (tests/zero/base_weights_test.cc proves the equality; here, the loss).
+TEST_F(TrainerPhases, AStageLeftToTheServiceStreamsWhatDoesNotFit) {
+  std::vector<double> losses;
+  for (const bool tight : {false, true}) {
+    TrainingContext context = Context(tmp_ / (tight ? "planned-tight" : "planned-roomy"));
+    context.config.backend.strategy.zero_stage_auto = true;
+    context.config.trainer.train_steps = 2;
+    // Six 4-bit layers: streaming keeps two whole where the device would hold six.
+    context.config.quantization.enabled = true;
+    context.config.base_model_path = tmp_ / (tight ? "six-tight" : "six-roomy");
+    ASSERT_TRUE(testing::MakeTinyModelWithExampleTokenizer(context.config.base_model_path, 6).ok());
+    absl::StatusOr<engine::LlamaConfig> shape = engine::LoadLlamaConfig(context.config.base_model_path);
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    memory::BaseWeightPlanRequest r;
+    r.activations = memory::ActivationRequestFor(context.config, *shape, /*cuda=*/false);
+    r.quantization = context.config.quantization;
+    const int64_t whole = memory::PlannedPeakWith(r, memory::BaseWeightPlacement::kOnDevice);
+    const int64_t streamed = memory::PlannedPeakWith(r, memory::BaseWeightPlacement::kStreamed);
+    ASSERT_LT(streamed, whole);
+    const double usable = tight ? (whole + streamed) / 2.0 : 2.0 * whole;
+    context.config.trainer.max_memory_gib = usable / (1 - 0.08) / (1 << 30);
+    std::vector<ProgressSnapshot> reports;
+    context.report_progress = [&](const ProgressSnapshot& p) { reports.push_back(p); };
+    auto trainer = Trainer::Create(context);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const strategy::StrategyDescription d = (*trainer)->strategy().Describe();
+    EXPECT_EQ(d.stage, tight ? 3 : 2);
+    EXPECT_EQ(d.partitions_base_weights, tight);
+    ASSERT_TRUE((*trainer)->Run().ok());
+    ASSERT_FALSE(reports.empty());
+    EXPECT_EQ(reports.back().strategy.zero_stage, tight ? 3 : 2);
+    EXPECT_EQ(reports.back().strategy.base_weights_in_host_memory, tight);
+    losses.push_back(reports.back().loss);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
 }
 
 // trainer.enable_gradient_checkpointing: auto plans the split for max_memory_gib once the model

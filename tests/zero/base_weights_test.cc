@@ -1,4 +1,4 @@
-// Stage 3's partitioned base weights and host-resident weights (worker/engine/base_weight_store.h)
+// Stage 3's partitioned base weights and weights streamed from host memory (worker/engine/base_weight_store.h)
 // against a model whose weights sit whole in its layers: a layer's 4-bit storage survives the
 // trip through one byte buffer bit for bit; a model whose layers come from a store (partitioned
 // over 2 or 4 Gloo ranks, or in host memory) computes the same loss and LoRA gradients bit for
@@ -141,7 +141,7 @@ TEST(ZeroBaseWeights, LayerBytesRoundTripBitForBit) {
   }
 }
 
-TEST(ZeroBaseWeights, HostResidentAndWorldOneEqualResident) {
+TEST(ZeroBaseWeights, StreamedAndWorldOneEqualWholeWeights) {
   testing::TempDir dir;
   const std::string path = MakeModel(dir);
   auto resident = Load(path, Options(true));
@@ -155,7 +155,7 @@ TEST(ZeroBaseWeights, HostResidentAndWorldOneEqualResident) {
     auto model = Load(path, Options(true, store));
     ASSERT_NE(model, nullptr);
     EXPECT_EQ(model->base_weight_store(), store.get());
-    ExpectSame(expected, TwoSteps(*model), on_host ? "host-resident" : "stage 3 at world 1");
+    ExpectSame(expected, TwoSteps(*model), on_host ? "streamed from host memory" : "stage 3 at world 1");
     const engine::BaseWeightStats stats = store->stats();
     EXPECT_GT(stats.fetches, 0);
     if (on_host && TestDevice().is_cuda()) {

@@ -49,7 +49,7 @@ class AdapterCopies {
   int64_t cached_bytes() const;
 
   // Writes made from the adapters while a scope is open (the adapters' columns and rows of the
-  // weights held dequantized, resident_weights.h), so that a pass that would write the same
+  // weights kept dequantized, dequantized_layers.h), so that a pass that would write the same
   // again skips it: where a write went (`key`) and what it wrote (`signature`: its destinations
   // and sources, tensors whose values the scope fixes). Written is false outside any scope, and
   // every note goes when the last scope ends.

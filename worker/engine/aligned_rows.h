@@ -1,6 +1,6 @@
 // The row alignment of the engine's widened operands and of rows with spare columns (the LoRA
 // node's widened GEMMs, packed gate/up rows, packed gradient rows, the norms' gradient rows):
-// one definition for the LoRA nodes, which lay rows out, and memory_plan.cc, which counts them.
+// one definition for the LoRA nodes, which lay rows out, and activation_plan.cc, which counts them.
 // Torch-free.
 #pragma once
 

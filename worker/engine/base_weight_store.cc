@@ -1,4 +1,4 @@
-// BaseWeightStore: partitioned and host-resident frozen base weights (base_weight_store.h).
+// BaseWeightStore: partitioned and streamed (host memory) frozen base weights (base_weight_store.h).
 #include "worker/engine/base_weight_store.h"
 
 #include <algorithm>

@@ -79,7 +79,7 @@ void StripLayerWeights(DecoderLayer& layer) {
     FrozenWeight& base = layer.Linear(name).base;
     base.quantized.reset();
     base.dense = at::Tensor();
-    base.resident = at::Tensor();
+    base.dequantized = at::Tensor();
   }
 }
 

@@ -27,12 +27,12 @@ using linear4bit_internal::ApplyLoraWideGroup;
 using linear4bit_internal::ApplySwigluLora;
 using linear4bit_internal::DownOverWidenedRows;
 using linear4bit_internal::HasSpareColumns;
-using linear4bit_internal::HeldAs;
-using linear4bit_internal::HeldPackedColumns;
-using linear4bit_internal::HeldWidened;
+using linear4bit_internal::DequantizedAs;
+using linear4bit_internal::DequantizedPackedColumns;
+using linear4bit_internal::DequantizedWidened;
 using linear4bit_internal::InDtype;
 using linear4bit_internal::LoraForward;
-using linear4bit_internal::ResidentRows;
+using linear4bit_internal::DequantizedRows;
 using linear4bit_internal::SwigluIntoWidenedRows;
 using torch::autograd::variable_list;
 
@@ -60,8 +60,8 @@ uint64_t BlocksSignature(const std::vector<kernels::BlockWrite>& blocks) {
 
 }  // namespace
 
-HeldWrites MakeHeldWrites(std::vector<kernels::BlockWrite> blocks, bool stable) {
-  HeldWrites w;
+DequantizedWrites MakeDequantizedWrites(std::vector<kernels::BlockWrite> blocks, bool stable) {
+  DequantizedWrites w;
   w.signature = BlocksSignature(blocks);
   w.key = blocks.empty() ? nullptr : blocks[0].out.data_ptr();
   w.blocks = std::move(blocks);
@@ -69,10 +69,10 @@ HeldWrites MakeHeldWrites(std::vector<kernels::BlockWrite> blocks, bool stable) 
   return w;
 }
 
-void WriteHeld(AdapterCopies* copies, const std::vector<HeldWrites>& writes) {
+void WriteDequantized(AdapterCopies* copies, const std::vector<DequantizedWrites>& writes) {
   std::vector<kernels::BlockWrite> blocks;
-  std::vector<const HeldWrites*> to_note;
-  for (const HeldWrites& w : writes) {
+  std::vector<const DequantizedWrites*> to_note;
+  for (const DequantizedWrites& w : writes) {
     if (w.blocks.empty()) continue;
     const bool noted = w.stable && copies != nullptr;
     if (noted && copies->Written(w.key, w.signature)) continue;
@@ -80,7 +80,7 @@ void WriteHeld(AdapterCopies* copies, const std::vector<HeldWrites>& writes) {
     if (noted) to_note.push_back(&w);
   }
   kernels::WriteBlocks(blocks);
-  for (const HeldWrites* w : to_note) copies->NoteWritten(w->key, w->signature);
+  for (const DequantizedWrites* w : to_note) copies->NoteWritten(w->key, w->signature);
 }
 
 namespace {
@@ -132,27 +132,27 @@ at::Tensor RotaryRows(const at::Tensor& y, const SharedInputRotary& rotary) {
   return Rotary(heads, rotary.cos, rotary.sin).transpose(1, 2).reshape(y.sizes());
 }
 
-// Whether every layer is held dequantized with an adapter that runs without dropout.
-bool HeldWithAdapters(const std::vector<const LinearLayer*>& layers, bool training) {
+// Whether every layer is kept dequantized with an adapter that runs without dropout.
+bool DequantizedWithAdapters(const std::vector<const LinearLayer*>& layers, bool training) {
   bool held = !layers.empty();
   for (const LinearLayer* layer : layers) {
-    held = held && layer->base.resident.defined() && AdapterWithoutDropout(*layer, training);
+    held = held && layer->base.dequantized.defined() && AdapterWithoutDropout(*layer, training);
   }
   return held;
 }
 
 }  // namespace
 
-std::vector<HeldWrites> HeldGroupColumns(const std::vector<const LinearLayer*>& layers,
+std::vector<DequantizedWrites> DequantizedGroupColumns(const std::vector<const LinearLayer*>& layers,
                                          bool training) {
-  if (!HeldWithAdapters(layers, training) || !Grouped(layers, training)) return {};
+  if (!DequantizedWithAdapters(layers, training) || !Grouped(layers, training)) return {};
   const int64_t in = layers[0]->base.in_features;
-  const at::ScalarType dtype = layers[0]->base.resident.scalar_type();
+  const at::ScalarType dtype = layers[0]->base.dequantized.scalar_type();
   if (!Packable(layers)) {  // each layer's widened weight (LoraWideGroupFunction's per layer)
-    std::vector<HeldWrites> writes;
+    std::vector<DequantizedWrites> writes;
     int64_t offset = 0;
     for (const LinearLayer* layer : layers) {
-      writes.push_back(HeldWidened(layer->base, in, layer->lora->b, layer->lora->scale, offset,
+      writes.push_back(DequantizedWidened(layer->base, in, layer->lora->b, layer->lora->scale, offset,
                                    dtype));
       offset += layer->lora->b.size(1);
     }
@@ -166,21 +166,21 @@ std::vector<HeldWrites> HeldGroupColumns(const std::vector<const LinearLayer*>& 
     bases.push_back(&layer->base);
     b.push_back(layer->lora->b);
   }
-  const at::Tensor stacked = ResidentRows(bases, 0, in + rank_sum, dtype);
+  const at::Tensor stacked = DequantizedRows(bases, 0, in + rank_sum, dtype);
   if (!stacked.defined()) return {};
-  return {HeldPackedColumns(stacked, layers, b, in)};
+  return {DequantizedPackedColumns(stacked, layers, b, in)};
 }
 
-HeldWrites HeldWidenedColumns(const LinearLayer& layer, bool training) {
-  if (!HeldWithAdapters({&layer}, training)) return {};
-  return HeldWidened(layer.base, layer.base.in_features, layer.lora->b, layer.lora->scale, 0,
-                     layer.base.resident.scalar_type());
+DequantizedWrites DequantizedWidenedColumns(const LinearLayer& layer, bool training) {
+  if (!DequantizedWithAdapters({&layer}, training)) return {};
+  return DequantizedWidened(layer.base, layer.base.in_features, layer.lora->b, layer.lora->scale, 0,
+                     layer.base.dequantized.scalar_type());
 }
 
-HeldWrites HeldRowsBelow(const std::vector<const LinearLayer*>& layers, bool training) {
-  if (!HeldWithAdapters(layers, training)) return {};
+DequantizedWrites DequantizedRowsBelow(const std::vector<const LinearLayer*>& layers, bool training) {
+  if (!DequantizedWithAdapters(layers, training)) return {};
   const int64_t in = layers[0]->base.in_features;
-  const at::ScalarType dtype = layers[0]->base.resident.scalar_type();
+  const at::ScalarType dtype = layers[0]->base.dequantized.scalar_type();
   std::vector<const FrozenWeight*> bases;
   std::vector<at::Tensor> a;
   int64_t rows = 0, rank_sum = 0;
@@ -191,10 +191,10 @@ HeldWrites HeldRowsBelow(const std::vector<const LinearLayer*>& layers, bool tra
     rank_sum += layer->lora->a.size(0);
   }
   // The buffer's rows with the As' under the weights, as StackedWeights takes them.
-  const at::Tensor stacked = ResidentRows(bases, rank_sum, in, dtype);
+  const at::Tensor stacked = DequantizedRows(bases, rank_sum, in, dtype);
   if (!stacked.defined()) return {};
   AdapterCopies* copies = layers[0]->adapter_copies;
-  return HeldAs(stacked.narrow(0, rows, rank_sum), InDtype(copies, a, dtype), copies);
+  return DequantizedAs(stacked.narrow(0, rows, rank_sum), InDtype(copies, a, dtype), copies);
 }
 
 kernels::Quantized4bit WithCodesOnDevice(const kernels::Quantized4bit& q) {
@@ -217,24 +217,24 @@ at::Tensor BitsandbytesQuantMap(kernels::QuantType type) { return kernels::Seria
 
 at::Tensor Linear4bit(const at::Tensor& x, const kernels::Quantized4bit& weight) {
   return ApplyLinear4bit(x, &weight, /*value_unused=*/false, /*gemm=*/nullptr,
-                         /*resident=*/nullptr);
+                         /*dequantized=*/nullptr);
 }
 
 at::Tensor FrozenWeight::Materialize(at::ScalarType dtype) const {
-  if (resident.defined() && resident.scalar_type() == dtype) return resident;
+  if (dequantized.defined() && dequantized.scalar_type() == dtype) return dequantized;
   return quantized ? DequantizeWeight(*quantized, dtype) : dense.to(dtype);
 }
 
-bool FrozenWeight::IsResidentView(const at::Tensor& out) const {
-  return resident.defined() && out.data_ptr() == resident.data_ptr() &&
-         out.sizes() == resident.sizes() && out.strides() == resident.strides() &&
-         out.scalar_type() == resident.scalar_type();
+bool FrozenWeight::IsDequantizedView(const at::Tensor& out) const {
+  return dequantized.defined() && out.data_ptr() == dequantized.data_ptr() &&
+         out.sizes() == dequantized.sizes() && out.strides() == dequantized.strides() &&
+         out.scalar_type() == dequantized.scalar_type();
 }
 
 void FrozenWeight::MaterializeInto(const at::Tensor& out,
                                    const kernels::ColumnsAfter* after) const {
-  if (resident.defined()) {
-    if (!IsResidentView(out)) at::Tensor(out).copy_(resident);
+  if (dequantized.defined()) {
+    if (!IsDequantizedView(out)) at::Tensor(out).copy_(dequantized);
     if (after != nullptr) kernels::WriteColumnsAfter(out, *after);
     return;
   }
@@ -249,7 +249,7 @@ void FrozenWeight::MaterializeInto(const at::Tensor& out,
 at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
   const at::Tensor y =
       quantized ? ApplyLinear4bit(x, &*quantized, /*value_unused=*/false, /*gemm=*/nullptr,
-                                  &resident)
+                                  &dequantized)
                 : at::linear(x, dense.scalar_type() == x.scalar_type() ? dense
                                                                        : dense.to(x.scalar_type()));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
@@ -259,7 +259,7 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_u
   if (!lora) {
     // The 4-bit node itself where the recomputation skips its GEMM or the tuner runs it.
     if (base.quantized && !base.bias.defined() && (value_unused || gemm != nullptr)) {
-      return ApplyLinear4bit(x, &*base.quantized, value_unused, gemm, &base.resident);
+      return ApplyLinear4bit(x, &*base.quantized, value_unused, gemm, &base.dequantized);
     }
     return base.Apply(x);
   }

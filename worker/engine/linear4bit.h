@@ -4,7 +4,7 @@
 // autograd function dequantizes W in forward, multiplies and drops it; backward dequantizes again
 // for grad_input = grad_output W. W never gets a gradient and the dequantized copy is never kept
 // between forward and backward (what bitsandbytes' MatMul4Bit does), unless the weight is held
-// dequantized for the job (FrozenWeight::resident, resident_weights.h): then its view is used.
+// dequantized for the job (FrozenWeight::dequantized, dequantized_layers.h): then its view is used.
 //
 // LoRA (PEFT semantics, bias "none"): y = base(x) + B(A(dropout(x))) * scale, with A [r, in] and B [out, r]
 // trainable float32 parameters cast to the compute dtype (x's dtype) for the matmuls.
@@ -26,10 +26,10 @@ namespace qlora::engine {
 // The kernels' entry points, raising c10::Error when the build has no kernels.
 kernels::Quantized4bit QuantizeWeight(const at::Tensor& weight,
                                       const kernels::Quantize4bitOptions& options);
-// (On q's block scales' device: codes in host memory, a held layer's, are copied there first.)
+// (On q's block scales' device: codes in host memory, a dequantized layer's, are copied there first.)
 at::Tensor DequantizeWeight(const kernels::Quantized4bit& q, at::ScalarType dtype);
 // q with its codes on its block scales' device (itself where they are; else a copy whose codes
-// are copied there: a layer held dequantized keeps its codes in host memory, resident_weights.h).
+// are copied there: a layer kept dequantized keeps its codes in host memory, dequantized_layers.h).
 kernels::Quantized4bit WithCodesOnDevice(const kernels::Quantized4bit& q);
 // The 16-entry code table bitsandbytes stores as `quant_map` (float32).
 at::Tensor BitsandbytesQuantMap(kernels::QuantType type);
@@ -45,21 +45,21 @@ struct FrozenWeight {
   at::Tensor bias;                                  // [out] in the compute dtype, or undefined
   int64_t out_features = 0;
   int64_t in_features = 0;
-  // A 4-bit weight held dequantized for the whole job (resident_weights.h): [out, in] in the
+  // A 4-bit weight kept dequantized for the whole job (dequantized_layers.h): [out, in] in the
   // compute dtype, a view of its group's buffer (row stride >= in); undefined: dequantized at
   // each use and dropped.
-  at::Tensor resident;
+  at::Tensor dequantized;
 
-  // The weight as a dense tensor of `dtype` (dequantized when 4-bit; the resident view itself
+  // The weight as a dense tensor of `dtype` (dequantized when 4-bit; the dequantized view itself
   // where there is one of that dtype: read it, never write it).
   at::Tensor Materialize(at::ScalarType dtype) const;
   // The same written into out [out_features, in_features] (any float dtype; any row stride),
   // with `after`'s columns after each row (kernels::Dequantize4bitInto, one launch when 4-bit).
-  // Where out is the resident view itself, only `after`'s columns are written.
+  // Where out is the dequantized view itself, only `after`'s columns are written.
   void MaterializeInto(const at::Tensor& out,
                        const kernels::ColumnsAfter* after = nullptr) const;
-  // Whether out is the resident view itself (MaterializeInto then writes only `after`'s columns).
-  bool IsResidentView(const at::Tensor& out) const;
+  // Whether out is the dequantized view itself (MaterializeInto then writes only `after`'s columns).
+  bool IsDequantizedView(const at::Tensor& out) const;
   // x W^T (+ bias) in x's dtype.
   at::Tensor Apply(const at::Tensor& x) const;
 };
@@ -147,32 +147,32 @@ std::vector<at::Tensor> SharedInputForward(const std::vector<const LinearLayer*>
 // for the GEMMs), when the layers run as one node; else 0.
 int64_t SharedInputSpareColumns(const std::vector<const LinearLayer*>& layers, bool training);
 
-// The adapters' columns and rows of weights held dequantized (resident_weights.h), as the passes
+// The adapters' columns and rows of weights kept dequantized (dequantized_layers.h), as the passes
 // that read them write them: blocks (kernels/block_writes.h) with where they go (`key`, the
 // first block's destination) and what they write (`signature`), and whether every source is a
 // tensor whose values the adapters' scope fixes (`stable`: a float32 adapter itself, or its
 // scope copy; only such writes are noted and skipped, AdapterCopies::Written).
-struct HeldWrites {
+struct DequantizedWrites {
   std::vector<kernels::BlockWrite> blocks;
   const void* key = nullptr;
   uint64_t signature = 0;
   bool stable = false;
 };
-HeldWrites MakeHeldWrites(std::vector<kernels::BlockWrite> blocks, bool stable);
+DequantizedWrites MakeDequantizedWrites(std::vector<kernels::BlockWrite> blocks, bool stable);
 // Writes those of `writes` that `copies`' open scope has not noted (copies may be null: all of
 // them), in one launch, and notes the stable ones there.
-void WriteHeld(AdapterCopies* copies, const std::vector<HeldWrites>& writes);
+void WriteDequantized(AdapterCopies* copies, const std::vector<DequantizedWrites>& writes);
 // What the passes over `layers` held in one buffer write (empty where they are not, or where a
 // pass would not run that way): the widened forward's adapter columns of layers that run as one
 // node while `training` (q/k/v, gate/up; SharedInputForward): packed, [0 | scale B_i | 0] for
 // all of them at once, else each layer's [0 | scale B_i] (grouped-query q/k/v);
-std::vector<HeldWrites> HeldGroupColumns(const std::vector<const LinearLayer*>& layers,
+std::vector<DequantizedWrites> DequantizedGroupColumns(const std::vector<const LinearLayer*>& layers,
                                          bool training);
 // the widened forward's [scale B] of one layer (the down projection over widened rows:
 // SwigluThenOptions::widened_rows);
-HeldWrites HeldWidenedColumns(const LinearLayer& layer, bool training);
+DequantizedWrites DequantizedWidenedColumns(const LinearLayer& layer, bool training);
 // the input-gradient GEMM's As under the weights (any group: q/k/v, o, gate/up, down).
-HeldWrites HeldRowsBelow(const std::vector<const LinearLayer*>& layers, bool training);
+DequantizedWrites DequantizedRowsBelow(const std::vector<const LinearLayer*>& layers, bool training);
 
 // How SwigluThenForward's node keeps and gives back its tensors.
 struct SwigluThenOptions {

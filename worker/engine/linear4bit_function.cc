@@ -24,30 +24,30 @@ at::Tensor Matmul(kernels::GemmTuner* gemm, const at::Tensor& x, const at::Tenso
   return Mm(gemm, x.reshape({-1, x.size(-1)}), b).view(sizes);
 }
 
-// The weight in dtype: `resident` where it is one of that dtype (resident_weights.h), else
+// The weight in dtype: `dequantized` where it is one of that dtype (dequantized_layers.h), else
 // dequantized (a temporary).
-at::Tensor ResidentOrDequantized(const at::Tensor& resident, const kernels::Quantized4bit& q,
+at::Tensor KeptOrDequantized(const at::Tensor& dequantized, const kernels::Quantized4bit& q,
                                  at::ScalarType dtype) {
-  return resident.defined() && resident.scalar_type() == dtype ? resident
+  return dequantized.defined() && dequantized.scalar_type() == dtype ? dequantized
                                                                : DequantizeWeight(q, dtype);
 }
 
-// resident: the weight held dequantized (FrozenWeight::resident), or null / undefined.
+// dequantized: the weight kept dequantized (FrozenWeight::dequantized), or null / undefined.
 struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             const kernels::Quantized4bit* weight, bool value_unused,
-                            kernels::GemmTuner* gemm, const at::Tensor* resident) {
+                            kernels::GemmTuner* gemm, const at::Tensor* dequantized) {
     Save(ctx, *weight);
     SaveGemm(ctx, gemm);
-    const at::Tensor held = resident != nullptr ? *resident : at::Tensor();
-    if (held.defined()) ctx->saved_data["resident"] = held;
+    const at::Tensor held = dequantized != nullptr ? *dequantized : at::Tensor();
+    if (held.defined()) ctx->saved_data["dequantized"] = held;
     ctx->saved_data["compute_dtype"] = static_cast<int64_t>(x.scalar_type());
     if (value_unused) {  // only the graph is used: backward needs W alone
       std::vector<int64_t> sizes = x.sizes().vec();
       sizes.back() = weight->shape[0];
       return ValueUnused(sizes, x.options());
     }
-    return Matmul(gemm, x, ResidentOrDequantized(held, *weight, x.scalar_type()).t());
+    return Matmul(gemm, x, KeptOrDequantized(held, *weight, x.scalar_type()).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -55,9 +55,9 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
     const at::Tensor& grad = grad_outputs[0];
     at::Tensor grad_x;
     if (grad.defined() && ctx->needs_input_grad(0)) {
-      auto held = ctx->saved_data.find("resident");
+      auto held = ctx->saved_data.find("dequantized");
       grad_x = Matmul(SavedGemm(ctx), grad.to(dtype),
-                      ResidentOrDequantized(
+                      KeptOrDequantized(
                           held != ctx->saved_data.end() ? held->second.toTensor() : at::Tensor(),
                           FromSaved(ctx), dtype));
     }
@@ -69,8 +69,8 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
 
 at::Tensor ApplyLinear4bit(const at::Tensor& x, const kernels::Quantized4bit* weight,
                            bool value_unused, kernels::GemmTuner* gemm,
-                           const at::Tensor* resident) {
-  return Linear4bitFunction::apply(x, weight, value_unused, gemm, resident);
+                           const at::Tensor* dequantized) {
+  return Linear4bitFunction::apply(x, weight, value_unused, gemm, dequantized);
 }
 
 }  // namespace qlora::engine::linear4bit_internal

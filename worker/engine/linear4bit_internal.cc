@@ -1,5 +1,5 @@
 // The helpers linear4bit.cc's autograd nodes share (linear4bit_internal.h): saved data, GEMMs,
-// weights held dequantized, rows with spare columns and the LoRA branch's forward and backward.
+// weights kept dequantized, rows with spare columns and the LoRA branch's forward and backward.
 #include "worker/engine/linear4bit_internal.h"
 
 #include <ATen/core/Tensor.h>
@@ -40,8 +40,8 @@ FrozenWeight SavedFrozenWeight(AutogradContext* ctx, const std::string& prefix) 
     w.quantized = FromSaved(ctx, prefix);
     w.out_features = w.quantized->shape.at(0);
     w.in_features = w.quantized->shape.at(1);
-    auto resident = ctx->saved_data.find(prefix + "resident");
-    if (resident != ctx->saved_data.end()) w.resident = resident->second.toTensor();
+    auto dequantized = ctx->saved_data.find(prefix + "dequantized");
+    if (dequantized != ctx->saved_data.end()) w.dequantized = dequantized->second.toTensor();
   }
   return w;
 }
@@ -108,7 +108,7 @@ void SaveBase(AutogradContext* ctx, const FrozenWeight& base, const std::string&
   if (base.quantized) {
     Save(ctx, *base.quantized, prefix);
     // A view of the job-long buffer: a reference, not a copy.
-    if (base.resident.defined()) ctx->saved_data[prefix + "resident"] = base.resident;
+    if (base.dequantized.defined()) ctx->saved_data[prefix + "dequantized"] = base.dequantized;
   } else {
     ctx->saved_data[prefix + "dense"] = base.dense;
   }
@@ -129,8 +129,8 @@ at::Tensor StackedWeights(AutogradContext* ctx, const std::vector<std::string>& 
   }
   std::vector<const FrozenWeight*> views;
   for (const FrozenWeight& w : weights) views.push_back(&w);
-  // Held dequantized: the buffer's own rows, the As written below them (nothing to dequantize).
-  at::Tensor stacked = ResidentRows(views, extra, in, options.dtype().toScalarType());
+  // Kept dequantized: the buffer's own rows, the As written below them (nothing to dequantize).
+  at::Tensor stacked = DequantizedRows(views, extra, in, options.dtype().toScalarType());
   const bool held = stacked.defined();
   if (!held) stacked = at::empty({rows, in}, options);
   int64_t row = 0;
@@ -139,10 +139,10 @@ at::Tensor StackedWeights(AutogradContext* ctx, const std::vector<std::string>& 
     row += w.out_features;
   }
   if (below.defined() && held) {
-    // Noted in the adapters' scope (WriteHeld), where `below` is their scope copy.
+    // Noted in the adapters' scope (WriteDequantized), where `below` is their scope copy.
     AdapterCopies* copies =
         ctx->saved_data.count("adapter_copies") > 0 ? SavedCopies(ctx) : nullptr;
-    WriteHeld(copies, {HeldAs(stacked.narrow(0, row, below.size(0)), below, copies)});
+    WriteDequantized(copies, {DequantizedAs(stacked.narrow(0, row, below.size(0)), below, copies)});
   } else if (below.defined()) {
     stacked.narrow(0, row, below.size(0)).copy_(below);
   }
@@ -182,15 +182,15 @@ at::Tensor LoraMm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tenso
   return Mm(gemm, a, b, alpha);
 }
 
-at::Tensor ResidentRows(const std::vector<const FrozenWeight*>& weights, int64_t extra_rows,
+at::Tensor DequantizedRows(const std::vector<const FrozenWeight*>& weights, int64_t extra_rows,
                         int64_t width, at::ScalarType dtype) {
-  if (weights.empty() || !weights[0]->resident.defined()) return at::Tensor();
-  const at::Tensor& first = weights[0]->resident;
+  if (weights.empty() || !weights[0]->dequantized.defined()) return at::Tensor();
+  const at::Tensor& first = weights[0]->dequantized;
   const int64_t ld = first.stride(0);
   if (first.scalar_type() != dtype || first.stride(1) != 1 || ld < width) return at::Tensor();
   int64_t rows = 0;
   for (const FrozenWeight* w : weights) {
-    const at::Tensor& r = w->resident;
+    const at::Tensor& r = w->dequantized;
     if (!r.defined() || !r.storage().is_alias_of(first.storage()) || r.stride(0) != ld ||
         r.stride(1) != 1 || r.scalar_type() != dtype ||
         r.storage_offset() != first.storage_offset() + rows * ld) {
@@ -208,7 +208,7 @@ at::Tensor ResidentRows(const std::vector<const FrozenWeight*>& weights, int64_t
       .set_(first.storage(), first.storage_offset(), {rows + extra_rows, width}, {ld, 1});
 }
 
-HeldWrites HeldPackedColumns(const at::Tensor& stacked,
+DequantizedWrites DequantizedPackedColumns(const at::Tensor& stacked,
                              const std::vector<const LinearLayer*>& group, at::TensorList b,
                              int64_t in) {
   const int64_t rank_sum = stacked.size(1) - in;
@@ -227,19 +227,19 @@ HeldWrites HeldPackedColumns(const at::Tensor& stacked,
     row += out;
     offset += r;
   }
-  return MakeHeldWrites(std::move(blocks), stable);
+  return MakeDequantizedWrites(std::move(blocks), stable);
 }
 
-HeldWrites HeldAs(const at::Tensor& rows, const at::Tensor& below, AdapterCopies* copies) {
-  return MakeHeldWrites({{rows, below, 1.0}}, copies != nullptr && copies->in_scope());
+DequantizedWrites DequantizedAs(const at::Tensor& rows, const at::Tensor& below, AdapterCopies* copies) {
+  return MakeDequantizedWrites({{rows, below, 1.0}}, copies != nullptr && copies->in_scope());
 }
 
-HeldWrites HeldWidened(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
+DequantizedWrites DequantizedWidened(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
                        int64_t offset, at::ScalarType dtype) {
-  const at::Tensor wide = ResidentRows({&base}, 0, in + offset + b.size(1), dtype);
+  const at::Tensor wide = DequantizedRows({&base}, 0, in + offset + b.size(1), dtype);
   if (!wide.defined()) return {};
   const kernels::ColumnsAfter adapter{offset, b.detach().to(at::kFloat), scale};
-  return MakeHeldWrites(kernels::ColumnsAfterBlocks(wide.narrow(1, 0, in), adapter),
+  return MakeDequantizedWrites(kernels::ColumnsAfterBlocks(wide.narrow(1, 0, in), adapter),
                         b.scalar_type() == at::kFloat);
 }
 
@@ -286,9 +286,9 @@ at::Tensor WithColumnsAfter(const at::Tensor& rows, int64_t count) {
 at::Tensor WidenedWeight(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
                          int64_t offset, at::ScalarType dtype, AdapterCopies* copies) {
   const int64_t out = b.size(0), r = b.size(1);
-  at::Tensor wide = ResidentRows({&base}, 0, in + offset + r, dtype);  // only B's columns to write
+  at::Tensor wide = DequantizedRows({&base}, 0, in + offset + r, dtype);  // only B's columns to write
   if (wide.defined()) {
-    WriteHeld(copies, {HeldWidened(base, in, b, scale, offset, dtype)});
+    WriteDequantized(copies, {DequantizedWidened(base, in, b, scale, offset, dtype)});
     return wide;
   }
   wide = at::empty({out, AlignedRow(in + offset + r)}, b.options().dtype(dtype))

@@ -1,7 +1,7 @@
 // The internals that linear4bit.cc's autograd nodes share (no part of the engine's API): what a
 // node keeps in autograd's saved data, the GEMMs (through the model's GemmTuner, the rank-r ones
 // inside a profiler range), the rows with spare columns the widened GEMMs read and write, the
-// blocks written into weights held dequantized (resident_weights.h), and the LoRA branch's
+// blocks written into weights kept dequantized (dequantized_layers.h), and the LoRA branch's
 // forward and backward (linear4bit_internal.cc). Each node lives in a file of its own and is
 // reached through its entry function below (its forward's arguments, without the context):
 //   linear4bit_function.cc       Linear4bitFunction     y = x W^T with a 4-bit W
@@ -93,30 +93,30 @@ void LoraAddmm(kernels::GemmTuner* gemm, const at::Tensor& out, const at::Tensor
 at::Tensor LoraMm(kernels::GemmTuner* gemm, const at::Tensor& a, const at::Tensor& b,
                   double alpha = 1.0);
 
-// ---- Weights held dequantized (resident_weights.h) ----
+// ---- Weights kept dequantized (dequantized_layers.h) ----
 
-// Rows [sum of out + extra_rows, width] of the buffer the weights' resident views lie in
-// (resident_weights.h), where each weight has one in `dtype`, adjacent in the given order, in
+// Rows [sum of out + extra_rows, width] of the buffer the weights' dequantized views lie in
+// (dequantized_layers.h), where each weight has one in `dtype`, adjacent in the given order, in
 // rows at least `width` wide; with extra_rows, only where those rows end the buffer (its rows
 // below the group's weights, which callers write: never another weight's). Else an undefined
 // tensor (the caller dequantizes into a buffer of its own).
-at::Tensor ResidentRows(const std::vector<const FrozenWeight*>& weights, int64_t extra_rows,
+at::Tensor DequantizedRows(const std::vector<const FrozenWeight*>& weights, int64_t extra_rows,
                         int64_t width, at::ScalarType dtype);
 
 // The adapter columns after rows [out_i, in] of a packed group's weights stacked in `stacked`
 // [sum of out, in + sum of r]: [0 | scale_i B_i | 0] (each B float32, as ColumnsAfter takes it),
 // noted in the adapters' scope where every B is the float32 adapter itself.
-HeldWrites HeldPackedColumns(const at::Tensor& stacked,
+DequantizedWrites DequantizedPackedColumns(const at::Tensor& stacked,
                              const std::vector<const LinearLayer*>& group, at::TensorList b,
                              int64_t in);
 
 // The As in the compute dtype (`below`) written into the rows under a held group's weights
 // (`rows`), noted in the adapters' scope where `below` is their scope copy.
-HeldWrites HeldAs(const at::Tensor& rows, const at::Tensor& below, AdapterCopies* copies);
+DequantizedWrites DequantizedAs(const at::Tensor& rows, const at::Tensor& below, AdapterCopies* copies);
 
-// WidenedWeight's columns for a weight held dequantized: [0 | scale B] after its rows in its
+// WidenedWeight's columns for a weight kept dequantized: [0 | scale B] after its rows in its
 // buffer (noted in the adapters' scope where B is the float32 adapter itself), or none.
-HeldWrites HeldWidened(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
+DequantizedWrites DequantizedWidened(const FrozenWeight& base, int64_t in, const at::Tensor& b, double scale,
                        int64_t offset, at::ScalarType dtype);
 
 // ---- Rows with spare columns ----
@@ -217,10 +217,10 @@ at::Tensor InputGradientOverRows(AutogradContext* ctx, const at::Tensor& rows_wi
 // ---- linear4bit_function.cc ----
 
 // Linear4bitFunction::apply: y = x W^T with the 4-bit W `weight`, differentiable in x only;
-// resident: the weight held dequantized (FrozenWeight::resident), or null / undefined.
+// dequantized: the weight kept dequantized (FrozenWeight::dequantized), or null / undefined.
 at::Tensor ApplyLinear4bit(const at::Tensor& x, const kernels::Quantized4bit* weight,
                            bool value_unused, kernels::GemmTuner* gemm,
-                           const at::Tensor* resident);
+                           const at::Tensor* dequantized);
 
 // ---- swiglu_lora_function.cc ----
 

@@ -18,8 +18,8 @@
 #include "worker/engine/checkpoint.h"
 #include "worker/engine/cudnn_attention.h"
 #include "worker/engine/fused_ops.h"
-#include "worker/engine/offload_plan.h"
-#include "worker/engine/resident_weights.h"
+#include "worker/memory/activation_offload_plan.h"
+#include "worker/engine/dequantized_layers.h"
 
 namespace qlora::engine {
 namespace {
@@ -159,7 +159,7 @@ int64_t LlamaForCausalLM::offloaded_layers() const {
 }
 
 void LlamaForCausalLM::PlaceOffloadedLayers() {
-  OffloadPlacement placement = PlaceOffloads(static_cast<int64_t>(layers.size()),
+  memory::OffloadPlacement placement = memory::PlaceOffloads(static_cast<int64_t>(layers.size()),
                                              checkpointed_layers_, offload_request_);
   offloaded_ = std::move(placement.offloaded);
   prefetch_at_ = std::move(placement.prefetch_at);
@@ -181,9 +181,9 @@ void LlamaForCausalLM::SetDequantizedLayers(int64_t n) {
   adapter_copies_->ForgetWrites();  // notes of buffers that may go below
   for (int64_t i = 0; i < count; ++i) {
     if (i < dequantized_layers_) {
-      MakeResident(layers[i], compute_dtype_);
+      KeepDequantized(layers[i], compute_dtype_);
     } else {
-      DropResident(layers[i]);
+      DropDequantized(layers[i]);
     }
   }
 }
@@ -193,12 +193,12 @@ int64_t LlamaForCausalLM::DequantizedLayerBytes() const {
   int64_t most = 0;
   for (const DecoderLayer& layer : layers) {
     // Its buffers less its codes, which move to host memory.
-    most = std::max(most, ResidentWeightBytes(layer, compute_dtype_) - MovedCodeBytes(layer));
+    most = std::max(most, DequantizedBufferBytes(layer, compute_dtype_) - MovedCodeBytes(layer));
   }
   return most;
 }
 
-int64_t LlamaForCausalLM::ResidentBytes() const {
+int64_t LlamaForCausalLM::BuiltBytes() const {
   auto bytes = [](const at::Tensor& t) -> int64_t { return t.defined() ? t.nbytes() : 0; };
   int64_t total = bytes(embed_tokens) + bytes(norm) + (lm_head.is_same(embed_tokens) ? 0 : bytes(lm_head));
   for (const DecoderLayer& layer : layers) {
@@ -208,13 +208,13 @@ int64_t LlamaForCausalLM::ResidentBytes() const {
       total += bytes(linear.base.dense) + bytes(linear.base.bias);
       if (linear.base.quantized) {
         const kernels::Quantized4bit& q = *linear.base.quantized;
-        // A held layer's codes wait in host memory (resident_weights.h).
+        // A dequantized layer's codes wait in host memory (dequantized_layers.h).
         total += (q.packed.device() == q.absmax.device() ? bytes(q.packed) : 0) + bytes(q.absmax) +
                  bytes(q.nested_absmax);
       }
       if (linear.lora) total += bytes(linear.lora->a) + bytes(linear.lora->b);
     }
-    if (layer.q_proj.base.resident.defined()) total += ResidentWeightBytes(layer, compute_dtype_);
+    if (layer.q_proj.base.dequantized.defined()) total += DequantizedBufferBytes(layer, compute_dtype_);
   }
   if (base_weights_ != nullptr) total += base_weights_->device_bytes();
   return total;
@@ -399,19 +399,19 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
     std::tie(cos, sin) = DefaultRotaryTables(seq);
   }
 
-  // The held layers' adapter columns and rows for this step's passes (noted in the adapters'
+  // The dequantized layers' adapter columns and rows for this step's passes (noted in the adapters'
   // scope: the passes and the next micro-batches find them written), a launch for every
-  // kHeldLayersALaunch layers, each batch once the layer before it is queued, so that assembling
+  // kDequantizedLayersALaunch layers, each batch once the layer before it is queued, so that assembling
   // the blocks on the host (tens of tensor views a layer) overlaps the GPU's work on the layers
   // queued before (all of them at once outlasted the first layer's forward under the profiler,
   // leaving the GPU idle). The first layer's passes write their own, as its forward starts the
   // step, where the GPU waits for the host.
-  constexpr int64_t kHeldLayersALaunch = 4;
+  constexpr int64_t kDequantizedLayersALaunch = 4;
   const int64_t held = training_ && at::GradMode::is_enabled() ? dequantized_layers_ : 0;
-  auto write_held = [&](int64_t first, int64_t count) {
+  auto write_dequantized = [&](int64_t first, int64_t count) {
     std::vector<const DecoderLayer*> batch;
     for (int64_t i = first; i < std::min(held, first + count); ++i) batch.push_back(&layers[i]);
-    if (!batch.empty()) WriteHeldAdapters(batch, training_, /*widened_down=*/device_.is_cuda());
+    if (!batch.empty()) WriteDequantizedAdapters(batch, training_, /*widened_down=*/device_.is_cuda());
   };
 
   // Each layer's attention: packed rows share one document layout; unpacked rows use plain
@@ -466,7 +466,7 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
     } else {
       x = LayerForward(layer, x, cos, sin, attention);
     }
-    if (i % kHeldLayersALaunch == 0) write_held(i + 1, kHeldLayersALaunch);
+    if (i % kDequantizedLayersALaunch == 0) write_dequantized(i + 1, kDequantizedLayersALaunch);
     if (offloader != nullptr && !prefetch_at_[i].empty() && x.requires_grad()) {
       // Runs when x's gradient is ready: before this layer's backward.
       x.register_hook([offloader, groups = prefetch_at_[i]](const at::TensorBase&) {

@@ -39,9 +39,8 @@
 
 namespace qlora::engine {
 
-// The seven projections of a decoder layer, by their HF module names.
-inline constexpr const char* kLinearModuleNames[] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                     "gate_proj", "up_proj", "down_proj"};
+// The seven projections of a decoder layer, by their HF module names (common/model).
+inline constexpr const auto& kLinearModuleNames = kProjectionNames;
 
 struct LoraOptions {
   int64_t r = 8;
@@ -107,7 +106,7 @@ class LlamaForCausalLM {
   // While training, the first `n` decoder layers (clamped to [0, layers]) are activation-
   // checkpointed and the others keep their activations for backward; all by default. The last
   // layers are the plain ones because backward frees their activations before the first
-  // recomputation (memory_plan.h). Every split computes the same values and gradients.
+  // recomputation (activation_plan.h). Every split computes the same values and gradients.
   void SetCheckpointedLayers(int64_t n);
   int64_t checkpointed_layers() const { return checkpointed_layers_; }
   void SetGradientCheckpointing(bool on) {
@@ -118,14 +117,14 @@ class LlamaForCausalLM {
   // pinned host memory (activation_offload.h) instead of on the device, and are neither
   // recomputed nor hold device memory between their forward and backward. They are taken from
   // the checkpointed layers, spread evenly over them, then (n larger than those) from the plain
-  // ones below the top layer, spread evenly over those (offload_plan.h: PlaceOffloads, which also
+  // ones below the top layer, spread evenly over those (activation_offload_plan.h: PlaceOffloads, which also
   // says where backward fetches them back); 0 (the default) turns offloading off. With
   // offloading on, the checkpointed layers' inputs wait in host memory too (but the top layer's).
   // Same values and gradients as any split.
   void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
   int64_t offloaded_layers() const;
   // The first `n` decoder layers (clamped to [0, layers]) hold their 4-bit weights dequantized
-  // in the compute dtype for as long as this stays set (resident_weights.h: no dequantization in
+  // in the compute dtype for as long as this stays set (dequantized_layers.h: no dequantization in
   // their forward or backward, DequantizedLayerBytes each); 0 (the default) drops them. The
   // bottom layers, for two reasons: a step's forward starts with them, where the host has queued
   // nothing ahead of the GPU yet, and a layer's big GEMMs let the host get ahead where a
@@ -140,7 +139,7 @@ class LlamaForCausalLM {
   int64_t DequantizedLayerBytes() const;
   // The decoder layers' frozen weights live in `store` (base_weight_store.h: partitioned across
   // ranks, or in host memory) from now on, and `layers` keep the rest (the loader hands each
-  // layer's weights to the store as it reads them). Held dequantized layers are dropped and
+  // layer's weights to the store as it reads them). Kept dequantized layers are dropped and
   // none are held again: their weights would be whole on the device for the whole job.
   void UseBaseWeightStore(std::shared_ptr<BaseWeightStore> store);
   const BaseWeightStore* base_weight_store() const { return base_weights_.get(); }
@@ -151,7 +150,7 @@ class LlamaForCausalLM {
   const ActivationOffloader* activation_offloader() const { return offloader_.get(); }
   // Bytes of the model's tensors: weights (4-bit blocks and their scales), norms, biases and
   // adapters (tied embeddings counted once).
-  int64_t ResidentBytes() const;
+  int64_t BuiltBytes() const;
 
   // input_ids [batch, seq] int64 -> final hidden states [batch, seq, hidden] (after the last
   // RMSNorm), in the compute dtype. Throws c10::Error on bad shapes.

@@ -47,13 +47,13 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
     total += layer->base.out_features;
     bases.push_back(&layer->base);
   }
-  // Held dequantized (resident_weights.h): only the adapters' columns are written, all in one
-  // launch, and not at all where the adapters' scope has them written (WriteHeldAdapters, or
+  // Kept dequantized (dequantized_layers.h): only the adapters' columns are written, all in one
+  // launch, and not at all where the adapters' scope has them written (WriteDequantizedAdapters, or
   // an earlier micro-batch); else each layer's launch writes its rows whole, zeros around its
   // own B.
-  at::Tensor stacked = ResidentRows(bases, 0, width, wide.scalar_type());
+  at::Tensor stacked = DequantizedRows(bases, 0, width, wide.scalar_type());
   if (stacked.defined()) {
-    WriteHeld(copies, {HeldPackedColumns(stacked, group, b, in)});
+    WriteDequantized(copies, {DequantizedPackedColumns(stacked, group, b, in)});
   } else {
     stacked = at::empty({total, AlignedRow(width)}, wide.options()).narrow(1, 0, width);
     int64_t row = 0, offset = 0;

@@ -23,7 +23,7 @@ namespace qlora::engine {
 namespace {
 
 // The measurement itself; throws c10::Error when memory runs out.
-OffloadRates Measure(const OffloadRateOptions& o) {
+memory::OffloadRates Measure(const OffloadRateOptions& o) {
   using Clock = std::chrono::steady_clock;
   const c10::cuda::CUDAGuard guard(o.device);
   c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(o.device.index());
@@ -36,7 +36,7 @@ OffloadRates Measure(const OffloadRateOptions& o) {
     stream.synchronize();
     return std::chrono::duration<double>(Clock::now() - start).count() / reps;
   };
-  OffloadRates rates;
+  memory::OffloadRates rates;
   rates.host_bytes = o.host_bytes;
   rates.max_pending_bytes = ActivationOffloadOptions{}.max_pending_bytes;  // what the model uses
   {
@@ -68,7 +68,7 @@ OffloadRates Measure(const OffloadRateOptions& o) {
 }  // namespace
 #endif
 
-absl::StatusOr<OffloadRates> MeasureOffloadRates(const OffloadRateOptions& o) {
+absl::StatusOr<memory::OffloadRates> MeasureOffloadRates(const OffloadRateOptions& o) {
 #ifdef QLORA_HAVE_CUDA
   if (!o.device.is_cuda()) {
     return absl::FailedPreconditionError("offload rates: the model is not on a GPU");

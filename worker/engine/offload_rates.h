@@ -1,4 +1,4 @@
-// Measures what offload_activation_layers: auto plans with (offload_plan.h) on this worker's
+// Measures what offload_activation_layers: auto plans with (activation_offload_plan.h) on this worker's
 // GPU: the pinned host link in both directions and a warm bf16 GEMM of the model's MLP shape.
 // About a quarter of a second, once per run. Torch side; the CUDA build only.
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/llama_config.h"
-#include "worker/engine/offload_plan.h"
+#include "worker/memory/activation_offload_plan.h"
 
 namespace qlora::engine {
 
@@ -25,6 +25,6 @@ struct OffloadRateOptions {
 };
 
 // FailedPrecondition on a CPU device or a build without CUDA.
-absl::StatusOr<OffloadRates> MeasureOffloadRates(const OffloadRateOptions& options);
+absl::StatusOr<memory::OffloadRates> MeasureOffloadRates(const OffloadRateOptions& options);
 
 }  // namespace qlora::engine

@@ -25,12 +25,15 @@
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/offload_rates.h"
 #include "worker/engine/peft_io.h"
+#include "common/model/llama_config.h"
+#include "worker/memory/base_weight_plan.h"
+#include "worker/memory/memory_budget.h"
 #include "worker/run/checkpoint_dirs.h"
-#include "worker/run/device_memory.h"
+#include "worker/memory/device_memory.h"
 #include "worker/run/evaluation.h"
 #include "worker/run/model_card.h"
 #include "worker/run/generator_seeds.h"
-#include "worker/run/host_memory.h"
+#include "worker/memory/host_memory.h"
 #include "worker/run/rank_sums.h"
 #include "worker/run/run_options.h"
 #include "worker/run/training_observer.h"
@@ -104,9 +107,37 @@ absl::Status Trainer::Connect() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::PlanBaseWeightPlacement() {
+  StrategyConfig& s = config_.backend.strategy;
+  if (!s.zero_stage_auto) return absl::OkStatus();
+  QLORA_ASSIGN_OR_RETURN(const engine::LlamaConfig model,
+                         engine::LoadLlamaConfig(config_.base_model_path));
+  memory::BaseWeightPlanRequest r;
+  r.activations = memory::ActivationRequestFor(config_, model, device_.is_cuda());
+  r.quantization = config_.quantization;
+  r.world_size = assignment_.world_size;
+  // Every rank plans for the smallest budget, so that all choose the same stage.
+  const int64_t own = memory::MemoryBudgetBytes(config_.trainer, memory::DeviceAvailableBytes(device_));
+  const at::Tensor budgets =
+      at::empty({communicator_->world_size()}, at::dtype(at::kLong).device(device_));
+  QLORA_RETURN_IF_ERROR(communicator_->AllGather(
+      at::full({1}, own, at::dtype(at::kLong).device(device_)), budgets, absl::Minutes(5)));
+  r.budget_bytes = budgets.min().item<int64_t>();
+  const memory::BaseWeightPlan plan = memory::PlanBaseWeights(r);
+  s.zero_stage = plan.zero_stage;
+  s.offload_param = plan.offload_param;
+  s.zero_stage_reason = absl::StrCat("planned by the workers: ", plan.reason);
+  Log(absl::StrCat("memory plan: ", plan.reason));
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::LoadModel() {
   engine::UseMmapForLargeHostAllocations();  // host memory stays near one tensor while loading
   const double start = SteadySeconds();
+  const int64_t cap = memory::CapDeviceMemory(
+      device_, memory::MemoryBudgetBytes(config_.trainer, /*available_bytes=*/0));
+  if (cap > 0) Log(absl::StrCat("device memory capped at ", memory::FormatMemory(cap), " (trainer.max_memory_gib)"));
+  QLORA_RETURN_IF_ERROR(PlanBaseWeightPlacement());
   engine::LoadOptions load = LoadOptionsFor(config_, device_);
   QLORA_ASSIGN_OR_RETURN(load.base_weights, MakeBaseWeightStore());
   QLORA_ASSIGN_OR_RETURN(model_, engine::LoadLlama(config_.base_model_path, load));
@@ -154,12 +185,12 @@ absl::Status Trainer::BuildStrategy() {
 }
 
 absl::Status Trainer::ChooseCheckpointing() {
-  CheckpointingBudgetOptions o;
+  memory::CheckpointingBudgetOptions o;
   o.config = &config_;
   o.model = model_.get();
   o.device = device_;
   const TrainerConfig& t = config_.trainer;
-  if (CheckpointingBudget::UsesOffloadRates(t, device_)) {
+  if (memory::CheckpointingBudget::UsesOffloadRates(t, device_)) {
     engine::OffloadRateOptions rates;
     rates.device = device_;
     rates.model = model_->config();
@@ -167,24 +198,24 @@ absl::Status Trainer::ChooseCheckpointing() {
     rates.dtype = model_->compute_dtype();
     // Half of what the host has left (the rest for the data, the checkpoints and the host's own),
     // shared with the other ranks, which may all run on this host (local workers do).
-    rates.host_bytes = HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1));
+    rates.host_bytes = memory::HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1));
     o.offload_rates = engine::MeasureOffloadRates(rates);  // before the peak below is read
   }
   o.trainable_elements = strategy_->Describe().trainable_elements;
   o.strategy_bytes = strategy_->Memory().total();
-  o.available_bytes = DeviceAvailableBytes(device_);
-  o.allocated_bytes = DeviceAllocatedBytes(device_);
-  o.peak_bytes = device_.is_cuda() ? PeakMemoryBytes(device_) : 0;
-  QLORA_ASSIGN_OR_RETURN(CheckpointingBudget budget, CheckpointingBudget::Start(o));
+  o.available_bytes = memory::DeviceAvailableBytes(device_);
+  o.allocated_bytes = memory::DeviceAllocatedBytes(device_);
+  o.peak_bytes = device_.is_cuda() ? memory::PeakMemoryBytes(device_) : 0;
+  QLORA_ASSIGN_OR_RETURN(memory::CheckpointingBudget budget, memory::CheckpointingBudget::Start(o));
   checkpointing_ = std::move(budget);
   Log(checkpointing_->Describe());
-  DequantizedWeightsOptions d;
+  memory::DequantizedWeightsOptions d;
   d.trainer = &t;
   d.model = model_.get();
   d.device = device_;
   d.available_bytes = o.available_bytes;
   std::string line;
-  dequantized_ = DequantizedWeights::Start(d, &line);
+  dequantized_ = memory::DequantizedWeights::Start(d, &line);
   if (!line.empty()) Log(line);
   return absl::OkStatus();
 }
@@ -342,7 +373,7 @@ absl::StatusOr<StepResult> Trainer::Resolve(const QueuedStep& queued) {
   last_ready_ = ready;
   totals_.steps += 1;
   if (device_.is_cuda()) {
-    const int64_t peak = PeakMemoryBytes(device_);
+    const int64_t peak = memory::PeakMemoryBytes(device_);
     // Held layers first: a re-plan below may change what is offloaded.
     std::string held;
     const int64_t held_bytes =
@@ -466,7 +497,7 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) {
   p.memory.optimizer_state_bytes = m.optimizer_bytes;
   p.memory.gradient_bytes = m.gradient_bytes;
   p.memory.comm_buffer_bytes = m.comm_buffer_bytes;
-  FillDeviceMemory(device_, &p.memory);
+  memory::FillDeviceMemory(device_, &p.memory);
   const strategy::StrategyDescription d = strategy_->Describe();
   p.strategy.zero_stage = d.stage;
   p.strategy.world_size = d.world_size;
@@ -510,7 +541,7 @@ absl::Status Trainer::WriteAdapter(const std::string& dir) {
 absl::StatusOr<TrainSummary> Trainer::Summarize() {
   // The largest peak over ranks: each rank fills its own slot of a sum.
   std::vector<double> peaks(static_cast<size_t>(assignment_.world_size), 0.0);
-  peaks[static_cast<size_t>(assignment_.rank)] = static_cast<double>(PeakMemoryBytes(device_));
+  peaks[static_cast<size_t>(assignment_.rank)] = static_cast<double>(memory::PeakMemoryBytes(device_));
   QLORA_ASSIGN_OR_RETURN(peaks, SumOverRanks(*communicator_, peaks, device_));
   TrainSummary s;
   const double began = run_started_ > 0 ? run_started_ : started_;

@@ -35,8 +35,8 @@
 #include "worker/engine/base_weight_store.h"
 #include "worker/engine/llama_model.h"
 #include "worker/optim/lr_schedule.h"
-#include "worker/run/checkpointing_budget.h"
-#include "worker/run/dequantized_weights.h"
+#include "worker/memory/checkpointing_budget.h"
+#include "worker/memory/dequantized_weights.h"
 #include "worker/run/micro_batches.h"
 #include "worker/run/run_metrics.h"
 #include "worker/run/step_batches.h"
@@ -78,13 +78,16 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   const strategy::DistributedStrategy& strategy() const { return *strategy_; }
   // The activation checkpointing this rank runs (the progress reports carry it too).
-  // With the layers whose weights are held dequantized (trainer.dequantized_weight_layers).
+  // With the layers whose weights are kept dequantized (trainer.dequantized_weight_layers).
   CheckpointingReport checkpointing() const;
 
  private:
   explicit Trainer(const TrainingContext& context);
   absl::Status Connect();
   absl::Status LoadModel();
+  // A stage left to the workers (StrategyConfig::zero_stage_auto): the base-weight placement
+  // planned for the smallest budget of the ranks (collective), written into config_.
+  absl::Status PlanBaseWeightPlacement();
   // Where the base weights go as they load: partitioned (the strategy's plan), in host memory
   // (offload_param), or null (whole on the device).
   absl::StatusOr<std::shared_ptr<engine::BaseWeightStore>> MakeBaseWeightStore();
@@ -125,7 +128,7 @@ class Trainer {
   absl::StatusOr<TrainSummary> Summarize();
 
   const TrainingContext& context_;
-  const JobConfig& config_;
+  JobConfig config_;  // the job's, with the stage planned when the job left it to the workers
   const WorkerAssignment& assignment_;
   const at::Device device_;
   std::unique_ptr<comm::Communicator> communicator_;
@@ -133,8 +136,8 @@ class Trainer {
   engine::BaseWeightStats reported_base_stats_;  // the store's totals at the last report
   std::vector<strategy::TrainableParam> params_;
   std::unique_ptr<strategy::DistributedStrategy> strategy_;
-  std::optional<CheckpointingBudget> checkpointing_;
-  std::optional<DequantizedWeights> dequantized_;  // trainer.dequantized_weight_layers
+  std::optional<memory::CheckpointingBudget> checkpointing_;
+  std::optional<memory::DequantizedWeights> dequantized_;  // trainer.dequantized_weight_layers
   std::unique_ptr<MicroBatchSource> train_;
   std::unique_ptr<MicroBatchSource> validation_;   // null without validation data
   std::unique_ptr<StepBatches> steps_;

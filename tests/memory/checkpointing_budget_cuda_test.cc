@@ -18,12 +18,12 @@
 #include "tests/util/temp_dir.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/hf_loader.h"
-#include "worker/engine/memory_plan.h"
+#include "worker/memory/activation_plan.h"
 #include "worker/engine/offload_rates.h"
 #include "worker/engine/tiny_model.h"
-#include "worker/run/checkpointing_budget.h"
-#include "worker/run/device_memory.h"
-#include "worker/run/host_memory.h"
+#include "worker/memory/checkpointing_budget.h"
+#include "worker/memory/device_memory.h"
+#include "worker/memory/host_memory.h"
 
 namespace qlora::worker {
 namespace {
@@ -77,15 +77,15 @@ int64_t StepPeak(engine::LlamaForCausalLM& model, const engine::LlamaConfig& sha
   engine::CausalLmLoss loss = engine::ComputeCausalLmLoss(hidden, model.lm_head, ids);
   (loss.loss_sum / static_cast<double>(loss.num_tokens)).backward();
   c10::cuda::device_synchronize();
-  return PeakMemoryBytes(cuda);
+  return memory::PeakMemoryBytes(cuda);
 }
 
 // A 4 x 1024 job with `mode` and Start()'s options for the model as it is now (its allocation
 // counted as resident).
 struct BudgetSetup {
   JobConfig config;
-  CheckpointingBudgetOptions options;
-  engine::MemoryPlanRequest request;  // the plan's view of the same step, without a budget
+  memory::CheckpointingBudgetOptions options;
+  memory::ActivationPlanRequest request;  // the plan's view of the same step, without a budget
 };
 
 std::unique_ptr<BudgetSetup> SetUpBudget(const SmallModel& small, const at::Device& cuda,
@@ -94,22 +94,22 @@ std::unique_ptr<BudgetSetup> SetUpBudget(const SmallModel& small, const at::Devi
   b->config.trainer.batch_size = 4;
   b->config.data.max_sequence_length = 1024;
   b->config.trainer.gradient_checkpointing = mode;
-  CheckpointingBudgetOptions& o = b->options;
+  memory::CheckpointingBudgetOptions& o = b->options;
   o.config = &b->config;
   o.model = small.model.get();
   o.device = cuda;
   o.trainable_elements = small.trainable;
-  o.allocated_bytes = DeviceAllocatedBytes(cuda);
-  o.available_bytes = DeviceAvailableBytes(cuda);  // as the trainer gives it
-  o.peak_bytes = PeakMemoryBytes(cuda);
-  engine::MemoryPlanRequest& r = b->request;
+  o.allocated_bytes = memory::DeviceAllocatedBytes(cuda);
+  o.available_bytes = memory::DeviceAvailableBytes(cuda);  // as the trainer gives it
+  o.peak_bytes = memory::PeakMemoryBytes(cuda);
+  memory::ActivationPlanRequest& r = b->request;
   r.model = small.shape;
   r.micro_batch = 4;
   r.sequence_length = 1024;
   r.lora_r = 16;
   r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   r.trainable_elements = small.trainable;
-  r.resident_bytes = o.allocated_bytes;
+  r.built_bytes = o.allocated_bytes;
   r.fused_norms = true;  // on CUDA the norms are fused nodes (as the budget's own request says)
   return b;
 }
@@ -117,8 +117,8 @@ std::unique_ptr<BudgetSetup> SetUpBudget(const SmallModel& small, const at::Devi
 // max_memory_gib halfway between every layer and none checkpointed, as the plan sees them.
 void BudgetHalfway(BudgetSetup& b) {
   const int64_t layers = b.request.model.num_hidden_layers;
-  const int64_t all = engine::PlannedPeakBytes(b.request, layers);
-  const int64_t none = engine::PlannedPeakBytes(b.request, 0);
+  const int64_t all = memory::PlannedPeakBytes(b.request, layers);
+  const int64_t none = memory::PlannedPeakBytes(b.request, 0);
   b.config.trainer.max_memory_gib = static_cast<double>(all + none) / 2 / 0.92 / kGiB;
 }
 
@@ -144,20 +144,20 @@ TEST_F(CheckpointingBudgetCuda, AStepStaysUnderTheBudgetAndNearThePlan) {
 
   std::unique_ptr<BudgetSetup> setup = SetUpBudget(small, cuda, CheckpointingMode::kAuto);
   BudgetHalfway(*setup);
-  const int64_t all = engine::PlannedPeakBytes(setup->request, 8);
-  const int64_t none = engine::PlannedPeakBytes(setup->request, 0);
-  auto budget = CheckpointingBudget::Start(setup->options);
+  const int64_t all = memory::PlannedPeakBytes(setup->request, 8);
+  const int64_t none = memory::PlannedPeakBytes(setup->request, 0);
+  auto budget = memory::CheckpointingBudget::Start(setup->options);
   ASSERT_TRUE(budget.ok()) << budget.status();
   const CheckpointingReport plan = budget->Report();
-  printf("%s (all: %s, none: %s)\n", budget->Describe().c_str(), engine::FormatMemory(all).c_str(),
-         engine::FormatMemory(none).c_str());
+  printf("%s (all: %s, none: %s)\n", budget->Describe().c_str(), memory::FormatMemory(all).c_str(),
+         memory::FormatMemory(none).c_str());
   EXPECT_GT(plan.checkpointed_layers, 0);
   EXPECT_LT(plan.checkpointed_layers, 8);
 
   const int64_t measured = StepPeak(*model, shape, cuda);
-  printf("measured peak %s, planned %s, budget %s\n", engine::FormatMemory(measured).c_str(),
-         engine::FormatMemory(plan.planned_peak_bytes).c_str(),
-         engine::FormatMemory(plan.budget_bytes).c_str());
+  printf("measured peak %s, planned %s, budget %s\n", memory::FormatMemory(measured).c_str(),
+         memory::FormatMemory(plan.planned_peak_bytes).c_str(),
+         memory::FormatMemory(plan.budget_bytes).c_str());
   EXPECT_LE(measured, plan.budget_bytes);
   EXPECT_GE(measured, plan.planned_peak_bytes * 7 / 10) << "the plan overestimates by > 30%";
   EXPECT_LE(measured, plan.planned_peak_bytes * 11 / 10) << "the plan underestimates by > 10%";
@@ -181,8 +181,8 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
   measure.device = cuda;
   measure.model = small.shape;
   measure.tokens = 4 * 1024;
-  measure.host_bytes = HostAvailableBytes() / 2;
-  const absl::StatusOr<engine::OffloadRates> rates = engine::MeasureOffloadRates(measure);
+  measure.host_bytes = memory::HostAvailableBytes() / 2;
+  const absl::StatusOr<memory::OffloadRates> rates = engine::MeasureOffloadRates(measure);
   ASSERT_TRUE(rates.ok()) << rates.status();
   printf("host link %.1f GB/s, GEMMs %.0f TFLOP/s, host %.1f GiB\n", rates->host_link_bytes_per_s / 1e9,
          rates->gemm_flops_per_s / 1e12, static_cast<double>(rates->host_bytes) / kGiB);
@@ -191,16 +191,16 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
   EXPECT_GT(rates->host_bytes, 0);
   // A hundred times the measured link: these small layers' forward is short, so only a fast
   // link gives them a layer to offload.
-  engine::OffloadRates generous = *rates;
+  memory::OffloadRates generous = *rates;
   generous.host_link_bytes_per_s *= 100;
 
   for (const CheckpointingMode mode : {CheckpointingMode::kAll, CheckpointingMode::kAuto}) {
     std::unique_ptr<BudgetSetup> setup = SetUpBudget(small, cuda, mode);
     setup->config.trainer.offload_activation_auto = true;
-    setup->options.offload_rates = absl::StatusOr<engine::OffloadRates>(generous);
+    setup->options.offload_rates = absl::StatusOr<memory::OffloadRates>(generous);
     if (mode == CheckpointingMode::kAuto) BudgetHalfway(*setup);
-    engine::MemoryPlanRequest& r = setup->request;
-    auto budget = CheckpointingBudget::Start(setup->options);
+    memory::ActivationPlanRequest& r = setup->request;
+    auto budget = memory::CheckpointingBudget::Start(setup->options);
     ASSERT_TRUE(budget.ok()) << budget.status();
     printf("%s\n", budget->Describe().c_str());
     const CheckpointingReport chosen = budget->Report();
@@ -208,17 +208,17 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
     EXPECT_THAT(budget->Describe(), ::testing::HasSubstr("(auto: host link "));
     if (mode == CheckpointingMode::kAll) {  // as many of the checkpointed ones as the link carries
       EXPECT_EQ(chosen.offloaded_layers,
-                std::min(engine::OffloadableLayers(r, chosen.checkpointed_layers, generous),
+                std::min(memory::OffloadableLayers(r, chosen.checkpointed_layers, generous),
                          std::min<int64_t>(chosen.checkpointed_layers, 7)));
     } else {
       r.budget_bytes = chosen.budget_bytes;
-      const absl::StatusOr<engine::OffloadedPlan> plan =
-          engine::PlanCheckpointingWithOffload(r, generous);
+      const absl::StatusOr<memory::OffloadedPlan> plan =
+          memory::PlanCheckpointingWithOffload(r, generous);
       ASSERT_TRUE(plan.ok()) << plan.status();
       EXPECT_EQ(chosen.offloaded_layers, plan->offloaded_layers);
       EXPECT_EQ(chosen.checkpointed_layers, plan->memory.checkpointed_layers);
       // Fewer layers recomputed than the plan without offloading checkpoints.
-      const absl::StatusOr<engine::MemoryPlan> alone = engine::PlanCheckpointing(r);
+      const absl::StatusOr<memory::ActivationPlan> alone = memory::PlanCheckpointing(r);
       ASSERT_TRUE(alone.ok()) << alone.status();
       EXPECT_LT(chosen.checkpointed_layers -
                     std::min(chosen.offloaded_layers, std::min<int64_t>(chosen.checkpointed_layers, 7)),
@@ -226,15 +226,15 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
     }
     EXPECT_GT(chosen.offloaded_layers, 0);
     const int64_t measured = StepPeak(model, small.shape, cuda);
-    printf("measured peak %s\n", engine::FormatMemory(measured).c_str());
+    printf("measured peak %s\n", memory::FormatMemory(measured).c_str());
     if (mode == CheckpointingMode::kAuto) EXPECT_LE(measured, chosen.budget_bytes);
   }
 
   // Without checkpointing nothing is recomputed: nothing offloaded, whatever the rates.
   std::unique_ptr<BudgetSetup> none = SetUpBudget(small, cuda, CheckpointingMode::kNone);
   none->config.trainer.offload_activation_auto = true;
-  none->options.offload_rates = absl::StatusOr<engine::OffloadRates>(generous);
-  auto plain = CheckpointingBudget::Start(none->options);
+  none->options.offload_rates = absl::StatusOr<memory::OffloadRates>(generous);
+  auto plain = memory::CheckpointingBudget::Start(none->options);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(model.offloaded_layers(), 0);
   EXPECT_THAT(plain->Describe(),
@@ -243,8 +243,8 @@ TEST_F(CheckpointingBudgetCuda, OffloadAutoChoosesFromMeasuredRates) {
   std::unique_ptr<BudgetSetup> failing = SetUpBudget(small, cuda, CheckpointingMode::kAll);
   failing->config.trainer.offload_activation_auto = true;
   failing->options.offload_rates =
-      absl::StatusOr<engine::OffloadRates>(absl::ResourceExhaustedError("no pinned memory"));
-  auto unmeasured = CheckpointingBudget::Start(failing->options);
+      absl::StatusOr<memory::OffloadRates>(absl::ResourceExhaustedError("no pinned memory"));
+  auto unmeasured = memory::CheckpointingBudget::Start(failing->options);
   ASSERT_TRUE(unmeasured.ok()) << unmeasured.status();
   EXPECT_EQ(model.offloaded_layers(), 0);
   EXPECT_EQ(unmeasured->Report().offloaded_layers, 0);

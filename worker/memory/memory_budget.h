@@ -7,7 +7,7 @@
 
 #include "common/config/job_config.h"
 
-namespace qlora::worker {
+namespace qlora::memory {
 
 inline int64_t MemoryBudgetBytes(const TrainerConfig& trainer, int64_t available_bytes) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -15,4 +15,4 @@ inline int64_t MemoryBudgetBytes(const TrainerConfig& trainer, int64_t available
                                     : available_bytes;
 }
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

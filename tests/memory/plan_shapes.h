@@ -1,11 +1,11 @@
-// The shapes the plan tests share (memory_plan_test.cc, offload_plan_test.cc).
+// The shapes the plan tests share (activation_plan_test.cc, activation_offload_plan_test.cc).
 #pragma once
 
 #include <cstdint>
 
-#include "worker/engine/memory_plan.h"
+#include "worker/memory/activation_plan.h"
 
-namespace qlora::engine {
+namespace qlora::memory {
 
 inline constexpr int64_t kGiB = int64_t{1} << 30;
 
@@ -13,23 +13,23 @@ inline constexpr int64_t kGiB = int64_t{1} << 30;
 // sequence 2048, bf16, LoRA r 16 on all linear layers without dropout; resident 4.5 GB: the NF4
 // base with double quantization (3.34 GB), bf16 embeddings and head (0.52 GB), the adapters'
 // 40.0 M fp32 elements (the ZeRO flat buffer), AdamW state and gradient buffer (0.64 GB).
-inline MemoryPlanRequest SevenB(int64_t budget_gib) {
-  MemoryPlanRequest r;
+inline memory::ActivationPlanRequest SevenB(int64_t budget_gib) {
+  memory::ActivationPlanRequest r;
   r.micro_batch = 4;
   r.sequence_length = 2048;
   r.dtype_bytes = 2;
   r.lora_r = 16;
   r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   r.trainable_elements = 39976960;
-  r.resident_bytes = 4500000000;
+  r.built_bytes = 4500000000;
   r.budget_bytes = budget_gib * kGiB;
   return r;
 }
 
 // The benchmark's 70B-width slice (bench/make_llama_folder.py --layers 6 --hidden 8192
 // --intermediate 28672 --heads 64) at `micro_batch` x 2048, the same adapters.
-inline MemoryPlanRequest SeventyBSlice(int64_t micro_batch) {
-  MemoryPlanRequest r = SevenB(24);
+inline memory::ActivationPlanRequest SeventyBSlice(int64_t micro_batch) {
+  memory::ActivationPlanRequest r = SevenB(24);
   r.model.hidden_size = 8192;
   r.model.intermediate_size = 28672;
   r.model.num_hidden_layers = 6;
@@ -39,4 +39,4 @@ inline MemoryPlanRequest SeventyBSlice(int64_t micro_batch) {
   return r;
 }
 
-}  // namespace qlora::engine
+}  // namespace qlora::memory

@@ -1,6 +1,6 @@
 // trainer.enable_gradient_checkpointing on one rank: true sets every layer (but the top one when
 // the plan shows its recomputation lowers no peak), false none;
-// auto plans the split for the memory budget (worker/engine/memory_plan.h) once the model, the
+// auto plans the split for the memory budget (worker/memory/activation_plan.h) once the model, the
 // adapters and the optimizer are built, and corrects it from what the first steps measure.
 //
 // The budget: trainer.max_memory_gib, else (a GPU) what this process could allocate when the plan
@@ -9,7 +9,7 @@
 // A CPU worker with auto and no budget checkpoints every layer (a CPU has no figure of its own
 // to plan for; the host's RAM is shared with everything else).
 //
-// trainer.offload_activation_layers (a GPU): a count places that many layers (offload_plan.h and
+// trainer.offload_activation_layers (a GPU): a count places that many layers (activation_offload_plan.h and
 // LlamaForCausalLM::SetOffloadedLayers); auto measures the rates once and offloads what the host
 // link can carry where it spares recomputation: with true, up to the checkpointed layers; with
 // auto, the plan that recomputes the fewest layers in the budget (PlanCheckpointingWithOffload);
@@ -34,10 +34,10 @@
 #include "common/config/job_config.h"
 #include "common/worker_protocol.h"
 #include "worker/engine/llama_model.h"
-#include "worker/engine/memory_plan.h"
-#include "worker/engine/offload_plan.h"
+#include "worker/memory/activation_plan.h"
+#include "worker/memory/activation_offload_plan.h"
 
-namespace qlora::worker {
+namespace qlora::memory {
 
 struct CheckpointingBudgetOptions {
   const JobConfig* config = nullptr;
@@ -56,7 +56,7 @@ struct CheckpointingBudgetOptions {
   // the host memory the offloaded tensors may take, measured before (engine/offload_rates.h; so
   // that peak_bytes counts the measurement), or why they could not be (then nothing is offloaded,
   // and the log line says why). Unset: not measured, nothing offloaded.
-  std::optional<absl::StatusOr<engine::OffloadRates>> offload_rates;
+  std::optional<absl::StatusOr<memory::OffloadRates>> offload_rates;
 };
 
 class CheckpointingBudget {
@@ -92,7 +92,7 @@ class CheckpointingBudget {
   // is offloaded): the room dequantized_weight_layers: auto leaves for the copies in transit.
   int64_t OffloadedLayerBytes() const;
   // The same for a request: the plan's bytes of a plain layer at its micro-batch and sequence.
-  static int64_t OffloadedLayerBytes(const engine::MemoryPlanRequest& request);
+  static int64_t OffloadedLayerBytes(const memory::ActivationPlanRequest& request);
 
  private:
   CheckpointingBudget() = default;
@@ -101,13 +101,13 @@ class CheckpointingBudget {
   bool automatic_ = false;
   int64_t offload_requested_ = 0;    // trainer.offload_activation_layers (GPU workers only)
   bool offload_auto_ = false;        // offload_activation_layers: auto
-  std::optional<engine::OffloadRates> offload_rates_;  // measured for auto on a GPU
+  std::optional<memory::OffloadRates> offload_rates_;  // measured for auto on a GPU
   std::string offload_unmeasured_;   // why the rates could not be measured (then none offloaded)
   bool planned_ = false;             // auto with a budget (else: every layer, nothing to correct)
-  engine::MemoryPlanRequest request_;
-  engine::MemoryPlan plan_;
+  memory::ActivationPlanRequest request_;
+  memory::ActivationPlan plan_;
   int64_t peak_before_ = 0;
   int64_t measured_peak_ = 0;        // the largest peak a step set (0: none measured)
 };
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

@@ -1,5 +1,5 @@
 // How many decoder layers to offload (trainer.offload_activation_layers: auto). Torch-free: a
-// model of the host link's time, from the memory plan's bytes (memory_plan.h) and rates the
+// model of the host link's time, from the memory plan's bytes (activation_plan.h) and rates the
 // worker measures on its GPU (offload_rates.h).
 //
 // An offloaded layer's saved tensors (and, with offloading on, every other checkpointed layer's
@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/memory_plan.h"
+#include "worker/memory/activation_plan.h"
 
-namespace qlora::engine {
+namespace qlora::memory {
 
 struct OffloadRates {
   double host_link_bytes_per_s = 0;  // pinned copies, the slower of to and from the device
@@ -48,19 +48,19 @@ inline constexpr double kGemmShareOfForward = 0.75;
 inline constexpr double kBackwardOverForward = 1.2;
 
 // Forward FLOPs per token of one decoder layer: its seven projections and causal attention.
-double LayerForwardFlopsPerToken(const MemoryPlanRequest& request);
+double LayerForwardFlopsPerToken(const ActivationPlanRequest& request);
 
 // The most layers (at most layers - 1: never the top one) whose copies the link keeps up with and
 // the host memory holds, with `checkpointed_layers` checkpointed (their inputs travel too). 0
 // when the rates are unknown.
-int64_t OffloadableLayers(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+int64_t OffloadableLayers(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                           const OffloadRates& rates);
 
 // enable_gradient_checkpointing: true with offload_activation_layers: auto: OffloadableLayers of
 // the `checkpointed_layers`, or none where their layer in transit would raise the planned peak
 // past `device_bytes` less the plan's margin (offloading lowers the peak where layers are narrow
 // and rows many, raises it where layers are wide and rows few: the 70B-width slice).
-int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                  const OffloadRates& rates, int64_t device_bytes);
 
 // Layers recomputed in a step with `checkpointed` checkpointed and `offloaded` offloaded (an
@@ -68,7 +68,7 @@ int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t check
 int64_t RecomputedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded);
 
 struct OffloadedPlan {
-  MemoryPlan memory;              // its checkpointed_layers count the offloaded ones
+  ActivationPlan memory;              // its checkpointed_layers count the offloaded ones
   int64_t offloaded_layers = 0;
   int64_t offloadable_layers = 0;  // what the link and host memory allowed
 };
@@ -78,12 +78,12 @@ struct OffloadedPlan {
 // that the fewest offloaded. None when the budget fits without checkpointing (offloading would
 // spare nothing). Offloading lowers the peak, so a budget too small for the plan alone can fit
 // with it. The errors are PlanCheckpointing's without offloading.
-absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanRequest& request,
+absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const ActivationPlanRequest& request,
                                                            const OffloadRates& rates);
 
 // "host link 54.1 GB/s, GEMMs 702 TFLOP/s, host memory for 27 layers: the link keeps up with 11
 // layers' copies".
-std::string DescribeOffloadCapacity(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+std::string DescribeOffloadCapacity(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                     const OffloadRates& rates);
 
 // Which layers an offload of n takes, and where backward fetches each back.
@@ -108,4 +108,4 @@ struct OffloadPlacement {
 // back ahead).
 OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n);
 
-}  // namespace qlora::engine
+}  // namespace qlora::memory

@@ -1,20 +1,20 @@
-// The host link's time model behind offload_activation_layers: auto (see offload_plan.h).
-#include "worker/engine/offload_plan.h"
+// The host link's time model behind offload_activation_layers: auto (see activation_offload_plan.h).
+#include "worker/memory/activation_offload_plan.h"
 
 #include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_format.h"
 
-namespace qlora::engine {
+namespace qlora::memory {
 namespace {
 
-int64_t Tokens(const MemoryPlanRequest& r) { return r.micro_batch * r.sequence_length; }
+int64_t Tokens(const ActivationPlanRequest& r) { return r.micro_batch * r.sequence_length; }
 
 // The bytes a step sends to host memory with `c` checkpointed and `n` offloaded layers (placed
 // as LlamaForCausalLM::SetOffloadedLayers does: checkpointed ones first, never the top layer):
 // an offloaded layer's saved tensors, each other checkpointed layer's input (but the top one's).
-double OffloadedBytes(const MemoryPlanRequest& r, int64_t c, int64_t n) {
+double OffloadedBytes(const ActivationPlanRequest& r, int64_t c, int64_t n) {
   const int64_t layers = r.model.num_hidden_layers;
   if (n == 0) return 0;
   const LayerActivationBytes per = PerTokenLayerBytes(r);
@@ -24,14 +24,14 @@ double OffloadedBytes(const MemoryPlanRequest& r, int64_t c, int64_t n) {
 }
 
 // The forward's time: its FLOPs at the GEMM rate over the GEMMs' share.
-double ForwardSeconds(const MemoryPlanRequest& r, const OffloadRates& rates) {
+double ForwardSeconds(const ActivationPlanRequest& r, const OffloadRates& rates) {
   return static_cast<double>(r.model.num_hidden_layers) * static_cast<double>(Tokens(r)) *
          LayerForwardFlopsPerToken(r) / (rates.gemm_flops_per_s * kGemmShareOfForward);
 }
 
 // Whether the copies of `n` offloaded layers (with `c` checkpointed) keep up with the step: the
-// out, backlog and back windows of offload_plan.h.
-bool CopiesFit(const MemoryPlanRequest& r, int64_t c, int64_t n, const OffloadRates& rates) {
+// out, backlog and back windows of activation_offload_plan.h.
+bool CopiesFit(const ActivationPlanRequest& r, int64_t c, int64_t n, const OffloadRates& rates) {
   const int64_t layers = r.model.num_hidden_layers;
   const double forward = ForwardSeconds(r, rates) / static_cast<double>(layers);
   const double backward = kBackwardOverForward * forward;
@@ -49,21 +49,21 @@ bool CopiesFit(const MemoryPlanRequest& r, int64_t c, int64_t n, const OffloadRa
 // The most layers, below the top one, for which `fits(n)` holds for every n up to them (0 when
 // not even one layer fits).
 template <typename Fits>
-int64_t MostLayers(const MemoryPlanRequest& r, Fits fits) {
+int64_t MostLayers(const ActivationPlanRequest& r, Fits fits) {
   int64_t n = 0;
   while (n + 1 < r.model.num_hidden_layers && fits(n + 1)) ++n;
   return n;
 }
 
 // The most layers whose copies keep up.
-int64_t LayersByLink(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+int64_t LayersByLink(const ActivationPlanRequest& r, int64_t checkpointed_layers,
                      const OffloadRates& rates) {
   return MostLayers(r, [&](int64_t n) { return CopiesFit(r, checkpointed_layers, n, rates); });
 }
 
 // The most layers whose pinned copies the host memory holds, each block counted twice (the pinned
 // allocator rounds it up to a power of two).
-int64_t LayersByHostMemory(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+int64_t LayersByHostMemory(const ActivationPlanRequest& r, int64_t checkpointed_layers,
                            const OffloadRates& rates) {
   return MostLayers(r, [&](int64_t n) {
     return 2 * OffloadedBytes(r, checkpointed_layers, n) <= static_cast<double>(rates.host_bytes);
@@ -72,7 +72,7 @@ int64_t LayersByHostMemory(const MemoryPlanRequest& r, int64_t checkpointed_laye
 
 }  // namespace
 
-double LayerForwardFlopsPerToken(const MemoryPlanRequest& r) {
+double LayerForwardFlopsPerToken(const ActivationPlanRequest& r) {
   const LlamaConfig& m = r.model;
   const double H = static_cast<double>(m.hidden_size), I = static_cast<double>(m.intermediate_size);
   const double Q = static_cast<double>(m.num_attention_heads * m.head_dim);
@@ -87,25 +87,25 @@ int64_t RecomputedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded
   return checkpointed - OffloadedCheckpointedLayers(layers, checkpointed, offloaded);
 }
 
-int64_t OffloadableLayers(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+int64_t OffloadableLayers(const ActivationPlanRequest& r, int64_t checkpointed_layers,
                           const OffloadRates& rates) {
   if (rates.host_link_bytes_per_s <= 0 || rates.gemm_flops_per_s <= 0 || Tokens(r) <= 0) return 0;
   return std::min(LayersByLink(r, checkpointed_layers, rates),
                   LayersByHostMemory(r, checkpointed_layers, rates));
 }
 
-absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanRequest& request,
+absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const ActivationPlanRequest& request,
                                                            const OffloadRates& rates) {
-  MemoryPlanRequest r = request;
+  ActivationPlanRequest r = request;
   r.offloaded_layers = 0;
-  const absl::StatusOr<MemoryPlan> alone = PlanCheckpointing(r);
+  const absl::StatusOr<ActivationPlan> alone = PlanCheckpointing(r);
   if (alone.ok() && alone->checkpointed_layers == 0) return OffloadedPlan{*alone, 0, 0};
   const int64_t layers = r.model.num_hidden_layers;
   std::optional<OffloadedPlan> best;
   if (alone.ok()) best = OffloadedPlan{*alone, 0, 0};
   for (int64_t n = 1; n < layers; ++n) {
     r.offloaded_layers = n;
-    const absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(r);
+    const absl::StatusOr<ActivationPlan> plan = PlanCheckpointing(r);
     if (!plan.ok() || n > OffloadableLayers(r, plan->checkpointed_layers, rates)) continue;
     if (!best || RecomputedLayers(layers, plan->checkpointed_layers, n) <
                      RecomputedLayers(layers, best->memory.checkpointed_layers,
@@ -118,9 +118,9 @@ absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const MemoryPlanReque
   return *best;
 }
 
-int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t checkpointed_layers,
+int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                  const OffloadRates& rates, int64_t device_bytes) {
-  MemoryPlanRequest r = request;
+  ActivationPlanRequest r = request;
   const int64_t c = checkpointed_layers, layers = r.model.num_hidden_layers;
   r.offloaded_layers = 0;
   const int64_t alone = PlannedPeakBytes(r, c);
@@ -134,7 +134,7 @@ int64_t OffloadAmongCheckpointed(const MemoryPlanRequest& request, int64_t check
   return n;
 }
 
-std::string DescribeOffloadCapacity(const MemoryPlanRequest& r, int64_t checkpointed_layers,
+std::string DescribeOffloadCapacity(const ActivationPlanRequest& r, int64_t checkpointed_layers,
                                     const OffloadRates& rates) {
   return absl::StrFormat(
       "host link %.1f GB/s, GEMMs %.0f TFLOP/s, host memory for %d layers: the link keeps up "
@@ -181,4 +181,4 @@ OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n) 
   return p;
 }
 
-}  // namespace qlora::engine
+}  // namespace qlora::memory

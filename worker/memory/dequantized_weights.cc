@@ -1,20 +1,20 @@
 // trainer.dequantized_weight_layers: the count, or auto's choice after the first step (see
 // dequantized_weights.h).
-#include "worker/run/dequantized_weights.h"
+#include "worker/memory/dequantized_weights.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/memory_plan.h"
-#include "worker/run/memory_budget.h"
+#include "worker/memory/activation_plan.h"
+#include "worker/memory/memory_budget.h"
 
-namespace qlora::worker {
+namespace qlora::memory {
 namespace {
 
 std::string Held(const engine::LlamaForCausalLM& model) {
   const int64_t n = model.dequantized_layers();
   return absl::StrCat(n, " of ", model.layers.size(), " layers hold their weights dequantized (",
-                      engine::FormatMemory(n * model.DequantizedLayerBytes()), ")");
+                      memory::FormatMemory(n * model.DequantizedLayerBytes()), ")");
 }
 
 }  // namespace
@@ -33,7 +33,7 @@ DequantizedWeights DequantizedWeights::Start(const DequantizedWeightsOptions& o,
     d.pending_auto_ = true;
     d.budget_bytes_ = MemoryBudgetBytes(t, o.available_bytes);
     *line = absl::StrCat("dequantized_weight_layers: auto: chosen after the first step, for a ",
-                         engine::FormatMemory(d.budget_bytes_), " budget");
+                         memory::FormatMemory(d.budget_bytes_), " budget");
   } else if (t.dequantized_weight_layers > 0 && o.model->DequantizedLayerBytes() == 0) {
     *line = absl::StrCat("dequantized_weight_layers: ", t.dequantized_weight_layers,
                          " ignored: the model has no 4-bit weights it could hold dequantized "
@@ -68,13 +68,13 @@ int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, int64_t 
                                              static_cast<int64_t>(model_->layers.size()),
                                              reserve, limit_bytes));
   *line = absl::StrCat("dequantized_weight_layers: auto: the first step peaked at ",
-                       engine::FormatMemory(peak_bytes), " of a ",
-                       engine::FormatMemory(budget_bytes_), " budget",
-                       reserve > 0 ? absl::StrCat(" (less ", engine::FormatMemory(reserve),
+                       memory::FormatMemory(peak_bytes), " of a ",
+                       memory::FormatMemory(budget_bytes_), " budget",
+                       reserve > 0 ? absl::StrCat(" (less ", memory::FormatMemory(reserve),
                                                   " for one more offloaded layer in transit)")
                                    : "",
                        ", so from the next step ", Held(*model_));
   return model_->dequantized_layers() * layer_bytes;
 }
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

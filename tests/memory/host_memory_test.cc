@@ -1,7 +1,7 @@
-// HostAvailableBytes (worker/run/host_memory.h) on files laid out as the kernel lays them out:
+// HostAvailableBytes (worker/memory/host_memory.h) on files laid out as the kernel lays them out:
 // MemAvailable alone, a cgroup v2 limit with page cache in its usage, a tighter limit on a parent
 // cgroup, a v1 memory controller, and nothing readable.
-#include "worker/run/host_memory.h"
+#include "worker/memory/host_memory.h"
 
 #include <string>
 
@@ -32,13 +32,13 @@ class HostMemoryTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  HostMemoryFiles files_;
+  memory::HostMemoryFiles files_;
 };
 
 TEST_F(HostMemoryTest, MemAvailableWithoutAMemoryLimit) {
   Write("cgroup", "0::/\n");
   Write("sys/memory.current", "123\n");  // the root: no memory.max
-  EXPECT_EQ(HostAvailableBytes(files_), 100 * kGiB);
+  EXPECT_EQ(memory::HostAvailableBytes(files_), 100 * kGiB);
 }
 
 TEST_F(HostMemoryTest, AV2LimitLessItsUsageNotCountingInactivePageCache) {
@@ -49,7 +49,7 @@ TEST_F(HostMemoryTest, AV2LimitLessItsUsageNotCountingInactivePageCache) {
         "anon 1000\nfile 3000\nactive_file 1000\ninactive_file " + std::to_string(2 * kGiB) + "\n");
   Write("sys/kubepods/memory.max", "max\n");
   Write("sys/kubepods/memory.current", std::to_string(50 * kGiB) + "\n");
-  EXPECT_EQ(HostAvailableBytes(files_), 6 * kGiB);  // 10 - (6 - 2)
+  EXPECT_EQ(memory::HostAvailableBytes(files_), 6 * kGiB);  // 10 - (6 - 2)
 }
 
 TEST_F(HostMemoryTest, ATighterLimitAboveTheProcessesCgroupCounts) {
@@ -58,10 +58,10 @@ TEST_F(HostMemoryTest, ATighterLimitAboveTheProcessesCgroupCounts) {
   Write("sys/job/memory.current", std::to_string(7 * kGiB) + "\n");
   Write("sys/job/step/memory.max", "max\n");
   Write("sys/job/step/memory.current", std::to_string(kGiB) + "\n");
-  EXPECT_EQ(HostAvailableBytes(files_), kGiB);
+  EXPECT_EQ(memory::HostAvailableBytes(files_), kGiB);
   // Over the limit (usage above it): nothing left, not a negative figure.
   Write("sys/job/memory.current", std::to_string(9 * kGiB) + "\n");
-  EXPECT_EQ(HostAvailableBytes(files_), 0);
+  EXPECT_EQ(memory::HostAvailableBytes(files_), 0);
 }
 
 TEST_F(HostMemoryTest, AV1MemoryController) {
@@ -71,16 +71,16 @@ TEST_F(HostMemoryTest, AV1MemoryController) {
   Write("sys/memory/k/memory.stat", "cache 5\ntotal_inactive_file " + std::to_string(kGiB) + "\n");
   Write("sys/memory/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
   Write("sys/memory/memory.usage_in_bytes", std::to_string(60 * kGiB) + "\n");
-  EXPECT_EQ(HostAvailableBytes(files_), 13 * kGiB);  // 16 - (4 - 1)
+  EXPECT_EQ(memory::HostAvailableBytes(files_), 13 * kGiB);  // 16 - (4 - 1)
 }
 
 TEST_F(HostMemoryTest, NothingReadableIsZero) {
-  HostMemoryFiles nowhere;
+  memory::HostMemoryFiles nowhere;
   nowhere.meminfo = dir_.path() + "/none";
   nowhere.self_cgroup = dir_.path() + "/none";
   nowhere.cgroup_root = dir_.path() + "/none";
-  EXPECT_EQ(HostAvailableBytes(nowhere), 0);
-  EXPECT_GT(HostAvailableBytes(), 0);  // this machine's
+  EXPECT_EQ(memory::HostAvailableBytes(nowhere), 0);
+  EXPECT_GT(memory::HostAvailableBytes(), 0);  // this machine's
 }
 
 }  // namespace

@@ -33,7 +33,7 @@
 //                      the rotary tables (2 head_dim d); the loss (computed with its gradient
 //                      in forward) adds grad_hidden (H d per token) and one chunk of logits in
 //                      the compute dtype (chunk x vocab x d), which become their own gradient
-// and, besides tokens: what is resident once the model, the adapters and the optimizer are
+// and, besides tokens: what is allocated once the model, the adapters and the optimizer are
 // built (measured by the caller), the parameters' gradients (4 bytes per trainable element), the
 // adapters' copies in the compute dtype (d per trainable element, and per element of the q/k/v
 // and gate/up As again: their concatenations; adapter_copies.h), and one dequantized weight (the
@@ -55,9 +55,13 @@
 #include "absl/status/statusor.h"
 #include "common/model/llama_config.h"
 
-namespace qlora::engine {
+namespace qlora::memory {
 
-struct MemoryPlanRequest {
+// The model's shape is common/model's (config.json as the engine reads it).
+using engine::LlamaConfig;
+using engine::kProjectionNames;
+
+struct ActivationPlanRequest {
   LlamaConfig model;                  // the shape: hidden, intermediate, heads, layers, vocab
   int64_t micro_batch = 1;
   int64_t sequence_length = 512;      // the longest row a micro-batch may have
@@ -70,7 +74,7 @@ struct MemoryPlanRequest {
   int64_t trainable_elements = 0;     // their gradients (float32) exist during backward
   // Allocated once the model, adapters and optimizer are built (weights, NF4 blocks, adapters,
   // fp32 master copy, AdamW state, gradient buffers).
-  int64_t resident_bytes = 0;
+  int64_t built_bytes = 0;
   // Measured minus planned of an earlier step (the worker's correction; 0 at first).
   int64_t correction_bytes = 0;
   int64_t offloaded_layers = 0;
@@ -82,6 +86,12 @@ struct MemoryPlanRequest {
   // other checkpointed layers' inputs are offloaded as well: two of them on the device at most.
   int64_t budget_bytes = 0;
   double margin_fraction = 0.08;      // of the budget, kept free
+  // Where the base weights are sharded or streamed (base_weight_plan.h), the bytes of one
+  // decoder layer made whole on the device: two are in flight at any time (the layer in use and
+  // the one prefetched), and a plain layer's autograd graph keeps its own until its backward (a
+  // checkpointed layer's is gathered again for its recomputation). 0: weights whole on the device,
+  // counted in built_bytes.
+  int64_t gathered_layer_bytes = 0;
 };
 
 // Of `offloaded` layers with the first `checkpointed` of `layers` checkpointed, how many are
@@ -99,12 +109,12 @@ struct LayerActivationBytes {
   int64_t packed_gradients = 0;
 };
 
-LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& request);
+LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& request);
 
 // The planned peak allocation of a step with the first `checkpointed_layers` checkpointed.
-int64_t PlannedPeakBytes(const MemoryPlanRequest& request, int64_t checkpointed_layers);
+int64_t PlannedPeakBytes(const ActivationPlanRequest& request, int64_t checkpointed_layers);
 
-struct MemoryPlan {
+struct ActivationPlan {
   int64_t checkpointed_layers = 0;
   int64_t layers = 0;
   int64_t planned_peak_bytes = 0;  // PlannedPeakBytes of the choice
@@ -115,18 +125,18 @@ struct MemoryPlan {
 // checkpointed, or all but the top one when keeping the top layer's activations costs no more
 // than recomputing it (backward recomputes it first thing). trainer.enable_gradient_checkpointing:
 // true runs this split; auto never checkpoints more.
-int64_t LeanestCheckpointedLayers(const MemoryPlanRequest& request);
+int64_t LeanestCheckpointedLayers(const ActivationPlanRequest& request);
 
 // The fewest checkpointed layers whose planned peak stays under the budget less its margin.
 // InvalidArgument for a budget <= 0 or a shape without layers or tokens; FailedPrecondition
 // when even every layer checkpointed does not fit (the message names both numbers).
-absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& request);
+absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& request);
 
 // "activation checkpointing: 20 of 32 layers checkpointed, planned peak 21.3 GiB of a 24.0 GiB
 // budget".
-std::string DescribePlan(const MemoryPlan& plan);
+std::string DescribePlan(const ActivationPlan& plan);
 
 // "21.3 GiB", or "412.0 MiB" under one GiB.
 std::string FormatMemory(int64_t bytes);
 
-}  // namespace qlora::engine
+}  // namespace qlora::memory

@@ -1,5 +1,5 @@
 // MemAvailable and the memory cgroups' limits (see host_memory.h).
-#include "worker/run/host_memory.h"
+#include "worker/memory/host_memory.h"
 
 #include <algorithm>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <vector>
 
-namespace qlora::worker {
+namespace qlora::memory {
 namespace {
 
 // The first number in a one-line file; nullopt when absent or not a number ("max").
@@ -92,4 +92,4 @@ int64_t HostAvailableBytes(const HostMemoryFiles& files) {
   return std::max<int64_t>(available.value_or(0), 0);
 }
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

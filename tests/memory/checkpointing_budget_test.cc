@@ -12,9 +12,9 @@
 
 #include "worker/engine/llama_model.h"
 #include "absl/status/status.h"
-#include "worker/engine/memory_plan.h"
+#include "worker/memory/activation_plan.h"
 #include "worker/engine/tiny_model.h"
-#include "worker/run/checkpointing_budget.h"
+#include "worker/memory/checkpointing_budget.h"
 
 namespace qlora::worker {
 namespace {
@@ -50,14 +50,14 @@ Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int6
   config.trainer.gradient_checkpointing = CheckpointingMode::kAll;
   config.trainer.offload_activation_layers = offload_activation_layers;
   config.trainer.offload_activation_auto = offload_auto;
-  CheckpointingBudgetOptions o;
+  memory::CheckpointingBudgetOptions o;
   o.config = &config;
   o.model = &model;
   // Rates as a GPU would have them: a CPU worker must not use them.
-  o.offload_rates = absl::StatusOr<engine::OffloadRates>(
-      engine::OffloadRates{55e9, 700e12, int64_t{100} << 30});
+  o.offload_rates = absl::StatusOr<memory::OffloadRates>(
+      memory::OffloadRates{55e9, 700e12, int64_t{100} << 30});
   o.allocated_bytes = int64_t{7} << 30;
-  auto budget = CheckpointingBudget::Start(o);
+  auto budget = memory::CheckpointingBudget::Start(o);
   EXPECT_TRUE(budget.ok()) << budget.status();
   Chosen c;
   if (!budget.ok()) return c;
@@ -65,13 +65,13 @@ Chosen ChooseForTrue(const engine::LlamaConfig& shape, int64_t micro_batch, int6
   c.offloaded = model.offloaded_layers();
   c.has_offloader = model.activation_offloader() != nullptr;
   c.describe = budget->Describe();
-  engine::MemoryPlanRequest r;
+  memory::ActivationPlanRequest r;
   r.model = shape;
   r.micro_batch = micro_batch;
   r.sequence_length = sequence;
-  r.resident_bytes = o.allocated_bytes;
-  c.peak_all = engine::PlannedPeakBytes(r, shape.num_hidden_layers);
-  c.peak_all_but_top = engine::PlannedPeakBytes(r, shape.num_hidden_layers - 1);
+  r.built_bytes = o.allocated_bytes;
+  c.peak_all = memory::PlannedPeakBytes(r, shape.num_hidden_layers);
+  c.peak_all_but_top = memory::PlannedPeakBytes(r, shape.num_hidden_layers - 1);
   return c;
 }
 
@@ -120,7 +120,7 @@ TEST(CheckpointingBudget, OffloadingOnACpuWorkerIsIgnoredAndSaidSo) {
 struct SevenBBudget {
   engine::LlamaForCausalLM model{Llama2_7bShape(), at::kBFloat16, at::Device(at::kCPU)};
   JobConfig config;
-  CheckpointingBudgetOptions options;
+  memory::CheckpointingBudgetOptions options;
   SevenBBudget() {
     config.trainer.batch_size = 4;
     config.data.max_sequence_length = 2048;
@@ -132,17 +132,17 @@ struct SevenBBudget {
 
 // The room dequantized_weight_layers: auto leaves for an offloaded layer in transit: the plan's
 // bytes of a plain 7B layer at micro-batch 4 x 2048, which round 22 saw as the step's peak rising
-// 0.7-0.9 GiB over the first step's plus the held layers with 8 or 10 plain layers offloaded.
+// 0.7-0.9 GiB over the first step's plus the dequantized layers with 8 or 10 plain layers offloaded.
 TEST(CheckpointingBudget, AnOffloadedLayerInTransitIsAPlainLayersSavedTensors) {
-  engine::MemoryPlanRequest r;
+  memory::ActivationPlanRequest r;
   r.model = Llama2_7bShape();
   r.micro_batch = 4;
   r.sequence_length = 2048;
   r.dtype_bytes = 2;
   r.lora_r = 16;
   r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  const int64_t bytes = CheckpointingBudget::OffloadedLayerBytes(r);
-  EXPECT_EQ(bytes, engine::PerTokenLayerBytes(r).plain * 4 * 2048);
+  const int64_t bytes = memory::CheckpointingBudget::OffloadedLayerBytes(r);
+  EXPECT_EQ(bytes, memory::PerTokenLayerBytes(r).plain * 4 * 2048);
   std::cout << "a plain 7B layer's saved tensors at micro-batch 4 x 2048: " << (bytes >> 20)
             << " MiB\n";
   EXPECT_GT(bytes, int64_t{700} << 20);
@@ -152,7 +152,7 @@ TEST(CheckpointingBudget, AnOffloadedLayerInTransitIsAPlainLayersSavedTensors) {
   SevenBBudget b;
   b.config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
   b.config.trainer.offload_activation_layers = 10;
-  auto budget = CheckpointingBudget::Start(b.options);
+  auto budget = memory::CheckpointingBudget::Start(b.options);
   ASSERT_TRUE(budget.ok()) << budget.status();
   EXPECT_EQ(b.model.offloaded_layers(), 0);
   EXPECT_EQ(budget->OffloadedLayerBytes(), 0);
@@ -168,7 +168,7 @@ TEST(CheckpointingBudget, AStepOnlyCountsWhereItPeakedAboveTheEarlierSteps) {
   b.config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
   b.config.trainer.max_memory_gib = 24;
   engine::LlamaForCausalLM& model = b.model;
-  auto budget = CheckpointingBudget::Start(b.options);
+  auto budget = memory::CheckpointingBudget::Start(b.options);
   ASSERT_TRUE(budget.ok()) << budget.status();
   const int64_t planned = budget->Report().planned_peak_bytes;
   const int64_t first = model.checkpointed_layers();
@@ -183,7 +183,7 @@ TEST(CheckpointingBudget, AStepOnlyCountsWhereItPeakedAboveTheEarlierSteps) {
 
   // What dequantized weights may add keeps the plan's 8 % margin: none after a step above it,
   // the plan's slack after one within the plan.
-  const double allowed = 24.0 * (int64_t{1} << 30) * (1 - engine::MemoryPlanRequest().margin_fraction);
+  const double allowed = 24.0 * (int64_t{1} << 30) * (1 - memory::ActivationPlanRequest().margin_fraction);
   EXPECT_GT(step1, allowed);
   EXPECT_EQ(budget->RoomForFixedBytes(step1), 0);
   const int64_t replanned = budget->Report().planned_peak_bytes;
@@ -197,7 +197,7 @@ TEST(CheckpointingBudget, AStepOnlyCountsWhereItPeakedAboveTheEarlierSteps) {
 
   // Checkpointing true or false plans nothing: no limit from it.
   b.config.trainer.gradient_checkpointing = CheckpointingMode::kNone;
-  auto plain = CheckpointingBudget::Start(b.options);
+  auto plain = memory::CheckpointingBudget::Start(b.options);
   ASSERT_TRUE(plain.ok());
   EXPECT_EQ(plain->RoomForFixedBytes(step1), std::numeric_limits<int64_t>::max());
 }

@@ -1,7 +1,7 @@
-// The checkpointing memory plan (worker/engine/memory_plan.h): monotone in the budget, every
+// The checkpointing memory plan (worker/memory/activation_plan.h): monotone in the budget, every
 // layer checkpointed at a low budget, none at a huge one, a clear error below the minimum, and
 // the figures of the benchmark's shape.
-#include "worker/engine/memory_plan.h"
+#include "worker/memory/activation_plan.h"
 
 #include <cstdint>
 #include <string>
@@ -9,9 +9,9 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/engine/plan_shapes.h"
+#include "tests/memory/plan_shapes.h"
 
-namespace qlora::engine {
+namespace qlora::memory {
 namespace {
 
 using ::testing::HasSubstr;
@@ -37,37 +37,37 @@ using ::testing::HasSubstr;
 //   budget 40 GiB  ->   0 of 32 checkpointed, planned peak 32.14 GiB
 //   budget  6 GiB  ->   FAILED_PRECONDITION (8.8 GiB needed with the margin)
 // (On CUDA, fused_norms: a plain layer saves 93,672, neither n nor m; FusedNormsKeepNeither...)
-TEST(EngineMemoryPlan, SevenBAtMicroBatch4Sequence2048) {
-  const MemoryPlanRequest r = SevenB(24);
-  const LayerActivationBytes per = PerTokenLayerBytes(r);
+TEST(ActivationPlan, SevenBAtMicroBatch4Sequence2048) {
+  const memory::ActivationPlanRequest r = SevenB(24);
+  const memory::LayerActivationBytes per = memory::PerTokenLayerBytes(r);
   EXPECT_EQ(per.plain, 110056);
   EXPECT_EQ(per.recomputed, 110056 + 11008 * 2 - 8192);
   EXPECT_EQ(per.checkpointed, 8192);
   EXPECT_EQ(per.backward, 65536);
   EXPECT_EQ(per.packed_gradients, 8320);
-  EXPECT_NEAR(static_cast<double>(PlannedPeakBytes(r, 32)) / kGiB, 8.15, 0.01);
-  EXPECT_NEAR(static_cast<double>(PlannedPeakBytes(r, 31)) / kGiB, 8.09, 0.01);
-  EXPECT_NEAR(static_cast<double>(PlannedPeakBytes(r, 0)) / kGiB, 32.14, 0.01);
-  absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(r);
+  EXPECT_NEAR(static_cast<double>(memory::PlannedPeakBytes(r, 32)) / kGiB, 8.15, 0.01);
+  EXPECT_NEAR(static_cast<double>(memory::PlannedPeakBytes(r, 31)) / kGiB, 8.09, 0.01);
+  EXPECT_NEAR(static_cast<double>(memory::PlannedPeakBytes(r, 0)) / kGiB, 32.14, 0.01);
+  absl::StatusOr<memory::ActivationPlan> plan = memory::PlanCheckpointing(r);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->layers, 32);
   EXPECT_EQ(plan->checkpointed_layers, 13);
   EXPECT_LE(plan->planned_peak_bytes, static_cast<int64_t>(0.92 * 24 * kGiB));
-  EXPECT_GT(PlannedPeakBytes(r, plan->checkpointed_layers - 1),
+  EXPECT_GT(memory::PlannedPeakBytes(r, plan->checkpointed_layers - 1),
             static_cast<int64_t>(0.92 * 24 * kGiB));  // one fewer would not fit
-  EXPECT_EQ(DescribePlan(*plan),
+  EXPECT_EQ(memory::DescribePlan(*plan),
             "activation checkpointing: 13 of 32 layers checkpointed, planned peak 22.0 GiB of a "
             "24.0 GiB budget");
-  EXPECT_EQ(PlanCheckpointing(SevenB(32))->checkpointed_layers, 4);
-  EXPECT_EQ(PlanCheckpointing(SevenB(40))->checkpointed_layers, 0);
+  EXPECT_EQ(memory::PlanCheckpointing(SevenB(32))->checkpointed_layers, 4);
+  EXPECT_EQ(memory::PlanCheckpointing(SevenB(40))->checkpointed_layers, 0);
 }
 
-TEST(EngineMemoryPlan, PeakGrowsWithEveryPlainLayerBelowTheTop) {
-  const MemoryPlanRequest r = SevenB(24);
+TEST(ActivationPlan, PeakGrowsWithEveryPlainLayerBelowTheTop) {
+  const memory::ActivationPlanRequest r = SevenB(24);
   // The top layer kept costs less than recomputing it (which saves the SwiGLU output too).
-  EXPECT_LT(PlannedPeakBytes(r, 31), PlannedPeakBytes(r, 32));
-  EXPECT_EQ(LeanestCheckpointedLayers(r), 31);  // what enable_gradient_checkpointing: true runs
-  for (int64_t c = 31; c > 0; --c) EXPECT_LE(PlannedPeakBytes(r, c), PlannedPeakBytes(r, c - 1)) << c;
+  EXPECT_LT(memory::PlannedPeakBytes(r, 31), memory::PlannedPeakBytes(r, 32));
+  EXPECT_EQ(memory::LeanestCheckpointedLayers(r), 31);  // what enable_gradient_checkpointing: true runs
+  for (int64_t c = 31; c > 0; --c) EXPECT_LE(memory::PlannedPeakBytes(r, c), memory::PlannedPeakBytes(r, c - 1)) << c;
 }
 
 // Offloaded layers (activation_offload.h) hold neither their inputs nor their activations on the
@@ -76,88 +76,88 @@ TEST(EngineMemoryPlan, PeakGrowsWithEveryPlainLayerBelowTheTop) {
 // them trades 30 inputs for one plain layer's activations at the peak (the top layer's
 // recomputation); among plain layers each one offloaded frees a plain layer's activations, up to
 // all but the top one.
-TEST(EngineMemoryPlan, OffloadedLayersTradeTheirActivationsForOneInTransit) {
-  MemoryPlanRequest r = SevenB(24);
-  const LayerActivationBytes per = PerTokenLayerBytes(r);
+TEST(ActivationPlan, OffloadedLayersTradeTheirActivationsForOneInTransit) {
+  memory::ActivationPlanRequest r = SevenB(24);
+  const memory::LayerActivationBytes per = memory::PerTokenLayerBytes(r);
   const int64_t tokens = 4 * 2048;
-  const int64_t all_checkpointed = PlannedPeakBytes(r, 32), none = PlannedPeakBytes(r, 0);
+  const int64_t all_checkpointed = memory::PlannedPeakBytes(r, 32), none = memory::PlannedPeakBytes(r, 0);
   r.offloaded_layers = 8;
-  EXPECT_EQ(PlannedPeakBytes(r, 32) - all_checkpointed,
+  EXPECT_EQ(memory::PlannedPeakBytes(r, 32) - all_checkpointed,
             tokens * (per.plain - 30 * per.checkpointed));
   // 8 of 32 plain layers offloaded: 7 fewer held (one is in transit).
-  EXPECT_EQ(none - PlannedPeakBytes(r, 0), 7 * tokens * per.plain);
+  EXPECT_EQ(none - memory::PlannedPeakBytes(r, 0), 7 * tokens * per.plain);
   r.offloaded_layers = 40;  // more than there are: all but the top layer
-  EXPECT_EQ(none - PlannedPeakBytes(r, 0), 30 * tokens * per.plain);
+  EXPECT_EQ(none - memory::PlannedPeakBytes(r, 0), 30 * tokens * per.plain);
 }
 
-TEST(EngineMemoryPlan, MonotoneInTheBudget) {
+TEST(ActivationPlan, MonotoneInTheBudget) {
   int64_t previous = 33;
   for (int64_t gib = 9; gib <= 64; ++gib) {
-    absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(SevenB(gib));
+    absl::StatusOr<memory::ActivationPlan> plan = memory::PlanCheckpointing(SevenB(gib));
     ASSERT_TRUE(plan.ok()) << gib << ": " << plan.status();
     EXPECT_LE(plan->checkpointed_layers, previous) << gib;
     EXPECT_LE(plan->planned_peak_bytes, static_cast<int64_t>(0.92 * static_cast<double>(gib * kGiB)));
     previous = plan->checkpointed_layers;
   }
   // Just what the leanest split needs: all but the top layer checkpointed.
-  MemoryPlanRequest low = SevenB(0);
-  low.budget_bytes = static_cast<int64_t>(static_cast<double>(PlannedPeakBytes(low, 31)) / 0.92) + 1;
-  EXPECT_EQ(PlanCheckpointing(low)->checkpointed_layers, 31);
-  EXPECT_LT(PlannedPeakBytes(low, 31), PlannedPeakBytes(low, 30));
-  EXPECT_EQ(PlanCheckpointing(SevenB(1000))->checkpointed_layers, 0);  // huge: none
+  memory::ActivationPlanRequest low = SevenB(0);
+  low.budget_bytes = static_cast<int64_t>(static_cast<double>(memory::PlannedPeakBytes(low, 31)) / 0.92) + 1;
+  EXPECT_EQ(memory::PlanCheckpointing(low)->checkpointed_layers, 31);
+  EXPECT_LT(memory::PlannedPeakBytes(low, 31), memory::PlannedPeakBytes(low, 30));
+  EXPECT_EQ(memory::PlanCheckpointing(SevenB(1000))->checkpointed_layers, 0);  // huge: none
 }
 
-TEST(EngineMemoryPlan, BelowTheMinimumNamesBothNumbers) {
-  absl::StatusOr<MemoryPlan> plan = PlanCheckpointing(SevenB(6));
+TEST(ActivationPlan, BelowTheMinimumNamesBothNumbers) {
+  absl::StatusOr<memory::ActivationPlan> plan = memory::PlanCheckpointing(SevenB(6));
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string message(plan.status().message());
   EXPECT_THAT(message, HasSubstr("trainer.max_memory_gib: a budget of 6.0 GiB is below"));
   EXPECT_THAT(message, HasSubstr("a planned peak of 8.1 GiB, 8.8 GiB with the 8% margin"));
   EXPECT_THAT(message, HasSubstr("raise max_memory_gib to at least 8.8"));
-  EXPECT_EQ(PlanCheckpointing(SevenB(0)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(memory::PlanCheckpointing(SevenB(0)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(EngineMemoryPlan, CorrectionAndDropoutRaiseThePeak) {
-  MemoryPlanRequest r = SevenB(24);
-  const int64_t base = PlannedPeakBytes(r, 16);
+TEST(ActivationPlan, CorrectionAndDropoutRaiseThePeak) {
+  memory::ActivationPlanRequest r = SevenB(24);
+  const int64_t base = memory::PlannedPeakBytes(r, 16);
   r.correction_bytes = kGiB;
-  EXPECT_EQ(PlannedPeakBytes(r, 16), base + kGiB);
-  EXPECT_GT(PlanCheckpointing(r)->checkpointed_layers, 13);
+  EXPECT_EQ(memory::PlannedPeakBytes(r, 16), base + kGiB);
+  EXPECT_GT(memory::PlanCheckpointing(r)->checkpointed_layers, 13);
   r.correction_bytes = 0;
   r.lora_dropout = true;  // each adapted module keeps its own dropped input and mask
-  EXPECT_GT(PerTokenLayerBytes(r).plain, PerTokenLayerBytes(SevenB(24)).plain);
+  EXPECT_GT(memory::PerTokenLayerBytes(r).plain, memory::PerTokenLayerBytes(SevenB(24)).plain);
   r.lora_r = 0;           // no adapters: the 4-bit GEMMs save no inputs
-  EXPECT_EQ(PerTokenLayerBytes(r).plain, 109928 - 4096 * 2 * 2 - 7 * 16 * 2);
+  EXPECT_EQ(memory::PerTokenLayerBytes(r).plain, 109928 - 4096 * 2 * 2 - 7 * 16 * 2);
 }
 
 // On CUDA the norms are fused and the q/k/v and gate/up nodes keep their sources (kept by the
 // norms anyway) instead of n and m: 2 x 4,096 x 2 bytes a token less a plain layer, 4 GiB less
 // at 7B with no layer checkpointed; the same with dropout (the nodes do not run) or with one
 // layer of a group adapted (no node).
-TEST(EngineMemoryPlan, FusedNormsKeepNeitherNormsOutput) {
-  MemoryPlanRequest r = SevenB(40);
+TEST(ActivationPlan, FusedNormsKeepNeitherNormsOutput) {
+  memory::ActivationPlanRequest r = SevenB(40);
   r.fused_norms = true;
-  EXPECT_EQ(PerTokenLayerBytes(r).plain, 110056 - 2 * 4096 * 2);
-  EXPECT_EQ(PerTokenLayerBytes(r).recomputed, 110056 - 2 * 4096 * 2 + 11008 * 2 - 8192);
-  EXPECT_EQ(PlannedPeakBytes(SevenB(40), 0) - PlannedPeakBytes(r, 0),
+  EXPECT_EQ(memory::PerTokenLayerBytes(r).plain, 110056 - 2 * 4096 * 2);
+  EXPECT_EQ(memory::PerTokenLayerBytes(r).recomputed, 110056 - 2 * 4096 * 2 + 11008 * 2 - 8192);
+  EXPECT_EQ(memory::PlannedPeakBytes(SevenB(40), 0) - memory::PlannedPeakBytes(r, 0),
             int64_t{32} * 4 * 2048 * 2 * 4096 * 2);
-  EXPECT_EQ(PlanCheckpointing(r)->checkpointed_layers, 0);
-  MemoryPlanRequest dropout = SevenB(40), fused_dropout = SevenB(40);
+  EXPECT_EQ(memory::PlanCheckpointing(r)->checkpointed_layers, 0);
+  memory::ActivationPlanRequest dropout = SevenB(40), fused_dropout = SevenB(40);
   dropout.lora_dropout = fused_dropout.lora_dropout = true;
   fused_dropout.fused_norms = true;
-  EXPECT_EQ(PerTokenLayerBytes(fused_dropout).plain, PerTokenLayerBytes(dropout).plain);
-  MemoryPlanRequest q_only = SevenB(40);
+  EXPECT_EQ(memory::PerTokenLayerBytes(fused_dropout).plain, memory::PerTokenLayerBytes(dropout).plain);
+  memory::ActivationPlanRequest q_only = SevenB(40);
   q_only.lora_targets = {"q_proj"};
-  MemoryPlanRequest fused_q_only = q_only;
+  memory::ActivationPlanRequest fused_q_only = q_only;
   fused_q_only.fused_norms = true;
-  EXPECT_EQ(PerTokenLayerBytes(fused_q_only).plain, PerTokenLayerBytes(q_only).plain);
+  EXPECT_EQ(memory::PerTokenLayerBytes(fused_q_only).plain, memory::PerTokenLayerBytes(q_only).plain);
 }
 
-TEST(EngineMemoryPlan, FormatMemory) {
-  EXPECT_EQ(FormatMemory(24 * kGiB), "24.0 GiB");
-  EXPECT_EQ(FormatMemory(512 << 20), "512.0 MiB");
+TEST(ActivationPlan, FormatMemory) {
+  EXPECT_EQ(memory::FormatMemory(24 * kGiB), "24.0 GiB");
+  EXPECT_EQ(memory::FormatMemory(512 << 20), "512.0 MiB");
 }
 
 }  // namespace
-}  // namespace qlora::engine
+}  // namespace qlora::memory

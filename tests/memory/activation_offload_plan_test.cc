@@ -1,8 +1,8 @@
-// offload_activation_layers: auto's model (worker/engine/offload_plan.h): the forward's FLOPs,
+// offload_activation_layers: auto's model (worker/memory/activation_offload_plan.h): the forward's FLOPs,
 // the layers whose copies fit in a forward at round 9's H200 rates (where the benchmark found its
 // best count), the host memory bound, and the plan under a budget that recomputes the fewest
 // layers.
-#include "worker/engine/offload_plan.h"
+#include "worker/memory/activation_offload_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -11,89 +11,89 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/engine/plan_shapes.h"
+#include "tests/memory/plan_shapes.h"
 
-namespace qlora::engine {
+namespace qlora::memory {
 namespace {
 
 // One H200 as round 9 measured it: ~55 GB/s pinned copies, GEMMs ~700 TFLOP/s at the power
 // limit, and a host with room to spare.
-OffloadRates H200() { return OffloadRates{55e9, 700e12, int64_t{100} << 30}; }
+memory::OffloadRates H200() { return memory::OffloadRates{55e9, 700e12, int64_t{100} << 30}; }
 
-int64_t Recomputed(const OffloadedPlan& p) {
-  return RecomputedLayers(p.memory.layers, p.memory.checkpointed_layers, p.offloaded_layers);
+int64_t Recomputed(const memory::OffloadedPlan& p) {
+  return memory::RecomputedLayers(p.memory.layers, p.memory.checkpointed_layers, p.offloaded_layers);
 }
 
-TEST(EngineOffloadPlan, ForwardFlopsOfTheSevenBLayer) {
+TEST(ActivationOffloadPlan, ForwardFlopsOfTheSevenBLayer) {
   // q/k/v/o 4 x 4096^2, gate/up/down 3 x 4096 x 11008, two multiply-adds each; attention: q k^T
   // and p v over 1024.5 positions on average, 4096 wide, two FLOPs each.
   const double projections = 4.0 * 4096 * 4096 + 3.0 * 4096 * 11008;
-  EXPECT_DOUBLE_EQ(LayerForwardFlopsPerToken(SevenB(24)), 2 * projections + 2.0 * 4096 * 2049);
+  EXPECT_DOUBLE_EQ(memory::LayerForwardFlopsPerToken(SevenB(24)), 2 * projections + 2.0 * 4096 * 2049);
 }
 
 // Round 9d measured 14,767 / 14,966 / 15,224 / 14,850 / 14,634 tokens/s with 8 / 10 / 12 / 14 /
 // 16 layers offloaded (31 checkpointed), round 10a 15,507 with 11 and 15,477 with 12: the forward
 // (~210 ms at 700 TFLOP/s over 0.75) and the top layer's backward carry 12.0 GB at 55 GB/s, 11
 // layers' saved tensors (901 MB each) and the other 20 inputs (67 MB).
-TEST(EngineOffloadPlan, SevenBMicroBatch4OffloadsWhatTheLinkKeepsUpWith) {
-  const MemoryPlanRequest r = SevenB(24);
-  EXPECT_EQ(OffloadableLayers(r, 31, H200()), 11);
-  OffloadRates slower = H200();
+TEST(ActivationOffloadPlan, SevenBMicroBatch4OffloadsWhatTheLinkKeepsUpWith) {
+  const memory::ActivationPlanRequest r = SevenB(24);
+  EXPECT_EQ(memory::OffloadableLayers(r, 31, H200()), 11);
+  memory::OffloadRates slower = H200();
   slower.host_link_bytes_per_s = 25e9;  // PCIe 4
-  EXPECT_EQ(OffloadableLayers(r, 31, slower), 4);
-  OffloadRates faster_gemms = H200();
+  EXPECT_EQ(memory::OffloadableLayers(r, 31, slower), 4);
+  memory::OffloadRates faster_gemms = H200();
   faster_gemms.gemm_flops_per_s = 1400e12;  // a shorter forward carries less
-  EXPECT_LT(OffloadableLayers(r, 31, faster_gemms), 11);
+  EXPECT_LT(memory::OffloadableLayers(r, 31, faster_gemms), 11);
   // Never the top layer, however fast the link.
-  OffloadRates fast_link = H200();
+  memory::OffloadRates fast_link = H200();
   fast_link.host_link_bytes_per_s = 1e15;
-  EXPECT_EQ(OffloadableLayers(r, 31, fast_link), 31);
+  EXPECT_EQ(memory::OffloadableLayers(r, 31, fast_link), 31);
   // Unknown rates: none.
-  EXPECT_EQ(OffloadableLayers(r, 31, OffloadRates{}), 0);
+  EXPECT_EQ(memory::OffloadableLayers(r, 31, memory::OffloadRates{}), 0);
 }
 
 // The 70B-width slice at micro-batch 1 (5 of 6 layers checkpointed): round 9c measured 21,658
 // tokens/s with all 5 offloaded (16,516 with none), round 10b 20,029 with 4. A layer's 504 MB come
 // back while the top layer's backward and the region's run.
-TEST(EngineOffloadPlan, SeventyBSliceMicroBatch1OffloadsEveryCheckpointedLayer) {
-  EXPECT_EQ(OffloadableLayers(SeventyBSlice(1), 5, OffloadRates{53.5e9, 695e12, int64_t{100} << 30}), 5);
+TEST(ActivationOffloadPlan, SeventyBSliceMicroBatch1OffloadsEveryCheckpointedLayer) {
+  EXPECT_EQ(memory::OffloadableLayers(SeventyBSlice(1), 5, memory::OffloadRates{53.5e9, 695e12, int64_t{100} << 30}), 5);
 }
 
-TEST(EngineOffloadPlan, HostMemoryBoundsTheCount) {
-  OffloadRates rates = H200();
+TEST(ActivationOffloadPlan, HostMemoryBoundsTheCount) {
+  memory::OffloadRates rates = H200();
   // Each pinned block counted twice (the allocator's power-of-two rounding): 10 GiB hold 3
   // layers' saved tensors (901 MB each) and the other 28 checkpointed inputs (67 MB each).
   rates.host_bytes = int64_t{10} << 30;
-  EXPECT_EQ(OffloadableLayers(SevenB(24), 31, rates), 3);
+  EXPECT_EQ(memory::OffloadableLayers(SevenB(24), 31, rates), 3);
   rates.host_bytes = 0;
-  EXPECT_EQ(OffloadableLayers(SevenB(24), 31, rates), 0);
+  EXPECT_EQ(memory::OffloadableLayers(SevenB(24), 31, rates), 0);
 }
 
 // true with auto: where a layer in transit raises the planned peak (the 70B slice at micro-batch
 // 4: 504 MB a layer of saved tensors against one 16 MB input less) offloading needs the room.
-TEST(EngineOffloadPlan, TrueOffloadsWhereTheGpuHasRoomForTheLayerInTransit) {
-  const MemoryPlanRequest wide = SeventyBSlice(4);
-  const OffloadRates rates{53.5e9, 695e12, int64_t{100} << 30};
-  MemoryPlanRequest with = wide;
+TEST(ActivationOffloadPlan, TrueOffloadsWhereTheGpuHasRoomForTheLayerInTransit) {
+  const memory::ActivationPlanRequest wide = SeventyBSlice(4);
+  const memory::OffloadRates rates{53.5e9, 695e12, int64_t{100} << 30};
+  memory::ActivationPlanRequest with = wide;
   with.offloaded_layers = 1;
-  const int64_t alone = PlannedPeakBytes(wide, 5), offloaded = PlannedPeakBytes(with, 5);
+  const int64_t alone = memory::PlannedPeakBytes(wide, 5), offloaded = memory::PlannedPeakBytes(with, 5);
   ASSERT_GT(offloaded, alone);
-  const int64_t capacity = OffloadableLayers(wide, 5, rates);
+  const int64_t capacity = memory::OffloadableLayers(wide, 5, rates);
   ASSERT_GT(capacity, 0);
-  EXPECT_EQ(OffloadAmongCheckpointed(wide, 5, rates, 140 * kGiB), capacity);  // an H200's room
-  EXPECT_EQ(OffloadAmongCheckpointed(wide, 5, rates, static_cast<int64_t>(alone / 0.92) + 1), 0);
+  EXPECT_EQ(memory::OffloadAmongCheckpointed(wide, 5, rates, 140 * kGiB), capacity);  // an H200's room
+  EXPECT_EQ(memory::OffloadAmongCheckpointed(wide, 5, rates, static_cast<int64_t>(alone / 0.92) + 1), 0);
   // The 7B shape at micro-batch 4: offloading lowers the peak, so it needs no room of its own.
-  const MemoryPlanRequest narrow = SevenB(24);
-  EXPECT_EQ(OffloadAmongCheckpointed(narrow, 31, H200(), 1), 11);
+  const memory::ActivationPlanRequest narrow = SevenB(24);
+  EXPECT_EQ(memory::OffloadAmongCheckpointed(narrow, 31, H200(), 1), 11);
 }
 
 // At 24 GiB the plan alone checkpoints 13 layers (memory_plan_test.cc).
-TEST(EngineOffloadPlan, AutoBudgetRecomputesFewerLayersWithinTheLink) {
-  const MemoryPlanRequest r = SevenB(24);
-  const absl::StatusOr<MemoryPlan> alone = PlanCheckpointing(r);
+TEST(ActivationOffloadPlan, AutoBudgetRecomputesFewerLayersWithinTheLink) {
+  const memory::ActivationPlanRequest r = SevenB(24);
+  const absl::StatusOr<memory::ActivationPlan> alone = memory::PlanCheckpointing(r);
   ASSERT_TRUE(alone.ok()) << alone.status();
   ASSERT_EQ(alone->checkpointed_layers, 13);
-  const absl::StatusOr<OffloadedPlan> p = PlanCheckpointingWithOffload(r, H200());
+  const absl::StatusOr<memory::OffloadedPlan> p = memory::PlanCheckpointingWithOffload(r, H200());
   ASSERT_TRUE(p.ok()) << p.status();
   // 14 checkpointed (one layer's tensors in transit take memory), 7 of them offloaded: 7 layers
   // recomputed instead of 13. More would pile up: the 14 layers' forward (~92 ms) makes 6.8 GB of
@@ -106,53 +106,53 @@ TEST(EngineOffloadPlan, AutoBudgetRecomputesFewerLayersWithinTheLink) {
   EXPECT_LT(Recomputed(*p), 13);
   EXPECT_LE(p->memory.planned_peak_bytes, static_cast<int64_t>(0.92 * 24 * kGiB));
   // The plan's figures are the memory plan's for that split.
-  MemoryPlanRequest with = r;
+  memory::ActivationPlanRequest with = r;
   with.offloaded_layers = p->offloaded_layers;
-  EXPECT_EQ(p->memory.planned_peak_bytes, PlannedPeakBytes(with, p->memory.checkpointed_layers));
+  EXPECT_EQ(p->memory.planned_peak_bytes, memory::PlannedPeakBytes(with, p->memory.checkpointed_layers));
   // No fewer offloaded layers recompute as few.
   for (int64_t n = 0; n < p->offloaded_layers; ++n) {
     with.offloaded_layers = n;
-    const absl::StatusOr<MemoryPlan> fewer = PlanCheckpointing(with);
+    const absl::StatusOr<memory::ActivationPlan> fewer = memory::PlanCheckpointing(with);
     if (!fewer.ok()) continue;
-    EXPECT_GT(RecomputedLayers(fewer->layers, fewer->checkpointed_layers, n), Recomputed(*p))
+    EXPECT_GT(memory::RecomputedLayers(fewer->layers, fewer->checkpointed_layers, n), Recomputed(*p))
         << n;
   }
 }
 
-TEST(EngineOffloadPlan, AutoBudgetThatFitsWithoutCheckpointingOffloadsNothing) {
-  const absl::StatusOr<OffloadedPlan> p = PlanCheckpointingWithOffload(SevenB(40), H200());
+TEST(ActivationOffloadPlan, AutoBudgetThatFitsWithoutCheckpointingOffloadsNothing) {
+  const absl::StatusOr<memory::OffloadedPlan> p = memory::PlanCheckpointingWithOffload(SevenB(40), H200());
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->memory.checkpointed_layers, 0);
   EXPECT_EQ(p->offloaded_layers, 0);
 }
 
-TEST(EngineOffloadPlan, AutoBudgetWithoutALinkIsThePlanAlone) {
-  const absl::StatusOr<OffloadedPlan> p = PlanCheckpointingWithOffload(SevenB(24), OffloadRates{});
+TEST(ActivationOffloadPlan, AutoBudgetWithoutALinkIsThePlanAlone) {
+  const absl::StatusOr<memory::OffloadedPlan> p = memory::PlanCheckpointingWithOffload(SevenB(24), memory::OffloadRates{});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->offloaded_layers, 0);
   EXPECT_EQ(p->memory.checkpointed_layers, 13);
   // Below what even every layer checkpointed needs, with or without offloading: the plan's error.
-  const absl::StatusOr<OffloadedPlan> small = PlanCheckpointingWithOffload(SevenB(6), H200());
+  const absl::StatusOr<memory::OffloadedPlan> small = memory::PlanCheckpointingWithOffload(SevenB(6), H200());
   ASSERT_FALSE(small.ok());
   EXPECT_EQ(small.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(small.status().message()), ::testing::HasSubstr("trainer.max_memory_gib"));
 }
 
-TEST(EngineOffloadPlan, DescribesWhatItMeasured) {
-  EXPECT_EQ(DescribeOffloadCapacity(SevenB(24), 31, H200()),
+TEST(ActivationOffloadPlan, DescribesWhatItMeasured) {
+  EXPECT_EQ(memory::DescribeOffloadCapacity(SevenB(24), 31, H200()),
             "host link 55.0 GB/s, GEMMs 700 TFLOP/s, host memory for 31 layers: the link keeps up "
             "with 11 layers' copies");
 }
 
 // The layers an offload takes and the layer whose hook fetches each back.
-std::vector<int64_t> Offloaded(const OffloadPlacement& p) {
+std::vector<int64_t> Offloaded(const memory::OffloadPlacement& p) {
   std::vector<int64_t> layers;
   for (size_t i = 0; i < p.offloaded.size(); ++i) {
     if (p.offloaded[i]) layers.push_back(static_cast<int64_t>(i));
   }
   return layers;
 }
-int64_t FetchedAt(const OffloadPlacement& p, int64_t group) {
+int64_t FetchedAt(const memory::OffloadPlacement& p, int64_t group) {
   for (size_t at = 0; at < p.prefetch_at.size(); ++at) {
     for (int64_t g : p.prefetch_at[at]) {
       if (g == group) return static_cast<int64_t>(at);
@@ -161,8 +161,8 @@ int64_t FetchedAt(const OffloadPlacement& p, int64_t group) {
   return -1;
 }
 
-TEST(EngineOffloadPlan, CheckpointedLayersOffloadEvenlyAndComeBackTwoLayersAhead) {
-  const OffloadPlacement p = PlaceOffloads(32, 32, 4);
+TEST(ActivationOffloadPlan, CheckpointedLayersOffloadEvenlyAndComeBackTwoLayersAhead) {
+  const memory::OffloadPlacement p = memory::PlaceOffloads(32, 32, 4);
   EXPECT_EQ(Offloaded(p), (std::vector<int64_t>{3, 11, 19, 27}));
   EXPECT_EQ(FetchedAt(p, 27), 29);
   EXPECT_EQ(FetchedAt(p, 3), 5);
@@ -177,15 +177,15 @@ TEST(EngineOffloadPlan, CheckpointedLayersOffloadEvenlyAndComeBackTwoLayersAhead
 // third of its tensors' copy back (~0.9 GB at ~55 GB/s), so offloaded plain layers are spread,
 // never consecutive at the bottom (where each would wait for its copy), and each comes back as
 // soon as the one above it is on its way.
-TEST(EngineOffloadPlan, PlainLayersOffloadEvenlyAndComeBackAfterTheOneAbove) {
-  const OffloadPlacement p = PlaceOffloads(32, 0, 10);
+TEST(ActivationOffloadPlan, PlainLayersOffloadEvenlyAndComeBackAfterTheOneAbove) {
+  const memory::OffloadPlacement p = memory::PlaceOffloads(32, 0, 10);
   EXPECT_EQ(Offloaded(p), (std::vector<int64_t>{0, 3, 6, 9, 12, 15, 18, 21, 24, 27}));
   EXPECT_EQ(FetchedAt(p, 27), 31);  // the top layer's hook: four layers of backward ahead
   EXPECT_EQ(FetchedAt(p, 24), 27);
   EXPECT_EQ(FetchedAt(p, 0), 3);
   EXPECT_EQ(FetchedAt(p, 1), -1);  // plain and not offloaded: nothing travels
   // All plain layers but the top one: each fetched by the one above it.
-  const OffloadPlacement all = PlaceOffloads(4, 0, 10);
+  const memory::OffloadPlacement all = memory::PlaceOffloads(4, 0, 10);
   EXPECT_EQ(Offloaded(all), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(FetchedAt(all, 0), 1);
   EXPECT_EQ(FetchedAt(all, 2), 3);
@@ -195,12 +195,12 @@ TEST(EngineOffloadPlan, PlainLayersOffloadEvenlyAndComeBackAfterTheOneAbove) {
 // evenly at (2k + 1) c' / 2n (c' = the checkpointed layers but the top one), each fetched two
 // layers ahead or at the next offloaded layer if nearer, every other input one layer ahead; and
 // as many layers go as asked, never the top one.
-TEST(EngineOffloadPlan, CheckpointedPlacementIsUnchangedForEverySplit) {
+TEST(ActivationOffloadPlan, CheckpointedPlacementIsUnchangedForEverySplit) {
   for (int64_t layers = 1; layers <= 40; ++layers) {
     for (int64_t c = 0; c <= layers; ++c) {
       for (int64_t n = 0; n <= layers + 1; ++n) {
         SCOPED_TRACE(::testing::Message() << layers << " layers, " << c << " checkpointed, " << n);
-        const OffloadPlacement p = PlaceOffloads(layers, c, n);
+        const memory::OffloadPlacement p = memory::PlaceOffloads(layers, c, n);
         ASSERT_EQ(static_cast<int64_t>(p.offloaded.size()), layers);
         EXPECT_EQ(static_cast<int64_t>(Offloaded(p).size()), std::min(n, std::max<int64_t>(layers - 1, 0)));
         if (layers > 0) EXPECT_FALSE(p.offloaded[layers - 1]);
@@ -225,15 +225,15 @@ TEST(EngineOffloadPlan, CheckpointedPlacementIsUnchangedForEverySplit) {
   }
 }
 
-TEST(EngineOffloadPlan, OffloadsBeyondTheCheckpointedLayersSpreadOverThePlainOnes) {
-  const OffloadPlacement p = PlaceOffloads(32, 8, 12);
+TEST(ActivationOffloadPlan, OffloadsBeyondTheCheckpointedLayersSpreadOverThePlainOnes) {
+  const memory::OffloadPlacement p = memory::PlaceOffloads(32, 8, 12);
   EXPECT_EQ(Offloaded(p), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 25}));
   EXPECT_EQ(FetchedAt(p, 7), 8);    // checkpointed, the next offloaded layer is nearer than two
   EXPECT_EQ(FetchedAt(p, 8), 13);   // plain: the next offloaded layer above
   EXPECT_EQ(FetchedAt(p, 25), 31);
-  EXPECT_TRUE(Offloaded(PlaceOffloads(32, 0, 0)).empty());
-  EXPECT_TRUE(Offloaded(PlaceOffloads(1, 0, 3)).empty());  // the top layer never goes
+  EXPECT_TRUE(Offloaded(memory::PlaceOffloads(32, 0, 0)).empty());
+  EXPECT_TRUE(Offloaded(memory::PlaceOffloads(1, 0, 3)).empty());  // the top layer never goes
 }
 
 }  // namespace
-}  // namespace qlora::engine
+}  // namespace qlora::memory

@@ -1,4 +1,4 @@
-// trainer.dequantized_weight_layers on one rank (worker/run/dequantized_weights.h), on a real
+// trainer.dequantized_weight_layers on one rank (worker/memory/dequantized_weights.h), on a real
 // tiny NF4 model on the CPU: a count holds that many first layers at once; auto waits for the
 // first step's peak and holds what fits the budget less 2 % (its arithmetic with the 7B
 // figures, and the choice on the model), less one offloaded layer in transit where offloading
@@ -15,7 +15,7 @@
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/tiny_model.h"
-#include "worker/run/dequantized_weights.h"
+#include "worker/memory/dequantized_weights.h"
 
 namespace qlora::worker {
 namespace {
@@ -48,17 +48,17 @@ TEST(DequantizedWeights, FittingLayersLeaveTwoPercentOfTheBudget) {
   // 7B at micro-batch 4 without checkpointing: a 31.65 GiB peak, 36 GiB allowed, ~0.4 GB a layer.
   const int64_t layer = int64_t{404} << 20;
   const int64_t peak = static_cast<int64_t>(31.65 * kGiB);
-  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32),
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32),
             static_cast<int64_t>((36 * kGiB * 0.98 - peak) / layer));
-  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32), 9);
-  EXPECT_EQ(DequantizedWeights::FittingLayers(140 * kGiB, peak, layer, 32), 32);  // all of them
-  EXPECT_EQ(DequantizedWeights::FittingLayers(32 * kGiB, peak, layer, 32), 0);    // no room
-  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, 0, 32), 0);        // nothing 4-bit
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32), 9);
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(140 * kGiB, peak, layer, 32), 32);  // all of them
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(32 * kGiB, peak, layer, 32), 0);    // no room
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(36 * kGiB, peak, 0, 32), 0);        // nothing 4-bit
   // Beside enable_gradient_checkpointing: auto, no more than the plan leaves (its 8 % margin
   // kept): here room for 3 layers, less one in transit.
-  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, 0, 3 * layer + 1), 3);
-  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, layer, 3 * layer + 1), 2);
-  EXPECT_EQ(DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, 0, 0), 0);
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, 0, 3 * layer + 1), 3);
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, layer, 3 * layer + 1), 2);
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(36 * kGiB, peak, layer, 32, 0, 0), 0);
 }
 
 TEST(DequantizedWeights, ACountHoldsThatManyFirstLayersAtOnce) {
@@ -66,15 +66,15 @@ TEST(DequantizedWeights, ACountHoldsThatManyFirstLayersAtOnce) {
   ASSERT_NE(model, nullptr);
   TrainerConfig trainer;
   trainer.dequantized_weight_layers = 3;
-  DequantizedWeightsOptions o;
+  memory::DequantizedWeightsOptions o;
   o.trainer = &trainer;
   o.model = model.get();
   std::string line;
-  DequantizedWeights d = DequantizedWeights::Start(o, &line);
+  memory::DequantizedWeights d = memory::DequantizedWeights::Start(o, &line);
   EXPECT_EQ(model->dequantized_layers(), 3);
-  EXPECT_TRUE(model->layers[0].q_proj.base.resident.defined());
-  EXPECT_TRUE(model->layers[2].q_proj.base.resident.defined());
-  EXPECT_FALSE(model->layers[3].q_proj.base.resident.defined());
+  EXPECT_TRUE(model->layers[0].q_proj.base.dequantized.defined());
+  EXPECT_TRUE(model->layers[2].q_proj.base.dequantized.defined());
+  EXPECT_FALSE(model->layers[3].q_proj.base.dequantized.defined());
   EXPECT_THAT(line, HasSubstr("3 of 4 layers hold their weights dequantized"));
   EXPECT_EQ(d.AfterStep(1, 100 * kGiB, 0, kNoLimit, &line), 0);  // a count never changes
   EXPECT_EQ(line, "");
@@ -86,11 +86,11 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
   ASSERT_NE(model, nullptr);
   TrainerConfig trainer;
   trainer.dequantized_weights_auto = true;
-  DequantizedWeightsOptions o;
+  memory::DequantizedWeightsOptions o;
   o.trainer = &trainer;
   o.model = model.get();
   std::string line;
-  DequantizedWeights on_cpu = DequantizedWeights::Start(o, &line);
+  memory::DequantizedWeights on_cpu = memory::DequantizedWeights::Start(o, &line);
   EXPECT_THAT(line, HasSubstr("auto: none (the model is not on a GPU)"));
   EXPECT_EQ(on_cpu.AfterStep(1, 0, 0, kNoLimit, &line), 0);
   EXPECT_EQ(model->dequantized_layers(), 0);
@@ -102,7 +102,7 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
   o.device = c10::Device(c10::kCUDA, 0);
   trainer.max_memory_gib = 1;
   const int64_t peak = static_cast<int64_t>(kGiB * 0.98) - 2 * layer - layer / 2;
-  DequantizedWeights on_gpu = DequantizedWeights::Start(o, &line);
+  memory::DequantizedWeights on_gpu = memory::DequantizedWeights::Start(o, &line);
   EXPECT_THAT(line, HasSubstr("chosen after the first step, for a 1.0 GiB budget"));
   EXPECT_EQ(model->dequantized_layers(), 0);  // not before the first step
   EXPECT_EQ(on_gpu.AfterStep(1, peak, 0, kNoLimit, &line), 2 * layer);
@@ -114,14 +114,14 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
 
 // With activation offloading on, a faster step lets copies lag further behind (round 22: the 7B
 // step with 8 or 10 plain layers offloaded peaked 0.7-0.9 GiB over the first step's peak plus the
-// held layers), so auto also leaves the room it is given for one offloaded layer in transit.
+// dequantized layers), so auto also leaves the room it is given for one offloaded layer in transit.
 TEST(DequantizedWeights, AutoLeavesTheRoomItIsGivenForAnOffloadedLayerInTransit) {
   auto model = TinyNf4Model();
   ASSERT_NE(model, nullptr);
   TrainerConfig trainer;
   trainer.dequantized_weights_auto = true;
   trainer.max_memory_gib = 1;
-  DequantizedWeightsOptions o;
+  memory::DequantizedWeightsOptions o;
   o.trainer = &trainer;
   o.model = model.get();
   o.device = c10::Device(c10::kCUDA, 0);  // a GPU worker's decision; only the bytes matter
@@ -129,11 +129,11 @@ TEST(DequantizedWeights, AutoLeavesTheRoomItIsGivenForAnOffloadedLayerInTransit)
   // Room for 3.5 layers; a layer and a half in transit leaves room for 2.
   const int64_t peak = static_cast<int64_t>(kGiB * 0.98) - 3 * layer - layer / 2;
   std::string line;
-  DequantizedWeights d = DequantizedWeights::Start(o, &line);
+  memory::DequantizedWeights d = memory::DequantizedWeights::Start(o, &line);
   d.AfterStep(1, peak, layer + layer / 2, kNoLimit, &line);
   EXPECT_EQ(model->dequantized_layers(), 2);
   EXPECT_THAT(line, HasSubstr("for one more offloaded layer in transit"));
-  EXPECT_EQ(DequantizedWeights::FittingLayers(kGiB, peak, layer, 4), 3);  // without it
+  EXPECT_EQ(memory::DequantizedWeights::FittingLayers(kGiB, peak, layer, 4), 3);  // without it
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Device and host memory figures (see device_memory.h).
-#include "worker/run/device_memory.h"
+#include "worker/memory/device_memory.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
-namespace qlora::worker {
+namespace qlora::memory {
 
 void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory) {
 #ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
@@ -55,6 +55,22 @@ int64_t DeviceAllocatedBytes(const c10::Device& device) {
   return memory.device_allocated_bytes;
 }
 
+int64_t CapDeviceMemory(const c10::Device& device, int64_t bytes) {
+#ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
+  if (device.is_cuda() && bytes > 0) {
+    const size_t total = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(device.index()).second;
+    if (total == 0 || static_cast<size_t>(bytes) >= total) return 0;
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(
+        static_cast<double>(bytes) / static_cast<double>(total), device.index());
+    return bytes;
+  }
+#else
+  (void)device;
+  (void)bytes;
+#endif
+  return 0;
+}
+
 int64_t DeviceAvailableBytes(const c10::Device& device) {
 #ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
   if (device.is_cuda()) {
@@ -70,4 +86,4 @@ int64_t DeviceAvailableBytes(const c10::Device& device) {
   return 0;
 }
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

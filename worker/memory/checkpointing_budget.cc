@@ -1,5 +1,5 @@
 // One rank's activation-checkpointing split and its correction (see checkpointing_budget.h).
-#include "worker/run/checkpointing_budget.h"
+#include "worker/memory/checkpointing_budget.h"
 
 #include <algorithm>
 #include <limits>
@@ -9,9 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/run/memory_budget.h"
+#include "worker/engine/base_weight_store.h"
+#include "worker/memory/memory_budget.h"
 
-namespace qlora::worker {
+namespace qlora::memory {
 namespace {
 
 // trainer.offload_activation_layers on a GPU (a CPU model's memory is host memory already).
@@ -19,10 +20,10 @@ int64_t OffloadedLayers(const CheckpointingBudgetOptions& o) {
   return o.device.is_cuda() ? o.config->trainer.offload_activation_layers : 0;
 }
 
-engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
+memory::ActivationPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
   const JobConfig& c = *o.config;
   const engine::LlamaForCausalLM& model = *o.model;
-  engine::MemoryPlanRequest r;
+  memory::ActivationPlanRequest r;
   r.model = model.config();
   r.micro_batch = c.trainer.batch_size;
   r.sequence_length = c.data.max_sequence_length;
@@ -41,12 +42,15 @@ engine::MemoryPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
   }
   // CUDA's dropout keeps a bool mask; the CPU's keeps the scaled mask in the input's dtype.
   r.dropout_mask_bytes = o.device.is_cuda() ? 1 : r.dtype_bytes;
-  // On CUDA the norms are fused nodes, whose sources the grouped nodes keep (memory_plan.h).
+  // On CUDA the norms are fused nodes, whose sources the grouped nodes keep (activation_plan.h).
   r.fused_norms = o.device.is_cuda();
   r.trainable_elements = o.trainable_elements;
-  r.resident_bytes =
-      o.allocated_bytes > 0 ? o.allocated_bytes : model.ResidentBytes() + o.strategy_bytes;
+  r.built_bytes =
+      o.allocated_bytes > 0 ? o.allocated_bytes : model.BuiltBytes() + o.strategy_bytes;
   r.offloaded_layers = OffloadedLayers(o);
+  if (const engine::BaseWeightStore* store = model.base_weight_store()) {
+    r.gathered_layer_bytes = store->largest_layer_bytes();
+  }
   return r;
 }
 
@@ -67,7 +71,7 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   b.automatic_ = t.gradient_checkpointing == CheckpointingMode::kAuto;
   if (UsesOffloadRates(t, o.device)) {
     // Offloading only speeds a step up: without the rates the job goes on without it.
-    const absl::StatusOr<engine::OffloadRates> rates =
+    const absl::StatusOr<memory::OffloadRates> rates =
         o.offload_rates.value_or(absl::UnavailableError("no measurement was made"));
     if (rates.ok()) {
       b.offload_rates_ = *rates;
@@ -82,10 +86,10 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
     if (t.gradient_checkpointing == CheckpointingMode::kAll) {
       // Every layer, or all but the top one when the plan shows that costs no memory (same
       // values either way, one layer's recomputation less).
-      const int64_t c = engine::LeanestCheckpointedLayers(b.request_);
+      const int64_t c = memory::LeanestCheckpointedLayers(b.request_);
       o.model->SetCheckpointedLayers(c);
       if (b.offload_rates_) {  // as many of the checkpointed layers as the link carries
-        o.model->SetOffloadedLayers(engine::OffloadAmongCheckpointed(
+        o.model->SetOffloadedLayers(memory::OffloadAmongCheckpointed(
             b.request_, c, *b.offload_rates_, o.available_bytes));
       }
     }
@@ -98,14 +102,14 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   }
   b.request_.budget_bytes = budget;
   if (b.offload_rates_) {
-    absl::StatusOr<engine::OffloadedPlan> plan =
-        engine::PlanCheckpointingWithOffload(b.request_, *b.offload_rates_);
+    absl::StatusOr<memory::OffloadedPlan> plan =
+        memory::PlanCheckpointingWithOffload(b.request_, *b.offload_rates_);
     if (!plan.ok()) return plan.status();
     b.plan_ = plan->memory;
     b.request_.offloaded_layers = plan->offloaded_layers;
     o.model->SetOffloadedLayers(plan->offloaded_layers);
   } else {
-    absl::StatusOr<engine::MemoryPlan> plan = engine::PlanCheckpointing(b.request_);
+    absl::StatusOr<memory::ActivationPlan> plan = memory::PlanCheckpointing(b.request_);
     if (!plan.ok()) return plan.status();
     b.plan_ = *plan;
   }
@@ -115,8 +119,8 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
   return b;
 }
 
-int64_t CheckpointingBudget::OffloadedLayerBytes(const engine::MemoryPlanRequest& request) {
-  return engine::PerTokenLayerBytes(request).plain * request.micro_batch * request.sequence_length;
+int64_t CheckpointingBudget::OffloadedLayerBytes(const memory::ActivationPlanRequest& request) {
+  return memory::PerTokenLayerBytes(request).plain * request.micro_batch * request.sequence_length;
 }
 
 int64_t CheckpointingBudget::OffloadedLayerBytes() const {
@@ -142,7 +146,7 @@ std::string CheckpointingBudget::Describe() const {
   std::string why;
   if (offload_rates_) {
     why = absl::StrCat(" (auto: ",
-                       engine::DescribeOffloadCapacity(request_, model_->checkpointed_layers(),
+                       memory::DescribeOffloadCapacity(request_, model_->checkpointed_layers(),
                                                        *offload_rates_),
                        ")");
   }
@@ -156,7 +160,7 @@ std::string CheckpointingBudget::Describe() const {
 
 std::string CheckpointingBudget::DescribeSplit() const {
   const int64_t layers = static_cast<int64_t>(model_->layers.size());
-  if (planned_) return engine::DescribePlan(plan_);
+  if (planned_) return memory::DescribePlan(plan_);
   const int64_t n = model_->checkpointed_layers();
   const bool top_layer_plain = !automatic_ && n > 0 && n < layers;  // true's leanest split
   return absl::StrCat("activation checkpointing: ", n, " of ", layers, " layers checkpointed (",
@@ -192,7 +196,7 @@ int64_t CheckpointingBudget::RoomForFixedBytes(int64_t peak_bytes) const {
 
 void CheckpointingBudget::AddFixedBytes(int64_t bytes) {
   if (!planned_ || bytes <= 0) return;
-  request_.resident_bytes += bytes;
+  request_.built_bytes += bytes;
   plan_.planned_peak_bytes += bytes;
 }
 
@@ -204,43 +208,43 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
   measured_peak_ = peak_bytes;
   std::string line = absl::StrFormat(
       "activation checkpointing: step %d measured a peak of %s (planned %s, budget %s)", step,
-      engine::FormatMemory(peak_bytes), engine::FormatMemory(plan_.planned_peak_bytes),
-      engine::FormatMemory(plan_.budget_bytes));
+      memory::FormatMemory(peak_bytes), memory::FormatMemory(plan_.planned_peak_bytes),
+      memory::FormatMemory(plan_.budget_bytes));
   if (peak_bytes <= plan_.planned_peak_bytes) return line;
   // The model missed something: count it in the fixed part and plan again (with offloading, the
   // offloaded count again too: more checkpointed inputs travel).
   request_.correction_bytes += peak_bytes - plan_.planned_peak_bytes;
   if (offload_rates_) {
-    absl::StatusOr<engine::OffloadedPlan> again =
-        engine::PlanCheckpointingWithOffload(request_, *offload_rates_);
+    absl::StatusOr<memory::OffloadedPlan> again =
+        memory::PlanCheckpointingWithOffload(request_, *offload_rates_);
     if (again.ok() && again->memory.checkpointed_layers > plan_.checkpointed_layers) {
       plan_ = again->memory;
       request_.offloaded_layers = again->offloaded_layers;
       model_->SetOffloadedLayers(again->offloaded_layers);
       model_->SetCheckpointedLayers(plan_.checkpointed_layers);
       return absl::StrCat(line, "; above the plan, so from the next step: ",
-                          engine::DescribePlan(plan_), ", ", again->offloaded_layers,
+                          memory::DescribePlan(plan_), ", ", again->offloaded_layers,
                           " of them offloaded");
     }
   }
-  absl::StatusOr<engine::MemoryPlan> replanned = engine::PlanCheckpointing(request_);
+  absl::StatusOr<memory::ActivationPlan> replanned = memory::PlanCheckpointing(request_);
   const int64_t layers = plan_.layers;
   if (!replanned.ok()) {
     model_->SetCheckpointedLayers(layers);
     plan_.checkpointed_layers = layers;
-    plan_.planned_peak_bytes = engine::PlannedPeakBytes(request_, layers);
+    plan_.planned_peak_bytes = memory::PlannedPeakBytes(request_, layers);
     return absl::StrCat(line, "; above the plan, and even every layer checkpointed exceeds the "
                               "budget by the measured difference: now all ", layers,
                         " layers checkpointed, planned peak ",
-                        engine::FormatMemory(plan_.planned_peak_bytes));
+                        memory::FormatMemory(plan_.planned_peak_bytes));
   }
   if (replanned->checkpointed_layers <= plan_.checkpointed_layers) {
-    plan_.planned_peak_bytes = engine::PlannedPeakBytes(request_, plan_.checkpointed_layers);
+    plan_.planned_peak_bytes = memory::PlannedPeakBytes(request_, plan_.checkpointed_layers);
     return absl::StrCat(line, "; above the plan but within the budget: the split stays");
   }
   plan_ = *replanned;
   model_->SetCheckpointedLayers(plan_.checkpointed_layers);
-  return absl::StrCat(line, "; above the plan, so from the next step: ", engine::DescribePlan(plan_));
+  return absl::StrCat(line, "; above the plan, so from the next step: ", memory::DescribePlan(plan_));
 }
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

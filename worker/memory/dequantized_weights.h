@@ -1,16 +1,16 @@
 // trainer.dequantized_weight_layers on one rank: how many decoder layers hold their 4-bit
-// weights dequantized for the job (worker/engine/resident_weights.h).
+// weights dequantized for the job (worker/engine/dequantized_layers.h).
 //
 // A count sets that many (the first layers) before the first step (none for a model without 4-bit
 // weights: the log says it is ignored). `auto` (a GPU) waits for the
 // first step's measured peak and then sets as many as fit between it and the budget less 2 %:
 // trainer.max_memory_gib, else what this process could allocate when the job started
-// (DeviceAvailableBytes, as checkpointing's auto reads it). The held layers only add memory, the
+// (DeviceAvailableBytes, as checkpointing's auto reads it). The dequantized layers only add memory, the
 // same at every moment of a step, so the next steps peak at the first one's plus theirs, but
 // with activation offloading on: a faster step lets the copies lag further behind, so auto also
 // leaves the room the caller gives for one more offloaded layer's saved tensors
 // (CheckpointingBudget::OffloadedLayerBytes: the 7B step with 8 or 10 plain layers offloaded
-// peaked 0.7-0.9 GiB over the first step's peak plus the held layers). On a CPU `auto` holds
+// peaked 0.7-0.9 GiB over the first step's peak plus the dequantized layers). On a CPU `auto` holds
 // none (a CPU has no figure of its own to plan for). Torch side.
 #pragma once
 
@@ -23,11 +23,11 @@
 #include "common/config/job_config.h"
 #include "worker/engine/llama_model.h"
 
-namespace qlora::worker {
+namespace qlora::memory {
 
 struct DequantizedWeightsOptions {
   const TrainerConfig* trainer = nullptr;
-  engine::LlamaForCausalLM* model = nullptr;  // its held layers are set here
+  engine::LlamaForCausalLM* model = nullptr;  // its dequantized layers are set here
   c10::Device device = c10::Device(c10::kCPU);
   // The budget when trainer.max_memory_gib is unset: DeviceAvailableBytes (0 on a CPU).
   int64_t available_bytes = 0;
@@ -41,7 +41,7 @@ class DequantizedWeights {
   // After a step (`step` 1-based in this run) with the allocator's peak so far: auto's choice
   // after the first, leaving `reserve_bytes` more room (one offloaded layer in transit, or 0)
   // and taking at most `limit_bytes` (what the checkpointing plan leaves:
-  // CheckpointingBudget::RoomForFixedBytes). Returns the bytes the held layers took then (for the
+  // CheckpointingBudget::RoomForFixedBytes). Returns the bytes the dequantized layers took then (for the
   // checkpointing plan's fixed part) and a line for the log in *line ("" when nothing changed).
   int64_t AfterStep(int64_t step, int64_t peak_bytes, int64_t reserve_bytes, int64_t limit_bytes,
                     std::string* line);
@@ -62,4 +62,4 @@ class DequantizedWeights {
   int64_t budget_bytes_ = 0;
 };
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-namespace qlora::worker {
+namespace qlora::memory {
 
 // Where the figures are read (tests point them at a folder of their own).
 struct HostMemoryFiles {
@@ -20,4 +20,4 @@ struct HostMemoryFiles {
 // Bytes; 0 when nothing could be read.
 int64_t HostAvailableBytes(const HostMemoryFiles& files = {});
 
-}  // namespace qlora::worker
+}  // namespace qlora::memory

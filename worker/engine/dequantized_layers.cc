@@ -1,5 +1,5 @@
-// The job-long dequantized copies of a decoder layer's 4-bit weights (see resident_weights.h).
-#include "worker/engine/resident_weights.h"
+// The job-long dequantized copies of a decoder layer's 4-bit weights (see dequantized_layers.h).
+#include "worker/engine/dequantized_layers.h"
 
 #include <ATen/ATen.h>
 
@@ -32,7 +32,7 @@ std::pair<int64_t, int64_t> BufferShape(const std::vector<LinearLayer*>& group) 
 
 }  // namespace
 
-int64_t ResidentWeightBytes(const DecoderLayer& layer, at::ScalarType dtype) {
+int64_t DequantizedBufferBytes(const DecoderLayer& layer, at::ScalarType dtype) {
   int64_t bytes = 0;
   for (const auto& group : Groups(const_cast<DecoderLayer&>(layer))) {
     const auto [rows, stride] = BufferShape(group);
@@ -53,11 +53,11 @@ int64_t MovedCodeBytes(const DecoderLayer& layer) {
   return bytes;
 }
 
-void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
+void KeepDequantized(DecoderLayer& layer, at::ScalarType dtype) {
   for (const auto& group : Groups(layer)) {
     const auto [rows, stride] = BufferShape(group);
     if (rows == 0) continue;
-    if (group[0]->base.resident.defined() && group[0]->base.resident.scalar_type() == dtype) {
+    if (group[0]->base.dequantized.defined() && group[0]->base.dequantized.scalar_type() == dtype) {
       continue;
     }
     // On the block scales' device (the codes may be in host memory already).
@@ -66,10 +66,10 @@ void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
     int64_t row = 0;
     for (LinearLayer* linear : group) {
       FrozenWeight& w = linear->base;
-      w.resident = at::Tensor();  // MaterializeInto dequantizes into the view below
+      w.dequantized = at::Tensor();  // MaterializeInto dequantizes into the view below
       const at::Tensor view = buffer.narrow(0, row, w.out_features).narrow(1, 0, w.in_features);
       w.MaterializeInto(view);
-      w.resident = view;
+      w.dequantized = view;
       // Nothing on the device reads the codes now: they wait in host memory (the copy is
       // stream-ordered after the dequantization above).
       if (!w.quantized->packed.is_cpu()) w.quantized->packed = w.quantized->packed.cpu();
@@ -78,33 +78,33 @@ void MakeResident(DecoderLayer& layer, at::ScalarType dtype) {
   }
 }
 
-void WriteHeldAdapters(const std::vector<const DecoderLayer*>& layers, bool training,
+void WriteDequantizedAdapters(const std::vector<const DecoderLayer*>& layers, bool training,
                        bool widened_down) {
   if (layers.empty() || layers[0]->q_proj.adapter_copies == nullptr ||
       !layers[0]->q_proj.adapter_copies->in_scope()) {
     return;
   }
-  std::vector<HeldWrites> writes;
+  std::vector<DequantizedWrites> writes;
   for (const DecoderLayer* layer : layers) {
     for (const auto& mutable_group : Groups(const_cast<DecoderLayer&>(*layer))) {
       const std::vector<const LinearLayer*> group(mutable_group.begin(), mutable_group.end());
       if (group.size() > 1) {  // q/k/v, gate/up: one node's widened forward
-        for (HeldWrites& w : HeldGroupColumns(group, training)) writes.push_back(std::move(w));
+        for (DequantizedWrites& w : DequantizedGroupColumns(group, training)) writes.push_back(std::move(w));
       } else if (group[0] == &layer->down_proj && widened_down) {
-        writes.push_back(HeldWidenedColumns(layer->down_proj, training));
+        writes.push_back(DequantizedWidenedColumns(layer->down_proj, training));
       }
-      writes.push_back(HeldRowsBelow(group, training));
+      writes.push_back(DequantizedRowsBelow(group, training));
     }
   }
-  WriteHeld(layers[0]->q_proj.adapter_copies, writes);
+  WriteDequantized(layers[0]->q_proj.adapter_copies, writes);
 }
 
-void DropResident(DecoderLayer& layer) {
+void DropDequantized(DecoderLayer& layer) {
   for (const auto& group : Groups(layer)) {
     for (LinearLayer* linear : group) {
       FrozenWeight& w = linear->base;
       if (w.quantized) *w.quantized = WithCodesOnDevice(*w.quantized);
-      w.resident = at::Tensor();
+      w.dequantized = at::Tensor();
     }
   }
 }

@@ -1,5 +1,5 @@
-// The step's memory model and the checkpointing choice (see memory_plan.h for the terms).
-#include "worker/engine/memory_plan.h"
+// The step's memory model and the checkpointing choice (see activation_plan.h for the terms).
+#include "worker/memory/activation_plan.h"
 
 #include <algorithm>
 #include <array>
@@ -8,12 +8,12 @@
 #include "absl/strings/str_format.h"
 #include "worker/engine/aligned_rows.h"
 
-namespace qlora::engine {
+namespace qlora::memory {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-bool Targets(const MemoryPlanRequest& r, const std::string& module) {
+bool Targets(const ActivationPlanRequest& r, const std::string& module) {
   return r.lora_r > 0 &&
          std::find(r.lora_targets.begin(), r.lora_targets.end(), module) != r.lora_targets.end();
 }
@@ -25,14 +25,14 @@ constexpr std::array<const char*, 2> kGateUp = {"gate_proj", "up_proj"};
 
 // How many of `group` have adapters.
 template <size_t N>
-int64_t Adapted(const MemoryPlanRequest& r, const std::array<const char*, N>& group) {
+int64_t Adapted(const ActivationPlanRequest& r, const std::array<const char*, N>& group) {
   return std::count_if(group.begin(), group.end(),
                        [&](const char* name) { return Targets(r, name); });
 }
 
 // Elements of the As that the group nodes read concatenated (q/k/v and gate/up, two or more
 // adapted and no dropout), which AdapterCopies keeps once more.
-int64_t GroupedAdapterElements(const MemoryPlanRequest& r) {
+int64_t GroupedAdapterElements(const ActivationPlanRequest& r) {
   if (r.lora_dropout) return 0;
   int64_t grouped = 0;
   for (const int64_t n : {Adapted(r, kQkv), Adapted(r, kGateUp)}) {
@@ -41,16 +41,16 @@ int64_t GroupedAdapterElements(const MemoryPlanRequest& r) {
   return grouped * r.lora_r * r.model.hidden_size * r.model.num_hidden_layers;
 }
 
-// The plan's fixed part: resident tensors, parameter gradients, the adapters' compute-dtype
+// The plan's fixed part: built tensors, parameter gradients, the adapters' compute-dtype
 // copies (adapter_copies.h, held through the step: every adapter, and the grouped As again),
 // one dequantized weight.
-int64_t FixedBytes(const MemoryPlanRequest& r) {
+int64_t FixedBytes(const ActivationPlanRequest& r) {
   const LlamaConfig& m = r.model;
   const int64_t largest_weight =
       std::max(m.intermediate_size * m.hidden_size,
                m.num_attention_heads * m.head_dim * m.hidden_size) * r.dtype_bytes;
-  return r.resident_bytes + r.correction_bytes + (4 + r.dtype_bytes) * r.trainable_elements +
-         r.dtype_bytes * GroupedAdapterElements(r) + largest_weight;
+  return r.built_bytes + r.correction_bytes + (4 + r.dtype_bytes) * r.trainable_elements +
+         r.dtype_bytes * GroupedAdapterElements(r) + largest_weight + 2 * r.gathered_layer_bytes;
 }
 
 }  // namespace
@@ -59,7 +59,7 @@ int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_
   return std::min(offloaded, std::min(checkpointed, layers - 1));
 }
 
-LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
+LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& r) {
   const LlamaConfig& m = r.model;
   const int64_t d = r.dtype_bytes, H = m.hidden_size, I = m.intermediate_size;
   const int64_t Q = m.num_attention_heads * m.head_dim, K = m.num_key_value_heads * m.head_dim;
@@ -100,9 +100,9 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   // for backward's low-rank term (lora_wide_group_function.cc PackedForward); q/k/v packed (multi-head), their
   // gradients may be packed likewise, replacing q's and k's rotated gradients (Q + K).
   const bool packable = reads_m && Adapted(r, kGateUp) == 2;
-  plain += packable ? (AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;
+  plain += packable ? (engine::AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0;
   if (reads_n && Q == K && Adapted(r, kQkv) == 3) {
-    b.packed_gradients = (AlignedRow(Q + 2 * K + 3 * r.lora_r) - (Q + K)) * d;
+    b.packed_gradients = (engine::AlignedRow(Q + 2 * K + 3 * r.lora_r) - (Q + K)) * d;
   }
   // down_proj's input, silu(gate) * up: a plain layer's down node gets it again in backward
   // (SwigluThenForward); a checkpointed layer's recomputation saves it.
@@ -112,7 +112,7 @@ LayerActivationBytes PerTokenLayerBytes(const MemoryPlanRequest& r) {
   return b;
 }
 
-int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers) {
+int64_t PlannedPeakBytes(const ActivationPlanRequest& r, int64_t checkpointed_layers) {
   const LlamaConfig& m = r.model;
   const int64_t layers = m.num_hidden_layers;
   const int64_t c = std::clamp<int64_t>(checkpointed_layers, 0, layers), plain = layers - c;
@@ -139,7 +139,8 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   const int64_t recomputed = per.recomputed;
   // The top layer's backward: a plain layer's gradients, or a checkpointed layer recomputed.
   const int64_t top_layer = tokens * (backward + (plain == 0 ? recomputed : 0));
-  int64_t peak = held + std::max(loss, top_layer);
+  // Plain layers' gathered weights, kept by their graphs until their backward.
+  int64_t peak = held + plain * r.gathered_layer_bytes + std::max(loss, top_layer);
   if (c > 0 && plain > 0) {  // the top checkpointed layer, the plain ones freed by then
     peak = std::max(peak, tokens * (inputs * per.checkpointed + recomputed + backward + around));
   }
@@ -149,13 +150,13 @@ int64_t PlannedPeakBytes(const MemoryPlanRequest& r, int64_t checkpointed_layers
   return FixedBytes(r) + peak;
 }
 
-int64_t LeanestCheckpointedLayers(const MemoryPlanRequest& r) {
+int64_t LeanestCheckpointedLayers(const ActivationPlanRequest& r) {
   const int64_t layers = r.model.num_hidden_layers;
   if (layers > 1 && PlannedPeakBytes(r, layers - 1) <= PlannedPeakBytes(r, layers)) return layers - 1;
   return layers;
 }
 
-absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
+absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& r) {
   if (r.budget_bytes <= 0) {
     return absl::InvalidArgumentError("trainer.max_memory_gib: the memory budget must be > 0");
   }
@@ -184,7 +185,7 @@ absl::StatusOr<MemoryPlan> PlanCheckpointing(const MemoryPlanRequest& r) {
   // that fit.
   int64_t checkpointed = leanest;
   while (checkpointed > 0 && PlannedPeakBytes(r, checkpointed - 1) <= usable) --checkpointed;
-  MemoryPlan plan;
+  ActivationPlan plan;
   plan.checkpointed_layers = checkpointed;
   plan.layers = layers;
   plan.planned_peak_bytes = PlannedPeakBytes(r, checkpointed);
@@ -198,11 +199,11 @@ std::string FormatMemory(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024.0));
 }
 
-std::string DescribePlan(const MemoryPlan& plan) {
+std::string DescribePlan(const ActivationPlan& plan) {
   return absl::StrFormat(
       "activation checkpointing: %d of %d layers checkpointed, planned peak %s of a %s budget",
       plan.checkpointed_layers, plan.layers, FormatMemory(plan.planned_peak_bytes),
       FormatMemory(plan.budget_bytes));
 }
 
-}  // namespace qlora::engine
+}  // namespace qlora::memory

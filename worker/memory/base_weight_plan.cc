@@ -1,0 +1,154 @@
+// Where a job's frozen base weights live (see base_weight_plan.h).
+#include "worker/memory/base_weight_plan.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace qlora::memory {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Bytes of one projection's frozen weight of `elements` in the loader's layout: the codes (two
+// a byte), the block scales (one byte each under double quantization, with a float32 scale per
+// 256 blocks and the 256-entry code, else float32 each), each segment aligned as layer_bytes.h
+// aligns it.
+int64_t ProjectionBytes(int64_t elements, const QuantizationConfig& q, int64_t dtype_bytes) {
+  constexpr int64_t kAlignment = 256, kNestedBlock = 256;
+  const auto aligned = [](int64_t n) { return CeilDiv(n, kAlignment) * kAlignment; };
+  if (!q.enabled) return aligned(elements * dtype_bytes);
+  const int64_t blocks = CeilDiv(elements, q.blocksize);
+  const int64_t scales = q.double_quant ? aligned(blocks) + aligned(4 * CeilDiv(blocks, kNestedBlock)) +
+                                              aligned(4 * 256)
+                                        : aligned(4 * blocks);
+  return aligned(CeilDiv(elements, 2)) + scales;
+}
+
+// The trainable elements of the adapters: r x (in + out) for every targeted projection.
+int64_t AdapterElements(const LlamaConfig& model, int64_t r,
+                        const std::vector<std::string>& targets) {
+  int64_t per_layer = 0;
+  for (const std::string& name : targets) {
+    const LlamaConfig::Features f = model.ProjectionFeatures(name);
+    per_layer += r * (f.in + f.out);
+  }
+  return per_layer * model.num_hidden_layers;
+}
+
+}  // namespace
+
+const char* PlacementName(BaseWeightPlacement placement) {
+  switch (placement) {
+    case BaseWeightPlacement::kOnDevice: return "on device";
+    case BaseWeightPlacement::kSharded: return "sharded";
+    case BaseWeightPlacement::kStreamed: return "streamed from host memory";
+  }
+  return "?";
+}
+
+BaseWeightBytes FrozenWeightBytes(const LlamaConfig& model, const QuantizationConfig& quantization,
+                                  int64_t dtype_bytes) {
+  BaseWeightBytes b;
+  for (const char* name : kProjectionNames) {
+    const LlamaConfig::Features f = model.ProjectionFeatures(name);
+    b.per_layer += ProjectionBytes(f.in * f.out, quantization, dtype_bytes);
+  }
+  const int64_t H = model.hidden_size;
+  const int64_t embeddings = model.vocab_size * H * dtype_bytes;
+  // Embeddings and lm_head (once when tied) stay in the compute dtype; so do the norms.
+  b.outside = embeddings * (model.tie_word_embeddings ? 1 : 2) +
+              (2 * model.num_hidden_layers + 1) * H * dtype_bytes;
+  return b;
+}
+
+ActivationPlanRequest ActivationRequestFor(const JobConfig& job, const LlamaConfig& model,
+                                           bool cuda) {
+  ActivationPlanRequest r;
+  r.model = model;
+  r.micro_batch = job.trainer.batch_size;
+  r.sequence_length = job.data.max_sequence_length;
+  r.dtype_bytes = job.quantization.compute_dtype == ComputeDtype::kFloat32 ? 4 : 2;
+  r.lora_r = job.lora.r;
+  r.lora_targets = job.lora.target_modules;
+  r.lora_dropout = job.lora.dropout > 0;
+  r.dropout_mask_bytes = cuda ? 1 : r.dtype_bytes;
+  r.fused_norms = cuda;
+  r.trainable_elements = AdapterElements(model, r.lora_r, r.lora_targets);
+  return r;
+}
+
+int64_t PlannedPeakWith(const BaseWeightPlanRequest& request, BaseWeightPlacement placement,
+                        int64_t* device_weight_bytes) {
+  ActivationPlanRequest r = request.activations;
+  const int64_t layers = r.model.num_hidden_layers;
+  const int64_t world = std::max(request.world_size, 1);
+  const BaseWeightBytes weights = FrozenWeightBytes(r.model, request.quantization, r.dtype_bytes);
+  int64_t on_device = weights.total(layers);
+  r.gathered_layer_bytes = 0;
+  if (placement == BaseWeightPlacement::kSharded) {
+    on_device = weights.outside + CeilDiv(weights.per_layer, world) * layers;
+    r.gathered_layer_bytes = weights.per_layer;
+  } else if (placement == BaseWeightPlacement::kStreamed) {
+    on_device = weights.outside;
+    r.gathered_layer_bytes = weights.per_layer;
+  }
+  if (device_weight_bytes != nullptr) *device_weight_bytes = on_device;
+  // The adapters (float32) and the strategy's float32 master copy and AdamW moments, the last
+  // two partitioned across ranks from stage 1 up; the gradients and compute-dtype copies are the
+  // activation plan's.
+  r.built_bytes = on_device + 4 * r.trainable_elements + CeilDiv(12 * r.trainable_elements, world);
+  return PlannedPeakBytes(r, LeanestCheckpointedLayers(r));
+}
+
+BaseWeightPlan PlanBaseWeights(const BaseWeightPlanRequest& request) {
+  BaseWeightPlan plan;
+  plan.budget_bytes = request.budget_bytes;
+  if (request.budget_bytes <= 0) {
+    plan.reason =
+        "stage 2, base weights on device: no memory budget to plan for (no "
+        "trainer.max_memory_gib and no GPU)";
+    return plan;
+  }
+  const int64_t usable = static_cast<int64_t>(static_cast<double>(request.budget_bytes) *
+                                              (1.0 - request.activations.margin_fraction));
+  struct Option {
+    BaseWeightPlacement placement;
+    int stage;
+    bool offload_param;
+  };
+  std::vector<Option> options = {{BaseWeightPlacement::kOnDevice, 2, false}};
+  if (request.world_size > 1) options.push_back({BaseWeightPlacement::kSharded, 3, false});
+  options.push_back({BaseWeightPlacement::kStreamed, 3, true});
+  std::string passed;  // what the placements before the chosen one would need
+  for (size_t i = 0; i < options.size(); ++i) {
+    const Option& o = options[i];
+    int64_t device_weights = 0;
+    const int64_t peak = PlannedPeakWith(request, o.placement, &device_weights);
+    const bool last = i + 1 == options.size();
+    if (peak <= usable || last) {
+      plan.zero_stage = o.stage;
+      plan.offload_param = o.offload_param;
+      plan.placement = o.placement;
+      plan.device_weight_bytes = device_weights;
+      plan.planned_peak_bytes = peak;
+      const std::string where =
+          o.placement == BaseWeightPlacement::kSharded
+              ? absl::StrFormat("base weights sharded across %d ranks", request.world_size)
+              : absl::StrCat("base weights ", PlacementName(o.placement));
+      plan.reason = absl::StrFormat(
+          "stage %d, %s: planned peak %s of a %s budget with every layer checkpointed%s%s",
+          o.stage, where, FormatMemory(peak), FormatMemory(request.budget_bytes),
+          passed.empty() ? "" : absl::StrCat(" (", passed, ")"),
+          peak <= usable ? "" : "; over the budget less its margin even so");
+      return plan;
+    }
+    absl::StrAppend(&passed, passed.empty() ? "" : "; ", PlacementName(o.placement), " would need ",
+                    FormatMemory(peak));
+  }
+  return plan;
+}
+
+}  // namespace qlora::memory
