@@ -22,6 +22,9 @@ to the window: % of step.
 Categories, the first rule that matches wins ("name" is the kernel's name, "ops" the CPU ops
 enclosing its launch, innermost last; "dims" the input shapes of the innermost op that has
 them, given with record_shapes):
+  base weights       launched inside ours' `qlora::base_weights` range (stage 3's gathers and
+                     the copies of layers streamed from host memory); like the collectives, it
+                     counts only where nothing else runs (the GPU waiting for a layer)
   collectives        name ~ nccl | AllReduce | ReduceScatter | AllGather | Broadcast | SendRecv
   copies             memcpy / memset activities (host<->device and device copies)
   NF4 dequantize     name ~ dequant (ours: Dequantize4bitKernel, DequantizeBlockwise8bitKernel;
@@ -97,12 +100,17 @@ CATEGORIES = [
     ("loss (incl. lm_head GEMMs)", "loss"),
     ("optimizer + gradient bookkeeping", "optimizer"),
     ("collectives (exposed)", "collective"),
+    ("base weights: gathers and host copies (exposed)", "base_weights"),
     ("memcpy / memset", "copies"),
     ("kernel bubbles (idle < 5 us between items)", "bubble"),
     ("host gaps (GPU idle)", "idle"),
 ]
 # Ours' engine marks its rank-r GEMMs with this range (worker/engine/linear4bit_internal.cc); not a phase.
 LORA_RANGE = "qlora::lora"
+# ... and the base-weight store its gathers and host copies (worker/engine/base_weight_store.cc).
+BASE_WEIGHTS_RANGE = "qlora::base_weights"
+# Categories that count only where nothing else runs: their own time overlaps compute.
+EXPOSED_ONLY = ("collective", "base_weights")
 BUBBLE_US = 5.0  # shorter idle spans are the switch between kernels, not the host
 PHASES = ["forward", "loss", "backward", "recompute", "grads", "optimizer", "step (other)", "outside"]
 
@@ -176,6 +184,8 @@ def category_of(item, r, vocab):
     name, ops, dims, phase = item["name"], item["ops"], item["dims"], item["phase"]
     ops_text = "\n".join(ops)
     innermost_op = ops[-1] if ops else ""
+    if item.get("base_weights"):
+        return "base_weights"
     if NCCL.search(name):
         return "collective"
     if item["kind"] in ("gpu_memcpy", "gpu_memset"):
@@ -264,7 +274,7 @@ def cpu_threads(events):
         if e.get("ph") == "X" and cat in ("cpu_op", "user_annotation"):
             cpu[(e.get("pid"), e.get("tid"))].append(e)
             name = str(e.get("name", ""))
-            if cat == "user_annotation" and name.startswith("qlora::") and name != LORA_RANGE:
+            if cat == "user_annotation" and name.startswith("qlora::") and name not in (LORA_RANGE, BASE_WEIGHTS_RANGE):
                 ranges.append((e["ts"], e["ts"] + e.get("dur", 0), name))
     return {k: Thread(v) for k, v in cpu.items()}, ranges
 
@@ -300,7 +310,8 @@ def analyse(events, r=16, vocab=None):
             dims = dims_of(c)
             if dims:
                 break
-        return ops, dims, any(c.get("name") == LORA_RANGE for c in chain)
+        ranges_here = {c.get("name") for c in chain}
+        return ops, dims, (LORA_RANGE in ranges_here, BASE_WEIGHTS_RANGE in ranges_here)
 
     if gpu:
         by_device = collections.Counter()
@@ -312,11 +323,11 @@ def analyse(events, r=16, vocab=None):
                 continue
             launch = runtime.get(e.get("args", {}).get("correlation"))
             launch_t = launch["ts"] if launch else e["ts"]
-            ops, dims, lora = context((launch.get("pid"), launch.get("tid")), launch_t) if launch \
-                else ([], None, False)
+            ops, dims, (lora, base) = context((launch.get("pid"), launch.get("tid")), launch_t) if launch \
+                else ([], None, (False, False))
             items.append({"name": e.get("name", ""), "kind": str(e.get("cat")).lower(), "start": e["ts"],
                           "end": e["ts"] + e.get("dur", 0), "launch": launch_t, "ops": ops, "dims": dims,
-                          "lora": lora})
+                          "lora": lora, "base_weights": base})
         mode = f"GPU {device}"
     else:
         # A CPU-only trace: the CPU ops are the work, each op's own time (outside its children:
@@ -325,10 +336,10 @@ def analyse(events, r=16, vocab=None):
             for i, e in enumerate(th.events):
                 if str(e.get("cat", "")).lower() != "cpu_op":
                     continue
-                ops, dims, lora = context(key, e["ts"], index=i)
+                ops, dims, (lora, base) = context(key, e["ts"], index=i)
                 items.append({"name": e.get("name", ""), "kind": "cpu_op", "start": e["ts"],
                               "end": e["ts"] + e.get("dur", 0), "launch": e["ts"], "ops": ops, "dims": dims,
-                              "lora": lora})
+                              "lora": lora, "base_weights": base})
         mode = "CPU (ops' own time)"
     if not items:
         raise SystemExit("no GPU activity and no CPU ops in the trace")
@@ -377,7 +388,7 @@ def sweep(items, w0, w1, nsteps, mode, nested=False):
                 if nested:  # CPU ops: the innermost one running has the instant
                     share = [max(active, key=lambda j: (items[j]["start"], -items[j]["end"]))]
                 else:
-                    compute = [j for j in active if items[j]["category"] != "collective"]
+                    compute = [j for j in active if items[j]["category"] not in EXPOSED_ONLY]
                     share = compute or list(active)
                 for j in share:
                     it = items[j]

@@ -107,6 +107,22 @@ class AttributeProfileTest(unittest.TestCase):
         self.assertAlmostEqual(self.res["collectives_total_us"], 60)
         self.assertEqual(self.res["mode"], "GPU 0")
 
+    def test_base_weight_copies_count_where_the_gpu_waits_for_them(self):
+        # A layer copied from host memory in the forward: 60 us of copy, 40 of them under a GEMM
+        # (overlapped: the GEMM's), 20 alone (the GPU waiting for the layer: the store's).
+        ev = [
+            op("qlora::step", 0, 200, cat="user_annotation"),
+            op("qlora::forward", 0, 200, cat="user_annotation"),
+            op("qlora::base_weights", 5, 10, cat="user_annotation"), launch(1, 8, name="cudaMemcpyAsync"),
+            op("aten::mm", 20, 10, dims=[[8192, 4096], [4096, 4096]]), launch(2, 25),
+            kernel(1, "Memcpy HtoD (Pinned -> Device)", 20, 60, stream=30, cat="gpu_memcpy"),
+            kernel(2, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 20, 40),
+        ]
+        c = attribute_profile.analyse(ev, r=16, vocab=32000)["categories"]
+        self.assertAlmostEqual(c["base_weights"], 20, places=6)
+        self.assertAlmostEqual(c["base_gemm"], 40, places=6)
+        self.assertAlmostEqual(c["copies"], 0, places=6)
+
     def test_phases_by_launch_with_the_recompute_told_apart(self):
         p = self.res["phases"]
         self.assertAlmostEqual(p["forward"], 190)

@@ -3,6 +3,8 @@
 // the first placement that fits the budget.
 #include "worker/memory/base_weight_plan.h"
 
+#include <iterator>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -33,7 +35,7 @@ JobConfig BenchmarkJob(int micro_batch) {
   job.data.max_sequence_length = 2048;
   job.lora.r = 16;
   job.lora.dropout = 0;
-  job.lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  job.lora.target_modules = {std::begin(kProjectionNames), std::end(kProjectionNames)};
   return job;
 }
 

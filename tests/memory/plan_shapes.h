@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 
 #include "worker/memory/activation_plan.h"
 
@@ -19,7 +20,7 @@ inline memory::ActivationPlanRequest SevenB(int64_t budget_gib) {
   r.sequence_length = 2048;
   r.dtype_bytes = 2;
   r.lora_r = 16;
-  r.lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  r.lora_targets = {std::begin(kProjectionNames), std::end(kProjectionNames)};
   r.trainable_elements = 39976960;
   r.built_bytes = 4500000000;
   r.budget_bytes = budget_gib * kGiB;

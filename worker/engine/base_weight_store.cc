@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_format.h"
@@ -88,6 +89,8 @@ void BaseWeightStore::Take(int64_t index, DecoderLayer& layer) {
 }
 
 std::shared_ptr<BaseWeightStore::Fetched> BaseWeightStore::FetchLocked(int64_t index, bool ahead) {
+  // Its copies and gathers, for the profile's attribution (bench/attribute_profile.py).
+  RECORD_FUNCTION("qlora::base_weights", std::vector<c10::IValue>());
   const at::Tensor& shard = shards_[index];
   TORCH_CHECK(shard.defined(), "base weight store: layer ", index, " was never loaded");
   const auto start = std::chrono::steady_clock::now();

@@ -124,10 +124,11 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
       at::full({1}, own, at::dtype(at::kLong).device(device_)), budgets, absl::Minutes(5)));
   r.budget_bytes = budgets.min().item<int64_t>();
   const memory::BaseWeightPlan plan = memory::PlanBaseWeights(r);
+  Log(absl::StrCat("memory plan: ", plan.reason));
+  if (plan.budget_bytes <= 0) return absl::OkStatus();  // nothing to plan for: as parsed
   s.zero_stage = plan.zero_stage;
   s.offload_param = plan.offload_param;
   s.zero_stage_reason = absl::StrCat("planned by the workers: ", plan.reason);
-  Log(absl::StrCat("memory plan: ", plan.reason));
   return absl::OkStatus();
 }
 
