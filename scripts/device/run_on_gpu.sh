@@ -40,7 +40,9 @@ fi
 for what in "$@"; do
   case "$what" in
     tests)
-      for t in $(find /tmp/qb/tests -type f -name "${TESTS:-*}_test" | sort); do
+      # TESTS: globs of test names without "_test", space-separated (default: every test).
+      read -r -a patterns <<< "${TESTS:-*}"
+      for t in $(for p in "${patterns[@]}"; do find /tmp/qb/tests -type f -name "${p}_test"; done | sort -u); do
         echo "== $t"; timeout "${TEST_TIMEOUT_S:-600}" "$t" --gtest_brief=1 2>&1 | tail -25
       done 2>&1 | tee "$OUT/tests.txt" ;;
     fixtures)

@@ -6,11 +6,24 @@
 
 #include <cstdio>
 
+#include <ATen/ATen.h>
+
 #ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 namespace qlora::memory {
+#ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
+namespace {
+
+// The caching allocator sets up a device on its first allocation there; its statistics and its
+// memory fraction refuse a device it has not set up ("Allocator not initialized").
+void InitializeAllocator(const c10::Device& device) {
+  if (device.is_cuda()) (void)at::empty({1}, at::dtype(at::kByte).device(device));
+}
+
+}  // namespace
+#endif
 
 void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory) {
 #ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
@@ -58,6 +71,7 @@ int64_t DeviceAllocatedBytes(const c10::Device& device) {
 int64_t CapDeviceMemory(const c10::Device& device, int64_t bytes) {
 #ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
   if (device.is_cuda() && bytes > 0) {
+    InitializeAllocator(device);
     const size_t total = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(device.index()).second;
     if (total == 0 || static_cast<size_t>(bytes) >= total) return 0;
     c10::cuda::CUDACachingAllocator::setMemoryFraction(
@@ -74,6 +88,7 @@ int64_t CapDeviceMemory(const c10::Device& device, int64_t bytes) {
 int64_t DeviceAvailableBytes(const c10::Device& device) {
 #ifdef QLORA_HAVE_CUDA_ALLOCATOR_STATS
   if (device.is_cuda()) {
+    InitializeAllocator(device);
     const size_t free = c10::cuda::CUDACachingAllocator::get()->getMemoryInfo(device.index()).first;
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     const auto& reserved =
