@@ -43,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::FromArgs(const ParsedArgs& args)
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = DialCoordinator(address, tls);
   if (!channel.ok()) return channel.status();
   client->stub_ = v1::JobService::NewStub(*channel);
+  client->address_ = address;
   absl::StatusOr<std::string> token = ReadToken(args);
   if (!token.ok()) return token.status();
   client->token_ = *std::move(token);

@@ -22,12 +22,14 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> FromArgs(const ParsedArgs& args);
 
   v1::JobService::Stub* stub() { return stub_.get(); }
+  const std::string& address() const { return address_; }
   // Adds the credentials to `ctx` and, for a call that must end (not a followed stream), the
   // deadline.
   void Prepare(grpc::ClientContext* ctx, bool with_deadline = true) const;
 
  private:
   std::unique_ptr<v1::JobService::Stub> stub_;
+  std::string address_;
   std::string token_;
   int timeout_s_ = 30;
 };

@@ -6,6 +6,7 @@
 // 7 not authenticated (UNAUTHENTICATED) or not allowed (PERMISSION_DENIED).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -23,6 +24,7 @@
 #include "common/auth/token_hash.h"
 #include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
+#include "common/config/job_config_schema.h"
 #include "common/config/job_file_reference.h"
 #include "common/config/yaml_overrides.h"
 #include "common/posix_files.h"
@@ -351,6 +353,31 @@ int Explain(const ParsedArgs& a) {
   return kOk;
 }
 
+// " (did you mean 'get'?)" for a typo of a command or a peer's name for one; "" when none is close.
+std::string DidYouMean(const std::string& typed) {
+  // What users of other tools type for these commands (kubectl, ray job, docker).
+  static const std::pair<const char*, const char*> kHabits[] = {
+      {"status", "get"}, {"describe", "get"}, {"show", "get"},  {"ls", "list"},
+      {"ps", "list"},    {"stop", "cancel"},  {"kill", "cancel"}, {"delete", "cancel"},
+      {"rm", "cancel"},  {"run", "submit"},   {"train", "submit"}, {"log", "logs"},
+      {"tail", "logs"},  {"follow", "watch"}, {"check", "validate"}, {"lint", "validate"}};
+  const std::string lower = absl::AsciiStrToLower(typed);
+  for (const auto& [habit, command] : kHabits) {
+    if (lower == habit) return absl::StrCat(" (did you mean '", command, "'?)");
+  }
+  const CommandSpec* closest = nullptr;
+  int best = 0;
+  for (const CommandSpec& c : Commands()) {
+    const int d = config_internal::LevenshteinDistance(lower, c.name);
+    if (closest == nullptr || d < best) closest = &c, best = d;
+  }
+  // A typo: at most 2 edits, or a third of a long name.
+  const int tolerance = std::max<int>(2, static_cast<int>(typed.size()) / 3);
+  return closest != nullptr && best <= tolerance ? absl::StrCat(" (did you mean '", closest->name, "'?)") : "";
+}
+
+int RunWithClient(Client& client, const std::string& command, const ParsedArgs& a, bool json);
+
 int Run(const std::vector<std::string>& argv) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argv, AllValueFlags(), AllSwitchFlags(), AllAliases());
   if (!parsed.ok()) {
@@ -371,11 +398,16 @@ int Run(const std::vector<std::string>& argv) {
   const CommandSpec* spec = FindCommand(command == "help" && !a.positional.empty() ? a.positional[0] : command);
   if (command == "help") {
     if (a.positional.empty()) return printf("%s", OverviewHelp().c_str()), kOk;
-    if (spec == nullptr) return fprintf(stderr, "qloractl: no command '%s'\n", a.positional[0].c_str()), kUsage;
+    if (spec == nullptr) {
+      return fprintf(stderr, "qloractl: no command '%s'%s\n", a.positional[0].c_str(),
+                     DidYouMean(a.positional[0]).c_str()),
+             kUsage;
+    }
     return printf("%s", CommandHelp(*spec).c_str()), kOk;
   }
   if (spec == nullptr) {
-    fprintf(stderr, "qloractl: unknown command '%s'\n\n%s", command.c_str(), OverviewHelp().c_str());
+    fprintf(stderr, "qloractl: unknown command '%s'%s\n\n%s", command.c_str(),
+            DidYouMean(command).c_str(), OverviewHelp().c_str());
     return kUsage;
   }
   if (a.Has("--help")) {
@@ -405,6 +437,17 @@ int Run(const std::vector<std::string>& argv) {
     return kUsage;
   }
   Client& client = **connected;
+  const int code = RunWithClient(client, command, a, json);
+  if (code == kUnavailable) {
+    fprintf(stderr,
+            "qloractl: nothing answered at %s: is qlora-coordinator running there? Point --address "
+            "(or QLORA_ADDRESS) at the address it listens on\n",
+            client.address().c_str());
+  }
+  return code;
+}
+
+int RunWithClient(Client& client, const std::string& command, const ParsedArgs& a, bool json) {
   if (command == "submit") return Submit(client, a, json);
   if (command == "validate") return ValidateRemote(client, a, json);
   if (command == "watch") {

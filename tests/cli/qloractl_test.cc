@@ -158,6 +158,24 @@ TEST(CliTest, UnreachableCoordinatorIsExitStatus5) {
   // Port 1 on loopback: nothing listens there.
   CommandResult r = RunCommand(absl::StrCat(Ctl(), " --address 127.0.0.1:1 get job-000001"));
   EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("nothing answered at 127.0.0.1:1: is qlora-coordinator running there?"),
+            std::string::npos)
+      << r.output;
+}
+
+// A mistyped command, or another tool's name for one, gets the command it meant.
+TEST(CliTest, AMistypedCommandGetsADidYouMean) {
+  for (const auto& [typed, meant] : std::vector<std::pair<std::string, std::string>>{
+           {"sumbit", "submit"}, {"lsit", "list"}, {"status", "get"}, {"stop", "cancel"},
+           {"log", "logs"}, {"vaildate", "validate"}}) {
+    CommandResult r = RunCommand(absl::StrCat(Ctl(), " ", typed, " job-000001"));
+    EXPECT_EQ(r.exit_code, 2) << typed << ": " << r.output;
+    EXPECT_NE(r.output.find(absl::StrCat("unknown command '", typed, "' (did you mean '", meant, "'?)")),
+              std::string::npos)
+        << r.output;
+  }
+  CommandResult far = RunCommand(absl::StrCat(Ctl(), " frobnicate"));
+  EXPECT_EQ(far.output.find("did you mean"), std::string::npos) << far.output;
 }
 
 TEST(CliTest, SubmitGetListLogsCancelAgainstACoordinator) {

@@ -59,6 +59,15 @@ TEST(TrainerOptions, JobConfigBecomesEngineStrategyAndScheduleOptions) {
   EXPECT_EQ(load.compute_dtype, at::kFloat);  // fp16 on a CPU runs in fp32
   EXPECT_EQ(ComputeScalarType(ComputeDtype::kFloat16, at::Device(at::kCUDA, 0)), at::kHalf);
   EXPECT_EQ(ComputeScalarType(ComputeDtype::kBFloat16, at::Device(at::kCPU)), at::kBFloat16);
+  // peft finds the base from any folder: the hub id where it came from the hub cache, else the
+  // resolved absolute folder, never a path relative to where the job was submitted.
+  JobConfig named = c;
+  named.base_model = "models/llama";
+  named.base_model_path = "/data/models/llama";
+  EXPECT_EQ(AdapterBaseModelName(named), "/data/models/llama");
+  named.base_model = "meta-llama/Llama-2-7b-hf";
+  named.base_model_path = "/home/u/.cache/huggingface/hub/models--meta-llama--Llama-2-7b-hf/snapshots/01c7f73d";
+  EXPECT_EQ(AdapterBaseModelName(named), "meta-llama/Llama-2-7b-hf");
   const engine::LoraOptions lora = LoraOptionsFor(c);
   EXPECT_EQ(lora.r, 16);
   EXPECT_EQ(lora.alpha, 32);

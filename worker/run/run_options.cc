@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "common/config/hf_model_path.h"
+
 namespace qlora::worker {
 
 at::ScalarType ComputeScalarType(ComputeDtype dtype, const at::Device& device) {
@@ -47,6 +49,13 @@ strategy::StrategyOptions StrategyOptionsFor(const JobConfig& config) {
   options.max_grad_norm = t.max_grad_norm;
   options.bucket_elements = config.backend.strategy.reduce_bucket_size;
   return options;
+}
+
+std::string AdapterBaseModelName(const JobConfig& config) {
+  const bool from_hub_cache = LooksLikeHubRepoId(config.base_model) &&
+                              config.base_model_path.find("/snapshots/") != std::string::npos;
+  if (from_hub_cache || config.base_model_path.empty()) return config.base_model;
+  return config.base_model_path;
 }
 
 optim::LrScheduleOptions LrScheduleFor(const JobConfig& config, int64_t total_steps) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -20,6 +21,10 @@ at::ScalarType ComputeScalarType(ComputeDtype dtype, const at::Device& device);
 engine::LoadOptions LoadOptionsFor(const JobConfig& config, const at::Device& device);
 engine::LoraOptions LoraOptionsFor(const JobConfig& config);
 strategy::StrategyOptions StrategyOptionsFor(const JobConfig& config);
+// adapter_config.json's base_model_name_or_path, so that peft finds the base from any folder:
+// the hub id the job named where the model came from the hub cache, else the resolved absolute
+// folder (a relative base_model would only resolve from where the job was submitted).
+std::string AdapterBaseModelName(const JobConfig& config);
 // Warm-up is ceil(warmup_fraction x total_steps) steps, as HF's get_*_schedule_with_warmup
 // callers compute it.
 optim::LrScheduleOptions LrScheduleFor(const JobConfig& config, int64_t total_steps);

@@ -535,7 +535,7 @@ absl::Status Trainer::WriteAdapter(const std::string& dir) {
   }
   if (assignment_.rank != 0) return absl::OkStatus();
   engine::AdapterSaveOptions save;
-  save.base_model_name_or_path = config_.base_model;
+  save.base_model_name_or_path = AdapterBaseModelName(config_);
   return engine::SaveAdapter(*model_, dir, save);
 }
 
