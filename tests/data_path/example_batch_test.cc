@@ -137,6 +137,36 @@ TEST_F(DataExampleTest, Llama3ChatTrainsOnlyAssistantTurns) {
     EXPECT_EQ(ex.labels[i], i >= assistant_content ? want[i] : kIgnoreIndex) << i;
 }
 
+// ShareGPT's layout (a "conversations" column of {from, value} turns) gives the tokens and labels
+// of the same conversation as {role, content} messages; an unknown speaker is a malformed record
+// naming it.
+TEST_F(DataExampleTest, ShareGptConversationsTrainAsTheSameMessages) {
+  const std::string messages =
+      R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},)"
+      R"({"role":"assistant","content":"Hello!"},{"role":"user","content":"Bye"},)"
+      R"({"role":"assistant","content":"Bye!"}])";
+  const std::string conversations =
+      R"([{"from":"system","value":"Be brief."},{"from":"human","value":"Hi"},)"
+      R"({"from":"gpt","value":"Hello!"},{"from":"user","value":"Bye"},)"
+      R"({"from":"assistant","value":"Bye!"}])";
+  Example want, got;
+  ASSERT_TRUE(*Builder({"messages"}, {}).Build(MakeRecord({{"messages", messages}}), &want));
+  ExampleBuilder sharegpt = Builder({"conversations"}, {"output"});
+  std::vector<std::string> required, optional;
+  sharegpt.Columns(&required, &optional);
+  EXPECT_EQ(required, std::vector<std::string>{"conversations"});
+  ASSERT_TRUE(*sharegpt.Build(MakeRecord({{"conversations", conversations}}), &got));
+  EXPECT_EQ(got.input_ids, want.input_ids);
+  EXPECT_EQ(got.labels, want.labels);
+
+  Example bad;
+  absl::StatusOr<bool> refused = sharegpt.Build(
+      MakeRecord({{"conversations", R"([{"from":"narrator","value":"Once"}])"}}), &bad);
+  EXPECT_FALSE(refused.ok() && *refused);
+  const std::string why = refused.ok() ? "" : std::string(refused.status().message());
+  EXPECT_NE(why.find("unknown speaker 'narrator'"), std::string::npos) << why;
+}
+
 // A tiny causal model in double precision: embedding + position embedding, one attention
 // head, an output projection. The attention mask comes only from what the data path hands
 // the engine: unpacked rows use causal + key padding (the attention-mask path), packed rows

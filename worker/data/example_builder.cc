@@ -14,6 +14,48 @@ namespace {
 
 constexpr char kChatTemplateName[] = "llama3_chat";
 
+constexpr char kShareGptColumn[] = "conversations";
+
+// ShareGPT's speaker names, as LLaMA-Factory and Axolotl map them to chat roles.
+absl::StatusOr<std::string> RoleOfSpeaker(const std::string& speaker) {
+  static const std::pair<const char*, const char*> kRoles[] = {
+      {"human", "user"},         {"user", "user"},          {"gpt", "assistant"},
+      {"assistant", "assistant"}, {"model", "assistant"},    {"chatgpt", "assistant"},
+      {"bard", "assistant"},     {"bing", "assistant"},     {"system", "system"},
+      {"observation", "tool"},   {"tool", "tool"},          {"function_response", "tool"},
+      {"function_call", "assistant"}};
+  const std::string lower = absl::AsciiStrToLower(speaker);
+  for (const auto& [name, role] : kRoles) {
+    if (lower == name) return std::string(role);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown speaker '", speaker, "' (known: human, user, gpt, assistant, model, system, tool, "
+      "observation, function_call, function_response)"));
+}
+
+// The conversation as [{"role", "content"}, ...]: ShareGPT's {"from", "value"} turns mapped to
+// roles, {"role", "content"} turns as they are.
+absl::StatusOr<std::string> ChatMessages(absl::string_view column, const std::string& text) {
+  nlohmann::json turns = nlohmann::json::parse(text, nullptr, false);
+  if (!turns.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", column, "' must be a JSON array of {role, content} or {from, value} turns"));
+  }
+  bool changed = false;
+  for (nlohmann::json& turn : turns) {
+    if (!turn.is_object() || turn.contains("role") || !turn.contains("from")) continue;
+    if (!turn["from"].is_string() || !turn.contains("value") || !turn["value"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "each turn of '", column, "' must be {\"from\": str, \"value\": str}"));
+    }
+    QLORA_ASSIGN_OR_RETURN(const std::string role, RoleOfSpeaker(turn["from"].get<std::string>()));
+    nlohmann::json message = {{"role", role}, {"content", turn["value"]}};
+    turn = std::move(message);
+    changed = true;
+  }
+  return changed ? turns.dump() : text;
+}
+
 std::string Title(absl::string_view column) {
   std::string title(column);
   for (char& c : title)
@@ -37,6 +79,9 @@ absl::StatusOr<ExampleOptions> ExampleBuilder::OptionsFor(
   if (format == DataFormat::kText) {
     options.layout = ExampleLayout::kText;
     options.input_columns = {"text"};
+  } else if (input_columns.size() == 1 && input_columns[0] == kShareGptColumn) {
+    options.layout = ExampleLayout::kChat;
+    options.use_tokenizer_chat_template = prompt_template != kChatTemplateName;
   } else if (prompt_template == kChatTemplateName ||
              (input_columns.size() == 1 && input_columns[0] == "messages")) {
     options.layout = ExampleLayout::kChat;
@@ -138,7 +183,7 @@ void ExampleBuilder::Columns(std::vector<std::string>* required,
     if (std::find(to->begin(), to->end(), column) == to->end()) to->push_back(column);
   };
   switch (options_.layout) {
-    case ExampleLayout::kChat: add(required, "messages"); return;
+    case ExampleLayout::kChat: add(required, options_.input_columns[0]); return;
     case ExampleLayout::kText: add(required, options_.input_columns[0]); return;
     case ExampleLayout::kInstruction: break;
   }
@@ -189,11 +234,13 @@ absl::Status ExampleBuilder::BuildInstruction(const Record& record, Example* exa
 }
 
 absl::Status ExampleBuilder::BuildChat(const Record& record, Example* example) const {
-  const std::string* messages_text = record.Find("messages");
-  if (messages_text == nullptr) return absl::InvalidArgumentError("missing column 'messages'");
+  const std::string& column = options_.input_columns[0];
+  const std::string* column_text = record.Find(column);
+  if (column_text == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing column '", column, "'"));
+  QLORA_ASSIGN_OR_RETURN(const std::string messages_text, ChatMessages(column, *column_text));
   if (chat_template_ != nullptr)
-    return BuildTemplateChat(*chat_template_, *chat_tokens_, *tokenizer_, *messages_text, example);
-  nlohmann::json messages = nlohmann::json::parse(*messages_text, nullptr, false);
+    return BuildTemplateChat(*chat_template_, *chat_tokens_, *tokenizer_, messages_text, example);
+  nlohmann::json messages = nlohmann::json::parse(messages_text, nullptr, false);
   if (!messages.is_array())
     return absl::InvalidArgumentError("'messages' must be a JSON array of {role, content}");
   const SpecialTokens& special = tokenizer_->special();

@@ -10,7 +10,11 @@
 //    "### <C>:\n{c}\n\n" for each further column c (a section whose value is empty is left
 //    out, as Alpaca does for an empty input), then "### Response:\n".
 //  - Chat (a "messages" column holding [{"role", "content"}, ...]; selected when it is the only
-//    input feature or the template is "llama3_chat"): when the tokenizer has a chat template
+//    input feature or the template is "llama3_chat"; or ShareGPT's "conversations" column,
+//    [{"from", "value"}, ...], as the only input feature, whose speakers are mapped to roles as
+//    LLaMA-Factory and Axolotl map them: human/user -> user, gpt/assistant/model/chatgpt/bard/
+//    bing -> assistant, system -> system, observation/tool/function_response -> tool,
+//    function_call -> assistant; either column may use either spelling): when the tokenizer has a chat template
 //    (tokenizer_config.json) and the template is not "llama3_chat", the conversation rendered by
 //    that template, ids as transformers' apply_chat_template, loss on the assistant spans
 //    (chat_example.h). Otherwise the built-in LLaMA-3 instruct layout: BOS, then per message
