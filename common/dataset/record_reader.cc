@@ -1,11 +1,13 @@
 // The malformed-record policy shared by every reader, and the JSON Lines and text readers.
 #include "common/dataset/record_reader.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/dataset/json_array.h"
 #include "common/dataset/parquet_reader.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -87,6 +89,36 @@ class LineReader : public RecordReader {
   int64_t lines_ = 0;
 };
 
+// Fills record->fields from one JSON object's text (`what` names it in the message when it is
+// not one), or sets *reason.
+void ParseJsonObject(const std::string& text, const char* what, Record* record, std::string* reason) {
+  nlohmann::ordered_json value;
+  try {
+    value = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range
+    *reason = absl::StrCat("invalid JSON: ", e.what());
+    return;
+  }
+  if (!value.is_object()) {
+    *reason = absl::StrCat(what, " must be an object, got ", value.type_name());
+    return;
+  }
+  for (auto& [key, item] : value.items()) {
+    if (item.is_structured() && NestedDeeperThan(item, kMaxJsonDepth - 1)) {
+      record->fields.clear();
+      *reason = absl::StrCat("JSON nested more than ", kMaxJsonDepth, " levels deep");
+      return;
+    }
+    if (item.is_string()) {
+      record->fields.emplace_back(key, item.get_ref<const std::string&>());
+    } else if (item.is_null()) {
+      record->fields.emplace_back(key, std::string());
+    } else {
+      record->fields.emplace_back(key, item.dump());
+    }
+  }
+}
+
 class JsonlReader : public LineReader {
  public:
   using LineReader::LineReader;
@@ -94,32 +126,45 @@ class JsonlReader : public LineReader {
  protected:
   const char* Kind() const override { return "record"; }
   void ParseLine(Record* record, std::string* reason) override {
-    nlohmann::ordered_json value;
-    try {
-      value = nlohmann::ordered_json::parse(line_);
-    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number out of range
-      *reason = absl::StrCat("invalid JSON: ", e.what());
-      return;
-    }
-    if (!value.is_object()) {
-      *reason = absl::StrCat("a JSON Lines record must be an object, got ", value.type_name());
-      return;
-    }
-    for (auto& [key, item] : value.items()) {
-      if (item.is_structured() && NestedDeeperThan(item, kMaxJsonDepth - 1)) {
-        record->fields.clear();
-        *reason = absl::StrCat("JSON nested more than ", kMaxJsonDepth, " levels deep");
-        return;
-      }
-      if (item.is_string()) {
-        record->fields.emplace_back(key, item.get_ref<const std::string&>());
-      } else if (item.is_null()) {
-        record->fields.emplace_back(key, std::string());
-      } else {
-        record->fields.emplace_back(key, item.dump());
-      }
-    }
+    ParseJsonObject(line_, "a JSON Lines record", record, reason);
   }
+};
+
+// The elements of a JSON array file (json_array.h), one record each.
+class JsonArrayReader : public RecordReader {
+ public:
+  JsonArrayReader(const ShardSpec& shard, const ReaderOptions& options,
+                  std::unique_ptr<ByteRangeFile> file, int64_t open)
+      : RecordReader(shard, options, std::move(file)), scanner_(file_.get()) {
+    // A range from the file's start (the planner's begin at an element): past the '['.
+    if (shard_.begin <= open) file_->Seek(std::min(open + 1, shard_.end), shard_.end);
+  }
+
+ protected:
+  absl::StatusOr<bool> ReadRaw(int64_t* offset, int64_t* lines_before) final {
+    JsonArrayScanner::Element element;
+    if (!scanner_.Next(&element, &text_, static_cast<size_t>(options_.max_record_bytes) + 1)) {
+      QLORA_RETURN_IF_ERROR(file_->status());
+      return false;
+    }
+    *offset = element.offset;
+    *lines_before = element.lines_before;
+    too_long_ = element.too_long;
+    return true;
+  }
+
+  void Parse(Record* record, std::string* reason) final {
+    if (too_long_) {
+      *reason = absl::StrCat("element longer than max_record_bytes (", options_.max_record_bytes, ")");
+      return;
+    }
+    ParseJsonObject(text_, "a JSON array element", record, reason);
+  }
+
+ private:
+  JsonArrayScanner scanner_;
+  std::string text_;
+  bool too_long_ = false;
 };
 
 class TextReader : public LineReader {
@@ -155,6 +200,10 @@ absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec
                                                    " is not in [0, stride ", shard.stride, ")"));
   switch (options.format) {
     case DataFormat::kJsonl:
+      if (const int64_t open = JsonArrayOpen(*file); open >= 0) {
+        return std::unique_ptr<RecordReader>(
+            new JsonArrayReader(shard, options, std::move(file), open));
+      }
       return std::unique_ptr<RecordReader>(new JsonlReader(shard, options, std::move(file)));
     case DataFormat::kText:
       return std::unique_ptr<RecordReader>(new TextReader(shard, options, std::move(file)));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/dataset/csv_syntax.h"
+#include "common/dataset/json_array.h"
 #include "common/dataset/parquet_reader.h"
 
 namespace qlora::data {
@@ -178,6 +179,11 @@ absl::StatusOr<std::vector<ShardSpec>> SplitFile(const std::string& path, int nu
   QLORA_ASSIGN_OR_RETURN(DataFormat format, ResolveFormat(options.format, path));
   if (format == DataFormat::kParquet) return SplitParquetFile(path, num_shards);
   QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(path));
+  if (format == DataFormat::kJsonl) {
+    if (const int64_t open = JsonArrayOpen(*file); open >= 0) {
+      return SplitJsonArrayFile(path, *file, open, num_shards);
+    }
+  }
   QLORA_ASSIGN_OR_RETURN(DataStart data, FindDataStart(*file, format));
   const int64_t size = file->size();
   std::vector<ShardSpec> shards;

@@ -82,6 +82,24 @@ Dataset MakeJsonl(const std::string& dir, int n, unsigned seed) {
   return d;
 }
 
+// The same kind of records as one JSON array (Alpaca's layout): pretty-printed or compact
+// elements, text with brackets, braces, commas and escaped quotes, a BOM and whitespace first.
+Dataset MakeJsonArray(const std::string& dir, int n, unsigned seed) {
+  std::mt19937 rng(seed);
+  Dataset d{absl::StrCat(dir, "/data_", seed, ".json"), {}};
+  std::string text = "\xEF\xBB\xBF \n[";
+  for (int i = 0; i < n; ++i) {
+    std::string id = absl::StrCat("id", i);
+    std::string a = RandomText(rng, i) + (rng() % 3 == 0 ? "}]{[\\\"," : "");
+    std::string b = RandomText(rng, i + 3);
+    d.rows[id] = {a, b};
+    nlohmann::ordered_json j = {{"id", id}, {"instruction", a}, {"output", b}};
+    text += (i > 0 ? (rng() % 2 ? ",\n  " : ",") : "\n  ") + j.dump(rng() % 2 ? 2 : -1);
+  }
+  WriteFile(d.path, text + "\n]\n");
+  return d;
+}
+
 // Reads every shard of every rank and checks each row appears exactly once, intact, and that
 // the ranks' counts differ by at most one per chunk (each chunk is interleaved on its own here).
 void ExpectExactlyOnce(const Dataset& d, DataFormat format, int world, int chunks) {
@@ -138,6 +156,17 @@ TEST(DataShardTest, JsonlRecordsExactlyOnceForOneToFourRanks) {
   Dataset d = MakeJsonl(dir.path(), 500, 5);
   for (int world = 1; world <= 4; ++world)
     for (int chunks : {1, 2, 5}) ExpectExactlyOnce(d, DataFormat::kJsonl, world, chunks);
+}
+
+// A JSON array file (format jsonl, or auto with a .json name) is one record per element, cut
+// into shards at element starts.
+TEST(DataShardTest, JsonArrayElementsExactlyOnceForOneToFourRanks) {
+  TempDir dir;
+  Dataset d = MakeJsonArray(dir.path(), 300, 9);
+  auto format = ResolveFormat("auto", d.path);
+  ASSERT_TRUE(format.ok()) << format.status();
+  for (int world = 1; world <= 4; ++world)
+    for (int chunks : {1, 2, 5}) ExpectExactlyOnce(d, *format, world, chunks);
 }
 
 // The speculative CSV cut equals an exact sequential parse from the file start, at every byte.
@@ -413,6 +442,26 @@ TEST(DataMalformedTest, JsonlFailNamesFileLineAndReason) {
   EXPECT_THAT(messages[0], HasSubstr(":4: "));
   EXPECT_THAT(messages[1], HasSubstr(":5: "));
   EXPECT_THAT(messages[1], HasSubstr("must be an object"));
+}
+
+TEST(DataMalformedTest, JsonArrayElementsNameTheirLine) {
+  TempDir dir;
+  std::string path = dir.path() + "/bad.json";
+  WriteFile(path, "[\n  {\"a\": \"1\"},\n  \"loose\",\n  {\"a\":\n    oops},\n  {\"a\": \"[,]\"}\n]\n");
+  int64_t malformed = 0;
+  std::vector<std::string> messages;
+  auto fail = ReadAll(path, DataFormat::kJsonl, false, &malformed, &messages);
+  ASSERT_FALSE(fail.ok());
+  EXPECT_THAT(std::string(fail.status().message()),
+              HasSubstr(path + ":3: malformed jsonl record: a JSON array element must be an object, got string"));
+  auto skip = ReadAll(path, DataFormat::kJsonl, true, &malformed, &messages);
+  ASSERT_TRUE(skip.ok()) << skip.status();
+  ASSERT_EQ(skip->size(), 2u);
+  EXPECT_EQ(*(*skip)[1].Find("a"), "[,]");
+  EXPECT_EQ(malformed, 2);
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_THAT(messages[1], HasSubstr(":4: "));
+  EXPECT_THAT(messages[1], HasSubstr("invalid JSON"));
 }
 
 TEST(DataMalformedTest, CsvErrorsCarryFileLinesEvenInLaterShards) {
