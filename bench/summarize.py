@@ -31,18 +31,25 @@ from flops import flops_per_token, load_config, utilisation  # noqa: E402
 
 
 def read_events(path):
-    """-> (state, {rank: {step: progress}})."""
+    """-> (state, {rank: {step: progress}}), from `qloractl watch -o json`'s lines (a "state" or
+    a "step" object each; older builds printed each WatchJob response whole)."""
     progress, state = {}, None
     with open(path) as f:
         for line in f:
             if not line.strip():
                 continue
             m = json.loads(line)
-            state = m.get("job", {}).get("state", state)
-            prog = m.get("event", {}).get("progress")
-            if not prog or "step" not in prog:
+            if m.get("type") == "state":
+                state = m.get("state", state)
                 continue
-            progress.setdefault(int(prog.get("rank", 0)), {})[int(prog["step"])] = prog
+            if m.get("type") == "step":
+                reports = m.get("ranks", [])
+            else:
+                state = m.get("job", {}).get("state", state)
+                reports = [m.get("event", {}).get("progress") or {}]
+            for prog in reports:
+                if "step" in prog:
+                    progress.setdefault(int(prog.get("rank", 0)), {})[int(prog["step"])] = prog
     return state, progress
 
 

@@ -60,7 +60,7 @@ std::vector<CommandSpec>* MakeCommands() {
       {"watch", "JOB_ID", "follow a job's progress: step/total, loss, tokens/s, ETA",
        "On a terminal one line is redrawn; piped, one line is printed per optimizer step. Exit status "
        "0 when the job succeeds, 1 when it fails or is cancelled.",
-       {}, true, {"qloractl watch job-000001", "qloractl watch job-000001 -o json | jq .job.progress"}},
+       {}, true, {"qloractl watch job-000001", "qloractl watch job-000001 -o json | jq 'select(.type == \"step\") | .loss'"}},
       {"logs", "JOB_ID", "print a job's worker logs",
        "Every rank's lines, prefixed `rank N |`, or one rank's as written.",
        {{"--follow", "-f", "", "keep printing until the job ends"},

@@ -20,6 +20,7 @@
 #include "cli/cli_args.h"
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "cli/event_json.h"
 #include "cli/progress.h"
 #include "common/auth/token_hash.h"
 #include "common/config/job_config_emit.h"
@@ -115,6 +116,7 @@ int Watch(Client& client, const std::string& id, bool json) {
   // JSON is for scripts: the whole history first (every stored event), then what follows.
   req.set_from_start(json);
   ProgressPrinter printer(isatty(STDOUT_FILENO) != 0);
+  EventJson lines;
   int64_t after = 0;
   for (int attempt = 0; attempt < 30; ++attempt) {
     grpc::ClientContext ctx;
@@ -128,7 +130,7 @@ int Watch(Client& client, const std::string& id, bool json) {
       after = std::max(after, msg.event().sequence());
       last = msg.job().state();
       if (json) {
-        printf("%s\n", ToJson(msg).c_str());
+        for (const std::string& line : lines.Add(msg)) printf("%s\n", line.c_str());
       } else {
         printf("%s", printer.Update(msg.job()).c_str());
       }
@@ -136,6 +138,7 @@ int Watch(Client& client, const std::string& id, bool json) {
     }
     grpc::Status s = reader->Finish();
     if (IsTerminal(last)) {
+      for (const std::string& line : lines.Flush()) printf("%s\n", line.c_str());
       printf("%s", printer.Finish().c_str());
       if (!json) {
         grpc::ClientContext gctx;

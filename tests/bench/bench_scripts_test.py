@@ -200,17 +200,30 @@ class AttributeProfileTest(unittest.TestCase):
                                sum(v for k, v in res["categories"].items() if k not in ("idle", "bubble")))
 
 
-def events(ranks, steps, step_s, mb=4, seq=2048):
-    """Progress events as `qloractl watch -o json` prints them (int64 fields as strings, zero
-    fields left out); rank r's steps take step_s[r] seconds each."""
+def events(ranks, steps, step_s, mb=4, seq=2048, whole_responses=True):
+    """Progress as older builds of `qloractl watch -o json` printed it, each WatchJob response
+    whole (int64 fields as strings, zero fields left out), which the tests below edit; without
+    whole_responses, as it prints it now: a "state" line per state change and a "step" line per
+    optimizer step with every rank's report (cli/event_json.h). Rank r's steps take step_s[r]
+    seconds each."""
+    def report(s, r):
+        return {"rank": r, "step": s, "elapsed_seconds": 2.0 + s * step_s[r],
+                "tokens_per_second": mb * seq / step_s[r],
+                "memory": {"device_peak_bytes": (7 + r) * 2**30 + s, "device_reserved_peak_bytes": 8 * 2**30}}
+    if not whole_responses:
+        lines = [{"type": "state", "state": "JOB_STATE_RUNNING"}]
+        lines += [{"type": "step", "step": s, "ranks": [report(s, r) for r in range(ranks)]}
+                  for s in range(1, steps + 1)]
+        lines.append({"type": "state", "state": "JOB_STATE_SUCCEEDED"})
+        return "\n".join(json.dumps(x) for x in lines) + "\n"
     lines = [{"job": {"state": "JOB_STATE_RUNNING"}, "event": {"state": "JOB_STATE_RUNNING"}}]
     for s in range(1, steps + 1):
         for r in range(ranks):
-            prog = {"step": str(s), "elapsedSeconds": 0, "elapsed_seconds": 2.0 + s * step_s[r],
-                    "tokens_per_second": mb * seq / step_s[r],
-                    "memory": {"device_peak_bytes": str((7 + r) * 2**30 + s), "device_reserved_peak_bytes": str(8 * 2**30)}}
-            if r:
-                prog["rank"] = r
+            prog = report(s, r)
+            prog["step"] = str(s)
+            prog["memory"] = {k: str(v) for k, v in prog["memory"].items()}
+            if not r:
+                del prog["rank"]
             lines.append({"job": {"state": "JOB_STATE_RUNNING"}, "event": {"progress": prog}})
     lines.append({"job": {"state": "JOB_STATE_SUCCEEDED"}, "event": {"state": "JOB_STATE_SUCCEEDED"}})
     return "\n".join(json.dumps(x) for x in lines) + "\n"
@@ -246,6 +259,15 @@ class SummarizeTest(unittest.TestCase):
             out = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "summarize.py"), path, "--model", d]
                                  + list(args), capture_output=True, text=True, check=True)
             return json.loads(out.stdout.splitlines()[0]), out.stderr
+
+    def test_older_whole_responses_read_the_same(self):
+        args = ("--gpus", "0,1", "--micro-batch", "4", "--warmup", "3", "--windows", "3", "--window-steps", "5")
+        new, _ = self.run_summarize(events(2, 20, [0.8, 0.9], whole_responses=False), *args)
+        old, _ = self.run_summarize(events(2, 20, [0.8, 0.9]), *args)
+        del new["model"], old["model"]  # their temporary folders
+        self.assertEqual(new, old)
+        self.assertEqual(new["state"], "JOB_STATE_SUCCEEDED")
+        self.assertEqual(new["peak_allocated_gib_per_rank"], {"0": 7.0, "1": 8.0})
 
     def test_windows_of_tokens_over_wall_time_with_mfu_from_the_config(self):
         got, table = self.run_summarize(events(2, 20, [0.8, 0.8]), "--gpus", "0,1", "--micro-batch", "4",

@@ -99,6 +99,14 @@ TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgres
   EXPECT_GE(std::count(history.output.begin(), history.output.end(), '\n'), 5) << history.output;
   EXPECT_THAT(history.output, HasSubstr("JOB_STATE_QUEUED"));
   EXPECT_THAT(history.output, HasSubstr("JOB_STATE_SUCCEEDED"));
+  // One line per optimizer step with both ranks' reports, integers as numbers.
+  for (int step = 1; step <= 4; ++step) {
+    const std::string line = absl::StrCat("{\"type\":\"step\",\"job\":\"", cli_id, "\",\"step\":", step, ",");
+    size_t count = 0;
+    for (size_t at = history.output.find(line); at != std::string::npos; at = history.output.find(line, at + 1)) ++count;
+    EXPECT_EQ(count, 1u) << line << "\n" << history.output;
+  }
+  EXPECT_THAT(history.output, HasSubstr("\"rank\":1,"));
   // Piped, one line per optimizer step, though both ranks report every step.
   for (int step = 1; step <= 4; ++step) {
     const std::string line = absl::StrCat("RUNNING step ", step, "/4 ");
