@@ -145,6 +145,10 @@ struct DataConfig {
   int max_sequence_length = 512;
   bool packing = false;
   MalformedRecords malformed_records = MalformedRecords::kFail;
+  // The largest fraction of the records read so far that may be left without a target (cut to
+  // max_sequence_length before their first target token, so never trained on) before the job
+  // fails; 1: never fails (the coordinator warns while the job runs either way).
+  double max_without_target_fraction = 1.0;
 };
 
 // Ludwig's `generation:` section: how to generate with the trained adapter. Kept with the job

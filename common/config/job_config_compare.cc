@@ -15,9 +15,9 @@ static_assert(sizeof(LoraConfig) == 56, "LoraConfig changed: see the note above"
 static_assert(sizeof(StrategyConfig) == 88, "StrategyConfig changed: see the note above");
 static_assert(sizeof(BackendConfig) == 112, "BackendConfig changed: see the note above");
 static_assert(sizeof(TrainerConfig) == 232, "TrainerConfig changed: see the note above");
-static_assert(sizeof(DataConfig) == 136, "DataConfig changed: see the note above");
+static_assert(sizeof(DataConfig) == 144, "DataConfig changed: see the note above");
 static_assert(sizeof(GenerationConfig) == 120, "GenerationConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 920, "JobConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 928, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -70,9 +70,11 @@ bool operator==(const TrainerConfig& a, const TrainerConfig& b) {
 
 bool operator==(const DataConfig& a, const DataConfig& b) {
   return std::tie(a.train_path, a.validation_path, a.validation_fraction, a.test_fraction, a.format,
-                  a.prompt_template, a.max_sequence_length, a.packing, a.malformed_records) ==
+                  a.prompt_template, a.max_sequence_length, a.packing, a.malformed_records,
+                  a.max_without_target_fraction) ==
          std::tie(b.train_path, b.validation_path, b.validation_fraction, b.test_fraction, b.format,
-                  b.prompt_template, b.max_sequence_length, b.packing, b.malformed_records);
+                  b.prompt_template, b.max_sequence_length, b.packing, b.malformed_records,
+                  b.max_without_target_fraction);
 }
 
 bool operator==(const GenerationConfig& a, const GenerationConfig& b) {

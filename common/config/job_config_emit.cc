@@ -251,6 +251,7 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
   w.raw() << YAML::Comment("Ludwig: preprocessing.global_max_sequence_length");
   w.Bool("packing", c.data.packing)
       .Word("malformed_records", EnumName(c.data.malformed_records))
+      .Number("max_without_target_fraction", c.data.max_without_target_fraction)
       .Number("validation_fraction", c.data.validation_fraction);
   w.raw() << YAML::Comment("Ludwig: preprocessing.split.probabilities[1]");
   w.Number("test_fraction", c.data.test_fraction);

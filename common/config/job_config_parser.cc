@@ -579,6 +579,8 @@ absl::Status ReadData(const MapReader& top, DataConfig* d, Presence* presence) {
       data.ReadInt("max_sequence_length", 8, 131072, &d->max_sequence_length));
   QLORA_RETURN_IF_ERROR(data.ReadBool("packing", &d->packing));
   QLORA_RETURN_IF_ERROR(data.ReadEnum("malformed_records", &d->malformed_records));
+  QLORA_RETURN_IF_ERROR(data.ReadNumber("max_without_target_fraction", {0, true}, {1, true},
+                                        &d->max_without_target_fraction));
   presence->validation_fraction = data.Has("validation_fraction");
   QLORA_RETURN_IF_ERROR(
       data.ReadNumber("validation_fraction", {0, true}, {1, false}, &d->validation_fraction));

@@ -299,6 +299,10 @@ SchemaNode BuildSchema() {
                                              "each"}),
            Leaf("malformed_records", {"`fail` or `skip`", "fail", "a record that does not "
                                                                   "parse or lacks a column"}),
+           Leaf("max_without_target_fraction",
+                {"number in [0, 1]", "1", "the share of records left without a target (cut to "
+                                          "max_sequence_length before it) above which the job "
+                                          "fails; the job warns of them either way"}),
            Leaf("validation_fraction", {"number in [0, 1)", "0", "held out of the training "
                                                                  "file for validation"}),
            Leaf("test_fraction", {"number in [0, 1)", "0", "held out of the training file: "

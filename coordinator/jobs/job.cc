@@ -324,6 +324,38 @@ void Job::ReportProgress(WorkerProcess& worker, ProgressSnapshot progress) {
   e.reason_code = "PROGRESS";
   e.progress = progress;
   Record(std::move(e));
+  CheckRecordsWithoutTarget();
+}
+
+void Job::CheckRecordsWithoutTarget() {
+  int64_t without = 0, read = 0;
+  for (const ProgressSnapshot& p : record_.progress) {
+    without += p.total_records.without_target;
+    read += p.total_records.trained + p.total_records.without_target;
+  }
+  if (without == 0) return;
+  const DataConfig& d = config_.data;
+  const double fraction = static_cast<double>(without) / static_cast<double>(read);
+  const std::string what = absl::StrFormat(
+      "%d of %d records read so far (%.1f%%) left no target after cutting to "
+      "data.max_sequence_length (%d) and are not trained on",
+      without, read, 100 * fraction, d.max_sequence_length);
+  if (read >= kRecordsToJudge && fraction > d.max_without_target_fraction) {
+    FailOrRestart("RECORDS_WITHOUT_TARGET",
+                  absl::StrFormat("%s, more than data.max_without_target_fraction (%g): raise "
+                                  "max_sequence_length or shorten the prompts",
+                                  what, d.max_without_target_fraction),
+                  /*retryable=*/false);
+    return;
+  }
+  if (warned_without_target_ > 0 && without < 2 * warned_without_target_) return;
+  warned_without_target_ = without;
+  JobEvent e;
+  e.state = record_.state;
+  e.reason_code = "RECORDS_WITHOUT_TARGET";
+  e.message = absl::StrCat(what, ": raise max_sequence_length or shorten the prompts; "
+                                 "data.max_without_target_fraction fails a job above a share");
+  Record(std::move(e));
 }
 
 absl::Status Job::ReportCompletion(WorkerProcess& worker, const WorkerCompletion& completion) {

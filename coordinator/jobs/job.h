@@ -131,7 +131,12 @@ class Job {
   absl::StatusOr<WorkerAssignment> Assignment(WorkerProcess& worker, std::string nccl_unique_id);
   // Returns whether the worker should stop now.
   bool Heartbeat(WorkerProcess& worker);
+  // Records the report; then the records left without a target so far (every rank's): a
+  // RECORDS_WITHOUT_TARGET event the first time there are any and whenever their count has
+  // doubled since, and the job fails (not retried) above data.max_without_target_fraction once
+  // at least kRecordsToJudge records were read.
   void ReportProgress(WorkerProcess& worker, ProgressSnapshot progress);
+  static constexpr int64_t kRecordsToJudge = 16;
   // A failure restarts the job when retryable and restarts remain (FailOrRestart). A success
   // must name the outputs the coordinator planned (`<output_dir>/adapter`, `<output_dir>/merged`):
   // any other path is PERMISSION_DENIED and changes nothing (a replayed token must not turn a
@@ -144,6 +149,8 @@ class Job {
   absl::Status Write(JobEvent event);
   // Write; a failure goes to store_failed. Wakes watchers either way.
   void Record(JobEvent event);
+  // ReportProgress's look at the records left without a target.
+  void CheckRecordsWithoutTarget();
   // The record's state, reason and message (and end time, for a terminal state).
   void SetState(JobState state, const std::string& reason_code, const std::string& message);
   // What follows a transition once recorded: a terminal state closes the rendezvous.
@@ -160,6 +167,7 @@ class Job {
   bool job_files_dropped_ = false;
   JobRecord record_;
   JobConfig config_;                 // parsed once: at Submit, or at Load for a job that may run
+  int64_t warned_without_target_ = 0;  // the count the last RECORDS_WITHOUT_TARGET event gave
   bool use_gpu_ = false;             // of the current start
   std::string placed_on_;            // of the current start: the launcher's Describe()
   std::string start_config_yaml_;    // of the current start: the resolved config its workers get

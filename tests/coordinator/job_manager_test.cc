@@ -810,6 +810,63 @@ TEST_F(CoordinatorJobManagerTest, GpuJobPinsEachWorkerToItsGpuAndRelaysTheNcclId
   EXPECT_EQ(rank1->nccl_unique_id, "nccl-id-bytes");
 }
 
+// Records left without a target (cut before it) are said while the job runs: the first time and
+// when their count has doubled, summed over ranks; above data.max_without_target_fraction the
+// job fails, not to be retried.
+TEST_F(CoordinatorJobManagerTest, RecordsWithoutATargetAreSaidWhileTheJobRunsAndCanFailIt) {
+  Start(Options(2));
+  const std::string id = RunningJob(2);
+  std::vector<WorkerHandle> w = Workers(id);
+  auto report = [&](int rank, int64_t step, int64_t trained, int64_t without) {
+    ProgressSnapshot p;
+    p.step = step;
+    p.total_records.trained = trained;
+    p.total_records.without_target = without;
+    ASSERT_TRUE(manager_->ReportProgress(id, w[rank].token, p).ok());
+  };
+  auto warnings = [&] {
+    bool terminal = false;
+    std::vector<std::string> out;
+    absl::StatusOr<std::vector<JobEvent>> events = manager_->WaitEvents(id, 0, absl::Now(), &terminal);
+    EXPECT_TRUE(events.ok()) << events.status();
+    for (const JobEvent& e : events.value_or(std::vector<JobEvent>{})) {
+      if (e.reason_code == "RECORDS_WITHOUT_TARGET") out.push_back(e.message);
+    }
+    return out;
+  };
+  report(0, 1, 10, 0);
+  report(1, 1, 9, 1);
+  report(0, 2, 20, 1);  // 2 of 32: the first warning was at 1
+  ASSERT_EQ(warnings().size(), 2u);
+  EXPECT_THAT(warnings()[0], HasSubstr("1 of 20 records read so far (5.0%) left no target after "
+                                       "cutting to data.max_sequence_length (512)"));
+  EXPECT_THAT(warnings()[1], HasSubstr("2 of 31 records"));
+  report(1, 2, 18, 2);  // 3: not yet twice 2
+  EXPECT_EQ(warnings().size(), 2u);
+  EXPECT_EQ(Record(id).state, JobState::kRunning);  // the default never fails
+}
+
+TEST_F(CoordinatorJobManagerTest, RecordsWithoutATargetAboveTheJobsShareFailIt) {
+  Start(Options(1));
+  SubmitRequest strict = Job(1);
+  strict.job_yaml += "data: {max_without_target_fraction: 0.2}\n";
+  absl::StatusOr<JobRecord> submitted = manager_->Submit(strict);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  manager_->PollOnce();
+  RegisterAll(submitted->id);
+  const std::vector<WorkerHandle> s = Workers(submitted->id);
+  ProgressSnapshot p;
+  p.step = 1;
+  p.total_records.trained = 12;
+  p.total_records.without_target = 4;  // 25 %
+  ASSERT_TRUE(manager_->ReportProgress(submitted->id, s[0].token, p).ok());
+  const JobRecord failed = Record(submitted->id);
+  EXPECT_EQ(failed.state, JobState::kFailed);
+  EXPECT_EQ(failed.reason_code, "RECORDS_WITHOUT_TARGET");
+  EXPECT_THAT(failed.message, HasSubstr("4 of 16 records read so far (25.0%)"));
+  EXPECT_THAT(failed.message, HasSubstr("more than data.max_without_target_fraction (0.2)"));
+}
+
 TEST_F(CoordinatorJobManagerTest, RunningJobIsQueuedAgainAfterARestart) {
   Start(Options(2));
   const std::string id = RunningJob(2);
