@@ -383,9 +383,54 @@ int LevenshteinDistance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// The names users of other trainers paste, and where this job file has the same setting.
+struct PeerKeyName {
+  const char* name;
+  const char* tools;
+  const char* here;
+};
+constexpr PeerKeyName kPeerKeyNames[] = {
+    {"micro_batch_size", "Axolotl", "trainer.batch_size"},
+    {"per_device_train_batch_size", "the HF Trainer and LLaMA-Factory", "trainer.batch_size"},
+    {"lr", "torchtune", "trainer.learning_rate"},
+    {"num_epochs", "Axolotl and torchtune", "trainer.epochs"},
+    {"num_train_epochs", "the HF Trainer and LLaMA-Factory", "trainer.epochs"},
+    {"max_steps", "the HF Trainer", "trainer.train_steps"},
+    {"max_steps_per_epoch", "torchtune", "trainer.train_steps"},
+    {"sequence_len", "Axolotl", "data.max_sequence_length"},
+    {"cutoff_len", "LLaMA-Factory", "data.max_sequence_length"},
+    {"max_seq_length", "TRL", "data.max_sequence_length"},
+    {"max_seq_len", "torchtune", "data.max_sequence_length"},
+    {"sample_packing", "Axolotl", "data.packing"},
+    {"lora_r", "Axolotl", "adapter.r"},
+    {"lora_rank", "torchtune and LLaMA-Factory", "adapter.r"},
+    {"lora_alpha", "Axolotl, torchtune and LLaMA-Factory", "adapter.alpha"},
+    {"lora_dropout", "Axolotl, torchtune and LLaMA-Factory", "adapter.dropout"},
+    {"lora_target_modules", "Axolotl", "adapter.target_modules"},
+    {"lora_target", "LLaMA-Factory", "adapter.target_modules"},
+    {"lora_attn_modules", "torchtune", "adapter.target_modules"},
+    {"base_model_name_or_path", "peft", "base_model"},
+    {"model_name_or_path", "the HF Trainer and LLaMA-Factory", "base_model"},
+    {"datasets", "Axolotl", "dataset"},
+    {"val_set_size", "Axolotl", "data.validation_fraction"},
+    {"warmup_ratio", "the HF Trainer and LLaMA-Factory", "trainer.learning_rate_scheduler.warmup_fraction"},
+    {"lr_scheduler", "Axolotl", "trainer.learning_rate_scheduler.decay"},
+    {"lr_scheduler_type", "the HF Trainer and LLaMA-Factory", "trainer.learning_rate_scheduler.decay"},
+    {"weight_decay", "the HF Trainer and Axolotl", "trainer.optimizer.weight_decay"},
+    {"save_steps", "the HF Trainer and LLaMA-Factory", "trainer.steps_per_checkpoint"},
+    {"gradient_checkpointing", "the HF Trainer and Axolotl", "trainer.enable_gradient_checkpointing"},
+    {"load_in_4bit", "Axolotl and the HF Trainer", "quantization.bits (4, the default)"},
+};
+
 std::string UnknownKeyProblem(const SchemaNode& node, const std::string& path,
                               const std::string& key) {
   const std::string where = path.empty() ? "the top level" : path;
+  for (const PeerKeyName& peer : kPeerKeyNames) {
+    if (Lower(key) == peer.name) {
+      return absl::StrCat("unknown field: '", peer.name, "' is ", peer.tools, "'s name; here it is '",
+                          peer.here, "'");
+    }
+  }
   const SchemaNode* closest = nullptr;
   int best = 0;
   for (const SchemaNode& child : node.children) {

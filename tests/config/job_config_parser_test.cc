@@ -574,6 +574,17 @@ TEST(ConfigParserTest, UnknownKeySuggestionsAtSeveralLevels) {
            Case{"backend: {trainer: {strategy: {zero_optimisation: {stage: 2}}}}\n",
                 "backend.trainer.strategy.zero_optimisation: unknown field; did you mean "
                 "'zero_optimization'?"},
+           // Other trainers' names get this file's place for the same setting.
+           Case{"micro_batch_size: 4\n",
+                "micro_batch_size: unknown field: 'micro_batch_size' is Axolotl's name; here it "
+                "is 'trainer.batch_size'"},
+           Case{"trainer: {lr: 0.0001}\n",
+                "trainer.lr: unknown field: 'lr' is torchtune's name; here it is "
+                "'trainer.learning_rate'"},
+           Case{"num_epochs: 3\n", "here it is 'trainer.epochs'"},
+           Case{"sequence_len: 2048\n", "here it is 'data.max_sequence_length'"},
+           Case{"lora_r: 16\n", "here it is 'adapter.r'"},
+           Case{"trainer: {weight_decay: 0.01}\n", "here it is 'trainer.optimizer.weight_decay'"},
        }) {
     absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(kMinimal, k.yaml));
     ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << k.yaml;
