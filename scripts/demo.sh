@@ -18,7 +18,7 @@ case "$model_type" in
 esac
 model="$out/tiny-$model_type"
 "$build/worker/engine/qlora-make-tiny-model" "$model" --model_type "$model_type" "${family[@]}" \
-  --vocab 512 --layers 2 --hidden 128 --intermediate 256 --heads 4 --kv_heads 2 >/dev/null
+  --flagfile="$root/examples/tiny-model.flags" >/dev/null
 cp "$root/examples/tokenizer/"* "$model/"
 sed -e "s|BASE_MODEL_DIR|$model|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
   "$root/examples/qlora-tiny.yaml" > "$out/job.yaml"

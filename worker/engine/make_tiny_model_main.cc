@@ -17,6 +17,8 @@ ABSL_FLAG(int64_t, heads, 4, "num_attention_heads");
 ABSL_FLAG(int64_t, kv_heads, 2, "num_key_value_heads");
 ABSL_FLAG(int64_t, head_dim, 0, "head_dim (0: hidden / heads)");
 ABSL_FLAG(int64_t, vocab, 256, "vocab_size");
+ABSL_FLAG(int64_t, bos_token_id, 1, "bos_token_id (match the tokenizer put beside the model)");
+ABSL_FLAG(int64_t, eos_token_id, 2, "eos_token_id (generation stops at it: match the tokenizer)");
 ABSL_FLAG(int64_t, max_positions, 512, "max_position_embeddings");
 ABSL_FLAG(bool, tie_embeddings, false, "tie_word_embeddings");
 ABSL_FLAG(bool, llama3_rope, false, "llama3 rope scaling (factor 8, original context 64)");
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
   c.head_dim = absl::GetFlag(FLAGS_head_dim) > 0 ? absl::GetFlag(FLAGS_head_dim)
                                                  : c.hidden_size / c.num_attention_heads;
   c.vocab_size = absl::GetFlag(FLAGS_vocab);
+  c.bos_token_id = absl::GetFlag(FLAGS_bos_token_id);
+  c.eos_token_id = absl::GetFlag(FLAGS_eos_token_id);
   c.max_position_embeddings = absl::GetFlag(FLAGS_max_positions);
   c.tie_word_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
   c.rope.theta = absl::GetFlag(FLAGS_rope_theta);
