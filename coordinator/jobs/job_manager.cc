@@ -82,9 +82,12 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLaunch
 JobManager::~JobManager() { Shutdown(); }
 
 std::vector<std::string> JobManager::ReadRoots() const {
+  // Resolved first, then a root as written where it differs (a link): each once, so that a
+  // refusal lists each root once.
   std::vector<std::string> roots = options_.roots.read;
-  roots.insert(roots.end(), options_.roots.read_as_written.begin(),
-               options_.roots.read_as_written.end());
+  for (const std::string& written : options_.roots.read_as_written) {
+    if (std::find(roots.begin(), roots.end(), written) == roots.end()) roots.push_back(written);
+  }
   return roots;
 }
 

@@ -362,6 +362,9 @@ TEST_F(CoordinatorJobManagerTest, PathsOutsideTheRootsAreRefusedBeforeTheyAreLoo
     EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << dataset;
     EXPECT_THAT(std::string(job.status().message()),
                 HasSubstr("dataset: " + dataset + " lies outside"));
+    // The root, resolved and as written the same, is listed once.
+    EXPECT_THAT(std::string(job.status().message()),
+                HasSubstr("(--read-roots " + dir_.path() + "/model)"));
   }
   SubmitRequest model_outside = Job(1);
   absl::StrReplaceAll({{"base_model: " + dir_.path() + "/model", "base_model: /etc"}},
