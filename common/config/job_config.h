@@ -43,6 +43,10 @@ struct LoraConfig {
   // because the merge goes into a dequantized bf16 copy of the base weights, never into the
   // 4-bit tensors.
   bool merge_adapter_into_base_model = false;
+  // adapter.pretrained_adapter_weights: a PEFT adapter folder (ours or peft's) whose weights the
+  // adapters start from; its r, alpha, target modules and rsLoRA must be the job's. Absolute
+  // once paths are checked; empty: adapters start as peft initializes them.
+  std::string pretrained_adapter_path;
 };
 
 struct StrategyConfig {

@@ -11,13 +11,13 @@ namespace qlora {
 #if defined(__x86_64__) && defined(__GLIBCXX__)
 static_assert(sizeof(FeatureConfig) == 64, "FeatureConfig changed: see the note above");
 static_assert(sizeof(QuantizationConfig) == 24, "QuantizationConfig changed: see the note above");
-static_assert(sizeof(LoraConfig) == 56, "LoraConfig changed: see the note above");
+static_assert(sizeof(LoraConfig) == 88, "LoraConfig changed: see the note above");
 static_assert(sizeof(StrategyConfig) == 88, "StrategyConfig changed: see the note above");
 static_assert(sizeof(BackendConfig) == 112, "BackendConfig changed: see the note above");
 static_assert(sizeof(TrainerConfig) == 232, "TrainerConfig changed: see the note above");
 static_assert(sizeof(DataConfig) == 144, "DataConfig changed: see the note above");
 static_assert(sizeof(GenerationConfig) == 120, "GenerationConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 928, "JobConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 960, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -32,9 +32,9 @@ bool operator==(const QuantizationConfig& a, const QuantizationConfig& b) {
 
 bool operator==(const LoraConfig& a, const LoraConfig& b) {
   return std::tie(a.r, a.alpha, a.dropout, a.target_modules, a.use_rslora,
-                  a.merge_adapter_into_base_model) ==
+                  a.merge_adapter_into_base_model, a.pretrained_adapter_path) ==
          std::tie(b.r, b.alpha, b.dropout, b.target_modules, b.use_rslora,
-                  b.merge_adapter_into_base_model);
+                  b.merge_adapter_into_base_model, b.pretrained_adapter_path);
 }
 
 bool operator==(const StrategyConfig& a, const StrategyConfig& b) {

@@ -210,8 +210,11 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
       .Number("alpha", c.lora.alpha)
       .Number("dropout", c.lora.dropout);
   w.raw() << YAML::Key << "target_modules" << YAML::Value << YAML::Flow << c.lora.target_modules;
-  w.Bool("use_rslora", c.lora.use_rslora)
-      .Begin("postprocessor", /*flow=*/true)
+  w.Bool("use_rslora", c.lora.use_rslora);
+  if (!c.lora.pretrained_adapter_path.empty()) {
+    w.Text("pretrained_adapter_weights", c.lora.pretrained_adapter_path);
+  }
+  w.Begin("postprocessor", /*flow=*/true)
       .Bool("merge_adapter_into_base_model", c.lora.merge_adapter_into_base_model)
       .End()
       .End();

@@ -177,6 +177,7 @@ absl::Status ReadAdapter(const MapReader& top, JobConfig* c, Presence* presence)
   QLORA_RETURN_IF_ERROR(adapter.ReadNumber("dropout", {0, true}, {1, false}, &lora.dropout));
   QLORA_RETURN_IF_ERROR(ReadTargetModules(adapter, &lora.target_modules));
   QLORA_RETURN_IF_ERROR(adapter.ReadBool("use_rslora", &lora.use_rslora));
+  QLORA_RETURN_IF_ERROR(adapter.ReadString("pretrained_adapter_weights", &lora.pretrained_adapter_path));
   std::string bias_type = "none";
   QLORA_RETURN_IF_ERROR(adapter.ReadChoice("bias_type", {"none"}, &bias_type));
   QLORA_ASSIGN_OR_RETURN(MapReader post, adapter.OpenMap("postprocessor"));
@@ -674,6 +675,22 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
                      absl::StrCat("file '", absolute.string(), "' does not exist")));
     }
     *field.path = absolute.string();
+  }
+  if (!c->lora.pretrained_adapter_path.empty()) {
+    std::error_code ec;
+    const fs::path absolute =
+        fs::absolute(from_base(c->lora.pretrained_adapter_path), ec).lexically_normal();
+    QLORA_RETURN_IF_ERROR(allowed("adapter.pretrained_adapter_weights", absolute.string()));
+    for (const char* file : {"adapter_config.json", "adapter_model.safetensors"}) {
+      if (!fs::is_regular_file(absolute / file, ec)) {
+        return StatusWithCode(
+            absl::StatusCode::kNotFound,
+            site.ErrorAt("adapter.pretrained_adapter_weights",
+                         absl::StrCat("'", absolute.string(), "' is not a PEFT adapter folder (no ",
+                                      file, ")")));
+      }
+    }
+    c->lora.pretrained_adapter_path = absolute.string();
   }
   if (base_model_path_written) {
     std::error_code ec;

@@ -114,8 +114,10 @@ SchemaNode BuildSchema() {
                      {"bool", "false", "also write the base model with the adapter merged in, "
                                        "as a Hugging Face folder for `AutoModelForCausalLM`"}),
                 Leaf("progressbar", {"bool", "", "accepted and unused"})}),
-           Refused("pretrained_adapter_weights",
-                   "starting from existing adapter weights is not supported yet", kLudwig)}),
+           Leaf("pretrained_adapter_weights",
+                {"path", "", "a PEFT adapter folder (this service's or peft's) to start from; "
+                             "its r, alpha, target modules and use_rslora must be the job's",
+                 kLudwig})}),
       Map("quantization", {"mapping, or null for a 16-bit base", "",
                            "how the frozen base weights are stored; `null` keeps them in the "
                            "compute dtype", kBnb},

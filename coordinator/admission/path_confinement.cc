@@ -42,15 +42,16 @@ absl::Status CheckReadable(const std::string& path, absl::string_view field, con
       "lies outside", roots.read);
 }
 
-// The model folder and every entry in it (a file in the folder may be a link leading out).
-absl::Status CheckModelFolder(const std::string& folder, const PathRoots& roots) {
-  QLORA_RETURN_IF_ERROR(CheckReadable(folder, "base_model", roots));
+// A model or adapter folder and every entry in it (a file in the folder may be a link leading
+// out).
+absl::Status CheckFolder(const std::string& folder, const char* field, const PathRoots& roots) {
+  QLORA_RETURN_IF_ERROR(CheckReadable(folder, field, roots));
   DIR* dir = ::opendir(folder.c_str());
   if (dir == nullptr) return absl::OkStatus();  // the loader reports an unreadable folder
   absl::Status status;
   while (const dirent* entry = ::readdir(dir)) {
     if (std::strcmp(entry->d_name, ".") == 0 || std::strcmp(entry->d_name, "..") == 0) continue;
-    status = CheckReadable(absl::StrCat(folder, "/", entry->d_name), "base_model", roots);
+    status = CheckReadable(absl::StrCat(folder, "/", entry->d_name), field, roots);
     if (!status.ok()) break;
   }
   ::closedir(dir);
@@ -132,7 +133,13 @@ absl::Status CheckJobPathsConfined(const JobConfig& config, const PathRoots& roo
         QLORA_RETURN_IF_ERROR(CheckReadable(std::string(file), field, roots));
       }
     }
-    if (!config.base_model_path.empty()) QLORA_RETURN_IF_ERROR(CheckModelFolder(config.base_model_path, roots));
+    if (!config.base_model_path.empty()) {
+      QLORA_RETURN_IF_ERROR(CheckFolder(config.base_model_path, "base_model", roots));
+    }
+    if (!config.lora.pretrained_adapter_path.empty()) {
+      QLORA_RETURN_IF_ERROR(CheckFolder(config.lora.pretrained_adapter_path,
+                                        "adapter.pretrained_adapter_weights", roots));
+    }
   }
   if (!roots.output.empty() && !config.output_dir.empty() && !IsWithin(config.output_dir, roots.output)) {
     return absl::InvalidArgumentError(absl::StrCat(

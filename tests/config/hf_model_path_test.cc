@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/config/job_config_emit.h"
 #include "common/config/job_config_parser.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -178,6 +179,33 @@ TEST_F(ConfigHfModelPathTest, ParseMissingDatasetOverrideNamesTheCommandLine) {
       absl::StrCat("base_model: ", model.string(), "\nadapter: {type: lora}\n"), options);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(c.status().message(), HasSubstr("dataset (from the command line): file"));
+}
+
+// adapter.pretrained_adapter_weights: a PEFT adapter folder, relative to the client's folder,
+// comes back absolute; a folder without the adapter's two files is NOT_FOUND naming what is
+// missing; the resolved file carries it.
+TEST_F(ConfigHfModelPathTest, PretrainedAdapterFolderResolvesOrIsNamed) {
+  const fs::path model = root_ / "model";
+  WriteFile(model / "config.json", "{}");
+  WriteFile(root_ / "train.jsonl", "{}\n");
+  WriteFile(root_ / "run1/adapter/adapter_config.json", "{}");
+  ParseOptions options;
+  options.hf_hub_cache = cache_.string();
+  options.base_dir = root_.string();
+  const std::string job = absl::StrCat("base_model: ", model.string(), "\ndataset: train.jsonl\n",
+                                       "adapter: {type: lora, pretrained_adapter_weights: run1/adapter}\n");
+  absl::StatusOr<JobConfig> missing = ParseJobConfig(job, options);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("adapter.pretrained_adapter_weights: '" + (root_ / "run1/adapter").string() +
+                        "' is not a PEFT adapter folder (no adapter_model.safetensors)"));
+  WriteFile(root_ / "run1/adapter/adapter_model.safetensors", "x");
+  absl::StatusOr<JobConfig> c = ParseJobConfig(job, options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->lora.pretrained_adapter_path, (root_ / "run1/adapter").string());
+  absl::StatusOr<JobConfig> again = ParseResolvedJobConfig(EmitResolvedJobYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->lora.pretrained_adapter_path, c->lora.pretrained_adapter_path);
 }
 
 TEST_F(ConfigHfModelPathTest, ParseModelNotInCacheIsFailedPreconditionWithLine) {

@@ -447,6 +447,47 @@ TEST_F(TrainerPhases, BaseWeightsInAStoreLeaveLossesAndAdapterAsTheyAre) {
   }
 }
 
+// adapter.pretrained_adapter_weights: a job's adapters start from another job's adapter, bit for
+// bit; an adapter whose settings are not the job's is refused naming both.
+TEST_F(TrainerPhases, AdaptersStartFromAPretrainedAdapter) {
+  TrainingContext first = Context(tmp_ / "first");
+  first.config.trainer.train_steps = 2;
+  auto trained = Trainer::Create(first);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  ASSERT_TRUE((*trained)->Run().ok());
+  const std::string adapter = tmp_ / "first/adapter";
+  const std::map<std::string, at::Tensor> saved =
+      testing::LoadTensors(adapter + "/adapter_model.safetensors");
+
+  struct Capture : TrainingObserver {
+    std::map<std::string, at::Tensor> lora;
+    void OnLoraReady(const engine::LlamaForCausalLM& model) override {
+      for (const auto& [name, tensor] : model.TrainableParameters()) lora[name] = tensor.detach().clone();
+    }
+  } capture;
+  TrainingContext next = Context(tmp_ / "next");
+  next.config.lora.pretrained_adapter_path = adapter;
+  next.config.trainer.train_steps = 1;
+  next.observer = &capture;
+  auto continued = Trainer::Create(next);
+  ASSERT_TRUE(continued.ok()) << continued.status();
+  ASSERT_EQ(capture.lora.size(), saved.size());
+  for (const auto& [name, tensor] : saved) {
+    ASSERT_TRUE(capture.lora.count(name)) << name;
+    EXPECT_TRUE(at::equal(capture.lora.at(name), tensor.to(at::kFloat))) << name;
+  }
+  ASSERT_TRUE((*continued)->Run().ok());
+
+  TrainingContext other = Context(tmp_ / "other");
+  other.config.lora.pretrained_adapter_path = adapter;
+  other.config.lora.r = first.config.lora.r * 2;
+  auto refused = Trainer::Create(other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr(absl::StrCat("has r ", first.config.lora.r)));
+}
+
 // A stage left to the service (no stage written): the rank plans where the base weights go for
 // the budget before loading. A budget between what streaming and what whole weights need gets
 // stage 3 with the weights in host memory, and its progress says so; the run trains as stage 2

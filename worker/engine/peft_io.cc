@@ -100,6 +100,12 @@ absl::Status SaveAdapter(const LlamaForCausalLM& model, const std::string& dir,
 }
 
 absl::Status LoadAdapter(LlamaForCausalLM* model, const std::string& dir) {
+  QLORA_ASSIGN_OR_RETURN(const LoraOptions lora, ReadAdapterConfig(dir));
+  QLORA_RETURN_IF_ERROR(model->AddLora(lora));
+  return LoadAdapterWeights(model, dir);
+}
+
+absl::StatusOr<LoraOptions> ReadAdapterConfig(const std::string& dir) {
   const std::string config_path = JoinPath(dir, kAdapterConfigFile);
   QLORA_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
   const Json config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -119,8 +125,10 @@ absl::Status LoadAdapter(LlamaForCausalLM* model, const std::string& dir) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": no target_modules"));
   }
-  QLORA_RETURN_IF_ERROR(model->AddLora(lora));
+  return lora;
+}
 
+absl::Status LoadAdapterWeights(LlamaForCausalLM* model, const std::string& dir) {
   QLORA_ASSIGN_OR_RETURN(safetensors::CheckpointFiles files,
                          safetensors::CheckpointFiles::OpenFile(
                              JoinPath(dir, kAdapterWeightsFile)));

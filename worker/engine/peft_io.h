@@ -41,6 +41,11 @@ absl::Status SaveAdapter(const LlamaForCausalLM& model, const std::string& dir,
 // Reads adapter_config.json (r, lora_alpha, lora_dropout, target_modules, use_rslora) and the
 // weights. InvalidArgument on missing/unexpected keys or wrong shapes.
 absl::Status LoadAdapter(LlamaForCausalLM* model, const std::string& dir);
+// The two halves of LoadAdapter: the folder's LoRA settings (InvalidArgument when
+// adapter_config.json is not a LoRA config), and its weights into the adapters `model` already
+// has (InvalidArgument naming a missing, unexpected or misshapen tensor).
+absl::StatusOr<LoraOptions> ReadAdapterConfig(const std::string& dir);
+absl::Status LoadAdapterWeights(LlamaForCausalLM* model, const std::string& dir);
 
 struct MergeOptions {
   at::ScalarType dtype = at::kBFloat16;  // of every written tensor

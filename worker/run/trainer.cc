@@ -10,12 +10,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/posix_files.h"
 #include "common/status_macros.h"
 #include "common/train_summary_text.h"
@@ -148,8 +150,30 @@ absl::Status Trainer::LoadModel() {
                       model_->config().num_hidden_layers, q.enabled ? EnumName(q.quant_type) : "unquantized",
                       SteadySeconds() - start));
   QLORA_RETURN_IF_ERROR(model_->AddLora(LoraOptionsFor(config_)));
+  if (!config_.lora.pretrained_adapter_path.empty()) QLORA_RETURN_IF_ERROR(StartFromAdapter());
   model_->SetTraining(true);  // every layer checkpointed until ChooseCheckpointing
   if (context_.observer != nullptr) context_.observer->OnLoraReady(*model_);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::StartFromAdapter() {
+  const std::string& dir = config_.lora.pretrained_adapter_path;
+  QLORA_ASSIGN_OR_RETURN(const engine::LoraOptions saved, engine::ReadAdapterConfig(dir));
+  const engine::LoraOptions job = LoraOptionsFor(config_);
+  const std::set<std::string> saved_targets(saved.target_modules.begin(), saved.target_modules.end());
+  const std::set<std::string> job_targets(job.target_modules.begin(), job.target_modules.end());
+  if (saved.r != job.r || saved.alpha != job.alpha || saved.use_rslora != job.use_rslora ||
+      saved_targets != job_targets) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "adapter.pretrained_adapter_weights: %s has r %d, alpha %g, use_rslora %s, "
+        "target_modules [%s]; the job has r %d, alpha %g, use_rslora %s, target_modules [%s]: "
+        "write the adapter's values in the job file",
+        dir, saved.r, saved.alpha, saved.use_rslora ? "true" : "false",
+        absl::StrJoin(saved_targets, ", "), job.r, job.alpha, job.use_rslora ? "true" : "false",
+        absl::StrJoin(job_targets, ", ")));
+  }
+  QLORA_RETURN_IF_ERROR(engine::LoadAdapterWeights(model_.get(), dir));
+  Log(absl::StrCat("adapters start from ", dir));
   return absl::OkStatus();
 }
 

@@ -88,6 +88,9 @@ class Trainer {
   // A stage left to the workers (StrategyConfig::zero_stage_auto): the base-weight placement
   // planned for the smallest budget of the ranks (collective), written into config_.
   absl::Status PlanBaseWeightPlacement();
+  // adapter.pretrained_adapter_weights: the adapters start from that folder's weights, whose
+  // settings must be the job's (InvalidArgument naming both otherwise).
+  absl::Status StartFromAdapter();
   // Where the base weights go as they load: partitioned (the strategy's plan), in host memory
   // (offload_param), or null (whole on the device).
   absl::StatusOr<std::shared_ptr<engine::BaseWeightStore>> MakeBaseWeightStore();
