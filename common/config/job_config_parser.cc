@@ -669,10 +669,20 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
     if (ec || !fs::exists(absolute, ec)) {
       const std::string where =
           field.overridden ? absl::StrCat(field.key, " (from the command line)") : field.key;
+      // A hub dataset's name ("tatsu-lab/alpaca", no file extension): the service reads local
+      // files only.
+      const std::string remedy =
+          LooksLikeHubRepoId(*field.path) && absl::StrContains(*field.path, "/") &&
+                  !fs::path(*field.path).has_extension()
+              ? absl::StrCat("; '", *field.path, "' looks like a Hugging Face hub dataset, which "
+                             "the service does not download: fetch it with `hf download ",
+                             *field.path, " --repo-type dataset --local-dir DIR` and name its "
+                             ".parquet, .jsonl or .json files")
+              : "";
       return StatusWithCode(
           absl::StatusCode::kNotFound,
           site.Error(field.overridden ? 0 : site.Line(field.key), where,
-                     absl::StrCat("file '", absolute.string(), "' does not exist")));
+                     absl::StrCat("file '", absolute.string(), "' does not exist", remedy)));
     }
     *field.path = absolute.string();
   }

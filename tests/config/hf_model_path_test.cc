@@ -168,6 +168,28 @@ TEST_F(ConfigHfModelPathTest, ParseMissingDatasetIsNotFoundNamingFieldAndPath) {
                                               "' does not exist"));
 }
 
+// A dataset named like a hub dataset gets how to fetch it: the service reads local files only.
+TEST_F(ConfigHfModelPathTest, AHubDatasetNameSaysHowToFetchIt) {
+  const fs::path model = root_ / "model";
+  WriteFile(model / "config.json", "{}");
+  ParseOptions options;
+  options.hf_hub_cache = cache_.string();
+  options.base_dir = root_.string();
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      absl::StrCat("base_model: ", model.string(), "\nadapter: {type: lora}\ndataset: tatsu-lab/alpaca\n"),
+      options);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("'tatsu-lab/alpaca' looks like a Hugging Face hub dataset, which the service "
+                        "does not download: fetch it with `hf download tatsu-lab/alpaca --repo-type "
+                        "dataset --local-dir DIR`"));
+  absl::StatusOr<JobConfig> plain = ParseJobConfig(
+      absl::StrCat("base_model: ", model.string(), "\nadapter: {type: lora}\ndataset: data/missing.jsonl\n"),
+      options);
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(plain.status().message(), ::testing::Not(HasSubstr("hub dataset")));
+}
+
 TEST_F(ConfigHfModelPathTest, ParseMissingDatasetOverrideNamesTheCommandLine) {
   ParseOptions options;
   options.hf_hub_cache = cache_.string();
