@@ -7,6 +7,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/reflection.h>
 
+#include "cli/progress.h"
 #include "nlohmann/json.hpp"
 
 namespace qlora::cli {
@@ -67,10 +68,6 @@ nlohmann::ordered_json ToJson(const Message& message) {
   return out;
 }
 
-bool Ended(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
 }  // namespace
 
 std::string MessageJson(const google::protobuf::Message& message) { return ToJson(message).dump(); }
@@ -102,7 +99,7 @@ std::vector<std::string> EventJson::Add(const v1::WatchJobResponse& response) {
                                   {"state", v1::JobState_Name(event.state())},
                                   {"reason_code", event.reason_code()},
                                   {"message", event.message()}};
-  if (Ended(event.state())) {
+  if (IsTerminal(event.state())) {
     state["output_dir"] = response.job().output_dir();
     state["adapter_path"] = response.job().adapter_path();
   }

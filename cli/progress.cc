@@ -22,6 +22,10 @@ std::string PipedKey(const v1::Job& job) {
 
 }  // namespace
 
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
 const char* StateName(v1::JobState s) {
   switch (s) {
     case v1::JOB_STATE_QUEUED: return "QUEUED";

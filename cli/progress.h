@@ -11,6 +11,8 @@ namespace qlora::cli {
 
 // "RUNNING", "FAILED", ...
 const char* StateName(v1::JobState state);
+// SUCCEEDED, FAILED or CANCELLED: the job has ended.
+bool IsTerminal(v1::JobState state);
 
 // "job-000001 RUNNING step 12/40 [=====>     ] loss 2.3140 lr 0.0002 tok/s 812 ETA 0:00:31".
 std::string ProgressLine(const v1::Job& job);

@@ -61,10 +61,6 @@ int ReportError(const grpc::Status& s) {
   return ExitFor(s.error_code());
 }
 
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
 std::string ToJson(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::util::JsonPrintOptions options;
@@ -367,19 +363,13 @@ std::string DidYouMean(const std::string& typed) {
       {"ps", "list"},    {"stop", "cancel"},  {"kill", "cancel"}, {"delete", "cancel"},
       {"rm", "cancel"},  {"run", "submit"},   {"train", "submit"}, {"log", "logs"},
       {"tail", "logs"},  {"follow", "watch"}, {"check", "validate"}, {"lint", "validate"}};
-  const std::string lower = absl::AsciiStrToLower(typed);
   for (const auto& [habit, command] : kHabits) {
-    if (lower == habit) return absl::StrCat(" (did you mean '", command, "'?)");
+    if (absl::AsciiStrToLower(typed) == habit) return absl::StrCat(" (did you mean '", command, "'?)");
   }
-  const CommandSpec* closest = nullptr;
-  int best = 0;
-  for (const CommandSpec& c : Commands()) {
-    const int d = config_internal::LevenshteinDistance(lower, c.name);
-    if (closest == nullptr || d < best) closest = &c, best = d;
-  }
-  // A typo: at most 2 edits, or a third of a long name.
-  const int tolerance = std::max<int>(2, static_cast<int>(typed.size()) / 3);
-  return closest != nullptr && best <= tolerance ? absl::StrCat(" (did you mean '", closest->name, "'?)") : "";
+  std::vector<std::string> names;
+  for (const CommandSpec& c : Commands()) names.emplace_back(c.name);
+  const config_internal::NearestName nearest = config_internal::Nearest(typed, names);
+  return nearest.typo ? absl::StrCat(" (did you mean '", nearest.name, "'?)") : "";
 }
 
 int RunWithClient(Client& client, const std::string& command, const ParsedArgs& a, bool json);

@@ -424,6 +424,21 @@ constexpr PeerKeyName kPeerKeyNames[] = {
     {"load_in_4bit", "Axolotl and the HF Trainer", "quantization.bits (4, the default)"},
 };
 
+NearestName Nearest(const std::string& typed, const std::vector<std::string>& candidates) {
+  NearestName nearest;
+  int best = 0;
+  for (const std::string& candidate : candidates) {
+    const int d = LevenshteinDistance(Lower(typed), candidate);
+    if (nearest.name.empty() || d < best) {
+      nearest.name = candidate;
+      best = d;
+    }
+  }
+  const int tolerance = std::max<int>(2, static_cast<int>(typed.size()) / 3);
+  nearest.typo = !nearest.name.empty() && best <= tolerance;
+  return nearest;
+}
+
 std::string UnknownKeyProblem(const SchemaNode& node, const std::string& path,
                               const std::string& key) {
   const std::string where = path.empty() ? "the top level" : path;
@@ -433,28 +448,16 @@ std::string UnknownKeyProblem(const SchemaNode& node, const std::string& path,
                           peer.here, "'");
     }
   }
-  const SchemaNode* closest = nullptr;
-  int best = 0;
-  for (const SchemaNode& child : node.children) {
-    const int d = LevenshteinDistance(Lower(key), child.key);
-    if (closest == nullptr || d < best) {
-      closest = &child;
-      best = d;
-    }
-  }
-  // Close enough to be a typo: at most 2 edits, or a third of the name for long names.
-  const int tolerance = std::max<int>(2, static_cast<int>(key.size()) / 3);
-  if (closest != nullptr && best <= tolerance) {
-    return absl::StrCat("unknown field; did you mean '", closest->key, "'?");
-  }
+  std::vector<std::string> names;
+  for (const SchemaNode& child : node.children) names.push_back(child.key);
+  const NearestName nearest = Nearest(key, names);
+  if (nearest.typo) return absl::StrCat("unknown field; did you mean '", nearest.name, "'?");
   const std::vector<std::string> elsewhere = PathsEndingIn(JobFileSchema(), key);
   if (elsewhere.size() == 1) {
     return absl::StrCat("unknown field in ", where, "; did you mean '", elsewhere[0], "'?");
   }
-  std::vector<std::string> names;
-  for (const SchemaNode& child : node.children) names.push_back(child.key);
-  if (closest == nullptr) return "unknown field";
-  return absl::StrCat("unknown field (closest valid name: '", closest->key, "'); the fields of ",
+  if (nearest.name.empty()) return "unknown field";
+  return absl::StrCat("unknown field (closest valid name: '", nearest.name, "'); the fields of ",
                       where, " are: ", absl::StrJoin(names, ", "));
 }
 

@@ -48,4 +48,13 @@ std::string UnknownKeyProblem(const SchemaNode& node, const std::string& path,
 // Edit distance (insert, delete, substitute; each costs 1).
 int LevenshteinDistance(const std::string& a, const std::string& b);
 
+// Of `candidates`, the first nearest to `typed` (lower-cased) by edit distance, and whether it
+// is near enough to be a typo of it: at most 2 edits, or a third of a long name. An empty name
+// when there are no candidates. Unknown keys and qloractl's commands are suggested with it.
+struct NearestName {
+  std::string name;
+  bool typo = false;
+};
+NearestName Nearest(const std::string& typed, const std::vector<std::string>& candidates);
+
 }  // namespace qlora::config_internal
