@@ -74,7 +74,9 @@ ActivationPlanRequest ActivationRequestFor(const JobConfig& job, const LlamaConf
   r.lora_r = job.lora.r;
   r.lora_targets = job.lora.target_modules;
   r.lora_dropout = job.lora.dropout > 0;
+  // CUDA's dropout keeps a bool mask; the CPU's keeps the scaled mask in the input's dtype.
   r.dropout_mask_bytes = cuda ? 1 : r.dtype_bytes;
+  // On CUDA the norms are fused nodes, whose sources the grouped nodes keep (activation_plan.h).
   r.fused_norms = cuda;
   r.trainable_elements = AdapterElements(model, r.lora_r, r.lora_targets);
   return r;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/engine/base_weight_store.h"
+#include "worker/memory/base_weight_plan.h"
 #include "worker/memory/memory_budget.h"
 
 namespace qlora::memory {
@@ -21,13 +22,15 @@ int64_t OffloadedLayers(const CheckpointingBudgetOptions& o) {
 }
 
 memory::ActivationPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
-  const JobConfig& c = *o.config;
   const engine::LlamaForCausalLM& model = *o.model;
-  memory::ActivationPlanRequest r;
-  r.model = model.config();
-  r.micro_batch = c.trainer.batch_size;
-  r.sequence_length = c.data.max_sequence_length;
+  // The job's request (as the base-weight plan makes it before loading), then what the built
+  // model says: its compute dtype and the modules that got adapters.
+  memory::ActivationPlanRequest r =
+      ActivationRequestFor(*o.config, model.config(), o.device.is_cuda());
   r.dtype_bytes = static_cast<int64_t>(c10::elementSize(model.compute_dtype()));
+  r.lora_r = 0;
+  r.lora_targets.clear();
+  r.lora_dropout = false;
   if (model.has_lora()) {
     const engine::LoraOptions& lora = model.lora_options();
     r.lora_r = lora.r;
@@ -40,10 +43,7 @@ memory::ActivationPlanRequest RequestFor(const CheckpointingBudgetOptions& o) {
     }
     r.lora_dropout = lora.dropout > 0;
   }
-  // CUDA's dropout keeps a bool mask; the CPU's keeps the scaled mask in the input's dtype.
-  r.dropout_mask_bytes = o.device.is_cuda() ? 1 : r.dtype_bytes;
-  // On CUDA the norms are fused nodes, whose sources the grouped nodes keep (activation_plan.h).
-  r.fused_norms = o.device.is_cuda();
+  r.dropout_mask_bytes = o.device.is_cuda() ? 1 : r.dtype_bytes;  // in the model's dtype on a CPU
   r.trainable_elements = o.trainable_elements;
   r.built_bytes =
       o.allocated_bytes > 0 ? o.allocated_bytes : model.BuiltBytes() + o.strategy_bytes;
