@@ -45,13 +45,20 @@ constexpr const char* kOverridesText =
 std::vector<CommandSpec>* MakeCommands() {
   return new std::vector<CommandSpec>{
       {"submit", "JOB.yaml [KEY.PATH=VALUE ...]", "send a job file to the coordinator; prints the job id",
-       kOverridesText,
+       absl::StrCat(kOverridesText,
+                    "\n\n--resume-from JOB continues a cancelled or failed job from its newest "
+                    "checkpoint: its adapters, optimizer state, step and data position. Without a "
+                    "job file it runs JOB's resolved file (with the overrides given); with one, "
+                    "the base model and the adapter's shape must be JOB's, and the coordinator "
+                    "says what else changed."),
        {kDataset, kValidationDataset, {"--name", "", "NAME", "the job's name (replaces the file's name:)"},
+        {"--resume-from", "", "JOB_ID", "continue that cancelled or failed job from its newest checkpoint"},
         {"--follow", "-f", "", "then show its progress until it ends (exit 1 if it fails)"}},
        true,
        {"qloractl submit examples/qlora-tiny.yaml --follow",
         "qloractl submit job.yaml --dataset data/train.jsonl --name lr-sweep-1",
-        "qloractl submit job.yaml trainer.learning_rate=1e-4 adapter.r=16 data.max_sequence_length=1024"}},
+        "qloractl submit job.yaml trainer.learning_rate=1e-4 adapter.r=16 data.max_sequence_length=1024",
+        "qloractl submit --resume-from job-000003 trainer.epochs=5"}},
       {"get", "JOB_ID", "show a job: state, workers, output folder, progress", "", {}, true,
        {"qloractl get job-000001", "qloractl get job-000001 -o json"}},
       {"list", "", "list jobs", "", {{"--state", "", "STATES", "only these states, comma-separated "

@@ -164,30 +164,41 @@ struct JobText {
   std::string source_name;  // names the text in error messages
 };
 
-absl::StatusOr<JobText> JobTextOf(const ParsedArgs& a) {
-  absl::StatusOr<std::string> yaml = ReadFile(a.positional[0]);
+// `continued_yaml`: the job file when none is named (submit --resume-from JOB with overrides
+// only: JOB's resolved file).
+absl::StatusOr<JobText> JobTextOf(const ParsedArgs& a, const std::string& continued_yaml = "",
+                                  const std::string& continued_name = "") {
+  const bool file_named = continued_name.empty();
+  absl::StatusOr<std::string> yaml = file_named ? ReadFile(a.positional[0]) : continued_yaml;
   if (!yaml.ok()) return yaml.status();
+  const std::string source = file_named ? a.positional[0] : continued_name;
   std::vector<YamlOverride> overrides;
-  for (size_t i = 1; i < a.positional.size(); ++i) {
+  if (!file_named) overrides.push_back({{"trainer", "resume_from_checkpoint"}, "\"\""});
+  for (size_t i = file_named ? 1 : 0; i < a.positional.size(); ++i) {
     absl::StatusOr<YamlOverride> o = ParseOverride(a.positional[i]);
     if (!o.ok()) return o.status();
     overrides.push_back(*std::move(o));
   }
-  if (overrides.empty()) return JobText{*std::move(yaml), a.positional[0]};
+  if (overrides.empty()) return JobText{*std::move(yaml), source};
   absl::StatusOr<std::string> overridden = ApplyOverrides(*yaml, overrides);
   if (!overridden.ok()) return overridden.status();
   // Line numbers in errors are those of the rewritten text, not of the file.
-  return JobText{*std::move(overridden), absl::StrCat(a.positional[0], " with overrides")};
+  return JobText{*std::move(overridden), absl::StrCat(source, " with overrides")};
 }
 
 // The submission of the job file a.positional[0] (and its overrides). Relative paths, on the
 // command line and in the file, are the user's, not the coordinator's.
-absl::StatusOr<v1::SubmitJobRequest> SubmissionOf(const ParsedArgs& a) {
-  absl::StatusOr<JobText> job = JobTextOf(a);
-  if (!job.ok()) return job.status();
+absl::StatusOr<v1::SubmitJobRequest> SubmissionOf(const ParsedArgs& a, const std::string& continued_yaml = "",
+                                                  const std::string& continued_name = "") {
   v1::SubmitJobRequest req;
-  req.set_job_yaml(job->yaml);
-  req.set_source_name(job->source_name);
+  req.set_resume_from(a.Get("--resume-from"));
+  // submit --resume-from JOB alone: the coordinator runs JOB's resolved file.
+  if (!a.positional.empty() || !continued_name.empty()) {
+    absl::StatusOr<JobText> job = JobTextOf(a, continued_yaml, continued_name);
+    if (!job.ok()) return job.status();
+    req.set_job_yaml(job->yaml);
+    req.set_source_name(job->source_name);
+  }
   char cwd_buffer[4096];
   const std::string cwd = getcwd(cwd_buffer, sizeof(cwd_buffer)) ? cwd_buffer : "";
   req.set_base_dir(cwd);
@@ -201,11 +212,24 @@ absl::StatusOr<v1::SubmitJobRequest> SubmissionOf(const ParsedArgs& a) {
 }
 
 int Submit(Client& client, const ParsedArgs& a, bool json) {
-  if (a.positional.empty()) {
+  const std::string continued = a.Get("--resume-from");
+  if (a.positional.empty() && continued.empty()) {
     fprintf(stderr, "qloractl submit: expected a job file (qloractl submit --help)\n");
     return kUsage;
   }
-  absl::StatusOr<v1::SubmitJobRequest> submission = SubmissionOf(a);
+  // Overrides without a job file apply to the continued job's resolved file.
+  std::string continued_yaml, continued_name;
+  if (!continued.empty() && !a.positional.empty() && IsOverrideArgument(a.positional[0])) {
+    v1::GetJobRequest get;
+    get.set_id(continued);
+    v1::Job job;
+    grpc::ClientContext ctx;
+    client.Prepare(&ctx);
+    if (grpc::Status s = client.stub()->GetJob(&ctx, get, &job); !s.ok()) return ReportError(s);
+    continued_yaml = job.resolved_config_yaml();
+    continued_name = absl::StrCat(continued, "'s resolved job file");
+  }
+  absl::StatusOr<v1::SubmitJobRequest> submission = SubmissionOf(a, continued_yaml, continued_name);
   if (!submission.ok()) {
     fprintf(stderr, "qloractl: %s\n", std::string(submission.status().message()).c_str());
     return kInvalid;
@@ -222,6 +246,7 @@ int Submit(Client& client, const ParsedArgs& a, bool json) {
   if (!s.ok()) return ReportError(s);
   if (json) printf("%s\n", ToJson(resp.job()).c_str()); else printf("%s\n", resp.job().id().c_str());
   fflush(stdout);
+  if (!continued.empty() && !json) fprintf(stderr, "%s\n", resp.job().state_message().c_str());
   return a.Has("--follow") ? Watch(client, resp.job().id(), json) : kOk;
 }
 

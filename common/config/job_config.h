@@ -136,6 +136,12 @@ struct TrainerConfig {
   // GPU's free memory at the start) less 2 %; none on a CPU worker.
   bool dequantized_weights_auto = false;
   uint64_t seed = 42;
+  // A complete checkpoint folder (<output>/checkpoints/<job>/step-N, with its manifest.json)
+  // that this job continues from: its adapters, optimizer state and step, and the data order
+  // replayed to that step. Absolute once paths were checked. Set by `qloractl submit
+  // --resume-from JOB` (the newest checkpoint of JOB) or written by hand; "" = a fresh start.
+  // The job's own checkpoints, once it has any, come first (a restart resumes from them).
+  std::string resume_from_checkpoint;
 };
 
 struct DataConfig {

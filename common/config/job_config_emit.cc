@@ -139,6 +139,7 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
       .Integer("seed", t.seed)
       .Integer("keep_checkpoints", t.keep_checkpoints);
   if (t.max_restarts >= 0) w.Integer("max_restarts", t.max_restarts);  // -1: not resolved yet
+  if (!t.resume_from_checkpoint.empty()) w.Text("resume_from_checkpoint", t.resume_from_checkpoint);
   w.End();
 }
 

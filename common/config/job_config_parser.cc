@@ -569,6 +569,7 @@ absl::Status ReadTrainer(const MapReader& top, bool stage_planned, TrainerConfig
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_steps", 0, kInt64Max, &t->eval_steps));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("max_restarts", 0, 100, &t->max_restarts));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("keep_checkpoints", 0, kInt64Max, &t->keep_checkpoints));
+  QLORA_RETURN_IF_ERROR(trainer.ReadString("resume_from_checkpoint", &t->resume_from_checkpoint));
   return trainer.ReadUint("seed", &t->seed);
 }
 
@@ -701,6 +702,21 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
       }
     }
     c->lora.pretrained_adapter_path = absolute.string();
+  }
+  if (!c->trainer.resume_from_checkpoint.empty()) {
+    std::error_code ec;
+    const fs::path absolute =
+        fs::absolute(from_base(c->trainer.resume_from_checkpoint), ec).lexically_normal();
+    QLORA_RETURN_IF_ERROR(allowed("trainer.resume_from_checkpoint", absolute.string()));
+    if (!fs::is_regular_file(absolute / "manifest.json", ec)) {
+      return StatusWithCode(
+          absl::StatusCode::kNotFound,
+          site.ErrorAt("trainer.resume_from_checkpoint",
+                       absl::StrCat("'", absolute.string(), "' is not a complete checkpoint of "
+                                    "this service (no manifest.json); a PEFT adapter folder goes "
+                                    "in adapter.pretrained_adapter_weights")));
+    }
+    c->trainer.resume_from_checkpoint = absolute.string();
   }
   if (base_model_path_written) {
     std::error_code ec;

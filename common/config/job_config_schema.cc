@@ -286,6 +286,11 @@ SchemaNode BuildSchema() {
                                  "the coordinator's `--max-restarts` (2)"}),
            Leaf("keep_checkpoints", {"integer >= 0", "2", "the newest complete checkpoints "
                                                           "kept (0: all)"}),
+           Leaf("resume_from_checkpoint",
+                {"path", "", "a checkpoint folder of this service (`step-N`, with its "
+                             "manifest.json) to continue from: adapters, optimizer state, step "
+                             "and data position; `qloractl submit --resume-from JOB` sets it to "
+                             "JOB's newest", "HF Trainer"}),
            Refused("use_mixed_precision",
                    "DeepSpeed's AMP does not work with ZeRO; the compute dtype is "
                    "quantization.bnb_4bit_compute_dtype", kLudwig)}),

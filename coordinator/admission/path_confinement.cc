@@ -140,6 +140,10 @@ absl::Status CheckJobPathsConfined(const JobConfig& config, const PathRoots& roo
       QLORA_RETURN_IF_ERROR(CheckFolder(config.lora.pretrained_adapter_path,
                                         "adapter.pretrained_adapter_weights", roots));
     }
+    if (!config.trainer.resume_from_checkpoint.empty()) {
+      QLORA_RETURN_IF_ERROR(CheckFolder(config.trainer.resume_from_checkpoint,
+                                        "trainer.resume_from_checkpoint", roots));
+    }
   }
   if (!roots.output.empty() && !config.output_dir.empty() && !IsWithin(config.output_dir, roots.output)) {
     return absl::InvalidArgumentError(absl::StrCat(

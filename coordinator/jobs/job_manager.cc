@@ -25,6 +25,8 @@
 #include "coordinator/admission/dataset_check.h"
 #include "coordinator/admission/model_check.h"
 #include "coordinator/admission/output_dir_check.h"
+#include "coordinator/jobs/resume_plan.h"
+#include "common/config/yaml_overrides.h"
 #include "coordinator/launch/worker_launch.h"
 
 namespace qlora::coordinator {
@@ -175,7 +177,26 @@ void JobManager::Shutdown() {
 // ---------------------------------------------------------------------------------------------
 // Clients
 
-absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& request) const {
+namespace {
+
+// A continued job submitted without a job file runs the other's resolved file (datasets and
+// paths absolute as they were), less the checkpoint that job itself may have continued from.
+absl::StatusOr<SubmitRequest> WithContinuedJobFile(const SubmitRequest& request) {
+  if (!request.continues.has_value() || !request.job_yaml.empty()) return request;
+  SubmitRequest out = request;
+  QLORA_ASSIGN_OR_RETURN(out.job_yaml,
+                         ApplyOverrides(request.continues->resolved_config_yaml,
+                                        {{{"trainer", "resume_from_checkpoint"}, "\"\""}}));
+  out.source_name = absl::StrCat(request.continues->id, "'s resolved job file");
+  out.base_dir.clear();
+  if (out.name.empty()) out.name = request.continues->name;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& submitted, std::string* note) const {
+  QLORA_ASSIGN_OR_RETURN(const SubmitRequest request, WithContinuedJobFile(submitted));
   ParseOptions parse;
   parse.source_name = request.source_name;
   parse.dataset_override = request.dataset;
@@ -196,6 +217,11 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));
   QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data, ReadRoots()));  // may be slow
   QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora, ReadRoots()));
+  if (request.continues.has_value()) {
+    QLORA_ASSIGN_OR_RETURN(const ResumePlan plan, PlanResume(*request.continues, EmitResolvedJobYaml(config)));
+    config.trainer.resume_from_checkpoint = plan.checkpoint;
+    if (note != nullptr) *note = plan.statement;
+  }
   // The resolved file says how many restarts the job has.
   if (config.trainer.max_restarts < 0) config.trainer.max_restarts = options_.default_max_restarts;
   if (OnCluster(config)) {
@@ -244,7 +270,8 @@ bool JobManager::RunsOnGpus(const JobConfig& config) const {
 }
 
 absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
+  std::string continues;
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request, &continues));
   const bool ray = OnCluster(config);
   const int workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   std::string where = absl::StrCat(
@@ -256,11 +283,14 @@ absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) c
   } else if (config.backend.use_gpu && options_.gpus.empty()) {
     absl::StrAppend(&where, " (use_gpu: true, but this coordinator has no GPUs)");
   }
+  if (!continues.empty()) absl::StrAppend(&where, "\n# ", continues);
   return absl::StrCat(where, "\n", EmitResolvedJobYaml(config));
 }
 
-absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
-  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request));
+absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& submitted) {
+  QLORA_ASSIGN_OR_RETURN(const SubmitRequest request, WithContinuedJobFile(submitted));
+  std::string continues;
+  QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request, &continues));
   JobRecord r;
   r.name = config.name;
   r.owner = request.owner;
@@ -269,8 +299,8 @@ absl::StatusOr<JobRecord> JobManager::Submit(const SubmitRequest& request) {
   r.num_workers = config.backend.num_workers > 0 ? config.backend.num_workers : total_slots_;
   r.zero_stage = config.backend.strategy.zero_stage;
   r.uid = NewJobUid();  // before the lock: it draws on the OS's entropy
-  const std::string accepted =
-      absl::StrCat("accepted; ", r.num_workers, " workers, ZeRO stage ", r.zero_stage);
+  const std::string accepted = absl::StrCat("accepted; ", r.num_workers, " workers, ZeRO stage ", r.zero_stage,
+                                            continues.empty() ? "" : "; ", continues);
   absl::MutexLock lock(&mu_);
   if (!store_error_.ok()) {
     return absl::UnavailableError(absl::StrCat(

@@ -90,6 +90,9 @@ struct SubmitRequest {
   std::string source_name = "job.yaml";
   std::string base_dir;              // relative paths in the file resolve here
   std::string owner;                 // the authenticated user submitting it
+  // The job this one continues from its newest checkpoint (resume_plan.h), read by the caller
+  // after checking that the submitter may read it. With no job_yaml, its resolved file is used.
+  std::optional<JobRecord> continues;
 };
 
 using qlora::WorkerAssignment;
@@ -224,7 +227,9 @@ class JobManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Parses and checks a submission: its datasets (stat only) and where it can run (this
   // coordinator's slots, or the Ray cluster). Sets backend.num_workers when the file left it 0.
-  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request) const
+  // A continued job (request.continues) starts from the other's checkpoint, and `note` (when
+  // given) says so and what changed.
+  absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request, std::string* note = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // The workers a job's start gets: whether on GPUs, and how many threads each.
   bool RunsOnGpus(const JobConfig& config) const;

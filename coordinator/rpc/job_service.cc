@@ -65,6 +65,9 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::S
   QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
   SubmitRequest submit = FromProto(*request);
   submit.owner = caller.user;
+  if (!request->resume_from().empty()) {
+    QLORA_GRPC_ASSIGN_OR_RETURN(submit.continues, AccessibleJob(caller, request->resume_from()));
+  }
   absl::StatusOr<JobRecord> job = manager_->Submit(submit);
   if (!job.ok()) return ToGrpc(job.status());
   ToProto(*job, response->mutable_job());
@@ -73,8 +76,12 @@ grpc::Status JobServiceImpl::SubmitJob(grpc::ServerContext* context, const v1::S
 
 grpc::Status JobServiceImpl::ValidateJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                                          v1::ValidateJobResponse* response) {
-  if (absl::StatusOr<Caller> caller = CallerOf(*context); !caller.ok()) return ToGrpc(caller.status());
-  absl::StatusOr<std::string> resolved = manager_->Validate(FromProto(*request));
+  QLORA_GRPC_ASSIGN_OR_RETURN(const Caller caller, CallerOf(*context));
+  SubmitRequest submit = FromProto(*request);
+  if (!request->resume_from().empty()) {
+    QLORA_GRPC_ASSIGN_OR_RETURN(submit.continues, AccessibleJob(caller, request->resume_from()));
+  }
+  absl::StatusOr<std::string> resolved = manager_->Validate(submit);
   if (!resolved.ok()) return ToGrpc(resolved.status());
   response->set_resolved_config_yaml(*resolved);
   return grpc::Status::OK;

@@ -230,6 +230,34 @@ TEST_F(ConfigHfModelPathTest, PretrainedAdapterFolderResolvesOrIsNamed) {
   EXPECT_EQ(again->lora.pretrained_adapter_path, c->lora.pretrained_adapter_path);
 }
 
+// trainer.resume_from_checkpoint: a checkpoint folder, relative to the client's folder, comes
+// back absolute; a folder without the manifest a complete checkpoint has (a PEFT folder, a
+// half-written save) is NOT_FOUND saying where an adapter goes instead; the resolved file keeps it.
+TEST_F(ConfigHfModelPathTest, ResumeCheckpointResolvesOrIsNamed) {
+  const fs::path model = root_ / "model";
+  WriteFile(model / "config.json", "{}");
+  WriteFile(root_ / "train.jsonl", "{}\n");
+  WriteFile(root_ / "run1/step-40/adapter/adapter_config.json", "{}");
+  ParseOptions options;
+  options.hf_hub_cache = cache_.string();
+  options.base_dir = root_.string();
+  const std::string job = absl::StrCat("base_model: ", model.string(), "\ndataset: train.jsonl\n",
+                                       "adapter: {type: lora}\ntrainer: {resume_from_checkpoint: run1/step-40}\n");
+  absl::StatusOr<JobConfig> missing = ParseJobConfig(job, options);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("trainer.resume_from_checkpoint: '" + (root_ / "run1/step-40").string() +
+                        "' is not a complete checkpoint of this service (no manifest.json); a PEFT "
+                        "adapter folder goes in adapter.pretrained_adapter_weights"));
+  WriteFile(root_ / "run1/step-40/manifest.json", "{}");
+  absl::StatusOr<JobConfig> c = ParseJobConfig(job, options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->trainer.resume_from_checkpoint, (root_ / "run1/step-40").string());
+  absl::StatusOr<JobConfig> again = ParseResolvedJobConfig(EmitResolvedJobYaml(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->trainer.resume_from_checkpoint, c->trainer.resume_from_checkpoint);
+}
+
 TEST_F(ConfigHfModelPathTest, ParseModelNotInCacheIsFailedPreconditionWithLine) {
   absl::StatusOr<JobConfig> c = Parse("org/absent", Dataset());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -29,7 +29,7 @@
 #include "worker/engine/tiny_model.h"
 #include "worker/memory/base_weight_plan.h"
 #include "tests/run/tiny_model_dir.h"
-#include "worker/run/checkpoint_dirs.h"
+#include "common/checkpoint_dirs.h"
 #include "worker/run/run_options.h"
 #include "worker/run/step_batches.h"
 #include "worker/run/step_profiler.h"

@@ -450,6 +450,57 @@ TEST_F(ServiceTest, JobResumedAfterCoordinatorRestartEqualsUninterruptedRun) {
   EXPECT_EQ(a, b) << "the resumed run's adapter differs from the uninterrupted run's";
 }
 
+// `qloractl submit --resume-from JOB` continues a cancelled job from its newest checkpoint: the
+// final adapter is bit-identical to an uninterrupted run's (adapters, AdamW state, step and data
+// position restored). Another adapter shape is refused naming the key; another learning rate is
+// accepted, the coordinator saying from which step it applies.
+TEST_F(ServiceTest, CancelledJobContinuedWithResumeFromEqualsUninterruptedRun) {
+  std::string yaml =
+      TinyJobYaml({.gradient_accumulation_steps = 1, .train_steps = 240, .steps_per_checkpoint = 40});
+  const std::string adapter = "adapter: {type: lora}";
+  yaml.replace(yaml.find(adapter), adapter.size(), "adapter: {type: lora, dropout: 0.1}");
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  v1::Job first = SubmitJob(c, yaml);
+  auto checkpoint_written = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(first.output_dir() + "/checkpoints", ec)) {
+      if (fs::exists(e.path() / "step-40/manifest.json")) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitUntil(checkpoint_written, 120)) << "no checkpoint";
+  CommandResult cancel = c.Ctl("cancel " + first.id());
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.output;
+  ASSERT_EQ(c.GetJob(first.id()).state(), v1::JOB_STATE_CANCELLED);
+
+  CommandResult refused = c.Ctl("submit --resume-from " + first.id() + " adapter.r=16");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, HasSubstr("its checkpoint was trained with adapter.r 8 and this job has 16"));
+  CommandResult changed = c.Ctl("submit --resume-from " + first.id() + " trainer.learning_rate=0.0005");
+  ASSERT_EQ(changed.exit_code, 0) << changed.output;
+  EXPECT_THAT(changed.output, HasSubstr("continues " + first.id() + " from step "));
+  EXPECT_THAT(changed.output, HasSubstr(": trainer.learning_rate 0.001 -> 0.0005"));
+  const std::string changed_id = changed.output.substr(0, changed.output.find('\n'));
+  ASSERT_EQ(c.Ctl("cancel " + changed_id).exit_code, 0);
+
+  CommandResult resumed_submit = c.Ctl("submit --resume-from " + first.id());
+  ASSERT_EQ(resumed_submit.exit_code, 0) << resumed_submit.output;
+  EXPECT_THAT(resumed_submit.output, HasSubstr("same job file"));
+  const std::string resumed_id = resumed_submit.output.substr(0, resumed_submit.output.find('\n'));
+  v1::Job resumed = c.WaitForState(resumed_id, {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(resumed.state(), v1::JOB_STATE_SUCCEEDED) << resumed.state_message();
+  EXPECT_THAT(c.Ctl("logs " + resumed_id + " --rank 0").output, HasSubstr("resumed from"));
+  EXPECT_EQ(resumed.summary().global_step(), 240);
+  EXPECT_LE(resumed.summary().steps(), 200) << "the continued run started over";
+  v1::Job fresh = SubmitJob(c, yaml);
+  fresh = c.WaitForState(fresh.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(fresh.state(), v1::JOB_STATE_SUCCEEDED) << fresh.state_message();
+  const auto a = ReadAdapter(resumed.adapter_path()), b = ReadAdapter(fresh.adapter_path());
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a, b) << "the continued run's adapter differs from the uninterrupted run's";
+}
+
 // Elastic: a 4-worker job with min_workers 2 whose coordinator comes back with 3 worker slots
 // (one lost for good) goes on with 3: the checkpoint re-partitioned over 3 ranks, the global batch
 // kept (gradient_accumulation_steps 3 -> 4), the steps and the loss curve continuing from the

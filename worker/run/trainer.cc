@@ -30,7 +30,7 @@
 #include "common/model/llama_config.h"
 #include "worker/memory/base_weight_plan.h"
 #include "worker/memory/memory_budget.h"
-#include "worker/run/checkpoint_dirs.h"
+#include "common/checkpoint_dirs.h"
 #include "worker/memory/device_memory.h"
 #include "worker/run/evaluation.h"
 #include "worker/run/model_card.h"
@@ -285,7 +285,9 @@ absl::Status Trainer::PlanSchedule() {
 
 absl::StatusOr<int64_t> Trainer::Resume() {
   run_started_ = SteadySeconds();
-  const std::string latest = LatestCheckpoint(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid));
+  // The job's own checkpoints first: a restart of a continued job resumes from its own progress.
+  std::string latest = LatestCheckpoint(CheckpointsDir(assignment_.output_dir, assignment_.job_id, assignment_.job_uid));
+  if (latest.empty()) latest = config_.trainer.resume_from_checkpoint;
   if (latest.empty()) return 0;
   QLORA_ASSIGN_OR_RETURN(strategy::ResumeReport resumed, strategy_->LoadCheckpoint(latest));
   Log(absl::StrCat("resumed from ", latest, ": ", resumed.description));

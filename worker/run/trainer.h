@@ -3,7 +3,8 @@
 //   Create   join the other ranks (Gloo on CPU, NCCL on GPU), load the model (NF4 base + LoRA),
 //            build the ZeRO strategy, choose the activation-checkpointed layers (auto: for the
 //            memory budget), open this rank's data, plan the steps and the LR schedule
-//   Resume   restore the newest complete checkpoint of this job and replay the data order to it
+//   Resume   restore the newest complete checkpoint of this job (else the one the job continues,
+//            trainer.resume_from_checkpoint) and replay the data order to it
 //   Step     one optimizer step: accumulate the step's micro-batches, reduce, clip, AdamW
 //   After    evaluate, checkpoint and report progress as the job's settings ask
 //   Finish   final evaluation, gather the weights, write the PEFT adapter with its model card and

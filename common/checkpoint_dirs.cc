@@ -1,5 +1,5 @@
 // Checkpoint folder names and the latest complete one (see checkpoint_dirs.h).
-#include "worker/run/checkpoint_dirs.h"
+#include "common/checkpoint_dirs.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include "common/posix_files.h"
 #include "common/status_macros.h"
 
-namespace qlora::worker {
+namespace qlora {
 
 std::string CheckpointsDir(const std::string& output_dir, const std::string& job_id, const std::string& job_uid) {
   return job_uid.empty() ? absl::StrCat(output_dir, "/checkpoints/", job_id)
@@ -23,6 +23,14 @@ std::string CheckpointsDir(const std::string& output_dir, const std::string& job
 
 std::string CheckpointDir(const std::string& checkpoints_dir, int64_t step) {
   return absl::StrCat(checkpoints_dir, "/step-", step);
+}
+
+int64_t StepOfCheckpoint(const std::string& checkpoint_dir) {
+  const size_t slash = checkpoint_dir.find_last_of('/');
+  const std::string name = slash == std::string::npos ? checkpoint_dir : checkpoint_dir.substr(slash + 1);
+  int64_t step = 0;
+  char tail = 0;
+  return sscanf(name.c_str(), "step-%" SCNd64 "%c", &step, &tail) == 1 && step >= 0 ? step : -1;
 }
 
 namespace {
@@ -79,4 +87,4 @@ absl::Status PruneCheckpoints(const std::string& checkpoints_dir, int keep) {
   return absl::OkStatus();
 }
 
-}  // namespace qlora::worker
+}  // namespace qlora
