@@ -77,9 +77,14 @@ std::vector<CommandSpec>* MakeCommands() {
       {"validate", "JOB.yaml [KEY.PATH=VALUE ...]", "check a job file and print it with every default resolved",
        absl::StrCat("Offline by default (the file, its datasets and its base model as this machine sees "
                     "them); with --remote the coordinator resolves it as it would at submit, with where it "
-                    "would run. ",
+                    "would run. Offline, the first 200 training records are also built as a worker builds "
+                    "them (the job's format, columns, template and the base model's tokenizer): a record "
+                    "that would fail the job fails validation naming its line and column, and the counts "
+                    "of records cut, left without a target or malformed are printed with one example and "
+                    "the tokens that train. ",
                     kOverridesText),
        {kDataset, kValidationDataset,
+        {"--no-data", "", "", "check the file only, without reading the data"},
         {"--remote", "", "", "ask the coordinator (takes the connection flags)"}},
        true,
        {"qloractl validate examples/qlora-tiny.yaml",

@@ -32,6 +32,8 @@
 #include "common/program/version.h"
 #include "common/rpc/worker_protocol_convert.h"
 #include "common/train_summary_text.h"
+#include "worker/data/data_preview.h"
+#include "worker/data/tokenizer.h"
 #include "qlora/v1/job_service.grpc.pb.h"
 
 namespace qlora::cli {
@@ -296,15 +298,30 @@ int Validate(const ParsedArgs& a, bool json) {
                : kOther;
   }
   const std::string resolved = EmitResolvedJobYaml(*config);
+  // The data as a worker would read it: errors fail validation, the rest is printed.
+  std::string data_text;
+  if (!a.Has("--no-data")) {
+    absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::LoadTokenizer(config->base_model_path);
+    if (!tokenizer.ok()) {
+      data_text = absl::StrCat("# data: not read (the base model's tokenizer: ", tokenizer.status().message(), ")\n");
+    } else {
+      absl::StatusOr<data::DataPreview> preview = data::PreviewJobData(*config, **tokenizer);
+      if (!preview.ok()) {
+        fprintf(stderr, "qloractl: %s\n", std::string(preview.status().message()).c_str());
+        return kInvalid;
+      }
+      data_text = data::DataPreviewText(*preview);
+    }
+  }
   if (json) {
     v1::ValidateJobResponse r;
     r.set_resolved_config_yaml(resolved);
     printf("%s\n", ToJson(r).c_str());
   } else {
-    printf("%s: valid\n# runs on: %s (--remote asks the coordinator)\n%s", a.positional[0].c_str(),
+    printf("%s: valid\n# runs on: %s (--remote asks the coordinator)\n%s%s", a.positional[0].c_str(),
            config->backend.type == BackendType::kRay ? "the coordinator's Ray cluster (backend.type: ray)"
                                                      : "the coordinator's host (backend.type: local)",
-           resolved.c_str());
+           data_text.c_str(), resolved.c_str());
   }
   return kOk;
 }

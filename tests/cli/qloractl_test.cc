@@ -40,6 +40,34 @@ JobFiles MakeJobFiles() {
 
 std::string Ctl() { return BinaryDir() + "/cli/qloractl"; }
 
+// validate reads the data as a worker would, with the base model's tokenizer (the examples'):
+// a misspelled column fails (exit 3) naming the record's line, the column and the nearest one;
+// a good file prints the sample's counts and one example with its trained tokens; --no-data and
+// a model without a tokenizer check the file alone.
+TEST(CliTest, ValidateReadsTheDataWithTheModelsTokenizer) {
+  JobFiles f = MakeJobFiles();
+  CommandResult untokenized = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
+  EXPECT_EQ(untokenized.exit_code, 0) << untokenized.output;
+  EXPECT_NE(untokenized.output.find("# data: not read (the base model's tokenizer"), std::string::npos)
+      << untokenized.output;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    fs::copy_file(SourceDir() + "/examples/tokenizer/" + file, f.dir + "/model/" + file);
+  }
+  CommandResult ok = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("# sample: 1 record(s) read: 1 example(s), 0 cut"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("say hi"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("[[hi"), std::string::npos) << ok.output;  // the target trains
+
+  const std::string typo = absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset,
+                                        " 'input_features=[{name: instrucion, type: text}]'");
+  CommandResult refused = RunCommand(typo);
+  EXPECT_EQ(refused.exit_code, 3) << refused.output;
+  EXPECT_NE(refused.output.find(f.dataset + ":1: missing column 'instrucion'; did you mean 'instruction'?"),
+            std::string::npos) << refused.output;
+  EXPECT_EQ(RunCommand(typo + " --no-data").exit_code, 0);
+}
+
 TEST(CliTest, ValidateExitStatuses) {
   const JobFiles f = MakeJobFiles();
   CommandResult ok = RunCommand(absl::StrCat(Ctl(), " validate ", f.job, " --dataset ", f.dataset));
