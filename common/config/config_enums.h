@@ -19,7 +19,7 @@ enum class StrategyType { kDeepSpeed, kDdp };             // backend.trainer.str
 enum class BackendType { kLocal, kRay };                  // backend.type
 // backend.trainer.placement_strategy: Ray's strategies for one bundle per worker.
 enum class PlacementStrategy { kPack, kSpread, kStrictPack, kStrictSpread };
-enum class DatasetFormat { kAuto, kJsonl, kCsv, kText, kParquet };  // data.format
+enum class DatasetFormat { kAuto, kJsonl, kCsv, kText, kParquet, kArrow };  // data.format
 enum class MalformedRecords { kFail, kSkip };             // data.malformed_records
 // trainer.enable_gradient_checkpointing: every decoder layer, none, or as many as the memory
 // budget needs (trainer.max_memory_gib; the worker plans it, worker/memory/activation_plan.h).
@@ -55,7 +55,7 @@ QLORA_ENUM_TABLE(PlacementStrategy, {PlacementStrategy::kPack, "PACK"},
                  {PlacementStrategy::kStrictSpread, "STRICT_SPREAD"});
 QLORA_ENUM_TABLE(DatasetFormat, {DatasetFormat::kAuto, "auto"}, {DatasetFormat::kJsonl, "jsonl"},
                  {DatasetFormat::kCsv, "csv"}, {DatasetFormat::kText, "text"},
-                 {DatasetFormat::kParquet, "parquet"});
+                 {DatasetFormat::kParquet, "parquet"}, {DatasetFormat::kArrow, "arrow"});
 QLORA_ENUM_TABLE(MalformedRecords, {MalformedRecords::kFail, "fail"},
                  {MalformedRecords::kSkip, "skip"});
 // The YAML booleans true/false (emitted unquoted, so they read back as booleans) and "auto".

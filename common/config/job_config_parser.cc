@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config/hf_dataset_folder.h"
 #include "common/config/hf_model_path.h"
 #include "common/config/job_config_schema.h"
 #include "common/config/ludwig_sections.h"
@@ -678,7 +679,7 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
               ? absl::StrCat("; '", *field.path, "' looks like a Hugging Face hub dataset, which "
                              "the service does not download: fetch it with `hf download ",
                              *field.path, " --repo-type dataset --local-dir DIR` and name its "
-                             ".parquet, .jsonl or .json files")
+                             ".parquet, .jsonl or .json files, or a folder that `datasets` saved")
               : "";
       return StatusWithCode(
           absl::StatusCode::kNotFound,
@@ -686,6 +687,17 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
                      absl::StrCat("file '", absolute.string(), "' does not exist", remedy)));
     }
     *field.path = absolute.string();
+    if (fs::is_directory(absolute, ec)) {  // a folder that Hugging Face `datasets` wrote
+      const DatasetRoleSplit role = std::string(field.key) == "dataset" ? DatasetRoleSplit::kTrain
+                                                                        : DatasetRoleSplit::kValidation;
+      absl::StatusOr<std::string> files = HfDatasetFolderFiles(absolute.string(), role);
+      if (!files.ok()) {
+        return StatusWithCode(files.status().code(),
+                              site.Error(field.overridden ? 0 : site.Line(field.key), field.key,
+                                         std::string(files.status().message())));
+      }
+      *field.path = *files;
+    }
   }
   if (!c->lora.pretrained_adapter_path.empty()) {
     std::error_code ec;

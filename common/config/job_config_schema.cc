@@ -295,7 +295,7 @@ SchemaNode BuildSchema() {
                    "DeepSpeed's AMP does not work with ZeRO; the compute dtype is "
                    "quantization.bnb_4bit_compute_dtype", kLudwig)}),
       Map("data", {"mapping", "", "how records become training rows (docs/data-formats.md)"},
-          {Leaf("format", {"`auto`, `jsonl`, `csv`, `text` or `parquet`", "auto",
+          {Leaf("format", {"`auto`, `jsonl`, `csv`, `text`, `parquet` or `arrow`", "auto",
                            "the files' format (`auto`: by extension)"}),
            Leaf("prompt_template", {"string", "", "the prompt with `{column}` placeholders "
                                                   "(`{{`/`}}` for braces), or `llama3_chat`", "",

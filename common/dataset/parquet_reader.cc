@@ -17,9 +17,9 @@
 #include "absl/strings/str_join.h"
 #include "arrow/api.h"
 #include "arrow/io/file.h"
+#include "common/dataset/arrow_values.h"
 #include "common/dataset/byte_range_file.h"
 #include "common/status_macros.h"
-#include "nlohmann/json.hpp"
 #include "parquet/arrow/reader.h"
 #include "parquet/arrow/schema.h"
 #include "parquet/exception.h"
@@ -30,24 +30,8 @@
 namespace qlora::data {
 namespace {
 
-using Json = nlohmann::ordered_json;
-
 // Rows per decoded batch: bounds memory (one batch of the selected columns) and costs little.
 constexpr int64_t kBatchRows = 256;
-// As the JSON Lines reader: deeper values are malformed (nothing real nests this deep).
-constexpr int kMaxJsonDepth = 128;
-
-absl::Status FileError(const std::string& path, absl::string_view what, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, ": ", why));
-}
-
-absl::Status FromArrow(const arrow::Status& status, const std::string& path,
-                       absl::string_view what) {
-  if (status.ok()) return absl::OkStatus();
-  // Arrow reports a corrupt page (a bad Thrift header) as an IOError too: the file is at fault,
-  // not the moment, so nothing here is worth a retry.
-  return FileError(path, what, status.ToString());
-}
 
 // Opens as ByteRangeFile does (OpenRegularFile: O_NONBLOCK, then the type checked), so that a
 // FIFO or a device in a dataset's place cannot block the coordinator's planner.
@@ -58,86 +42,6 @@ absl::StatusOr<std::shared_ptr<arrow::io::ReadableFile>> OpenFile(const std::str
   if (!file.ok())  // the ReadableFile owned fd and closed it
     return absl::InvalidArgumentError(absl::StrCat("cannot open ", path, ": ", file.status().message()));
   return std::move(file).ValueUnsafe();
-}
-
-// The JSON value of a[i]; *too_deep when it nests more than kMaxJsonDepth levels.
-Json ToJson(const arrow::Array& a, int64_t i, int depth, bool* too_deep) {
-  if (a.IsNull(i)) return nullptr;
-  if (depth > kMaxJsonDepth) {
-    *too_deep = true;
-    return nullptr;
-  }
-  auto list = [&](const arrow::Array& values, int64_t offset, int64_t length) {
-    Json out = Json::array();
-    for (int64_t k = 0; k < length; ++k) out.push_back(ToJson(values, offset + k, depth + 1, too_deep));
-    return out;
-  };
-  switch (a.type_id()) {
-    case arrow::Type::BOOL: return static_cast<const arrow::BooleanArray&>(a).Value(i);
-    case arrow::Type::INT8: return static_cast<const arrow::Int8Array&>(a).Value(i);
-    case arrow::Type::INT16: return static_cast<const arrow::Int16Array&>(a).Value(i);
-    case arrow::Type::INT32: return static_cast<const arrow::Int32Array&>(a).Value(i);
-    case arrow::Type::INT64: return static_cast<const arrow::Int64Array&>(a).Value(i);
-    case arrow::Type::UINT8: return static_cast<const arrow::UInt8Array&>(a).Value(i);
-    case arrow::Type::UINT16: return static_cast<const arrow::UInt16Array&>(a).Value(i);
-    case arrow::Type::UINT32: return static_cast<const arrow::UInt32Array&>(a).Value(i);
-    case arrow::Type::UINT64: return static_cast<const arrow::UInt64Array&>(a).Value(i);
-    case arrow::Type::FLOAT: return static_cast<const arrow::FloatArray&>(a).Value(i);
-    case arrow::Type::DOUBLE: return static_cast<const arrow::DoubleArray&>(a).Value(i);
-    case arrow::Type::STRING:
-    case arrow::Type::BINARY:
-      return std::string(static_cast<const arrow::BinaryArray&>(a).GetView(i));
-    case arrow::Type::LARGE_STRING:
-    case arrow::Type::LARGE_BINARY:
-      return std::string(static_cast<const arrow::LargeBinaryArray&>(a).GetView(i));
-    case arrow::Type::STRING_VIEW:
-    case arrow::Type::BINARY_VIEW:
-      return std::string(static_cast<const arrow::BinaryViewArray&>(a).GetView(i));
-    case arrow::Type::FIXED_SIZE_BINARY:
-      return std::string(static_cast<const arrow::FixedSizeBinaryArray&>(a).GetView(i));
-    case arrow::Type::DICTIONARY: {
-      const auto& d = static_cast<const arrow::DictionaryArray&>(a);
-      return ToJson(*d.dictionary(), d.GetValueIndex(i), depth, too_deep);
-    }
-    case arrow::Type::LIST:
-    case arrow::Type::MAP: {  // a map's values are struct<key, value>
-      const auto& l = static_cast<const arrow::ListArray&>(a);
-      return list(*l.values(), l.value_offset(i), l.value_length(i));
-    }
-    case arrow::Type::LARGE_LIST: {
-      const auto& l = static_cast<const arrow::LargeListArray&>(a);
-      return list(*l.values(), l.value_offset(i), l.value_length(i));
-    }
-    case arrow::Type::FIXED_SIZE_LIST: {
-      const auto& l = static_cast<const arrow::FixedSizeListArray&>(a);
-      return list(*l.values(), l.value_offset(i), l.value_length(i));
-    }
-    case arrow::Type::STRUCT: {
-      const auto& s = static_cast<const arrow::StructArray&>(a);
-      Json out = Json::object();
-      for (int k = 0; k < s.num_fields(); ++k)
-        out[s.type()->field(k)->name()] = ToJson(*s.field(k), i, depth + 1, too_deep);
-      return out;
-    }
-    default: {
-      arrow::Result<std::shared_ptr<arrow::Scalar>> scalar = a.GetScalar(i);
-      return scalar.ok() ? (*scalar)->ToString() : std::string();
-    }
-  }
-}
-
-// a[i] as record text (parquet_reader.h says how); *reason when it is malformed.
-std::string ValueText(const arrow::Array& a, int64_t i, std::string* reason) {
-  if (a.IsNull(i)) return std::string();
-  bool too_deep = false;
-  Json value = ToJson(a, i, 1, &too_deep);
-  if (too_deep) {
-    *reason = absl::StrCat("value nested more than ", kMaxJsonDepth, " levels deep");
-    return std::string();
-  }
-  if (value.is_string()) return value.get_ref<const std::string&>();
-  // Binary inside a list or struct may not be UTF-8: replaced (U+FFFD), never thrown.
-  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 // The leaf (Parquet column) indices under a top-level field, in schema order.
@@ -240,7 +144,7 @@ class ParquetReader : public RecordReader {
         break;
       }
     } catch (const std::exception& e) {  // Parquet's decoders throw on corrupt pages
-      return FileError(shard_.path, absl::StrCat("cannot read Parquet row ", row_ + 1), e.what());
+      return DataFileError(shard_.path, absl::StrCat("cannot read Parquet row ", row_ + 1), e.what());
     }
     current_ = true;
     *offset = row_;
@@ -253,7 +157,7 @@ class ParquetReader : public RecordReader {
     int64_t bytes = 0;
     try {
       for (int c = 0; c < batch_->num_columns() && reason->empty(); ++c) {
-        std::string value = ValueText(*batch_->column(c), batch_row_, reason);
+        std::string value = ArrowValueText(*batch_->column(c), batch_row_, reason);
         bytes += static_cast<int64_t>(value.size());
         record->fields.emplace_back(batch_->schema()->field(c)->name(), std::move(value));
       }
@@ -286,7 +190,7 @@ absl::StatusOr<ParquetLayout> ReadParquetLayout(const std::string& path) {
       layout.rows += layout.row_group_rows.back();
     }
   } catch (const std::exception& e) {
-    return FileError(path, "not a readable Parquet file", e.what());
+    return DataFileError(path, "not a readable Parquet file", e.what());
   }
   return layout;
 }
@@ -300,7 +204,7 @@ absl::StatusOr<std::unique_ptr<RecordReader>> OpenParquetReader(const ShardSpec&
   try {
     QLORA_RETURN_IF_ERROR(reader->Init());
   } catch (const std::exception& e) {
-    return FileError(shard.path, "not a readable Parquet file", e.what());
+    return DataFileError(shard.path, "not a readable Parquet file", e.what());
   }
   return std::unique_ptr<RecordReader>(std::move(reader));
 }

@@ -13,7 +13,7 @@ absl::StatusOr<DataFormat> ResolveFormat(absl::string_view format, absl::string_
   std::optional<DatasetFormat> known = ParseEnumName<DatasetFormat>(format.empty() ? "auto" : format);
   if (!known)
     return absl::InvalidArgumentError(
-        absl::StrCat("data.format: unknown format '", format, "' (jsonl, csv, text, parquet or auto)"));
+        absl::StrCat("data.format: unknown format '", format, "' (jsonl, csv, text, parquet, arrow or auto)"));
   return ResolveFormat(*known, path);
 }
 
@@ -23,6 +23,7 @@ absl::StatusOr<DataFormat> ResolveFormat(DatasetFormat format, absl::string_view
     case DatasetFormat::kCsv: return DataFormat::kCsv;
     case DatasetFormat::kText: return DataFormat::kText;
     case DatasetFormat::kParquet: return DataFormat::kParquet;
+    case DatasetFormat::kArrow: return DataFormat::kArrow;
     case DatasetFormat::kAuto: break;
   }
   std::string lower = absl::AsciiStrToLower(path);
@@ -31,8 +32,9 @@ absl::StatusOr<DataFormat> ResolveFormat(DatasetFormat format, absl::string_view
   if (absl::EndsWith(lower, ".csv")) return DataFormat::kCsv;
   if (absl::EndsWith(lower, ".txt") || absl::EndsWith(lower, ".text")) return DataFormat::kText;
   if (absl::EndsWith(lower, ".parquet")) return DataFormat::kParquet;
+  if (absl::EndsWith(lower, ".arrow")) return DataFormat::kArrow;
   return absl::InvalidArgumentError(absl::StrCat(
-      "cannot tell the format of ", path, " from its name; set data.format (jsonl, csv, text, parquet)"));
+      "cannot tell the format of ", path, " from its name; set data.format (jsonl, csv, text, parquet, arrow)"));
 }
 
 absl::string_view FormatName(DataFormat format) {
@@ -41,6 +43,7 @@ absl::string_view FormatName(DataFormat format) {
     case DataFormat::kCsv: return "csv";
     case DataFormat::kText: return "text";
     case DataFormat::kParquet: return "parquet";
+    case DataFormat::kArrow: return "arrow";
   }
   return "?";
 }

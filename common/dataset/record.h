@@ -33,7 +33,7 @@ struct ShardSpec {
   int phase = 0;
 };
 
-enum class DataFormat { kJsonl, kCsv, kText, kParquet };
+enum class DataFormat { kJsonl, kCsv, kText, kParquet, kArrow };
 
 // "jsonl" | "csv" | "text" | "parquet", or "auto" (by extension: .jsonl/.ndjson/.json, .csv,
 // .txt/.text, .parquet).

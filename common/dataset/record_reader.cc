@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/dataset/json_array.h"
+#include "common/dataset/arrow_ipc_reader.h"
 #include "common/dataset/parquet_reader.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -190,6 +191,7 @@ RecordReader::RecordReader(const ShardSpec& shard, const ReaderOptions& options,
 absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec& shard,
                                                                  const ReaderOptions& options) {
   if (options.format == DataFormat::kParquet) return OpenParquetReader(shard, options);
+  if (options.format == DataFormat::kArrow) return OpenArrowReader(shard, options);
   QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(shard.path));
   if (shard.begin < 0 || shard.end < shard.begin || shard.end > file->size())
     return absl::InvalidArgumentError(
@@ -210,6 +212,7 @@ absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec
     case DataFormat::kCsv:
       return OpenCsvReader(shard, options, std::move(file));
     case DataFormat::kParquet:
+    case DataFormat::kArrow:
       break;  // opened above
   }
   return absl::InvalidArgumentError("unknown data format");

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "common/dataset/csv_syntax.h"
 #include "common/dataset/json_array.h"
+#include "common/dataset/arrow_ipc_reader.h"
 #include "common/dataset/parquet_reader.h"
 
 namespace qlora::data {
@@ -134,6 +135,22 @@ absl::StatusOr<std::vector<ShardSpec>> SplitParquetFile(const std::string& path,
   return shards;
 }
 
+// Arrow IPC: rows [begin, end) at equal row shares; a rank skips the record batches before its
+// rows without reading them (the file is mapped).
+absl::StatusOr<std::vector<ShardSpec>> SplitArrowFile(const std::string& path, int num_shards) {
+  QLORA_ASSIGN_OR_RETURN(ArrowLayout layout, ReadArrowLayout(path));
+  std::vector<ShardSpec> shards;
+  int64_t begin = 0;
+  for (int i = 1; i <= num_shards && begin < layout.rows; ++i) {
+    const int64_t end = i == num_shards ? layout.rows
+                                        : static_cast<int64_t>(static_cast<long double>(layout.rows) * i / num_shards);
+    if (end <= begin) continue;
+    shards.push_back({path, begin, end, begin + 1});
+    begin = end;
+  }
+  return shards;
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> FindRecordStart(ByteRangeFile& file, DataFormat format, int64_t offset,
@@ -178,6 +195,7 @@ absl::StatusOr<std::vector<ShardSpec>> SplitFile(const std::string& path, int nu
   if (num_shards < 1) return absl::InvalidArgumentError("num_shards must be >= 1");
   QLORA_ASSIGN_OR_RETURN(DataFormat format, ResolveFormat(options.format, path));
   if (format == DataFormat::kParquet) return SplitParquetFile(path, num_shards);
+  if (format == DataFormat::kArrow) return SplitArrowFile(path, num_shards);
   QLORA_ASSIGN_OR_RETURN(auto file, ByteRangeFile::Open(path));
   if (format == DataFormat::kJsonl) {
     if (const int64_t open = JsonArrayOpen(*file); open >= 0) {

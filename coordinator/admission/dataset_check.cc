@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/dataset/arrow_ipc_reader.h"
 #include "common/dataset/parquet_reader.h"
 #include "common/dataset/record.h"
 #include "common/status_macros.h"
@@ -55,6 +56,16 @@ absl::Status CheckFile(const char* field, const std::string& path, DatasetFormat
   if (resolved.ok() && *resolved == data::DataFormat::kParquet) {
     absl::StatusOr<data::ParquetLayout> layout = data::ReadParquetLayout(file->path_for_readers());
     if (!layout.ok()) {  // the message names the file as the job does
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ",
+          absl::StrReplaceAll(layout.status().message(), {{file->path_for_readers(), path}})));
+    }
+    if (layout->rows == 0)
+      return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' has no rows"));
+  }
+  if (resolved.ok() && *resolved == data::DataFormat::kArrow) {
+    absl::StatusOr<data::ArrowLayout> layout = data::ReadArrowLayout(file->path_for_readers());
+    if (!layout.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": ",
           absl::StrReplaceAll(layout.status().message(), {{file->path_for_readers(), path}})));

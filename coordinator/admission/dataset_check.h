@@ -5,6 +5,7 @@
 // beneath the read roots (confined_open.h) and only fstat(2) is used before it is known to be
 // regular, so a check cannot block on a FIFO or a device nor be led out of the roots by a link. A Parquet file
 // (data.format parquet, or auto and a .parquet name) then has its footer read (only the footer;
+// an Arrow IPC file, its record batches counted through a mapping;
 // opened with O_NONBLOCK): a truncated or corrupt file, or one without rows, is refused here.
 // The check runs at Submit and Validate, outside the job manager's lock (stat on a slow mount
 // may still take a while).

@@ -258,6 +258,38 @@ TEST_F(ConfigHfModelPathTest, ResumeCheckpointResolvesOrIsNamed) {
   EXPECT_EQ(again->trainer.resume_from_checkpoint, c->trainer.resume_from_checkpoint);
 }
 
+// A dataset named by a folder that Hugging Face `datasets` wrote becomes its Arrow files: those
+// state.json lists (save_to_disk), or a cache folder's files of the role's split; any other
+// folder is INVALID_ARGUMENT saying what a datasets folder holds.
+TEST_F(ConfigHfModelPathTest, ADatasetsFolderBecomesItsArrowFiles) {
+  const fs::path model = root_ / "model";
+  WriteFile(model / "config.json", "{}");
+  WriteFile(root_ / "saved/state.json", R"({"_data_files": [{"filename": "b.arrow"}, {"filename": "a.arrow"}]})");
+  WriteFile(root_ / "cache/alpaca-train-00000-of-00002.arrow", "x");
+  WriteFile(root_ / "cache/alpaca-train-00001-of-00002.arrow", "x");
+  WriteFile(root_ / "cache/alpaca-validation.arrow", "x");
+  WriteFile(root_ / "empty/readme.txt", "x");
+  ParseOptions options;
+  options.hf_hub_cache = cache_.string();
+  options.base_dir = root_.string();
+  auto parse = [&](const std::string& dataset, const std::string& validation) {
+    return ParseJobConfig(absl::StrCat("base_model: ", model.string(), "\nadapter: {type: lora}\ndataset: ",
+                                       dataset, validation.empty() ? "" : "\nvalidation_dataset: ", validation, "\n"),
+                          options);
+  };
+  absl::StatusOr<JobConfig> saved = parse("saved", "");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->data.train_path, (root_ / "saved/b.arrow").string() + "," + (root_ / "saved/a.arrow").string());
+  absl::StatusOr<JobConfig> cached = parse("cache", "cache");
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(cached->data.train_path, (root_ / "cache/alpaca-train-00000-of-00002.arrow").string() + "," +
+                                         (root_ / "cache/alpaca-train-00001-of-00002.arrow").string());
+  EXPECT_EQ(cached->data.validation_path, (root_ / "cache/alpaca-validation.arrow").string());
+  absl::StatusOr<JobConfig> other = parse("empty", "");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other.status().message(), HasSubstr("' is a folder, not a regular file, nor a folder that Hugging Face"));
+}
+
 TEST_F(ConfigHfModelPathTest, ParseModelNotInCacheIsFailedPreconditionWithLine) {
   absl::StatusOr<JobConfig> c = Parse("org/absent", Dataset());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -16,6 +16,9 @@
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "absl/strings/str_split.h"
+#include "common/config/hf_dataset_folder.h"
+#include "common/dataset/arrow_ipc_reader.h"
 #include "common/dataset/parquet_reader.h"
 #include "common/dataset/shard_planner.h"
 #include "tests/data_path/test_util.h"
@@ -72,6 +75,51 @@ class ParquetTest : public ::testing::Test {
   TempDir dir_;
   std::vector<Fields> expected_;
 };
+
+// A folder that Hugging Face `datasets` saved (save_to_disk: Arrow IPC streams listed in
+// state.json) reads row for row as pyarrow reads the same rows from Parquet, through shards over
+// 1-3 ranks that tile every row exactly once; a DatasetDict's train split is the same files.
+TEST_F(ParquetTest, AFolderSavedByDatasetsReadsAsPyarrowReadsIt) {
+  absl::StatusOr<std::string> files = HfDatasetFolderFiles(Path("saved"), DatasetRoleSplit::kTrain);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, Path("saved/data-00000-of-00002.arrow") + "," + Path("saved/data-00001-of-00002.arrow"));
+  absl::StatusOr<std::string> split = HfDatasetFolderFiles(Path("dict"), DatasetRoleSplit::kTrain);
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(*split, Path("dict/train/data-00000-of-00002.arrow") + "," + Path("dict/train/data-00001-of-00002.arrow"));
+  EXPECT_EQ(HfDatasetFolderFiles(Path("dict"), DatasetRoleSplit::kValidation).status().code(),
+            absl::StatusCode::kNotFound);
+  ReaderOptions arrow;
+  arrow.format = DataFormat::kArrow;
+  for (int shards = 1; shards <= 3; ++shards) {
+    std::vector<Fields> read;
+    for (const std::string& file : std::vector<std::string>(absl::StrSplit(*files, ','))) {
+      auto planned = SplitFile(file, shards);
+      ASSERT_TRUE(planned.ok()) << planned.status();
+      for (const ShardSpec& shard : *planned) {
+        for (const Record& record : ReadShard(shard, arrow)) read.push_back(record.fields);
+      }
+    }
+    EXPECT_EQ(read, expected_) << shards << " shard(s) per file";
+  }
+  // Only the job's columns, and a missing one named with the file's.
+  arrow.columns = {"instruction", "output"};
+  auto first = SplitFile(Path("saved/data-00001-of-00002.arrow"), 1);
+  ASSERT_TRUE(first.ok());
+  const std::vector<Record> two = ReadShard((*first)[0], arrow);
+  ASSERT_EQ(two.size(), 25u);
+  EXPECT_EQ(two[0].fields, (Fields{expected_[25][1], expected_[25][2]}));
+  EXPECT_EQ(two[0].line, 1);
+  arrow.columns = {"instrucion"};
+  auto missing = RecordReader::Open((*first)[0], arrow);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "no column 'instrucion' (the file has: id, instruction"))
+      << missing.status();
+  // A file that is not Arrow is named.
+  auto not_arrow = ReadArrowLayout(Path("rows.jsonl"));
+  EXPECT_EQ(not_arrow.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(not_arrow.status().message(), Path("rows.jsonl") + ": not a readable Arrow IPC file"))
+      << not_arrow.status();
+}
 
 // The coordinator reads a footer through /proc/self/fd/N of a file it opened O_PATH beneath its
 // read roots (coordinator/admission/confined_open.h): the same layout as by its path.
