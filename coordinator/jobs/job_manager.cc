@@ -22,6 +22,7 @@
 #include "common/config/job_config_parser.h"
 #include "common/posix_files.h"
 #include "common/status_macros.h"
+#include "coordinator/admission/data_sample_check.h"
 #include "coordinator/admission/dataset_check.h"
 #include "coordinator/admission/model_check.h"
 #include "coordinator/admission/output_dir_check.h"
@@ -216,6 +217,7 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& submi
   }
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));
   QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data, ReadRoots()));  // may be slow
+  QLORA_RETURN_IF_ERROR(CheckDataSample(config, ReadRoots()));       // the first records
   QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora, ReadRoots()));
   if (request.continues.has_value()) {
     QLORA_ASSIGN_OR_RETURN(const ResumePlan plan, PlanResume(*request.continues, EmitResolvedJobYaml(config)));

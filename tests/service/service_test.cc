@@ -32,6 +32,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 
 // grpc.health's overall status, or -1 when the call fails within `seconds`.
@@ -1025,6 +1026,27 @@ TEST_F(ServiceTest, MissingDatasetIsNotFoundAndUnknownJobIsNotFound) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("no-such-file.jsonl"));
   EXPECT_EQ(c.Ctl("get job-999999").exit_code, 4);
+}
+
+// A column the job names that its records lack is refused at submit (and by validate --remote),
+// naming the file, the record's line and the nearest column, before any worker starts; nothing
+// is stored.
+TEST_F(ServiceTest, AMisspelledColumnIsRefusedAtSubmitNamingTheRecord) {
+  CoordinatorProcess c(state_, 2);
+  ASSERT_TRUE(c.started());
+  std::string yaml = OriginalJobYaml();
+  const std::string feature = "name: instruction";
+  yaml.replace(yaml.find(feature), feature.size(), "name: instrucion");
+  const std::string file = state_ + "/typo.yaml";
+  std::ofstream(file) << yaml;
+  const std::string data = " --dataset " + SourceDir() + "/examples/data/train.jsonl";
+  for (const std::string& command : {"submit " + file + data, "validate --remote " + file + data}) {
+    CommandResult refused = c.Ctl(command);
+    EXPECT_EQ(refused.exit_code, 3) << refused.output;
+    EXPECT_THAT(refused.output, HasSubstr(":1: missing column 'instrucion'; did you mean 'instruction'?"))
+        << refused.output;
+  }
+  EXPECT_THAT(c.Ctl("list").output, Not(HasSubstr("job-000001")));
 }
 
 TEST_F(ServiceTest, HealthServingWhileUpAndNotServingDuringShutdown) {

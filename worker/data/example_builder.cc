@@ -12,10 +12,6 @@
 namespace qlora::data {
 namespace {
 
-constexpr char kChatTemplateName[] = "llama3_chat";
-
-constexpr char kShareGptColumn[] = "conversations";
-
 // ShareGPT's speaker names, as LLaMA-Factory and Axolotl map them to chat roles.
 absl::StatusOr<std::string> RoleOfSpeaker(const std::string& speaker) {
   static const std::pair<const char*, const char*> kRoles[] = {
@@ -70,36 +66,7 @@ absl::StatusOr<ExampleOptions> ExampleBuilder::OptionsFor(
     DataFormat format, const std::vector<std::string>& input_columns,
     const std::vector<std::string>& output_columns, const std::string& prompt_template,
     int max_sequence_length) {
-  ExampleOptions options;
-  options.max_sequence_length = max_sequence_length;
-  options.prompt_template = prompt_template;
-  options.input_columns = input_columns;
-  if (max_sequence_length < 2)
-    return absl::InvalidArgumentError("data.max_sequence_length must be at least 2");
-  if (format == DataFormat::kText) {
-    options.layout = ExampleLayout::kText;
-    options.input_columns = {"text"};
-  } else if (input_columns.size() == 1 && input_columns[0] == kShareGptColumn) {
-    options.layout = ExampleLayout::kChat;
-    options.use_tokenizer_chat_template = prompt_template != kChatTemplateName;
-  } else if (prompt_template == kChatTemplateName ||
-             (input_columns.size() == 1 && input_columns[0] == "messages")) {
-    options.layout = ExampleLayout::kChat;
-    options.input_columns = {"messages"};
-    options.use_tokenizer_chat_template = prompt_template != kChatTemplateName;
-  } else if (output_columns.empty()) {
-    if (input_columns.empty())
-      return absl::InvalidArgumentError("input_features: at least one column is needed");
-    options.layout = ExampleLayout::kText;
-  } else {
-    if (output_columns.size() > 1)
-      return absl::InvalidArgumentError("output_features: exactly one text column is supported");
-    if (input_columns.empty())
-      return absl::InvalidArgumentError("input_features: at least one column is needed");
-    options.layout = ExampleLayout::kInstruction;
-    options.output_column = output_columns[0];
-  }
-  return options;
+  return LayoutForJob(format, input_columns, output_columns, prompt_template, max_sequence_length);
 }
 
 absl::StatusOr<ExampleBuilder> ExampleBuilder::Create(const ExampleOptions& options,
@@ -150,47 +117,17 @@ absl::StatusOr<ExampleBuilder> ExampleBuilder::Create(const ExampleOptions& opti
     return builder;
   }
   // A user template: one section of literal and {column} pieces.
+  QLORA_ASSIGN_OR_RETURN(const std::vector<TemplatePiece> pieces, ParsePromptTemplate(options.prompt_template));
   Section section;
-  const std::string& text = options.prompt_template;
-  std::string literal;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if ((text[i] == '{' || text[i] == '}') && i + 1 < text.size() && text[i + 1] == text[i]) {
-      literal.push_back(text[i++]);
-    } else if (text[i] == '{') {
-      size_t close = text.find('}', i);
-      if (close == std::string::npos || close == i + 1)
-        return absl::InvalidArgumentError(absl::StrCat(
-            "data.prompt_template: '{' at offset ", i, " does not open a {column} placeholder"));
-      if (!literal.empty()) section.pieces.push_back({false, std::move(literal)});
-      literal.clear();
-      section.pieces.push_back({true, text.substr(i + 1, close - i - 1)});
-      i = close;
-    } else if (text[i] == '}') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.prompt_template: unmatched '}' at offset ", i, " (write '}}')"));
-    } else {
-      literal.push_back(text[i]);
-    }
-  }
-  if (!literal.empty()) section.pieces.push_back({false, std::move(literal)});
+  for (const TemplatePiece& piece : pieces) section.pieces.push_back({piece.is_column, piece.text});
   builder.sections_.push_back(std::move(section));
   return builder;
 }
 
 void ExampleBuilder::Columns(std::vector<std::string>* required,
                              std::vector<std::string>* optional) const {
-  auto add = [](std::vector<std::string>* to, const std::string& column) {
-    if (std::find(to->begin(), to->end(), column) == to->end()) to->push_back(column);
-  };
-  switch (options_.layout) {
-    case ExampleLayout::kChat: add(required, options_.input_columns[0]); return;
-    case ExampleLayout::kText: add(required, options_.input_columns[0]); return;
-    case ExampleLayout::kInstruction: break;
-  }
-  for (const Section& section : sections_)
-    for (const Piece& piece : section.pieces)
-      if (piece.is_column) add(piece.text == section.optional_column ? optional : required, piece.text);
-  add(required, options_.output_column);
+  // Create parsed the template already: the columns cannot fail here.
+  ColumnsOfLayout(options_, required, optional).IgnoreError();
 }
 
 absl::Status ExampleBuilder::Append(absl::string_view text, bool train, Example* example) const {

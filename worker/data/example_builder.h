@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/dataset/record.h"
+#include "common/dataset/record_layout.h"  // ExampleLayout, ExampleOptions
 #include "worker/data/tokenizer.h"
 
 namespace qlora::data {
@@ -48,19 +49,6 @@ struct Example {
   std::vector<int32_t> labels;  // same length; kIgnoreIndex where no loss
 };
 
-enum class ExampleLayout { kInstruction, kChat, kText };
-
-struct ExampleOptions {
-  ExampleLayout layout = ExampleLayout::kInstruction;
-  std::vector<std::string> input_columns;  // input_features names
-  std::string output_column;               // output_features[0].name (instruction layout)
-  std::string prompt_template;             // "" = the default above
-  int max_sequence_length = 512;
-  // Chat layout: render the tokenizer's chat template when it has one (false for
-  // prompt_template "llama3_chat", which forces the built-in layout).
-  bool use_tokenizer_chat_template = true;
-};
-
 struct ExampleStats {
   int64_t examples = 0;
   int64_t truncated = 0;
@@ -69,7 +57,7 @@ struct ExampleStats {
 
 class ExampleBuilder {
  public:
-  // Chooses the layout from the job's data section and features (see the file comment).
+  // Chooses the layout from the job's data section and features (LayoutForJob).
   static absl::StatusOr<ExampleOptions> OptionsFor(DataFormat format,
                                                    const std::vector<std::string>& input_columns,
                                                    const std::vector<std::string>& output_columns,

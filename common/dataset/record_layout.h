@@ -1,0 +1,54 @@
+// Which columns of a record a job reads, and in what layout (worker/data/example_builder.h says
+// how each layout becomes tokens): decided from the job's features, format and prompt template
+// alone, without a tokenizer, so that the coordinator checks a dataset's first records with the
+// rules the workers build examples by.
+//
+//  - text: the `text` column of a text file, or the one input column when there is no output;
+//  - chat: a `messages` column (the only input, or template `llama3_chat`), or ShareGPT's
+//    `conversations` column (the only input);
+//  - instruction: the prompt template's {column} placeholders (`{{`/`}}` are braces), or by
+//    default the first input column then the others when present; and the output column.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dataset/record.h"
+
+namespace qlora::data {
+
+enum class ExampleLayout { kInstruction, kChat, kText };
+
+inline constexpr char kLlama3ChatTemplateName[] = "llama3_chat";  // data.prompt_template
+
+struct ExampleOptions {
+  ExampleLayout layout = ExampleLayout::kInstruction;
+  std::vector<std::string> input_columns;  // input_features names
+  std::string output_column;               // output_features[0].name (instruction layout)
+  std::string prompt_template;             // "" = the default layout
+  int max_sequence_length = 512;
+  // Chat layout: render the tokenizer's chat template when it has one (false for
+  // prompt_template "llama3_chat", which forces the built-in layout).
+  bool use_tokenizer_chat_template = true;
+};
+
+// The layout and columns for a job's format, features and template (see the file comment).
+absl::StatusOr<ExampleOptions> LayoutForJob(DataFormat format, const std::vector<std::string>& input_columns,
+                                            const std::vector<std::string>& output_columns,
+                                            const std::string& prompt_template, int max_sequence_length);
+
+// A prompt template as literal text and {column} pieces; INVALID_ARGUMENT naming the offset of
+// a '{' that opens no placeholder or an unmatched '}'.
+struct TemplatePiece {
+  bool is_column = false;
+  std::string text;  // the literal text, or the column's name
+};
+absl::StatusOr<std::vector<TemplatePiece>> ParsePromptTemplate(const std::string& text);
+
+// The columns every record must have, and those read when present (the default template's
+// further input columns), in first-use order.
+absl::Status ColumnsOfLayout(const ExampleOptions& options, std::vector<std::string>* required,
+                             std::vector<std::string>* optional);
+
+}  // namespace qlora::data
