@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config/job_config_schema.h"
 #include "common/status_macros.h"
 
 namespace qlora::data {
@@ -100,6 +102,15 @@ absl::Status ColumnsOfLayout(const ExampleOptions& options, std::vector<std::str
   }
   AddOnce(required, options.output_column);
   return absl::OkStatus();
+}
+
+std::string MissingColumnHint(const Record& record, const std::string& column) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : record.fields) names.push_back(name);
+  std::string hint = absl::StrCat(" (the record has: ", absl::StrJoin(names, ", "), ")");
+  const config_internal::NearestName nearest = config_internal::Nearest(column, names);
+  if (nearest.typo) hint = absl::StrCat("; did you mean '", nearest.name, "'?", hint);
+  return hint;
 }
 
 }  // namespace qlora::data

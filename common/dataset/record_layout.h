@@ -51,4 +51,8 @@ absl::StatusOr<std::vector<TemplatePiece>> ParsePromptTemplate(const std::string
 absl::Status ColumnsOfLayout(const ExampleOptions& options, std::vector<std::string>* required,
                              std::vector<std::string>* optional);
 
+// What to tell about `column` missing from `record`: "; did you mean 'instruction'?" when the
+// record has a column that looks like a typo of it, then " (the record has: a, b)".
+std::string MissingColumnHint(const Record& record, const std::string& column);
+
 }  // namespace qlora::data

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "common/config/job_config_schema.h"
 #include "common/dataset/record_layout.h"
 #include "common/dataset/record_reader.h"
 #include "common/dataset/shard_planner.h"
@@ -60,22 +59,12 @@ absl::Status CheckChatTokenizer(const JobConfig& config, const data::ExampleOpti
   return absl::OkStatus();
 }
 
-// The record's columns, and the nearest to `column` when it looks like a typo of one.
-std::string ColumnsHint(const data::Record& record, const std::string& column) {
-  std::vector<std::string> names;
-  for (const auto& [name, value] : record.fields) names.push_back(name);
-  std::string hint = absl::StrCat(" (the record has: ", absl::StrJoin(names, ", "), ")");
-  const config_internal::NearestName nearest = config_internal::Nearest(column, names);
-  if (nearest.typo) hint = absl::StrCat("; did you mean '", nearest.name, "'?", hint);
-  return hint;
-}
-
 // What is wrong with `record` for the layout, or "".
 std::string RecordProblem(const data::Record& record, const data::ExampleOptions& layout,
                           const std::vector<std::string>& required) {
   for (const std::string& column : required) {
     const std::string* value = record.Find(column);
-    if (value == nullptr) return absl::StrCat("missing column '", column, "'", ColumnsHint(record, column));
+    if (value == nullptr) return absl::StrCat("missing column '", column, "'", data::MissingColumnHint(record, column));
     if (layout.layout == data::ExampleLayout::kChat && !nlohmann::json::parse(*value, nullptr, false).is_array()) {
       return absl::StrCat("'", column, "' must be a JSON array of {role, content} or {from, value} turns");
     }

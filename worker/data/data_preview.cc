@@ -7,10 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "common/config/job_config_schema.h"
 #include "common/dataset/record_reader.h"
 #include "common/dataset/shard_planner.h"
 #include "common/status_macros.h"
+#include "common/dataset/record_layout.h"
 #include "worker/data/example_builder.h"
 #include "worker/data/job_data_options.h"
 
@@ -40,16 +40,6 @@ std::string MissingColumn(absl::string_view message) {
   const size_t begin = at + kPrefix.size();
   const size_t end = message.find('\'', begin);
   return end == absl::string_view::npos ? "" : std::string(message.substr(begin, end - begin));
-}
-
-// The record's columns, and the nearest to `column` when it looks like a typo of one.
-std::string ColumnsHint(const Record& record, const std::string& column) {
-  std::vector<std::string> names;
-  for (const auto& [name, value] : record.fields) names.push_back(name);
-  std::string hint = absl::StrCat(" (the record has: ", absl::StrJoin(names, ", "), ")");
-  const config_internal::NearestName nearest = config_internal::Nearest(column, names);
-  if (nearest.typo) hint = absl::StrCat("; did you mean '", nearest.name, "'?", hint);
-  return hint;
 }
 
 // The example's text with the trained tokens between "[[" and "]]".
@@ -111,7 +101,7 @@ absl::StatusOr<DataPreview> PreviewJobData(const JobConfig& job, const Tokenizer
     absl::StatusOr<bool> built = builder.Build(record, &example);
     if (!built.ok()) {
       const std::string column = MissingColumn(built.status().message());
-      const std::string hint = column.empty() ? "" : ColumnsHint(record, column);
+      const std::string hint = column.empty() ? "" : MissingColumnHint(record, column);
       if (job.data.malformed_records == MalformedRecords::kFail) {
         return absl::InvalidArgumentError(
             absl::StrCat(Where(record), ": ", built.status().message(), hint));
