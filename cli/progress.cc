@@ -61,7 +61,7 @@ std::string CheckpointLine(const v1::Progress& p) {
     absl::StrAppendFormat(&line, ", %d offloaded to host memory", c.offloaded_layers());
   }
   if (c.dequantized_layers() > 0) {
-    absl::StrAppendFormat(&line, ", %d with weights held dequantized", c.dequantized_layers());
+    absl::StrAppendFormat(&line, ", %d with dequantized weights", c.dequantized_layers());
   }
   return line;
 }

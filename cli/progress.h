@@ -19,7 +19,7 @@ std::string ProgressLine(const v1::Job& job);
 
 // A rank's activation-checkpointing choice as `qloractl get` prints it: "rank 0: 10 of 32
 // layers activation-checkpointed, planned peak 21.6 GiB of a 24.0 GiB budget, measured 21.1 GiB,
-// 4 offloaded to host memory, 26 with weights held dequantized" (each part after the first only
+// 4 offloaded to host memory, 26 with dequantized weights" (each part after the first only
 // where it is set); "" where the rank reported no choice.
 std::string CheckpointLine(const v1::Progress& progress);
 

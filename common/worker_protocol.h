@@ -123,7 +123,7 @@ struct CheckpointingReport {
   int64_t budget_bytes = 0;          // auto: trainer.max_memory_gib or the GPU's free memory
   int64_t measured_peak_bytes = 0;   // auto on a GPU: the largest peak the first steps set
   int64_t offloaded_layers = 0;      // layers whose saved tensors wait in host memory
-  int64_t dequantized_layers = 0;    // layers whose 4-bit weights are held dequantized
+  int64_t dequantized_layers = 0;    // layers whose 4-bit weights are kept dequantized
 };
 
 // What became of a rank's records (its share of the training split). Each read record is

@@ -11,37 +11,18 @@
 #include "absl/strings/str_format.h"
 #include "common/posix_files.h"
 #include "common/tensorboard/crc32c.h"
+#include "common/tensorboard/wire_format.h"
 
 namespace qlora::tensorboard {
 namespace {
 
-// Protocol-buffer wire format: a key is (field << 3) | wire type.
-constexpr int kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
-
-void PutVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-void PutKey(int field, int wire_type, std::string* out) {
-  PutVarint(static_cast<uint64_t>(field << 3 | wire_type), out);
-}
-
-template <typename T>
-void PutLittleEndian(T value, std::string* out) {
-  char bytes[sizeof(T)];
-  std::memcpy(bytes, &value, sizeof(T));  // x86-64 and aarch64 Linux are little-endian
-  out->append(bytes, sizeof(T));
-}
-
-void PutBytes(int field, const std::string& bytes, std::string* out) {
-  PutKey(field, kLengthDelimited, out);
-  PutVarint(bytes.size(), out);
-  out->append(bytes);
-}
+using wire::kFixed32;
+using wire::kFixed64;
+using wire::kVarint;
+using wire::PutBytes;
+using wire::PutKey;
+using wire::PutLittleEndian;
+using wire::PutVarint;
 
 // tensorflow.Event with wall_time and step set; `rest` is its remaining fields, encoded.
 std::string Event(double wall_time, int64_t step, const std::string& rest) {
@@ -100,6 +81,12 @@ absl::Status EventFileWriter::AddScalars(
     PutLittleEndian(value, &v);
     PutBytes(1, v, &summary);
   }
+  std::string rest;
+  PutBytes(5, summary, &rest);
+  return WriteRecord(Event(wall_time, step, rest));
+}
+
+absl::Status EventFileWriter::AddSummary(int64_t step, double wall_time, const std::string& summary) {
   std::string rest;
   PutBytes(5, summary, &rest);
   return WriteRecord(Event(wall_time, step, rest));

@@ -40,6 +40,8 @@ class EventFileWriter {
   // One event at `step` with a simple_value per (tag, value).
   absl::Status AddScalars(int64_t step, double wall_time,
                           const std::vector<std::pair<std::string, float>>& scalars);
+  // One event at `step` holding `summary`, an encoded tensorflow.Summary (hparams_summary.h).
+  absl::Status AddSummary(int64_t step, double wall_time, const std::string& summary);
   const std::string& path() const { return path_; }
 
  private:

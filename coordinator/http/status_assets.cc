@@ -202,7 +202,7 @@ const char kStatusPageJs[] = R"js('use strict';
     if (c.budget_bytes > 0) text += ', planned ' + gib(c.planned_peak_bytes) + ' of a ' + gib(c.budget_bytes) + ' GiB budget';
     if (c.measured_peak_bytes > 0) text += ', measured ' + gib(c.measured_peak_bytes) + ' GiB';
     if (c.offloaded_layers > 0) text += ', ' + c.offloaded_layers + ' offloaded to host memory';
-    if (c.dequantized_layers > 0) text += ', ' + c.dequantized_layers + ' with weights held dequantized';
+    if (c.dequantized_layers > 0) text += ', ' + c.dequantized_layers + ' with dequantized weights';
     return text;
   }
 

@@ -116,13 +116,12 @@ TEST(CheckpointLineTest, SaysEachPartTheRankReported) {
   c->set_dequantized_layers(26);
   EXPECT_EQ(CheckpointLine(p),
             "rank 1: 10 of 32 layers activation-checkpointed, planned peak 21.6 GiB of a 24.0 GiB "
-            "budget, measured 21.1 GiB, 4 offloaded to host memory, 26 with weights held "
-            "dequantized");
+            "budget, measured 21.1 GiB, 4 offloaded to host memory, 26 with dequantized weights");
   c->set_budget_bytes(0);
   c->set_offloaded_layers(0);
   EXPECT_EQ(CheckpointLine(p),
-            "rank 1: 10 of 32 layers activation-checkpointed, measured 21.1 GiB, 26 with weights "
-            "held dequantized");
+            "rank 1: 10 of 32 layers activation-checkpointed, measured 21.1 GiB, 26 with dequantized "
+            "weights");
 }
 
 // `qloractl get`'s weights line: only where the base weights are partitioned or in host memory,

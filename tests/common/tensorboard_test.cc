@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/tensorboard/crc32c.h"
+#include "common/tensorboard/hparams_summary.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/util/temp_dir.h"
@@ -77,6 +78,42 @@ TEST(CommonTensorboard, TensorboardReadsEveryScalarBack) {
   EXPECT_FLOAT_EQ(scalars["train/learning_rate"][9][1].get<float>(), 1e-3f);
   ASSERT_EQ(scalars["eval/loss"].size(), 1u);
   EXPECT_FLOAT_EQ(scalars["eval/loss"][0][1].get<float>(), 0.25f);
+}
+
+// The hparams plugin reads the experiment (names and types, metrics), the run's values and its
+// end status back with its own parser, so runs compare in TensorBoard's HParams tab.
+TEST(CommonTensorboard, TheHparamsPluginReadsTheRunsHyperparameters) {
+  const char* python = std::getenv("QLORA_PYTHON");
+  const char* source = std::getenv("QLORA_SOURCE_DIR");
+  if (python == nullptr || *python == '\0' || source == nullptr) {
+    GTEST_SKIP() << "QLORA_PYTHON / QLORA_SOURCE_DIR not set: no tensorboard reference";
+  }
+  qlora::testing::TempDir dir;
+  {
+    EventFileOptions options;
+    options.wall_time = 1.7e9;
+    auto writer = EventFileWriter::Open(dir.path() + "/runs", options);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    const std::vector<HParam> hparams = {{"trainer.learning_rate", 2e-4},
+                                         {"adapter.target_modules", std::string("q_proj,v_proj")},
+                                         {"data.packing", true}};
+    ASSERT_TRUE((*writer)->AddSummary(0, 1.7e9, HParamsExperimentSummary(hparams, {"train/loss", "eval/loss"}, 1.7e9)).ok());
+    ASSERT_TRUE((*writer)->AddSummary(0, 1.7e9, HParamsSessionStartSummary(hparams, 1.7e9)).ok());
+    ASSERT_TRUE((*writer)->AddScalars(1, 1.7e9 + 1, {{"train/loss", 2.5f}}).ok());
+    ASSERT_TRUE((*writer)->AddSummary(1, 1.7e9 + 2, HParamsSessionEndSummary(true, 1.7e9 + 2)).ok());
+  }
+  const std::string out = RunAndCapture(std::string("'") + python + "' '" + source +
+                                        "/tests/common/read_events.py' '" + dir.path() + "/runs' --hparams");
+  const auto read = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(read.is_object()) << out;
+  EXPECT_EQ(read["experiment"]["hparams"]["trainer.learning_rate"], "DATA_TYPE_FLOAT64") << out;
+  EXPECT_EQ(read["experiment"]["hparams"]["adapter.target_modules"], "DATA_TYPE_STRING") << out;
+  EXPECT_EQ(read["experiment"]["hparams"]["data.packing"], "DATA_TYPE_BOOL") << out;
+  EXPECT_EQ(read["experiment"]["metrics"], nlohmann::json({"train/loss", "eval/loss"})) << out;
+  EXPECT_DOUBLE_EQ(read["start"]["trainer.learning_rate"].get<double>(), 2e-4) << out;
+  EXPECT_EQ(read["start"]["adapter.target_modules"], "q_proj,v_proj") << out;
+  EXPECT_EQ(read["start"]["data.packing"], true) << out;
+  EXPECT_EQ(read["end"], "STATUS_SUCCESS") << out;
 }
 
 }  // namespace

@@ -138,6 +138,14 @@ TEST_F(ServiceTest, CliAndClientJobsSucceedWithTwoCpuWorkersAndWatchShowsProgres
     EXPECT_THAT(events.output, HasSubstr("\"train/loss\": [[1, "));
     EXPECT_THAT(events.output, HasSubstr("[4, "));
     EXPECT_THAT(events.output, HasSubstr("\"train/tokens_per_second\""));
+    // The HParams tab: the job's keys with their values, the metrics, and the run's success.
+    CommandResult hparams = RunCommand(absl::StrCat(python, " ", SourceDir(), "/tests/common/read_events.py ",
+                                                    output, "/runs --hparams"));
+    ASSERT_EQ(hparams.exit_code, 0) << hparams.output;
+    EXPECT_THAT(hparams.output, HasSubstr("\"trainer.learning_rate\": 0.001")) << hparams.output;
+    EXPECT_THAT(hparams.output, HasSubstr("\"workers\": 2.0")) << hparams.output;
+    EXPECT_THAT(hparams.output, HasSubstr("\"metrics\": [\"train/loss\", \"eval/loss\"]")) << hparams.output;
+    EXPECT_THAT(hparams.output, HasSubstr("\"end\": \"STATUS_SUCCESS\"")) << hparams.output;
   }
 
   v1::Job client_job = SubmitJob(c, ShortJob());

@@ -28,6 +28,13 @@ absl::StatusOr<std::unique_ptr<RunMetrics>> RunMetrics::Open(const RunMetricsOpt
   absl::StatusOr<std::unique_ptr<tensorboard::EventFileWriter>> events =
       tensorboard::EventFileWriter::Open(JoinPath(options.output_dir, "runs"), event_options);
   if (!events.ok()) return events.status();
+  if (!options.hparams.empty()) {
+    for (const std::string& summary :
+         {tensorboard::HParamsExperimentSummary(options.hparams, options.hparam_metrics, options.wall_time),
+          tensorboard::HParamsSessionStartSummary(options.hparams, options.wall_time)}) {
+      if (absl::Status s = (*events)->AddSummary(0, options.wall_time, summary); !s.ok()) return s;
+    }
+  }
   const std::string path = JoinPath(options.output_dir, "metrics.jsonl");
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
   std::FILE* file = fd < 0 ? nullptr : fdopen(fd, "ab");
@@ -76,6 +83,10 @@ absl::Status RunMetrics::RecordEvaluation(int64_t step, double wall_time, double
     return s;
   }
   return WriteLine(nlohmann::json{{"step", step}, {"eval_loss", eval_loss}, {"wall_time", wall_time}}.dump());
+}
+
+absl::Status RunMetrics::RecordEnd(bool succeeded, double wall_time) {
+  return events_->AddSummary(0, wall_time, tensorboard::HParamsSessionEndSummary(succeeded, wall_time));
 }
 
 absl::Status RunMetrics::WriteLine(const std::string& json) {

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/tensorboard/event_file_writer.h"
+#include "common/tensorboard/hparams_summary.h"
 
 namespace qlora::worker {
 
@@ -41,6 +42,9 @@ struct RunMetricsOptions {
   std::string host = "localhost";
   int64_t pid = 0;
   double wall_time = 0;    // now, for the event file's name
+  // Written first for TensorBoard's HParams tab (hparams_summary.h), when given.
+  std::vector<tensorboard::HParam> hparams;
+  std::vector<std::string> hparam_metrics;  // the scalar tags shown beside them
 };
 
 class RunMetrics {
@@ -53,6 +57,8 @@ class RunMetrics {
   absl::Status Record(const StepMetrics& m);
   // An evaluation outside a step's record (the final one): eval/loss at `step`.
   absl::Status RecordEvaluation(int64_t step, double wall_time, double eval_loss);
+  // The HParams tab's status of the run (success or failure), once it has ended.
+  absl::Status RecordEnd(bool succeeded, double wall_time);
   const std::string& event_file() const { return events_->path(); }
 
  private:

@@ -35,6 +35,7 @@
 #include "worker/run/evaluation.h"
 #include "worker/run/model_card.h"
 #include "worker/run/generator_seeds.h"
+#include "worker/run/job_hparams.h"
 #include "worker/memory/host_memory.h"
 #include "worker/run/rank_sums.h"
 #include "worker/run/run_options.h"
@@ -470,6 +471,8 @@ void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p,
     options.host = host;
     options.pid = getpid();
     options.wall_time = now;
+    options.hparams = JobHParams(config_, assignment_.world_size);
+    options.hparam_metrics = JobHParamMetrics();
     absl::StatusOr<std::unique_ptr<RunMetrics>> opened = RunMetrics::Open(options);
     if (!opened.ok()) {
       metrics_failed_ = true;
@@ -602,6 +605,11 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
   // The final adapter: the full fp32 weights gathered, written by rank 0 with its model card.
   const std::string adapter = assignment_.output_dir + "/adapter";
   QLORA_RETURN_IF_ERROR(WriteAdapter(adapter));
+  if (metrics_ != nullptr) {  // rank 0's: the HParams tab shows the run as succeeded
+    if (absl::Status s = metrics_->RecordEnd(true, absl::ToUnixMicros(absl::Now()) / 1e6); !s.ok()) {
+      Log(absl::StrCat("metrics: the run's end was not recorded: ", s.message()));
+    }
+  }
   TrainingOutcome outcome;
   if (assignment_.rank == 0) {
     outcome.adapter_path = adapter;
