@@ -72,6 +72,7 @@ void Job::AfterTransition() {
   if (IsTerminal(record_.state) && rendezvous_) {
     rendezvous_->Close(absl::StrCat("job ", record_.id, " has ended"));
   }
+  if (IsTerminal(record_.state) && env_->ended) env_->ended();
 }
 
 void Job::Transition(JobState state, const std::string& reason_code, const std::string& message) {

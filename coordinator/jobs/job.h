@@ -53,6 +53,7 @@ struct JobEnv {
   int default_max_restarts = 0;      // for jobs whose file does not say (trainer.max_restarts)
   absl::Duration restart_backoff;    // before the first restart; doubled for each next one
   std::function<void(const WorkerExit&)> worker_exited;  // every reaped rank (metrics); may be empty
+  std::function<void()> ended;       // a job reached a terminal state; may be empty
 };
 
 class Job {

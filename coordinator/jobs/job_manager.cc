@@ -79,7 +79,11 @@ JobManager::JobManager(JobManagerOptions options, JobStore* store, ProcessLaunch
            [this](const absl::Status& status) { StoreFailed(status); },
            options_.default_max_restarts,
            options_.restart_backoff,
-           options_.on_worker_exit},
+           options_.on_worker_exit,
+           [this] {  // called by a job under mu_
+             mu_.AssertHeld();
+             housekeeping_due_ = true;
+           }},
       slots_(options_.gpus, options_.cpu_workers) {}
 
 JobManager::~JobManager() { Shutdown(); }
@@ -632,13 +636,21 @@ void JobManager::DropEndedJobFiles() {
 }
 
 bool JobManager::Tick() {
-  DropEndedJobFiles();
-  ForgetEndedJobs();
+  // Retention and the job-file drop look at every job: only after a job ended or its workers
+  // were reaped, and on an age tick for ended_job_retention (and retries).
+  const absl::Time now = options_.now();
+  if (housekeeping_due_ || now - last_housekeeping_ >= kHousekeepingInterval) {
+    housekeeping_due_ = false;
+    last_housekeeping_ = now;
+    DropEndedJobFiles();
+    ForgetEndedJobs();
+  }
   if (stop_) return false;
   for (const std::string& id : order_) {
     Job& job = *jobs_.at(id);
     if (job.workers().empty()) continue;
     const std::vector<int> freed = job.Poll();
+    if (!freed.empty() && job.ended()) housekeeping_due_ = true;  // its workers are gone now
     if (OnCluster(job.config())) continue;  // holds no slot here
     for (int slot : freed) slots_.Release(slot);
   }

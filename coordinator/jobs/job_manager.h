@@ -251,6 +251,11 @@ class JobManager {
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   std::string coordinator_address_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Retention's pass (ForgetEndedJobs, DropEndedJobFiles) is due: a job ended or its workers
+  // were reaped since the last one; else it runs every kHousekeepingInterval.
+  static constexpr absl::Duration kHousekeepingInterval = absl::Seconds(60);
+  bool housekeeping_due_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Time last_housekeeping_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);  // the first failed state-change write
   std::thread monitor_;
 };
