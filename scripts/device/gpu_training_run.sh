@@ -4,13 +4,31 @@
 #   1. the example job (tiny LLaMA, NF4, bf16) on 1 GPU and on 2 GPUs (ZeRO-2, NCCL): loss goes down
 #   2. the 7B-shaped benchmark job: ours at micro-batch 1 and 4 (1 GPU) and 4 (2 GPUs), ZeRO-2
 #   3. the anchors at micro-batch 4 and 1 (transformers + peft + bitsandbytes) and bf16-base LoRA
-# BENCH_PARTS selects: "tiny", "ours", "anchors", "deepspeed" (default: tiny ours anchors).
+# BENCH_PARTS selects: "tiny", "confined", "ours", "anchors", "deepspeed" (default: tiny ours anchors).
 #   4. deepspeed: the DeepSpeed ZeRO-2 anchor on every GPU (wheels carried in .device-wheels/ds)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 parts=${BENCH_PARTS:-tiny ours anchors}
 ngpu=$(nvidia-smi -L | wc -l)
 bin=$QLORA_BINARY_DIR
+# confined: the example job on GPU 0 under --read-roots, its workers confined by Landlock (CUDA's
+# device files, libraries and caches must stay reachable under the rules of file_confinement.h).
+if [[ $parts == *confined* ]]; then
+  w=$(mktemp -d)
+  "$bin/worker/engine/qlora-make-tiny-model" "$w/tiny" --vocab 512 --layers 2 --hidden 128 --intermediate 256 >/dev/null
+  cp "$root/examples/tokenizer/"* "$w/tiny/"
+  sed -e "s|BASE_MODEL_DIR|$w/tiny|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
+    "$root/examples/qlora-tiny.yaml" > "$w/job.yaml"
+  "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$w/state" --gpus 0 --port-file "$w/port" \
+    --read-roots "$root/examples,$w/tiny" > "$w/c.log" 2>&1 &
+  c=$!
+  for _ in $(seq 100); do [ -s "$w/port" ] && break; sleep 0.1; done
+  export QLORA_ADDRESS=127.0.0.1:$(cat "$w/port")
+  echo "== tiny job on GPU 0, workers confined to the read roots"
+  "$bin/cli/qloractl" submit "$w/job.yaml" --dataset "$root/examples/data/train.jsonl" --follow | grep -E "step (1|60)/|SUCCEEDED|FAILED" | sort -u
+  "$bin/cli/qloractl" logs job-000001 --rank 0 | grep -E "file accesses confined|device|evaluation loss|error|failed|denied" | head -8
+  kill $c; wait $c 2>/dev/null
+fi
 if [[ $parts == *tiny* ]]; then
   for gpus in 0 $( ((ngpu > 1)) && echo 0,1 ); do
     w=$(mktemp -d)
