@@ -1,7 +1,8 @@
 // The worker's Landlock confinement (worker/service/file_confinement.h), in forked children (it
 // cannot be undone): reads beneath the read root pass and nothing else of the user's does, a link
 // planted in the root that leads out is refused at open, writes go only beneath the output
-// folder, and an output folder swapped for a link to elsewhere is refused too.
+// folder, and an output folder swapped for a link to elsewhere is refused too; the process's
+// threads may name themselves under /proc (the CUDA driver needs it).
 #include "worker/service/file_confinement.h"
 
 #include <fcntl.h>
@@ -97,6 +98,10 @@ TEST(WorkerFileConfinement, WithoutReadRootsOnlyWritesAreConfined) {
     wrong |= (OpenOutcome(other + "/file.txt", O_RDONLY) != 1) << 0;
     wrong |= (OpenOutcome(other + "/new.txt", O_WRONLY | O_CREAT) != 0) << 1;
     wrong |= (OpenOutcome(out + "/new.txt", O_WRONLY | O_CREAT) != 1) << 2;
+    // A thread of this process names itself (the CUDA driver does; cuInit fails with error 304
+    // when it cannot), and other /proc files stay read-only.
+    wrong |= (OpenOutcome("/proc/thread-self/comm", O_WRONLY) != 1) << 3;
+    wrong |= (OpenOutcome("/proc/self/oom_score_adj", O_WRONLY) != 0) << 4;
     _exit(wrong);
   }
   int status = 0;

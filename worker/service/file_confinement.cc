@@ -124,6 +124,13 @@ absl::Status ConfineFiles(const FileConfinement& confinement) {
     if (absl::Status s = rules.Allow(path, kReadRights | write, handled, false); !s.ok()) return s;
   }
   if (absl::Status s = rules.Allow("/dev", kReadRights | write, handled, true); !s.ok()) return s;
+  // The process's own threads' files: the CUDA driver names its threads through
+  // /proc/self/task/<tid>/comm, and cuInit fails (error 304) when it cannot. Resolved now, so
+  // beneath this process's /proc/<pid>/task only.
+  if (absl::Status s = rules.Allow("/proc/self/task", kReadRights | LANDLOCK_ACCESS_FS_WRITE_FILE, handled, true);
+      !s.ok()) {
+    return s;
+  }
   if (confine_reads) {
     for (const char* path : kSystemFolders) {
       if (absl::Status s = rules.Allow(path, kReadRights, handled, true); !s.ok()) return s;

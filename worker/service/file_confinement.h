@@ -7,8 +7,9 @@
 // Allowed: reading beneath `read_beneath` (the read roots) and the system's own folders (the
 // loaded libraries' folders, /usr, /lib*, /proc, /sys, /dev, the few /etc files name resolution
 // and TLS read); reading and writing beneath `write_beneath` (the job's output folder) and /dev
-// (GPU devices, NCCL's shared memory). With no `read_beneath`, reads are not confined (the
-// coordinator has no read roots), only writes.
+// (GPU devices, NCCL's shared memory); writing its own threads' files under /proc/<pid>/task
+// (the CUDA driver names its threads there and cannot start without). With no `read_beneath`,
+// reads are not confined (the coordinator has no read roots), only writes.
 //
 // Must run before the process starts any thread: Landlock restricts the calling thread and what
 // it creates later. Irreversible.
