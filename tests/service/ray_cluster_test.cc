@@ -8,6 +8,7 @@
 // cluster bit-identically. Needs root (CI runs as root); skipped without it or without
 // $QLORA_RAYENV (scripts/test.sh sets it).
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -147,6 +148,14 @@ TEST_F(RayClusterTest, StrictSpreadRanksRunOnTwoHostsAndMatchLocalWorkers) {
   const std::string got = RunToEnd(*c, Job(2, 2, true, "STRICT_SPREAD", kShortTraining), &job);
   ASSERT_FALSE(got.empty());
   EXPECT_TRUE(got == expected) << "the adapter trained on the cluster differs from the local one";
+  // Written by rank 0 in a Ray job (whose raylet's umask is the system's), yet private: the
+  // workers apply the coordinator's --state-umask (077).
+  for (const std::string& path : {job.adapter_path(), job.adapter_path() + "/adapter_model.safetensors",
+                                  job.output_dir() + "/metrics.jsonl"}) {
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_mode & 077, 0u) << path << " has mode " << std::oct << (st.st_mode & 0777);
+  }
   const std::string events = StoredEvents(state, job.id());
   EXPECT_THAT(events, HasSubstr("host " + Address(1))) << events;
   EXPECT_THAT(events, HasSubstr("host " + Address(2))) << events;
