@@ -77,7 +77,8 @@ std::vector<CommandSpec>* MakeCommands() {
       {"validate", "JOB.yaml [KEY.PATH=VALUE ...]", "check a job file and print it with every default resolved",
        absl::StrCat("Offline by default (the file, its datasets and its base model as this machine sees "
                     "them); with --remote the coordinator resolves it as it would at submit, with where it "
-                    "would run. Offline, the first 200 training records are also built as a worker builds "
+                    "would run (and checks the first 100 records' format and columns). Where the job's "
+                    "files are on this machine, the first 200 training records are also built as a worker builds "
                     "them (the job's format, columns, template and the base model's tokenizer): a record "
                     "that would fail the job fails validation naming its line and column, and the counts "
                     "of records cut, left without a target or malformed are printed with one example and "

@@ -252,6 +252,18 @@ int Submit(Client& client, const ParsedArgs& a, bool json) {
   return a.Has("--follow") ? Watch(client, resp.job().id(), json) : kOk;
 }
 
+// The data as a worker would read it, for validate's text: the first records built with the
+// base model's tokenizer (data_preview.h); a record that would fail the job is the error.
+absl::StatusOr<std::string> DataPreviewLines(const JobConfig& config) {
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::LoadTokenizer(config.base_model_path);
+  if (!tokenizer.ok()) {
+    return absl::StrCat("# data: not read (the base model's tokenizer: ", tokenizer.status().message(), ")\n");
+  }
+  absl::StatusOr<data::DataPreview> preview = data::PreviewJobData(config, **tokenizer);
+  if (!preview.ok()) return preview.status();
+  return data::DataPreviewText(*preview);
+}
+
 // validate --remote: the coordinator resolves the job as it would at submit (its datasets, its
 // workers, its Ray cluster) and says where it would run.
 int ValidateRemote(Client& client, const ParsedArgs& a, bool json) {
@@ -272,9 +284,30 @@ int ValidateRemote(Client& client, const ParsedArgs& a, bool json) {
   if (!s.ok()) return ReportError(s);
   if (json) {
     printf("%s\n", ToJson(resp).c_str());
-  } else {
-    printf("%s: valid\n%s", a.positional[0].c_str(), resp.resolved_config_yaml().c_str());
+    return kOk;
   }
+  // The coordinator checked the first records' format and columns; with the job's files here
+  // too, the token-level sample (cut, target-less, one example) is added.
+  std::string data_text;
+  if (!a.Has("--no-data")) {
+    ParseOptions options;
+    options.source_name = submission->source_name();
+    options.dataset_override = submission->dataset();
+    options.validation_dataset_override = submission->validation_dataset();
+    options.base_dir = submission->base_dir();
+    absl::StatusOr<JobConfig> local = ParseJobConfig(submission->job_yaml(), options);
+    absl::StatusOr<std::string> preview =
+        local.ok() ? DataPreviewLines(*local)
+                   : absl::StatusOr<std::string>(
+                         "# data: the coordinator checked the first records; the job's files are not "
+                         "all on this machine, so the token-level sample is left out\n");
+    if (!preview.ok()) {
+      fprintf(stderr, "qloractl: %s\n", std::string(preview.status().message()).c_str());
+      return kInvalid;
+    }
+    data_text = *preview;
+  }
+  printf("%s: valid\n%s%s", a.positional[0].c_str(), data_text.c_str(), resp.resolved_config_yaml().c_str());
   return kOk;
 }
 
@@ -298,20 +331,10 @@ int Validate(const ParsedArgs& a, bool json) {
                : kOther;
   }
   const std::string resolved = EmitResolvedJobYaml(*config);
-  // The data as a worker would read it: errors fail validation, the rest is printed.
-  std::string data_text;
-  if (!a.Has("--no-data")) {
-    absl::StatusOr<std::unique_ptr<data::Tokenizer>> tokenizer = data::LoadTokenizer(config->base_model_path);
-    if (!tokenizer.ok()) {
-      data_text = absl::StrCat("# data: not read (the base model's tokenizer: ", tokenizer.status().message(), ")\n");
-    } else {
-      absl::StatusOr<data::DataPreview> preview = data::PreviewJobData(*config, **tokenizer);
-      if (!preview.ok()) {
-        fprintf(stderr, "qloractl: %s\n", std::string(preview.status().message()).c_str());
-        return kInvalid;
-      }
-      data_text = data::DataPreviewText(*preview);
-    }
+  absl::StatusOr<std::string> data_text = a.Has("--no-data") ? std::string() : DataPreviewLines(*config);
+  if (!data_text.ok()) {
+    fprintf(stderr, "qloractl: %s\n", std::string(data_text.status().message()).c_str());
+    return kInvalid;
   }
   if (json) {
     v1::ValidateJobResponse r;
@@ -321,7 +344,7 @@ int Validate(const ParsedArgs& a, bool json) {
     printf("%s: valid\n# runs on: %s (--remote asks the coordinator)\n%s%s", a.positional[0].c_str(),
            config->backend.type == BackendType::kRay ? "the coordinator's Ray cluster (backend.type: ray)"
                                                      : "the coordinator's host (backend.type: local)",
-           data_text.c_str(), resolved.c_str());
+           data_text->c_str(), resolved.c_str());
   }
   return kOk;
 }

@@ -1055,6 +1055,13 @@ TEST_F(ServiceTest, AMisspelledColumnIsRefusedAtSubmitNamingTheRecord) {
         << refused.output;
   }
   EXPECT_THAT(c.Ctl("list").output, Not(HasSubstr("job-000001")));
+  // The good file: the coordinator resolves it, and with the files here the sample is shown.
+  const std::string good = state_ + "/good.yaml";
+  std::ofstream(good) << OriginalJobYaml();
+  CommandResult valid = c.Ctl("validate --remote " + good + data);
+  EXPECT_EQ(valid.exit_code, 0) << valid.output;
+  EXPECT_THAT(valid.output, HasSubstr("# sample: 200 record(s) read")) << valid.output;
+  EXPECT_THAT(valid.output, HasSubstr("trained, shown between [[ and ]]")) << valid.output;
 }
 
 TEST_F(ServiceTest, HealthServingWhileUpAndNotServingDuringShutdown) {
