@@ -1,6 +1,8 @@
 // Arrow cells as record text, and Arrow errors (see arrow_values.h). C++20, like its includers.
 #include "common/dataset/arrow_values.h"
 
+#include <exception>
+
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -91,6 +93,26 @@ std::string ArrowValueText(const arrow::Array& a, int64_t i, std::string* reason
   if (value.is_string()) return value.get_ref<const std::string&>();
   // Binary inside a list or struct may not be UTF-8: replaced (U+FFFD), never thrown.
   return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+void ArrowRowFields(const arrow::RecordBatch& batch, int64_t row, const std::vector<int>& columns,
+                    int64_t max_record_bytes, std::vector<std::pair<std::string, std::string>>* fields,
+                    std::string* reason) {
+  int64_t bytes = 0;
+  const int count = columns.empty() ? batch.num_columns() : static_cast<int>(columns.size());
+  try {
+    for (int k = 0; k < count && reason->empty(); ++k) {
+      const int c = columns.empty() ? k : columns[k];
+      std::string value = ArrowValueText(*batch.column(c), row, reason);
+      bytes += static_cast<int64_t>(value.size());
+      fields->emplace_back(batch.schema()->field(c)->name(), std::move(value));
+    }
+  } catch (const std::exception& e) {
+    *reason = absl::StrCat("cannot decode the row: ", e.what());
+  }
+  if (reason->empty() && bytes > max_record_bytes)
+    *reason = absl::StrCat("record longer than max_record_bytes (", max_record_bytes, ")");
+  if (!reason->empty()) fields->clear();
 }
 
 absl::Status DataFileError(const std::string& path, absl::string_view what, absl::string_view why) {

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -20,6 +22,13 @@ namespace qlora::data {
 
 // a[i] as record text; *reason when it is malformed (nested deeper than JSON Lines allows).
 std::string ArrowValueText(const arrow::Array& a, int64_t i, std::string* reason);
+
+// Row `row` of `batch` as the record's fields: the columns at `columns` (every column when
+// empty), each as ArrowValueText; *reason, and no fields, when a value is malformed or the
+// values add up to more than `max_record_bytes`.
+void ArrowRowFields(const arrow::RecordBatch& batch, int64_t row, const std::vector<int>& columns,
+                    int64_t max_record_bytes, std::vector<std::pair<std::string, std::string>>* fields,
+                    std::string* reason);
 
 // INVALID_ARGUMENT "<path>: <what>: <why>": a file at fault, never worth a retry.
 absl::Status DataFileError(const std::string& path, absl::string_view what, absl::string_view why);

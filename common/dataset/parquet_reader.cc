@@ -154,19 +154,7 @@ class ParquetReader : public RecordReader {
 
   // The columns of the row ReadRaw stopped at, as text.
   void Parse(Record* record, std::string* reason) override {
-    int64_t bytes = 0;
-    try {
-      for (int c = 0; c < batch_->num_columns() && reason->empty(); ++c) {
-        std::string value = ArrowValueText(*batch_->column(c), batch_row_, reason);
-        bytes += static_cast<int64_t>(value.size());
-        record->fields.emplace_back(batch_->schema()->field(c)->name(), std::move(value));
-      }
-    } catch (const std::exception& e) {
-      *reason = absl::StrCat("cannot decode the row: ", e.what());
-    }
-    if (reason->empty() && bytes > options_.max_record_bytes)
-      *reason = absl::StrCat("record longer than max_record_bytes (", options_.max_record_bytes, ")");
-    if (!reason->empty()) record->fields.clear();
+    ArrowRowFields(*batch_, batch_row_, {}, options_.max_record_bytes, &record->fields, reason);
   }
 
  private:

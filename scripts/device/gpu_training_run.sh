@@ -11,40 +11,37 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 parts=${BENCH_PARTS:-tiny ours anchors}
 ngpu=$(nvidia-smi -L | wc -l)
 bin=$QLORA_BINARY_DIR
-# confined: the example job on GPU 0 under --read-roots, its workers confined by Landlock (CUDA's
-# device files, libraries and caches must stay reachable under the rules of file_confinement.h).
-if [[ $parts == *confined* ]]; then
+# The example job (tiny model, examples/qlora-tiny.yaml) through a fresh local coordinator on
+# GPUs $1, with more coordinator flags after it; prints its steps and rank 0's matching log lines.
+tiny_job() {
+  local gpus=$1 log_lines=$2
+  shift 2
+  local w c
   w=$(mktemp -d)
   "$bin/worker/engine/qlora-make-tiny-model" "$w/tiny" --vocab 512 --layers 2 --hidden 128 --intermediate 256 >/dev/null
   cp "$root/examples/tokenizer/"* "$w/tiny/"
   sed -e "s|BASE_MODEL_DIR|$w/tiny|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
     "$root/examples/qlora-tiny.yaml" > "$w/job.yaml"
-  "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$w/state" --gpus 0 --port-file "$w/port" \
-    --read-roots "$root/examples,$w/tiny" > "$w/c.log" 2>&1 &
+  "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$w/state" --gpus "$gpus" \
+    --port-file "$w/port" "${@//TINY_DIR/$w/tiny}" > "$w/c.log" 2>&1 &
   c=$!
   for _ in $(seq 100); do [ -s "$w/port" ] && break; sleep 0.1; done
   export QLORA_ADDRESS=127.0.0.1:$(cat "$w/port")
-  echo "== tiny job on GPU 0, workers confined to the read roots"
-  "$bin/cli/qloractl" submit "$w/job.yaml" --dataset "$root/examples/data/train.jsonl" --follow | grep -E "step (1|60)/|SUCCEEDED|FAILED" | sort -u
-  "$bin/cli/qloractl" logs job-000001 --rank 0 | grep -E "file accesses confined|device|evaluation loss|error|failed|denied" | head -8
+  "$bin/cli/qloractl" submit "$w/job.yaml" --dataset "$root/examples/data/train.jsonl" --follow | grep -E "step (1|20|40|60)/|SUCCEEDED|FAILED" | sort -u
+  "$bin/cli/qloractl" logs job-000001 --rank 0 | grep -E "$log_lines" | tail -8
   kill $c; wait $c 2>/dev/null
-fi
+}
 if [[ $parts == *tiny* ]]; then
   for gpus in 0 $( ((ngpu > 1)) && echo 0,1 ); do
-    w=$(mktemp -d)
-    "$bin/worker/engine/qlora-make-tiny-model" "$w/tiny" --vocab 512 --layers 2 --hidden 128 --intermediate 256 >/dev/null
-    cp "$root/examples/tokenizer/"* "$w/tiny/"
-    sed -e "s|BASE_MODEL_DIR|$w/tiny|" -e "s|VALIDATION_DATASET|$root/examples/data/validation.jsonl|" \
-      "$root/examples/qlora-tiny.yaml" > "$w/job.yaml"
-    "$bin/coordinator/qlora-coordinator" --address 127.0.0.1:0 --state-dir "$w/state" --gpus "$gpus" --port-file "$w/port" > "$w/c.log" 2>&1 &
-    c=$!
-    for _ in $(seq 100); do [ -s "$w/port" ] && break; sleep 0.1; done
-    export QLORA_ADDRESS=127.0.0.1:$(cat "$w/port")
     echo "== tiny job on GPUs $gpus"
-    "$bin/cli/qloractl" submit "$w/job.yaml" --dataset "$root/examples/data/train.jsonl" --follow | grep -E "step (1|20|40|60)/|SUCCEEDED|FAILED" | sort -u
-    "$bin/cli/qloractl" logs job-000001 --rank 0 | grep -E "evaluation|step 60/|error|failed" | tail -5
-    kill $c; wait $c 2>/dev/null
+    tiny_job "$gpus" "evaluation|step 60/|error|failed"
   done
+fi
+# confined: the example job on GPU 0 under --read-roots, its workers confined by Landlock (CUDA's
+# device files, libraries and caches must stay reachable under the rules of file_confinement.h).
+if [[ $parts == *confined* ]]; then
+  echo "== tiny job on GPU 0, workers confined to the read roots"
+  tiny_job 0 "file accesses confined|evaluation loss|error|failed|denied" --read-roots "$root/examples,TINY_DIR"
 fi
 if [[ $parts == *ours* || $parts == *anchors* || $parts == *deepspeed* ]]; then
   model=/tmp/llama7b
