@@ -100,7 +100,7 @@ TEST(WorkerFileConfinement, WithoutReadRootsOnlyWritesAreConfined) {
     wrong |= (OpenOutcome(out + "/new.txt", O_WRONLY | O_CREAT) != 1) << 2;
     // A thread of this process names itself (the CUDA driver does; cuInit fails with error 304
     // when it cannot), and other /proc files stay read-only.
-    wrong |= (OpenOutcome("/proc/thread-self/comm", O_WRONLY) != 1) << 3;
+    wrong |= (OpenOutcome("/proc/thread-self/comm", O_WRONLY | O_TRUNC) != 1) << 3;
     wrong |= (OpenOutcome("/proc/self/oom_score_adj", O_WRONLY) != 0) << 4;
     _exit(wrong);
   }

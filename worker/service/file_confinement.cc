@@ -125,9 +125,10 @@ absl::Status ConfineFiles(const FileConfinement& confinement) {
   }
   if (absl::Status s = rules.Allow("/dev", kReadRights | write, handled, true); !s.ok()) return s;
   // The process's own threads' files: the CUDA driver names its threads through
-  // /proc/self/task/<tid>/comm, and cuInit fails (error 304) when it cannot. Resolved now, so
-  // beneath this process's /proc/<pid>/task only.
-  if (absl::Status s = rules.Allow("/proc/self/task", kReadRights | LANDLOCK_ACCESS_FS_WRITE_FILE, handled, true);
+  // /proc/self/task/<tid>/comm (opened for writing with O_TRUNC, as fopen "w" does), and cuInit
+  // fails (error 304) when it cannot. Resolved now, so beneath this process's /proc/<pid>/task.
+  if (absl::Status s = rules.Allow("/proc/self/task", kReadRights | LANDLOCK_ACCESS_FS_WRITE_FILE | kTruncate,
+                                   handled, true);
       !s.ok()) {
     return s;
   }
