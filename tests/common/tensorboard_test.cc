@@ -33,12 +33,18 @@ std::string RunAndCapture(const std::string& command) {
   return out;
 }
 
-TEST(CommonTensorboard, TensorboardReadsEveryScalarBack) {
+// tests/common/read_events.py under the reference Python (tensorboard's own reader), "" when the
+// environment names none.
+std::string ReadEventsCommand() {
   const char* python = std::getenv("QLORA_PYTHON");
   const char* source = std::getenv("QLORA_SOURCE_DIR");
-  if (python == nullptr || *python == '\0' || source == nullptr) {
-    GTEST_SKIP() << "QLORA_PYTHON / QLORA_SOURCE_DIR not set: no tensorboard reference";
-  }
+  if (python == nullptr || *python == '\0' || source == nullptr) return "";
+  return std::string("'") + python + "' '" + source + "/tests/common/read_events.py'";
+}
+
+TEST(CommonTensorboard, TensorboardReadsEveryScalarBack) {
+  const std::string read_events = ReadEventsCommand();
+  if (read_events.empty()) GTEST_SKIP() << "QLORA_PYTHON / QLORA_SOURCE_DIR not set: no tensorboard reference";
   qlora::testing::TempDir dir;
   {
     EventFileOptions options;
@@ -66,8 +72,7 @@ TEST(CommonTensorboard, TensorboardReadsEveryScalarBack) {
     ASSERT_TRUE(again.ok());
     EXPECT_NE((*again)->path().find(".42.1"), std::string::npos);
   }
-  const std::string out = RunAndCapture(std::string("'") + python + "' '" + source +
-                              "/tests/common/read_events.py' '" + dir.path() + "/runs'");
+  const std::string out = RunAndCapture(read_events + " '" + dir.path() + "/runs'");
   const auto scalars = nlohmann::json::parse(out, nullptr, false);
   ASSERT_TRUE(scalars.is_object()) << out;
   ASSERT_EQ(scalars["train/loss"].size(), 300u) << out.substr(0, 500);
@@ -83,11 +88,8 @@ TEST(CommonTensorboard, TensorboardReadsEveryScalarBack) {
 // The hparams plugin reads the experiment (names and types, metrics), the run's values and its
 // end status back with its own parser, so runs compare in TensorBoard's HParams tab.
 TEST(CommonTensorboard, TheHparamsPluginReadsTheRunsHyperparameters) {
-  const char* python = std::getenv("QLORA_PYTHON");
-  const char* source = std::getenv("QLORA_SOURCE_DIR");
-  if (python == nullptr || *python == '\0' || source == nullptr) {
-    GTEST_SKIP() << "QLORA_PYTHON / QLORA_SOURCE_DIR not set: no tensorboard reference";
-  }
+  const std::string read_events = ReadEventsCommand();
+  if (read_events.empty()) GTEST_SKIP() << "QLORA_PYTHON / QLORA_SOURCE_DIR not set: no tensorboard reference";
   qlora::testing::TempDir dir;
   {
     EventFileOptions options;
@@ -102,8 +104,7 @@ TEST(CommonTensorboard, TheHparamsPluginReadsTheRunsHyperparameters) {
     ASSERT_TRUE((*writer)->AddScalars(1, 1.7e9 + 1, {{"train/loss", 2.5f}}).ok());
     ASSERT_TRUE((*writer)->AddSummary(1, 1.7e9 + 2, HParamsSessionEndSummary(true, 1.7e9 + 2)).ok());
   }
-  const std::string out = RunAndCapture(std::string("'") + python + "' '" + source +
-                                        "/tests/common/read_events.py' '" + dir.path() + "/runs' --hparams");
+  const std::string out = RunAndCapture(read_events + " '" + dir.path() + "/runs' --hparams");
   const auto read = nlohmann::json::parse(out, nullptr, false);
   ASSERT_TRUE(read.is_object()) << out;
   EXPECT_EQ(read["experiment"]["hparams"]["trainer.learning_rate"], "DATA_TYPE_FLOAT64") << out;
