@@ -697,6 +697,12 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
                                          std::string(files.status().message())));
       }
       *field.path = *files;
+      // A DatasetDict's validation split validates the job when nothing else was named.
+      if (role == DatasetRoleSplit::kTrain && c->data.validation_path.empty() &&
+          c->data.validation_fraction == 0 && fs::is_regular_file(absolute / "dataset_dict.json", ec) &&
+          fs::is_directory(absolute / "validation", ec)) {
+        c->data.validation_path = absolute.string();
+      }
     }
   }
   if (!c->lora.pretrained_adapter_path.empty()) {

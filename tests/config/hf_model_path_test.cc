@@ -259,8 +259,8 @@ TEST_F(ConfigHfModelPathTest, ResumeCheckpointResolvesOrIsNamed) {
 }
 
 // A dataset named by a folder that Hugging Face `datasets` wrote becomes its Arrow files: those
-// state.json lists (save_to_disk), or a cache folder's files of the role's split; any other
-// folder is INVALID_ARGUMENT saying what a datasets folder holds.
+// state.json lists (save_to_disk), a DatasetDict's splits, or a cache folder's files of the
+// role's split; any other folder is INVALID_ARGUMENT saying what a datasets folder holds.
 TEST_F(ConfigHfModelPathTest, ADatasetsFolderBecomesItsArrowFiles) {
   const fs::path model = root_ / "model";
   WriteFile(model / "config.json", "{}");
@@ -269,6 +269,9 @@ TEST_F(ConfigHfModelPathTest, ADatasetsFolderBecomesItsArrowFiles) {
   WriteFile(root_ / "cache/alpaca-train-00001-of-00002.arrow", "x");
   WriteFile(root_ / "cache/alpaca-validation.arrow", "x");
   WriteFile(root_ / "empty/readme.txt", "x");
+  WriteFile(root_ / "dict/dataset_dict.json", R"({"splits": ["train", "validation"]})");
+  WriteFile(root_ / "dict/train/state.json", R"({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})");
+  WriteFile(root_ / "dict/validation/state.json", R"({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})");
   ParseOptions options;
   options.hf_hub_cache = cache_.string();
   options.base_dir = root_.string();
@@ -285,6 +288,11 @@ TEST_F(ConfigHfModelPathTest, ADatasetsFolderBecomesItsArrowFiles) {
   EXPECT_EQ(cached->data.train_path, (root_ / "cache/alpaca-train-00000-of-00002.arrow").string() + "," +
                                          (root_ / "cache/alpaca-train-00001-of-00002.arrow").string());
   EXPECT_EQ(cached->data.validation_path, (root_ / "cache/alpaca-validation.arrow").string());
+  // A DatasetDict: its train split trains and, with nothing else named, its validation split validates.
+  absl::StatusOr<JobConfig> dict = parse("dict", "");
+  ASSERT_TRUE(dict.ok()) << dict.status();
+  EXPECT_EQ(dict->data.train_path, (root_ / "dict/train/data-00000-of-00001.arrow").string());
+  EXPECT_EQ(dict->data.validation_path, (root_ / "dict/validation/data-00000-of-00001.arrow").string());
   absl::StatusOr<JobConfig> other = parse("empty", "");
   EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(other.status().message(), HasSubstr("' is a folder, not a regular file, nor a folder that Hugging Face"));
