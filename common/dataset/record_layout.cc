@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config/job_config_schema.h"
 #include "common/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace qlora::data {
 namespace {
@@ -104,13 +105,41 @@ absl::Status ColumnsOfLayout(const ExampleOptions& options, std::vector<std::str
   return absl::OkStatus();
 }
 
-std::string MissingColumnHint(const Record& record, const std::string& column) {
-  std::vector<std::string> names;
-  for (const auto& [name, value] : record.fields) names.push_back(name);
-  std::string hint = absl::StrCat(" (the record has: ", absl::StrJoin(names, ", "), ")");
-  const config_internal::NearestName nearest = config_internal::Nearest(column, names);
-  if (nearest.typo) hint = absl::StrCat("; did you mean '", nearest.name, "'?", hint);
-  return hint;
+std::string RecordLayoutProblem(const Record& record, const ExampleOptions& layout,
+                                const std::vector<std::string>& required) {
+  for (const std::string& column : required) {
+    const std::string* value = record.Find(column);
+    if (value == nullptr) {
+      std::vector<std::string> names;
+      for (const auto& [name, text] : record.fields) names.push_back(name);
+      const config_internal::NearestName nearest = config_internal::Nearest(column, names);
+      return absl::StrCat("missing column '", column, "'",
+                          nearest.typo ? absl::StrCat("; did you mean '", nearest.name, "'?") : "",
+                          " (the record has: ", absl::StrJoin(names, ", "), ")");
+    }
+    if (layout.layout == ExampleLayout::kChat && !nlohmann::json::parse(*value, nullptr, false).is_array()) {
+      return absl::StrCat("'", column, "' must be a JSON array of {role, content} or {from, value} turns");
+    }
+  }
+  return "";
+}
+
+absl::Status SampleVerdict::Add(const std::string& where, const std::string& problem) {
+  if (problem.empty()) {
+    any_usable_ = true;
+    return absl::OkStatus();
+  }
+  const std::string named = absl::StrCat(where, ": ", problem);
+  if (!skip_malformed_) return absl::InvalidArgumentError(named);
+  if (first_problem_.empty()) first_problem_ = named;
+  return absl::OkStatus();
+}
+
+absl::Status SampleVerdict::Final() const {
+  if (any_usable_ || first_problem_.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no sampled record has what the job reads (malformed_records: skip would skip them all): ",
+      first_problem_));
 }
 
 }  // namespace qlora::data

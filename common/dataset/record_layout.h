@@ -51,8 +51,29 @@ absl::StatusOr<std::vector<TemplatePiece>> ParsePromptTemplate(const std::string
 absl::Status ColumnsOfLayout(const ExampleOptions& options, std::vector<std::string>* required,
                              std::vector<std::string>* optional);
 
-// What to tell about `column` missing from `record`: "; did you mean 'instruction'?" when the
-// record has a column that looks like a typo of it, then " (the record has: a, b)".
-std::string MissingColumnHint(const Record& record, const std::string& column);
+// What keeps `record` from the layout, or "": a `required` column it lacks ("missing column
+// 'instrucion'; did you mean 'instruction'? (the record has: instruction, output)"), or a chat
+// column that is not a JSON array of turns.
+std::string RecordLayoutProblem(const Record& record, const ExampleOptions& layout,
+                                const std::vector<std::string>& required);
+
+// The verdict on a sample of a dataset's first records (the coordinator's check at submit,
+// `qloractl validate`): under malformed_records: fail, the first record with a problem fails
+// the sample; under skip, a sample in which records had problems and none was usable (a
+// misspelled column trains nothing).
+class SampleVerdict {
+ public:
+  explicit SampleVerdict(bool skip_malformed) : skip_malformed_(skip_malformed) {}
+  // A record, named `where` (file:line), and its problem ("" when usable): INVALID_ARGUMENT
+  // "<where>: <problem>" under fail.
+  absl::Status Add(const std::string& where, const std::string& problem);
+  // INVALID_ARGUMENT "no sampled record has what the job reads (...): <the first problem>".
+  absl::Status Final() const;
+
+ private:
+  bool skip_malformed_;
+  bool any_usable_ = false;
+  std::string first_problem_;
+};
 
 }  // namespace qlora::data

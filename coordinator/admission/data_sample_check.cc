@@ -59,19 +59,6 @@ absl::Status CheckChatTokenizer(const JobConfig& config, const data::ExampleOpti
   return absl::OkStatus();
 }
 
-// What is wrong with `record` for the layout, or "".
-std::string RecordProblem(const data::Record& record, const data::ExampleOptions& layout,
-                          const std::vector<std::string>& required) {
-  for (const std::string& column : required) {
-    const std::string* value = record.Find(column);
-    if (value == nullptr) return absl::StrCat("missing column '", column, "'", data::MissingColumnHint(record, column));
-    if (layout.layout == data::ExampleLayout::kChat && !nlohmann::json::parse(*value, nullptr, false).is_array()) {
-      return absl::StrCat("'", column, "' must be a JSON array of {role, content} or {from, value} turns");
-    }
-  }
-  return "";
-}
-
 }  // namespace
 
 absl::Status CheckDataSample(const JobConfig& config, const std::vector<std::string>& roots,
@@ -110,28 +97,18 @@ absl::Status CheckDataSample(const JobConfig& config, const std::vector<std::str
   }
   absl::StatusOr<std::unique_ptr<data::RecordReader>> reader = data::RecordReader::Open((*shards)[0], options);
   if (!reader.ok()) return named(reader.status().message());
-  std::string first_problem;
-  bool any_usable = false;
+  data::SampleVerdict verdict(options.skip_malformed);
   data::Record record;
   for (int64_t n = 0; n < sample_records; ++n) {
     absl::StatusOr<bool> next = (*reader)->Next(&record);
     if (!next.ok()) return named(next.status().message());
     if (!*next) break;
-    const std::string problem = RecordProblem(record, layout, required);
     const std::string where = record.line > 0 ? absl::StrCat(path, ":", record.line) : path;
-    if (problem.empty()) {
-      any_usable = true;
-    } else if (!options.skip_malformed) {
-      return absl::InvalidArgumentError(absl::StrCat("dataset: ", where, ": ", problem));
-    } else if (first_problem.empty()) {
-      first_problem = absl::StrCat(where, ": ", problem);
+    if (absl::Status s = verdict.Add(where, data::RecordLayoutProblem(record, layout, required)); !s.ok()) {
+      return named(s.message());
     }
   }
-  if (!any_usable && !first_problem.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dataset: no sampled record has what the job reads (malformed_records: skip would skip them "
-        "all): ", first_problem));
-  }
+  if (absl::Status s = verdict.Final(); !s.ok()) return named(s.message());
   return absl::OkStatus();
 }
 

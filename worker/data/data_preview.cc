@@ -32,16 +32,6 @@ std::string Where(const Record& record) {
   return record.line > 0 ? absl::StrCat(record.path, ":", record.line) : record.path;
 }
 
-// "missing column 'instrction'" -> the column, else "".
-std::string MissingColumn(absl::string_view message) {
-  constexpr absl::string_view kPrefix = "missing column '";
-  const size_t at = message.find(kPrefix);
-  if (at == absl::string_view::npos) return "";
-  const size_t begin = at + kPrefix.size();
-  const size_t end = message.find('\'', begin);
-  return end == absl::string_view::npos ? "" : std::string(message.substr(begin, end - begin));
-}
-
 // The example's text with the trained tokens between "[[" and "]]".
 absl::StatusOr<std::string> Render(const Example& example, const Tokenizer& tokenizer) {
   std::string out;
@@ -84,8 +74,7 @@ absl::StatusOr<DataPreview> PreviewJobData(const JobConfig& job, const Tokenizer
   QLORA_ASSIGN_OR_RETURN(std::vector<ShardSpec> shards, SplitFile(first_file, 1, plan));
   if (shards.empty()) return preview;  // no record: the submission check refuses an empty file
   QLORA_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(shards[0], loader.reader));
-  std::vector<std::string> missing_everywhere;  // a column no sampled record had (so far)
-  bool first_missing = true;
+  SampleVerdict verdict(job.data.malformed_records == MalformedRecords::kSkip);
   Record record;
   Example example;
   while (preview.records < options.sample_records) {
@@ -97,25 +86,24 @@ absl::StatusOr<DataPreview> PreviewJobData(const JobConfig& job, const Tokenizer
     }
     if (!*next) break;
     ++preview.records;
+    // What the coordinator checks at submit first (in the same words), then what building finds.
+    std::string problem = RecordLayoutProblem(record, loader.example, preview.columns);
+    QLORA_RETURN_IF_ERROR(verdict.Add(Where(record), problem));
     example = Example();
-    absl::StatusOr<bool> built = builder.Build(record, &example);
+    absl::StatusOr<bool> built = problem.empty() ? builder.Build(record, &example) : absl::StatusOr<bool>(false);
     if (!built.ok()) {
-      const std::string column = MissingColumn(built.status().message());
-      const std::string hint = column.empty() ? "" : MissingColumnHint(record, column);
+      problem = std::string(built.status().message());
       if (job.data.malformed_records == MalformedRecords::kFail) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(Where(record), ": ", built.status().message(), hint));
+        return absl::InvalidArgumentError(absl::StrCat(Where(record), ": ", problem));
       }
-      if (!column.empty()) {
-        if (first_missing) missing_everywhere.push_back(absl::StrCat(Where(record), ": ", built.status().message(), hint));
-      }
+    }
+    if (!problem.empty()) {
       ++preview.malformed;
       if (preview.malformed_messages.size() < 5) {
-        preview.malformed_messages.push_back(absl::StrCat(Where(record), ": ", built.status().message()));
+        preview.malformed_messages.push_back(absl::StrCat(Where(record), ": ", problem));
       }
       continue;
     }
-    first_missing = false;  // a record built: no column is missing everywhere
     if (!*built) continue;
     if (preview.example_line < 0) {
       preview.example_line = record.line;
@@ -125,11 +113,7 @@ absl::StatusOr<DataPreview> PreviewJobData(const JobConfig& job, const Tokenizer
       QLORA_ASSIGN_OR_RETURN(preview.rendered, Render(example, tokenizer));
     }
   }
-  if (first_missing && !missing_everywhere.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no sampled record has what the job reads (malformed_records: skip would skip them all): ",
-        missing_everywhere.front()));
-  }
+  QLORA_RETURN_IF_ERROR(verdict.Final());
   preview.malformed += reader->malformed_count();
   for (const std::string& m : reader->malformed_messages()) {
     if (preview.malformed_messages.size() < 5) preview.malformed_messages.push_back(m);
