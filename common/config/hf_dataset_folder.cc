@@ -18,6 +18,12 @@ namespace fs = std::filesystem;
 
 const char* SplitName(DatasetRoleSplit role) { return role == DatasetRoleSplit::kTrain ? "train" : "validation"; }
 
+// A cache file of `split`: <name>-<split>.arrow or <name>-<split>-NNNNN-of-NNNNN.arrow.
+bool IsOfSplit(const std::string& file_name, const char* split) {
+  const std::string mark = absl::StrCat("-", split);
+  return absl::StrContains(file_name, absl::StrCat(mark, ".arrow")) || absl::StrContains(file_name, absl::StrCat(mark, "-"));
+}
+
 // state.json's `_data_files`: [{"filename": "data-00000-of-00001.arrow"}, ...] (JSON is YAML).
 absl::StatusOr<std::vector<std::string>> StateFiles(const fs::path& folder) {
   const fs::path state = folder / "state.json";
@@ -67,21 +73,13 @@ absl::StatusOr<std::string> HfDatasetFolderFiles(const std::string& folder_path,
     return absl::StrJoin(*files, ",");
   }
   std::vector<std::string> all, of_split;
-  const std::string split_mark = absl::StrCat("-", SplitName(role));
   bool any_split = false;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
     const std::string name = entry.path().filename().string();
     if (!absl::EndsWith(name, ".arrow") || !entry.is_regular_file(ec)) continue;
     all.push_back(entry.path().string());
-    for (const char* split : {"-train", "-validation", "-test"}) {
-      if (absl::StrContains(name, absl::StrCat(split, ".arrow")) || absl::StrContains(name, absl::StrCat(split, "-"))) {
-        any_split = true;
-      }
-    }
-    if (absl::StrContains(name, absl::StrCat(split_mark, ".arrow")) ||
-        absl::StrContains(name, absl::StrCat(split_mark, "-"))) {
-      of_split.push_back(entry.path().string());
-    }
+    for (const char* split : {"train", "validation", "test"}) any_split = any_split || IsOfSplit(name, split);
+    if (IsOfSplit(name, SplitName(role))) of_split.push_back(entry.path().string());
   }
   std::vector<std::string>& files = any_split ? of_split : all;
   if (files.empty()) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <set>
@@ -705,37 +706,30 @@ absl::Status ResolvePaths(const ErrorSite& site, const ParseOptions& options,
       }
     }
   }
-  if (!c->lora.pretrained_adapter_path.empty()) {
+  // A folder the job starts from (made absolute): NOT_FOUND "'<folder>' is not <what> (no
+  // <file>)<remedy>" for the first of `files` it lacks.
+  auto resolve_folder = [&](const char* key, std::string* folder, std::initializer_list<const char*> files,
+                            absl::string_view what, absl::string_view remedy) -> absl::Status {
+    if (folder->empty()) return absl::OkStatus();
     std::error_code ec;
-    const fs::path absolute =
-        fs::absolute(from_base(c->lora.pretrained_adapter_path), ec).lexically_normal();
-    QLORA_RETURN_IF_ERROR(allowed("adapter.pretrained_adapter_weights", absolute.string()));
-    for (const char* file : {"adapter_config.json", "adapter_model.safetensors"}) {
+    const fs::path absolute = fs::absolute(from_base(*folder), ec).lexically_normal();
+    QLORA_RETURN_IF_ERROR(allowed(key, absolute.string()));
+    for (const char* file : files) {
       if (!fs::is_regular_file(absolute / file, ec)) {
-        return StatusWithCode(
-            absl::StatusCode::kNotFound,
-            site.ErrorAt("adapter.pretrained_adapter_weights",
-                         absl::StrCat("'", absolute.string(), "' is not a PEFT adapter folder (no ",
-                                      file, ")")));
+        return StatusWithCode(absl::StatusCode::kNotFound,
+                              site.ErrorAt(key, absl::StrCat("'", absolute.string(), "' is not ", what,
+                                                             " (no ", file, ")", remedy)));
       }
     }
-    c->lora.pretrained_adapter_path = absolute.string();
-  }
-  if (!c->trainer.resume_from_checkpoint.empty()) {
-    std::error_code ec;
-    const fs::path absolute =
-        fs::absolute(from_base(c->trainer.resume_from_checkpoint), ec).lexically_normal();
-    QLORA_RETURN_IF_ERROR(allowed("trainer.resume_from_checkpoint", absolute.string()));
-    if (!fs::is_regular_file(absolute / "manifest.json", ec)) {
-      return StatusWithCode(
-          absl::StatusCode::kNotFound,
-          site.ErrorAt("trainer.resume_from_checkpoint",
-                       absl::StrCat("'", absolute.string(), "' is not a complete checkpoint of "
-                                    "this service (no manifest.json); a PEFT adapter folder goes "
-                                    "in adapter.pretrained_adapter_weights")));
-    }
-    c->trainer.resume_from_checkpoint = absolute.string();
-  }
+    *folder = absolute.string();
+    return absl::OkStatus();
+  };
+  QLORA_RETURN_IF_ERROR(resolve_folder("adapter.pretrained_adapter_weights", &c->lora.pretrained_adapter_path,
+                                       {"adapter_config.json", "adapter_model.safetensors"},
+                                       "a PEFT adapter folder", ""));
+  QLORA_RETURN_IF_ERROR(resolve_folder("trainer.resume_from_checkpoint", &c->trainer.resume_from_checkpoint,
+                                       {"manifest.json"}, "a complete checkpoint of this service",
+                                       "; a PEFT adapter folder goes in adapter.pretrained_adapter_weights"));
   if (base_model_path_written) {
     std::error_code ec;
     QLORA_RETURN_IF_ERROR(allowed("base_model_path", c->base_model_path));
