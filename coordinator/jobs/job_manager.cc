@@ -200,8 +200,7 @@ absl::StatusOr<SubmitRequest> WithContinuedJobFile(const SubmitRequest& request)
 
 }  // namespace
 
-absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& submitted, std::string* note) const {
-  QLORA_ASSIGN_OR_RETURN(const SubmitRequest request, WithContinuedJobFile(submitted));
+absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& request, std::string* note) const {
   ParseOptions parse;
   parse.source_name = request.source_name;
   parse.dataset_override = request.dataset;
@@ -275,7 +274,8 @@ bool JobManager::RunsOnGpus(const JobConfig& config) const {
   return config.backend.use_gpu && !options_.gpus.empty();  // no GPUs here: CPU workers
 }
 
-absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& request) const {
+absl::StatusOr<std::string> JobManager::Validate(const SubmitRequest& submitted) const {
+  QLORA_ASSIGN_OR_RETURN(const SubmitRequest request, WithContinuedJobFile(submitted));
   std::string continues;
   QLORA_ASSIGN_OR_RETURN(JobConfig config, ParseSubmission(request, &continues));
   const bool ray = OnCluster(config);

@@ -227,8 +227,8 @@ class JobManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Parses and checks a submission: its datasets (stat only) and where it can run (this
   // coordinator's slots, or the Ray cluster). Sets backend.num_workers when the file left it 0.
-  // A continued job (request.continues) starts from the other's checkpoint, and `note` (when
-  // given) says so and what changed.
+  // A continued job (request.continues, its job file filled in by WithContinuedJobFile) starts
+  // from the other's checkpoint, and `note` (when given) says so and what changed.
   absl::StatusOr<JobConfig> ParseSubmission(const SubmitRequest& request, std::string* note = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // The workers a job's start gets: whether on GPUs, and how many threads each.
