@@ -9,7 +9,14 @@ peft, in float32, with transformers' sdpa attention (its sliding-window masks in
       missing or unexpected), and writes into OUT: logits, loss_sum (sum of token CE over the
       shifted labels, ignore -100), grad.<peft name> for every LoRA parameter, and
       merged.<name> for every tensor of merge_and_unload()'s state dict.
+  generate MODEL INPUTS OUT OPTIONS_JSON
+      OUT["tokens"] = the new tokens of AutoModelForCausalLM(MODEL).generate(INPUTS["input_ids"],
+      **OPTIONS_JSON) (batch 1; the generation keys of HF's GenerationConfig).
+  scores INPUTS OUT OPTIONS_JSON
+      OUT["scores"] = HF's logits processors and warpers for OPTIONS_JSON applied to
+      INPUTS["logits"] [1, vocab] after INPUTS["input_ids"] [1, n], as generate builds them.
 """
+import json
 import sys
 
 import torch
@@ -60,11 +67,44 @@ def peft_check(model_dir, adapter_dir, inputs_path, out_path):
     save_file(tensors, out_path)
 
 
+def generate(model_dir, inputs_path, out_path, options_json):
+    inputs = load_file(inputs_path)
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        out = load_base(model_dir).generate(ids, attention_mask=torch.ones_like(ids),
+                                            **json.loads(options_json))
+    save_file({"tokens": out[:, ids.size(1):].contiguous()}, out_path)
+
+
+def scores(inputs_path, out_path, options_json):
+    from transformers import GenerationConfig
+    from transformers.generation import logits_process as lp
+
+    inputs = load_file(inputs_path)
+    config = GenerationConfig(**json.loads(options_json))
+    processors = lp.LogitsProcessorList()
+    if config.repetition_penalty not in (None, 1.0):
+        processors.append(lp.RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
+    if config.do_sample:
+        if config.temperature not in (None, 1.0):
+            processors.append(lp.TemperatureLogitsWarper(config.temperature))
+        if config.top_k not in (None, 0):
+            processors.append(lp.TopKLogitsWarper(config.top_k))
+        if config.top_p not in (None, 1.0):
+            processors.append(lp.TopPLogitsWarper(config.top_p))
+    out = processors(inputs["input_ids"], inputs["logits"].clone())
+    save_file({"scores": out.contiguous()}, out_path)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "logits":
         logits(*sys.argv[2:5])
     elif mode == "peft":
         peft_check(*sys.argv[2:6])
+    elif mode == "generate":
+        generate(*sys.argv[2:6])
+    elif mode == "scores":
+        scores(*sys.argv[2:5])
     else:
         sys.exit(f"unknown mode {mode}")

@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "worker/engine/activation_offload.h"
 #include "worker/engine/causal_lm_loss.h"
+#include "worker/engine/kv_cache.h"
 #include "worker/engine/linear4bit.h"
 #include "worker/engine/varlen_attention.h"
 #include "common/model/llama_config.h"
@@ -155,6 +156,14 @@ class LlamaForCausalLM {
   // input_ids [batch, seq] int64 -> final hidden states [batch, seq, hidden] (after the last
   // RMSNorm), in the compute dtype. Throws c10::Error on bad shapes.
   at::Tensor Forward(const at::Tensor& input_ids, const ForwardOptions& options = {}) const;
+  // Incremental inference (generation, llama_decode.cc): input_ids [batch, seq] at positions
+  // cache->length() onward, attending to the cached positions before them and causally among
+  // themselves (sliding layers: within their window). Appends the new keys and values to
+  // `cache` and returns the final hidden states [batch, seq, hidden]. Needs no grad; the same
+  // values as Forward over the whole sequence up to the attention's summation order.
+  at::Tensor ForwardCached(const at::Tensor& input_ids, KvCache* cache) const;
+  // A cache with room for `capacity` positions of `batch` rows, on the model's device.
+  KvCache NewKvCache(int64_t batch, int64_t capacity) const;
   // hidden [..., hidden] -> logits [..., vocab] in the compute dtype (all positions at once; for
   // inference and tests; training uses CausalLmLoss).
   at::Tensor Logits(const at::Tensor& hidden) const;
@@ -178,6 +187,10 @@ class LlamaForCausalLM {
     int64_t window = 0;
   };
 
+  // One layer of ForwardCached.
+  at::Tensor LayerForwardCached(const DecoderLayer& layer, int64_t index, const at::Tensor& x,
+                                const at::Tensor& cos, const at::Tensor& sin,
+                                KvCache* cache) const;
   // value_unused: the checkpoint's recomputation (the output carries the graph only).
   at::Tensor LayerForward(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
                           const at::Tensor& sin, const LayerAttention& attention,
