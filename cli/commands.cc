@@ -73,6 +73,30 @@ std::vector<CommandSpec>* MakeCommands() {
        {{"--follow", "-f", "", "keep printing until the job ends"},
         {"--rank", "", "N", "only this rank"}},
        true, {"qloractl logs job-000001 -f", "qloractl logs job-000001 --rank 1 > rank1.log"}},
+      {"generate", "JOB_ID", "generate text with a trained job's adapter",
+       "Runs on a worker the coordinator starts on a free GPU (or CPU slot): the job's base model "
+       "in 4-bit with its adapter, each prompt laid out as the job laid out its training records "
+       "(its template or chat template). The text prints as it is generated. Settings not given "
+       "come from the job file's generation: section, then the base model's "
+       "generation_config.json, then greedy decoding with max_new_tokens 256. A prompt is text, "
+       "or a JSON object with the template's columns or a conversation (messages).",
+       {{"--prompt", "-p", "TEXT", "the prompt"},
+        {"--prompts-file", "", "FILE", "one prompt a line"},
+        {"--checkpoint", "", "step-N", "a checkpoint's adapter instead of the final one"},
+        {"--max-new-tokens", "", "N", "at most this many new tokens"},
+        {"--min-new-tokens", "", "N", "no end of sequence before this many"},
+        {"--sample", "", "", "sample (temperature, top-k, top-p) instead of greedy decoding"},
+        {"--greedy", "", "", "greedy decoding even where the job or model says to sample"},
+        {"--temperature", "", "T", "sampling temperature"},
+        {"--top-k", "", "K", "sample among the K likeliest tokens (0: all)"},
+        {"--top-p", "", "P", "sample among the likeliest tokens holding P of the mass"},
+        {"--repetition-penalty", "", "R", "HF's repetition penalty (1: none)"},
+        {"--seed", "", "N", "sampling seed: the same seed gives the same text"},
+        {"--stop", "", "TEXT", "end the output before this text"}},
+       true,
+       {"qloractl generate job-000001 --prompt \"Write a haiku about GPUs\"",
+        "qloractl generate job-000001 --prompts-file prompts.txt -o json",
+        "qloractl generate job-000001 -p \"Hello\" --sample --temperature 0.7 --seed 1"}},
       {"cancel", "JOB_ID", "cancel a queued or running job", "", {}, true, {"qloractl cancel job-000001"}},
       {"validate", "JOB.yaml [KEY.PATH=VALUE ...]", "check a job file and print it with every default resolved",
        absl::StrCat("Offline by default (the file, its datasets and its base model as this machine sees "

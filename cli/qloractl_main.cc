@@ -21,6 +21,7 @@
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/event_json.h"
+#include "cli/generate_command.h"
 #include "cli/progress.h"
 #include "common/auth/token_hash.h"
 #include "common/config/job_config_emit.h"
@@ -516,6 +517,7 @@ int RunWithClient(Client& client, const std::string& command, const ParsedArgs& 
     return Watch(client, a.positional[0], json);
   }
   if (command == "logs") return Logs(client, a);
+  if (command == "generate") return RunGenerate(client, a, json, ReportError);
   if (command == "get" || command == "cancel") {
     if (a.positional.size() != 1) return fprintf(stderr, "qloractl %s: expected a job id\n", command.c_str()), kUsage;
     grpc::ClientContext ctx;

@@ -172,8 +172,9 @@ absl::Status RunCoordinator(CoordinatorOptions options) {
   // the monitor, started once the bound port is known.
   JobManager manager(manager_options, state.store.get(), &launcher, ray.get());
   QLORA_RETURN_IF_ERROR(manager.Load());
-  JobServiceImpl job_service(&manager, auth->get(), options.job_service);
-  WorkerServiceImpl worker_service(&manager);
+  GenerationSessions sessions(&manager);
+  JobServiceImpl job_service(&manager, auth->get(), options.job_service, &sessions);
+  WorkerServiceImpl worker_service(&manager, &sessions);
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, *credentials, &port);

@@ -102,6 +102,44 @@ std::string JobManager::JobDir(const std::string& id) const {
   return absl::StrCat(options_.state_dir, "/jobs/", id);
 }
 
+absl::StatusOr<int> JobManager::Lease() {
+  absl::MutexLock lock(&mu_);
+  if (slots_.total() == 0) {
+    return absl::FailedPreconditionError("this coordinator has no local worker slots to generate on");
+  }
+  const std::vector<int> free = slots_.Free();
+  if (free.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "every one of this host's ", slots_.total(), slots_.gpu() ? " GPUs" : " worker slots",
+        " is busy; generation needs one free"));
+  }
+  slots_.Take(free.front());
+  return free.front();
+}
+
+void JobManager::Return(int slot) {
+  absl::MutexLock lock(&mu_);
+  slots_.Release(slot);
+  changed_.SignalAll();  // a queued job may start now
+}
+
+WorkerLaunchRequest JobManager::LaunchBasics() const {
+  WorkerLaunchRequest launch;
+  launch.worker_binary = options_.worker_binary;
+  launch.extra_env = options_.worker_env;
+  launch.use_gpu = !options_.gpus.empty();
+  launch.threads_per_worker = std::max(1, local_.Capacity().cpus);
+  {
+    absl::MutexLock lock(&mu_);
+    launch.coordinator_address = coordinator_address_;
+  }
+  if (options_.confine_workers && (!options_.roots.read.empty() || !options_.roots.output.empty())) {
+    launch.confine_read = options_.roots.read;
+    launch.confine_write = {options_.state_dir};
+  }
+  return launch;
+}
+
 void JobManager::SetCoordinatorAddress(std::string address) {
   absl::MutexLock lock(&mu_);
   coordinator_address_ = std::move(address);

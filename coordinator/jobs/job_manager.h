@@ -34,6 +34,7 @@
 #include "coordinator/launch/process_launcher.h"
 #include "coordinator/launch/slot_pool.h"
 #include "coordinator/jobs/start_prep.h"
+#include "coordinator/generate/generation_slots.h"
 
 namespace qlora::coordinator {
 
@@ -106,7 +107,7 @@ struct ManagerSnapshot {
   bool gpu = false;                  // the slots are GPUs
 };
 
-class JobManager {
+class JobManager : public GenerationSlots {
  public:
   // `processes` runs local workers (backend.type: local); `cluster`, when not null, runs the
   // workers of jobs with backend.type: ray (a RayWorkerLauncher). Both outlive the manager.
@@ -181,6 +182,17 @@ class JobManager {
 
   int total_slots() const { return total_slots_; }
 
+  // Generation sessions (generation_slots.h) run on this host's free slots, which queued jobs
+  // then wait for like any busy slot. FAILED_PRECONDITION without local slots.
+  absl::StatusOr<int> Lease() override;
+  void Return(int slot) override;
+  WorkerLaunchRequest LaunchBasics() const override;
+  WorkerLauncher* launcher() override { return &local_; }
+  // The job's folder in the state folder (its logs).
+  std::string JobDir(const std::string& id) const;
+  // The read roots, resolved and as written (the files of a job are opened beneath them).
+  std::vector<std::string> ReadRoots() const;
+
  private:
   // A worker's call, authenticated: its job and its process entry.
   struct WorkerCall {
@@ -233,9 +245,6 @@ class JobManager {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The workers a job's start gets: whether on GPUs, and how many threads each.
   bool RunsOnGpus(const JobConfig& config) const;
-  std::string JobDir(const std::string& id) const;
-  // The read roots, resolved and as written (the files of a job are opened beneath them).
-  std::vector<std::string> ReadRoots() const;
 
   const JobManagerOptions options_;
   const int total_slots_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "coordinator/auth/authenticator.h"
+#include "coordinator/generate/generation_sessions.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/rpc/stream_limit.h"
 #include "qlora/v1/job_service.grpc.pb.h"
@@ -20,8 +21,13 @@ struct JobServiceOptions {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(JobManager* manager, const Authenticator* auth, const JobServiceOptions& options = {})
-      : manager_(manager), auth_(auth), streams_(options.max_streams, options.max_streams_per_user) {}
+  // `sessions` (null: Generate is UNIMPLEMENTED) runs Generate's workers.
+  JobServiceImpl(JobManager* manager, const Authenticator* auth, const JobServiceOptions& options = {},
+                 GenerationSessions* sessions = nullptr)
+      : manager_(manager),
+        auth_(auth),
+        sessions_(sessions),
+        streams_(options.max_streams, options.max_streams_per_user) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   grpc::Status ValidateJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::ValidateJobResponse*) override;
@@ -32,6 +38,10 @@ class JobServiceImpl final : public v1::JobService::Service {
                         grpc::ServerWriter<v1::WatchJobResponse>*) override;
   grpc::Status StreamLogs(grpc::ServerContext*, const v1::StreamLogsRequest*,
                           grpc::ServerWriter<v1::LogChunk>*) override;
+  // job_service_generate.cc: a session on a free slot, its text streamed; a stream like
+  // WatchJob's for the caps.
+  grpc::Status Generate(grpc::ServerContext*, const v1::GenerateRequest*,
+                        grpc::ServerWriter<v1::GeneratedText>*) override;
 
  private:
   // The authenticated caller of `context`'s call.
@@ -43,6 +53,7 @@ class JobServiceImpl final : public v1::JobService::Service {
 
   JobManager* const manager_;
   const Authenticator* const auth_;
+  GenerationSessions* const sessions_;
   StreamLimit streams_;
 };
 

@@ -73,4 +73,22 @@ grpc::Status WorkerServiceImpl::StoreGet(grpc::ServerContext* context, const v1:
   return grpc::Status::OK;
 }
 
+grpc::Status WorkerServiceImpl::GetGenerationTask(grpc::ServerContext*, const v1::GenerationTaskRequest* r,
+                                                  v1::GenerationTask* response) {
+  if (sessions_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "generation is off");
+  absl::StatusOr<v1::GenerationTask> task = sessions_->Task(r->session_id(), r->startup_token());
+  if (!task.ok()) return ToGrpc(task.status());
+  *response = *std::move(task);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::ReportGeneration(grpc::ServerContext*, const v1::GenerationReport* r,
+                                                 v1::GenerationReportResponse* response) {
+  if (sessions_ == nullptr) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "generation is off");
+  absl::StatusOr<bool> stop = sessions_->Report(r->session_id(), r->startup_token(), *r);
+  if (!stop.ok()) return ToGrpc(stop.status());
+  response->set_stop(*stop);
+  return grpc::Status::OK;
+}
+
 }  // namespace qlora::coordinator

@@ -1,6 +1,8 @@
-// gRPC WorkerService: the API qlora-worker processes call, forwarding to JobManager.
+// gRPC WorkerService: the API qlora-worker processes call, forwarding to JobManager (training
+// ranks) or GenerationSessions (generation workers).
 #pragma once
 
+#include "coordinator/generate/generation_sessions.h"
 #include "coordinator/jobs/job_manager.h"
 #include "qlora/v1/worker_service.grpc.pb.h"
 
@@ -8,7 +10,8 @@ namespace qlora::coordinator {
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(JobManager* manager) : manager_(manager) {}
+  explicit WorkerServiceImpl(JobManager* manager, GenerationSessions* sessions = nullptr)
+      : manager_(manager), sessions_(sessions) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status GetAssignment(grpc::ServerContext*, const v1::GetAssignmentRequest*, v1::Assignment*) override;
@@ -18,9 +21,14 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status ReportCompletion(grpc::ServerContext*, const v1::CompletionReport*, v1::Ack*) override;
   grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest*, v1::Ack*) override;
   grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest*, v1::StoreGetResponse*) override;
+  grpc::Status GetGenerationTask(grpc::ServerContext*, const v1::GenerationTaskRequest*,
+                                 v1::GenerationTask*) override;
+  grpc::Status ReportGeneration(grpc::ServerContext*, const v1::GenerationReport*,
+                                v1::GenerationReportResponse*) override;
 
  private:
   JobManager* const manager_;
+  GenerationSessions* const sessions_;
 };
 
 }  // namespace qlora::coordinator

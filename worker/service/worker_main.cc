@@ -1,5 +1,6 @@
 // qlora-worker: one rank of one job. Spawned by the coordinator with its rank and startup
 // token; registers, receives its assignment, heartbeats, trains, and reports the outcome.
+// With --generate it runs one generation session instead (generation_session.h).
 // Exit status: 0 success, 1 training failed, 2 bad arguments, 3 coordinator unreachable,
 // 4 stopped (cancelled).
 #include <signal.h>
@@ -24,6 +25,7 @@
 #include "worker/run/training_job.h"
 #include "worker/service/coordinator_client.h"
 #include "worker/service/file_confinement.h"
+#include "worker/service/generation_session.h"
 #include "worker/service/grpc_rendezvous_store.h"
 #include "worker/service/progress_publisher.h"
 
@@ -37,6 +39,9 @@ ABSL_FLAG(std::vector<std::string>, confine_read, {},
 ABSL_FLAG(std::vector<std::string>, confine_write, {},
           "folders this worker may write beneath (its job's output folder); set by the "
           "coordinator when it has roots: file accesses are then confined by Landlock");
+ABSL_FLAG(std::string, generate, "",
+          "run generation session SESSION (started by the coordinator's Generate call) instead "
+          "of a training rank; --job and --rank are then unused");
 ABSL_FLAG(bool, check_spm_module, false,
           "load the SentencePiece module (libqlora_spm.so), print where it was found, and exit");
 
@@ -95,6 +100,8 @@ int main(int argc, char** argv) {
   // Set on a cluster (the Ray launcher): this host's address as the other ranks reach it.
   const std::string host_address = Environment("QLORA_HOST_ADDRESS");
   const std::string device = absl::GetFlag(FLAGS_device);
+  const std::string session = absl::GetFlag(FLAGS_generate);
+  if (!session.empty()) id.job_id = session;  // for the checks below
   if (id.coordinator_address.empty() || id.job_id.empty() || id.startup_token.empty()) {
     fprintf(stderr, "qlora-worker: --coordinator, --job and $%s (the startup token) are required\n",
             qlora::kWorkerTokenVariable);
@@ -140,6 +147,10 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 
+  if (!session.empty()) {
+    return qlora::worker::RunGenerationSession(id.coordinator_address, session, id.startup_token,
+                                               device, g_stop_requested, qlora::worker::RunGeneration);
+  }
   absl::StatusOr<std::unique_ptr<qlora::worker::CoordinatorClient>> connected =
       qlora::worker::CoordinatorClient::Connect(id);
   if (!connected.ok()) {

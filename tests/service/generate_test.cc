@@ -1,0 +1,131 @@
+// `qloractl generate` end to end: the real coordinator starts a generation worker on a free CPU
+// slot with a succeeded job's adapter (or one of its checkpoints), and the text streams back.
+// That the engine's tokens equal transformers' generate is engine_generation_test's to show;
+// this checks what a user of the service relies on: text for every prompt, the finish reasons
+// and counts, greedy and seeded output that repeat, the right refusals, and the slot given back.
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/service/service_harness.h"
+#include "tests/util/files.h"
+
+namespace qlora::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::vector<nlohmann::json> JsonLines(const std::string& output) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '{') lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+class GenerateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(TinyModelDir().empty()) << "could not make the tiny model";
+    state_ = MakeTempDir("qlora-generate-");
+  }
+  void TearDown() override { fs::remove_all(state_); }
+  std::string state_;
+};
+
+TEST_F(GenerateTest, ASucceededJobGeneratesForEveryPromptAndGivesItsSlotBack) {
+  CoordinatorProcess c(state_, 1);  // one slot: a job after the generation needs it back
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitJob(c, TinyJobYaml({.steps_per_checkpoint = 2}));
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+
+  const std::string prompts = WriteFile(state_ + "/prompts.txt",
+                                        "Name a colour.\n\n{\"instruction\": \"Count to three.\"}\n");
+  CommandResult greedy = c.Ctl(absl::StrCat("generate ", job.id(), " --prompts-file ", prompts,
+                                            " --max-new-tokens 12 -o json"));
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.output;
+  const std::vector<nlohmann::json> lines = JsonLines(greedy.output);
+  ASSERT_EQ(lines.size(), 2u) << greedy.output;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(lines[i]["prompt_index"], i);
+    EXPECT_GT(lines[i]["prompt_tokens"].get<int>(), 3);
+    const int generated = lines[i]["generated_tokens"].get<int>();
+    EXPECT_GE(generated, 1);
+    EXPECT_LE(generated, 12);
+    const std::string reason = lines[i]["finish_reason"];
+    EXPECT_TRUE(reason == "eos" || (reason == "length" && generated == 12)) << lines[i].dump();
+  }
+  EXPECT_EQ(lines[1]["prompt"], "{\"instruction\": \"Count to three.\"}");
+  // Greedy decoding gives the same text again; so does sampling with the same seed.
+  CommandResult again = c.Ctl(absl::StrCat("generate ", job.id(), " --prompts-file ", prompts,
+                                           " --max-new-tokens 12 -o json"));
+  EXPECT_EQ(JsonLines(again.output), lines);
+  const std::string sample = absl::StrCat("generate ", job.id(),
+                                          " -p 'Name a colour.' --sample --temperature 2 --top-k 0 "
+                                          "--max-new-tokens 16 --min-new-tokens 16 -o json --seed ");
+  CommandResult seeded = c.Ctl(sample + "7");
+  ASSERT_EQ(seeded.exit_code, 0) << seeded.output;
+  EXPECT_EQ(JsonLines(c.Ctl(sample + "7").output), JsonLines(seeded.output));
+  EXPECT_EQ(JsonLines(seeded.output).at(0)["generated_tokens"], 16);
+  // Text output streams the same words.
+  CommandResult text = c.Ctl(absl::StrCat("generate ", job.id(), " -p 'Name a colour.' --max-new-tokens 12"));
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_EQ(text.output, lines[0]["text"].get<std::string>() + "\n");
+  // A checkpoint's adapter.
+  CommandResult checkpoint = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --checkpoint step-2 -o json"));
+  EXPECT_EQ(checkpoint.exit_code, 0) << checkpoint.output;
+  EXPECT_EQ(JsonLines(checkpoint.output).size(), 1u);
+  // The worker's log sits beside the job's.
+  EXPECT_TRUE(fs::exists(state_ + "/jobs/" + job.id() + "/logs/generate-1.log"));
+
+  // The slot came back: the next job runs on it.
+  v1::Job next = SubmitJob(c, ShortJob());
+  next = c.WaitForState(next.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  EXPECT_EQ(next.state(), v1::JOB_STATE_SUCCEEDED) << next.state_message();
+}
+
+TEST_F(GenerateTest, BadRequestsAreRefusedWithTheRightStatus) {
+  CoordinatorProcess c(state_, 1);
+  ASSERT_TRUE(c.started());
+  v1::Job job = SubmitJob(c, ShortJob());
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+
+  CommandResult unknown = c.Ctl("generate job-000099 -p hi");
+  EXPECT_EQ(unknown.exit_code, 4) << unknown.output;  // NOT_FOUND
+  CommandResult bad_setting = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --top-p 1.5"));
+  EXPECT_EQ(bad_setting.exit_code, 3) << bad_setting.output;  // INVALID_ARGUMENT
+  EXPECT_THAT(bad_setting.output, HasSubstr("top_p"));
+  CommandResult no_checkpoint = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --checkpoint step-3"));
+  EXPECT_EQ(no_checkpoint.exit_code, 4) << no_checkpoint.output;
+  // A JSON prompt without the template's column fails in the worker, naming it.
+  CommandResult wrong_column = c.Ctl(absl::StrCat("generate ", job.id(), " -p '{\"instrucion\": \"hi\"}'"));
+  EXPECT_EQ(wrong_column.exit_code, 3) << wrong_column.output;
+  EXPECT_THAT(wrong_column.output, HasSubstr("instruction"));
+  CommandResult no_prompt = c.Ctl(absl::StrCat("generate ", job.id()));
+  EXPECT_EQ(no_prompt.exit_code, 2) << no_prompt.output;
+
+  // A job that has not succeeded has no final adapter.
+  v1::Job running = SubmitJob(c, LongJob());
+  c.WaitForState(running.id(), {v1::JOB_STATE_RUNNING}, 120);
+  CommandResult early = c.Ctl(absl::StrCat("generate ", running.id(), " -p hi"));
+  EXPECT_NE(early.exit_code, 0);
+  EXPECT_THAT(early.output, HasSubstr("no final adapter"));
+  // Its slot is taken: generation for the other job waits for none and says so.
+  CommandResult busy = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi"));
+  EXPECT_NE(busy.exit_code, 0);
+  EXPECT_THAT(busy.output, HasSubstr("busy"));
+  c.Ctl("cancel " + running.id());
+}
+
+}  // namespace
+}  // namespace qlora::testing
