@@ -29,6 +29,9 @@ tiny_job() {
   export QLORA_ADDRESS=127.0.0.1:$(cat "$w/port")
   "$bin/cli/qloractl" submit "$w/job.yaml" --dataset "$root/examples/data/train.jsonl" --follow | grep -E "step (1|20|40|60)/|SUCCEEDED|FAILED" | sort -u
   "$bin/cli/qloractl" logs job-000001 --rank 0 | grep -E "$log_lines" | tail -8
+  # Generation with the trained adapter on the same GPU (a worker of its own, confined alike).
+  "$bin/cli/qloractl" generate job-000001 --prompt "Name three colours." --max-new-tokens 24 -o json
+  cat "$w/state/jobs/job-000001/logs/generate-1.log" 2>/dev/null | grep -E "confined|failed|denied|done" | tail -4
   kill $c; wait $c 2>/dev/null
 }
 if [[ $parts == *tiny* ]]; then

@@ -346,6 +346,26 @@ class ServiceTest(unittest.TestCase):
         self.assertIn(f"step {STEPS}/{STEPS} loss", "".join(self.client.logs(job.id, follow=True)))
         self.assertIn("[rank 1]", "".join(self.client.logs(job.id, rank=1)))
 
+        # Generation with the trained adapter: pieces as they come, or gathered per prompt,
+        # as qloractl generate gives them; a seed repeats a sampled text.
+        pieces = list(self.client.generate_stream(job.id, ["Name a colour.", "Hi"], max_new_tokens=8))
+        self.assertEqual([p.prompt_index for p in pieces if p.done], [0, 1])
+        done = [p for p in pieces if p.done]
+        self.assertTrue(all(p.finish_reason in ("eos", "length") and 1 <= p.generated_tokens <= 8
+                            for p in done), done)
+        gathered = self.client.generate(job.id, ["Name a colour.", "Hi"], max_new_tokens=8)
+        self.assertEqual([g.text for g in gathered],
+                         ["".join(p.text for p in pieces if p.prompt_index == i) for i in (0, 1)])
+        sampled = [self.client.generate(job.id, "Hi", do_sample=True, temperature=2.0, top_k=0,
+                                        min_new_tokens=8, max_new_tokens=8, seed=5)[0].text
+                   for _ in range(2)]
+        self.assertEqual(sampled[0], sampled[1])
+        with self.assertRaises(qlora.QloraError) as bad:
+            self.client.generate(job.id, "Hi", top_p=2.0)
+        self.assertEqual(bad.exception.code, "INVALID_ARGUMENT")
+        with self.assertRaises(qlora.QloraError):
+            self.client.generate(job.id, "Hi", beams=2)
+
     def test_a_job_file_with_relative_paths_is_cancelled(self) -> None:
         setup = CONTEXT.setup
         folder = setup.work / "user"

@@ -281,5 +281,32 @@ TEST(EngineGeneration, WeightsInAHostStoreGenerateWhatResidentWeightsDo) {
   EXPECT_EQ(a->tokens, b->tokens);
 }
 
+// On the GPU, the same NF4 model with its adapter (float32 compute) generates the tokens the CPU
+// does: the cached decoder, the 4-bit kernels and the chooser agree across devices.
+TEST(EngineGeneration, OnCudaGreedyAndSeededTokensEqualTheCpus) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  TempDir dir;
+  auto cpu = Nf4WithAdapters(dir / "model", Cases()[0].tiny);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_TRUE(SaveAdapter(*cpu, dir / "adapter").ok());
+  LoadOptions load;
+  load.quantize = true;
+  load.compute_dtype = at::kFloat;
+  load.device = at::Device(at::kCUDA, 0);
+  auto cuda = LoadLlama(dir / "model", load);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  ASSERT_TRUE(LoadAdapter(cuda->get(), dir / "adapter").ok());
+  const std::vector<int64_t> prompt = Prompt(cpu->config(), 6);
+  for (bool sample : {false, true}) {
+    GenerationOptions options;
+    options.max_new_tokens = 24;
+    options.sampling = {sample, 0.8, 20, 0.95, 1.1, 3};
+    const auto a = Generate(*cpu, prompt, options);
+    const auto b = Generate(**cuda, prompt, options);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->tokens, b->tokens) << (sample ? "sampled" : "greedy");
+  }
+}
+
 }  // namespace
 }  // namespace qlora::engine

@@ -1,5 +1,5 @@
 """The client of the coordinator's JobService: connect(), then submit, get, list, cancel,
-validate, watch and logs, each taking and returning the typed records of qlora.records and
+validate, watch, logs and generate, each taking and returning the typed records of qlora.records and
 qlora.steps, and raising QloraError.
 
 Unary calls carry a deadline (`timeout`, 30 s as in qloractl); watch() and a followed logs()
@@ -8,6 +8,7 @@ have none, as they last as long as the job.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from qlora.records import Job, JobState, field_value, from_proto
 from qlora.steps import StepAssembler, WatchRecord
 
 try:
+    from qlora.v1 import job_pb2
     from qlora.v1 import job_service_pb2 as pb
     from qlora.v1 import job_service_pb2_grpc as pb_grpc
 except ModuleNotFoundError as e:  # imported from the source folder, where nothing is generated
@@ -32,6 +34,32 @@ except ModuleNotFoundError as e:  # imported from the source folder, where nothi
 # A job given as a file or as the parsed document.
 JobSpec = Union[PathLike, Mapping[str, Any]]
 T = TypeVar("T")
+
+_GENERATION_SETTINGS = {"max_new_tokens", "min_new_tokens", "do_sample", "temperature", "top_k",
+                        "top_p", "repetition_penalty", "seed"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedPiece:
+    """The next text of one prompt's output; with done, that output is complete and the
+    finish reason ("eos", "length", "stop", "context") and token counts are set."""
+    prompt_index: int
+    text: str
+    done: bool
+    finish_reason: str
+    prompt_tokens: int
+    generated_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One prompt's whole output."""
+    prompt: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    generated_tokens: int
+
 
 # watch() after a lost stream (the coordinator restarted): tries, and the pause between them.
 _WATCH_ATTEMPTS = 30
@@ -166,6 +194,51 @@ class Client:
         tail = decoder.decode(b"", final=True)
         if tail:
             yield tail
+
+    def generate_stream(self, job_id: str, prompts: Union[str, Iterable[str]], *,
+                        checkpoint: str = "", stop: Iterable[str] = (),
+                        **settings: Any) -> Iterator[GeneratedPiece]:
+        """Generates with a succeeded job's adapter (or `checkpoint`, "step-N"), on a worker the
+        coordinator starts on a free slot; yields each piece of text as it comes, prompt after
+        prompt. A prompt is text, or a JSON object with the template's columns or a
+        conversation (`messages`). `settings` are HF GenerationConfig's names: max_new_tokens,
+        min_new_tokens, do_sample, temperature, top_k, top_p, repetition_penalty, and seed;
+        unset ones come from the job's generation: section, then the model's
+        generation_config.json (greedy by default)."""
+        prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
+        unknown = sorted(set(settings) - _GENERATION_SETTINGS)
+        if unknown:
+            raise QloraError("INVALID_ARGUMENT", f"unknown generation setting(s) {unknown}; "
+                             f"known: {sorted(_GENERATION_SETTINGS)}")
+        parameters = job_pb2.GenerationParameters(stop=list(stop), **settings)
+        request = pb.GenerateRequest(job_id=job_id, prompts=prompt_list, parameters=parameters,
+                                     checkpoint=checkpoint)
+        stream = self._stub.Generate(request, metadata=self._connection.metadata)
+        try:
+            for piece in stream:
+                yield GeneratedPiece(prompt_index=piece.prompt_index, text=piece.text,
+                                     done=piece.done, finish_reason=piece.finish_reason,
+                                     prompt_tokens=piece.prompt_tokens,
+                                     generated_tokens=piece.generated_tokens)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, self.address) from e
+        finally:
+            stream.cancel()
+
+    def generate(self, job_id: str, prompts: Union[str, Iterable[str]], **kwargs: Any) -> list[Generation]:
+        """generate_stream(), gathered: one Generation per prompt, in order."""
+        prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
+        texts: dict[int, list[str]] = {}
+        out: list[Generation] = []
+        for piece in self.generate_stream(job_id, prompt_list, **kwargs):
+            texts.setdefault(piece.prompt_index, []).append(piece.text)
+            if piece.done:
+                out.append(Generation(prompt=prompt_list[piece.prompt_index],
+                                      text="".join(texts.pop(piece.prompt_index)),
+                                      finish_reason=piece.finish_reason,
+                                      prompt_tokens=piece.prompt_tokens,
+                                      generated_tokens=piece.generated_tokens))
+        return out
 
     # -- helpers ----------------------------------------------------------------------------
 
