@@ -327,8 +327,9 @@ SchemaNode BuildSchema() {
                                        "", kLudwig, "`[0.7, 0.1, 0.2]`"})}),
            Leaf("global_max_sequence_length", {"integer", "", "= `data.max_sequence_length`",
                                                kLudwig})}),
-      Map("generation", {"mapping", "", "stored with the job and written back for inference "
-                                        "with the adapter; training does not read it", kLudwig},
+      Map("generation", {"mapping", "", "the defaults of `qloractl generate` with the trained "
+                                        "adapter (docs/generation.md); training does not read it",
+                         kLudwig},
           {Leaf("temperature", {"number", "", "", kLudwig}),
            Leaf("top_p", {"number", "", "", kLudwig}),
            Leaf("repetition_penalty", {"number", "", "", kLudwig}),
