@@ -1,6 +1,6 @@
 # `cmake --install BUILD --prefix PREFIX` lays the service out as it runs (included last by the
 # top CMakeLists.txt, once every target exists):
-#   PREFIX/bin/qloractl, qlora-coordinator, qlora-worker, qlora-make-tiny-model
+#   PREFIX/bin/qloractl, qlora-coordinator, qlora-worker, qlora-make-tiny-model, qlora-export-gguf
 #   PREFIX/bin/qlora_ray_launcher.py   beside qlora-worker: the coordinator's default
 #                                      --ray-launcher-script, as qlora-worker is its default
 #                                      --worker-binary (beside qlora-coordinator)
@@ -13,7 +13,7 @@
 
 set(qlora_programs qloractl qlora-coordinator)
 if(NOT QLORA_TORCH_FREE_ONLY)
-  list(APPEND qlora_programs qlora-worker qlora-make-tiny-model)
+  list(APPEND qlora_programs qlora-worker qlora-make-tiny-model qlora-export-gguf)
 endif()
 set_target_properties(${qlora_programs} PROPERTIES
   INSTALL_RPATH "$ORIGIN/../lib" INSTALL_RPATH_USE_LINK_PATH ON)

@@ -190,6 +190,9 @@ struct JobConfig {
   DataConfig data;
   GenerationConfig generation;
   std::string output_dir;                   // empty = the coordinator's state folder
+  // output.gguf: also write the merged model as <output_dir>/model-<type>.gguf (worker/export):
+  // "" none, else f16 | bf16 | q8_0 | f32. Implies merge_adapter_into_base_model.
+  std::string gguf_type;
 };
 
 // Field-by-field equality (tests compare a parsed config with its re-parsed emission). Defined

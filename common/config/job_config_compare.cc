@@ -17,7 +17,7 @@ static_assert(sizeof(BackendConfig) == 112, "BackendConfig changed: see the note
 static_assert(sizeof(TrainerConfig) == 264, "TrainerConfig changed: see the note above");
 static_assert(sizeof(DataConfig) == 144, "DataConfig changed: see the note above");
 static_assert(sizeof(GenerationConfig) == 120, "GenerationConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 992, "JobConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 1024, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -87,10 +87,10 @@ bool operator==(const GenerationConfig& a, const GenerationConfig& b) {
 bool operator==(const JobConfig& a, const JobConfig& b) {
   return std::tie(a.name, a.model_type, a.base_model, a.base_model_path, a.input_features,
                   a.output_features, a.adapter_type, a.lora, a.quantization, a.backend,
-                  a.trainer, a.data, a.generation, a.output_dir) ==
+                  a.trainer, a.data, a.generation, a.output_dir, a.gguf_type) ==
          std::tie(b.name, b.model_type, b.base_model, b.base_model_path, b.input_features,
                   b.output_features, b.adapter_type, b.lora, b.quantization, b.backend,
-                  b.trainer, b.data, b.generation, b.output_dir);
+                  b.trainer, b.data, b.generation, b.output_dir, b.gguf_type);
 }
 
 }  // namespace qlora

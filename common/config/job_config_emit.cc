@@ -143,6 +143,13 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.End();
 }
 
+void WriteOutput(Writer& w, const JobConfig& c) {
+  if (c.gguf_type.empty()) return;
+  w.Begin("output").Word("gguf", c.gguf_type);
+  w.raw() << YAML::Comment("also <output_dir>/model-" + c.gguf_type + ".gguf, from the merged model");
+  w.End();
+}
+
 // Only the keys the job set: the others are the generator's defaults, not this service's. The
 // first one says what the section is for.
 void WriteGeneration(Writer& w, const GenerationConfig& g) {
@@ -262,6 +269,7 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
   w.raw() << YAML::Comment("Ludwig: preprocessing.split.probabilities[2]; held out, never trained");
   w.End();
   WriteGeneration(w, c.generation);
+  WriteOutput(w, c);
   w.raw() << YAML::EndMap;
   return std::string(w.raw().c_str()) + "\n";
 }

@@ -327,6 +327,11 @@ SchemaNode BuildSchema() {
                                        "", kLudwig, "`[0.7, 0.1, 0.2]`"})}),
            Leaf("global_max_sequence_length", {"integer", "", "= `data.max_sequence_length`",
                                                kLudwig})}),
+      Map("output", {"mapping", "", "more outputs of a finished job"},
+          {Leaf("gguf", {"`true` (f16), `false`, `f16`, `bf16`, `q8_0` or `f32`", "false",
+                         "also write the merged model as `<output_dir>/model-<type>.gguf` for "
+                         "llama.cpp and Ollama (docs/jobs.md); implies "
+                         "`adapter.postprocessor.merge_adapter_into_base_model`"})}),
       Map("generation", {"mapping", "", "the defaults of `qloractl generate` with the trained "
                                         "adapter (docs/generation.md); training does not read it",
                          kLudwig},

@@ -127,6 +127,22 @@ absl::Status ReadLudwigDataSections(const MapReader& top, DataConfig* d, bool* s
   return ReadPreprocessing(top, data, d, split_written);
 }
 
+absl::Status ReadOutput(const MapReader& top, JobConfig* c) {
+  QLORA_ASSIGN_OR_RETURN(MapReader output, top.OpenMap("output"));
+  if (!output.Has("gguf")) return absl::OkStatus();
+  const YAML::Node node = output.Get("gguf");
+  std::string value = node.IsScalar() ? node.Scalar() : "";
+  if (value == "true" || value == "yes" || value == "on") value = "f16";
+  if (value == "false" || value == "no" || value == "off" || value == "null" || value == "~") value = "";
+  if (!value.empty() && value != "f16" && value != "bf16" && value != "q8_0" && value != "f32") {
+    return output.Error("gguf", absl::StrCat("'", value, "': expected true (f16), false, f16, bf16, "
+                                             "q8_0 or f32"));
+  }
+  c->gguf_type = value;
+  if (!value.empty()) c->lora.merge_adapter_into_base_model = true;
+  return absl::OkStatus();
+}
+
 absl::Status ReadGeneration(const MapReader& top, GenerationConfig* g) {
   QLORA_ASSIGN_OR_RETURN(MapReader gen, top.OpenMap("generation"));
   auto number = [&](const char* key, Bound min, Bound max, std::optional<double>* out) {

@@ -22,6 +22,10 @@ namespace qlora::config_internal {
 // was read into it. Sets *split_written when preprocessing.split set the split fractions.
 absl::Status ReadLudwigDataSections(const MapReader& top, DataConfig* d, bool* split_written);
 
+// Reads `output` (gguf: true | false | f16 | bf16 | q8_0 | f32) into c->gguf_type; a GGUF
+// implies the merged model it is made from.
+absl::Status ReadOutput(const MapReader& top, JobConfig* c);
+
 // Reads `generation` into *g (only the keys written are set).
 absl::Status ReadGeneration(const MapReader& top, GenerationConfig* g);
 

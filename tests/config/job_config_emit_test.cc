@@ -134,6 +134,8 @@ TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {
   c.generation.max_new_tokens = 1;
   c.generation.do_sample = false;
   c.output_dir = "~/out";
+  c.gguf_type = "q8_0";
+  c.lora.merge_adapter_into_base_model = true;  // a GGUF is made from the merged model
   ExpectRoundTrip(c);
 }
 

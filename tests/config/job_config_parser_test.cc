@@ -616,6 +616,26 @@ generation: {temperature: 0.1, max_new_tokens: 64, top_k: 0, do_sample: false}
   EXPECT_FALSE(c.generation.num_beams.has_value());
 }
 
+// output.gguf: true means f16; a type names the matrices' type; either implies the merged model
+// the GGUF is made from. Anything else is refused naming the choices.
+TEST(ConfigParserTest, OutputGgufNamesItsTypeAndImpliesTheMergedModel) {
+  const JobConfig plain = ParseOk(kMinimal);
+  EXPECT_EQ(plain.gguf_type, "");
+  EXPECT_FALSE(plain.lora.merge_adapter_into_base_model);
+  for (const auto& [written, type] : std::vector<std::pair<std::string, std::string>>{
+           {"true", "f16"}, {"q8_0", "q8_0"}, {"bf16", "bf16"}, {"false", ""}}) {
+    const JobConfig c = ParseOk(absl::StrCat(kMinimal, "output: {gguf: ", written, "}\n"));
+    EXPECT_EQ(c.gguf_type, type) << written;
+    EXPECT_EQ(c.lora.merge_adapter_into_base_model, !type.empty()) << written;
+  }
+  absl::StatusOr<JobConfig> bad = testing::ParseNoPaths(absl::StrCat(kMinimal, "output: {gguf: q4_k}\n"));
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("q8_0"));
+  absl::StatusOr<JobConfig> unknown = testing::ParseNoPaths(absl::StrCat(kMinimal, "output: {ggfu: true}\n"));
+  ASSERT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("gguf"));
+}
+
 TEST(ConfigParserTest, LudwigKeysThatAgreeWithTheServiceKeysAreAccepted) {
   const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(prompt: {template: "{instruction} ->"}
 preprocessing:

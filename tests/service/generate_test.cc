@@ -1,4 +1,4 @@
-// `qloractl generate` end to end: the real coordinator starts a generation worker on a free CPU
+// `qloractl generate` end to end (and a job's GGUF output): the real coordinator starts a generation worker on a free CPU
 // slot with a succeeded job's adapter (or one of its checkpoints), and the text streams back.
 // That the engine's tokens equal transformers' generate is engine_generation_test's to show;
 // this checks what a user of the service relies on: text for every prompt, the finish reasons
@@ -44,9 +44,14 @@ class GenerateTest : public ::testing::Test {
 TEST_F(GenerateTest, ASucceededJobGeneratesForEveryPromptAndGivesItsSlotBack) {
   CoordinatorProcess c(state_, 1);  // one slot: a job after the generation needs it back
   ASSERT_TRUE(c.started());
-  v1::Job job = SubmitJob(c, TinyJobYaml({.steps_per_checkpoint = 2}));
+  // output.gguf: the merged model is written as GGUF too (gguf_export_test checks its bytes).
+  v1::Job job = SubmitJob(c, TinyJobYaml({.steps_per_checkpoint = 2}) + "output: {gguf: q8_0}\n");
   job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+  const fs::path gguf = fs::path(job.adapter_path()).parent_path() / "model-q8_0.gguf";
+  ASSERT_TRUE(fs::exists(gguf)) << gguf;
+  EXPECT_EQ(ReadFile(gguf.string()).substr(0, 4), "GGUF");
+  EXPECT_TRUE(fs::exists(job.merged_path() + "/config.json"));
 
   const std::string prompts = WriteFile(state_ + "/prompts.txt",
                                         "Name a colour.\n\n{\"instruction\": \"Count to three.\"}\n");

@@ -22,6 +22,7 @@
 #include "common/status_macros.h"
 #include "common/train_summary_text.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/export/gguf_export.h"
 #include "worker/engine/adapter_copies.h"
 #include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/hf_loader.h"
@@ -622,6 +623,14 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
       merge.base_model_dir = config_.base_model_path;
       QLORA_RETURN_IF_ERROR(engine::SaveMergedModel(*model_, outcome.merged_path, merge));
       Log(absl::StrCat("merged model written to ", outcome.merged_path));
+      if (!config_.gguf_type.empty()) {
+        gguf::GgufExportOptions gguf;
+        QLORA_ASSIGN_OR_RETURN(gguf.type, gguf::ParseGgufType(config_.gguf_type));
+        gguf.name = config_.name.empty() ? config_.base_model : config_.name;
+        const std::string file = absl::StrCat(assignment_.output_dir, "/model-", config_.gguf_type, ".gguf");
+        QLORA_RETURN_IF_ERROR(gguf::ExportGguf(outcome.merged_path, file, gguf));
+        Log(absl::StrCat("GGUF written to ", file));
+      }
     }
     Log(FormatTrainSummary(summary));
   } else if (config_.lora.merge_adapter_into_base_model) {
