@@ -6,7 +6,7 @@
 #   - Apache Arrow/Parquet C++ (headers and libarrow/libparquet), unpacked from the pinned
 #     pyarrow==26.0.1 wheel into the same kind of versioned cache: Debian has no Arrow package.
 #   - A Python virtual environment for the reference tests only (transformers, peft, ...):
-#     never used by the product.
+#     never used by the product; and two more for servers the tests start (Ray, MLflow).
 # A second run does nothing but checks. Prints the cache paths it set up.
 set -euo pipefail
 TORCH_VERSION=2.11.0
@@ -17,6 +17,8 @@ ARROW_VERSION=26.0.1
 ARROW=$CACHE/arrow-$ARROW_VERSION-v1
 RAY_VERSION=2.60.0
 RAYENV=$CACHE/rayenv-$RAY_VERSION-v1
+MLFLOW_VERSION=3.17.2
+MLFLOWENV=$CACHE/mlflowenv-$MLFLOW_VERSION-v1
 mkdir -p "$CACHE"
 
 debian_packages=(build-essential cmake ninja-build ccache pkg-config git
@@ -115,7 +117,17 @@ if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$RAYENV/.complete" 2>/dev/null
   "$RAYENV/bin/pip" install -q -r "$ray_requirements"
   echo "$ray_want" > "$RAYENV/.complete"
 fi
+# The MLflow tracking server of the report_to: mlflow tests (scripts/requirements-mlflow.txt).
+mlflow_requirements="$(cd "$(dirname "$0")" && pwd)/requirements-mlflow.txt"
+mlflow_want=$(sha256sum "$mlflow_requirements" | cut -d' ' -f1)
+if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$MLFLOWENV/.complete" 2>/dev/null)" != "$mlflow_want" ]; then
+  echo "setup: syncing the MLflow test server's environment to $(basename "$mlflow_requirements")"
+  [ -x "$MLFLOWENV/bin/python" ] || $PY -m venv "$MLFLOWENV"
+  "$MLFLOWENV/bin/pip" install -q -r "$mlflow_requirements"
+  echo "$mlflow_want" > "$MLFLOWENV/.complete"
+fi
 echo "LIBTORCH=$LIBTORCH/torch"
 echo "PYENV=$PYENV"
 echo "ARROW=$ARROW"
 echo "RAYENV=$RAYENV"
+echo "MLFLOWENV=$MLFLOWENV"

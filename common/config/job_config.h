@@ -142,6 +142,9 @@ struct TrainerConfig {
   // --resume-from JOB` (the newest checkpoint of JOB) or written by hand; "" = a fresh start.
   // The job's own checkpoints, once it has any, come first (a restart resumes from them).
   std::string resume_from_checkpoint;
+  // report_to (HF TrainingArguments' key): TensorBoard files are always written; with mlflow,
+  // rank 0 also reports to the MLflow tracking server the environment names (MLFLOW_*).
+  bool report_to_mlflow = false;
 };
 
 struct DataConfig {

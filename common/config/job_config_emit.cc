@@ -140,6 +140,9 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
       .Integer("keep_checkpoints", t.keep_checkpoints);
   if (t.max_restarts >= 0) w.Integer("max_restarts", t.max_restarts);  // -1: not resolved yet
   if (!t.resume_from_checkpoint.empty()) w.Text("resume_from_checkpoint", t.resume_from_checkpoint);
+  const std::vector<std::string> trackers =
+      t.report_to_mlflow ? std::vector<std::string>{"tensorboard", "mlflow"} : std::vector<std::string>{"tensorboard"};
+  w.raw() << YAML::Key << "report_to" << YAML::Value << YAML::Flow << trackers;
   w.End();
 }
 

@@ -537,6 +537,40 @@ absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t, bool 
   return absl::OkStatus();
 }
 
+// report_to: a name or a list of them, as HF's TrainingArguments takes it.
+absl::Status ReadReportTo(const MapReader& trainer, bool* mlflow) {
+  const std::string key = "report_to";
+  if (!trainer.Has(key)) return absl::OkStatus();
+  const YAML::Node value = trainer.Get(key);
+  std::vector<YAML::Node> items;
+  if (value.IsScalar()) items.push_back(value);
+  if (value.IsSequence()) {
+    for (const YAML::Node& item : value) items.push_back(item);
+  }
+  if (!value.IsScalar() && !value.IsSequence()) {
+    return trainer.Error(key, absl::StrCat("must be a name or a list of names, got ", Describe(value)));
+  }
+  for (const YAML::Node& item : items) {
+    const std::string name = item.IsScalar() ? absl::AsciiStrToLower(item.Scalar()) : "";
+    if (name == "tensorboard" || name == "none") continue;  // TensorBoard files are always written
+    if (name == "mlflow") {
+      *mlflow = true;
+      continue;
+    }
+    std::string why = "only tensorboard (always on) and mlflow are supported";
+    if (name == "wandb") {
+      why = "Weights & Biases is not supported: its server cannot run beside the tests that "
+            "would prove this service talks to it correctly; use mlflow (MLFLOW_TRACKING_URI) "
+            "or the TensorBoard files in <output_dir>/runs";
+    } else if (name == "all") {
+      why = "name the trackers: tensorboard (always on) and mlflow";
+    }
+    return trainer.site()->Error(LineOf(item), trainer.PathOf(key),
+                                 absl::StrCat("'", item.IsScalar() ? item.Scalar() : Describe(item), "': ", why));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadTrainer(const MapReader& top, bool stage_planned, TrainerConfig* t) {
   QLORA_ASSIGN_OR_RETURN(MapReader trainer, top.OpenMap("trainer"));
   QLORA_RETURN_IF_ERROR(trainer.ReadChoice("type", {"finetune", "none"}, &t->type));
@@ -572,6 +606,7 @@ absl::Status ReadTrainer(const MapReader& top, bool stage_planned, TrainerConfig
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("max_restarts", 0, 100, &t->max_restarts));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("keep_checkpoints", 0, kInt64Max, &t->keep_checkpoints));
   QLORA_RETURN_IF_ERROR(trainer.ReadString("resume_from_checkpoint", &t->resume_from_checkpoint));
+  QLORA_RETURN_IF_ERROR(ReadReportTo(trainer, &t->report_to_mlflow));
   return trainer.ReadUint("seed", &t->seed);
 }
 

@@ -286,6 +286,11 @@ SchemaNode BuildSchema() {
                                  "the coordinator's `--max-restarts` (2)"}),
            Leaf("keep_checkpoints", {"integer >= 0", "2", "the newest complete checkpoints "
                                                           "kept (0: all)"}),
+           Leaf("report_to", {"a name or a list: `tensorboard`, `mlflow`, `none`", "[tensorboard]",
+                              "where metrics go: TensorBoard files in `<output_dir>/runs` "
+                              "always; `mlflow` also sends params, metrics and the adapter to "
+                              "the MLflow server MLFLOW_TRACKING_URI names (docs/metrics.md). "
+                              "`wandb` is refused", "HF Trainer"}),
            Leaf("resume_from_checkpoint",
                 {"path", "", "a checkpoint folder of this service (`step-N`, with its "
                              "manifest.json) to continue from: adapters, optimizer state, step "

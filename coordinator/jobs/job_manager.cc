@@ -28,6 +28,7 @@
 #include "coordinator/admission/output_dir_check.h"
 #include "coordinator/jobs/resume_plan.h"
 #include "common/config/yaml_overrides.h"
+#include "common/tracking/mlflow_client.h"
 #include "coordinator/launch/worker_launch.h"
 
 namespace qlora::coordinator {
@@ -259,6 +260,10 @@ absl::StatusOr<JobConfig> JobManager::ParseSubmission(const SubmitRequest& reque
   QLORA_RETURN_IF_ERROR(CheckJobPathsConfined(config, options_.roots));
   QLORA_RETURN_IF_ERROR(CheckDatasetFiles(config.data, ReadRoots()));  // may be slow
   QLORA_RETURN_IF_ERROR(CheckDataSample(config, ReadRoots()));       // the first records
+  // Local workers inherit this process's environment, where MLflow's client settings live.
+  if (config.trainer.report_to_mlflow) {
+    QLORA_RETURN_IF_ERROR(tracking::MlflowSettingsFromEnvironment().status());
+  }
   QLORA_RETURN_IF_ERROR(CheckBaseModelConfig(config.base_model_path, &config.lora, ReadRoots()));
   if (request.continues.has_value()) {
     QLORA_ASSIGN_OR_RETURN(const ResumePlan plan, PlanResume(*request.continues, EmitResolvedJobYaml(config)));

@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<RunMetrics>> RunMetrics::Open(const RunMetricsOpt
     if (fd >= 0) close(fd);
     return absl::InternalError(absl::StrCat("cannot open ", path, ": ", why));
   }
-  return std::unique_ptr<RunMetrics>(new RunMetrics(std::move(*events), file));
+  return std::unique_ptr<RunMetrics>(new RunMetrics(std::move(*events), file, options.mlflow));
 }
 
 RunMetrics::~RunMetrics() { std::fclose(jsonl_); }
@@ -72,12 +72,24 @@ absl::Status RunMetrics::Record(const StepMetrics& m) {
     scalars.emplace_back("eval/loss", static_cast<float>(m.eval_loss));
     line["eval_loss"] = m.eval_loss;
   }
+  if (mlflow_ != nullptr) {
+    const int64_t ms = static_cast<int64_t>(m.wall_time * 1000);
+    std::vector<tracking::MlflowMetric> sent = {
+        {"loss", m.loss, m.step, ms}, {"learning_rate", m.learning_rate, m.step, ms},
+        {"grad_norm", m.grad_norm, m.step, ms}, {"epoch", static_cast<double>(m.epoch), m.step, ms},
+        {"tokens_per_second", m.tokens_per_second, m.step, ms}};
+    if (!std::isnan(m.eval_loss)) sent.push_back({"eval_loss", m.eval_loss, m.step, ms});
+    mlflow_->LogMetrics(std::move(sent));
+  }
   if (absl::Status s = events_->AddScalars(m.step, m.wall_time, scalars); !s.ok()) return s;
   // Non-finite losses are written as null (JSON has no NaN); nlohmann does that by itself.
   return WriteLine(line.dump());
 }
 
 absl::Status RunMetrics::RecordEvaluation(int64_t step, double wall_time, double eval_loss) {
+  if (mlflow_ != nullptr) {
+    mlflow_->LogMetrics({{"eval_loss", eval_loss, step, static_cast<int64_t>(wall_time * 1000)}});
+  }
   if (absl::Status s = events_->AddScalars(step, wall_time, {{"eval/loss", static_cast<float>(eval_loss)}});
       !s.ok()) {
     return s;
@@ -85,7 +97,12 @@ absl::Status RunMetrics::RecordEvaluation(int64_t step, double wall_time, double
   return WriteLine(nlohmann::json{{"step", step}, {"eval_loss", eval_loss}, {"wall_time", wall_time}}.dump());
 }
 
+void RunMetrics::RecordAdapter(const std::string& dir) {
+  if (mlflow_ != nullptr) mlflow_->UploadFolder(dir, "adapter");
+}
+
 absl::Status RunMetrics::RecordEnd(bool succeeded, double wall_time) {
+  if (mlflow_ != nullptr) mlflow_->Finish(succeeded);
   return events_->AddSummary(0, wall_time, tensorboard::HParamsSessionEndSummary(succeeded, wall_time));
 }
 

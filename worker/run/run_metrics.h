@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "common/tensorboard/event_file_writer.h"
 #include "common/tensorboard/hparams_summary.h"
+#include "common/tracking/mlflow_reporter.h"
 
 namespace qlora::worker {
 
@@ -45,6 +46,10 @@ struct RunMetricsOptions {
   // Written first for TensorBoard's HParams tab (hparams_summary.h), when given.
   std::vector<tensorboard::HParam> hparams;
   std::vector<std::string> hparam_metrics;  // the scalar tags shown beside them
+  // Also sent to MLflow (report_to: mlflow) when set: each step's metrics under HF Trainer's
+  // names (loss, learning_rate, grad_norm, epoch, eval_loss, tokens_per_second), the adapter
+  // as artifacts, the run's end.
+  std::shared_ptr<tracking::MlflowReporter> mlflow;
 };
 
 class RunMetrics {
@@ -57,16 +62,21 @@ class RunMetrics {
   absl::Status Record(const StepMetrics& m);
   // An evaluation outside a step's record (the final one): eval/loss at `step`.
   absl::Status RecordEvaluation(int64_t step, double wall_time, double eval_loss);
-  // The HParams tab's status of the run (success or failure), once it has ended.
+  // The final adapter's files, as MLflow artifacts under adapter/ (queued; nothing without it).
+  void RecordAdapter(const std::string& dir);
+  // The HParams tab's status of the run (success or failure), once it has ended; MLflow's run
+  // ends too (waiting at most the reporter's finish_wait for what it has queued).
   absl::Status RecordEnd(bool succeeded, double wall_time);
   const std::string& event_file() const { return events_->path(); }
 
  private:
-  RunMetrics(std::unique_ptr<tensorboard::EventFileWriter> events, std::FILE* jsonl)
-      : events_(std::move(events)), jsonl_(jsonl) {}
+  RunMetrics(std::unique_ptr<tensorboard::EventFileWriter> events, std::FILE* jsonl,
+             std::shared_ptr<tracking::MlflowReporter> mlflow)
+      : events_(std::move(events)), jsonl_(jsonl), mlflow_(std::move(mlflow)) {}
   absl::Status WriteLine(const std::string& json);
   std::unique_ptr<tensorboard::EventFileWriter> events_;
   std::FILE* jsonl_;
+  std::shared_ptr<tracking::MlflowReporter> mlflow_;  // null: not reporting to MLflow
 };
 
 }  // namespace qlora::worker

@@ -461,6 +461,30 @@ absl::Status Trainer::After(const StepResult& result) {
   return absl::OkStatus();
 }
 
+std::shared_ptr<tracking::MlflowReporter> Trainer::StartMlflow(const std::vector<tensorboard::HParam>& hparams) {
+  absl::StatusOr<tracking::MlflowSettings> settings = tracking::MlflowSettingsFromEnvironment();
+  if (!settings.ok()) {
+    Log(absl::StrCat("WARNING: not reporting to MLflow: ", settings.status().message()));
+    return nullptr;
+  }
+  tracking::MlflowReporterOptions options;
+  options.settings = *settings;
+  options.run_name = config_.name.empty() ? assignment_.job_id : config_.name;
+  options.tags = {{"qlora.job_id", assignment_.job_id}, {"qlora.base_model", config_.base_model}};
+  for (const tensorboard::HParam& h : hparams) {
+    std::string value;
+    if (const double* d = std::get_if<double>(&h.value)) value = absl::StrCat(*d);
+    if (const bool* b = std::get_if<bool>(&h.value)) value = *b ? "true" : "false";
+    if (const std::string* text = std::get_if<std::string>(&h.value)) value = *text;
+    options.params.emplace_back(h.name, value);
+  }
+  options.finish_wait = absl::Seconds(15);
+  options.warn = [this](const std::string& line) { Log(absl::StrCat("WARNING: ", line)); };
+  Log(absl::StrCat("reporting to MLflow at ", settings->tracking_uri, ", experiment ",
+                   settings->experiment_name));
+  return std::make_shared<tracking::MlflowReporter>(std::move(options));
+}
+
 void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p, bool evaluated) {
   if (metrics_failed_) return;
   const double now = absl::ToUnixMicros(absl::Now()) / 1e6;
@@ -474,6 +498,7 @@ void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p,
     options.wall_time = now;
     options.hparams = JobHParams(config_, assignment_.world_size);
     options.hparam_metrics = JobHParamMetrics();
+    if (config_.trainer.report_to_mlflow) options.mlflow = StartMlflow(options.hparams);
     absl::StatusOr<std::unique_ptr<RunMetrics>> opened = RunMetrics::Open(options);
     if (!opened.ok()) {
       metrics_failed_ = true;
@@ -607,6 +632,7 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
   const std::string adapter = assignment_.output_dir + "/adapter";
   QLORA_RETURN_IF_ERROR(WriteAdapter(adapter));
   if (metrics_ != nullptr) {  // rank 0's: the HParams tab shows the run as succeeded
+    metrics_->RecordAdapter(adapter);
     if (absl::Status s = metrics_->RecordEnd(true, absl::ToUnixMicros(absl::Now()) / 1e6); !s.ok()) {
       Log(absl::StrCat("metrics: the run's end was not recorded: ", s.message()));
     }

@@ -121,6 +121,8 @@ class Trainer {
   // Rank 0: the step's metrics into runs/ and metrics.jsonl (opened on first use; a failure is
   // logged once and stops metrics, never training).
   void RecordMetrics(const StepResult& result, const ProgressSnapshot& p, bool evaluated);
+  // The MLflow reporter of report_to: mlflow (null, with a warning, without MLFLOW_TRACKING_URI).
+  std::shared_ptr<tracking::MlflowReporter> StartMlflow(const std::vector<tensorboard::HParam>& hparams);
   void RecordFinalEvaluation();
   // Not const: the base weights' figures are those since the previous report.
   ProgressSnapshot Progress(const StepResult& result);

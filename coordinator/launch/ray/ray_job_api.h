@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/launch/ray/http_client.h"
+#include "common/http/http_client.h"
 #include "coordinator/launch/worker_launcher.h"
 
 namespace qlora::coordinator {

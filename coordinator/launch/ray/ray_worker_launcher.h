@@ -26,7 +26,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/launch/ray/http_client.h"
+#include "common/http/http_client.h"
 #include "coordinator/launch/ray/ray_job_api.h"
 #include "coordinator/launch/worker_launcher.h"
 

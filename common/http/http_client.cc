@@ -1,5 +1,5 @@
 // libcurl behind HttpClient (see http_client.h).
-#include "coordinator/launch/ray/http_client.h"
+#include "common/http/http_client.h"
 
 #include <curl/curl.h>
 
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace qlora::coordinator {
+namespace qlora {
 namespace {
 
 struct Body {
@@ -35,13 +35,21 @@ HttpClient::HttpClient(HttpClientOptions options) : options_(options) {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-absl::StatusOr<HttpResponse> HttpClient::Get(const std::string& url) const { return Perform(url, nullptr); }
-
-absl::StatusOr<HttpResponse> HttpClient::PostJson(const std::string& url, const std::string& json) const {
-  return Perform(url, &json);
+absl::StatusOr<HttpResponse> HttpClient::Get(const std::string& url) const {
+  return Perform(url, "GET", nullptr, nullptr);
 }
 
-absl::StatusOr<HttpResponse> HttpClient::Perform(const std::string& url, const std::string* post_json) const {
+absl::StatusOr<HttpResponse> HttpClient::PostJson(const std::string& url, const std::string& json) const {
+  return Perform(url, "POST", &json, "application/json");
+}
+
+absl::StatusOr<HttpResponse> HttpClient::Put(const std::string& url, const std::string& body) const {
+  return Perform(url, "PUT", &body, "application/octet-stream");
+}
+
+absl::StatusOr<HttpResponse> HttpClient::Perform(const std::string& url, const char* method,
+                                                 const std::string* body_out,
+                                                 const char* content_type) const {
   std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), &curl_easy_cleanup);
   if (!curl) return absl::InternalError("curl_easy_init failed");
   HttpResponse response;
@@ -59,10 +67,12 @@ absl::StatusOr<HttpResponse> HttpClient::Perform(const std::string& url, const s
   curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_slist* headers = nullptr;
   headers = curl_slist_append(headers, "Accept: application/json");
-  if (post_json != nullptr) {
-    headers = curl_slist_append(headers, "Content-Type: application/json");
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, post_json->data());
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, static_cast<long>(post_json->size()));
+  for (const std::string& header : options_.headers) headers = curl_slist_append(headers, header.c_str());
+  if (body_out != nullptr) {
+    headers = curl_slist_append(headers, absl::StrCat("Content-Type: ", content_type).c_str());
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body_out->data());
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body_out->size()));
   }
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   const CURLcode code = curl_easy_perform(c);
@@ -77,4 +87,4 @@ absl::StatusOr<HttpResponse> HttpClient::Perform(const std::string& url, const s
   return response;
 }
 
-}  // namespace qlora::coordinator
+}  // namespace qlora
