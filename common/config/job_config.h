@@ -110,6 +110,11 @@ struct TrainerConfig {
   int64_t max_restarts = -1;
   int64_t keep_checkpoints = 2;             // the newest complete ones kept; 0 = all
   int64_t eval_steps = 0;                   // 0 = evaluate at the end of each epoch
+  // At each evaluation, generate for these prompts (eval_prompts) or, without them, for the
+  // first eval_samples records of the validation file (else the training file): TensorBoard's
+  // TEXT tab, metrics.jsonl, the worker's log. 0 and none: off.
+  int64_t eval_samples = 0;
+  std::vector<std::string> eval_prompts;
   // enable_gradient_checkpointing: true (every decoder layer is activation-checkpointed), false
   // (none), or auto: the worker leaves as many of the last layers uncheckpointed as fit
   // max_memory_gib and reports its choice (worker/memory/activation_plan.h).

@@ -136,10 +136,16 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.Integer("steps_per_checkpoint", t.steps_per_checkpoint)
       .Number("checkpoint_every_minutes", t.checkpoint_every_minutes)
       .Integer("eval_steps", t.eval_steps)
+      .Integer("eval_samples", t.eval_samples)
       .Integer("seed", t.seed)
       .Integer("keep_checkpoints", t.keep_checkpoints);
   if (t.max_restarts >= 0) w.Integer("max_restarts", t.max_restarts);  // -1: not resolved yet
   if (!t.resume_from_checkpoint.empty()) w.Text("resume_from_checkpoint", t.resume_from_checkpoint);
+  if (!t.eval_prompts.empty()) {
+    w.raw() << YAML::Key << "eval_prompts" << YAML::Value << YAML::DoubleQuoted << YAML::BeginSeq;
+    for (const std::string& prompt : t.eval_prompts) w.raw() << YAML::DoubleQuoted << prompt;
+    w.raw() << YAML::EndSeq;
+  }
   const std::vector<std::string> trackers =
       t.report_to_mlflow ? std::vector<std::string>{"tensorboard", "mlflow"} : std::vector<std::string>{"tensorboard"};
   w.raw() << YAML::Key << "report_to" << YAML::Value << YAML::Flow << trackers;

@@ -603,6 +603,18 @@ absl::Status ReadTrainer(const MapReader& top, bool stage_planned, TrainerConfig
   QLORA_RETURN_IF_ERROR(
       trainer.ReadNumber("checkpoint_every_minutes", {0, true}, {1e6, true}, &t->checkpoint_every_minutes));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_steps", 0, kInt64Max, &t->eval_steps));
+  QLORA_RETURN_IF_ERROR(trainer.ReadInt("eval_samples", 0, 64, &t->eval_samples));
+  if (trainer.Has("eval_prompts")) {
+    const YAML::Node prompts = trainer.Get("eval_prompts");
+    if (!prompts.IsSequence()) return trainer.Error("eval_prompts", "must be a list of prompts");
+    for (const YAML::Node& prompt : prompts) {
+      if (!prompt.IsScalar() || prompt.Scalar().empty()) {
+        return trainer.Error("eval_prompts", "each entry must be a non-empty prompt");
+      }
+      t->eval_prompts.push_back(prompt.Scalar());
+    }
+    if (t->eval_prompts.size() > 64) return trainer.Error("eval_prompts", "at most 64 prompts");
+  }
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("max_restarts", 0, 100, &t->max_restarts));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("keep_checkpoints", 0, kInt64Max, &t->keep_checkpoints));
   QLORA_RETURN_IF_ERROR(trainer.ReadString("resume_from_checkpoint", &t->resume_from_checkpoint));

@@ -277,6 +277,12 @@ SchemaNode BuildSchema() {
            Leaf("checkpoint_every_minutes", {"number >= 0", "10", "a checkpoint at the next "
                                                                   "step once this long has "
                                                                   "passed (0: off)"}),
+           Leaf("eval_samples", {"integer in [0, 64]", "0",
+                                 "at each evaluation, generate for the first N records of the "
+                                 "validation file (else the training file) and show prompt and "
+                                 "output in TensorBoard's TEXT tab, metrics.jsonl and the log"}),
+           Leaf("eval_prompts", {"list of prompts", "", "generate for these at each evaluation "
+                                 "instead (text, or JSON objects with the template's columns)"}),
            Leaf("eval_steps", {"integer >= 0", "0", "evaluate every N steps (0: at each "
                                                     "epoch's end)"}),
            Leaf("seed", {"integer", "42", "shuffling, dropout and initialization"}),

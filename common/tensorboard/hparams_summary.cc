@@ -98,4 +98,22 @@ std::string HParamsSessionEndSummary(bool succeeded, double end_time) {
   return Summary("_hparams_/session_end_info", 4, end);
 }
 
+std::string TextSummary(const std::string& tag, const std::string& markdown) {
+  std::string plugin_data;
+  PutBytes(1, "text", &plugin_data);  // plugin_name; its content stays empty
+  std::string metadata;
+  PutBytes(1, plugin_data, &metadata);
+  std::string tensor;
+  PutUint(1, 7, &tensor);           // DT_STRING
+  PutBytes(2, "", &tensor);         // a scalar: a shape without dimensions
+  PutBytes(8, markdown, &tensor);   // string_val
+  std::string value;
+  PutBytes(1, tag, &value);
+  PutBytes(9, metadata, &value);
+  PutBytes(8, tensor, &value);
+  std::string summary;
+  PutBytes(1, value, &summary);
+  return summary;
+}
+
 }  // namespace qlora::tensorboard

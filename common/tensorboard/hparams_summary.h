@@ -27,4 +27,8 @@ std::string HParamsSessionStartSummary(const std::vector<HParam>& hparams, doubl
 // How the run ended.
 std::string HParamsSessionEndSummary(bool succeeded, double end_time);
 
+// A text-plugin summary (TensorBoard's TEXT tab): `markdown` as a scalar DT_STRING tensor
+// tagged `tag`, as tf.summary.text writes it.
+std::string TextSummary(const std::string& tag, const std::string& markdown);
+
 }  // namespace qlora::tensorboard

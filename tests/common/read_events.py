@@ -1,8 +1,9 @@
 """Reads TensorBoard event files with tensorboard's own EventAccumulator and prints, as JSON,
 {tag: [[step, value], ...]} for every scalar tag of the run folder given; with --hparams, what
 the hparams plugin reads instead: {"experiment": {"hparams": {name: type}, "metrics": [tag]},
-"start": {name: value}, "end": status}, parsed by the plugin's own metadata module.
-  python read_events.py RUN_DIR [--hparams]
+"start": {name: value}, "end": status}, parsed by the plugin's own metadata module; with --text,
+the text plugin's tensors: {tag: [[step, text], ...]}.
+  python read_events.py RUN_DIR [--hparams | --text]
 """
 import json
 import sys
@@ -13,6 +14,12 @@ from tensorboard.plugins.hparams import api_pb2, metadata
 
 acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0, "tensors": 0})
 acc.Reload()
+if "--text" in sys.argv:
+    from tensorboard.util import tensor_util
+    texts = acc.PluginTagToContent("text")
+    print(json.dumps({tag: [[e.step, tensor_util.make_ndarray(e.tensor_proto).item().decode()]
+                            for e in acc.Tensors(tag)] for tag in texts}))
+    sys.exit(0)
 if "--hparams" not in sys.argv:
     print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)]
                       for tag in acc.Tags()["scalars"]}))

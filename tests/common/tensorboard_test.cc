@@ -117,5 +117,29 @@ TEST(CommonTensorboard, TheHparamsPluginReadsTheRunsHyperparameters) {
   EXPECT_EQ(read["end"], "STATUS_SUCCESS") << out;
 }
 
+// Evaluation samples as the TEXT tab shows them: tensorboard's reader gives each step's markdown
+// back under its tag, unicode included.
+TEST(CommonTensorboard, TheTextPluginReadsSamplesBack) {
+  const std::string read_events = ReadEventsCommand();
+  if (read_events.empty()) GTEST_SKIP() << "QLORA_PYTHON / QLORA_SOURCE_DIR not set: no tensorboard reference";
+  qlora::testing::TempDir dir;
+  {
+    EventFileOptions options;
+    options.wall_time = 1.7e9;
+    auto writer = EventFileWriter::Open(dir.path() + "/runs", options);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    for (int step : {10, 20}) {
+      const std::string text = "**prompt:** Name a colour.\n\n**output:** bleu \u00e9t\u00e9 " + std::to_string(step);
+      ASSERT_TRUE((*writer)->AddSummary(step, 1.7e9 + step, TextSummary("eval/sample_1", text)).ok());
+    }
+  }
+  const std::string out = RunAndCapture(read_events + " '" + dir.path() + "/runs' --text");
+  const auto texts = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_TRUE(texts.is_object()) << out;
+  ASSERT_EQ(texts["eval/sample_1"].size(), 2u) << out;
+  EXPECT_EQ(texts["eval/sample_1"][1][0], 20);
+  EXPECT_EQ(texts["eval/sample_1"][1][1], "**prompt:** Name a colour.\n\n**output:** bleu \u00e9t\u00e9 20");
+}
+
 }  // namespace
 }  // namespace qlora::tensorboard

@@ -135,6 +135,9 @@ TEST(ConfigEmitTest, NonDefaultValuesEverywhereRoundTrip) {
   c.generation.do_sample = false;
   c.output_dir = "~/out";
   c.gguf_type = "q8_0";
+  c.trainer.eval_samples = 3;
+  c.trainer.eval_prompts = {"Name a colour.", "{\"instruction\": \"Say: \\\"hi\\\"\"}"};
+  c.trainer.report_to_mlflow = true;
   c.lora.merge_adapter_into_base_model = true;  // a GGUF is made from the merged model
   ExpectRoundTrip(c);
 }

@@ -3,6 +3,7 @@
 // That the engine's tokens equal transformers' generate is engine_generation_test's to show;
 // this checks what a user of the service relies on: text for every prompt, the finish reasons
 // and counts, greedy and seeded output that repeat, the right refusals, and the slot given back.
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -96,6 +97,45 @@ TEST_F(GenerateTest, ASucceededJobGeneratesForEveryPromptAndGivesItsSlotBack) {
   v1::Job next = SubmitJob(c, ShortJob());
   next = c.WaitForState(next.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
   EXPECT_EQ(next.state(), v1::JOB_STATE_SUCCEEDED) << next.state_message();
+}
+
+// trainer.eval_samples: at each evaluation the model generates for the first validation records
+// (here the training file's: the job has no validation file), recorded in metrics.jsonl, in
+// TensorBoard's TEXT tab (read back with tensorboard's own reader) and in the log.
+TEST_F(GenerateTest, EvaluationSamplesShowWhatTheModelWritesAsItTrains) {
+  CoordinatorProcess c(state_, 1);
+  ASSERT_TRUE(c.started());
+  TestTraining training = ShortTraining();
+  training.eval_steps = 2;
+  training.more_trainer = "eval_samples: 2";
+  v1::Job job = SubmitJob(c, TinyJobYaml(training));
+  job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+  const fs::path output = fs::path(job.adapter_path()).parent_path();
+  std::vector<int64_t> steps;
+  std::istringstream lines(ReadFile((output / "metrics.jsonl").string()));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("samples")) continue;
+    steps.push_back(j["step"].get<int64_t>());
+    ASSERT_EQ(j["samples"].size(), 2u) << line;
+    for (const nlohmann::json& sample : j["samples"]) {
+      EXPECT_THAT(sample["prompt"].get<std::string>(), HasSubstr("### Response:")) << line;
+      EXPECT_TRUE(sample.contains("output"));
+    }
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 4}));
+  EXPECT_THAT(c.Ctl("logs " + job.id()).output, HasSubstr("sample 2 at step 4: "));
+  const char* python = std::getenv("QLORA_PYTHON");
+  if (python == nullptr || *python == 0) return;
+  const CommandResult texts = RunCommand(absl::StrCat("'", python, "' '", SourceDir(),
+                                                      "/tests/common/read_events.py' '", (output / "runs").string(),
+                                                      "' --text"));
+  ASSERT_EQ(texts.exit_code, 0) << texts.output;
+  const nlohmann::json read = nlohmann::json::parse(texts.output, nullptr, false);
+  ASSERT_TRUE(read.is_object()) << texts.output;
+  ASSERT_EQ(read["eval/sample_1"].size(), 2u) << texts.output;
+  EXPECT_THAT(read["eval/sample_1"][0][1].get<std::string>(), HasSubstr("**output**"));
 }
 
 TEST_F(GenerateTest, BadRequestsAreRefusedWithTheRightStatus) {

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/dataset/record_reader.h"
+#include "common/dataset/shard_planner.h"
 #include "common/status_macros.h"
 #include "worker/data/job_data_options.h"
 
@@ -92,6 +94,43 @@ absl::StatusOr<std::vector<int32_t>> GenerationPrompts::Ids(const std::string& p
                                           [](int32_t label) { return label != kIgnoreIndex; });
   return std::vector<int32_t>(example.input_ids.begin(),
                               example.input_ids.begin() + (first_trained - example.labels.begin()));
+}
+
+absl::StatusOr<std::vector<int32_t>> GenerationPrompts::IdsOfRecord(const Record& record) {
+  Example example;
+  absl::StatusOr<bool> built = builder_->Build(record, &example);
+  if (!built.ok()) return absl::InvalidArgumentError(absl::StrCat("record: ", built.status().message()));
+  if (options_.layout == ExampleLayout::kText) {
+    const size_t keep = std::min<size_t>(32, std::max<size_t>(1, example.input_ids.size() / 2));
+    return std::vector<int32_t>(example.input_ids.begin(), example.input_ids.begin() + keep);
+  }
+  const auto first_trained = std::find_if(example.labels.begin(), example.labels.end(),
+                                          [](int32_t label) { return label != kIgnoreIndex; });
+  return std::vector<int32_t>(example.input_ids.begin(),
+                              example.input_ids.begin() + (first_trained - example.labels.begin()));
+}
+
+absl::StatusOr<std::vector<Record>> GenerationPrompts::FirstRecords(const JobConfig& job,
+                                                                    const Tokenizer& tokenizer,
+                                                                    int64_t count) {
+  const DatasetRole role = job.data.validation_path.empty() ? DatasetRole::kTrain : DatasetRole::kValidation;
+  QLORA_ASSIGN_OR_RETURN(LoaderOptions loader, LoaderOptionsForJob(job, tokenizer, role, 0));
+  const std::string& paths = DatasetPathForRole(job, role);
+  const std::string first_file = paths.substr(0, paths.find(','));
+  ShardPlanOptions plan;
+  plan.format = job.data.format;
+  plan.max_record_bytes = loader.reader.max_record_bytes;
+  QLORA_ASSIGN_OR_RETURN(std::vector<ShardSpec> shards, SplitFile(first_file, 1, plan));
+  std::vector<Record> records;
+  if (shards.empty()) return records;
+  QLORA_ASSIGN_OR_RETURN(std::unique_ptr<RecordReader> reader, RecordReader::Open(shards[0], loader.reader));
+  Record record;
+  while (static_cast<int64_t>(records.size()) < count) {
+    QLORA_ASSIGN_OR_RETURN(bool more, reader->Next(&record));
+    if (!more) break;
+    records.push_back(record);
+  }
+  return records;
 }
 
 }  // namespace qlora::data

@@ -31,6 +31,15 @@ class GenerationPrompts {
   // The token ids of `prompt`; INVALID_ARGUMENT naming what is wrong with it (a JSON object
   // missing a column of the template, a conversation not ending with a user turn).
   absl::StatusOr<std::vector<int32_t>> Ids(const std::string& prompt);
+  // The prompt of a training or validation record: every token before its first trained one
+  // (its target, or its first assistant reply); under the text layout, its first half (at most
+  // 32 tokens). INVALID_ARGUMENT for a record the layout cannot build.
+  absl::StatusOr<std::vector<int32_t>> IdsOfRecord(const Record& record);
+
+  // The first `count` records of the job's validation file, else of its training file, read as
+  // the job reads them (format, columns); fewer when the file has fewer.
+  static absl::StatusOr<std::vector<Record>> FirstRecords(const JobConfig& job, const Tokenizer& tokenizer,
+                                                          int64_t count);
 
   ExampleLayout layout() const { return options_.layout; }
 

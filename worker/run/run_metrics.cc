@@ -97,6 +97,23 @@ absl::Status RunMetrics::RecordEvaluation(int64_t step, double wall_time, double
   return WriteLine(nlohmann::json{{"step", step}, {"eval_loss", eval_loss}, {"wall_time", wall_time}}.dump());
 }
 
+absl::Status RunMetrics::RecordSamples(int64_t step, double wall_time, const std::vector<EvalSample>& samples) {
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t i = 0; i < samples.size(); ++i) {
+    // Markdown with the texts in code blocks, so the TEXT tab shows them as written.
+    const std::string text = absl::StrCat("**prompt**\n\n```\n", samples[i].prompt, "\n```\n\n**output**\n\n```\n",
+                                          samples[i].output, "\n```");
+    if (absl::Status s = events_->AddSummary(step, wall_time,
+                                             tensorboard::TextSummary(absl::StrCat("eval/sample_", i + 1), text));
+        !s.ok()) {
+      return s;
+    }
+    list.push_back({{"prompt", samples[i].prompt}, {"output", samples[i].output}});
+  }
+  return WriteLine(nlohmann::json{{"step", step}, {"wall_time", wall_time}, {"samples", list}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
 void RunMetrics::RecordAdapter(const std::string& dir) {
   if (mlflow_ != nullptr) mlflow_->UploadFolder(dir, "adapter");
 }

@@ -21,6 +21,7 @@
 #include "common/tensorboard/event_file_writer.h"
 #include "common/tensorboard/hparams_summary.h"
 #include "common/tracking/mlflow_reporter.h"
+#include "worker/run/eval_sample.h"
 
 namespace qlora::worker {
 
@@ -62,6 +63,9 @@ class RunMetrics {
   absl::Status Record(const StepMetrics& m);
   // An evaluation outside a step's record (the final one): eval/loss at `step`.
   absl::Status RecordEvaluation(int64_t step, double wall_time, double eval_loss);
+  // Evaluation samples at `step`: each as TensorBoard text `eval/sample_<i>` (prompt and output
+  // in markdown), and one metrics.jsonl line {"step", "samples": [{"prompt", "output"}]}.
+  absl::Status RecordSamples(int64_t step, double wall_time, const std::vector<EvalSample>& samples);
   // The final adapter's files, as MLflow artifacts under adapter/ (queued; nothing without it).
   void RecordAdapter(const std::string& dir);
   // The HParams tab's status of the run (success or failure), once it has ended; MLflow's run

@@ -13,6 +13,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -430,6 +431,7 @@ absl::Status Trainer::After(const StepResult& result) {
     NoteEvalLoss(eval_loss);
     evaluated = true;
   }
+  if (t.eval_steps > 0 && done % t.eval_steps == 0) QLORA_RETURN_IF_ERROR(GenerateSamples(done));
   const bool by_steps = t.steps_per_checkpoint > 0 && done % t.steps_per_checkpoint == 0;
   if ((by_steps || result.checkpoint_due) && done < total_steps_) {
     last_checkpoint_ = SteadySeconds();
@@ -457,8 +459,34 @@ absl::Status Trainer::After(const StepResult& result) {
     Log(absl::StrFormat("step %d/%d loss %.4f lr %.3g grad-norm %.3f tok/s %.0f", done, total_steps_, p.loss,
                         result.report.lr, result.report.grad_norm, p.tokens_per_second));
     RecordMetrics(result, p, evaluated);
+    RecordSamples(done);
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::GenerateSamples(int64_t step) {
+  if (!sampler_made_) {
+    sampler_made_ = true;
+    QLORA_ASSIGN_OR_RETURN(sampler_, EvalSampler::ForJob(config_));
+  }
+  if (sampler_ == nullptr) return absl::OkStatus();
+  QLORA_ASSIGN_OR_RETURN(samples_, sampler_->Generate(*model_));
+  samples_step_ = step;
+  return absl::OkStatus();
+}
+
+void Trainer::RecordSamples(int64_t step) {
+  if (samples_.empty() || samples_step_ != step) return;
+  for (size_t i = 0; i < samples_.size(); ++i) {
+    Log(absl::StrCat("sample ", i + 1, " at step ", step, ": ",
+                     absl::CHexEscape(samples_[i].output.substr(0, 200))));
+  }
+  if (metrics_ != nullptr) {
+    if (absl::Status s = metrics_->RecordSamples(step, absl::ToUnixMicros(absl::Now()) / 1e6, samples_); !s.ok()) {
+      Log(absl::StrCat("metrics: samples not recorded: ", s.message()));
+    }
+  }
+  samples_.clear();
 }
 
 std::shared_ptr<tracking::MlflowReporter> Trainer::StartMlflow(const std::vector<tensorboard::HParam>& hparams) {
@@ -626,6 +654,10 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
     NoteEvalLoss(eval_loss);
     Log(absl::StrFormat("evaluation loss %.4f", eval_loss_));
     if (assignment_.rank == 0) RecordFinalEvaluation();
+  }
+  if (!(eval_steps > 0 && total_steps_ % eval_steps == 0)) {
+    QLORA_RETURN_IF_ERROR(GenerateSamples(total_steps_));
+    if (assignment_.rank == 0) RecordSamples(total_steps_);
   }
   QLORA_ASSIGN_OR_RETURN(const TrainSummary summary, Summarize());
   // The final adapter: the full fp32 weights gathered, written by rank 0 with its model card.
