@@ -51,8 +51,27 @@ std::string JobListJson(const std::vector<JobRecord>& jobs) {
   return Dump(json{{"jobs", std::move(list)}});
 }
 
+std::string LatestSamplesJson(const std::string& metrics_tail) {
+  size_t end = metrics_tail.size();
+  while (end > 0) {
+    const size_t start = metrics_tail.rfind('\n', end - 1);
+    const size_t from = start == std::string::npos ? 0 : start + 1;
+    const std::string line = metrics_tail.substr(from, end - from);
+    if (line.find("\"samples\"") != std::string::npos) {
+      const json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("samples") && j["samples"].is_array()) {
+        return Dump(json{{"step", j.value("step", int64_t{0})}, {"samples", j["samples"]}});
+      }
+    }
+    if (start == std::string::npos) break;
+    end = start;
+  }
+  return "null";
+}
+
 std::string JobDetailJson(const JobRecord& job, const std::vector<JobEvent>& events,
-                          int64_t after_sequence, int log_rank, const std::string& log_tail) {
+                          int64_t after_sequence, int log_rank, const std::string& log_tail,
+                          const std::string& metrics_tail) {
   json summary = Summary(job);
   summary["reason_code"] = job.reason_code;
   summary["message"] = job.message;
@@ -98,7 +117,8 @@ std::string JobDetailJson(const JobRecord& job, const std::vector<JobEvent>& eve
                    {"points", std::move(points)},
                    {"last_sequence", last},
                    {"log_rank", log_rank},
-                   {"log", log_tail}});
+                   {"log", log_tail},
+                   {"samples", json::parse(LatestSamplesJson(metrics_tail))}});
 }
 
 }  // namespace qlora::coordinator

@@ -24,8 +24,14 @@ std::string JobListJson(const std::vector<JobRecord>& jobs);
 //  "points": [{"seq", "time_unix", "step", "loss", "eval_loss", "learning_rate",
 //              "tokens_per_second"}],   rank 0's progress events after the asked sequence
 //  "last_sequence": the last event's sequence (ask for what follows it next time),
-//  "log_rank": r, "log": the tail of rank r's log}
+//  "log_rank": r, "log": the tail of rank r's log,
+//  "samples": {"step", "samples": [{"prompt", "output"}]} of the latest evaluation, or null}
 std::string JobDetailJson(const JobRecord& job, const std::vector<JobEvent>& events,
-                          int64_t after_sequence, int log_rank, const std::string& log_tail);
+                          int64_t after_sequence, int log_rank, const std::string& log_tail,
+                          const std::string& metrics_tail = "");
+
+// The latest evaluation samples (trainer.eval_samples) in the tail of a job's metrics.jsonl:
+// its last line with "samples", as JSON text, or "null".
+std::string LatestSamplesJson(const std::string& metrics_tail);
 
 }  // namespace qlora::coordinator

@@ -40,6 +40,10 @@ const char kStatusPageHtml[] = R"html(<!DOCTYPE html>
     <figure><figcaption>learning rate</figcaption><svg id="chart-learning_rate" class="chart" viewBox="0 0 600 200"></svg></figure>
     <figure><figcaption>tokens/s (rank 0)</figcaption><svg id="chart-tokens_per_second" class="chart" viewBox="0 0 600 200"></svg></figure>
   </div>
+  <section id="samples" class="hidden">
+    <h2>Samples at step <span id="samples-step"></span></h2>
+    <div id="samples-list"></div>
+  </section>
   <h2>Log of rank <span id="log-rank">0</span></h2>
   <pre id="log"></pre>
 </main>
@@ -69,6 +73,7 @@ figcaption { color: #666; }
 svg.chart { width: 100%; height: auto; border: 1px solid #ddd; background: #fcfcfc; }
 svg.chart path.curve { fill: none; stroke: #06c; stroke-width: 1.5; }
 svg.chart text { font-size: 11px; fill: #666; }
+#samples pre { background: #f6f6f6; padding: .4em; white-space: pre-wrap; overflow-wrap: anywhere; margin: .2em 0 .8em; }
 pre#log { background: #f6f6f6; padding: .6em; max-height: 30em; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
 )css";
 
@@ -227,6 +232,23 @@ const char kStatusPageJs[] = R"js('use strict';
     $('job-fields').replaceChildren(...out);
   }
 
+  // The latest evaluation samples (trainer.eval_samples): each prompt and output as text.
+  function showSamples(samples) {
+    $('samples').classList.toggle('hidden', !samples);
+    if (!samples) return;
+    $('samples-step').textContent = String(samples.step);
+    const out = [];
+    for (const s of samples.samples) {
+      const prompt = document.createElement('pre');
+      prompt.textContent = s.prompt;
+      const output = document.createElement('pre');
+      output.className = 'sample-output';
+      output.textContent = s.output;
+      out.push(prompt, output);
+    }
+    $('samples-list').replaceChildren(...out);
+  }
+
   async function refreshJob(id) {
     const data = await getJson('/api/jobs/' + encodeURIComponent(id) + '?after=' + lastSequence);
     $('job-title').textContent = data.job.id;
@@ -234,6 +256,7 @@ const char kStatusPageJs[] = R"js('use strict';
     for (const p of data.points) points.push(p);
     lastSequence = data.last_sequence;
     for (const name of CURVES) drawChart(name);
+    showSamples(data.samples);
     $('log-rank').textContent = String(data.log_rank);
     const log = $('log');
     const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;

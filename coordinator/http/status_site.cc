@@ -181,9 +181,15 @@ HttpServerResponse StatusSite::JobDetail(const Caller& caller, const std::string
     absl::StatusOr<std::string> read = ReadLogTail(*log_path, options_.log_tail_bytes);
     tail = read.ok() ? *std::move(read) : absl::StrCat("(", read.status().message(), ")");
   }
+  // The latest evaluation samples, from the end of the job's metrics.jsonl (rank 0 writes them).
+  std::string metrics_tail;
+  if (!job->output_dir.empty()) {
+    absl::StatusOr<std::string> read = ReadLogTail(job->output_dir + "/metrics.jsonl", options_.log_tail_bytes);
+    if (read.ok()) metrics_tail = *std::move(read);
+  }
   HttpServerResponse r;
   r.content_type = kJson;
-  r.body = JobDetailJson(*job, events, *after, static_cast<int>(*rank), tail);
+  r.body = JobDetailJson(*job, events, *after, static_cast<int>(*rank), tail, metrics_tail);
   return r;
 }
 

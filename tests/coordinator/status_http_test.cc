@@ -134,6 +134,22 @@ TEST(StatusHttpTest, JsonEscapesJobStringsAndThinsLongCurves) {
   EXPECT_GE(points, static_cast<size_t>(kMaxCurvePoints) / 2);
 }
 
+// The status page shows the latest evaluation samples: the last metrics.jsonl line that has them,
+// whatever steps follow; a torn or absent line shows none.
+TEST(StatusHttpTest, TheLatestSamplesComeFromTheEndOfMetricsJsonl) {
+  const std::string tail =
+      "{\"step\":2,\"samples\":[{\"prompt\":\"old\",\"output\":\"a\"}]}\n"
+      "{\"step\":3,\"loss\":1.5}\n"
+      "{\"step\":4,\"samples\":[{\"prompt\":\"<b>p</b>\",\"output\":\"new\"}]}\n"
+      "{\"step\":5,\"loss\":1.2}\n";
+  EXPECT_EQ(LatestSamplesJson(tail), R"({"samples":[{"output":"new","prompt":"<b>p</b>"}],"step":4})");
+  EXPECT_EQ(LatestSamplesJson("{\"step\":3,\"loss\":1.5}\n{\"step\":4,\"samples\":[{\"pro"), "null");
+  EXPECT_EQ(LatestSamplesJson(""), "null");
+  JobRecord job = Running("job-000001", 1);
+  EXPECT_THAT(JobDetailJson(job, {}, 0, 0, "", tail), HasSubstr(R"("samples":{"samples":[{"output":"new")"));
+  EXPECT_THAT(JobDetailJson(job, {}, 0, 0, ""), HasSubstr(R"("samples":null)"));
+}
+
 TEST(StatusHttpTest, LogTailIsBoundedStartsAtALineAndRefusesFifos) {
   TempDir dir;
   const std::string log = dir.path() + "/rank-0.log";

@@ -248,7 +248,10 @@ TEST_F(StatusPageTest, MetricsFollowTrainingJobsWorkerExitsAndRpcs) {
 
 TEST_F(StatusPageTest, ApiServesJobsCurvesAndLogsReadOnly) {
   auto c = Start();
-  const std::string id = SubmitJob(*c, ShortJob()).id();
+  TestTraining training = ShortTraining();
+  training.eval_steps = 2;
+  training.more_trainer = "eval_samples: 1";  // the page shows the latest samples
+  const std::string id = SubmitJob(*c, TinyJobYaml(training)).id();
   ASSERT_FALSE(id.empty());
   v1::Job done = c->WaitForState(id, {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << ReadLog();
@@ -266,6 +269,8 @@ TEST_F(StatusPageTest, ApiServesJobsCurvesAndLogsReadOnly) {
   EXPECT_THAT(job.body, HasSubstr("\"step\":4"));
   EXPECT_THAT(job.body, HasSubstr("\"log_rank\":0"));
   EXPECT_THAT(job.body, Not(HasSubstr("\"log\":\"\"")));
+  EXPECT_THAT(job.body, HasSubstr("\"samples\":{\"samples\":[{\"output\":"));
+  EXPECT_THAT(job.body, HasSubstr("\"step\":4}"));
   // Only what follows a sequence number.
   const std::smatch last = [&] {
     std::smatch m;
