@@ -37,7 +37,7 @@ tiny_job() {
 if [[ $parts == *tiny* ]]; then
   for gpus in 0 $( ((ngpu > 1)) && echo 0,1 ); do
     echo "== tiny job on GPUs $gpus"
-    tiny_job "$gpus" "evaluation|step 60/|error|failed"
+    tiny_job "$gpus" "evaluation|sample|step 60/|error|failed"
   done
 fi
 # confined: the example job on GPU 0 under --read-roots, its workers confined by Landlock (CUDA's
