@@ -258,6 +258,17 @@ TEST_F(SecureServiceTest, UsersSeeTheirOwnJobsAdminsSeeAllAndTheJobTrainsOverTls
   const CommandResult anonymous = RunCommand(absl::StrCat("env -u QLORA_TOKEN -u QLORA_TOKEN_FILE ", ctl, " list"));
   EXPECT_EQ(anonymous.exit_code, 7) << anonymous.output;
   EXPECT_THAT(anonymous.output, HasSubstr("no credentials"));
+
+  // Generation: its worker dials over TLS with a token of its own; only the job's owner (or an
+  // admin) may generate with the job's adapter.
+  const CommandResult generated =
+      RunCommand(absl::StrCat(ctl, " --token-file ", token_file, " generate ", id, " -p hi --max-new-tokens 4 -o json"));
+  EXPECT_EQ(generated.exit_code, 0) << generated.output << ReadFile(state_ + "/s/coordinator.log");
+  EXPECT_THAT(generated.output, HasSubstr("\"finish_reason\""));
+  const std::string bob_file = state_ + "/bob.token";
+  WriteFile(bob_file, std::string(kBobToken) + "\n");
+  const CommandResult denied = RunCommand(absl::StrCat(ctl, " --token-file ", bob_file, " generate ", id, " -p hi"));
+  EXPECT_EQ(denied.exit_code, 7) << denied.output;
 }
 
 TEST_F(SecureServiceTest, PlaintextAndWrongCaClientsCannotConnect) {
