@@ -132,7 +132,8 @@ int Watch(Client& client, const std::string& id, bool json) {
         for (const std::string& line : lines.Add(msg)) printf("%s\n", line.c_str());
       } else {
         printf("%s", printer.Update(msg.job()).c_str());
-        if (msg.event().reason_code() == "RECORDS_WITHOUT_TARGET") {  // said once, not redrawn
+        const std::string& reason = msg.event().reason_code();
+        if (reason == "RECORDS_WITHOUT_TARGET" || reason == "WORKER_NOTICE") {  // said once, not redrawn
           printf("%swarning: %s\n", isatty(STDOUT_FILENO) != 0 ? "\n" : "", msg.event().message().c_str());
         }
       }

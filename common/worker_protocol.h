@@ -152,6 +152,7 @@ struct ProgressSnapshot {
   RecordCounts epoch_records;
   RecordCounts total_records;
   CheckpointingReport checkpointing;
+  std::vector<std::string> notices;  // warnings since the last report
 };
 
 // Where a worker computes. On the wire (Assignment.device): "cuda" or "cpu".

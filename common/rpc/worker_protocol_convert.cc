@@ -1,6 +1,8 @@
 // Worker protocol struct <-> protobuf (see worker_protocol_convert.h).
 #include "common/rpc/worker_protocol_convert.h"
 
+#include "common/text/utf8.h"
+
 namespace qlora {
 namespace {
 
@@ -71,6 +73,7 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   s->set_base_weight_wait_seconds(in.strategy.base_weight_wait_seconds);
   ToProto(in.epoch_records, out->mutable_epoch_records());
   ToProto(in.total_records, out->mutable_total_records());
+  for (const std::string& notice : in.notices) out->add_notices(ValidUtf8(notice));
   v1::CheckpointingReport* c = out->mutable_checkpointing();
   c->set_checkpointed_layers(in.checkpointing.checkpointed_layers);
   c->set_layers(in.checkpointing.layers);
@@ -110,6 +113,7 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
                 s.base_weight_wait_seconds()};
   p.epoch_records = FromProto(in.epoch_records());
   p.total_records = FromProto(in.total_records());
+  p.notices.assign(in.notices().begin(), in.notices().end());
   if (in.has_checkpointing()) {
     const v1::CheckpointingReport& c = in.checkpointing();
     p.checkpointing = {c.checkpointed_layers(), c.layers(), c.planned_peak_bytes(),

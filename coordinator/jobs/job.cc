@@ -320,11 +320,21 @@ void Job::ReportProgress(WorkerProcess& worker, ProgressSnapshot progress) {
   progress.rank = worker.rank;
   if (static_cast<int>(record_.progress.size()) <= progress.rank) record_.progress.resize(progress.rank + 1);
   record_.progress[progress.rank] = progress;
+  const std::vector<std::string> notices = std::move(progress.notices);
+  progress.notices.clear();
+  record_.progress[progress.rank].notices.clear();
   JobEvent e;
   e.state = record_.state;
   e.reason_code = "PROGRESS";
   e.progress = progress;
   Record(std::move(e));
+  for (const std::string& notice : notices) {
+    JobEvent n;
+    n.state = record_.state;
+    n.reason_code = "WORKER_NOTICE";
+    n.message = absl::StrCat("rank ", progress.rank, ": ", notice.substr(0, 1000));
+    Record(std::move(n));
+  }
   CheckRecordsWithoutTarget();
 }
 

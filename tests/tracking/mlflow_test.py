@@ -190,6 +190,11 @@ class MlflowTest(unittest.TestCase):
         self.assertEqual(coordinator.ctl("get", job).returncode, 0)
         logs = coordinator.ctl("logs", job).stdout
         self.assertEqual(logs.count("WARNING: MLflow:"), 1, logs)
+        # The warning is an event of the job too, which `qloractl watch` shows.
+        history = coordinator.ctl("watch", job, "-o", "json").stdout
+        notices = [json.loads(line) for line in history.splitlines() if "WORKER_NOTICE" in line]
+        self.assertEqual(len(notices), 1, history)
+        self.assertIn("rank 0: MLflow:", notices[0]["message"])
         self.assertLess(seconds, 30, "the job waited on the tracking server")
 
     def test_wandb_is_refused_with_its_reason(self) -> None:

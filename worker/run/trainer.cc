@@ -507,7 +507,12 @@ std::shared_ptr<tracking::MlflowReporter> Trainer::StartMlflow(const std::vector
     options.params.emplace_back(h.name, value);
   }
   options.finish_wait = absl::Seconds(15);
-  options.warn = [this](const std::string& line) { Log(absl::StrCat("WARNING: ", line)); };
+  // Said in the log and, with the next progress report, as a WORKER_NOTICE event of the job.
+  options.warn = [this](const std::string& line) {
+    Log(absl::StrCat("WARNING: ", line));
+    absl::MutexLock lock(&notices_mu_);
+    notices_.push_back(line);
+  };
   Log(absl::StrCat("reporting to MLflow at ", settings->tracking_uri, ", experiment ",
                    settings->experiment_name));
   return std::make_shared<tracking::MlflowReporter>(std::move(options));
@@ -602,6 +607,10 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) {
   p.epoch_records = result.epoch_records;
   p.total_records = result.total_records;
   p.checkpointing = checkpointing();
+  {
+    absl::MutexLock lock(&notices_mu_);
+    p.notices.swap(notices_);
+  }
   return p;
 }
 

@@ -32,6 +32,7 @@
 #include <c10/core/Device.h>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/base_weight_store.h"
 #include "worker/engine/llama_model.h"
@@ -158,6 +159,8 @@ class Trainer {
   double started_ = 0;                              // steady-clock seconds at the first step
   double last_checkpoint_ = 0;                      // steady-clock seconds of the last save (or start)
   std::unique_ptr<RunMetrics> metrics_;             // rank 0, once opened
+  absl::Mutex notices_mu_;                          // the MLflow reporter's thread adds
+  std::vector<std::string> notices_ ABSL_GUARDED_BY(notices_mu_);  // for the next progress report
   std::unique_ptr<EvalSampler> sampler_;            // null: no samples asked for
   bool sampler_made_ = false;
   std::vector<EvalSample> samples_;                 // of samples_step_, until recorded

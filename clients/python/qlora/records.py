@@ -120,6 +120,7 @@ class Progress:
     epoch_records: RecordReport | None
     total_records: RecordReport | None
     checkpointing: CheckpointingReport | None
+    notices: tuple[str, ...]       # warnings since the rank's last report
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,7 +35,8 @@ class StepRecord:
 class EventRecord:
     """Any other event: a state change (reason_code e.g. WORKERS_STARTING, COMPLETED,
     CANCELLED_BY_USER) or a notice that leaves the state as it is (RECORDS_WITHOUT_TARGET: some
-    records had no target left after truncation). `job` is the job as the coordinator sent it
+    records had no target left after truncation; WORKER_NOTICE: a worker's warning, such as an
+    MLflow server that does not answer). `job` is the job as the coordinator sent it
     with the event: once ended, its adapter_path and summary."""
 
     job_id: str
