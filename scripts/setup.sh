@@ -108,24 +108,22 @@ if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$PYENV/.complete" 2>/dev/null)
   "$PYENV/bin/pip" install -q --find-links "$ARROW" -r "$requirements"
   echo "$want" > "$PYENV/.complete"
 fi
-# The Ray cluster of the multi-host tests (scripts/requirements-ray.txt), in its own environment.
-ray_requirements="$(cd "$(dirname "$0")" && pwd)/requirements-ray.txt"
-ray_want=$(sha256sum "$ray_requirements" | cut -d' ' -f1)
-if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$RAYENV/.complete" 2>/dev/null)" != "$ray_want" ]; then
-  echo "setup: syncing the Ray test cluster's environment to $(basename "$ray_requirements")"
-  [ -x "$RAYENV/bin/python" ] || $PY -m venv "$RAYENV"
-  "$RAYENV/bin/pip" install -q -r "$ray_requirements"
-  echo "$ray_want" > "$RAYENV/.complete"
-fi
-# The MLflow tracking server of the report_to: mlflow tests (scripts/requirements-mlflow.txt).
-mlflow_requirements="$(cd "$(dirname "$0")" && pwd)/requirements-mlflow.txt"
-mlflow_want=$(sha256sum "$mlflow_requirements" | cut -d' ' -f1)
-if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$MLFLOWENV/.complete" 2>/dev/null)" != "$mlflow_want" ]; then
-  echo "setup: syncing the MLflow test server's environment to $(basename "$mlflow_requirements")"
-  [ -x "$MLFLOWENV/bin/python" ] || $PY -m venv "$MLFLOWENV"
-  "$MLFLOWENV/bin/pip" install -q -r "$mlflow_requirements"
-  echo "$mlflow_want" > "$MLFLOWENV/.complete"
-fi
+# A server the tests start, in an environment of its own synced to its pinned list (the hash of
+# the list it was synced to is in .complete): sync_server_env WHAT FOLDER REQUIREMENTS.
+sync_server_env() {
+  local what=$1 env=$2 list
+  list="$(cd "$(dirname "$0")" && pwd)/$3"
+  local wanted
+  wanted=$(sha256sum "$list" | cut -d' ' -f1)
+  [ "${QLORA_SKIP_PYENV:-0}" != 1 ] || return 0
+  [ "$(cat "$env/.complete" 2>/dev/null)" != "$wanted" ] || return 0
+  echo "setup: syncing the $what environment to $3"
+  [ -x "$env/bin/python" ] || $PY -m venv "$env"
+  "$env/bin/pip" install -q -r "$list"
+  echo "$wanted" > "$env/.complete"
+}
+sync_server_env "Ray test cluster's" "$RAYENV" requirements-ray.txt          # the multi-host tests
+sync_server_env "MLflow test server's" "$MLFLOWENV" requirements-mlflow.txt  # report_to: mlflow
 echo "LIBTORCH=$LIBTORCH/torch"
 echo "PYENV=$PYENV"
 echo "ARROW=$ARROW"

@@ -32,22 +32,14 @@ int TypeOf(const HParam& p) {
   return std::holds_alternative<bool>(p.value) ? kTypeBool : kTypeString;
 }
 
-// Summary { value { tag, metadata { plugin_data { plugin_name: "hparams", content } },
-// tensor: the empty DT_FLOAT tensor } } around HParamsPluginData { version: 0, <field>: message }.
-std::string Summary(const char* tag, int plugin_data_field, const std::string& message) {
-  std::string plugin_data_content;
-  PutUint(1, 0, &plugin_data_content);  // version
-  PutBytes(plugin_data_field, message, &plugin_data_content);
+// Summary { value { tag, metadata { plugin_data { plugin_name, content } }, tensor } }.
+std::string PluginSummary(const std::string& tag, const char* plugin_name, const std::string& content,
+                          const std::string& tensor) {
   std::string plugin_data;
-  PutBytes(1, "hparams", &plugin_data);
-  PutBytes(2, plugin_data_content, &plugin_data);
+  PutBytes(1, plugin_name, &plugin_data);
+  if (!content.empty()) PutBytes(2, content, &plugin_data);
   std::string metadata;
   PutBytes(1, plugin_data, &metadata);
-  std::string shape;  // TensorShapeProto { dim {} }: one dimension of size 0
-  PutBytes(2, "", &shape);
-  std::string tensor;
-  PutUint(1, 1, &tensor);  // DT_FLOAT
-  PutBytes(2, shape, &tensor);
   std::string value;
   PutBytes(1, tag, &value);
   PutBytes(9, metadata, &value);
@@ -55,6 +47,20 @@ std::string Summary(const char* tag, int plugin_data_field, const std::string& m
   std::string summary;
   PutBytes(1, value, &summary);
   return summary;
+}
+
+// The hparams plugin's summary: the empty DT_FLOAT tensor around HParamsPluginData
+// { version: 0, <field>: message }.
+std::string Summary(const char* tag, int plugin_data_field, const std::string& message) {
+  std::string plugin_data_content;
+  PutUint(1, 0, &plugin_data_content);  // version
+  PutBytes(plugin_data_field, message, &plugin_data_content);
+  std::string shape;  // TensorShapeProto { dim {} }: one dimension of size 0
+  PutBytes(2, "", &shape);
+  std::string tensor;
+  PutUint(1, 1, &tensor);  // DT_FLOAT
+  PutBytes(2, shape, &tensor);
+  return PluginSummary(tag, "hparams", plugin_data_content, tensor);
 }
 
 }  // namespace
@@ -99,21 +105,11 @@ std::string HParamsSessionEndSummary(bool succeeded, double end_time) {
 }
 
 std::string TextSummary(const std::string& tag, const std::string& markdown) {
-  std::string plugin_data;
-  PutBytes(1, "text", &plugin_data);  // plugin_name; its content stays empty
-  std::string metadata;
-  PutBytes(1, plugin_data, &metadata);
   std::string tensor;
   PutUint(1, 7, &tensor);           // DT_STRING
   PutBytes(2, "", &tensor);         // a scalar: a shape without dimensions
   PutBytes(8, markdown, &tensor);   // string_val
-  std::string value;
-  PutBytes(1, tag, &value);
-  PutBytes(9, metadata, &value);
-  PutBytes(8, tensor, &value);
-  std::string summary;
-  PutBytes(1, value, &summary);
-  return summary;
+  return PluginSummary(tag, "text", "", tensor);  // the text plugin's content stays empty
 }
 
 }  // namespace qlora::tensorboard
