@@ -17,6 +17,11 @@ ARROW_VERSION=26.0.1
 ARROW=$CACHE/arrow-$ARROW_VERSION-v1
 RAY_VERSION=2.60.0
 RAYENV=$CACHE/rayenv-$RAY_VERSION-v1
+# llama.cpp's own Hugging Face -> GGUF converter (convert_hf_to_gguf.py with its conversion/ and
+# gguf-py/ packages), from the llama-cpp-python source release that vendors it: the GGUF export's
+# parity test runs it beside ours. Only those files are kept; nothing is built.
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+LLAMACPP=$CACHE/llamacpp-convert-$LLAMA_CPP_PYTHON_VERSION-v1
 MLFLOW_VERSION=3.17.2
 MLFLOWENV=$CACHE/mlflowenv-$MLFLOW_VERSION-v1
 mkdir -p "$CACHE"
@@ -108,6 +113,16 @@ if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ "$(cat "$PYENV/.complete" 2>/dev/null)
   "$PYENV/bin/pip" install -q --find-links "$ARROW" -r "$requirements"
   echo "$want" > "$PYENV/.complete"
 fi
+if [ "${QLORA_SKIP_PYENV:-0}" != 1 ] && [ ! -f "$LLAMACPP/.complete" ]; then
+  echo "setup: fetching llama.cpp's GGUF converter (llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION source, once per machine)"
+  tmp=$(mktemp -d "$CACHE/dl.XXXXXX")
+  "$PYENV/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$tmp"
+  tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp" --wildcards '*/vendor/llama.cpp/convert_hf_to_gguf.py' \
+    '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/*'
+  rm -rf "$LLAMACPP" && mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$LLAMACPP"
+  rm -rf "$tmp"
+  touch "$LLAMACPP/.complete"
+fi
 # A server the tests start, in an environment of its own synced to its pinned list (the hash of
 # the list it was synced to is in .complete): sync_server_env WHAT FOLDER REQUIREMENTS.
 sync_server_env() {
@@ -129,3 +144,4 @@ echo "PYENV=$PYENV"
 echo "ARROW=$ARROW"
 echo "RAYENV=$RAYENV"
 echo "MLFLOWENV=$MLFLOWENV"
+echo "LLAMACPP=$LLAMACPP"

@@ -169,10 +169,8 @@ void AddHyperparameters(const LlamaConfig& c, const std::string& arch, GgufWrite
   w->AddUint32(key("rope.dimension_count"), static_cast<uint32_t>(c.head_dim));
   w->AddUint32(key("attention.head_count"), static_cast<uint32_t>(c.num_attention_heads));
   w->AddUint32(key("attention.head_count_kv"), static_cast<uint32_t>(c.num_key_value_heads));
-  if (c.head_dim * c.num_attention_heads != c.hidden_size) {
-    w->AddUint32(key("attention.key_length"), static_cast<uint32_t>(c.head_dim));
-    w->AddUint32(key("attention.value_length"), static_cast<uint32_t>(c.head_dim));
-  }
+  w->AddUint32(key("attention.key_length"), static_cast<uint32_t>(c.head_dim));
+  w->AddUint32(key("attention.value_length"), static_cast<uint32_t>(c.head_dim));
   w->AddFloat32(key("attention.layer_norm_rms_epsilon"), static_cast<float>(c.rms_norm_eps));
   w->AddFloat32(key("rope.freq_base"), static_cast<float>(c.rope.theta));
   if (c.rope.type == RopeType::kLinear) {
@@ -241,6 +239,7 @@ absl::Status ExportGguf(const std::string& model_dir, const std::string& out_pat
 
   GgufWriter writer;
   writer.AddString("general.architecture", arch);
+  writer.AddString("general.type", "model");
   writer.AddString("general.name", options.name.empty() ? BaseName(model_dir) : options.name);
   writer.AddUint32("general.quantization_version", 2);
   writer.AddUint32("general.file_type", FileType(options.type));

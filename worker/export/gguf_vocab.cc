@@ -87,6 +87,7 @@ absl::Status ReadSentencePiece(const std::string& bytes, GgufVocab* vocab) {
   }
   if (vocab->tokens.empty()) return malformed;
   vocab->model = "llama";
+  vocab->pre = "default";  // as llama.cpp's converter writes it for SentencePiece too
   return absl::OkStatus();
 }
 

@@ -19,7 +19,7 @@ enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined
 
 struct GgufVocab {
   std::string model;                 // "gpt2" (BPE) or "llama" (SentencePiece)
-  std::string pre;                   // BPE pre-tokenizer name ("" for SentencePiece)
+  std::string pre;                   // the pre-tokenizer's llama.cpp name ("default" for SentencePiece)
   std::vector<std::string> tokens;
   std::vector<float> scores;         // SentencePiece only
   std::vector<int32_t> types;
