@@ -3,6 +3,7 @@
 // That the engine's tokens equal transformers' generate is engine_generation_test's to show;
 // this checks what a user of the service relies on: text for every prompt, the finish reasons
 // and counts, greedy and seeded output that repeat, the right refusals, and the slot given back.
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -82,6 +83,19 @@ TEST_F(GenerateTest, ASucceededJobGeneratesForEveryPromptAndGivesItsSlotBack) {
   ASSERT_EQ(seeded.exit_code, 0) << seeded.output;
   EXPECT_EQ(JsonLines(c.Ctl(sample + "7").output), JsonLines(seeded.output));
   EXPECT_EQ(JsonLines(seeded.output).at(0)["generated_tokens"], 16);
+  // A stop string ends the output before it.
+  const std::string full = lines[0]["text"];
+  for (size_t at = 1; at < full.size(); ++at) {
+    if (!std::isalnum(static_cast<unsigned char>(full[at]))) continue;
+    const std::string stop = full.substr(at, 1);
+    CommandResult stopped = c.Ctl(absl::StrCat("generate ", job.id(), " -p 'Name a colour.' --max-new-tokens 12 --stop ",
+                                               stop, " -o json"));
+    ASSERT_EQ(stopped.exit_code, 0) << stopped.output;
+    const nlohmann::json line = JsonLines(stopped.output).at(0);
+    EXPECT_EQ(line["text"], full.substr(0, full.find(stop))) << full << " stop " << stop;
+    EXPECT_EQ(line["finish_reason"], "stop");
+    break;
+  }
   // Text output streams the same words.
   CommandResult text = c.Ctl(absl::StrCat("generate ", job.id(), " -p 'Name a colour.' --max-new-tokens 12"));
   ASSERT_EQ(text.exit_code, 0) << text.output;
