@@ -1,8 +1,13 @@
-// SHA-256 token hashes through OpenSSL (see token_hash.h).
+// SHA-256 token hashes through OpenSSL, and random tokens (see token_hash.h).
 #include "common/auth/token_hash.h"
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+
+#include <cstdint>
+#include <random>
+
+#include "absl/strings/str_format.h"
 
 namespace qlora {
 
@@ -20,6 +25,11 @@ std::string TokenHash(absl::string_view token) {
 
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
 }
 
 }  // namespace qlora

@@ -15,4 +15,8 @@ std::string TokenHash(absl::string_view token);
 // True when `a` and `b` are equal; the time taken depends only on their lengths.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
+// A fresh secret for a process the coordinator starts (a worker's or a generation session's
+// startup token): 128 bits from std::random_device as 32 hex digits.
+std::string RandomToken();
+
 }  // namespace qlora

@@ -1,25 +1,13 @@
 // GenerationSessions (see generation_sessions.h).
 #include "coordinator/generate/generation_sessions.h"
 
-#include <sys/stat.h>
-
-#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "common/posix_files.h"
 #include "common/auth/token_hash.h"
 
 namespace qlora::coordinator {
-namespace {
-
-std::string RandomToken() {
-  std::random_device rd;
-  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
-}
-
-}  // namespace
-
 struct GenerationSessions::Session {
   std::string id, token, log_path;
   v1::GenerationTask task;
@@ -70,8 +58,10 @@ absl::StatusOr<std::string> GenerationSessions::Start(GenerationStart start) {
   session->prompts = start.task.prompts_size();
   session->slot = *slot;
   const std::string logs = start.job_dir + "/logs";
-  ::mkdir(start.job_dir.c_str(), 0700);
-  ::mkdir(logs.c_str(), 0700);
+  if (absl::Status made = MakeDirs(logs); !made.ok()) {
+    slots_->Return(*slot);
+    return made;
+  }
   session->log_path = absl::StrCat(logs, "/generate-", number, ".log");
 
   WorkerLaunchRequest request = slots_->LaunchBasics();

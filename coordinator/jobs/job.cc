@@ -1,23 +1,18 @@
 // One job's state machine and its current start (see job.h).
 #include "coordinator/jobs/job.h"
 
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/config/job_config_emit.h"
+#include "common/auth/token_hash.h"
 #include "common/status_macros.h"
 #include "common/train_summary_text.h"
 
 namespace qlora::coordinator {
 namespace {
-
-std::string RandomToken() {
-  std::random_device rd;
-  return absl::StrFormat("%016x%016x", (uint64_t{rd()} << 32) | rd(), (uint64_t{rd()} << 32) | rd());
-}
 
 // "adapter written to A; merged model written to M; train_runtime ..." (what is known of it).
 std::string CompletionMessage(const JobRecord& job) {

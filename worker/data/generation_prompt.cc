@@ -19,6 +19,14 @@ namespace {
 // the prompt. A letter, so that it starts a token of its own after the layout's separators.
 constexpr char kTargetPlaceholder[] = "x";
 
+// Every token of `example` before its first trained one.
+std::vector<int32_t> BeforeTheTarget(const Example& example) {
+  const auto first_trained = std::find_if(example.labels.begin(), example.labels.end(),
+                                          [](int32_t label) { return label != kIgnoreIndex; });
+  return std::vector<int32_t>(example.input_ids.begin(),
+                              example.input_ids.begin() + (first_trained - example.labels.begin()));
+}
+
 }  // namespace
 
 absl::StatusOr<GenerationPrompts> GenerationPrompts::ForJob(const JobConfig& job,
@@ -90,10 +98,7 @@ absl::StatusOr<std::vector<int32_t>> GenerationPrompts::Ids(const std::string& p
     example.input_ids.pop_back();
     return example.input_ids;
   }
-  const auto first_trained = std::find_if(example.labels.begin(), example.labels.end(),
-                                          [](int32_t label) { return label != kIgnoreIndex; });
-  return std::vector<int32_t>(example.input_ids.begin(),
-                              example.input_ids.begin() + (first_trained - example.labels.begin()));
+  return BeforeTheTarget(example);
 }
 
 absl::StatusOr<std::vector<int32_t>> GenerationPrompts::IdsOfRecord(const Record& record) {
@@ -104,10 +109,7 @@ absl::StatusOr<std::vector<int32_t>> GenerationPrompts::IdsOfRecord(const Record
     const size_t keep = std::min<size_t>(32, std::max<size_t>(1, example.input_ids.size() / 2));
     return std::vector<int32_t>(example.input_ids.begin(), example.input_ids.begin() + keep);
   }
-  const auto first_trained = std::find_if(example.labels.begin(), example.labels.end(),
-                                          [](int32_t label) { return label != kIgnoreIndex; });
-  return std::vector<int32_t>(example.input_ids.begin(),
-                              example.input_ids.begin() + (first_trained - example.labels.begin()));
+  return BeforeTheTarget(example);
 }
 
 absl::StatusOr<std::vector<Record>> GenerationPrompts::FirstRecords(const JobConfig& job,

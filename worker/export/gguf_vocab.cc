@@ -4,23 +4,20 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/posix_files.h"
 
 namespace qlora::gguf {
 namespace {
 
+// The file's bytes, or nullopt when it cannot be read (a folder without it).
 std::optional<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  absl::StatusOr<std::string> text = ReadFile(path);
+  return text.ok() ? std::optional<std::string>(*std::move(text)) : std::nullopt;
 }
 
 // A protobuf varint at *at in `bytes`; false past the end.

@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "common/text/utf8.h"
 #include "worker/engine/generation.h"
+#include "worker/run/generation_run.h"
 
 namespace qlora::worker {
 
@@ -36,9 +37,7 @@ absl::StatusOr<std::unique_ptr<EvalSampler>> EvalSampler::ForJob(const JobConfig
 absl::StatusOr<std::vector<EvalSample>> EvalSampler::Generate(const engine::LlamaForCausalLM& model) const {
   engine::GenerationOptions options;
   options.max_new_tokens = max_new_tokens_;
-  options.eos_token_ids = {model.config().eos_token_id};
-  if (tokenizer_->special().eos_id >= 0) options.eos_token_ids.push_back(tokenizer_->special().eos_id);
-  if (const int32_t eot = tokenizer_->TokenToId("<|eot_id|>"); eot >= 0) options.eos_token_ids.push_back(eot);
+  options.eos_token_ids = EndOfSequenceIds(model.config(), *tokenizer_, /*end_of_turn=*/true);
   std::vector<EvalSample> samples;
   for (const std::vector<int32_t>& ids : prompts_) {
     QLORA_ASSIGN_OR_RETURN(engine::GenerationResult result,

@@ -90,6 +90,15 @@ size_t SafeEnd(const std::string& text, size_t longest_stop) {
 
 }  // namespace
 
+std::vector<int64_t> EndOfSequenceIds(const engine::LlamaConfig& config, const data::Tokenizer& tokenizer,
+                                      bool end_of_turn) {
+  std::vector<int64_t> ids = {config.eos_token_id};
+  for (const int32_t id : {tokenizer.special().eos_id, end_of_turn ? tokenizer.TokenToId("<|eot_id|>") : -1}) {
+    if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  return ids;
+}
+
 absl::StatusOr<engine::GenerationOptions> ResolveGenerationOptions(const GenerationRequest& request,
                                                                    const std::vector<int64_t>& eos_ids) {
   std::vector<int64_t> model_eos;
@@ -129,13 +138,9 @@ absl::Status RunGeneration(const GenerationRequest& request, const std::string& 
   const int64_t context = model->config().max_position_embeddings;
   QLORA_ASSIGN_OR_RETURN(data::GenerationPrompts prompts,
                          data::GenerationPrompts::ForJob(job, tokenizer.get(), static_cast<int>(context)));
-  // The model's end of sequence, and under a chat layout the end of a turn too.
-  std::vector<int64_t> eos_ids = {model->config().eos_token_id};
-  if (tokenizer->special().eos_id >= 0) eos_ids.push_back(tokenizer->special().eos_id);
-  if (prompts.layout() == data::ExampleLayout::kChat) {
-    if (const int32_t eot = tokenizer->TokenToId("<|eot_id|>"); eot >= 0) eos_ids.push_back(eot);
-  }
-  QLORA_ASSIGN_OR_RETURN(engine::GenerationOptions options, ResolveGenerationOptions(request, eos_ids));
+  QLORA_ASSIGN_OR_RETURN(engine::GenerationOptions options,
+                         ResolveGenerationOptions(request, EndOfSequenceIds(model->config(), *tokenizer,
+                                                                           prompts.layout() == data::ExampleLayout::kChat)));
   size_t longest_stop = 0;
   for (const std::string& s : request.stop) longest_stop = std::max(longest_stop, s.size());
 

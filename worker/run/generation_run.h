@@ -15,10 +15,17 @@
 
 #include "absl/status/statusor.h"
 #include "common/config/job_config.h"
+#include "worker/data/tokenizer.h"
 #include "worker/engine/generation.h"
 #include "worker/run/generation_request.h"
 
 namespace qlora::worker {
+
+// The ids generation ends at: the model's end of sequence (config.json), the tokenizer's, and
+// with `end_of_turn` LLaMA-3's end of turn where the tokenizer has it (a chat-trained model ends
+// its answers so).
+std::vector<int64_t> EndOfSequenceIds(const engine::LlamaConfig& config, const data::Tokenizer& tokenizer,
+                                      bool end_of_turn);
 
 // The engine's options for `job` with `request`'s settings on top (see the file comment).
 // INVALID_ARGUMENT for num_beams > 1 (no beam search) or settings out of range.

@@ -658,13 +658,15 @@ absl::StatusOr<TrainSummary> Trainer::Summarize() {
 
 absl::StatusOr<TrainingOutcome> Trainer::Finish() {
   const int64_t eval_steps = config_.trainer.eval_steps;
-  if (validation_ && !(eval_steps > 0 && total_steps_ % eval_steps == 0)) {
+  // The last step's evaluation (and its samples) already ran when it fell on eval_steps.
+  const bool evaluated_last_step = eval_steps > 0 && total_steps_ % eval_steps == 0;
+  if (validation_ && !evaluated_last_step) {
     QLORA_ASSIGN_OR_RETURN(const double eval_loss, EvaluateLoss(*model_, *validation_, *communicator_));
     NoteEvalLoss(eval_loss);
     Log(absl::StrFormat("evaluation loss %.4f", eval_loss_));
     if (assignment_.rank == 0) RecordFinalEvaluation();
   }
-  if (!(eval_steps > 0 && total_steps_ % eval_steps == 0)) {
+  if (!evaluated_last_step) {
     QLORA_RETURN_IF_ERROR(GenerateSamples(total_steps_));
     if (assignment_.rank == 0) RecordSamples(total_steps_);
   }
