@@ -15,6 +15,9 @@
 #   BENCH_SEQ=2048                                        the sequence length
 #   BENCH_PACKING=true                                    packed rows (data.packing; the rate then
 #                                                         counts non-padding tokens, summarize.py)
+#   BENCH_PREFERENCE=dpo                                  preference tuning (dpo or orpo) on the
+#                                                         pairs of DATA.jsonl (make_text_data.py
+#                                                         --pairs); MICRO_BATCH counts pairs
 #   BENCH_PROFILE_STEPS=FIRST:COUNT BENCH_PROFILE_OUT=F   a trace of rank 0 (worker/run/step_profiler.h)
 #   BENCH_PROFILE_MEMORY=1             with the allocator's [memory] events (bench/memory_peak.py)
 #   BENCH_KEEP=DIR                                        keep the job's logs, events and job file there
@@ -31,6 +34,10 @@ checkpointing=${BENCH_CHECKPOINTING:-true} seq_len=${BENCH_SEQ:-2048} packing=${
 work=$(mktemp -d /tmp/qlora-bench-XXXXXX)
 sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps|; s|CHECKPOINTING|$checkpointing|; s|SEQ|$seq_len|; s|PACKING|$packing|" \
   "$root/bench/bench_job.yaml" > "$work/job.yaml"
+if [ -n "${BENCH_PREFERENCE:-}" ]; then  # TRL's prompt/chosen/rejected columns, JSON Lines
+  sed -i -e "s|^  type: finetune|  type: $BENCH_PREFERENCE|" -e '/^input_features:/d' -e '/^output_features:/d' \
+    -e "s|data: {format: text, |data: {|" "$work/job.yaml"
+fi
 if [ -n "${BENCH_MAX_MEMORY_GIB:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  max_memory_gib: $BENCH_MAX_MEMORY_GIB|" "$work/job.yaml"
 fi

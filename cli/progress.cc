@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -99,6 +100,11 @@ std::string ProgressLine(const v1::Job& job) {
   absl::StrAppendFormat(&line, " step %d/%d [%s] loss %.4f lr %.3g tok/s %.0f ETA %s", p.step(),
                         p.total_steps(), bar, p.loss(), p.learning_rate(), tokens, FormatDuration(eta));
   if (std::isfinite(p.eval_loss()) && p.eval_loss() > 0) absl::StrAppendFormat(&line, " eval %.4f", p.eval_loss());
+  // Preference tuning: how often the chosen side wins and by how much (TRL's rewards).
+  const auto& metrics = p.metrics();
+  for (const auto& [name, label] : {std::pair{"rewards/accuracies", "acc"}, {"rewards/margins", "margin"}}) {
+    if (const auto it = metrics.find(name); it != metrics.end()) absl::StrAppendFormat(&line, " %s %.3f", label, it->second);
+  }
   return line;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -153,6 +154,9 @@ struct ProgressSnapshot {
   RecordCounts total_records;
   CheckpointingReport checkpointing;
   std::vector<std::string> notices;  // warnings since the last report
+  // The objective's metrics of this step (preference tuning: TRL's names, rewards/chosen, ...),
+  // and after an evaluation the same of the validation data, prefixed eval_.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 // Where a worker computes. On the wire (Assignment.device): "cuda" or "cpu".

@@ -24,6 +24,11 @@ enum class MalformedRecords { kFail, kSkip };             // data.malformed_reco
 // trainer.enable_gradient_checkpointing: every decoder layer, none, or as many as the memory
 // budget needs (trainer.max_memory_gib; the worker plans it, worker/memory/activation_plan.h).
 enum class CheckpointingMode { kAll, kNone, kAuto };
+// trainer.type: supervised fine-tuning, or preference tuning as TRL's DPOTrainer / ORPOTrainer
+// do it (worker/run/preference_objective.h); `none` parses and is refused (no adapter training).
+enum class TrainerType { kFinetune, kDpo, kOrpo, kNone };
+// trainer.loss_type of a DPO job: TRL's names.
+enum class PreferenceLoss { kSigmoid, kIpo, kHinge, kRobust };
 
 template <typename E>
 struct EnumEntry {
@@ -56,6 +61,10 @@ QLORA_ENUM_TABLE(PlacementStrategy, {PlacementStrategy::kPack, "PACK"},
 QLORA_ENUM_TABLE(DatasetFormat, {DatasetFormat::kAuto, "auto"}, {DatasetFormat::kJsonl, "jsonl"},
                  {DatasetFormat::kCsv, "csv"}, {DatasetFormat::kText, "text"},
                  {DatasetFormat::kParquet, "parquet"}, {DatasetFormat::kArrow, "arrow"});
+QLORA_ENUM_TABLE(TrainerType, {TrainerType::kFinetune, "finetune"}, {TrainerType::kDpo, "dpo"},
+                 {TrainerType::kOrpo, "orpo"}, {TrainerType::kNone, "none"});
+QLORA_ENUM_TABLE(PreferenceLoss, {PreferenceLoss::kSigmoid, "sigmoid"}, {PreferenceLoss::kIpo, "ipo"},
+                 {PreferenceLoss::kHinge, "hinge"}, {PreferenceLoss::kRobust, "robust"});
 QLORA_ENUM_TABLE(MalformedRecords, {MalformedRecords::kFail, "fail"},
                  {MalformedRecords::kSkip, "skip"});
 // The YAML booleans true/false (emitted unquoted, so they read back as booleans) and "auto".

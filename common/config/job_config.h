@@ -85,8 +85,14 @@ struct BackendConfig {
 };
 
 struct TrainerConfig {
-  std::string type = "finetune";
-  int batch_size = 1;                       // micro-batch per worker
+  TrainerType type = TrainerType::kFinetune;
+  // Preference tuning (type dpo or orpo), with TRL's names: beta is DPO's KL weight (the
+  // reward's scale) and ORPO's lambda (the odds-ratio term's weight); loss_type and
+  // label_smoothing (robust DPO only) are DPO's.
+  double beta = 0.1;
+  PreferenceLoss loss_type = PreferenceLoss::kSigmoid;
+  double label_smoothing = 0;
+  int batch_size = 1;                       // micro-batch per worker (pairs for dpo/orpo)
   int gradient_accumulation_steps = 1;
   int eval_batch_size = 2;
   double learning_rate = 2e-4;
@@ -215,5 +221,10 @@ bool operator==(const DataConfig& a, const DataConfig& b);
 bool operator==(const GenerationConfig& a, const GenerationConfig& b);
 bool operator==(const JobConfig& a, const JobConfig& b);
 inline bool operator!=(const JobConfig& a, const JobConfig& b) { return !(a == b); }
+
+// Whether the job tunes on preference pairs (trainer.type dpo or orpo).
+inline bool IsPreferenceJob(const JobConfig& job) {
+  return job.trainer.type == TrainerType::kDpo || job.trainer.type == TrainerType::kOrpo;
+}
 
 }  // namespace qlora

@@ -58,14 +58,14 @@ bool operator==(const TrainerConfig& a, const TrainerConfig& b) {
                   a.steps_per_checkpoint, a.eval_steps, a.gradient_checkpointing, a.seed,
                   a.max_restarts, a.keep_checkpoints, a.checkpoint_every_minutes,
                   a.max_memory_gib, a.offload_activation_layers, a.offload_activation_auto, a.resume_from_checkpoint, a.report_to_mlflow, a.eval_samples, a.eval_prompts,
-                  a.dequantized_weight_layers, a.dequantized_weights_auto) ==
+                  a.dequantized_weight_layers, a.dequantized_weights_auto, a.beta, a.loss_type, a.label_smoothing) ==
          std::tie(b.type, b.batch_size, b.gradient_accumulation_steps, b.eval_batch_size,
                   b.learning_rate, b.epochs, b.train_steps, b.optimizer, b.weight_decay,
                   b.beta1, b.beta2, b.eps, b.lr_scheduler, b.warmup_fraction, b.max_grad_norm,
                   b.steps_per_checkpoint, b.eval_steps, b.gradient_checkpointing, b.seed,
                   b.max_restarts, b.keep_checkpoints, b.checkpoint_every_minutes,
                   b.max_memory_gib, b.offload_activation_layers, b.offload_activation_auto, b.resume_from_checkpoint, b.report_to_mlflow, b.eval_samples, b.eval_prompts,
-                  b.dequantized_weight_layers, b.dequantized_weights_auto);
+                  b.dequantized_weight_layers, b.dequantized_weights_auto, b.beta, b.loss_type, b.label_smoothing);
 }
 
 bool operator==(const DataConfig& a, const DataConfig& b) {

@@ -105,8 +105,14 @@ void WriteStrategy(Writer& w, const StrategyConfig& s) {
 
 void WriteTrainer(Writer& w, const TrainerConfig& t) {
   w.Begin("trainer")
-      .Word("type", t.type)
-      .Integer("batch_size", t.batch_size)
+      .Word("type", EnumName(t.type));
+  if (t.type == TrainerType::kDpo || t.type == TrainerType::kOrpo) {
+    w.Number("beta", t.beta);
+    if (t.type == TrainerType::kDpo) {
+      w.Word("loss_type", EnumName(t.loss_type)).Number("label_smoothing", t.label_smoothing);
+    }
+  }
+  w.Integer("batch_size", t.batch_size)
       .Integer("eval_batch_size", t.eval_batch_size)
       .Integer("gradient_accumulation_steps", t.gradient_accumulation_steps)
       .Number("learning_rate", t.learning_rate)

@@ -61,6 +61,7 @@ struct Presence {
   bool quantization_written = false;
   bool validation_fraction = false;
   bool split = false;  // preprocessing.split set the split fractions
+  bool features = false;  // input_features or output_features written
 };
 
 // Ludwig allows `auto` for some sizes; this service needs numbers.
@@ -571,9 +572,38 @@ absl::Status ReadReportTo(const MapReader& trainer, bool* mlflow) {
   return absl::OkStatus();
 }
 
+// TRL's preference knobs: beta for dpo and orpo; loss_type and label_smoothing for dpo (TRL's
+// ORPOConfig has neither); each refused where it would have no effect.
+absl::Status ReadPreference(const MapReader& trainer, TrainerConfig* t) {
+  const bool preference = t->type == TrainerType::kDpo || t->type == TrainerType::kOrpo;
+  for (const char* key : {"beta", "loss_type", "label_smoothing"}) {
+    if (trainer.Has(key) && !preference) {
+      return trainer.Error(key, absl::StrCat("applies to preference tuning only (trainer.type dpo "
+                                             "or orpo); this job's type is ", EnumName(t->type)));
+    }
+  }
+  for (const char* key : {"loss_type", "label_smoothing"}) {
+    if (trainer.Has(key) && t->type == TrainerType::kOrpo) {
+      return trainer.Error(key, "is DPO's; ORPO's only knob is beta (its lambda)");
+    }
+  }
+  QLORA_RETURN_IF_ERROR(trainer.ReadNumber("beta", {0, false}, {1e4, true}, &t->beta));
+  QLORA_RETURN_IF_ERROR(trainer.ReadEnum("loss_type", &t->loss_type));
+  // Robust DPO: the assumed probability that a pair's labels are flipped (TRL's bound).
+  QLORA_RETURN_IF_ERROR(
+      trainer.ReadNumber("label_smoothing", {0, true}, {0.5, false}, &t->label_smoothing));
+  if (t->label_smoothing > 0 && t->loss_type != PreferenceLoss::kRobust) {
+    return trainer.Error("label_smoothing", absl::StrCat(
+        "applies to loss_type robust only; ", EnumName(t->loss_type),
+        " ignores it, as TRL's does: use loss_type robust, or remove it"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadTrainer(const MapReader& top, bool stage_planned, TrainerConfig* t) {
   QLORA_ASSIGN_OR_RETURN(MapReader trainer, top.OpenMap("trainer"));
-  QLORA_RETURN_IF_ERROR(trainer.ReadChoice("type", {"finetune", "none"}, &t->type));
+  QLORA_RETURN_IF_ERROR(trainer.ReadEnum("type", &t->type));
+  QLORA_RETURN_IF_ERROR(ReadPreference(trainer, t));
   QLORA_RETURN_IF_ERROR(RejectAuto(trainer, "batch_size", "an integer >= 1"));
   QLORA_RETURN_IF_ERROR(trainer.ReadInt("batch_size", 1, kIntMax, &t->batch_size));
   QLORA_RETURN_IF_ERROR(RejectAuto(trainer, "eval_batch_size", "an integer >= 1"));
@@ -652,12 +682,37 @@ absl::Status CheckCrossFieldRules(const ErrorSite& site, const JobConfig& c,
                                     "base unless `quantization: null`): add "
                                     "`adapter: {type: lora}`");
   }
-  if (c.trainer.type != "finetune") {
-    return site.ErrorAt("trainer.type",
-                        absl::StrCat("adapter training requires trainer type 'finetune', got '",
-                                     c.trainer.type, "'"));
+  if (c.trainer.type == TrainerType::kNone) {
+    return site.ErrorAt("trainer.type", "adapter training requires trainer type finetune, dpo "
+                                        "or orpo, got 'none'");
   }
-  if (c.output_features.size() != 1) {
+  const bool preference = c.trainer.type != TrainerType::kFinetune;
+  if (preference && c.data.packing) {
+    return site.ErrorAt("data.packing", "preference tuning reads each pair's chosen and rejected "
+                                        "sequences as rows of their own; packing is for "
+                                        "finetune: remove it");
+  }
+  if (preference && (c.input_features.size() != 1 || c.output_features.size() != 2)) {
+    return site.ErrorAt(
+        c.input_features.size() != 1 ? "input_features" : "output_features",
+        absl::StrCat("a ", EnumName(c.trainer.type), " job reads a prompt column (the one input "
+                     "feature) and the chosen and rejected columns (the two output features, in "
+                     "that order); leave both out for TRL's prompt, chosen and rejected, got ",
+                     c.input_features.size(), " input and ", c.output_features.size(),
+                     " output features"));
+  }
+  if (preference) {
+    std::set<std::string> names;
+    for (const FeatureConfig& f : c.input_features) names.insert(f.name);
+    for (const FeatureConfig& f : c.output_features) {
+      if (!names.insert(f.name).second) {
+        return site.ErrorAt("output_features", absl::StrCat("'", f.name, "' is named twice; the "
+                                                            "prompt, chosen and rejected columns "
+                                                            "must differ"));
+      }
+    }
+  }
+  if (!preference && c.output_features.size() != 1) {
     return site.ErrorAt("output_features",
                         absl::StrCat("must list exactly one text output, got ",
                                      c.output_features.size()));
@@ -882,11 +937,18 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   if (!base_model_path_written) c.base_model_path = c.base_model;
   QLORA_RETURN_IF_ERROR(ReadFeatures(top, "input_features", &c.input_features));
   QLORA_RETURN_IF_ERROR(ReadFeatures(top, "output_features", &c.output_features));
+  presence.features = top.Has("input_features") || top.Has("output_features");
   QLORA_RETURN_IF_ERROR(ReadAdapter(top, &c, &presence));
   presence.quantization_written = top.Get("quantization").IsDefined();
   QLORA_RETURN_IF_ERROR(ReadQuantization(top, &c.quantization));
   QLORA_RETURN_IF_ERROR(ReadBackend(top, c.quantization, &c.backend));
   QLORA_RETURN_IF_ERROR(ReadTrainer(top, c.backend.strategy.zero_stage_auto, &c.trainer));
+  if (c.trainer.type == TrainerType::kDpo || c.trainer.type == TrainerType::kOrpo) {
+    if (!presence.features) {  // TRL's preference columns
+      c.input_features = {FeatureConfig{"prompt", "text"}};
+      c.output_features = {FeatureConfig{"chosen", "text"}, FeatureConfig{"rejected", "text"}};
+    }
+  }
   QLORA_RETURN_IF_ERROR(ReadData(top, &c.data, &presence));
   QLORA_RETURN_IF_ERROR(config_internal::ReadLudwigDataSections(top, &c.data, &presence.split));
   QLORA_RETURN_IF_ERROR(config_internal::ReadGeneration(top, &c.generation));

@@ -232,8 +232,19 @@ SchemaNode BuildSchema() {
                                   kDeepSpeed},
                          {Leaf("enabled", {"bool", "", "", kDeepSpeed})})})})}),
       Map("trainer", {"mapping", "", "the training loop", kLudwig},
-          {Leaf("type", {"string", "finetune", "`finetune` (the only type)", kLudwig}),
-           Leaf("batch_size", {"integer >= 1", "1", "rows per micro-batch and rank"}),
+          {Leaf("type", {"`finetune`, `dpo` or `orpo`", "finetune",
+                         "supervised fine-tuning, or preference tuning on prompt / chosen / "
+                         "rejected pairs as TRL's DPOTrainer and ORPOTrainer do it "
+                         "(docs/preference.md)", kLudwig}),
+           Leaf("beta", {"number > 0", "0.1", "dpo: the KL weight (the rewards' scale); orpo: "
+                                              "lambda, the odds-ratio term's weight", "TRL"}),
+           Leaf("loss_type", {"`sigmoid`, `ipo`, `hinge` or `robust`", "sigmoid",
+                              "dpo only: the preference loss", "TRL"}),
+           Leaf("label_smoothing", {"number in [0, 0.5)", "0", "dpo with `robust` only: the "
+                                    "assumed probability that a pair's labels are flipped",
+                                    "TRL"}),
+           Leaf("batch_size", {"integer >= 1", "1", "rows per micro-batch and rank (pairs for "
+                                                    "dpo and orpo)"}),
            Leaf("eval_batch_size", {"integer >= 1", "2", "rows per evaluation batch"}),
            Leaf("gradient_accumulation_steps", {"integer >= 1", "1",
                                                 "micro-batches per optimizer step"}),

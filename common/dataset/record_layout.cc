@@ -55,6 +55,29 @@ absl::StatusOr<ExampleOptions> LayoutForJob(DataFormat format, const std::vector
   return options;
 }
 
+absl::StatusOr<ExampleOptions> PreferenceLayout(DataFormat format, const std::vector<std::string>& input_columns,
+                                                const std::vector<std::string>& output_columns,
+                                                int max_sequence_length) {
+  if (format == DataFormat::kText) {
+    return absl::InvalidArgumentError(
+        "preference tuning reads prompt, chosen and rejected columns; a text file has none "
+        "(use JSONL, CSV or Parquet)");
+  }
+  if (input_columns.size() != 1 || output_columns.size() != 2) {
+    return absl::InvalidArgumentError(
+        "preference data needs one prompt column and the chosen and rejected columns");
+  }
+  if (max_sequence_length < 2)
+    return absl::InvalidArgumentError("data.max_sequence_length must be at least 2");
+  ExampleOptions options;
+  options.layout = ExampleLayout::kPreference;
+  options.max_sequence_length = max_sequence_length;
+  options.input_columns = input_columns;
+  options.output_column = output_columns[0];
+  options.rejected_column = output_columns[1];
+  return options;
+}
+
 absl::StatusOr<std::vector<TemplatePiece>> ParsePromptTemplate(const std::string& text) {
   std::vector<TemplatePiece> pieces;
   std::string literal;
@@ -88,6 +111,11 @@ absl::Status ColumnsOfLayout(const ExampleOptions& options, std::vector<std::str
     case ExampleLayout::kText:
       AddOnce(required, options.input_columns[0]);
       return absl::OkStatus();
+    case ExampleLayout::kPreference:  // the prompt may be implicit in conversations
+      AddOnce(optional, options.input_columns[0]);
+      AddOnce(required, options.output_column);
+      AddOnce(required, options.rejected_column);
+      return absl::OkStatus();
     case ExampleLayout::kInstruction:
       break;
   }
@@ -119,6 +147,14 @@ std::string RecordLayoutProblem(const Record& record, const ExampleOptions& layo
     }
     if (layout.layout == ExampleLayout::kChat && !nlohmann::json::parse(*value, nullptr, false).is_array()) {
       return absl::StrCat("'", column, "' must be a JSON array of {role, content} or {from, value} turns");
+    }
+  }
+  if (layout.layout == ExampleLayout::kPreference && record.Find(layout.input_columns[0]) == nullptr) {
+    for (const std::string* column : {&layout.output_column, &layout.rejected_column}) {
+      if (!nlohmann::json::parse(*record.Find(*column), nullptr, false).is_array()) {
+        return absl::StrCat("missing column '", layout.input_columns[0], "': only conversations "
+                            "(JSON arrays of turns) in '", *column, "' carry their prompt with them");
+      }
     }
   }
   return "";

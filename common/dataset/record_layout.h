@@ -7,7 +7,11 @@
 //  - chat: a `messages` column (the only input, or template `llama3_chat`), or ShareGPT's
 //    `conversations` column (the only input);
 //  - instruction: the prompt template's {column} placeholders (`{{`/`}}` are braces), or by
-//    default the first input column then the others when present; and the output column.
+//    default the first input column then the others when present; and the output column;
+//  - preference (trainer.type dpo or orpo): a prompt and a chosen and a rejected completion, as
+//    TRL defines preference data: strings, or conversations (JSON arrays of turns) rendered by
+//    the tokenizer's chat template; without a prompt column, conversations whose common first
+//    turns are the prompt (TRL's implicit prompt).
 #pragma once
 
 #include <string>
@@ -18,14 +22,16 @@
 
 namespace qlora::data {
 
-enum class ExampleLayout { kInstruction, kChat, kText };
+enum class ExampleLayout { kInstruction, kChat, kText, kPreference };
 
 inline constexpr char kLlama3ChatTemplateName[] = "llama3_chat";  // data.prompt_template
 
 struct ExampleOptions {
   ExampleLayout layout = ExampleLayout::kInstruction;
   std::vector<std::string> input_columns;  // input_features names
-  std::string output_column;               // output_features[0].name (instruction layout)
+  std::string output_column;               // output_features[0].name (instruction layout;
+                                           // preference: the chosen column)
+  std::string rejected_column;             // preference: output_features[1].name
   std::string prompt_template;             // "" = the default layout
   int max_sequence_length = 512;
   // Chat layout: render the tokenizer's chat template when it has one (false for
@@ -37,6 +43,12 @@ struct ExampleOptions {
 absl::StatusOr<ExampleOptions> LayoutForJob(DataFormat format, const std::vector<std::string>& input_columns,
                                             const std::vector<std::string>& output_columns,
                                             const std::string& prompt_template, int max_sequence_length);
+
+// A preference job's layout: input_columns = {the prompt column}, output_columns = {chosen,
+// rejected}. INVALID_ARGUMENT for a text file (it has no such columns).
+absl::StatusOr<ExampleOptions> PreferenceLayout(DataFormat format, const std::vector<std::string>& input_columns,
+                                                const std::vector<std::string>& output_columns,
+                                                int max_sequence_length);
 
 // A prompt template as literal text and {column} pieces; INVALID_ARGUMENT naming the offset of
 // a '{' that opens no placeholder or an unmatched '}'.

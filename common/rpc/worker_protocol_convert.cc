@@ -1,6 +1,8 @@
 // Worker protocol struct <-> protobuf (see worker_protocol_convert.h).
 #include "common/rpc/worker_protocol_convert.h"
 
+#include <algorithm>
+
 #include "common/text/utf8.h"
 
 namespace qlora {
@@ -74,6 +76,7 @@ void ToProto(const ProgressSnapshot& in, v1::Progress* out) {
   ToProto(in.epoch_records, out->mutable_epoch_records());
   ToProto(in.total_records, out->mutable_total_records());
   for (const std::string& notice : in.notices) out->add_notices(ValidUtf8(notice));
+  for (const auto& [name, value] : in.metrics) (*out->mutable_metrics())[name] = value;
   v1::CheckpointingReport* c = out->mutable_checkpointing();
   c->set_checkpointed_layers(in.checkpointing.checkpointed_layers);
   c->set_layers(in.checkpointing.layers);
@@ -95,6 +98,8 @@ ProgressSnapshot FromProto(const v1::Progress& in) {
   p.tokens_per_second = in.tokens_per_second();
   p.eval_loss = in.eval_loss();
   p.elapsed_seconds = in.elapsed_seconds();
+  p.metrics.assign(in.metrics().begin(), in.metrics().end());
+  std::sort(p.metrics.begin(), p.metrics.end());  // a map's order on the wire is unspecified
   const v1::MemoryReport& m = in.memory();
   p.memory = {m.device_allocated_bytes(), m.device_peak_bytes(), m.master_weight_bytes(),
               m.optimizer_state_bytes(), m.gradient_bytes(), m.comm_buffer_bytes(),

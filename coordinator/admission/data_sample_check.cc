@@ -70,8 +70,9 @@ absl::Status CheckDataSample(const JobConfig& config, const std::vector<std::str
   for (const FeatureConfig& feature : config.input_features) inputs.push_back(feature.name);
   for (const FeatureConfig& feature : config.output_features) outputs.push_back(feature.name);
   QLORA_ASSIGN_OR_RETURN(const data::ExampleOptions layout,
-                         data::LayoutForJob(format, inputs, outputs, config.data.prompt_template,
-                                            config.data.max_sequence_length));
+                         IsPreferenceJob(config) ? data::PreferenceLayout(format, inputs, outputs, config.data.max_sequence_length)
+                                    : data::LayoutForJob(format, inputs, outputs, config.data.prompt_template,
+                                                         config.data.max_sequence_length));
   std::vector<std::string> required, optional;
   QLORA_RETURN_IF_ERROR(data::ColumnsOfLayout(layout, &required, &optional));
   QLORA_RETURN_IF_ERROR(CheckChatTokenizer(config, layout, roots));

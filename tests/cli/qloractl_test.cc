@@ -149,7 +149,8 @@ TEST(CliTest, ValidateAppliesKeyPathOverrides) {
 // dataset paths are relative to it) with a base model folder given as an override.
 TEST(CliTest, ExampleCatalogValidates) {
   const JobFiles f = MakeJobFiles();
-  for (const char* example : {"instruction-alpaca.yaml", "chat-messages.yaml", "completion-text.yaml"}) {
+  for (const char* example : {"instruction-alpaca.yaml", "chat-messages.yaml", "completion-text.yaml",
+                              "preference-dpo.yaml"}) {
     CommandResult r = RunCommand(absl::StrCat("cd ", SourceDir(), " && ", Ctl(), " validate examples/", example,
                                               " base_model=", f.dir, "/model"));
     EXPECT_EQ(r.exit_code, 0) << example << ": " << r.output;

@@ -46,7 +46,7 @@ TEST(ConfigParserTest, LudwigOriginalVerbatimParsesWithStage2FromTheFile) {
   EXPECT_EQ(c.backend.strategy.type, StrategyType::kDeepSpeed);
   EXPECT_EQ(c.backend.strategy.zero_stage, 2);
   EXPECT_EQ(c.backend.strategy.zero_stage_reason, "set in the job file");
-  EXPECT_EQ(c.trainer.type, "finetune");
+  EXPECT_EQ(c.trainer.type, TrainerType::kFinetune);
   EXPECT_EQ(c.trainer.batch_size, 1);
   EXPECT_EQ(c.trainer.gradient_accumulation_steps, 4);
   EXPECT_EQ(c.data.train_path, "train.jsonl");  // from the override
@@ -392,6 +392,47 @@ TEST(ConfigParserTest, TrainerFieldsAndOptimizerMapping) {
   EXPECT_EQ(t.steps_per_checkpoint, 50);
   EXPECT_EQ(t.eval_steps, 25);
   EXPECT_EQ(t.seed, 7u);
+}
+
+TEST(ConfigParserTest, PreferenceTypesReadTrlsKnobsAndColumns) {
+  const JobConfig dpo = ParseOk(absl::StrCat(kMinimal, "trainer: {type: dpo, beta: 0.25, loss_type: ipo}\n"));
+  EXPECT_EQ(dpo.trainer.type, TrainerType::kDpo);
+  EXPECT_EQ(dpo.trainer.beta, 0.25);
+  EXPECT_EQ(dpo.trainer.loss_type, PreferenceLoss::kIpo);
+  ASSERT_EQ(dpo.input_features.size(), 1u);
+  EXPECT_EQ(dpo.input_features[0].name, "prompt");  // TRL's columns by default
+  ASSERT_EQ(dpo.output_features.size(), 2u);
+  EXPECT_EQ(dpo.output_features[0].name, "chosen");
+  EXPECT_EQ(dpo.output_features[1].name, "rejected");
+  const JobConfig robust = ParseOk(absl::StrCat(kMinimal, "trainer: {type: dpo, loss_type: robust, label_smoothing: 0.1}\n"));
+  EXPECT_EQ(robust.trainer.label_smoothing, 0.1);
+  const JobConfig orpo = ParseOk(absl::StrCat(
+      kMinimal, "input_features: [{name: q, type: text}]\noutput_features: [{name: good, type: text}, {name: bad, type: text}]\n"
+                "trainer: {type: orpo, beta: 0.1}\n"));
+  EXPECT_EQ(orpo.trainer.type, TrainerType::kOrpo);
+  EXPECT_EQ(orpo.output_features[1].name, "bad");
+}
+
+TEST(ConfigParserTest, PreferenceKnobsWhereTheyHaveNoEffectAreRefused) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"trainer: {beta: 0.1}\n", "applies to preference tuning only"},
+      {"trainer: {type: orpo, loss_type: sigmoid}\n", "is DPO's"},
+      {"trainer: {type: dpo, label_smoothing: 0.1}\n", "loss_type robust only"},
+      {"trainer: {type: dpo, loss_type: robust, label_smoothing: 0.5}\n", "label_smoothing"},
+      {"trainer: {type: dpo, loss_type: kto}\n", "loss_type"},
+      {"trainer: {type: dpo, beta: 0}\n", "beta"},
+      {"trainer: {type: dpo}\ndata: {packing: true}\n", "packing is for finetune"},
+      {"trainer: {type: dpo}\noutput_features: [{name: chosen, type: text}]\n", "two output features"},
+      {"trainer: {type: dpo}\ninput_features: [{name: x, type: text}]\noutput_features: [{name: x, type: text}, {name: y, type: text}]\n",
+       "named twice"},
+      {"trainer: {type: none}\n", "finetune, dpo or orpo"},
+  };
+  for (const auto& [yaml, want] : cases) {
+    const absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(kMinimal, yaml));
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << yaml;
+    EXPECT_THAT(c.status().message(), HasSubstr(want)) << yaml;
+  }
 }
 
 TEST(ConfigParserTest, GradientCheckpointingTrueFalseAutoAndItsBudget) {

@@ -53,6 +53,41 @@ jinja::Value Messages(const std::string& json) {
   return jinja::Value::FromJson(nlohmann::ordered_json::parse(json));
 }
 
+// Conversational preference pairs: the ids and completion labels of both sides are those TRL's
+// DPOTrainer tokenizes (explicit prompts, and the implicit prompt both sides share).
+TEST_F(DataChatReferenceTest, PreferencePairsEqualTrl) {
+  const auto& families = (*expected_)["preference"];
+  ASSERT_EQ(families.size(), 6u);
+  int compared = 0;
+  for (const auto& [family, cases] : families.items()) {
+    SCOPED_TRACE(family);
+    auto tokenizer = LoadTokenizer(dir_->path() + "/" + family);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    auto options = PreferenceLayout(DataFormat::kJsonl, {"prompt"}, {"chosen", "rejected"}, 4096);
+    ASSERT_TRUE(options.ok()) << options.status();
+    auto builder = ExampleBuilder::Create(*options, tokenizer->get());
+    ASSERT_TRUE(builder.ok()) << builder.status();
+    for (const auto& want : cases) {
+      Record record;
+      for (const auto& [key, value] : want["record"].items()) record.fields.emplace_back(key, value.get<std::string>());
+      SCOPED_TRACE(want["record"].dump());
+      Example example;
+      auto kept = builder->Build(record, &example);
+      ASSERT_TRUE(kept.ok()) << kept.status();
+      ASSERT_TRUE(*kept);
+      const size_t prompt_len = want["prompt_len"].get<size_t>();
+      EXPECT_EQ(example.input_ids, want["chosen"].get<std::vector<int32_t>>());
+      EXPECT_EQ(example.rejected_input_ids, want["rejected"].get<std::vector<int32_t>>());
+      for (const auto* side : {&example.labels, &example.rejected_labels}) {
+        const std::vector<int32_t>& ids = side == &example.labels ? example.input_ids : example.rejected_input_ids;
+        for (size_t i = 0; i < side->size(); ++i) EXPECT_EQ((*side)[i], i < prompt_len ? kIgnoreIndex : ids[i]) << i;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 12);
+}
+
 TEST_F(DataChatReferenceTest, FamiliesEqualApplyChatTemplate) {
   const auto& families = (*expected_)["families"];
   ASSERT_EQ(families.size(), 6u);

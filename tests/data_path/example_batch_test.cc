@@ -13,6 +13,7 @@
 #include "tests/data_path/test_util.h"
 #include "worker/data/batcher.h"
 #include "worker/data/example_builder.h"
+#include "common/dataset/record_layout.h"
 #include "worker/data/tokenizer.h"
 
 namespace qlora::data {
@@ -285,6 +286,104 @@ TEST(DataBatcher, MicroBatchesAreAsWideAsTheirLongestRow) {
     ASSERT_TRUE(d.has_value());
     EXPECT_EQ(d->seq_len, 64);
   }
+}
+
+ExampleBuilder PreferenceBuilder(const Tokenizer* tokenizer, int max_len = 512) {
+  auto options = PreferenceLayout(DataFormat::kJsonl, {"prompt"}, {"chosen", "rejected"}, max_len);
+  EXPECT_TRUE(options.ok()) << options.status();
+  auto builder = ExampleBuilder::Create(*options, tokenizer);
+  EXPECT_TRUE(builder.ok()) << builder.status();
+  return std::move(*builder);
+}
+
+// TRL's string pairs: [BOS] + prompt + completion + [EOS] per side, labels on the completion.
+TEST_F(DataExampleTest, PreferencePairsTrainOnEachSidesCompletionWithEos) {
+  ExampleBuilder builder = PreferenceBuilder(tokenizer_.get());
+  Example ex;
+  ASSERT_TRUE(*builder.Build(MakeRecord({{"prompt", "Q?"}, {"chosen", " yes"}, {"rejected", " no!"}}), &ex));
+  auto side = [](const std::string& completion) {
+    std::vector<int32_t> ids = {kByteBos};
+    for (int32_t b : Bytes("Q?" + completion)) ids.push_back(b);
+    ids.push_back(kByteEos);
+    return ids;
+  };
+  EXPECT_EQ(ex.input_ids, side(" yes"));
+  EXPECT_EQ(ex.rejected_input_ids, side(" no!"));
+  const std::vector<int32_t> chosen_labels = {kIgnoreIndex, kIgnoreIndex, kIgnoreIndex, ' ', 'y', 'e', 's', kByteEos};
+  EXPECT_EQ(ex.labels, chosen_labels);
+  EXPECT_EQ(ex.rejected_labels[3], ' ');
+  EXPECT_EQ(ex.rejected_labels[2], kIgnoreIndex);
+}
+
+TEST_F(DataExampleTest, PreferencePairsRefuseMixedKindsAndMissingPrompts) {
+  ExampleBuilder builder = PreferenceBuilder(tokenizer_.get());
+  Example ex;
+  auto mixed = builder.Build(MakeRecord({{"prompt", "Q"}, {"chosen", R"([{"role": "assistant", "content": "a"}])"},
+                                         {"rejected", "b"}}), &ex);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.status().message().find("all be strings or all be conversations"), std::string::npos) << mixed.status();
+  auto missing = builder.Build(MakeRecord({{"chosen", "a"}, {"rejected", "b"}}), &ex);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("missing column 'prompt'"), std::string::npos) << missing.status();
+  // A string that only looks like JSON stays a string.
+  EXPECT_TRUE(*builder.Build(MakeRecord({{"prompt", "Q"}, {"chosen", "[1, 2]"}, {"rejected", "[3]"}}), &ex));
+  // Conversations need the tokenizer's chat template (the byte tokenizer has none).
+  auto conversation = builder.Build(
+      MakeRecord({{"chosen", R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])"},
+                  {"rejected", R"([{"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}])"}}),
+      &ex);
+  ASSERT_FALSE(conversation.ok());
+  EXPECT_NE(conversation.status().message().find("chat template"), std::string::npos) << conversation.status();
+}
+
+TEST_F(DataExampleTest, PreferencePairsKeepTheStartAndDropPromptsThatFillTheWindow) {
+  ExampleBuilder builder = PreferenceBuilder(tokenizer_.get(), /*max_len=*/8);
+  Example ex;
+  ASSERT_TRUE(*builder.Build(MakeRecord({{"prompt", "Q"}, {"chosen", " a long answer"}, {"rejected", " b"}}), &ex));
+  EXPECT_EQ(ex.input_ids.size(), 8u);  // cut to max_sequence_length, its start kept
+  EXPECT_EQ(ex.rejected_input_ids.size(), 5u);  // BOS Q ' ' b EOS
+  EXPECT_EQ(builder.stats().truncated, 1);
+  EXPECT_FALSE(*builder.Build(MakeRecord({{"prompt", "a prompt too long"}, {"chosen", "a"}, {"rejected", "b"}}), &ex));
+  EXPECT_EQ(builder.stats().dropped_no_target, 1);
+}
+
+// Chosen rows first, then rejected ones (TRL's collator); a partial micro-batch holds only its
+// real pairs.
+TEST(DataBatcher, PairsLayChosenRowsBeforeRejectedOnes) {
+  auto pair = [](int chosen, int rejected, int32_t id) {
+    Example e;
+    e.input_ids.assign(chosen, id);
+    e.labels.assign(chosen, id);
+    e.rejected_input_ids.assign(rejected, id + 1);
+    e.rejected_labels.assign(rejected, id + 1);
+    return e;
+  };
+  BatchOptions options;
+  options.rows = 2;
+  options.seq_len = 512;
+  options.pad_id = 0;
+  options.pairs = true;
+  Batcher batcher(options);
+  EXPECT_FALSE(batcher.Add(pair(5, 70, 10)).has_value());
+  std::optional<MicroBatch> b = batcher.Add(pair(3, 4, 20));
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->pairs, 2);
+  EXPECT_EQ(b->rows, 4);
+  EXPECT_EQ(b->seq_len, 128);
+  const std::vector<int32_t> first_ids = {10, 20, 11, 21};
+  const std::vector<int32_t> lengths = {5, 3, 70, 4};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(b->input_ids[r * b->seq_len + 1], first_ids[r]) << r;
+    EXPECT_EQ(b->labels[r * b->seq_len], kIgnoreIndex) << r;
+    EXPECT_EQ(b->sequence_lengths[r], std::vector<int32_t>{lengths[r]}) << r;
+  }
+  EXPECT_EQ(b->num_examples, 2);
+  EXPECT_FALSE(batcher.Flush().has_value());
+  EXPECT_FALSE(batcher.Add(pair(2, 2, 30)).has_value());
+  std::optional<MicroBatch> last = batcher.Flush();
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->pairs, 1);
+  EXPECT_EQ(last->rows, 2);
 }
 
 TEST_F(DataExampleTest, PackedAndUnpackedGiveSameTokensLabelsPositionsAndLoss) {

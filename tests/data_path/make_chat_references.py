@@ -12,6 +12,8 @@ template raises), and `mask` is computed here independently of the C++ span logi
 assistant turn's expected text (the family's rule below, after the family's assistant prefix)
 is located in the rendering, and a token
 is masked in when its character offsets (return_offsets_mapping) overlap such a span.
+A preference case is {record, chosen, rejected, prompt_len}: a conversational pair (an explicit
+prompt, or TRL's implicit one) tokenized by TRL's own helpers as its DPOTrainer tokenizes it.
 A micro case is {template, variables, output | error} rendered by transformers' own Jinja
 environment (trim_blocks, lstrip_blocks, its tojson and raise_exception).
 """
@@ -134,6 +136,37 @@ def family_cases(family, directory, spec):
     return cases
 
 
+# Preference pairs: (prompt or None, chosen, rejected); None: the prompt is the turns both share.
+PREFERENCE = [
+    (chat((U, "What is 2+2?")), chat((A, "4")), chat((A, "Five, I think."))),
+    (chat((S, "You are terse.\n"), (U, "Name a colour")), chat((A, " Blue. ")), chat((A, "I would rather not."))),
+    (None, chat((U, "Say hi"), (A, "Hi!")), chat((U, "Say hi"), (A, "No."))),
+]
+
+
+def preference_cases(fast):
+    from trl.data_utils import _tokenize, common_prefix_length, extract_prompt
+    cases = []
+    for prompt, chosen, rejected in PREFERENCE:
+        example = {"chosen": chosen, "rejected": rejected}
+        record = {"chosen": json.dumps(chosen), "rejected": json.dumps(rejected)}
+        if prompt is not None:
+            example["prompt"] = prompt
+            record["prompt"] = json.dumps(prompt)
+        else:
+            example = extract_prompt(example)
+        try:  # as trl/trainer/dpo_trainer.py's tokenize_fn
+            prompt_ids = _tokenize(fast, example["prompt"], add_generation_prompt=True, tools=None)["input_ids"]
+            chosen_ids = _tokenize(fast, example["prompt"] + example["chosen"], tools=None)["input_ids"]
+            rejected_ids = _tokenize(fast, example["prompt"] + example["rejected"], tools=None)["input_ids"]
+        except Exception:  # a template that refuses the layout
+            continue
+        prompt_len = min(common_prefix_length(prompt_ids, chosen_ids), common_prefix_length(prompt_ids, rejected_ids))
+        cases.append({"record": record, "chosen": list(chosen_ids), "rejected": list(rejected_ids),
+                      "prompt_len": prompt_len})
+    return cases
+
+
 def micro_cases():
     out = []
     for template, variables in MICRO:
@@ -150,7 +183,7 @@ def main():
     fixtures = json.load(open(sys.argv[1], encoding="utf-8"))["templates"]
     out = sys.argv[2]
     tok = build_tokenizer()
-    expected = {"families": {}, "micro": micro_cases()}
+    expected = {"families": {}, "micro": micro_cases(), "preference": {}}
     for family, spec in fixtures.items():
         directory = os.path.join(out, family)
         os.makedirs(directory, exist_ok=True)
@@ -159,6 +192,10 @@ def main():
                   "chat_template": spec["template"]}
         json.dump(config, open(os.path.join(directory, "tokenizer_config.json"), "w"))
         expected["families"][family] = family_cases(family, directory, spec)
+        fast = PreTrainedTokenizerFast(tokenizer_file=os.path.join(directory, "tokenizer.json"),
+                                       bos_token=spec["bos_token"], eos_token=spec["eos_token"])
+        fast.chat_template = spec["template"]
+        expected["preference"][family] = preference_cases(fast)
     json.dump(expected, open(os.path.join(out, "expected.json"), "w", encoding="utf-8"),
               ensure_ascii=False, indent=1)
 

@@ -31,6 +31,7 @@
 #include "tests/engine/torch_test_util.h"
 #include "tests/util/rank_processes.h"
 #include "worker/engine/peft_io.h"
+#include "tests/run/recorded_rank.h"
 #include "tests/run/tiny_model_dir.h"
 #include "worker/run/training_job.h"
 #include "worker/run/training_observer.h"
@@ -90,30 +91,6 @@ std::string MakeDataset() {
   return out;
 }
 
-// Saves rank 0's initial adapter and every micro-batch this rank trains on.
-class Recorder final : public worker::TrainingObserver {
- public:
-  Recorder(std::string dir, int rank) : dir_(std::move(dir)), rank_(rank) {}
-  void OnLoraReady(const engine::LlamaForCausalLM& model) override {
-    if (rank_ == 0) status_ = engine::SaveAdapter(model, dir_ + "/init-adapter");
-  }
-  void OnMicroBatch(int64_t step, int index, const worker::DeviceBatch& batch) override {
-    const std::string key = absl::StrCat("s", step, ".m", index);
-    tensors_[key + ".input_ids"] = batch.input_ids.cpu().clone();
-    tensors_[key + ".labels"] = batch.labels.cpu().clone();
-  }
-  absl::Status Save() {
-    if (!status_.ok()) return status_;
-    return testing::SaveTensors(absl::StrCat(dir_, "/batches-rank", rank_, ".safetensors"), tensors_);
-  }
-
- private:
-  std::string dir_;
-  int rank_;
-  absl::Status status_;
-  std::map<std::string, at::Tensor> tensors_;
-};
-
 // One rank: runs only when the parent test sets the environment.
 TEST(TrainerReferenceChild, Rank) {
   const char* rank_env = std::getenv(kRankEnv);
@@ -122,38 +99,12 @@ TEST(TrainerReferenceChild, Rank) {
   if (!rank_env || !dir_env || !world_env) GTEST_SKIP() << "run by TrainerReference only";
   const int rank = std::atoi(rank_env), world = std::atoi(world_env);
   const std::string dir = dir_env;
-  auto yaml = ReadFile(dir + "/job.yaml");
-  ASSERT_TRUE(yaml.ok()) << yaml.status();
-  auto config = ParseJobConfig(*yaml, {});
-  ASSERT_TRUE(config.ok()) << config.status();
-  // Unquantized weights run in the compute dtype: fp32 here, as the reference.
-  config->quantization.compute_dtype = ComputeDtype::kFloat32;
-  data::ShardPlanOptions plan;
-  plan.chunk_bytes = 4096;  // several chunks, as a large file would have
-  auto shards = data::PlanShards({config->data.train_path}, world, plan);
-  ASSERT_TRUE(shards.ok()) << shards.status();
-
-  worker::TrainingContext context;
-  context.config = *config;
-  context.assignment.job_id = "job-reference";
-  context.assignment.rank = rank;
-  context.assignment.world_size = world;
-  context.assignment.device = DeviceKind::kCpu;
-  context.assignment.train_shards = (*shards)[rank];
-  context.assignment.generation = 1;
-  context.assignment.output_dir = dir + "/out";
-  testing::DirectoryStore store(dir + "/store");
-  context.store = &store;
-  Recorder recorder(dir, rank);
-  context.observer = &recorder;
   nlohmann::json losses = nlohmann::json::array(), stages = nlohmann::json::array();
-  context.report_progress = [&](const ProgressSnapshot& p) {
+  testing::RunRecordedRank(dir, rank, world, "job-reference", [&](const ProgressSnapshot& p) {
     losses.push_back(p.loss);
     stages.push_back(p.strategy.zero_stage);
-  };
-  auto outcome = worker::RunTrainingJob(context);
-  ASSERT_TRUE(outcome.ok()) << outcome.status();
-  ASSERT_TRUE(recorder.Save().ok());
+  });
+  if (HasFatalFailure()) return;
   std::ofstream(absl::StrCat(dir, "/progress-rank", rank, ".json"))
       << nlohmann::json{{"losses", losses}, {"stages", stages}}.dump();
 }
@@ -193,18 +144,10 @@ TEST_P(TrainerReference, AdapterAndLossesEqualTransformersPeftAdamW) {
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
 
   // Adapters: the same tensors, equal to float32 round-off, and far from where they started.
-  auto ours = testing::LoadTensors(dir + "/out/adapter/adapter_model.safetensors");
-  auto theirs = testing::LoadTensors(dir + "/reference-adapter.safetensors");
-  auto initial = testing::LoadTensors(dir + "/init-adapter/adapter_model.safetensors");
-  ASSERT_FALSE(ours.empty());
-  ASSERT_EQ(ours.size(), theirs.size());
-  double max_diff = 0, max_update = 0;
-  for (const auto& [name, tensor] : ours) {
-    ASSERT_TRUE(theirs.count(name)) << name << " is not in the reference adapter";
-    ASSERT_TRUE(initial.count(name)) << name;
-    max_diff = std::max(max_diff, testing::MaxAbsDiff(tensor, theirs.at(name)));
-    max_update = std::max(max_update, testing::MaxAbsDiff(tensor, initial.at(name)));
-  }
+  testing::AdapterDistances d;
+  testing::CompareAdapters(dir, &d);
+  if (HasFatalFailure()) return;
+  const double max_diff = d.max_diff, max_update = d.max_update;
   RecordProperty("max_abs_diff", std::to_string(max_diff));
   printf("world %d stage %d: adapters differ by at most %.3g; training moved them by up to %.3g\n",
          c.world, c.stage, max_diff, max_update);

@@ -12,6 +12,15 @@ std::optional<MicroBatch> Batcher::Add(Example example) {
     example.input_ids.resize(options_.seq_len);
     example.labels.resize(options_.seq_len);
   }
+  if (options_.pairs) {
+    if (example.rejected_input_ids.size() > static_cast<size_t>(options_.seq_len)) {
+      example.rejected_input_ids.resize(options_.seq_len);
+      example.rejected_labels.resize(options_.seq_len);
+    }
+    rows_[filled_rows_++].examples.push_back(std::move(example));
+    if (filled_rows_ == options_.rows) return EmitPairs();
+    return std::nullopt;
+  }
   const int length = static_cast<int>(example.input_ids.size());
   std::optional<MicroBatch> done;
   auto place = [&]() -> bool {
@@ -39,6 +48,10 @@ std::optional<MicroBatch> Batcher::Add(Example example) {
 }
 
 std::optional<MicroBatch> Batcher::Flush() {
+  if (options_.pairs) {
+    if (filled_rows_ == 0) return std::nullopt;
+    return EmitPairs();
+  }
   for (const Row& row : rows_)
     if (!row.examples.empty()) return Emit();
   return std::nullopt;
@@ -79,6 +92,46 @@ MicroBatch Batcher::Emit() {
     row.examples.clear();
     row.used = 0;
   }
+  filled_rows_ = 0;
+  return batch;
+}
+
+MicroBatch Batcher::EmitPairs() {
+  const int pairs = filled_rows_;
+  std::vector<std::pair<const std::vector<int32_t>*, const std::vector<int32_t>*>> sides;
+  for (int i = 0; i < pairs; ++i) sides.emplace_back(&rows_[i].examples[0].input_ids, &rows_[i].examples[0].labels);
+  for (int i = 0; i < pairs; ++i) {
+    sides.emplace_back(&rows_[i].examples[0].rejected_input_ids, &rows_[i].examples[0].rejected_labels);
+  }
+  MicroBatch batch;
+  batch.pairs = pairs;
+  batch.rows = 2 * pairs;
+  size_t longest = 1;
+  for (const auto& side : sides) longest = std::max(longest, side.first->size());
+  const int width = static_cast<int>((longest + kPadMultiple - 1) / kPadMultiple * kPadMultiple);
+  batch.seq_len = std::min(width, options_.seq_len);
+  const size_t seq_len = static_cast<size_t>(batch.seq_len);
+  const size_t size = static_cast<size_t>(batch.rows) * seq_len;
+  batch.input_ids.assign(size, options_.pad_id);
+  batch.labels.assign(size, kIgnoreIndex);
+  batch.position_ids.assign(size, 0);
+  batch.sequence_lengths.resize(batch.rows);
+  for (size_t r = 0; r < sides.size(); ++r) {
+    const std::vector<int32_t>& ids = *sides[r].first;
+    const std::vector<int32_t>& labels = *sides[r].second;
+    const size_t at = r * seq_len;
+    std::copy(ids.begin(), ids.end(), batch.input_ids.begin() + at);
+    std::copy(labels.begin(), labels.end(), batch.labels.begin() + at);
+    batch.labels[at] = kIgnoreIndex;  // nothing predicts a sequence's first token
+    for (size_t i = 0; i < seq_len; ++i) {
+      batch.position_ids[at + i] = static_cast<int32_t>(i);
+      batch.num_label_tokens += batch.labels[at + i] != kIgnoreIndex;
+    }
+    batch.sequence_lengths[r].push_back(static_cast<int32_t>(ids.size()));
+    batch.num_tokens += static_cast<int64_t>(ids.size());
+  }
+  batch.num_examples = pairs;
+  for (int i = 0; i < pairs; ++i) rows_[i].examples.clear();
   filled_rows_ = 0;
   return batch;
 }

@@ -13,6 +13,11 @@
 // labels), hence nothing is predicted across a boundary. The tail of a row after its examples
 // is padding: input pad_id, label -100, position ids 0, 1, ... (its own segment, never a
 // label).
+//
+// Pairs (preference layout): `rows` pairs per micro-batch, laid out as TRL's preference collator
+// lays them out: the chosen sequences in rows 0..n-1, the rejected ones in rows n..2n-1, so
+// that one forward computes both. A partial micro-batch at the end of a stream has only its
+// real pairs (an empty pair would add a zero-length preference to the loss's mean).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,7 @@ inline constexpr int kPadMultiple = 64;
 struct MicroBatch {
   int rows = 0;
   int seq_len = 0;  // the micro-batch's width: its longest row, rounded up (see above)
+  int pairs = 0;    // pairs mode: rows = 2 x pairs (chosen rows first); else 0
   std::vector<int32_t> input_ids;     // [rows * seq_len], row-major
   std::vector<int32_t> labels;        // [rows * seq_len], -100 = no loss
   std::vector<int32_t> position_ids;  // [rows * seq_len]
@@ -43,6 +49,7 @@ struct BatchOptions {
   int seq_len = 512;   // data.max_sequence_length: the widest a micro-batch gets
   bool packing = false;
   int32_t pad_id = 0;  // tokenizer pad, else EOS (no new token: the adapter fits the stock model)
+  bool pairs = false;  // preference pairs: `rows` pairs per micro-batch (see above)
 };
 
 class Batcher {
@@ -60,6 +67,7 @@ class Batcher {
     int used = 0;
   };
   MicroBatch Emit();
+  MicroBatch EmitPairs();
 
   BatchOptions options_;
   std::vector<Row> rows_;

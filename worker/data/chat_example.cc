@@ -3,12 +3,55 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/chat_template/builtins.h"
 
 namespace qlora::data {
+namespace {
+
+// ShareGPT's speaker names, as LLaMA-Factory and Axolotl map them to chat roles.
+absl::StatusOr<std::string> RoleOfSpeaker(const std::string& speaker) {
+  static const std::pair<const char*, const char*> kRoles[] = {
+      {"human", "user"},         {"user", "user"},          {"gpt", "assistant"},
+      {"assistant", "assistant"}, {"model", "assistant"},    {"chatgpt", "assistant"},
+      {"bard", "assistant"},     {"bing", "assistant"},     {"system", "system"},
+      {"observation", "tool"},   {"tool", "tool"},          {"function_response", "tool"},
+      {"function_call", "assistant"}};
+  const std::string lower = absl::AsciiStrToLower(speaker);
+  for (const auto& [name, role] : kRoles) {
+    if (lower == name) return std::string(role);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown speaker '", speaker, "' (known: human, user, gpt, assistant, model, system, tool, "
+      "observation, function_call, function_response)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ChatMessages(absl::string_view column, const std::string& text) {
+  nlohmann::json turns = nlohmann::json::parse(text, nullptr, false);
+  if (!turns.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", column, "' must be a JSON array of {role, content} or {from, value} turns"));
+  }
+  bool changed = false;
+  for (nlohmann::json& turn : turns) {
+    if (!turn.is_object() || turn.contains("role") || !turn.contains("from")) continue;
+    if (!turn["from"].is_string() || !turn.contains("value") || !turn["value"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "each turn of '", column, "' must be {\"from\": str, \"value\": str}"));
+    }
+    QLORA_ASSIGN_OR_RETURN(const std::string role, RoleOfSpeaker(turn["from"].get<std::string>()));
+    nlohmann::json message = {{"role", role}, {"content", turn["value"]}};
+    turn = std::move(message);
+    changed = true;
+  }
+  return changed ? turns.dump() : text;
+}
+
 namespace {
 
 // Control characters that Python's str.strip() keeps (\x1c-\x1f are whitespace to it).
@@ -129,9 +172,7 @@ absl::StatusOr<std::vector<ByteSpan>> AssistantSpans(const ChatTemplate& chat_te
   return spans;
 }
 
-absl::Status BuildTemplateChat(const ChatTemplate& chat_template, const ChatTemplateTokens& tokens,
-                               const Tokenizer& tokenizer, absl::string_view messages_json,
-                               Example* example) {
+absl::StatusOr<jinja::Value> MessagesValue(absl::string_view messages_json) {
   // Ordered: templates may print a message's keys (tojson) in their order.
   const nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(messages_json, nullptr, false);
   if (!parsed.is_array() || parsed.empty())
@@ -145,7 +186,13 @@ absl::Status BuildTemplateChat(const ChatTemplate& chat_template, const ChatTemp
       if (!value.is_null()) fields.emplace_back(key, jinja::Value::FromJson(value));
     list.push_back(jinja::Value::MakeDict(std::move(fields)));
   }
-  const jinja::Value messages = jinja::Value::MakeList(std::move(list));
+  return jinja::Value::MakeList(std::move(list));
+}
+
+absl::Status BuildTemplateChat(const ChatTemplate& chat_template, const ChatTemplateTokens& tokens,
+                               const Tokenizer& tokenizer, absl::string_view messages_json,
+                               Example* example) {
+  QLORA_ASSIGN_OR_RETURN(const jinja::Value messages, MessagesValue(messages_json));
   QLORA_ASSIGN_OR_RETURN(jinja::RenderResult rendered, chat_template.Render(messages, false, tokens));
   std::vector<ByteSpan> spans;
   if (chat_template.has_generation_blocks()) {

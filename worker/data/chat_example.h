@@ -33,6 +33,15 @@ namespace qlora::data {
 
 using ByteSpan = std::pair<size_t, size_t>;  // [begin, end)
 
+// The conversation in `column`'s `text` as a JSON array of {role, content}: ShareGPT's
+// {from, value} turns mapped to roles (human/user -> user, gpt/assistant/model/... -> assistant,
+// system, tool), {role, content} turns as they are. INVALID_ARGUMENT when it is not an array.
+absl::StatusOr<std::string> ChatMessages(absl::string_view column, const std::string& text);
+
+// A non-empty JSON array of {role, ...} objects as the template's `messages` (keys in their
+// order, null-valued keys dropped as transformers drops None).
+absl::StatusOr<jinja::Value> MessagesValue(absl::string_view messages_json);
+
 // `messages_json` is a JSON array of {role, content, ...} objects; the example is input_ids and
 // labels of the whole conversation (the template writes BOS if the model wants it).
 absl::Status BuildTemplateChat(const ChatTemplate& chat_template, const ChatTemplateTokens& tokens,

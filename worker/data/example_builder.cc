@@ -8,49 +8,10 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/chat_example.h"
+#include "worker/data/preference_example.h"
 
 namespace qlora::data {
 namespace {
-
-// ShareGPT's speaker names, as LLaMA-Factory and Axolotl map them to chat roles.
-absl::StatusOr<std::string> RoleOfSpeaker(const std::string& speaker) {
-  static const std::pair<const char*, const char*> kRoles[] = {
-      {"human", "user"},         {"user", "user"},          {"gpt", "assistant"},
-      {"assistant", "assistant"}, {"model", "assistant"},    {"chatgpt", "assistant"},
-      {"bard", "assistant"},     {"bing", "assistant"},     {"system", "system"},
-      {"observation", "tool"},   {"tool", "tool"},          {"function_response", "tool"},
-      {"function_call", "assistant"}};
-  const std::string lower = absl::AsciiStrToLower(speaker);
-  for (const auto& [name, role] : kRoles) {
-    if (lower == name) return std::string(role);
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown speaker '", speaker, "' (known: human, user, gpt, assistant, model, system, tool, "
-      "observation, function_call, function_response)"));
-}
-
-// The conversation as [{"role", "content"}, ...]: ShareGPT's {"from", "value"} turns mapped to
-// roles, {"role", "content"} turns as they are.
-absl::StatusOr<std::string> ChatMessages(absl::string_view column, const std::string& text) {
-  nlohmann::json turns = nlohmann::json::parse(text, nullptr, false);
-  if (!turns.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", column, "' must be a JSON array of {role, content} or {from, value} turns"));
-  }
-  bool changed = false;
-  for (nlohmann::json& turn : turns) {
-    if (!turn.is_object() || turn.contains("role") || !turn.contains("from")) continue;
-    if (!turn["from"].is_string() || !turn.contains("value") || !turn["value"].is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "each turn of '", column, "' must be {\"from\": str, \"value\": str}"));
-    }
-    QLORA_ASSIGN_OR_RETURN(const std::string role, RoleOfSpeaker(turn["from"].get<std::string>()));
-    nlohmann::json message = {{"role", role}, {"content", turn["value"]}};
-    turn = std::move(message);
-    changed = true;
-  }
-  return changed ? turns.dump() : text;
-}
 
 std::string Title(absl::string_view column) {
   std::string title(column);
@@ -76,6 +37,18 @@ absl::StatusOr<ExampleBuilder> ExampleBuilder::Create(const ExampleOptions& opti
         "the tokenizer has no EOS token (set eos_token in tokenizer_config.json)");
   ExampleBuilder builder(options, tokenizer);
   const ChatConfig& chat = tokenizer->chat_config();
+  if (options.layout == ExampleLayout::kPreference) {
+    if (!chat.chat_template.empty()) {  // for conversational pairs
+      absl::StatusOr<ChatTemplate> compiled = ChatTemplate::Compile(chat.chat_template);
+      if (!compiled.ok())
+        return absl::Status(compiled.status().code(),
+                            absl::StrCat("tokenizer_config.json: ", compiled.status().message()));
+      builder.chat_template_ = std::make_shared<const ChatTemplate>(std::move(*compiled));
+      builder.chat_tokens_ = std::make_shared<const ChatTemplateTokens>(
+          ChatTemplateTokens{chat.bos_token, chat.eos_token, chat.pad_token});
+    }
+    return builder;
+  }
   if (options.layout == ExampleLayout::kChat && options.use_tokenizer_chat_template &&
       !chat.chat_template.empty()) {
     absl::StatusOr<ChatTemplate> compiled = ChatTemplate::Compile(chat.chat_template);
@@ -222,10 +195,36 @@ absl::Status ExampleBuilder::BuildText(const Record& record, Example* example) c
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int32_t>> ExampleBuilder::PreferencePrompt(const std::string& prompt) const {
+  PreferenceTokenization t;
+  t.tokenizer = tokenizer_;
+  t.chat_template = chat_template_.get();
+  t.chat_tokens = chat_tokens_.get();
+  return PreferencePromptIds(t, prompt);
+}
+
+absl::StatusOr<bool> ExampleBuilder::BuildPreference(const Record& record, Example* example) {
+  PreferenceTokenization t;
+  t.tokenizer = tokenizer_;
+  t.chat_template = chat_template_.get();
+  t.chat_tokens = chat_tokens_.get();
+  QLORA_ASSIGN_OR_RETURN(const PreferenceBuild build, BuildPreferencePair(t, options_, record, example));
+  if (!build.kept) {
+    ++stats_.dropped_no_target;
+    return false;
+  }
+  stats_.truncated += build.truncated;
+  ++stats_.examples;
+  return true;
+}
+
 absl::StatusOr<bool> ExampleBuilder::Build(const Record& record, Example* example) {
   example->input_ids.clear();
   example->labels.clear();
+  example->rejected_input_ids.clear();
+  example->rejected_labels.clear();
   switch (options_.layout) {
+    case ExampleLayout::kPreference: return BuildPreference(record, example);
     case ExampleLayout::kInstruction: QLORA_RETURN_IF_ERROR(BuildInstruction(record, example)); break;
     case ExampleLayout::kChat: QLORA_RETURN_IF_ERROR(BuildChat(record, example)); break;
     case ExampleLayout::kText: QLORA_RETURN_IF_ERROR(BuildText(record, example)); break;

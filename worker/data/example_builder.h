@@ -21,6 +21,8 @@
 //    "<|start_header_id|>" role "<|end_header_id|>\n\n" content.strip() "<|eot_id|>"; loss
 //    only on assistant content and its <|eot_id|>. Needs a tokenizer with those tokens.
 //  - Text (format text, or no output column): [BOS] + enc(text) + [EOS], loss on every token.
+//  - Preference (trainer.type dpo or orpo): a pair of sequences, prompt + chosen and prompt +
+//    rejected, tokenized as TRL's DPOTrainer does (preference_example.h).
 //
 // Truncation to max_sequence_length cuts the tail (the end of the target and its EOS go
 // first), as HF/TRL truncate. An example left without any label (the prompt filled the window)
@@ -47,6 +49,11 @@ constexpr int32_t kIgnoreIndex = -100;
 struct Example {
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;  // same length; kIgnoreIndex where no loss
+  // A preference pair (preference layout): input_ids/labels are the prompt and the chosen
+  // completion, these the prompt and the rejected one (labels on the completion only); empty
+  // for every other layout.
+  std::vector<int32_t> rejected_input_ids;
+  std::vector<int32_t> rejected_labels;
 };
 
 struct ExampleStats {
@@ -76,6 +83,10 @@ class ExampleBuilder {
   // template's further input columns). Parquet reads only these (ReaderOptions::columns).
   void Columns(std::vector<std::string>* required, std::vector<std::string>* optional) const;
 
+  // Preference layout: the ids a prompt (a string, or a conversation's JSON) is laid out as
+  // when it prompts the trained model (preference_example.h: PreferencePromptIds).
+  absl::StatusOr<std::vector<int32_t>> PreferencePrompt(const std::string& prompt) const;
+
   const ExampleStats& stats() const { return stats_; }
   void ResetStats() { stats_ = ExampleStats(); }
 
@@ -94,6 +105,8 @@ class ExampleBuilder {
   absl::Status BuildInstruction(const Record& record, Example* example) const;
   absl::Status BuildChat(const Record& record, Example* example) const;
   absl::Status BuildText(const Record& record, Example* example) const;
+  // False when the pair was dropped (the prompt fills max_sequence_length).
+  absl::StatusOr<bool> BuildPreference(const Record& record, Example* example);
   absl::Status Append(absl::string_view text, bool train, Example* example) const;
 
   ExampleOptions options_;

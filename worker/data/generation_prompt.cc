@@ -84,6 +84,7 @@ absl::StatusOr<Record> GenerationPrompts::PromptRecord(const std::string& prompt
 }
 
 absl::StatusOr<std::vector<int32_t>> GenerationPrompts::Ids(const std::string& prompt) {
+  if (options_.layout == ExampleLayout::kPreference) return PreferenceIds(prompt);
   QLORA_ASSIGN_OR_RETURN(Record record, PromptRecord(prompt));
   Example example;
   absl::StatusOr<bool> built = builder_->Build(record, &example);
@@ -99,6 +100,26 @@ absl::StatusOr<std::vector<int32_t>> GenerationPrompts::Ids(const std::string& p
     return example.input_ids;
   }
   return BeforeTheTarget(example);
+}
+
+absl::StatusOr<std::vector<int32_t>> GenerationPrompts::PreferenceIds(const std::string& prompt) const {
+  // Text, or a JSON object whose `prompt` (TRL's column) or `messages` is the conversation so far.
+  std::string text = prompt;
+  const nlohmann::json object = nlohmann::json::parse(prompt, nullptr, /*allow_exceptions=*/false);
+  if (object.is_object()) {
+    const char* key = object.contains("prompt") ? "prompt" : object.contains("messages") ? "messages" : nullptr;
+    if (key == nullptr) {
+      return absl::InvalidArgumentError("a JSON prompt of a preference job needs `prompt` (text or turns) or `messages`");
+    }
+    text = object[key].is_string() ? object[key].get<std::string>() : object[key].dump();
+  }
+  absl::StatusOr<std::vector<int32_t>> ids = builder_->PreferencePrompt(text);
+  if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt: ", ids.status().message()));
+  if (static_cast<int>(ids->size()) >= options_.max_sequence_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt takes more than the model's context of ", options_.max_sequence_length - 64, " tokens"));
+  }
+  return ids;
 }
 
 absl::StatusOr<std::vector<int32_t>> GenerationPrompts::IdsOfRecord(const Record& record) {

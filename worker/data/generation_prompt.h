@@ -6,7 +6,9 @@
 // A prompt is plain text, which fills the job's only input column (instruction layout), the
 // user turn (chat layouts) or the text column; or a JSON object, whose keys give the template's
 // columns (a template with several input columns), or, under a chat layout, whose `messages`
-// (or ShareGPT `conversations`) is the conversation so far, ending with a user turn.
+// (or ShareGPT `conversations`) is the conversation so far, ending with a user turn. A preference
+// job (dpo, orpo) lays a prompt out as its pairs' prompts: the text, or under a chat template
+// the conversation with the generation prompt.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +49,8 @@ class GenerationPrompts {
   GenerationPrompts(ExampleOptions options, std::shared_ptr<ExampleBuilder> builder)
       : options_(std::move(options)), builder_(std::move(builder)) {}
   absl::StatusOr<Record> PromptRecord(const std::string& prompt) const;
+  // A preference job's prompt: as its pairs' prompts are laid out.
+  absl::StatusOr<std::vector<int32_t>> PreferenceIds(const std::string& prompt) const;
 
   ExampleOptions options_;
   std::shared_ptr<ExampleBuilder> builder_;

@@ -22,14 +22,20 @@ absl::StatusOr<LoaderOptions> LoaderOptionsForJob(const JobConfig& job, const To
   std::vector<std::string> inputs, outputs;
   for (const FeatureConfig& feature : job.input_features) inputs.push_back(feature.name);
   for (const FeatureConfig& feature : job.output_features) outputs.push_back(feature.name);
-  QLORA_ASSIGN_OR_RETURN(options.example,
-                         ExampleBuilder::OptionsFor(options.reader.format, inputs, outputs,
-                                                    data.prompt_template,
-                                                    data.max_sequence_length));
+  if (IsPreferenceJob(job)) {
+    QLORA_ASSIGN_OR_RETURN(options.example, PreferenceLayout(options.reader.format, inputs, outputs,
+                                                             data.max_sequence_length));
+  } else {
+    QLORA_ASSIGN_OR_RETURN(options.example,
+                           ExampleBuilder::OptionsFor(options.reader.format, inputs, outputs,
+                                                      data.prompt_template,
+                                                      data.max_sequence_length));
+  }
   const SpecialTokens& special = tokenizer.special();
   options.batch.rows = role == DatasetRole::kTrain ? job.trainer.batch_size : job.trainer.eval_batch_size;
   options.batch.seq_len = data.max_sequence_length;
   options.batch.packing = data.packing;
+  options.batch.pairs = IsPreferenceJob(job);
   // Padding is never a target (labels are -100 there), so any valid id does: the pad token,
   // else EOS, else 0.
   options.batch.pad_id = special.pad_id >= 0 ? special.pad_id : special.eos_id >= 0 ? special.eos_id : 0;

@@ -170,6 +170,19 @@ void LlamaForCausalLM::UseBaseWeightStore(std::shared_ptr<BaseWeightStore> store
   base_weights_ = std::move(store);
 }
 
+absl::Status LlamaForCausalLM::SwapAdapters(std::vector<std::optional<LoraWeights>>* adapters) {
+  const size_t modules = std::size(kLinearModuleNames);
+  if (adapters->size() != layers.size() * modules) {
+    return absl::InvalidArgumentError(absl::StrCat("SwapAdapters: ", adapters->size(), " adapters for ",
+                                                   layers.size(), " layers of ", modules, " projections"));
+  }
+  size_t k = 0;
+  for (DecoderLayer& layer : layers) {
+    for (const auto& name : kLinearModuleNames) std::swap(layer.Linear(name).lora, (*adapters)[k++]);
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<const DecoderLayer> LlamaForCausalLM::WholeLayer(int64_t i) const {
   if (base_weights_ != nullptr) return base_weights_->Whole(i, layers[i]);
   return std::shared_ptr<const DecoderLayer>(std::shared_ptr<void>(), &layers[i]);  // not owned

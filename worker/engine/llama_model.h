@@ -99,6 +99,13 @@ class LlamaForCausalLM {
   // FailedPrecondition when adapters exist already.
   absl::Status AddLora(const LoraOptions& options);
   bool has_lora() const { return lora_.has_value(); }
+  // Swaps the layers' adapters with `adapters` (per layer, per module in kLinearModuleNames
+  // order, layers x 7 entries; an empty entry is no adapter: that projection computes its base
+  // alone); a second swap with the same vector restores them. For a reference forward under no
+  // grad (the preference objectives: the base with the adapter disabled, or the adapter the job
+  // started from), never while an AdapterCopyScope is open (its copies are of the adapters
+  // swapped out). InvalidArgument for a vector of another size.
+  absl::Status SwapAdapters(std::vector<std::optional<LoraWeights>>* adapters);
   const LoraOptions& lora_options() const { return *lora_; }
 
   // Training mode enables LoRA dropout and activation checkpointing (if on).

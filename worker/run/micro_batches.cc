@@ -50,6 +50,14 @@ class LoaderSource : public MicroBatchSource {
     b.target_tokens = mb->num_label_tokens;
     b.input_tokens = mb->num_tokens;
     b.examples = mb->num_examples;
+    if (mb->pairs > 0) {
+      b.pairs = mb->pairs;
+      std::vector<int32_t> lengths;
+      for (const std::vector<int32_t>& row : mb->sequence_lengths) lengths.push_back(row.empty() ? 0 : row[0]);
+      b.lengths = ToTensor(lengths, 1, mb->rows, at::kCPU).view({-1});
+      b.host_input_ids = ToTensor(mb->input_ids, mb->rows, mb->seq_len, at::kCPU);
+      b.host_labels = ToTensor(mb->labels, mb->rows, mb->seq_len, at::kCPU);
+    }
     return std::optional<DeviceBatch>(std::move(b));
   }
 

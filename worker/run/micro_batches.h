@@ -27,6 +27,12 @@ struct DeviceBatch {
   int64_t target_tokens = 0;         // labels that count after the causal shift
   int64_t input_tokens = 0;          // non-padding tokens
   int64_t examples = 0;              // examples (records) in it
+  // Preference pairs: rows = 2 x pairs, the chosen sequences first (batcher.h); 0 otherwise.
+  int64_t pairs = 0;
+  // Preference pairs only, on the host (the objective picks the positions to score there, which
+  // spares a device synchronization): [rows] tokens before each row's padding, and copies of
+  // input_ids and labels.
+  at::Tensor lengths, host_input_ids, host_labels;
 };
 
 struct MicroBatchOptions {

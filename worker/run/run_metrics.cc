@@ -72,6 +72,14 @@ absl::Status RunMetrics::Record(const StepMetrics& m) {
     scalars.emplace_back("eval/loss", static_cast<float>(m.eval_loss));
     line["eval_loss"] = m.eval_loss;
   }
+  for (const auto& [name, value] : m.metrics) {
+    scalars.emplace_back("train/" + name, static_cast<float>(value));
+    line[name] = value;
+  }
+  for (const auto& [name, value] : m.eval_metrics) {
+    scalars.emplace_back("eval/" + name, static_cast<float>(value));
+    line["eval_" + name] = value;
+  }
   if (mlflow_ != nullptr) {
     const int64_t ms = static_cast<int64_t>(m.wall_time * 1000);
     std::vector<tracking::MlflowMetric> sent = {
@@ -79,6 +87,8 @@ absl::Status RunMetrics::Record(const StepMetrics& m) {
         {"grad_norm", m.grad_norm, m.step, ms}, {"epoch", static_cast<double>(m.epoch), m.step, ms},
         {"tokens_per_second", m.tokens_per_second, m.step, ms}};
     if (!std::isnan(m.eval_loss)) sent.push_back({"eval_loss", m.eval_loss, m.step, ms});
+    for (const auto& [name, value] : m.metrics) sent.push_back({name, value, m.step, ms});
+    for (const auto& [name, value] : m.eval_metrics) sent.push_back({"eval_" + name, value, m.step, ms});
     mlflow_->LogMetrics(std::move(sent));
   }
   if (absl::Status s = events_->AddScalars(m.step, m.wall_time, scalars); !s.ok()) return s;

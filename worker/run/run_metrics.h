@@ -3,7 +3,8 @@
 //
 // Per optimizer step: train/loss, train/learning_rate, train/grad_norm, train/tokens_per_second
 // (rank 0's input tokens per second, i.e. per GPU), train/epoch, memory/device_allocated_gib,
-// memory/device_peak_gib, and eval/loss at the steps where the job evaluated. A resumed run adds
+// memory/device_peak_gib, and eval/loss at the steps where the job evaluated; the objective's
+// metrics beside them (StepMetrics::metrics). A resumed run adds
 // a new event file beside the old ones (TensorBoard shows them as one run) and appends to
 // metrics.jsonl, so steps after the resumed checkpoint can appear twice there; the later line is
 // the run that went on. Files are flushed every step, never synced (a metrics write must not
@@ -16,6 +17,8 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/tensorboard/event_file_writer.h"
@@ -37,6 +40,11 @@ struct StepMetrics {
   int64_t device_peak_bytes = 0;
   double elapsed_seconds = 0;
   double wall_time = 0;  // seconds since the epoch
+  // The objective's metrics (preference tuning: TRL's names, rewards/chosen, ...): train/<name>
+  // in TensorBoard, <name> in metrics.jsonl and MLflow; eval_metrics (evaluated steps) as
+  // eval/<name> and eval_<name>.
+  std::vector<std::pair<std::string, double>> metrics;
+  std::vector<std::pair<std::string, double>> eval_metrics;
 };
 
 struct RunMetricsOptions {

@@ -25,7 +25,6 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/export/gguf_export.h"
 #include "worker/engine/adapter_copies.h"
-#include "worker/engine/causal_lm_loss.h"
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/offload_rates.h"
 #include "worker/engine/peft_io.h"
@@ -41,6 +40,7 @@
 #include "worker/memory/host_memory.h"
 #include "worker/run/rank_sums.h"
 #include "worker/run/run_options.h"
+#include "worker/run/training_objective.h"
 #include "worker/run/training_observer.h"
 #include "worker/strategy/scalar_read.h"
 #ifdef QLORA_HAVE_NCCL
@@ -154,6 +154,7 @@ absl::Status Trainer::LoadModel() {
                       SteadySeconds() - start));
   QLORA_RETURN_IF_ERROR(model_->AddLora(LoraOptionsFor(config_)));
   if (!config_.lora.pretrained_adapter_path.empty()) QLORA_RETURN_IF_ERROR(StartFromAdapter());
+  QLORA_ASSIGN_OR_RETURN(objective_, MakeObjective(config_, *model_));  // its reference: the adapters as loaded
   model_->SetTraining(true);  // every layer checkpointed until ChooseCheckpointing
   if (context_.observer != nullptr) context_.observer->OnLoraReady(*model_);
   return absl::OkStatus();
@@ -318,18 +319,22 @@ absl::StatusOr<Trainer::QueuedStep> Trainer::QueueStep(int64_t step) {
   result.epoch_finished = steps_->epoch_finished();
   result.epoch_records = steps_->epoch_records();
   result.total_records = steps_->total_records();
-  int64_t local_target_tokens = 0;
+  int64_t local_units = 0;
   for (const DeviceBatch& b : batches) {
-    local_target_tokens += b.target_tokens;
+    local_units += objective_->LossUnits(b);
     result.local_input_tokens += b.input_tokens;
     queued.local_rows += b.input_ids.size(0);
   }
-  // The mean over the global batch: every rank's token losses divided by all ranks' tokens.
-  QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_target_tokens));
+  queued.local_micro_batches = static_cast<int64_t>(batches.size());
+  // The mean over the global batch: every rank's losses divided by all ranks' units (target
+  // tokens, or micro-batches for preference tuning: training_objective.h).
+  QLORA_ASSIGN_OR_RETURN(strategy::LossScale scale, strategy_->ComputeLossScale(local_units));
+  // Before the adapter-copy scope: preference tuning's reference forwards swap the adapters out.
+  QLORA_RETURN_IF_ERROR(objective_->BeforeStep(*model_, batches));
   // Summed on the device and copied to the host once it is final, after the last micro-batch's
   // loss: read at the step's end, it waits for that copy only, and the GPU is still busy with
   // the backward and the optimizer while the host queues the next step.
-  at::Tensor local_loss_sum;
+  at::Tensor local_loss_sum, local_metrics;
   {
     // The adapters cast to the compute dtype once for all of this step's micro-batches; the
     // copies go stale (the scope ends) before the optimizer changes the adapters.
@@ -337,24 +342,16 @@ absl::StatusOr<Trainer::QueuedStep> Trainer::QueueStep(int64_t step) {
     for (size_t i = 0; i < batches.size(); ++i) {
       const DeviceBatch& b = batches[i];
       if (context_.observer != nullptr) context_.observer->OnMicroBatch(step, static_cast<int>(i), b);
-      at::Tensor hidden, scaled_loss;
-      {
-        RECORD_USER_SCOPE("qlora::forward");
-        hidden = model_->Forward(b.input_ids, b.forward);
+      // The gradient backward brings to loss_sum (1 when no rank has anything to learn).
+      MicroBatchLoss loss = objective_->Loss(*model_, b, static_cast<int>(i), scale.scale != 0 ? scale.scale : 1.0);
+      const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
+      local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
+      if (loss.metrics.defined()) local_metrics = local_metrics.defined() ? local_metrics + loss.metrics : loss.metrics;
+      if (i + 1 == batches.size()) {
+        queued.local_loss = strategy::ScalarRead(local_loss_sum);
+        queued.local_metrics = local_metrics;  // read by Resolve, once the step is done
       }
-      {
-        RECORD_USER_SCOPE("qlora::loss");
-        engine::LossOptions loss_options;
-        // The gradient backward brings to loss_sum (0 when no rank has a target token).
-        if (scale.scale != 0) loss_options.grad_scale = scale.scale;
-        loss_options.count_tokens = false;  // b.target_tokens has it, counted on the host
-        engine::CausalLmLoss loss =
-            engine::ComputeCausalLmLoss(hidden, model_->lm_head, b.labels, loss_options);
-        const at::Tensor sum = loss.loss_sum.detach().to(at::kDouble);
-        local_loss_sum = local_loss_sum.defined() ? local_loss_sum + sum : sum;
-        if (i + 1 == batches.size()) queued.local_loss = strategy::ScalarRead(local_loss_sum);
-        scaled_loss = loss.loss_sum * scale.scale;
-      }
+      const at::Tensor scaled_loss = loss.loss_sum * scale.scale;
       {
         RECORD_USER_SCOPE("qlora::backward");
         scaled_loss.backward();
@@ -385,16 +382,24 @@ absl::StatusOr<StepResult> Trainer::Resolve(const QueuedStep& queued) {
   StepResult result = queued.result;
   result.report = queued.report.Get();
   const double local_loss = queued.local_loss.Get();
-  QLORA_ASSIGN_OR_RETURN(std::vector<double> global,
-                         SumOverRanks(*communicator_,
-                                      {local_loss, queued.due_here ? 1.0 : 0.0,
-                                       static_cast<double>(result.local_input_tokens),
-                                       static_cast<double>(queued.local_rows)},
-                                      device_));
+  std::vector<double> local = {local_loss, queued.due_here ? 1.0 : 0.0,
+                               static_cast<double>(result.local_input_tokens),
+                               static_cast<double>(queued.local_rows),
+                               static_cast<double>(queued.local_micro_batches)};
+  const std::vector<std::string> metric_names = objective_->MetricNames();
+  const at::Tensor metrics = queued.local_metrics.defined() ? queued.local_metrics.cpu() : at::Tensor();
+  for (size_t i = 0; i < metric_names.size(); ++i) {
+    local.push_back(metrics.defined() ? metrics[static_cast<int64_t>(i)].item<double>() : 0.0);
+  }
+  QLORA_ASSIGN_OR_RETURN(std::vector<double> global, SumOverRanks(*communicator_, local, device_));
   result.loss = global[0] * queued.loss_scale;
   result.checkpoint_due = global[1] > 0;
   result.global_input_tokens = static_cast<int64_t>(global[2]);
   result.global_rows = static_cast<int64_t>(global[3]);
+  // TRL's metrics: each micro-batch's, averaged over every rank's micro-batches of the step.
+  for (size_t i = 0; i < metric_names.size() && global[4] > 0; ++i) {
+    result.metrics.emplace_back(metric_names[i], global[5 + i] / global[4]);
+  }
   // Its values were ready once read on a GPU (the reads wait for its work), when it was queued on
   // a CPU (which did the work then); its time runs from the later of its start and the previous
   // step's values: the device's time for it when the host ran ahead.
@@ -427,8 +432,9 @@ absl::Status Trainer::After(const StepResult& result) {
   const int64_t done = result.step;
   bool evaluated = false;
   if (validation_ && t.eval_steps > 0 && done % t.eval_steps == 0) {
-    QLORA_ASSIGN_OR_RETURN(const double eval_loss, EvaluateLoss(*model_, *validation_, *communicator_));
-    NoteEvalLoss(eval_loss);
+    QLORA_ASSIGN_OR_RETURN(const EvalOutcome outcome, objective_->Evaluate(*model_, *validation_, *communicator_));
+    NoteEvalLoss(outcome.loss);
+    eval_metrics_ = outcome.metrics;
     evaluated = true;
   }
   if (t.eval_steps > 0 && done % t.eval_steps == 0) QLORA_RETURN_IF_ERROR(GenerateSamples(done));
@@ -447,7 +453,10 @@ absl::Status Trainer::After(const StepResult& result) {
           static_cast<int>(t.keep_checkpoints)));
     }
   }
-  const ProgressSnapshot p = Progress(result);
+  ProgressSnapshot p = Progress(result);
+  if (evaluated) {
+    for (const auto& [name, value] : eval_metrics_) p.metrics.emplace_back("eval_" + name, value);
+  }
   context_.report_progress(p);
   if (result.epoch_finished) {
     const RecordCounts& r = p.epoch_records;
@@ -549,6 +558,8 @@ void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p,
   m.grad_norm = result.report.grad_norm;
   m.tokens_per_second = p.tokens_per_second;
   if (evaluated) m.eval_loss = eval_loss_;
+  m.metrics = result.metrics;
+  if (evaluated) m.eval_metrics = eval_metrics_;
   m.device_allocated_bytes = p.memory.device_allocated_bytes;
   m.device_peak_bytes = p.memory.device_peak_bytes;
   m.elapsed_seconds = p.elapsed_seconds;
@@ -606,6 +617,7 @@ ProgressSnapshot Trainer::Progress(const StepResult& result) {
   }
   p.epoch_records = result.epoch_records;
   p.total_records = result.total_records;
+  p.metrics = result.metrics;
   p.checkpointing = checkpointing();
   {
     absl::MutexLock lock(&notices_mu_);
@@ -661,9 +673,11 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
   // The last step's evaluation (and its samples) already ran when it fell on eval_steps.
   const bool evaluated_last_step = eval_steps > 0 && total_steps_ % eval_steps == 0;
   if (validation_ && !evaluated_last_step) {
-    QLORA_ASSIGN_OR_RETURN(const double eval_loss, EvaluateLoss(*model_, *validation_, *communicator_));
-    NoteEvalLoss(eval_loss);
-    Log(absl::StrFormat("evaluation loss %.4f", eval_loss_));
+    QLORA_ASSIGN_OR_RETURN(const EvalOutcome outcome, objective_->Evaluate(*model_, *validation_, *communicator_));
+    NoteEvalLoss(outcome.loss);
+    std::string metrics;
+    for (const auto& [name, value] : outcome.metrics) absl::StrAppendFormat(&metrics, " %s %.4f", name, value);
+    Log(absl::StrFormat("evaluation loss %.4f%s", eval_loss_, metrics));
     if (assignment_.rank == 0) RecordFinalEvaluation();
   }
   if (!evaluated_last_step) {

@@ -44,6 +44,7 @@
 #include "worker/run/run_metrics.h"
 #include "worker/run/step_batches.h"
 #include "worker/run/training_job.h"
+#include "worker/run/training_objective.h"
 #include "worker/strategy/strategy.h"
 
 namespace qlora::worker {
@@ -64,6 +65,8 @@ struct StepResult {
   bool epoch_finished = false;
   RecordCounts epoch_records;
   RecordCounts total_records;
+  // The objective's metrics (preference tuning: TRL's), averaged over every rank's micro-batches.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 class Trainer {
@@ -110,6 +113,8 @@ class Trainer {
     double queued = 0;  // ... and when its work was all queued (on a CPU: done)
     double loss_scale = 0;
     int64_t local_rows = 0;  // this rank's sequences, summed over ranks by Resolve
+    int64_t local_micro_batches = 0;
+    at::Tensor local_metrics;  // the objective's metrics summed over this rank's micro-batches
     bool due_here = false;  // rank 0's clock: a time-based checkpoint is due (rank 0 only)
     strategy::ScalarRead local_loss;
     strategy::PendingStepReport report;
@@ -148,6 +153,7 @@ class Trainer {
   engine::BaseWeightStats reported_base_stats_;  // the store's totals at the last report
   std::vector<strategy::TrainableParam> params_;
   std::unique_ptr<strategy::DistributedStrategy> strategy_;
+  std::unique_ptr<TrainingObjective> objective_;  // finetune, dpo or orpo
   std::optional<memory::CheckpointingBudget> checkpointing_;
   std::optional<memory::DequantizedWeights> dequantized_;  // trainer.dequantized_weight_layers
   std::unique_ptr<MicroBatchSource> train_;
@@ -156,6 +162,7 @@ class Trainer {
   optim::LrScheduleOptions schedule_;
   int64_t total_steps_ = 0;
   double eval_loss_;                                // NaN until evaluated
+  std::vector<std::pair<std::string, double>> eval_metrics_;  // the objective's, last evaluation
   double started_ = 0;                              // steady-clock seconds at the first step
   double last_checkpoint_ = 0;                      // steady-clock seconds of the last save (or start)
   std::unique_ptr<RunMetrics> metrics_;             // rank 0, once opened
