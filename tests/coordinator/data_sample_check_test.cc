@@ -80,5 +80,24 @@ TEST_F(CoordinatorDataSampleTest, AChatSetNeedsAChatTemplateOrLlama3Tokens) {
   EXPECT_THAT(CheckDataSample(config_).message(), HasSubstr(":1: 'messages' must be a JSON array"));
 }
 
+// Preference jobs: TRL's columns at submit; a conversation pair may leave its prompt implicit.
+TEST_F(CoordinatorDataSampleTest, PreferencePairsNeedChosenRejectedAndAPrompt) {
+  config_.trainer.type = TrainerType::kDpo;
+  config_.input_features = {{"prompt", "text"}};
+  config_.output_features = {{"chosen", "text"}, {"rejected", "text"}};
+  WriteFile(config_.data.train_path, "{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejected\": \"b\"}\n");
+  EXPECT_TRUE(CheckDataSample(config_).ok());
+  WriteFile(config_.data.train_path, "{\"prompt\": \"Q\", \"chosen\": \"a\", \"rejectd\": \"b\"}\n");
+  absl::Status bad = CheckDataSample(config_);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr(":1: missing column 'rejected'; did you mean 'rejectd'?"));
+  WriteFile(config_.data.train_path, "{\"chosen\": \"a\", \"rejected\": \"b\"}\n");
+  EXPECT_THAT(CheckDataSample(config_).message(), HasSubstr(":1: missing column 'prompt': only conversations"));
+  WriteFile(config_.data.train_path,
+            "{\"chosen\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"a\"}], "
+            "\"rejected\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}\n");
+  EXPECT_TRUE(CheckDataSample(config_).ok());
+}
+
 }  // namespace
 }  // namespace qlora::coordinator
