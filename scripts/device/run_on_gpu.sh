@@ -11,6 +11,10 @@
 #   scripts/device/run_on_gpu.sh bench-fair       ours against the anchors at their best, with a
 #                                                 profile and its attribution (bench/fair_bench.sh;
 #                                                 needs .device-wheels from scripts/device/wheels.sh)
+#   scripts/device/run_on_gpu.sh trl-install      installs the carried .device-trl wheels into
+#                                                 /tmp/trlsite (scripts/device/trl_wheels.sh)
+#   scripts/device/run_on_gpu.sh trl-dpo          TRL's DPOTrainer + Liger on the 7B shape
+#                                                 (bench/anchor_trl_dpo.py) -> $OUT/trl_dpo.txt
 #   scripts/device/run_on_gpu.sh gemm             kernels/tuned_gemm_bench $GEMM_ARGS -> $OUT/gemm.txt
 #   scripts/device/run_on_gpu.sh dequant          kernels/dequantize_bench -> $OUT/dequant.txt
 #   scripts/device/run_on_gpu.sh lora-grads       kernels/lora_gradients_bench -> $OUT/lora_grads.txt
@@ -23,7 +27,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/qb
-tar -C /tmp/qb -xJf "$root/.device-bundle/bundle.tar.xz"
+[ -f "$root/.device-bundle/bundle.tar.xz" ] && tar -C /tmp/qb -xJf "$root/.device-bundle/bundle.tar.xz"
 torch_lib=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 nv=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia
 extra=$(ls -d "$nv"/*/lib 2>/dev/null | tr '\n' ':')
@@ -55,6 +59,16 @@ for what in "$@"; do
       "$root/scripts/device/gpu_ray_run.sh" stash "${what#ray-stash}" ;;
     ray)
       "$root/scripts/device/gpu_ray_run.sh" run ;;
+    trl-install)
+      for w in "$root"/.device-trl/*/*.whl; do
+        [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/trlsite "$w"
+      done
+      [ -d "$root/.device-trl/site" ] && mkdir -p /tmp/trlsite && cp -r "$root"/.device-trl/site/* /tmp/trlsite/
+      ls /tmp/trlsite | head -40 ;;
+    trl-dpo)
+      [ -f /tmp/llama7b/config.json ] || python3 "$root/bench/make_llama_folder.py" /tmp/llama7b
+      PYTHONPATH=/tmp/trlsite:$PYTHONPATH python3 "$root/bench/anchor_trl_dpo.py" /tmp/llama7b --micro-batch 4 --seq 1024 \
+        2>&1 | grep -vE "Loading|it/s\]|^\s*$" | tail -20 | tee "$OUT/trl_dpo.txt" ;;
     bench-fair)
       "$root/bench/fair_bench.sh" 2>&1 | tee "$OUT/bench.log" ;;
     gemm)
