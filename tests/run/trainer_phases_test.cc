@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -486,6 +487,59 @@ TEST_F(TrainerPhases, AdaptersStartFromAPretrainedAdapter) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()),
               ::testing::HasSubstr(absl::StrCat("has r ", first.config.lora.r)));
+}
+
+// SFT, then DPO from its adapter (the reference is that adapter), checkpointed at step 3 and
+// resumed there by a fresh trainer: the resumed run ends bit-identical to the uninterrupted one
+// (the reference is the adapter as loaded, not as the checkpoint left it).
+TEST_F(TrainerPhases, DpoFromAnAdapterResumesBitIdentical) {
+  TrainingContext sft = Context(tmp_ / "sft");
+  sft.config.trainer.train_steps = 2;
+  auto trained = Trainer::Create(sft);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  ASSERT_TRUE((*trained)->Run().ok());
+
+  auto dpo_context = [&](int generation) {
+    TrainingContext c = Context(tmp_ / "dpo");
+    c.assignment.generation = generation;
+    c.config.trainer.type = TrainerType::kDpo;
+    c.config.trainer.beta = 0.5;
+    c.config.lora.pretrained_adapter_path = tmp_ / "sft/adapter";
+    c.config.input_features = {{"prompt", "text"}};
+    c.config.output_features = {{"chosen", "text"}, {"rejected", "text"}};
+    c.config.data.train_path = testing::SourceDir() + "/examples/data/preference_sample.jsonl";
+    c.assignment.train_shards = {{c.config.data.train_path, 0, 0, -1}};
+    c.assignment.train_shards[0].end = static_cast<int64_t>(std::filesystem::file_size(c.config.data.train_path));
+    return c;
+  };
+  TrainingContext whole_context = dpo_context(1);
+  std::vector<ProgressSnapshot> reports;
+  whole_context.report_progress = [&](const ProgressSnapshot& p) { reports.push_back(p); };
+  auto whole = Trainer::Create(whole_context);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE((*whole)->Run().ok());
+  ASSERT_EQ(reports.size(), 6u);
+  // The policy starts as its reference: every pair's loss is ln 2 until the adapter moves.
+  EXPECT_NEAR(reports[0].loss, std::log(2.0), 1e-6);
+  EXPECT_EQ(reports[0].metrics.size(), 8u);
+  const auto first = testing::LoadTensors(tmp_ / "dpo/adapter/adapter_model.safetensors");
+
+  TrainingContext again = dpo_context(2);
+  auto resumed = Trainer::Create(again);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  auto from = (*resumed)->Resume();
+  ASSERT_TRUE(from.ok()) << from.status();
+  EXPECT_EQ(*from, 3);
+  for (int64_t step = *from; step < 6; ++step) {
+    auto result = (*resumed)->Step(step);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_NEAR(result->loss, reports[step].loss, 0) << step;
+    ASSERT_TRUE((*resumed)->After(*result).ok());
+  }
+  ASSERT_TRUE((*resumed)->Finish().ok());
+  const auto second = testing::LoadTensors(tmp_ / "dpo/adapter/adapter_model.safetensors");
+  ASSERT_EQ(first.size(), second.size());
+  for (const auto& [name, tensor] : first) EXPECT_TRUE(at::equal(tensor, second.at(name))) << name;
 }
 
 // A stage left to the service (no stage written): the rank plans where the base weights go for

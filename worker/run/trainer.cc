@@ -152,6 +152,13 @@ absl::Status Trainer::LoadModel() {
   Log(absl::StrFormat("loaded %s (%d layers, %s) in %.1fs", config_.base_model_path,
                       model_->config().num_hidden_layers, q.enabled ? EnumName(q.quant_type) : "unquantized",
                       SteadySeconds() - start));
+  if (IsPreferenceJob(config_) && config_.lora.dropout > 0) {
+    // TRL's preference trainers disable dropout (disable_dropout, on by default): a policy
+    // with dropout would differ from its reference by noise alone.
+    Log(absl::StrFormat("adapter.dropout %g is off for %s, as TRL's disable_dropout has it",
+                        config_.lora.dropout, EnumName(config_.trainer.type)));
+    config_.lora.dropout = 0;
+  }
   QLORA_RETURN_IF_ERROR(model_->AddLora(LoraOptionsFor(config_)));
   if (!config_.lora.pretrained_adapter_path.empty()) QLORA_RETURN_IF_ERROR(StartFromAdapter());
   QLORA_ASSIGN_OR_RETURN(objective_, MakeObjective(config_, *model_));  // its reference: the adapters as loaded
