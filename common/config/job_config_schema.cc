@@ -236,13 +236,15 @@ SchemaNode BuildSchema() {
                          "supervised fine-tuning, or preference tuning on prompt / chosen / "
                          "rejected pairs as TRL's DPOTrainer and ORPOTrainer do it "
                          "(docs/preference.md)", kLudwig}),
-           Leaf("beta", {"number > 0", "0.1", "dpo: the KL weight (the rewards' scale); orpo: "
-                                              "lambda, the odds-ratio term's weight", "TRL"}),
-           Leaf("loss_type", {"`sigmoid`, `ipo`, `hinge` or `robust`", "sigmoid",
-                              "dpo only: the preference loss", "TRL"}),
-           Leaf("label_smoothing", {"number in [0, 0.5)", "0", "dpo with `robust` only: the "
+           // No resolved default: finetune jobs have none of these (a dpo or orpo job's resolved
+           // file shows them).
+           Leaf("beta", {"number > 0", "", "dpo: the KL weight (the rewards' scale); orpo: "
+                                           "lambda, the odds-ratio term's weight", "TRL", "`0.1`"}),
+           Leaf("loss_type", {"`sigmoid`, `ipo`, `hinge` or `robust`", "",
+                              "dpo only: the preference loss", "TRL", "`sigmoid`"}),
+           Leaf("label_smoothing", {"number in [0, 0.5)", "", "dpo with `robust` only: the "
                                     "assumed probability that a pair's labels are flipped",
-                                    "TRL"}),
+                                    "TRL", "`0`"}),
            Leaf("batch_size", {"integer >= 1", "1", "rows per micro-batch and rank (pairs for "
                                                     "dpo and orpo)"}),
            Leaf("eval_batch_size", {"integer >= 1", "2", "rows per evaluation batch"}),
