@@ -24,6 +24,7 @@ const char* LayoutName(ExampleLayout layout) {
     case ExampleLayout::kInstruction: return "instruction";
     case ExampleLayout::kChat: return "chat";
     case ExampleLayout::kText: return "text";
+    case ExampleLayout::kPreference: return "preference";
   }
   return "?";
 }
@@ -111,6 +112,13 @@ absl::StatusOr<DataPreview> PreviewJobData(const JobConfig& job, const Tokenizer
       preview.example_trained_tokens =
           std::count_if(example.labels.begin(), example.labels.end(), [](int32_t l) { return l != kIgnoreIndex; });
       QLORA_ASSIGN_OR_RETURN(preview.rendered, Render(example, tokenizer));
+      if (!example.rejected_input_ids.empty()) {  // a preference pair: its rejected side too
+        Example rejected;
+        rejected.input_ids = example.rejected_input_ids;
+        rejected.labels = example.rejected_labels;
+        QLORA_ASSIGN_OR_RETURN(const std::string rendered, Render(rejected, tokenizer));
+        absl::StrAppend(&preview.rendered, "\n# rejected:\n", rendered);
+      }
     }
   }
   QLORA_RETURN_IF_ERROR(verdict.Final());
