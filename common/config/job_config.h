@@ -227,4 +227,10 @@ inline bool IsPreferenceJob(const JobConfig& job) {
   return job.trainer.type == TrainerType::kDpo || job.trainer.type == TrainerType::kOrpo;
 }
 
+// Rows of a micro-batch: trainer.batch_size, twice that for preference pairs (a chosen and a
+// rejected row each): what the memory plans size activations by.
+inline int RowsPerMicroBatch(const JobConfig& job) {
+  return job.trainer.batch_size * (IsPreferenceJob(job) ? 2 : 1);
+}
+
 }  // namespace qlora

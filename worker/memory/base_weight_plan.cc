@@ -68,7 +68,7 @@ ActivationPlanRequest ActivationRequestFor(const JobConfig& job, const LlamaConf
                                            bool cuda) {
   ActivationPlanRequest r;
   r.model = model;
-  r.micro_batch = job.trainer.batch_size;
+  r.micro_batch = RowsPerMicroBatch(job);
   r.sequence_length = job.data.max_sequence_length;
   r.dtype_bytes = job.quantization.compute_dtype == ComputeDtype::kFloat32 ? 4 : 2;
   r.lora_r = job.lora.r;

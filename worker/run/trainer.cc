@@ -139,6 +139,14 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
 
 absl::Status Trainer::LoadModel() {
   engine::UseMmapForLargeHostAllocations();  // host memory stays near one tensor while loading
+  if (IsPreferenceJob(config_) && config_.lora.dropout > 0) {
+    // TRL's preference trainers disable dropout (disable_dropout, on by default): a policy
+    // with dropout would differ from its reference by noise alone. Before the memory plans,
+    // which count dropout's masks.
+    Log(absl::StrFormat("adapter.dropout %g is off for %s, as TRL's disable_dropout has it",
+                        config_.lora.dropout, EnumName(config_.trainer.type)));
+    config_.lora.dropout = 0;
+  }
   const double start = SteadySeconds();
   const int64_t cap = memory::CapDeviceMemory(
       device_, memory::MemoryBudgetBytes(config_.trainer, /*available_bytes=*/0));
@@ -152,13 +160,6 @@ absl::Status Trainer::LoadModel() {
   Log(absl::StrFormat("loaded %s (%d layers, %s) in %.1fs", config_.base_model_path,
                       model_->config().num_hidden_layers, q.enabled ? EnumName(q.quant_type) : "unquantized",
                       SteadySeconds() - start));
-  if (IsPreferenceJob(config_) && config_.lora.dropout > 0) {
-    // TRL's preference trainers disable dropout (disable_dropout, on by default): a policy
-    // with dropout would differ from its reference by noise alone.
-    Log(absl::StrFormat("adapter.dropout %g is off for %s, as TRL's disable_dropout has it",
-                        config_.lora.dropout, EnumName(config_.trainer.type)));
-    config_.lora.dropout = 0;
-  }
   QLORA_RETURN_IF_ERROR(model_->AddLora(LoraOptionsFor(config_)));
   if (!config_.lora.pretrained_adapter_path.empty()) QLORA_RETURN_IF_ERROR(StartFromAdapter());
   QLORA_ASSIGN_OR_RETURN(objective_, MakeObjective(config_, *model_));  // its reference: the adapters as loaded
@@ -230,7 +231,7 @@ absl::Status Trainer::ChooseCheckpointing() {
     engine::OffloadRateOptions rates;
     rates.device = device_;
     rates.model = model_->config();
-    rates.tokens = int64_t{t.batch_size} * config_.data.max_sequence_length;
+    rates.tokens = int64_t{RowsPerMicroBatch(config_)} * config_.data.max_sequence_length;
     rates.dtype = model_->compute_dtype();
     // Half of what the host has left (the rest for the data, the checkpoints and the host's own),
     // shared with the other ranks, which may all run on this host (local workers do).
