@@ -261,7 +261,7 @@ TEST_F(TrainerPhases, StepsReportLossAndStrategyThenAResumedRunEndsBitIdentical)
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->step, step + 1);
     EXPECT_TRUE(std::isfinite(result->loss) && result->loss > 0);
-    EXPECT_GT(result->global_target_tokens, 0);
+    EXPECT_GT(result->global_loss_units, 0);
     ASSERT_TRUE((*trainer)->After(*result).ok());
   }
   ASSERT_EQ(reports.size(), 6u);

@@ -172,6 +172,9 @@ void LlamaForCausalLM::UseBaseWeightStore(std::shared_ptr<BaseWeightStore> store
 
 absl::Status LlamaForCausalLM::SwapAdapters(std::vector<std::optional<LoraWeights>>* adapters) {
   const size_t modules = std::size(kLinearModuleNames);
+  if (adapter_copies_->in_scope()) {
+    return absl::FailedPreconditionError("SwapAdapters: an AdapterCopyScope is open (its copies are of these adapters)");
+  }
   if (adapters->size() != layers.size() * modules) {
     return absl::InvalidArgumentError(absl::StrCat("SwapAdapters: ", adapters->size(), " adapters for ",
                                                    layers.size(), " layers of ", modules, " projections"));

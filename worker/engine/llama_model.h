@@ -103,8 +103,8 @@ class LlamaForCausalLM {
   // order, layers x 7 entries; an empty entry is no adapter: that projection computes its base
   // alone); a second swap with the same vector restores them. For a reference forward under no
   // grad (the preference objectives: the base with the adapter disabled, or the adapter the job
-  // started from), never while an AdapterCopyScope is open (its copies are of the adapters
-  // swapped out). InvalidArgument for a vector of another size.
+  // started from). InvalidArgument for a vector of another size; FailedPrecondition while an
+  // AdapterCopyScope is open (its copies are of the adapters that would be swapped out).
   absl::Status SwapAdapters(std::vector<std::optional<LoraWeights>>* adapters);
   const LoraOptions& lora_options() const { return *lora_; }
 

@@ -20,7 +20,15 @@ at::Tensor OnDeviceOf(const at::Tensor& t, const at::Tensor& like) {
   return t.to(like.device());
 }
 
-// The gathered positions' log p(target) [M] and mean logits [M], chunk by chunk.
+// The float32 logits of chunk [start, end) of the gathered positions: hidden @ lm_head^T in the
+// compute dtype, read as float32 (the compute-dtype product freed at once).
+at::Tensor ChunkLogits(const at::Tensor& h, const at::Tensor& lm_head, int64_t start, int64_t end) {
+  return at::matmul(h.slice(0, start, end), lm_head.t()).to(at::kFloat);
+}
+
+// The gathered positions' log p(target) [M] and mean logits [M], chunk by chunk. The reductions
+// overwrite each chunk's logits in place, so a chunk peaks at ~6 bytes per logit (the product in
+// the compute dtype, then its float32 copy).
 std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& h, const at::Tensor& lm_head, const at::Tensor& t,
                                           int64_t chunk) {
   const int64_t m = h.size(0);
@@ -28,10 +36,12 @@ std::pair<at::Tensor, at::Tensor> Forward(const at::Tensor& h, const at::Tensor&
   at::Tensor means = at::empty({m}, h.options().dtype(at::kFloat));
   for (int64_t start = 0; start < m; start += chunk) {
     const int64_t end = std::min(m, start + chunk);
-    const at::Tensor logits = at::matmul(h.slice(0, start, end), lm_head.t()).to(at::kFloat);
-    const at::Tensor lse = at::logsumexp(logits, {-1});
-    logps.slice(0, start, end).copy_(logits.gather(1, t.slice(0, start, end).unsqueeze(1)).squeeze(1) - lse);
+    at::Tensor logits = ChunkLogits(h, lm_head, start, end);
+    const at::Tensor target = logits.gather(1, t.slice(0, start, end).unsqueeze(1)).squeeze(1);
     means.slice(0, start, end).copy_(logits.mean({-1}));
+    const at::Tensor top = std::get<0>(logits.max(-1, /*keepdim=*/true));
+    const at::Tensor lse = logits.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(1));
+    logps.slice(0, start, end).copy_(target - lse);
   }
   return {logps, means};
 }
@@ -59,7 +69,10 @@ struct TokenLogProbsFunction : public torch::autograd::Function<TokenLogProbsFun
     at::Tensor grad_h = at::empty_like(h);
     for (int64_t start = 0; start < h.size(0); start += chunk) {
       const int64_t end = std::min(h.size(0), start + chunk);
-      at::Tensor grad_logits = at::matmul(h.slice(0, start, end), lm_head.t()).to(at::kFloat).softmax(-1);
+      // softmax in place: exp(logits - max) / sum.
+      at::Tensor grad_logits = ChunkLogits(h, lm_head, start, end);
+      grad_logits.sub_(std::get<0>(grad_logits.max(-1, /*keepdim=*/true))).exp_();
+      grad_logits.div_(grad_logits.sum(-1, /*keepdim=*/true));
       grad_logits.neg_();
       const at::Tensor targets = t.slice(0, start, end).unsqueeze(1);
       grad_logits.scatter_add_(1, targets, at::ones_like(targets, grad_logits.options()));
@@ -91,7 +104,10 @@ TokenLogProbs ComputeTokenLogProbs(const at::Tensor& hidden, const at::Tensor& l
   const at::Tensor index_here = (shifted_here != -100).nonzero().squeeze(1);
   const at::Tensor shifted = OnDeviceOf(shifted_here, hidden);
   const at::Tensor index = OnDeviceOf(index_here, hidden);
-  const at::Tensor h = hidden.slice(1, 0, seq - 1).reshape({-1, hidden.size(2)}).index_select(0, index);
+  // Position p = r (seq - 1) + t of the grid is row r * seq + t of hidden's [rows x seq, hidden]
+  // view (no copy of hidden's first seq - 1 columns).
+  const at::Tensor rows_of_hidden = OnDeviceOf(index_here + at::floor_divide(index_here, seq - 1), hidden);
+  const at::Tensor h = hidden.reshape({-1, hidden.size(2)}).index_select(0, rows_of_hidden);
   const at::Tensor t = shifted.index_select(0, index);
   const variable_list gathered_pair = TokenLogProbsFunction::apply(h, lm_head.detach(), t, chunk_size);
   const at::Tensor& gathered = gathered_pair[0];

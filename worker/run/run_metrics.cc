@@ -96,15 +96,20 @@ absl::Status RunMetrics::Record(const StepMetrics& m) {
   return WriteLine(line.dump());
 }
 
-absl::Status RunMetrics::RecordEvaluation(int64_t step, double wall_time, double eval_loss) {
-  if (mlflow_ != nullptr) {
-    mlflow_->LogMetrics({{"eval_loss", eval_loss, step, static_cast<int64_t>(wall_time * 1000)}});
+absl::Status RunMetrics::RecordEvaluation(int64_t step, double wall_time, double eval_loss,
+                                          const std::vector<std::pair<std::string, double>>& metrics) {
+  const int64_t ms = static_cast<int64_t>(wall_time * 1000);
+  std::vector<tracking::MlflowMetric> sent = {{"eval_loss", eval_loss, step, ms}};
+  std::vector<std::pair<std::string, float>> scalars = {{"eval/loss", static_cast<float>(eval_loss)}};
+  nlohmann::json line = {{"step", step}, {"eval_loss", eval_loss}, {"wall_time", wall_time}};
+  for (const auto& [name, value] : metrics) {
+    sent.push_back({"eval_" + name, value, step, ms});
+    scalars.emplace_back("eval/" + name, static_cast<float>(value));
+    line["eval_" + name] = value;
   }
-  if (absl::Status s = events_->AddScalars(step, wall_time, {{"eval/loss", static_cast<float>(eval_loss)}});
-      !s.ok()) {
-    return s;
-  }
-  return WriteLine(nlohmann::json{{"step", step}, {"eval_loss", eval_loss}, {"wall_time", wall_time}}.dump());
+  if (mlflow_ != nullptr) mlflow_->LogMetrics(std::move(sent));
+  if (absl::Status s = events_->AddScalars(step, wall_time, scalars); !s.ok()) return s;
+  return WriteLine(line.dump());
 }
 
 absl::Status RunMetrics::RecordSamples(int64_t step, double wall_time, const std::vector<EvalSample>& samples) {

@@ -69,8 +69,10 @@ class RunMetrics {
   RunMetrics& operator=(const RunMetrics&) = delete;
 
   absl::Status Record(const StepMetrics& m);
-  // An evaluation outside a step's record (the final one): eval/loss at `step`.
-  absl::Status RecordEvaluation(int64_t step, double wall_time, double eval_loss);
+  // An evaluation outside a step's record (the final one): eval/loss (and the objective's eval
+  // metrics) at `step`.
+  absl::Status RecordEvaluation(int64_t step, double wall_time, double eval_loss,
+                                const std::vector<std::pair<std::string, double>>& metrics = {});
   // Evaluation samples at `step`: each as TensorBoard text `eval/sample_<i>` (prompt and output
   // in markdown), and one metrics.jsonl line {"step", "samples": [{"prompt", "output"}]}.
   absl::Status RecordSamples(int64_t step, double wall_time, const std::vector<EvalSample>& samples);

@@ -357,7 +357,7 @@ absl::StatusOr<Trainer::QueuedStep> Trainer::QueueStep(int64_t step) {
       if (loss.metrics.defined()) local_metrics = local_metrics.defined() ? local_metrics + loss.metrics : loss.metrics;
       if (i + 1 == batches.size()) {
         queued.local_loss = strategy::ScalarRead(local_loss_sum);
-        queued.local_metrics = local_metrics;  // read by Resolve, once the step is done
+        if (local_metrics.defined()) queued.local_metrics = strategy::ScalarRead(local_metrics);
       }
       const at::Tensor scaled_loss = loss.loss_sum * scale.scale;
       {
@@ -381,7 +381,7 @@ absl::StatusOr<Trainer::QueuedStep> Trainer::QueueStep(int64_t step) {
   const double every_s = 60 * config_.trainer.checkpoint_every_minutes;
   queued.due_here = assignment_.rank == 0 && every_s > 0 && SteadySeconds() - last_checkpoint_ >= every_s;
   queued.loss_scale = scale.scale;
-  result.global_target_tokens = scale.global_target_tokens;
+  result.global_loss_units = scale.global_target_tokens;
   queued.queued = SteadySeconds();
   return queued;
 }
@@ -395,10 +395,9 @@ absl::StatusOr<StepResult> Trainer::Resolve(const QueuedStep& queued) {
                                static_cast<double>(queued.local_rows),
                                static_cast<double>(queued.local_micro_batches)};
   const std::vector<std::string> metric_names = objective_->MetricNames();
-  const at::Tensor metrics = queued.local_metrics.defined() ? queued.local_metrics.cpu() : at::Tensor();
-  for (size_t i = 0; i < metric_names.size(); ++i) {
-    local.push_back(metrics.defined() ? metrics[static_cast<int64_t>(i)].item<double>() : 0.0);
-  }
+  std::vector<double> metrics = queued.local_metrics.Values();
+  metrics.resize(metric_names.size(), 0.0);  // none: a rank without micro-batches
+  local.insert(local.end(), metrics.begin(), metrics.end());
   QLORA_ASSIGN_OR_RETURN(std::vector<double> global, SumOverRanks(*communicator_, local, device_));
   result.loss = global[0] * queued.loss_scale;
   result.checkpoint_due = global[1] > 0;
@@ -581,7 +580,8 @@ void Trainer::RecordMetrics(const StepResult& result, const ProgressSnapshot& p,
 
 void Trainer::RecordFinalEvaluation() {
   if (metrics_ == nullptr || std::isnan(eval_loss_)) return;
-  if (absl::Status s = metrics_->RecordEvaluation(total_steps_, absl::ToUnixMicros(absl::Now()) / 1e6, eval_loss_);
+  if (absl::Status s = metrics_->RecordEvaluation(total_steps_, absl::ToUnixMicros(absl::Now()) / 1e6, eval_loss_,
+                                                  eval_metrics_);
       !s.ok()) {
     metrics_failed_ = true;
     metrics_.reset();
@@ -683,6 +683,7 @@ absl::StatusOr<TrainingOutcome> Trainer::Finish() {
   if (validation_ && !evaluated_last_step) {
     QLORA_ASSIGN_OR_RETURN(const EvalOutcome outcome, objective_->Evaluate(*model_, *validation_, *communicator_));
     NoteEvalLoss(outcome.loss);
+    eval_metrics_ = outcome.metrics;
     std::string metrics;
     for (const auto& [name, value] : outcome.metrics) absl::StrAppendFormat(&metrics, " %s %.4f", name, value);
     Log(absl::StrFormat("evaluation loss %.4f%s", eval_loss_, metrics));

@@ -53,7 +53,8 @@ namespace qlora::worker {
 struct StepResult {
   int64_t step = 0;                 // 1-based: optimizer steps done
   double loss = 0;                  // mean token loss of the global batch (all ranks)
-  int64_t global_target_tokens = 0;
+  int64_t global_loss_units = 0;    // what the loss is a mean over: target tokens (preference
+                                    // tuning: micro-batches) of every rank
   int64_t local_input_tokens = 0;   // this rank's non-padding tokens
   int64_t global_input_tokens = 0;  // every rank's
   int64_t global_rows = 0;          // sequences (rows) of every rank's micro-batches
@@ -114,7 +115,7 @@ class Trainer {
     double loss_scale = 0;
     int64_t local_rows = 0;  // this rank's sequences, summed over ranks by Resolve
     int64_t local_micro_batches = 0;
-    at::Tensor local_metrics;  // the objective's metrics summed over this rank's micro-batches
+    strategy::ScalarRead local_metrics;  // the objective's metrics summed over this rank's micro-batches
     bool due_here = false;  // rank 0's clock: a time-based checkpoint is due (rank 0 only)
     strategy::ScalarRead local_loss;
     strategy::PendingStepReport report;

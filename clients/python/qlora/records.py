@@ -123,7 +123,7 @@ class Progress:
     notices: tuple[str, ...]       # warnings since the rank's last report
     # The objective's metrics (dpo, orpo: TRL's names, rewards/chosen, ...; eval_ prefixed after
     # an evaluation); empty for finetune.
-    metrics: dict[str, float]
+    metrics: Mapping[str, float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,12 +195,12 @@ def _is_repeated(field: Any) -> bool:
 
 def field_value(message: Any, name: str) -> Any:
     """Field `name` of a qlora.v1 message as a record field: a record (None when unset), a
-    tuple for a repeated field, a dict for a map field, a JobState for the state (JobState is the API's only enum;
+    tuple for a repeated field, a read-only mapping for a map field, a JobState for the state (JobState is the API's only enum;
     UNSPECIFIED for a number this client does not know), else the value itself."""
     field = message.DESCRIPTOR.fields_by_name[name]
     value = getattr(message, name)
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        return dict(value)
+        return types.MappingProxyType(dict(value))
     if field.message_type is not None:
         record = MESSAGE_RECORDS[field.message_type.full_name]
         if _is_repeated(field):
