@@ -344,14 +344,15 @@ TEST_F(ParquetTest, OverLongRecordsFollowTheMalformedPolicy) {
 std::vector<MicroBatch> Batches(const std::string& path, DataFormat format,
                                 const std::vector<std::string>& inputs,
                                 const std::vector<std::string>& outputs,
-                                const Tokenizer* tokenizer, LoaderStats* stats) {
+                                const Tokenizer* tokenizer, LoaderStats* stats, bool pairs = false) {
   auto shards = SplitFile(path, 1);
   EXPECT_TRUE(shards.ok()) << shards.status();
   LoaderOptions options;
   options.reader.format = format;
   options.reader.skip_malformed = true;
-  options.example = *ExampleBuilder::OptionsFor(format, inputs, outputs, "", 96);
-  options.batch = {3, 96, true, kByteEos};
+  options.example = pairs ? *PreferenceLayout(format, inputs, outputs, 96)
+                          : *ExampleBuilder::OptionsFor(format, inputs, outputs, "", 96);
+  options.batch = {3, 96, /*packing=*/!pairs, kByteEos, pairs};
   options.shuffle = false;
   auto loader = DataLoader::Create(*shards, tokenizer, options);
   EXPECT_TRUE(loader.ok()) << loader.status();
@@ -373,18 +374,21 @@ TEST_F(ParquetTest, LoaderGivesTheSameExamplesAsTheSameRowsInJsonLines) {
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   struct Layout {
     std::vector<std::string> inputs, outputs;
+    bool pairs = false;
   };
   for (const Layout& layout : {Layout{{"instruction", "tags"}, {"output"}},  // instruction
                                Layout{{"messages"}, {}},                      // chat
-                               Layout{{"instruction"}, {}}}) {               // text
-    SCOPED_TRACE(layout.inputs[0]);
+                               Layout{{"instruction"}, {}},                  // text
+                               Layout{{"instruction"}, {"output", "tags"}, true}}) {  // preference
+    SCOPED_TRACE(layout.pairs ? "preference" : layout.inputs[0]);
     LoaderStats from_parquet, from_jsonl;
     std::vector<MicroBatch> a = Batches(Path("rows.parquet"), DataFormat::kParquet, layout.inputs,
-                                        layout.outputs, tokenizer->get(), &from_parquet);
+                                        layout.outputs, tokenizer->get(), &from_parquet, layout.pairs);
     std::vector<MicroBatch> b = Batches(Path("rows.jsonl"), DataFormat::kJsonl, layout.inputs,
-                                        layout.outputs, tokenizer->get(), &from_jsonl);
+                                        layout.outputs, tokenizer->get(), &from_jsonl, layout.pairs);
     ASSERT_FALSE(a.empty());
     ASSERT_EQ(a.size(), b.size());
+    if (layout.pairs) EXPECT_EQ(a[0].pairs, 3);
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].input_ids, b[i].input_ids) << "micro-batch " << i;
       EXPECT_EQ(a[i].labels, b[i].labels) << "micro-batch " << i;
