@@ -1,6 +1,6 @@
 # Finds every third-party dependency once and exposes it as an imported target:
 #   gRPC::grpc++ protobuf::libprotobuf absl::* yaml-cpp SQLite::SQLite3 GTest::gtest gloo
-#   nlohmann_json::nlohmann_json, qlora::parquet (Arrow/Parquet C++), prometheus-cpp::core, civetweb::civetweb,
+#   nlohmann_json::nlohmann_json, qlora::parquet (Arrow/Parquet C++), prometheus-cpp::core,
 #   torch (LibTorch from the pinned wheel, see scripts/setup.sh),
 #   and CUDA when QLORA_CUDA allows it. QLORA_TORCH_FREE_ONLY needs neither Gloo, CUDA nor torch.
 if(QLORA_DEPS_PREFIX)
@@ -14,11 +14,10 @@ find_package(absl CONFIG REQUIRED)
 find_package(yaml-cpp CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
-# The coordinator's metrics and status page (coordinator/http): prometheus-cpp for the metric
-# types and the text format, civetweb (what prometheus-cpp's own exposer runs on) as the HTTP
-# server, because that exposer cannot serve pages beside /metrics.
+# The coordinator's metrics (coordinator/http): prometheus-cpp for the metric types and the text
+# format. Its exposer (civetweb, thread per connection) is not used: the port's own event-driven
+# server (coordinator/http/http_server.cc) keeps slow clients from holding threads.
 find_package(prometheus-cpp CONFIG REQUIRED)
-find_package(civetweb CONFIG REQUIRED)
 find_program(GRPC_CPP_PLUGIN grpc_cpp_plugin HINTS "${QLORA_DEPS_PREFIX}/bin" REQUIRED)
 if(QLORA_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)

@@ -26,7 +26,8 @@ seed=${QLORA_FUZZ_SEED:-1}
 runs=${QLORA_FUZZ_RUNS:-1000000}
 jobs=${QLORA_FUZZ_JOBS:-$(nproc)}
 targets=${QLORA_FUZZ_TARGETS:-"job_config_fuzzer safetensors_header_fuzzer record_reader_fuzzer
-  tokenizer_json_fuzzer tokenizer_encode_fuzzer chat_template_fuzzer rpc_handlers_fuzzer"}
+  tokenizer_json_fuzzer tokenizer_encode_fuzzer chat_template_fuzzer rpc_handlers_fuzzer
+  http_request_fuzzer"}
 
 # Sanitizer settings for the tests and the fuzz targets (and every process they start):
 #  - abort_on_error: a report kills the process with SIGABRT, so a report in a child process

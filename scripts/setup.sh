@@ -33,8 +33,8 @@ debian_packages=(build-essential cmake ninja-build ccache pkg-config git
   prometheus-cpp-dev libcivetweb-dev chromium
   iproute2 curl unzip python3-venv python3-pip
   clang libclang-rt-14-dev llvm)
-# prometheus-cpp-dev, libcivetweb-dev: the coordinator's --metrics-address port (Prometheus text
-# format; civetweb serves /metrics and the status page, which prometheus-cpp's exposer cannot);
+# prometheus-cpp-dev: the metric types and Prometheus text format of the --metrics-address port
+# (libcivetweb-dev only because prometheus-cpp's CMake package requires it);
 # chromium: the status page's browser test (large, installed once per machine).
 # libicu-dev: Unicode normalization for tokenizer.json normalizers (Qwen2 NFC).
 # libcurl4-openssl-dev: the coordinator's Ray launcher (HTTP to Ray's dashboard); iproute2 and

@@ -1,14 +1,46 @@
-// The read-only HTTP server on civetweb (see http_server.h).
+// The read-only HTTP server: one epoll thread for every socket, a few threads for the handler
+// (see http_server.h).
+//
+// A connection moves through three states: kReading (its head arriving, under the request
+// deadline), kHandling (off epoll, queued to or inside a handler thread), kWriting (its answer
+// going out, under the write deadline). Connections are named by a serial number, never by their
+// descriptor, so an answer for a connection that has meanwhile been closed is dropped rather
+// than sent to a descriptor reused by someone else.
 #include "coordinator/http/http_server.h"
 
-#include <civetweb.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace qlora::coordinator {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Epoll data for the two descriptors that are not connections (serials start above them).
+constexpr uint64_t kListenTag = 0;
+constexpr uint64_t kWakeTag = 1;
+// A pause in accepting after the process ran out of descriptors, instead of spinning on accept.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
 const char* Reason(int status) {
   switch (status) {
@@ -16,93 +48,394 @@ const char* Reason(int status) {
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 403: return "Forbidden";
-    case 421: return "Misdirected Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 421: return "Misdirected Request";
+    case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
     default: return status < 400 ? "OK" : "Error";
   }
 }
 
-void Send(mg_connection* conn, const HttpServerResponse& response, bool head) {
-  std::string header = absl::StrCat("HTTP/1.1 ", response.status, " ", Reason(response.status), "\r\n",
-                                    "Content-Type: ", response.content_type, "\r\n",
-                                    "Content-Length: ", response.body.size(), "\r\n",
-                                    "Cache-Control: no-store\r\n"
-                                    "X-Content-Type-Options: nosniff\r\n"
-                                    "X-Frame-Options: DENY\r\n"
-                                    "Referrer-Policy: no-referrer\r\n"
-                                    "Connection: close\r\n");
-  for (const auto& [name, value] : response.headers) absl::StrAppend(&header, name, ": ", value, "\r\n");
-  header += "\r\n";
-  mg_write(conn, header.data(), header.size());
-  if (!head && !response.body.empty()) mg_write(conn, response.body.data(), response.body.size());
+std::string Render(const HttpServerResponse& response, bool head) {
+  std::string out = absl::StrCat("HTTP/1.1 ", response.status, " ", Reason(response.status), "\r\n",
+                                 "Content-Type: ", response.content_type, "\r\n",
+                                 "Content-Length: ", response.body.size(), "\r\n",
+                                 "Cache-Control: no-store\r\n"
+                                 "X-Content-Type-Options: nosniff\r\n"
+                                 "X-Frame-Options: DENY\r\n"
+                                 "Referrer-Policy: no-referrer\r\n"
+                                 "Connection: close\r\n");
+  for (const auto& [name, value] : response.headers) absl::StrAppend(&out, name, ": ", value, "\r\n");
+  out += "\r\n";
+  if (!head) out += response.body;
+  return out;
 }
 
-// civetweb's own log lines (a bad request, a dropped connection) are not the operator's concern.
-int Quiet(const mg_connection*, const char*) { return 1; }
+std::string Plain(int status, std::string body, std::vector<std::pair<std::string, std::string>> headers = {}) {
+  HttpServerResponse response;
+  response.status = status;
+  response.body = std::move(body);
+  response.headers = std::move(headers);
+  return Render(response, /*head=*/false);
+}
+
+// The client a connection counts against: its remote address, without the port.
+std::string ClientOf(const sockaddr_storage& peer) {
+  char text[INET6_ADDRSTRLEN] = "";
+  if (peer.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(peer).sin_addr, text, sizeof(text));
+  } else if (peer.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(peer).sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+// A listening socket for "host:port", "[v6]:port" or ":port"/"port" (every interface).
+absl::StatusOr<int> Listen(const std::string& address) {
+  std::string host;
+  std::string port;
+  if (!address.empty() && address[0] == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(absl::StrCat("cannot read address '", address, "'"));
+    }
+    host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+  } else if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  } else {
+    port = address;
+  }
+  int port_number = 0;
+  if (!absl::SimpleAtoi(port, &port_number) || port_number < 0 || port_number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read the port of '", address, "'"));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int resolved = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+  if (resolved != 0 || found == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(resolved)));
+  }
+  std::string why = "no address";
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+      why = strerror(errno);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", why));
+  return fd;
+}
 
 }  // namespace
 
-int HttpServer::Serve(mg_connection* conn, void* self) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  HttpServerRequest request;
-  request.method = info->request_method ? info->request_method : "";
-  request.path = info->local_uri ? info->local_uri : "";
-  request.query = info->query_string ? info->query_string : "";
-  if (const char* auth = mg_get_header(conn, "Authorization")) request.authorization = auth;
-  if (const char* host = mg_get_header(conn, "Host")) request.host = host;
-  HttpServerResponse response;
-  if (request.method != "GET" && request.method != "HEAD") {
-    response.status = 405;
-    response.body = "read-only: only GET and HEAD\n";
-    response.headers.push_back({"Allow", "GET, HEAD"});
-  } else {
-    response = static_cast<HttpServer*>(self)->handler_(request);
+struct HttpServer::Loop {
+  enum class State { kReading, kHandling, kWriting };
+  struct Connection {
+    int fd = -1;
+    std::string client;
+    State state = State::kReading;
+    Clock::time_point deadline;
+    std::string received;
+    std::string answer;
+    size_t sent = 0;
+  };
+  struct Job {
+    uint64_t serial;
+    HttpServerRequest request;
+  };
+
+  HttpServerOptions options;
+  Handler handler;
+  int listen_fd = -1;
+  int epoll_fd = -1;
+  int wake_fd = -1;
+  int port = 0;
+
+  // Owned by the loop thread alone.
+  std::map<uint64_t, Connection> connections;
+  std::map<std::string, int> per_client;
+  uint64_t next_serial = 2;
+  bool accepting = true;
+  Clock::time_point resume_accepting;
+
+  // Shared with the handler threads.
+  std::mutex mutex;
+  std::condition_variable work;
+  std::deque<Job> jobs;
+  std::deque<std::pair<uint64_t, std::string>> answers;
+  bool stopping = false;
+  std::atomic<bool> stop_loop{false};
+
+  std::thread loop_thread;
+  std::vector<std::thread> handler_threads;
+
+  ~Loop() {
+    stop_loop.store(true);
+    Wake();
+    if (loop_thread.joinable()) loop_thread.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    work.notify_all();
+    for (std::thread& t : handler_threads) t.join();
+    for (auto& [serial, c] : connections) close(c.fd);
+    if (listen_fd >= 0) close(listen_fd);
+    if (epoll_fd >= 0) close(epoll_fd);
+    if (wake_fd >= 0) close(wake_fd);
   }
-  Send(conn, response, request.method == "HEAD");
-  return response.status;
-}
+
+  void Wake() const {
+    const uint64_t one = 1;
+    if (wake_fd >= 0) (void)!write(wake_fd, &one, sizeof(one));
+  }
+
+  void Watch(int fd, uint32_t events, uint64_t tag, int op) const {
+    epoll_event event{};
+    event.events = events;
+    event.data.u64 = tag;
+    epoll_ctl(epoll_fd, op, fd, &event);
+  }
+
+  void Close(uint64_t serial) {
+    auto it = connections.find(serial);
+    if (it == connections.end()) return;
+    close(it->second.fd);  // also leaves epoll
+    if (--per_client[it->second.client] == 0) per_client.erase(it->second.client);
+    connections.erase(it);
+  }
+
+  // Starts sending `answer` on a connection; it is closed once sent or on its deadline.
+  void Answer(uint64_t serial, std::string answer) {
+    auto it = connections.find(serial);
+    if (it == connections.end()) return;
+    Connection& c = it->second;
+    const bool was_watched = c.state == State::kReading;
+    c.state = State::kWriting;
+    c.answer = std::move(answer);
+    c.sent = 0;
+    c.received.clear();
+    c.deadline = Clock::now() + std::chrono::milliseconds(options.write_timeout_ms);
+    Watch(c.fd, EPOLLOUT, serial, was_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD);
+    Write(serial);
+  }
+
+  // Accepted beyond a cap: a short 503 if the socket takes it now, then closed.
+  static void Refuse(int fd, const char* why) {
+    const std::string answer = Plain(503, absl::StrCat(why, "\n"), {{"Retry-After", "1"}});
+    (void)!send(fd, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    close(fd);
+  }
+
+  void Accept() {
+    while (accepting) {
+      sockaddr_storage peer{};
+      socklen_t length = sizeof(peer);
+      const int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          accepting = false;
+          resume_accepting = Clock::now() + kAcceptPause;
+          Watch(listen_fd, 0, kListenTag, EPOLL_CTL_MOD);
+        }
+        return;  // EAGAIN, or a connection that went away before we took it
+      }
+      const std::string client = ClientOf(peer);
+      if (connections.size() >= static_cast<size_t>(options.max_connections)) {
+        Refuse(fd, "too many connections");
+        continue;
+      }
+      int& held = per_client[client];
+      if (held >= options.max_connections_per_client) {
+        Refuse(fd, "too many connections from this address");
+        continue;
+      }
+      ++held;
+      const uint64_t serial = next_serial++;
+      Connection& c = connections[serial];
+      c.fd = fd;
+      c.client = client;
+      c.deadline = Clock::now() + std::chrono::milliseconds(options.request_timeout_ms);
+      Watch(fd, EPOLLIN | EPOLLRDHUP, serial, EPOLL_CTL_ADD);
+    }
+  }
+
+  void Read(uint64_t serial) {
+    Connection& c = connections.at(serial);
+    char buffer[4096];
+    while (true) {
+      const ssize_t n = recv(c.fd, buffer, sizeof(buffer), 0);
+      if (n == 0) return Close(serial);  // gone before its request was whole
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EINTR) continue;
+        return Close(serial);
+      }
+      c.received.append(buffer, static_cast<size_t>(n));
+      const std::optional<size_t> end = HttpRequestHeadEnd(c.received);
+      if (!end && c.received.size() <= options.max_request_bytes) continue;
+      if (!end || *end > options.max_request_bytes) {
+        return Answer(serial, Plain(431, "the request head is too long\n"));
+      }
+      absl::StatusOr<HttpServerRequest> request =
+          ParseHttpRequestHead(absl::string_view(c.received).substr(0, *end));
+      if (!request.ok()) return Answer(serial, Plain(400, absl::StrCat(request.status().message(), "\n")));
+      if (request->method != "GET" && request->method != "HEAD") {
+        return Answer(serial, Plain(405, "read-only: only GET and HEAD\n", {{"Allow", "GET, HEAD"}}));
+      }
+      c.state = State::kHandling;
+      epoll_ctl(epoll_fd, EPOLL_CTL_DEL, c.fd, nullptr);
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        jobs.push_back({serial, *std::move(request)});
+      }
+      work.notify_one();
+      return;
+    }
+  }
+
+  void Write(uint64_t serial) {
+    Connection& c = connections.at(serial);
+    while (c.sent < c.answer.size()) {
+      const ssize_t n = send(c.fd, c.answer.data() + c.sent, c.answer.size() - c.sent, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EINTR) continue;
+        return Close(serial);
+      }
+      c.sent += static_cast<size_t>(n);
+    }
+    shutdown(c.fd, SHUT_WR);
+    Close(serial);
+  }
+
+  void TakeAnswers() {
+    uint64_t count = 0;
+    (void)!read(wake_fd, &count, sizeof(count));
+    std::deque<std::pair<uint64_t, std::string>> ready;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ready.swap(answers);
+    }
+    for (auto& [serial, answer] : ready) Answer(serial, std::move(answer));
+  }
+
+  // Drops every connection whose deadline has passed; returns how long until the next one.
+  int ExpireAndTimeout() {
+    const Clock::time_point now = Clock::now();
+    Clock::time_point next = now + std::chrono::seconds(1);
+    std::vector<uint64_t> expired;
+    for (const auto& [serial, c] : connections) {
+      if (c.state == State::kHandling) continue;
+      if (c.deadline <= now) {
+        expired.push_back(serial);
+      } else {
+        next = std::min(next, c.deadline);
+      }
+    }
+    for (uint64_t serial : expired) Close(serial);
+    if (!accepting) {
+      if (resume_accepting <= now) {
+        accepting = true;
+        Watch(listen_fd, EPOLLIN, kListenTag, EPOLL_CTL_MOD);
+      } else {
+        next = std::min(next, resume_accepting);
+      }
+    }
+    return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(next - now).count());
+  }
+
+  void RunLoop() {
+    epoll_event events[64];
+    while (!stop_loop.load()) {
+      const int n = epoll_wait(epoll_fd, events, 64, ExpireAndTimeout());
+      for (int i = 0; i < n; ++i) {
+        const uint64_t tag = events[i].data.u64;
+        if (tag == kListenTag) {
+          Accept();
+        } else if (tag == kWakeTag) {
+          TakeAnswers();
+        } else if (auto it = connections.find(tag); it != connections.end()) {
+          if (it->second.state == State::kReading) {
+            Read(tag);
+          } else if (it->second.state == State::kWriting) {
+            Write(tag);
+          }
+        }
+      }
+    }
+  }
+
+  void RunHandler() {
+    while (true) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        work.wait(lock, [&] { return stopping || !jobs.empty(); });
+        if (stopping) return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      const HttpServerResponse response = handler(job.request);
+      std::string answer = Render(response, job.request.method == "HEAD");
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        answers.emplace_back(job.serial, std::move(answer));
+      }
+      Wake();
+    }
+  }
+};
+
+HttpServer::HttpServer(std::unique_ptr<Loop> loop) : loop_(std::move(loop)) {}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::port() const { return loop_->port; }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options, Handler handler) {
-  mg_init_library(0);
-  std::unique_ptr<HttpServer> server(new HttpServer(std::move(handler)));
-  const std::string threads = absl::StrCat(options.threads);
-  const std::string timeout = absl::StrCat(options.request_timeout_ms);
-  const char* config[] = {"listening_ports", options.address.c_str(),
-                          "num_threads", threads.c_str(),
-                          "request_timeout_ms", timeout.c_str(),
-                          "enable_keep_alive", "no",
-                          nullptr};
-  mg_callbacks callbacks;
-  memset(&callbacks, 0, sizeof(callbacks));
-  callbacks.log_message = Quiet;
-  mg_init_data init;
-  memset(&init, 0, sizeof(init));
-  init.callbacks = &callbacks;
-  init.configuration_options = config;
-  char error_text[256] = "";
-  unsigned error_code = 0;
-  mg_error_data error;
-  memset(&error, 0, sizeof(error));
-  error.code = &error_code;
-  error.text = error_text;
-  error.text_buffer_size = sizeof(error_text);
-  server->context_ = mg_start2(&init, &error);
-  if (server->context_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", options.address, ": ",
-                                               error_text[0] ? error_text : "civetweb failed to start"));
+  if (options.handler_threads < 1 || options.max_connections < 1 || options.max_connections_per_client < 1 ||
+      options.request_timeout_ms < 1 || options.write_timeout_ms < 1 || options.max_request_bytes < 64) {
+    return absl::InvalidArgumentError("HTTP server limits must be positive");
   }
-  mg_set_request_handler(server->context_, "/", &HttpServer::Serve, server.get());
-  mg_server_port ports[4];
-  memset(ports, 0, sizeof(ports));
-  if (mg_get_server_ports(server->context_, 4, ports) > 0) server->port_ = ports[0].port;
-  if (server->port_ <= 0) return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", options.address));
-  return server;
-}
-
-HttpServer::~HttpServer() {
-  if (context_ != nullptr) mg_stop(context_);
+  auto loop = std::make_unique<Loop>();
+  loop->options = options;
+  loop->handler = std::move(handler);
+  absl::StatusOr<int> listening = Listen(options.address);
+  if (!listening.ok()) return listening.status();
+  loop->listen_fd = *listening;
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  getsockname(loop->listen_fd, reinterpret_cast<sockaddr*>(&bound), &length);
+  loop->port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
+                                                 : reinterpret_cast<sockaddr_in&>(bound).sin_port);
+  loop->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  loop->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (loop->epoll_fd < 0 || loop->wake_fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", options.address, ": ", strerror(errno)));
+  }
+  loop->Watch(loop->listen_fd, EPOLLIN, kListenTag, EPOLL_CTL_ADD);
+  loop->Watch(loop->wake_fd, EPOLLIN, kWakeTag, EPOLL_CTL_ADD);
+  Loop* raw = loop.get();
+  for (int i = 0; i < options.handler_threads; ++i) loop->handler_threads.emplace_back([raw] { raw->RunHandler(); });
+  loop->loop_thread = std::thread([raw] { raw->RunLoop(); });
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(loop)));
 }
 
 }  // namespace qlora::coordinator

@@ -28,7 +28,7 @@ def write(target, name, data):
 # --- job files: the example, every good test file and a few bad ones --------------------------
 def job_files():
     write("job_config_fuzzer", "qlora-tiny.yaml", open(os.path.join(ROOT, "examples", "qlora-tiny.yaml"), "rb").read())
-    jobs = os.path.join(ROOT, "tests", "data", "jobs")
+    jobs = os.path.join(ROOT, "tests", "assets", "jobs")
     for name in sorted(os.listdir(os.path.join(jobs, "good"))):
         write("job_config_fuzzer", "good-" + name, open(os.path.join(jobs, "good", name), "rb").read())
     for name in ("duplicate_key.yaml", "merge_key.yaml", "two_documents.yaml", "stage_word.yaml",
@@ -240,9 +240,23 @@ def rpc_files():
     ]))
 
 
+# --- HTTP request heads: what browsers, curl and Prometheus send, and a few refusals ------------
+def http_requests():
+    t = "http_request_fuzzer"
+    write(t, "curl", "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:9464\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n")
+    write(t, "browser", "GET /jobs/job-000001?after=3&rank=0 HTTP/1.1\r\nHost: localhost:9464\r\n"
+          "Authorization: Bearer abc\r\nAccept: text/html\r\nAccept-Encoding: gzip, deflate\r\n"
+          "Connection: keep-alive\r\n\r\n")
+    write(t, "head-lf", "HEAD /api/jobs HTTP/1.0\n\n")
+    write(t, "percent", "GET /static/status%2Ejs HTTP/1.1\r\nHost: [::1]:9464\r\n\r\n")
+    write(t, "post-body", "POST /api/jobs HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+    write(t, "folded", "GET / HTTP/1.1\r\nHost: a\r\n b\r\n\r\n")
+
+
 if __name__ == "__main__":
     job_files()
     safetensors_files()
     dataset_files()
     tokenizer_files()
     rpc_files()
+    http_requests()
