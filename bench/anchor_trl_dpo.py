@@ -4,11 +4,11 @@ it (transformers + bitsandbytes NF4 with double quantization, bf16 compute), a p
 (use_liger_kernel: its rope, RMSNorm and SwiGLU; TRL 1.16's own chunked LM head computes the
 log-probabilities), the reference as the base with the adapter disabled, as with ours.
 
-    anchor_trl_dpo.py MODEL_DIR [--micro-batch 4] [--seq 1024] [--warmup 3] [--windows 3]
-                      [--window-steps 3] [--orpo]
+    anchor_trl_dpo.py MODEL_DIR PAIRS.jsonl [--micro-batch 4] [--seq 1024] [--warmup 3]
+                      [--windows 3] [--window-steps 3] [--no-liger]
 
-Pairs of random words (bench/make_text_data.py --pairs 170,170: each side about 1,054 tokens,
-cut to --seq). Measured as bench/anchor_common.py measures the other anchors, but the tokens of
+PAIRS.jsonl: the pairs our DPO job trains on (bench/make_text_data.py --pairs 170,170: pairs of
+random words, each side about 1,054 tokens, cut to --seq), cycled if there are too few. Measured as bench/anchor_common.py measures the other anchors, but the tokens of
 a window are the tokens TRL trained (both sides, no padding), counted from its batches, as ours
 counts them. Prints one JSON line.
 """
@@ -32,17 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchor_common import median_spread  # noqa: E402
 
 
-def pairs(n, prompt_words=170, completion_words=170):
-    import random
-    rng = random.Random(0)
-    vocab = ["the", "model", "train", "data", "seven", "reverse", "add", "word", "digits", "spell", "of", "and",
-             "response", "instruction", "four", "nine", "two", "eight", "zero", "one"]
-
-    def words(k):
-        return " ".join(rng.choice(vocab) + rng.choice(["", "s", "ed", ",", "."]) for _ in range(k))
-
-    return [{"prompt": words(prompt_words), "chosen": " " + words(completion_words),
-             "rejected": " " + words(completion_words)} for _ in range(n)]
+def pairs(path, n):
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [rows[i % len(rows)] for i in range(n)]
 
 
 class Timer(TrainerCallback):
@@ -70,6 +63,7 @@ class Timer(TrainerCallback):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("model")
+    p.add_argument("pairs")
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--warmup", type=int, default=3)
@@ -101,7 +95,7 @@ def main():
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 
-    trainer = Counting(model=model, args=args, train_dataset=Dataset.from_list(pairs(steps * a.micro_batch)),
+    trainer = Counting(model=model, args=args, train_dataset=Dataset.from_list(pairs(a.pairs, steps * a.micro_batch)),
                        processing_class=tokenizer, peft_config=lora)
     timer = Timer(a.warmup, a.window_steps, counter)
     trainer.add_callback(timer)

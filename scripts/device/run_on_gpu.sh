@@ -67,7 +67,9 @@ for what in "$@"; do
       ls /tmp/trlsite | head -40 ;;
     trl-dpo)
       [ -f /tmp/llama7b/config.json ] || python3 "$root/bench/make_llama_folder.py" /tmp/llama7b
-      PYTHONPATH=/tmp/trlsite:$PYTHONPATH python3 "$root/bench/anchor_trl_dpo.py" /tmp/llama7b --micro-batch 4 --seq 1024 \
+      [ -f /tmp/pairs.jsonl ] || python3 "$root/bench/make_text_data.py" /tmp/pairs.jsonl --lines 200 --pairs 170,170
+      PYTHONPATH=/tmp/trlsite:$PYTHONPATH python3 "$root/bench/anchor_trl_dpo.py" /tmp/llama7b /tmp/pairs.jsonl \
+        --micro-batch 4 --seq 1024 \
         2>&1 | grep -vE "Loading|it/s\]|^\s*$" | tail -20 | tee "$OUT/trl_dpo.txt" ;;
     bench-fair)
       "$root/bench/fair_bench.sh" 2>&1 | tee "$OUT/bench.log" ;;

@@ -127,12 +127,10 @@ absl::Status AddBosPostProcessor(const std::string& path) {
 }
 
 TEST(PreferenceReferenceChild, Rank) {
-  const char* rank_env = std::getenv(kRankEnv);
-  const char* dir_env = std::getenv(kDirEnv);
-  const char* world_env = std::getenv(kWorldEnv);
-  if (!rank_env || !dir_env || !world_env) GTEST_SKIP() << "run by PreferenceReference only";
-  const int rank = std::atoi(rank_env), world = std::atoi(world_env);
-  const std::string dir = dir_env;
+  const std::optional<testing::ChildRank> child = testing::ChildRankFromEnv(kRankEnv, kWorldEnv, kDirEnv);
+  if (!child) GTEST_SKIP() << "run by PreferenceReference only";
+  const int rank = child->rank, world = child->world;
+  const std::string& dir = child->dir;
   nlohmann::json steps = nlohmann::json::array();
   testing::RunRecordedRank(dir, rank, world, "job-preference", [&](const ProgressSnapshot& p) {
     nlohmann::json metrics = nlohmann::json::object();

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -25,6 +27,21 @@
 #include "worker/run/training_observer.h"
 
 namespace qlora::testing {
+
+// What a child rank process is told by its parent test through the environment (the variables
+// named here); nullopt when the child test runs on its own (it then skips).
+struct ChildRank {
+  int rank = 0;
+  int world = 0;
+  std::string dir;
+};
+inline std::optional<ChildRank> ChildRankFromEnv(const char* rank_env, const char* world_env, const char* dir_env) {
+  const char* rank = std::getenv(rank_env);
+  const char* world = std::getenv(world_env);
+  const char* dir = std::getenv(dir_env);
+  if (!rank || !world || !dir) return std::nullopt;
+  return ChildRank{std::atoi(rank), std::atoi(world), dir};
+}
 
 class BatchRecorder final : public worker::TrainingObserver {
  public:

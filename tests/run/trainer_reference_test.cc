@@ -93,12 +93,10 @@ std::string MakeDataset() {
 
 // One rank: runs only when the parent test sets the environment.
 TEST(TrainerReferenceChild, Rank) {
-  const char* rank_env = std::getenv(kRankEnv);
-  const char* dir_env = std::getenv(kDirEnv);
-  const char* world_env = std::getenv(kWorldEnv);
-  if (!rank_env || !dir_env || !world_env) GTEST_SKIP() << "run by TrainerReference only";
-  const int rank = std::atoi(rank_env), world = std::atoi(world_env);
-  const std::string dir = dir_env;
+  const std::optional<testing::ChildRank> child = testing::ChildRankFromEnv(kRankEnv, kWorldEnv, kDirEnv);
+  if (!child) GTEST_SKIP() << "run by TrainerReference only";
+  const int rank = child->rank, world = child->world;
+  const std::string& dir = child->dir;
   nlohmann::json losses = nlohmann::json::array(), stages = nlohmann::json::array();
   testing::RunRecordedRank(dir, rank, world, "job-reference", [&](const ProgressSnapshot& p) {
     losses.push_back(p.loss);

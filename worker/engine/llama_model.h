@@ -242,4 +242,20 @@ std::string ModulePath(const std::string& module_name);
 // ROPE_INIT_FUNCTIONS compute them.
 at::Tensor RopeInverseFrequencies(const LlamaConfig& config);
 
+// The model in evaluation mode (no dropout, no checkpointing) until the scope ends, on every
+// way out (an evaluation that fails half-way leaves the model training as it was).
+class EvalModeScope {
+ public:
+  explicit EvalModeScope(LlamaForCausalLM& model) : model_(model), was_training_(model.training()) {
+    model_.SetTraining(false);
+  }
+  ~EvalModeScope() { model_.SetTraining(was_training_); }
+  EvalModeScope(const EvalModeScope&) = delete;
+  EvalModeScope& operator=(const EvalModeScope&) = delete;
+
+ private:
+  LlamaForCausalLM& model_;
+  const bool was_training_;
+};
+
 }  // namespace qlora::engine

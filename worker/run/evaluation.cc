@@ -15,8 +15,7 @@ namespace qlora::worker {
 absl::StatusOr<double> EvaluateLoss(engine::LlamaForCausalLM& model, MicroBatchSource& source,
                                     comm::Communicator& comm) {
   c10::NoGradGuard no_grad;
-  const bool was_training = model.training();
-  model.SetTraining(false);
+  const engine::EvalModeScope eval(model);
   double loss_sum = 0, tokens = 0;
   QLORA_RETURN_IF_ERROR(source.Restart(0));
   while (true) {
@@ -27,7 +26,6 @@ absl::StatusOr<double> EvaluateLoss(engine::LlamaForCausalLM& model, MicroBatchS
     loss_sum += loss.loss_sum.item<double>();
     tokens += static_cast<double>(loss.num_tokens);
   }
-  model.SetTraining(was_training);
   QLORA_ASSIGN_OR_RETURN(std::vector<double> total, SumOverRanks(comm, {loss_sum, tokens}, model.device()));
   return total[1] > 0 ? total[0] / total[1] : NAN;
 }

@@ -16,19 +16,6 @@
 namespace qlora::worker {
 namespace {
 
-// The model in evaluation mode (no dropout, no checkpointing) until the scope ends.
-class EvalMode {
- public:
-  explicit EvalMode(engine::LlamaForCausalLM& model) : model_(model), was_(model.training()) {
-    model_.SetTraining(false);
-  }
-  ~EvalMode() { model_.SetTraining(was_); }
-
- private:
-  engine::LlamaForCausalLM& model_;
-  bool was_;
-};
-
 // The reference's adapters in place until the scope ends.
 class SwappedAdapters {
  public:
@@ -79,7 +66,7 @@ absl::StatusOr<at::Tensor> PreferenceObjective::ReferenceLogProbs(engine::LlamaF
                                                                   const DeviceBatch& batch) {
   RECORD_USER_SCOPE("qlora::reference");
   c10::NoGradGuard no_grad;
-  const EvalMode eval(model);
+  const engine::EvalModeScope eval(model);
   const SwappedAdapters swapped(model, &reference_);
   QLORA_RETURN_IF_ERROR(swapped.status());
   const at::Tensor hidden = model.Forward(batch.input_ids, batch.forward);
@@ -152,7 +139,7 @@ absl::StatusOr<EvalOutcome> PreferenceObjective::Evaluate(engine::LlamaForCausal
     if (!batch) break;
     QLORA_RETURN_IF_ERROR(BeforeStep(model, {*batch}));
     c10::NoGradGuard no_grad;
-    const EvalMode eval(model);
+    const engine::EvalModeScope eval(model);
     const MicroBatchLoss loss = Loss(model, *batch, 0, 1.0);
     sums[0] += loss.loss_sum.item<double>() * static_cast<double>(batch->pairs);
     sums[1] += static_cast<double>(batch->pairs);
