@@ -50,6 +50,17 @@
 #   attr-ours-70b-mb1  the attribution of that trace (the weakest line against issue 13's targets)
 #   liger-70b        HF + peft + bnb + autocast + Liger: mb 4, mb 1 (one process)
 #   hf-70b           HF + peft + bnb + autocast: mb 4, mb 1 (one process)
+# Unsloth at its best (bench/anchor_unsloth.py: its 4-bit load, its Triton LoRA kernels, its
+# offloaded checkpointing), also optional: it runs from /tmp/unslothsite, which
+# `run_on_gpu.sh unsloth-install` leaves there in a call of its own on the same warm machine
+# (carry .device-unsloth/site, made by scripts/device/unsloth_wheels.sh: with the bundle it would
+# overrun 64 MiB). Each process compiles on its first steps, in the warm-up. E.g.
+# BENCH_FAIR_PARTS="ours-mb4 ours-mb1 unsloth" in one call, "ours-mb4-nockpt ours-70b-mb4
+# ours-70b-mb1 unsloth-70b" and "ours-seq16k unsloth-seq16k" in others:
+#   unsloth          mb 4 and mb 1 with its checkpointing (one process), then mb 4 without
+#                    checkpointing (a second process: Unsloth fixes checkpointing at load)
+#   unsloth-70b      the 70B-width slice: mb 4, mb 1, with its checkpointing (one process)
+#   unsloth-seq16k   unpacked rows of 16384 tokens (as ours-seq16k), mb 1, its checkpointing
 # Long rows (issue 13, "Packing at long sequences"; not in the default list, ask for them by name,
 # e.g. BENCH_FAIR_PARTS="ours-pack8k ours-seq8k ours-pack16k ours-seq16k" in one call and
 # "liger-pack8k liger-pack16k" in another, as together they overrun the budget). All on 1 GPU,
@@ -279,7 +290,27 @@ with_70b_nf4() {
   model=$model70f "$@"
 }
 
-export -f ours_job attribute with_70b with_70b_nf4 memory_peak
+# Unsloth: one process of bench/anchor_unsloth.py ARGS... with the site folder that
+# `run_on_gpu.sh unsloth-install` left in /tmp/unslothsite first on the path (its bitsandbytes and
+# trl before the image's and .device-wheels').
+unsloth_anchor() {
+  if [ ! -d /tmp/unslothsite/unsloth ]; then
+    echo "no /tmp/unslothsite: carry .device-unsloth/site and run scripts/device/run_on_gpu.sh unsloth-install first"
+    return 1
+  fi
+  PYTHONPATH="/tmp/unslothsite:${PYTHONPATH:-}" python3 "$root/bench/anchor_unsloth.py" "$@"
+}
+
+# The `unsloth` part: MODEL MEASURE_ARGS... with its checkpointing at mb 4 and 1, then mb 4
+# without; both processes run even if the first fails.
+unsloth_settings() {
+  local rc=0
+  unsloth_anchor "$@" --micro-batches 4 1 || rc=1
+  unsloth_anchor "$@" --micro-batches 4 --no-gc || rc=1
+  return $rc
+}
+
+export -f ours_job attribute with_70b with_70b_nf4 memory_peak unsloth_anchor unsloth_settings
 export model70f
 export gpus_1
 export model70
@@ -350,6 +381,11 @@ for part in $parts; do
       --micro-batches 4 1 "${measure[@]}" "${anchor_args[@]}" ;;
     hf-70b) run_part hf-70b 120 with_70b python3 "$root/bench/anchor_hf.py" "$model70" --micro-batches 4 1 \
       "${measure[@]}" "${anchor_args[@]}" ;;
+    unsloth) run_part unsloth 200 unsloth_settings "$model" --seq "${BENCH_SEQ:-2048}" "${measure[@]}" ;;
+    unsloth-70b) run_part unsloth-70b 150 with_70b unsloth_anchor "$model70" --micro-batches 4 1 \
+      --seq "${BENCH_SEQ:-2048}" "${measure[@]}" ;;
+    unsloth-seq16k) run_part unsloth-seq16k 120 unsloth_anchor "$model" --micro-batches 1 --seq "$seq_16k" \
+      "${measure[@]}" ;;
     attr-liger) run_part attr-liger 25 attribute "$work/trace-liger-mb4.json" \
       "Profile of HF + peft + bnb + autocast + Liger: 1 GPU, micro-batch 4, checkpointing, 1 step" liger-mb4 ;;
     ours-pack8k) run_part ours-pack8k 60 ours_job ours-pack8k "$gpus_1" 1 true "" "$seq_8k" true "$work/packed.txt" ;;

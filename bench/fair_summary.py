@@ -1,8 +1,9 @@
 """The fair benchmark's summary (bench/fair_bench.sh): results.jsonl (one JSON line per
-measurement, ours from bench/summarize.py and the anchors from anchor_hf.py/anchor_deepspeed.py,
-each tagged with the part that made it) and parts.jsonl (each part's time and exit status) ->
-a markdown report with one table of every setting, ours against the best anchor of the same
-setting, then the profile attributions. With --smi (nvidia-smi's samples, run_on_gpu.sh
+measurement, ours from bench/summarize.py and the anchors from anchor_hf.py/anchor_deepspeed.py/
+anchor_unsloth.py, each tagged with the part that made it) and parts.jsonl (each part's time and
+exit status) -> a markdown report with one table of every setting, ours against the best anchor of
+the same setting (and, where the results hold Unsloth, against Unsloth in a column of its own),
+then the profile attributions. With --smi (nvidia-smi's samples, run_on_gpu.sh
 SMI_LOG=1), the parts' table also gives the SM clock and the power each part held while it kept
 the GPUs busy: H200s hold different clocks at their power limit, and a rate compared across runs
 means little without it. Standard library only.
@@ -85,6 +86,9 @@ def busy_clock(samples, started, ended, busy_percent=90):
 def name_of(r):
     if r.get("impl") == "ours":
         return f"**ours** ({r.get('variant', '')})"
+    if r.get("impl") == "unsloth":  # its own offloaded checkpointing unless it says plain
+        return "Unsloth" + (" (plain checkpointing)" if r.get("unsloth_gc") == "true" else "") + \
+            (" + autocast" if r.get("autocast") else "")
     if r.get("impl") == "deepspeed":
         return "DeepSpeed ZeRO-2 + HF + peft + bnb" + (" + autocast" if r.get("autocast") else "") + \
             (" + Liger" if r.get("liger") else "")
@@ -157,9 +161,11 @@ def table(results):
     order = {"checkpointing": 0, "no checkpointing": 1}
     settings = sorted({(shape_of(r), r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) for r in rows},
                       key=lambda s: (s[0][0] != "llama7b", s[0], s[1], order.get(s[3], 2), -s[2]))
+    # A "vs Unsloth" column only where the results hold Unsloth: older results read as before.
+    with_unsloth = any(r.get("impl") == "unsloth" for r in rows)
     lines = ["| setting | implementation | tokens/s per GPU: median (min-max) | step time | peak allocated "
-             "| peak reserved | MFU | HFU | vs best anchor |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| peak reserved | MFU | HFU | vs best anchor |" + (" vs Unsloth |" if with_unsloth else ""),
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if with_unsloth else "")]
     for shape, gpus, mb, mode in settings:
         group = [r for r in rows
                  if (shape_of(r), r.get("gpus", 1), r.get("micro_batch"), mode_of(r)) == (shape, gpus, mb, mode)]
@@ -169,12 +175,18 @@ def table(results):
                       == (shape, gpus, mb) and r.get("peak_allocated_gib", float("inf")) <= budget]
         anchors = [r for r in group if r.get("impl") != "ours"]
         best = max(anchors, key=lambda r: r["tokens_per_s"]) if anchors else None
+        unsloths = [r for r in anchors if r.get("impl") == "unsloth"]
+        unsloth = max(unsloths, key=lambda r: r["tokens_per_s"]) if unsloths else None
         setting = f"{shape_text(shape)}{gpus} GPU{'s' if gpus > 1 else ''}, mb {mb}, {mode}"
         for r in sorted(group, key=lambda r: (r.get("impl") != "ours", -r["tokens_per_s"])):
             mfu, hfu = figures(r, flop_cache)
             vs = ""
             if best is not None:
                 vs = "best anchor" if r is best else f"{r['tokens_per_s'] / best['tokens_per_s']:.2f}x"
+            vs_unsloth = ""
+            if with_unsloth:
+                vs_unsloth = " — |" if unsloth is None else (
+                    " Unsloth |" if r is unsloth else f" {r['tokens_per_s'] / unsloth['tokens_per_s']:.2f}x |")
             lo, hi = r.get("tokens_per_s_min", r["tokens_per_s"]), r.get("tokens_per_s_max", r["tokens_per_s"])
             name = name_of(r)
             if r.get("checkpointing") == "auto" and r.get("checkpointed_layers"):
@@ -185,8 +197,20 @@ def table(results):
                 f"| {setting} | {name} | {r['tokens_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
                 f"{r.get('step_time_s', 0):.3f} s | {r.get('peak_allocated_gib', float('nan')):.2f} GiB | "
                 f"{r.get('peak_reserved_gib', float('nan')):.2f} GiB | "
-                f"{'' if mfu is None else f'{mfu:.1%}'} | {'' if hfu is None else f'{hfu:.1%}'} | {vs} |")
+                f"{'' if mfu is None else f'{mfu:.1%}'} | {'' if hfu is None else f'{hfu:.1%}'} | {vs} |{vs_unsloth}")
     return "\n".join(lines)
+
+
+def unsloth_note(results):
+    """What the Unsloth anchor ran, under the table, where the results hold it."""
+    rows = [r for r in results if r.get("impl") == "unsloth" and "tokens_per_s" in r and not r.get("error")]
+    if not rows:
+        return []
+    version = (rows[0].get("versions") or {}).get("unsloth", "?")
+    return [f"Unsloth {version} (bench/anchor_unsloth.py): FastLanguageModel 4-bit (bitsandbytes NF4, double "
+            "quantization, bf16 compute), LoRA r=16 on all seven projections through its Triton kernels, its "
+            "offloaded checkpointing unless the setting says none, a plain loop; its compile on the first steps "
+            "falls in the warm-up. \"vs Unsloth\": the row's rate over Unsloth's in the same setting.", ""]
 
 
 def packing_notes(results):
@@ -242,6 +266,7 @@ def main():
     out.append(METHOD.format(warmup=first.get("warmup_steps", "?"), windows=first.get("windows", "?"),
                              window_steps=first.get("window_steps", "?"), peak=PEAK_BF16_FLOPS / 1e12))
     out += ["", table(results), ""]
+    out += unsloth_note(results)
     out += packing_notes(results)
     ours = [r for r in results if r.get("impl") == "ours" and "mean_of_per_step_rates" in r]
     if ours:

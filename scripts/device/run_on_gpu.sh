@@ -13,6 +13,11 @@
 #                                                 needs .device-wheels from scripts/device/wheels.sh)
 #   scripts/device/run_on_gpu.sh trl-install      installs the carried .device-trl wheels into
 #                                                 /tmp/trlsite (scripts/device/trl_wheels.sh)
+#   scripts/device/run_on_gpu.sh unsloth-install  copies the carried .device-unsloth/site to
+#                                                 /tmp/unslothsite (scripts/device/unsloth_wheels.sh),
+#                                                 where the bench-fair `unsloth*` parts of a later
+#                                                 call on the same warm machine find it, and checks
+#                                                 that unsloth imports there
 #   scripts/device/run_on_gpu.sh trl-dpo          TRL's DPOTrainer + Liger on the 7B shape
 #                                                 (bench/anchor_trl_dpo.py) -> $OUT/trl_dpo.txt
 #   scripts/device/run_on_gpu.sh gemm             kernels/tuned_gemm_bench $GEMM_ARGS -> $OUT/gemm.txt
@@ -65,6 +70,23 @@ for what in "$@"; do
       done
       [ -d "$root/.device-trl/site" ] && mkdir -p /tmp/trlsite && cp -r "$root"/.device-trl/site/* /tmp/trlsite/
       ls /tmp/trlsite | head -40 ;;
+    unsloth-install)
+      # Its own call: the site folder (~37 MB) and the bundle (~38 MB) overrun 64 MiB together.
+      if [ -d "$root/.device-unsloth/site/unsloth" ]; then
+        rm -rf /tmp/unslothsite && cp -r "$root/.device-unsloth/site" /tmp/unslothsite
+        # The import pulls in what the image must provide (transformers, peft, datasets' pyarrow
+        # and pandas, ...): a gap shows here, before a bench call is spent on it.
+        env PYTHONPATH="/tmp/unslothsite:$PYTHONPATH" UNSLOTH_DISABLE_STATISTICS=1 HF_HUB_OFFLINE=1 \
+          TRANSFORMERS_OFFLINE=1 UNSLOTH_COMPILE_LOCATION=/tmp/unsloth_compiled_cache timeout 300 python3 -c '
+import importlib.metadata as m
+import unsloth  # noqa: F401  (before transformers, as the anchor imports it)
+print("unsloth-install: imports;", ", ".join(n + " " + m.version(n) for n in
+      ["unsloth", "unsloth_zoo", "bitsandbytes", "trl", "transformers", "peft", "torch", "triton"]))' 2>&1 |
+          tail -15 | tee "$OUT/unsloth_install.txt"
+      else
+        echo "unsloth-install: no .device-unsloth/site here: make it with scripts/device/unsloth_wheels.sh and carry it" |
+          tee "$OUT/unsloth_install.txt"
+      fi ;;
     trl-dpo)
       [ -f /tmp/llama7b/config.json ] || python3 "$root/bench/make_llama_folder.py" /tmp/llama7b
       [ -f /tmp/pairs.jsonl ] || python3 "$root/bench/make_text_data.py" /tmp/pairs.jsonl --lines 200 --pairs 170,170

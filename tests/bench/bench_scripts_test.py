@@ -380,6 +380,27 @@ class SummarizeTest(unittest.TestCase):
         self.assertTrue(auto[0].rstrip().endswith("| 1.40x |"), auto[0])
         self.assertIn("(checkpointing)", auto[1])
 
+    def test_fair_summary_gives_ours_over_unsloth_in_a_column_where_unsloth_ran(self):
+        rows = [
+            {"impl": "ours", "checkpointing": True, "gpus": 1, "micro_batch": 4, "tokens_per_s": 14000.0},
+            {"impl": "unsloth", "unsloth_gc": "unsloth", "checkpointing": True, "gpus": 1, "micro_batch": 4,
+             "tokens_per_s": 11200.0, "versions": {"unsloth": "2026.10.9"}},
+            {"impl": "hf", "anchor": "bitsandbytes", "liger": True, "checkpointing": True, "gpus": 1,
+             "micro_batch": 4, "tokens_per_s": 10000.0},
+            {"impl": "ours", "checkpointing": True, "gpus": 1, "micro_batch": 1, "tokens_per_s": 12000.0},
+        ]
+        out = fair_summary(rows)
+        self.assertIn("| vs best anchor | vs Unsloth |", out)
+        mb4 = [line for line in out.splitlines() if "mb 4" in line]
+        self.assertTrue(mb4[0].endswith("| 1.25x | 1.25x |"), mb4[0])  # ours over Unsloth, the best anchor
+        self.assertTrue(mb4[1].endswith("| best anchor | Unsloth |"), mb4[1])
+        self.assertTrue(mb4[2].endswith("| 0.89x | 0.89x |"), mb4[2])
+        mb1 = [line for line in out.splitlines() if "mb 1" in line]
+        self.assertTrue(mb1[0].endswith("|  | — |"), mb1[0])  # no Unsloth in that setting
+        self.assertIn("Unsloth 2026.10.9", out)
+        # Results without Unsloth read as before: no such column.
+        self.assertNotIn("Unsloth", fair_summary([rows[0], rows[2]]))
+
     def test_fair_summary_gives_each_part_the_clock_it_held_while_busy(self):
         # nvidia-smi's samples as run_on_gpu.sh writes them: per part, the median SM clock and
         # power of the samples inside its times with the GPU busy (> 90 %); loading (idle) and
