@@ -69,7 +69,8 @@ for what in "$@"; do
         [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/trlsite "$w"
       done
       [ -d "$root/.device-trl/site" ] && mkdir -p /tmp/trlsite && cp -r "$root"/.device-trl/site/* /tmp/trlsite/
-      ls /tmp/trlsite | head -40 ;;
+      PYTHONPATH=/tmp/trlsite:$PYTHONPATH python3 -c \
+        "import trl, datasets, bitsandbytes, liger_kernel; print('trl', trl.__version__, 'datasets', datasets.__version__)" ;;
     unsloth-install)
       # Its own call: the site folder (~37 MB) and the bundle (~38 MB) overrun 64 MiB together.
       if [ -d "$root/.device-unsloth/site/unsloth" ]; then

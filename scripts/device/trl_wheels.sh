@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Makes .device-trl/ here: what bench/anchor_trl_dpo.py (TRL's DPOTrainer, the DPO anchor) needs
-# that the GPU machine's image lacks, as Python 3.12 manylinux wheels, in two folders because
-# together they overrun the 64 MiB a run carries (pyarrow alone is 55 MB). Carry each in a call of
-# its own on one warm machine; `run_on_gpu.sh trl-install` installs what it was given into
-# /tmp/trlsite, which the next call finds there:
-#   arrow/  pyarrow 26.0.1
-#   rest/   trl 1.16.0, datasets 5.2.0, pandas 3.1.1 and their small needs (the versions the
-#           reference environment pins), liger-kernel 0.8.5
+# that the GPU machine's image lacks (its image has pyarrow, pandas, python-dateutil and xxhash),
+# as Python 3.12 manylinux wheels; `run_on_gpu.sh trl-install` installs what it was given into
+# /tmp/trlsite, which later calls on the same warm machine find there:
+#   rest/   trl 1.16.0, datasets 5.2.0 and their small needs (the versions the reference
+#           environment pins), liger-kernel 0.8.5
 #   site/   bitsandbytes 0.50.2 unpacked, with only its CUDA 13 libraries (the wheel is 43 MB)
+# Both (24 MB) travel in one call, but not with the bundle (37 MB) and the tree.
 # Ignored by git (.gitignore), never committed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -19,10 +18,8 @@ download() {
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d "$1" "${@:2}"
 }
-rm -rf "$out" && mkdir -p "$out/arrow" "$out/rest" "$out/site"
-download "$out/arrow" pyarrow==26.0.1
-download "$out/rest" trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 \
-  pandas==3.1.1 python-dateutil==4.0.0 tzdata==2026.6 liger-kernel==0.8.5
+rm -rf "$out" && mkdir -p "$out/rest" "$out/site"
+download "$out/rest" trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 liger-kernel==0.8.5
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 download "$tmp" bitsandbytes==0.50.2
