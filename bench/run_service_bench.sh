@@ -87,4 +87,5 @@ python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-b
   --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
   --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" --dequantized-layers "${BENCH_DEQUANTIZED_LAYERS:-}" \
   --warmup "$warmup" --windows "$windows" \
-  --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}"
+  --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}" \
+  --rows-per-example "$([ -n "${BENCH_PREFERENCE:-}" ] && echo 2 || echo 1)"

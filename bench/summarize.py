@@ -104,13 +104,15 @@ def main():
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
     p.add_argument("--packing", default="false", help="packed rows: count non-padding tokens")
     p.add_argument("--label", default="ours")
+    p.add_argument("--rows-per-example", type=int, default=1,
+                   help="rows a micro-batch element trains: 2 for preference pairs (chosen and rejected)")
     a = p.parse_args()
     state, progress = read_events(a.events)
     if not progress:
         raise SystemExit(f"no progress events in {a.events} (job state {state})")
     last_step = min(max(steps) for steps in progress.values())
     window_steps = a.window_steps or max(1, (last_step - a.warmup) // a.windows)
-    tokens_per_step = a.micro_batch * a.seq
+    tokens_per_step = a.micro_batch * a.rows_per_example * a.seq
     packing = a.packing.lower() in ("1", "true", "yes", "on")
     rates, seconds, fills = windows_of(progress, a.warmup, a.windows, window_steps, tokens_per_step, packing)
     measured = range(a.warmup + 1, a.warmup + a.windows * window_steps + 1)
