@@ -11,11 +11,31 @@ as ours is measured from the service's progress events (bench/summarize.py):
 The batches are made on the device before timing, so no host-to-device copy is timed (ours
 tokenizes and copies its batches inside the timed steps).
 """
+import argparse
 import json
 import statistics
 import time
 
 import torch
+
+
+def measurement_parser():
+    """The arguments every single-process anchor takes: the model folder, the micro-batches to
+    measure (one after the other in one process) and the measurement's warm-up and windows."""
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[4])
+    p.add_argument("--micro-batch", type=int, help="one micro-batch (the older interface)")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--window-steps", type=int, default=5)
+    return p
+
+
+def micro_batches_of(args):
+    """--micro-batch N, where given, stands for --micro-batches N."""
+    return [args.micro_batch] if args.micro_batch else args.micro_batches
 
 
 def apply_liger():

@@ -23,7 +23,6 @@ see each other). The JSON line records whether transformers detects the packing.
       [--warmup 3 --windows 3 --window-steps 5] [--profile-out trace.json --profile-micro-batch 4]
       [--packed --doc-tokens 500 4000]
 """
-import argparse
 import os
 import sys
 import time
@@ -32,16 +31,9 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchor_common import apply_liger, emit, measure, profile, scope  # noqa: E402
+from anchor_common import apply_liger, emit, measure, measurement_parser, micro_batches_of, profile, scope  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("model")
-p.add_argument("--micro-batches", type=int, nargs="+", default=[4])
-p.add_argument("--micro-batch", type=int, help="one micro-batch (the older interface)")
-p.add_argument("--seq", type=int, default=2048)
-p.add_argument("--warmup", type=int, default=3)
-p.add_argument("--windows", type=int, default=3)
-p.add_argument("--window-steps", type=int, default=5)
+p = measurement_parser()
 p.add_argument("--steps", type=int, help="the older interface: 2 warm-up steps, one window of the rest")
 p.add_argument("--liger", action="store_true", help="Liger kernels (liger-kernel wheel)")
 p.add_argument("--no-autocast", action="store_true", help="the older, weakened anchor (LoRA in fp32)")
@@ -57,8 +49,7 @@ p.add_argument("--packed", action="store_true", help="rows of several documents 
 p.add_argument("--doc-tokens", type=int, nargs=2, default=[500, 4000], metavar=("MIN", "MAX"),
                help="document lengths for --packed (uniform)")
 a = p.parse_args()
-if a.micro_batch:
-    a.micro_batches = [a.micro_batch]
+a.micro_batches = micro_batches_of(a)
 if a.steps:
     a.warmup, a.windows, a.window_steps = 2, 1, max(1, a.steps - 2)
 cuda = a.device.startswith("cuda")

@@ -26,7 +26,6 @@ into the folder; a folder without a loadable one gets a minimal tokenizer writte
   python3 bench/anchor_unsloth.py MODEL_DIR --micro-batches 4 1 [--seq 2048]
       [--gc unsloth|true|false | --no-gc] [--warmup 3 --windows 3 --window-steps 5]
 """
-import argparse
 import importlib.metadata
 import os
 import sys
@@ -42,22 +41,18 @@ for _k, _v in {"UNSLOTH_DISABLE_STATISTICS": "1", "HF_HUB_OFFLINE": "1", "TRANSF
                "UNSLOTH_COMPILE_LOCATION": os.path.join(tempfile.gettempdir(), "unsloth_compiled_cache")}.items():
     os.environ.setdefault(_k, _v)
 
-p = argparse.ArgumentParser()
-p.add_argument("model")
-p.add_argument("--micro-batches", type=int, nargs="+", default=[4])
-p.add_argument("--micro-batch", type=int, help="one micro-batch (as anchor_hf.py takes it)")
-p.add_argument("--seq", type=int, default=2048)
-p.add_argument("--warmup", type=int, default=3)
-p.add_argument("--windows", type=int, default=3)
-p.add_argument("--window-steps", type=int, default=5)
+# anchor_common imports torch alone, which Unsloth lets come before it.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from anchor_common import emit, measure, measurement_parser, micro_batches_of  # noqa: E402
+
+p = measurement_parser()
 p.add_argument("--gc", default="unsloth", choices=["unsloth", "true", "false"],
                help="Unsloth's offloaded checkpointing (its default), plain checkpointing, or none")
 p.add_argument("--no-gc", action="store_true", help="no activation checkpointing (--gc false)")
 p.add_argument("--autocast", action="store_true", help="bf16 autocast around the forward (not Unsloth's way)")
 p.add_argument("--lora-r", type=int, default=16)
 a = p.parse_args()
-if a.micro_batch:
-    a.micro_batches = [a.micro_batch]
+a.micro_batches = micro_batches_of(a)
 if a.no_gc:
     a.gc = "false"
 gc = {"unsloth": "unsloth", "true": True, "false": False}[a.gc]
@@ -66,9 +61,6 @@ model_dir = os.path.abspath(a.model)
 started = time.perf_counter()
 import torch  # noqa: E402
 from unsloth import FastLanguageModel  # noqa: E402  first: before transformers and peft, so its patches apply
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchor_common import emit, measure  # noqa: E402
 
 
 def tokenizer_kwargs():
