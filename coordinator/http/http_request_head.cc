@@ -32,6 +32,15 @@ int HexValue(char c) {
   return -1;
 }
 
+// Control characters other than horizontal tab never belong in a request head.
+bool HasControl(absl::string_view s) {
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t') || u == 0x7f) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<std::string> PercentDecode(absl::string_view s) {
   std::string out;
   out.reserve(s.size());
@@ -46,23 +55,14 @@ absl::StatusOr<std::string> PercentDecode(absl::string_view s) {
     out += static_cast<char>(high * 16 + low);
     i += 2;
   }
-  if (out.find('\0') != std::string::npos) return absl::InvalidArgumentError("a NUL in the path");
+  if (HasControl(out)) return absl::InvalidArgumentError("a NUL or control character in the path");
   return out;
-}
-
-// Control characters other than horizontal tab never belong in a request head.
-bool HasControl(absl::string_view s) {
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if ((u < 0x20 && c != '\t') || u == 0x7f) return true;
-  }
-  return false;
 }
 
 }  // namespace
 
-std::optional<size_t> HttpRequestHeadEnd(absl::string_view received) {
-  for (size_t i = 0; i < received.size(); ++i) {
+std::optional<size_t> HttpRequestHeadEnd(absl::string_view received, size_t from) {
+  for (size_t i = from; i < received.size(); ++i) {
     if (received[i] != '\n') continue;
     if (i + 1 < received.size() && received[i + 1] == '\n') return i + 2;
     if (i + 2 < received.size() && received[i + 1] == '\r' && received[i + 2] == '\n') return i + 3;

@@ -3,8 +3,10 @@
 //
 // Only what the read-only port needs is kept (method, path, query, Authorization, Host); a
 // request body is never read. Anything ambiguous is refused rather than guessed: a target that is
-// not origin-form, a bad percent escape or a NUL in the path, folded or malformed header lines,
-// a repeated Host or Authorization.
+// not origin-form (absolute-form is for proxies, which this port is not, so it is refused
+// although RFC 9112 asks servers to take it), a bad percent escape or a control character (NUL,
+// CR, LF, ...) in the decoded path, folded or malformed header lines, a repeated Host or
+// Authorization. The path is not normalised: "/a/../b" is not "/b" (routes match exactly).
 #pragma once
 
 #include <cstddef>
@@ -25,8 +27,10 @@ struct HttpServerRequest {
 };
 
 // Where the head ends in `received` (the offset just past its blank line), or nullopt while it
-// has not all arrived. Both CRLF and bare LF line ends are accepted, as most servers do.
-std::optional<size_t> HttpRequestHeadEnd(absl::string_view received);
+// has not all arrived, looking from `from` on (a caller that appends pieces passes where the
+// previous look ended, less 3 bytes). Both CRLF and bare LF line ends are accepted, as most
+// servers do.
+std::optional<size_t> HttpRequestHeadEnd(absl::string_view received, size_t from = 0);
 
 // The request in `head` (everything up to and including the blank line). INVALID_ARGUMENT naming
 // what is wrong: the server answers it with 400.

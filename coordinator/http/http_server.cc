@@ -1,11 +1,18 @@
 // The read-only HTTP server: one epoll thread for every socket, a few threads for the handler
 // (see http_server.h).
 //
-// A connection moves through three states: kReading (its head arriving, under the request
+// A connection moves through four states: kReading (its head arriving, under the request
 // deadline), kHandling (off epoll, queued to or inside a handler thread), kWriting (its answer
-// going out, under the write deadline). Connections are named by a serial number, never by their
-// descriptor, so an answer for a connection that has meanwhile been closed is dropped rather
-// than sent to a descriptor reused by someone else.
+// going out, under the write deadline), kDraining (answer sent and our side shut: what the
+// client still sends is read and dropped for a moment, since closing with unread input makes
+// the kernel reset the connection and throw away an answer still in flight). Connections are
+// named by a serial number, never by their descriptor, so an answer for a connection that has
+// meanwhile been closed is dropped rather than sent to a descriptor reused by someone else.
+//
+// At a cap, a connection that is still only reading its head (idle or slow: a real client sends
+// its head at once) is dropped to make room, the oldest of the address, or at the total cap of
+// the address holding most; only when there is none is the newcomer refused. So idle sockets
+// cannot lock others of the same address (every local client shares 127.0.0.1) out.
 #include "coordinator/http/http_server.h"
 
 #include <arpa/inet.h>
@@ -24,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -36,9 +44,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Epoll data for the two descriptors that are not connections (serials start above them).
-constexpr uint64_t kListenTag = 0;
-constexpr uint64_t kWakeTag = 1;
+// Epoll data of the descriptors that are not connections: the wake-up, then the listening
+// sockets (one per address a name resolves to); connection serials start above them.
+constexpr uint64_t kWakeTag = 0;
+constexpr uint64_t kFirstListenTag = 1;
+constexpr uint64_t kMaxListeners = 8;
+constexpr uint64_t kFirstSerial = kFirstListenTag + kMaxListeners;
+// How long a connection whose answer is sent keeps reading what the client still sends.
+constexpr auto kDrainTime = std::chrono::milliseconds(1000);
 // A pause in accepting after the process ran out of descriptors, instead of spinning on accept.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
@@ -52,6 +65,7 @@ const char* Reason(int status) {
     case 405: return "Method Not Allowed";
     case 421: return "Misdirected Request";
     case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     default: return status < 400 ? "OK" : "Error";
   }
@@ -80,19 +94,45 @@ std::string Plain(int status, std::string body, std::vector<std::pair<std::strin
   return Render(response, /*head=*/false);
 }
 
-// The client a connection counts against: its remote address, without the port.
+// The client a connection counts against: its IPv4 address (also when it arrives IPv4-mapped
+// on an IPv6 socket), or its IPv6 /64 (one host commonly holds a whole /64).
 std::string ClientOf(const sockaddr_storage& peer) {
   char text[INET6_ADDRSTRLEN] = "";
   if (peer.ss_family == AF_INET) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(peer).sin_addr, text, sizeof(text));
-  } else if (peer.ss_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(peer).sin6_addr, text, sizeof(text));
+    return text;
   }
-  return text;
+  if (peer.ss_family != AF_INET6) return "";
+  in6_addr address = reinterpret_cast<const sockaddr_in6&>(peer).sin6_addr;
+  if (IN6_IS_ADDR_V4MAPPED(&address)) {
+    in_addr v4;
+    memcpy(&v4, &address.s6_addr[12], sizeof(v4));
+    inet_ntop(AF_INET, &v4, text, sizeof(text));
+    return text;
+  }
+  memset(&address.s6_addr[8], 0, 8);
+  inet_ntop(AF_INET6, &address, text, sizeof(text));
+  return absl::StrCat(text, "/64");
 }
 
-// A listening socket for "host:port", "[v6]:port" or ":port"/"port" (every interface).
-absl::StatusOr<int> Listen(const std::string& address) {
+// Reads and drops what is waiting on a socket (without blocking).
+void DrainInput(int fd) {
+  char buffer[4096];
+  while (recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT) > 0) {
+  }
+}
+
+// Closes at once with a reset: for a peer past its deadline, whose unread answer would otherwise
+// keep kernel memory for minutes while the kernel probes its closed window.
+void Abort(int fd) {
+  const linger now{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof(now));
+  close(fd);
+}
+
+// Listening sockets for "host:port", "[v6]:port" or ":port"/"port" (every interface): one for
+// each address the host resolves to ("localhost": ::1 and 127.0.0.1), all on one port.
+absl::StatusOr<std::vector<int>> Listen(const std::string& address) {
   std::string host;
   std::string port;
   if (!address.empty() && address[0] == '[') {
@@ -121,31 +161,47 @@ absl::StatusOr<int> Listen(const std::string& address) {
   if (resolved != 0 || found == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(resolved)));
   }
-  std::string why = "no address";
-  int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      why = strerror(errno);
-      continue;
+  std::vector<int> fds;
+  std::string why;
+  int bound_port = port_number;
+  for (addrinfo* a = found; a != nullptr && fds.size() < kMaxListeners; a = a->ai_next) {
+    sockaddr_storage where{};
+    memcpy(&where, a->ai_addr, a->ai_addrlen);
+    if (bound_port != 0) {  // the port the first one got, when 0 asked for any
+      const uint16_t net_port = htons(static_cast<uint16_t>(bound_port));
+      if (where.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6&>(where).sin6_port = net_port;
+      else reinterpret_cast<sockaddr_in&>(where).sin_port = net_port;
     }
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    // An IPv6 socket takes IPv6 alone, so that "::" and "0.0.0.0" from one name can both listen.
+    if (fd >= 0 && a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&where), a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
       why = strerror(errno);
-      close(fd);
-      fd = -1;
+      if (fd >= 0) close(fd);
+      for (int open : fds) close(open);
+      freeaddrinfo(found);
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", why));
     }
+    if (bound_port == 0) {
+      sockaddr_storage got{};
+      socklen_t length = sizeof(got);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&got), &length);
+      bound_port = ntohs(got.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(got).sin6_port
+                                                   : reinterpret_cast<sockaddr_in&>(got).sin_port);
+    }
+    fds.push_back(fd);
   }
   freeaddrinfo(found);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", why));
-  return fd;
+  if (fds.empty()) return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": no address"));
+  return fds;
 }
 
 }  // namespace
 
 struct HttpServer::Loop {
-  enum class State { kReading, kHandling, kWriting };
+  enum class State { kReading, kHandling, kWriting, kDraining };
   struct Connection {
     int fd = -1;
     std::string client;
@@ -158,19 +214,20 @@ struct HttpServer::Loop {
   struct Job {
     uint64_t serial;
     HttpServerRequest request;
+    Clock::time_point queued;
   };
 
   HttpServerOptions options;
   Handler handler;
-  int listen_fd = -1;
+  std::vector<int> listen_fds;
   int epoll_fd = -1;
   int wake_fd = -1;
   int port = 0;
 
   // Owned by the loop thread alone.
-  std::map<uint64_t, Connection> connections;
+  std::map<uint64_t, Connection> connections;  // by serial: oldest first
   std::map<std::string, int> per_client;
-  uint64_t next_serial = 2;
+  uint64_t next_serial = kFirstSerial;
   bool accepting = true;
   Clock::time_point resume_accepting;
 
@@ -196,7 +253,7 @@ struct HttpServer::Loop {
     work.notify_all();
     for (std::thread& t : handler_threads) t.join();
     for (auto& [serial, c] : connections) close(c.fd);
-    if (listen_fd >= 0) close(listen_fd);
+    for (int fd : listen_fds) close(fd);
     if (epoll_fd >= 0) close(epoll_fd);
     if (wake_fd >= 0) close(wake_fd);
   }
@@ -213,10 +270,14 @@ struct HttpServer::Loop {
     epoll_ctl(epoll_fd, op, fd, &event);
   }
 
-  void Close(uint64_t serial) {
+  void Close(uint64_t serial, bool abort = false) {
     auto it = connections.find(serial);
     if (it == connections.end()) return;
-    close(it->second.fd);  // also leaves epoll
+    if (abort) {
+      Abort(it->second.fd);  // also leaves epoll
+    } else {
+      close(it->second.fd);
+    }
     if (--per_client[it->second.client] == 0) per_client.erase(it->second.client);
     connections.erase(it);
   }
@@ -239,11 +300,42 @@ struct HttpServer::Loop {
   // Accepted beyond a cap: a short 503 if the socket takes it now, then closed.
   static void Refuse(int fd, const char* why) {
     const std::string answer = Plain(503, absl::StrCat(why, "\n"), {{"Retry-After", "1"}});
+    DrainInput(fd);
     (void)!send(fd, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    shutdown(fd, SHUT_WR);
     close(fd);
   }
 
-  void Accept() {
+  // Drops the oldest connection of `client` (any client: "") that is still reading its head.
+  bool DropOldestReading(const std::string& client) {
+    for (const auto& [serial, c] : connections) {
+      if (c.state == State::kReading && (client.empty() || c.client == client)) {
+        Close(serial, /*abort=*/true);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Room for one more connection from `client`: true when it is within the caps, or was brought
+  // within them by dropping a connection that is still reading its head.
+  bool MakeRoom(const std::string& client) {
+    const auto held = per_client.find(client);
+    if (held != per_client.end() && held->second >= options.max_connections_per_client &&
+        !DropOldestReading(client)) {
+      return false;
+    }
+    if (connections.size() < static_cast<size_t>(options.max_connections)) return true;
+    // At the total cap: a reading connection of the address holding most, else of anyone.
+    std::string most;
+    int most_held = 0;
+    for (const auto& [name, count] : per_client) {
+      if (count > most_held) most = name, most_held = count;
+    }
+    return DropOldestReading(most) || DropOldestReading("");
+  }
+
+  void Accept(int listen_fd) {
     while (accepting) {
       sockaddr_storage peer{};
       socklen_t length = sizeof(peer);
@@ -252,21 +344,18 @@ struct HttpServer::Loop {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           accepting = false;
           resume_accepting = Clock::now() + kAcceptPause;
-          Watch(listen_fd, 0, kListenTag, EPOLL_CTL_MOD);
+          for (size_t i = 0; i < listen_fds.size(); ++i) Watch(listen_fds[i], 0, kFirstListenTag + i, EPOLL_CTL_MOD);
         }
         return;  // EAGAIN, or a connection that went away before we took it
       }
       const std::string client = ClientOf(peer);
-      if (connections.size() >= static_cast<size_t>(options.max_connections)) {
-        Refuse(fd, "too many connections");
+      if (!MakeRoom(client)) {
+        Refuse(fd, connections.size() >= static_cast<size_t>(options.max_connections)
+                       ? "too many connections"
+                       : "too many connections from this address");
         continue;
       }
-      int& held = per_client[client];
-      if (held >= options.max_connections_per_client) {
-        Refuse(fd, "too many connections from this address");
-        continue;
-      }
-      ++held;
+      ++per_client[client];
       const uint64_t serial = next_serial++;
       Connection& c = connections[serial];
       c.fd = fd;
@@ -287,8 +376,10 @@ struct HttpServer::Loop {
         if (errno == EINTR) continue;
         return Close(serial);
       }
+      // The blank line may straddle what came before: look again from just before it.
+      const size_t from = c.received.size() < 3 ? 0 : c.received.size() - 3;
       c.received.append(buffer, static_cast<size_t>(n));
-      const std::optional<size_t> end = HttpRequestHeadEnd(c.received);
+      const std::optional<size_t> end = HttpRequestHeadEnd(c.received, from);
       if (!end && c.received.size() <= options.max_request_bytes) continue;
       if (!end || *end > options.max_request_bytes) {
         return Answer(serial, Plain(431, "the request head is too long\n"));
@@ -303,7 +394,7 @@ struct HttpServer::Loop {
       epoll_ctl(epoll_fd, EPOLL_CTL_DEL, c.fd, nullptr);
       {
         std::lock_guard<std::mutex> lock(mutex);
-        jobs.push_back({serial, *std::move(request)});
+        jobs.push_back({serial, *std::move(request), Clock::now()});
       }
       work.notify_one();
       return;
@@ -322,7 +413,24 @@ struct HttpServer::Loop {
       c.sent += static_cast<size_t>(n);
     }
     shutdown(c.fd, SHUT_WR);
-    Close(serial);
+    c.state = State::kDraining;
+    c.answer.clear();
+    c.deadline = Clock::now() + kDrainTime;
+    Watch(c.fd, EPOLLIN | EPOLLRDHUP, serial, EPOLL_CTL_MOD);
+    Drain(serial);
+  }
+
+  // Reads and drops what the client still sends; closes at its end of the stream.
+  void Drain(uint64_t serial) {
+    Connection& c = connections.at(serial);
+    char buffer[4096];
+    while (true) {
+      const ssize_t n = recv(c.fd, buffer, sizeof(buffer), 0);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      return Close(serial);  // the client closed too, or the connection failed
+    }
   }
 
   void TakeAnswers() {
@@ -340,20 +448,22 @@ struct HttpServer::Loop {
   int ExpireAndTimeout() {
     const Clock::time_point now = Clock::now();
     Clock::time_point next = now + std::chrono::seconds(1);
-    std::vector<uint64_t> expired;
+    std::vector<std::pair<uint64_t, bool>> expired;  // and whether to abort
     for (const auto& [serial, c] : connections) {
       if (c.state == State::kHandling) continue;
       if (c.deadline <= now) {
-        expired.push_back(serial);
+        expired.emplace_back(serial, c.state == State::kWriting);
       } else {
         next = std::min(next, c.deadline);
       }
     }
-    for (uint64_t serial : expired) Close(serial);
+    for (const auto& [serial, abort] : expired) Close(serial, abort);
     if (!accepting) {
       if (resume_accepting <= now) {
         accepting = true;
-        Watch(listen_fd, EPOLLIN, kListenTag, EPOLL_CTL_MOD);
+        for (size_t i = 0; i < listen_fds.size(); ++i) {
+          Watch(listen_fds[i], EPOLLIN, kFirstListenTag + i, EPOLL_CTL_MOD);
+        }
       } else {
         next = std::min(next, resume_accepting);
       }
@@ -367,15 +477,16 @@ struct HttpServer::Loop {
       const int n = epoll_wait(epoll_fd, events, 64, ExpireAndTimeout());
       for (int i = 0; i < n; ++i) {
         const uint64_t tag = events[i].data.u64;
-        if (tag == kListenTag) {
-          Accept();
-        } else if (tag == kWakeTag) {
+        if (tag == kWakeTag) {
           TakeAnswers();
+        } else if (tag < kFirstSerial) {
+          Accept(listen_fds[tag - kFirstListenTag]);
         } else if (auto it = connections.find(tag); it != connections.end()) {
-          if (it->second.state == State::kReading) {
-            Read(tag);
-          } else if (it->second.state == State::kWriting) {
-            Write(tag);
+          switch (it->second.state) {
+            case State::kReading: Read(tag); break;
+            case State::kWriting: Write(tag); break;
+            case State::kDraining: Drain(tag); break;
+            case State::kHandling: break;  // off epoll
           }
         }
       }
@@ -392,8 +503,22 @@ struct HttpServer::Loop {
         job = std::move(jobs.front());
         jobs.pop_front();
       }
-      const HttpServerResponse response = handler(job.request);
-      std::string answer = Render(response, job.request.method == "HEAD");
+      std::string answer;
+      if (Clock::now() - job.queued > std::chrono::milliseconds(options.request_timeout_ms)) {
+        // Waited too long behind others: the client has likely given up, and serving it would
+        // only keep the queue long.
+        answer = Plain(503, "busy\n", {{"Retry-After", "1"}});
+      } else {
+        HttpServerResponse response;
+        try {
+          response = handler(job.request);
+        } catch (const std::exception&) {  // one bad request must not end the coordinator
+          response = HttpServerResponse{};
+          response.status = 500;
+          response.body = "internal error\n";
+        }
+        answer = Render(response, job.request.method == "HEAD");
+      }
       {
         std::lock_guard<std::mutex> lock(mutex);
         answers.emplace_back(job.serial, std::move(answer));
@@ -417,12 +542,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   auto loop = std::make_unique<Loop>();
   loop->options = options;
   loop->handler = std::move(handler);
-  absl::StatusOr<int> listening = Listen(options.address);
+  absl::StatusOr<std::vector<int>> listening = Listen(options.address);
   if (!listening.ok()) return listening.status();
-  loop->listen_fd = *listening;
+  loop->listen_fds = *std::move(listening);
   sockaddr_storage bound{};
   socklen_t length = sizeof(bound);
-  getsockname(loop->listen_fd, reinterpret_cast<sockaddr*>(&bound), &length);
+  getsockname(loop->listen_fds[0], reinterpret_cast<sockaddr*>(&bound), &length);
   loop->port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
                                                  : reinterpret_cast<sockaddr_in&>(bound).sin_port);
   loop->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
@@ -430,7 +555,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   if (loop->epoll_fd < 0 || loop->wake_fd < 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", options.address, ": ", strerror(errno)));
   }
-  loop->Watch(loop->listen_fd, EPOLLIN, kListenTag, EPOLL_CTL_ADD);
+  for (size_t i = 0; i < loop->listen_fds.size(); ++i) {
+    loop->Watch(loop->listen_fds[i], EPOLLIN, kFirstListenTag + i, EPOLL_CTL_ADD);
+  }
   loop->Watch(loop->wake_fd, EPOLLIN, kWakeTag, EPOLL_CTL_ADD);
   Loop* raw = loop.get();
   for (int i = 0; i < options.handler_threads; ++i) loop->handler_threads.emplace_back([raw] { raw->RunHandler(); });

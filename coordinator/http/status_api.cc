@@ -59,8 +59,11 @@ std::string LatestSamplesJson(const std::string& metrics_tail) {
     const std::string line = metrics_tail.substr(from, end - from);
     if (line.find("\"samples\"") != std::string::npos) {
       const json j = json::parse(line, nullptr, false);
+      // The file is in the job's output folder, which its user may write: read nothing as a type
+      // it is not (json::value throws on a mismatch).
       if (j.is_object() && j.contains("samples") && j["samples"].is_array()) {
-        return Dump(json{{"step", j.value("step", int64_t{0})}, {"samples", j["samples"]}});
+        const int64_t step = j.contains("step") && j["step"].is_number_integer() ? j["step"].get<int64_t>() : 0;
+        return Dump(json{{"step", step}, {"samples", j["samples"]}});
       }
     }
     if (start == std::string::npos) break;

@@ -9,6 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +107,8 @@ TEST(HttpRequestHeadTest, FindsTheEndOnlyOnceItArrived) {
   EXPECT_FALSE(HttpRequestHeadEnd("GET / HTTP/1.1\r\nHost: x\r\n"));
   EXPECT_FALSE(HttpRequestHeadEnd("GET / HTTP/1.1\r\nHost: x\r\n\r"));
   EXPECT_EQ(HttpRequestHeadEnd("GET / HTTP/1.1\r\n\r\nbody"), 18u);
+  // Looking again from where an earlier, shorter look left off (less 3) finds the same end.
+  EXPECT_EQ(HttpRequestHeadEnd("GET / HTTP/1.1\r\n\r\nbody", 14), 18u);
 }
 
 TEST(HttpRequestHeadTest, RefusesWhatIsAmbiguous) {
@@ -117,6 +122,7 @@ TEST(HttpRequestHeadTest, RefusesWhatIsAmbiguous) {
       {"GET /%zz HTTP/1.1\r\n\r\n", "percent escape"},
       {"GET /a% HTTP/1.1\r\n\r\n", "percent escape"},
       {"GET /a%00b HTTP/1.1\r\n\r\n", "NUL"},
+      {"GET /a%0d%0aSet-Cookie:%20x HTTP/1.1\r\n\r\n", "control character"},
       {"GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n", "folded"},
       {"GET / HTTP/1.1\r\nNo colon\r\n\r\n", "malformed header"},
       {"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n", "malformed header"},
@@ -177,14 +183,72 @@ TEST(HttpServerTest, AHeadNotSentInTimeIsDropped) {
   close(fd);
 }
 
-// One address holding its cap of idle connections is refused more (503 at once), while another
-// address is served; closing one of the first address's connections lets it in again.
-TEST(HttpServerTest, CapsConnectionsPerClient) {
+// True when the server has closed `fd` (end of stream or reset) within `timeout_ms`.
+bool ClosedByServer(int fd, int timeout_ms = 200) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return false;
+  char byte;
+  return recv(fd, &byte, 1, MSG_DONTWAIT) <= 0;
+}
+
+// A handler that holds requests for /slow until released (`holding` counts them).
+struct Gate {
+  std::mutex mutex;
+  std::condition_variable opened;
+  bool open = false;
+  std::atomic<int> holding{0};
+  HttpServer::Handler Handler() {
+    return [this](const HttpServerRequest& r) {
+      if (r.path == "/slow") {
+        ++holding;
+        std::unique_lock<std::mutex> lock(mutex);
+        opened.wait(lock, [&] { return open; });
+      }
+      return Echo(r);
+    };
+  }
+  void Open() {
+    { std::lock_guard<std::mutex> lock(mutex); open = true; }
+    opened.notify_all();
+  }
+  bool WaitHolding(int n) {
+    for (int i = 0; i < 200 && holding.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return holding.load() >= n;
+  }
+};
+
+int SendOnly(int port, const std::string& path, int from) {
+  const int fd = Connect(port, from);
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\n\r\n");
+  (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  return fd;
+}
+
+// Idle connections hold no slot against a real request: at an address's cap, the oldest
+// connection still waiting for its head is dropped and the newcomer served, so a local user's
+// idle sockets cannot lock out Prometheus or a browser on the same 127.0.0.1.
+TEST(HttpServerTest, IdleConnectionsGiveWayToRequests) {
   auto server = Serve({.request_timeout_ms = 10000, .max_connections_per_client = 4});
   ASSERT_NE(server, nullptr);
   std::vector<int> idle;
   for (int i = 0; i < 4; ++i) idle.push_back(Connect(server->port(), 2));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // accepted
+  const auto begin = Clock::now();
+  EXPECT_THAT(Get(server->port(), "/", 2), StartsWith("HTTP/1.1 200 "));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - begin).count(), 1.0);
+  EXPECT_TRUE(ClosedByServer(idle[0])) << "the oldest idle connection gave way";
+  for (size_t i = 1; i < idle.size(); ++i) EXPECT_FALSE(ClosedByServer(idle[i], 20)) << i;
+  for (int fd : idle) close(fd);
+}
+
+// Connections whose requests are being served do hold their slots: one more from that address
+// is answered 503 at once, while another address is served.
+TEST(HttpServerTest, CapsBusyConnectionsPerClient) {
+  Gate gate;
+  auto server = Serve({.request_timeout_ms = 10000, .max_connections_per_client = 2}, gate.Handler());
+  ASSERT_NE(server, nullptr);
+  std::vector<int> busy = {SendOnly(server->port(), "/slow", 2), SendOnly(server->port(), "/slow", 2)};
+  ASSERT_TRUE(gate.WaitHolding(2));
   const auto begin = Clock::now();
   const std::string refused = Get(server->port(), "/", 2);
   EXPECT_THAT(refused, StartsWith("HTTP/1.1 503 "));
@@ -192,25 +256,95 @@ TEST(HttpServerTest, CapsConnectionsPerClient) {
   EXPECT_THAT(refused, HasSubstr("too many connections from this address"));
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - begin).count(), 1.0);
   EXPECT_THAT(Get(server->port(), "/other", 3), StartsWith("HTTP/1.1 200 "));
-  close(idle.back());
-  idle.pop_back();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  gate.Open();
+  for (int fd : busy) {
+    EXPECT_THAT(ReadAll(fd), StartsWith("HTTP/1.1 200 "));
+    close(fd);
+  }
   EXPECT_THAT(Get(server->port(), "/", 2), StartsWith("HTTP/1.1 200 "));
-  for (int fd : idle) close(fd);
 }
 
 TEST(HttpServerTest, CapsConnectionsInAll) {
-  auto server = Serve({.request_timeout_ms = 10000, .max_connections = 3});
+  Gate gate;
+  auto server = Serve({.request_timeout_ms = 10000, .max_connections = 3}, gate.Handler());
   ASSERT_NE(server, nullptr);
-  std::vector<int> idle;
-  for (int i = 0; i < 3; ++i) idle.push_back(Connect(server->port(), 10 + i));
+  // Idle ones give way, the address holding most first...
+  std::vector<int> idle = {Connect(server->port(), 10), Connect(server->port(), 11), Connect(server->port(), 11)};
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_THAT(Get(server->port(), "/", 20), StartsWith("HTTP/1.1 200 "));
+  EXPECT_FALSE(ClosedByServer(idle[0], 20));
+  EXPECT_TRUE(ClosedByServer(idle[1]));
+  for (int fd : idle) close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // ... busy ones do not.
+  std::vector<int> busy;
+  for (int i = 0; i < 3; ++i) busy.push_back(SendOnly(server->port(), "/slow", 10 + i));
+  ASSERT_TRUE(gate.WaitHolding(3));
   const std::string refused = Get(server->port(), "/", 20);
   EXPECT_THAT(refused, StartsWith("HTTP/1.1 503 "));
   EXPECT_THAT(refused, HasSubstr("too many connections\n"));
-  for (int fd : idle) close(fd);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_THAT(Get(server->port(), "/", 20), StartsWith("HTTP/1.1 200 "));
+  gate.Open();
+  for (int fd : busy) close(fd);
+}
+
+// A handler that throws answers 500 and the server goes on; a request that waited in the queue
+// longer than the request deadline is answered 503 without running the handler.
+TEST(HttpServerTest, AThrowingHandlerAnswers500AndALongWait503) {
+  auto server = Serve({.handler_threads = 1, .request_timeout_ms = 300}, [](const HttpServerRequest& r) {
+    if (r.path == "/throw") throw std::runtime_error("boom");
+    if (r.path == "/slow") std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    return Echo(r);
+  });
+  ASSERT_NE(server, nullptr);
+  EXPECT_THAT(Get(server->port(), "/throw"), StartsWith("HTTP/1.1 500 "));
+  EXPECT_THAT(Get(server->port(), "/"), StartsWith("HTTP/1.1 200 "));
+  const int slow = SendOnly(server->port(), "/slow", 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::string waited = Get(server->port(), "/", 5);
+  EXPECT_THAT(waited, StartsWith("HTTP/1.1 503 "));
+  EXPECT_THAT(waited, HasSubstr("busy"));
+  EXPECT_THAT(ReadAll(slow), StartsWith("HTTP/1.1 200 "));
+  close(slow);
+}
+
+// An answer to a request whose body was never read still arrives whole (the server reads and
+// drops the rest before closing instead of resetting the connection).
+TEST(HttpServerTest, AnAnswerSurvivesAnUnreadBody) {
+  auto server = Serve({});
+  ASSERT_NE(server, nullptr);
+  const int fd = Connect(server->port());
+  std::thread sender([fd] {
+    const std::string head = "POST /api/jobs HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n";
+    (void)!send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+    const std::string chunk(65536, 'x');
+    for (int i = 0; i < 16; ++i) (void)!send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+    shutdown(fd, SHUT_WR);
+  });
+  const std::string answer = ReadAll(fd);
+  sender.join();
+  close(fd);
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 405 "));
+  EXPECT_TRUE(absl::EndsWith(answer, "read-only: only GET and HEAD\n")) << answer;
+}
+
+// An address that resolves to several listens on each, on one port ("localhost" may be ::1 and
+// 127.0.0.1; here no host at all: every IPv4 and every IPv6 interface).
+TEST(HttpServerTest, ListensOnEveryAddressItResolvesTo) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start({.address = ":0"}, Echo);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT(Get((*server)->port(), "/v4"), StartsWith("HTTP/1.1 200 "));
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in6 v6{};
+  v6.sin6_family = AF_INET6;
+  v6.sin6_port = htons(static_cast<uint16_t>((*server)->port()));
+  v6.sin6_addr = in6addr_loopback;
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&v6), sizeof(v6)) != 0) {
+    if (fd >= 0) close(fd);
+    GTEST_SKIP() << "no IPv6 loopback here";
+  }
+  (void)!send(fd, "GET /v6 HTTP/1.1\r\n\r\n", 20, MSG_NOSIGNAL);
+  EXPECT_THAT(ReadAll(fd), StartsWith("HTTP/1.1 200 "));
+  close(fd);
 }
 
 // Slow clients hold no thread: 200 connections trickling a byte at a time from 20 addresses,

@@ -144,6 +144,8 @@ TEST(StatusHttpTest, TheLatestSamplesComeFromTheEndOfMetricsJsonl) {
       "{\"step\":5,\"loss\":1.2}\n";
   EXPECT_EQ(LatestSamplesJson(tail), R"({"samples":[{"output":"new","prompt":"<b>p</b>"}],"step":4})");
   EXPECT_EQ(LatestSamplesJson("{\"step\":3,\"loss\":1.5}\n{\"step\":4,\"samples\":[{\"pro"), "null");
+  // The job's user can write metrics.jsonl: a step of the wrong type reads as 0, never throws.
+  EXPECT_EQ(LatestSamplesJson("{\"step\":\"x\",\"samples\":[]}\n"), R"({"samples":[],"step":0})");
   EXPECT_EQ(LatestSamplesJson(""), "null");
   JobRecord job = Running("job-000001", 1);
   EXPECT_THAT(JobDetailJson(job, {}, 0, 0, "", tail), HasSubstr(R"("samples":{"samples":[{"output":"new")"));
