@@ -172,6 +172,10 @@ absl::Status ReadGeneration(const MapReader& top, GenerationConfig* g) {
     QLORA_RETURN_IF_ERROR(gen.ReadBool("do_sample", &value));
     g->do_sample = value;
   }
+  if (g->do_sample.value_or(false) && g->temperature && *g->temperature == 0) {
+    return gen.Error("temperature", "is 0 with do_sample: true: sampling needs a temperature above 0 "
+                                    "(greedy decoding: do_sample: false)");
+  }
   if (g->max_new_tokens && g->min_new_tokens && *g->min_new_tokens > *g->max_new_tokens) {
     return gen.Error("min_new_tokens", absl::StrCat("is more than max_new_tokens (",
                                                     *g->max_new_tokens, ")"));

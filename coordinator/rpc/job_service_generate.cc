@@ -38,8 +38,12 @@ absl::Status CheckRequest(const v1::GenerateRequest& r) {
   if (p.has_min_new_tokens() && p.min_new_tokens() < 0) {
     return absl::InvalidArgumentError("min_new_tokens must not be negative");
   }
-  if (p.has_temperature() && !(p.temperature() > 0)) {
-    return absl::InvalidArgumentError("temperature must be above 0");
+  // 0 is greedy, as in job files (where do_sample may come from); sampling at 0 is refused.
+  if (p.has_temperature() && !(p.temperature() >= 0)) {
+    return absl::InvalidArgumentError("temperature must not be negative");
+  }
+  if (p.has_temperature() && p.temperature() == 0 && p.has_do_sample() && p.do_sample()) {
+    return absl::InvalidArgumentError("temperature 0 with do_sample: sampling needs a temperature above 0");
   }
   if (p.has_top_k() && p.top_k() < 0) return absl::InvalidArgumentError("top_k must not be negative");
   if (p.has_top_p() && !(p.top_p() > 0 && p.top_p() <= 1)) {

@@ -657,6 +657,20 @@ generation: {temperature: 0.1, max_new_tokens: 64, top_k: 0, do_sample: false}
   EXPECT_FALSE(c.generation.num_beams.has_value());
 }
 
+// Temperature 0 is greedy decoding (transformers ignores temperature without sampling); with
+// do_sample it is refused at submit, where otherwise every generation of the job would fail.
+TEST(ConfigParserTest, TemperatureZeroIsGreedyAndRefusedWithSampling) {
+  const JobConfig greedy = ParseOk(absl::StrCat(kMinimal, "generation: {temperature: 0}\n"));
+  EXPECT_EQ(greedy.generation.temperature, 0.0);
+  absl::StatusOr<JobConfig> sampled =
+      ParseNoPaths(absl::StrCat(kMinimal, "generation: {temperature: 0, do_sample: true}\n"));
+  ASSERT_EQ(sampled.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(sampled.status().message(), HasSubstr("generation.temperature: is 0 with do_sample: true"));
+  EXPECT_THAT(sampled.status().message(), HasSubstr("do_sample: false"));
+  EXPECT_EQ(ParseNoPaths(absl::StrCat(kMinimal, "generation: {temperature: -0.5}\n")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // output.gguf: true means f16; a type names the matrices' type; either implies the merged model
 // the GGUF is made from. Anything else is refused naming the choices.
 TEST(ConfigParserTest, OutputGgufNamesItsTypeAndImpliesTheMergedModel) {

@@ -261,6 +261,21 @@ TEST(EngineGeneration, TheCallerEndsItAndBadRequestsAreRefused) {
             absl::StatusCode::kInvalidArgument);
   bad.sampling.top_p = 0;
   EXPECT_EQ(Generate(*model, prompt, bad).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Temperature 0 is greedy decoding when not sampling (as transformers takes it), and refused
+  // when sampling.
+  GenerationOptions cold;
+  cold.max_new_tokens = 8;
+  const auto greedy = Generate(*model, prompt, cold);
+  cold.sampling.temperature = 0;
+  const auto zero = Generate(*model, prompt, cold);
+  ASSERT_TRUE(greedy.ok() && zero.ok()) << zero.status();
+  EXPECT_EQ(zero->tokens, greedy->tokens);
+  cold.sampling.do_sample = true;
+  EXPECT_EQ(Generate(*model, prompt, cold).status().code(), absl::StatusCode::kInvalidArgument);
+  cold.sampling = {};
+  cold.sampling.temperature = -1;
+  EXPECT_EQ(Generate(*model, prompt, cold).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(EngineGeneration, WeightsInAHostStoreGenerateWhatResidentWeightsDo) {

@@ -164,6 +164,9 @@ TEST_F(GenerateTest, BadRequestsAreRefusedWithTheRightStatus) {
   CommandResult bad_setting = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --top-p 1.5"));
   EXPECT_EQ(bad_setting.exit_code, 3) << bad_setting.output;  // INVALID_ARGUMENT
   EXPECT_THAT(bad_setting.output, HasSubstr("top_p"));
+  CommandResult cold_sample = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --sample --temperature 0"));
+  EXPECT_EQ(cold_sample.exit_code, 3) << cold_sample.output;  // INVALID_ARGUMENT, before any worker
+  EXPECT_THAT(cold_sample.output, HasSubstr("temperature 0 with do_sample"));
   CommandResult no_checkpoint = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --checkpoint step-3"));
   EXPECT_EQ(no_checkpoint.exit_code, 4) << no_checkpoint.output;
   // A JSON prompt without the template's column fails in the worker, naming it.

@@ -29,7 +29,13 @@ absl::Status CheckOptions(const LlamaForCausalLM& model, const std::vector<int64
   if (options.min_new_tokens < 0) {
     return absl::InvalidArgumentError("min_new_tokens must not be negative");
   }
-  if (!(s.temperature > 0)) return absl::InvalidArgumentError("temperature must be above 0");
+  // As transformers: temperature only shapes sampling, so greedy decoding takes 0 (Ludwig-style
+  // files write it); sampling at 0 would divide by zero.
+  if (!(s.temperature >= 0)) return absl::InvalidArgumentError("temperature must not be negative");
+  if (s.do_sample && s.temperature == 0) {
+    return absl::InvalidArgumentError(
+        "temperature 0 with do_sample: sampling needs a temperature above 0 (greedy: do_sample false)");
+  }
   if (s.top_k < 0) return absl::InvalidArgumentError("top_k must not be negative");
   if (!(s.top_p > 0 && s.top_p <= 1)) return absl::InvalidArgumentError("top_p must be in (0, 1]");
   if (!(s.repetition_penalty > 0)) {
