@@ -5,7 +5,8 @@ the anchors are (bench/anchor_common.py):
   window's rate on a rank is its tokens / its wall time, where the wall time is the difference of
   the rank's `elapsed_seconds` (steady clock since the start of its first step, read when the
   step's progress is reported) at the window's last step and at the step before its first; its
-  tokens are steps x micro-batch x sequence (every row of the benchmark's data is full). Packed
+  tokens are steps x micro-batch x rows per element (2 for preference pairs) x sequence (every
+  row of the benchmark's data is full). Packed
   rows (--packing true) end in padding where the next document does not fit, so there a window's
   tokens are the non-padding ones: the sum over its steps of the step's rate (`tokens_per_second`,
   non-padding tokens / the step's time) x the step's share of the elapsed clock (which also holds
@@ -17,7 +18,9 @@ the anchors are (bench/anchor_common.py):
 Memory: the largest peak allocated and peak reserved bytes any progress event of a rank carried
 (the CUDA caching allocator's peaks over the worker's whole process, loading included), and the
 largest resident set of its process (host memory, pinned base weights included; getrusage).
-MFU and HFU: bench/flops.py, from the model folder's config.json (--model).
+MFU and HFU: bench/flops.py, from the model folder's config.json (--model). They count a
+training step's work on each token; a DPO step's extra reference forward is not in them, so a
+DPO row's MFU understates its use of the GPU.
 Standard library only.
 """
 import argparse

@@ -951,7 +951,7 @@ absl::StatusOr<JobConfig> Parse(ErrorSite* site, const std::string& text,
   }
   QLORA_RETURN_IF_ERROR(ReadData(top, &c.data, &presence));
   QLORA_RETURN_IF_ERROR(config_internal::ReadLudwigDataSections(top, &c.data, &presence.split));
-  QLORA_RETURN_IF_ERROR(config_internal::ReadGeneration(top, &c.generation));
+  QLORA_RETURN_IF_ERROR(config_internal::ReadGeneration(top, /*new_file=*/!options.stored, &c.generation));
   QLORA_RETURN_IF_ERROR(config_internal::ReadOutput(top, &c));
   QLORA_RETURN_IF_ERROR(top.ReadString("dataset", &c.data.train_path));
   QLORA_RETURN_IF_ERROR(top.ReadString("validation_dataset", &c.data.validation_path));
@@ -998,6 +998,7 @@ absl::StatusOr<JobConfig> ParseResolvedJobConfig(std::string_view resolved_yaml)
   ParseOptions options;
   options.source_name = "resolved job";
   options.check_paths = false;
+  options.stored = true;
   return ParseJobConfig(resolved_yaml, options);
 }
 

@@ -86,6 +86,9 @@ struct ParseOptions {
   std::string name_override;
   // Larger inputs are refused before parsing.
   size_t max_bytes = 1 << 20;
+  // A stored resolved copy (ParseResolvedJobConfig): combinations that only newer versions
+  // refuse at submit are let through, so that a job accepted before an upgrade still runs.
+  bool stored = false;
 };
 
 // Parses and validates one job file. With check_paths, dataset paths and base_model_path come

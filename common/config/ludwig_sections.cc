@@ -143,7 +143,7 @@ absl::Status ReadOutput(const MapReader& top, JobConfig* c) {
   return absl::OkStatus();
 }
 
-absl::Status ReadGeneration(const MapReader& top, GenerationConfig* g) {
+absl::Status ReadGeneration(const MapReader& top, bool new_file, GenerationConfig* g) {
   QLORA_ASSIGN_OR_RETURN(MapReader gen, top.OpenMap("generation"));
   auto number = [&](const char* key, Bound min, Bound max, std::optional<double>* out) {
     if (!gen.Has(key)) return absl::OkStatus();
@@ -172,7 +172,7 @@ absl::Status ReadGeneration(const MapReader& top, GenerationConfig* g) {
     QLORA_RETURN_IF_ERROR(gen.ReadBool("do_sample", &value));
     g->do_sample = value;
   }
-  if (g->do_sample.value_or(false) && g->temperature && *g->temperature == 0) {
+  if (new_file && g->do_sample.value_or(false) && g->temperature && *g->temperature == 0) {
     return gen.Error("temperature", "is 0 with do_sample: true: sampling needs a temperature above 0 "
                                     "(greedy decoding: do_sample: false)");
   }

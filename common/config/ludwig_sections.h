@@ -26,7 +26,8 @@ absl::Status ReadLudwigDataSections(const MapReader& top, DataConfig* d, bool* s
 // implies the merged model it is made from.
 absl::Status ReadOutput(const MapReader& top, JobConfig* c);
 
-// Reads `generation` into *g (only the keys written are set).
-absl::Status ReadGeneration(const MapReader& top, GenerationConfig* g);
+// Reads `generation` into *g (only the keys written are set). A `new_file` (not a stored
+// resolved copy) is also refused sampling at temperature 0.
+absl::Status ReadGeneration(const MapReader& top, bool new_file, GenerationConfig* g);
 
 }  // namespace qlora::config_internal

@@ -2,6 +2,7 @@
 // (the job's final one, or a checkpoint's), and streams a generation session's text.
 #include <sys/stat.h>
 
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -9,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint_dirs.h"
+#include "common/config/job_config_parser.h"
 #include "coordinator/rpc/job_service.h"
 #include "coordinator/rpc/proto_convert.h"
 
@@ -55,6 +57,23 @@ absl::Status CheckRequest(const v1::GenerateRequest& r) {
   return absl::OkStatus();
 }
 
+// The request's settings over the job file's `generation:` section: sampling at temperature 0
+// is refused here, before a worker loads the model, whichever of the two asked for what.
+absl::Status CheckAgainstJob(const v1::GenerationParameters& p, const JobRecord& job) {
+  absl::StatusOr<JobConfig> config = ParseResolvedJobConfig(job.resolved_config_yaml);
+  if (!config.ok()) return absl::OkStatus();  // the worker reports it
+  const std::optional<double> temperature =
+      p.has_temperature() ? std::optional<double>(p.temperature()) : config->generation.temperature;
+  const bool sampling = p.has_do_sample() ? p.do_sample() : config->generation.do_sample.value_or(false);
+  if (sampling && temperature == 0.0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "temperature 0 with do_sample (", p.has_temperature() ? "temperature from the request" : "temperature from the job file",
+        ", ", p.has_do_sample() ? "sampling from the request" : "sampling from the job file",
+        "): sampling needs a temperature above 0"));
+  }
+  return absl::OkStatus();
+}
+
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -95,6 +114,7 @@ grpc::Status JobServiceImpl::Generate(grpc::ServerContext* context, const v1::Ge
   absl::StatusOr<JobRecord> job = AccessibleJob(*caller, request->job_id());
   if (!job.ok()) return ToGrpc(job.status());
   if (absl::Status checked = CheckRequest(*request); !checked.ok()) return ToGrpc(checked);
+  if (absl::Status checked = CheckAgainstJob(request->parameters(), *job); !checked.ok()) return ToGrpc(checked);
   absl::StatusOr<std::string> adapter = AdapterFor(*job, request->checkpoint());
   if (!adapter.ok()) return ToGrpc(adapter.status());
   std::optional<StreamLimit::Slot> slot;

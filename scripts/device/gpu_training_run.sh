@@ -88,13 +88,13 @@ fi
 if [[ $parts == *dpo* ]]; then
   python3 "$root/bench/make_text_data.py" /tmp/pairs.jsonl --lines 200 --pairs 170,170
   echo "== ours: sft, 8 rows of 1024"
-  export BENCH_SEQ=1024 BENCH_WINDOWS=3 BENCH_WINDOW_STEPS=4  # 2 warm-up steps, 3 windows of 4
-  BENCH_LABEL=sft "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 8 2 15
+  # 15 steps: 2 warm-up, 3 windows of 4, the last step outside every window.
+  dpo_bench() { BENCH_SEQ=1024 BENCH_WARMUP=2 BENCH_WINDOWS=3 BENCH_WINDOW_STEPS=4 "$root/bench/run_service_bench.sh" "$@"; }
+  BENCH_LABEL=sft dpo_bench /tmp/llama7b /tmp/bench.txt 0 8 2 15
   echo "== ours: dpo, 4 pairs of 1024 + 1024"
-  BENCH_LABEL=dpo BENCH_PREFERENCE=dpo "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/pairs.jsonl 0 4 2 15
+  BENCH_LABEL=dpo BENCH_PREFERENCE=dpo dpo_bench /tmp/llama7b /tmp/pairs.jsonl 0 4 2 15
   echo "== ours: orpo, 4 pairs of 1024 + 1024"
-  BENCH_LABEL=orpo BENCH_PREFERENCE=orpo "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/pairs.jsonl 0 4 2 15
-  unset BENCH_SEQ BENCH_WINDOWS BENCH_WINDOW_STEPS
+  BENCH_LABEL=orpo BENCH_PREFERENCE=orpo dpo_bench /tmp/llama7b /tmp/pairs.jsonl 0 4 2 15
 fi
 if [[ $parts == *ours1gpu* ]]; then
   "$root/bench/run_service_bench.sh" /tmp/llama7b /tmp/bench.txt 0 1 2 10

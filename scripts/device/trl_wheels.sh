@@ -6,7 +6,7 @@
 #   rest/   trl 1.16.0, datasets 5.2.0 and their small needs (the versions the reference
 #           environment pins), liger-kernel 0.8.5
 #   site/   bitsandbytes 0.50.2 unpacked, with only its CUDA 13 libraries (the wheel is 43 MB)
-# Both (24 MB) travel in one call, but not with the bundle (37 MB) and the tree.
+# Both (11 MB) travel in one call with the bundle (37 MB) and the tree.
 # Ignored by git (.gitignore), never committed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

@@ -155,9 +155,16 @@ TEST_F(GenerateTest, EvaluationSamplesShowWhatTheModelWritesAsItTrains) {
 TEST_F(GenerateTest, BadRequestsAreRefusedWithTheRightStatus) {
   CoordinatorProcess c(state_, 1);
   ASSERT_TRUE(c.started());
-  v1::Job job = SubmitJob(c, ShortJob());
+  // Temperature 0 in the job file: greedy decoding, as transformers takes it.
+  v1::Job job = SubmitJob(c, ShortJob() + "generation: {temperature: 0}\n");
   job = c.WaitForState(job.id(), {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED}, 300);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_message();
+  CommandResult greedy = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --max-new-tokens 4"));
+  EXPECT_EQ(greedy.exit_code, 0) << greedy.output;
+  // Sampling asked for by the request at the job's temperature 0: refused before any worker.
+  CommandResult job_cold = c.Ctl(absl::StrCat("generate ", job.id(), " -p hi --sample"));
+  EXPECT_EQ(job_cold.exit_code, 3) << job_cold.output;
+  EXPECT_THAT(job_cold.output, HasSubstr("temperature from the job file"));
 
   CommandResult unknown = c.Ctl("generate job-000099 -p hi");
   EXPECT_EQ(unknown.exit_code, 4) << unknown.output;  // NOT_FOUND

@@ -112,6 +112,12 @@ absl::StatusOr<engine::GenerationOptions> ResolveGenerationOptions(const Generat
   options.max_new_tokens = g.max_new_tokens.value_or(256);
   options.min_new_tokens = g.min_new_tokens.value_or(0);
   options.sampling.do_sample = g.do_sample.value_or(false);
+  // Temperature 0 is greedy decoding (transformers ignores temperature without sampling): a 0
+  // turns off sampling that only the model's generation_config.json asks for (chat models ship
+  // do_sample: true). Sampling the job or the request asks for stays, and the engine refuses it.
+  if (g.temperature == 0.0 && !request.job.generation.do_sample && !request.parameters.do_sample) {
+    options.sampling.do_sample = false;
+  }
   options.sampling.temperature = g.temperature.value_or(1.0);
   options.sampling.top_k = g.top_k.value_or(50);
   options.sampling.top_p = g.top_p.value_or(1.0);
