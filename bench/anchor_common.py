@@ -12,9 +12,11 @@ The batches are made on the device before timing, so no host-to-device copy is t
 tokenizes and copies its batches inside the timed steps).
 """
 import argparse
+import contextlib
 import json
 import statistics
 import time
+import traceback
 
 import torch
 
@@ -86,6 +88,27 @@ def measure(step, micro_batch, seq, warmup, windows, window_steps, device="cuda"
         out["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         out["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
     return out
+
+
+def timed_measure(step, micro_batch, args, device="cuda"):
+    """measure() with the warm-up and windows of `args` (measurement_parser's), and the wall time
+    it took (wall_s)."""
+    t0 = time.perf_counter()
+    out = measure(step, micro_batch, args.seq, args.warmup, args.windows, args.window_steps, device)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+@contextlib.contextmanager
+def recorded_failure(record):
+    """Runs the block; an exception in it is printed and named in record["error"] instead of
+    raised, so that one failed measurement does not lose the others (the caller emits the record
+    and exits non-zero when it holds an error)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001  (any failure of the measured stack)
+        traceback.print_exc()
+        record["error"] = f"{type(e).__name__}: {e}"[:500]
 
 
 def profile(step, steps, path, device="cuda"):

@@ -17,12 +17,11 @@ import argparse
 import os
 import sys
 import time
-import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchor_common import apply_liger, emit, measure, profile, scope  # noqa: E402
+from anchor_common import apply_liger, emit, profile, recorded_failure, scope, timed_measure  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("model")
@@ -91,20 +90,13 @@ record = {"impl": "deepspeed", "anchor": "transformers+peft+bitsandbytes+deepspe
           "autocast": autocast, "liger": a.liger, "model": os.path.abspath(a.model), "lora_r": a.lora_r,
           "load_s": round(load_s, 1), "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
                                                    "liger_kernel": liger_version}}
-failed = False
-try:
-    t0 = time.perf_counter()
-    record.update(measure(step, a.micro_batch, a.seq, a.warmup, a.windows, a.window_steps))
-    record["wall_s"] = round(time.perf_counter() - t0, 1)
+with recorded_failure(record):
+    record.update(timed_measure(step, a.micro_batch, a))
     if a.profile_out:
         path = a.profile_out if rank == 0 else a.profile_out + f".rank{rank}"
         profile(step, a.profile_steps, path)
         if rank == 0:
             record["profile"] = path
-except Exception as e:
-    failed = True
-    traceback.print_exc()
-    record["error"] = f"{type(e).__name__}: {e}"[:500]
 if rank == 0:
     emit(record)
-sys.exit(1 if failed else 0)
+sys.exit(1 if "error" in record else 0)

@@ -26,12 +26,12 @@ see each other). The JSON line records whether transformers detects the packing.
 import os
 import sys
 import time
-import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchor_common import apply_liger, emit, measure, measurement_parser, micro_batches_of, profile, scope  # noqa: E402
+from anchor_common import (apply_liger, emit, measurement_parser, micro_batches_of, profile, recorded_failure,  # noqa: E402
+                           scope, timed_measure)
 
 p = measurement_parser()
 p.add_argument("--steps", type=int, help="the older interface: 2 warm-up steps, one window of the rest")
@@ -163,23 +163,18 @@ for mb, checkpointing in runs:
               "load_s": round(load_s, 1), "versions": {"torch": torch.__version__, "bitsandbytes": bnb_version,
                                                        "liger_kernel": liger_version,
                                                        "transformers": transformers_version}}
-    try:
+    with recorded_failure(record):
         if not checkpointing:
             model.gradient_checkpointing_disable()
             model.train()
         step = make_step(mb, record)
-        t0 = time.perf_counter()
-        record.update(measure(step, mb, a.seq, a.warmup, a.windows, a.window_steps, a.device))
-        record["wall_s"] = round(time.perf_counter() - t0, 1)
+        record.update(timed_measure(step, mb, a, a.device))
         if a.profile_out and checkpointing and mb == profile_mb:
             t0 = time.perf_counter()
             profile(step, a.profile_steps, a.profile_out, a.device)
             record["profile"] = a.profile_out
             record["profile_s"] = round(time.perf_counter() - t0, 1)
-    except Exception as e:  # one failed measurement must not lose the others
-        failed = True
-        traceback.print_exc()
-        record["error"] = f"{type(e).__name__}: {e}"[:500]
+    failed = failed or "error" in record
     emit(record)
     opt.zero_grad(set_to_none=True)
 sys.exit(1 if failed else 0)

@@ -31,7 +31,6 @@ import os
 import sys
 import tempfile
 import time
-import traceback
 
 # The GPU machine has no network: every Hub, statistics and name-mapper lookup stays off. Set
 # before unsloth (and through it huggingface_hub and transformers) is imported: they read these once.
@@ -43,7 +42,7 @@ for _k, _v in {"UNSLOTH_DISABLE_STATISTICS": "1", "HF_HUB_OFFLINE": "1", "TRANSF
 
 # anchor_common imports torch alone, which Unsloth lets come before it.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchor_common import emit, measure, measurement_parser, micro_batches_of  # noqa: E402
+from anchor_common import emit, measurement_parser, micro_batches_of, recorded_failure, timed_measure  # noqa: E402
 
 p = measurement_parser()
 p.add_argument("--gc", default="unsloth", choices=["unsloth", "true", "false"],
@@ -156,14 +155,9 @@ for mb in a.micro_batches:
               "packing": False, "autocast": a.autocast, "liger": False, "model": model_dir, "lora_r": a.lora_r,
               "load_s": round(load_s, 1), "tokenizer": "minimal" if tok_kwargs else "folder",
               "quantization": quant, "versions": versions}
-    try:
-        t0 = time.perf_counter()
-        record.update(measure(make_step(mb), mb, a.seq, a.warmup, a.windows, a.window_steps))
-        record["wall_s"] = round(time.perf_counter() - t0, 1)
-    except Exception as e:  # one failed measurement must not lose the others
-        failed = True
-        traceback.print_exc()
-        record["error"] = f"{type(e).__name__}: {e}"[:500]
+    with recorded_failure(record):
+        record.update(timed_measure(make_step(mb), mb, a))
+    failed = failed or "error" in record
     emit(record)
     opt.zero_grad(set_to_none=True)
 sys.exit(1 if failed else 0)
