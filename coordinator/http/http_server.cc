@@ -130,9 +130,20 @@ void Abort(int fd) {
   close(fd);
 }
 
+// The port of an IPv4 or IPv6 socket address.
+uint16_t& PortOf(sockaddr_storage& address) {
+  return address.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(address).sin6_port
+                                       : reinterpret_cast<sockaddr_in&>(address).sin_port;
+}
+
+struct Listening {
+  std::vector<int> fds;
+  int port = 0;
+};
+
 // Listening sockets for "host:port", "[v6]:port" or ":port"/"port" (every interface): one for
 // each address the host resolves to ("localhost": ::1 and 127.0.0.1), all on one port.
-absl::StatusOr<std::vector<int>> Listen(const std::string& address) {
+absl::StatusOr<Listening> Listen(const std::string& address) {
   std::string host;
   std::string port;
   if (!address.empty() && address[0] == '[') {
@@ -161,41 +172,35 @@ absl::StatusOr<std::vector<int>> Listen(const std::string& address) {
   if (resolved != 0 || found == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot resolve '", address, "': ", gai_strerror(resolved)));
   }
-  std::vector<int> fds;
-  std::string why;
-  int bound_port = port_number;
-  for (addrinfo* a = found; a != nullptr && fds.size() < kMaxListeners; a = a->ai_next) {
+  Listening out;
+  out.port = port_number;
+  for (addrinfo* a = found; a != nullptr && out.fds.size() < kMaxListeners; a = a->ai_next) {
     sockaddr_storage where{};
     memcpy(&where, a->ai_addr, a->ai_addrlen);
-    if (bound_port != 0) {  // the port the first one got, when 0 asked for any
-      const uint16_t net_port = htons(static_cast<uint16_t>(bound_port));
-      if (where.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6&>(where).sin6_port = net_port;
-      else reinterpret_cast<sockaddr_in&>(where).sin_port = net_port;
-    }
+    PortOf(where) = htons(static_cast<uint16_t>(out.port));  // the first one's, when 0 asked for any
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     const int one = 1;
     if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     // An IPv6 socket takes IPv6 alone, so that "::" and "0.0.0.0" from one name can both listen.
     if (fd >= 0 && a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
     if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&where), a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-      why = strerror(errno);
+      const std::string why = strerror(errno);
       if (fd >= 0) close(fd);
-      for (int open : fds) close(open);
+      for (int open : out.fds) close(open);
       freeaddrinfo(found);
       return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", why));
     }
-    if (bound_port == 0) {
+    if (out.port == 0) {
       sockaddr_storage got{};
       socklen_t length = sizeof(got);
       getsockname(fd, reinterpret_cast<sockaddr*>(&got), &length);
-      bound_port = ntohs(got.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(got).sin6_port
-                                                   : reinterpret_cast<sockaddr_in&>(got).sin_port);
+      out.port = ntohs(PortOf(got));
     }
-    fds.push_back(fd);
+    out.fds.push_back(fd);
   }
   freeaddrinfo(found);
-  if (fds.empty()) return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": no address"));
-  return fds;
+  if (out.fds.empty()) return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": no address"));
+  return out;
 }
 
 }  // namespace
@@ -268,6 +273,10 @@ struct HttpServer::Loop {
     event.events = events;
     event.data.u64 = tag;
     epoll_ctl(epoll_fd, op, fd, &event);
+  }
+
+  void WatchListeners(uint32_t events, int op) const {
+    for (size_t i = 0; i < listen_fds.size(); ++i) Watch(listen_fds[i], events, kFirstListenTag + i, op);
   }
 
   void Close(uint64_t serial, bool abort = false) {
@@ -344,7 +353,7 @@ struct HttpServer::Loop {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           accepting = false;
           resume_accepting = Clock::now() + kAcceptPause;
-          for (size_t i = 0; i < listen_fds.size(); ++i) Watch(listen_fds[i], 0, kFirstListenTag + i, EPOLL_CTL_MOD);
+          WatchListeners(0, EPOLL_CTL_MOD);
         }
         return;  // EAGAIN, or a connection that went away before we took it
       }
@@ -461,9 +470,7 @@ struct HttpServer::Loop {
     if (!accepting) {
       if (resume_accepting <= now) {
         accepting = true;
-        for (size_t i = 0; i < listen_fds.size(); ++i) {
-          Watch(listen_fds[i], EPOLLIN, kFirstListenTag + i, EPOLL_CTL_MOD);
-        }
+        WatchListeners(EPOLLIN, EPOLL_CTL_MOD);
       } else {
         next = std::min(next, resume_accepting);
       }
@@ -542,22 +549,16 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   auto loop = std::make_unique<Loop>();
   loop->options = options;
   loop->handler = std::move(handler);
-  absl::StatusOr<std::vector<int>> listening = Listen(options.address);
+  absl::StatusOr<Listening> listening = Listen(options.address);
   if (!listening.ok()) return listening.status();
-  loop->listen_fds = *std::move(listening);
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  getsockname(loop->listen_fds[0], reinterpret_cast<sockaddr*>(&bound), &length);
-  loop->port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
-                                                 : reinterpret_cast<sockaddr_in&>(bound).sin_port);
+  loop->listen_fds = std::move(listening->fds);
+  loop->port = listening->port;
   loop->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   loop->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (loop->epoll_fd < 0 || loop->wake_fd < 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", options.address, ": ", strerror(errno)));
   }
-  for (size_t i = 0; i < loop->listen_fds.size(); ++i) {
-    loop->Watch(loop->listen_fds[i], EPOLLIN, kFirstListenTag + i, EPOLL_CTL_ADD);
-  }
+  loop->WatchListeners(EPOLLIN, EPOLL_CTL_ADD);
   loop->Watch(loop->wake_fd, EPOLLIN, kWakeTag, EPOLL_CTL_ADD);
   Loop* raw = loop.get();
   for (int i = 0; i < options.handler_threads; ++i) loop->handler_threads.emplace_back([raw] { raw->RunHandler(); });

@@ -40,12 +40,9 @@ absl::Status CheckRequest(const v1::GenerateRequest& r) {
   if (p.has_min_new_tokens() && p.min_new_tokens() < 0) {
     return absl::InvalidArgumentError("min_new_tokens must not be negative");
   }
-  // 0 is greedy, as in job files (where do_sample may come from); sampling at 0 is refused.
+  // 0 is greedy, as in job files; sampling at 0 is refused by CheckAgainstJob (either may ask).
   if (p.has_temperature() && !(p.temperature() >= 0)) {
     return absl::InvalidArgumentError("temperature must not be negative");
-  }
-  if (p.has_temperature() && p.temperature() == 0 && p.has_do_sample() && p.do_sample()) {
-    return absl::InvalidArgumentError("temperature 0 with do_sample: sampling needs a temperature above 0");
   }
   if (p.has_top_k() && p.top_k() < 0) return absl::InvalidArgumentError("top_k must not be negative");
   if (p.has_top_p() && !(p.top_p() > 0 && p.top_p() <= 1)) {
@@ -60,11 +57,13 @@ absl::Status CheckRequest(const v1::GenerateRequest& r) {
 // The request's settings over the job file's `generation:` section: sampling at temperature 0
 // is refused here, before a worker loads the model, whichever of the two asked for what.
 absl::Status CheckAgainstJob(const v1::GenerationParameters& p, const JobRecord& job) {
-  absl::StatusOr<JobConfig> config = ParseResolvedJobConfig(job.resolved_config_yaml);
-  if (!config.ok()) return absl::OkStatus();  // the worker reports it
+  GenerationConfig written;  // a stored copy that does not parse: the worker reports it
+  if (absl::StatusOr<JobConfig> config = ParseResolvedJobConfig(job.resolved_config_yaml); config.ok()) {
+    written = config->generation;
+  }
   const std::optional<double> temperature =
-      p.has_temperature() ? std::optional<double>(p.temperature()) : config->generation.temperature;
-  const bool sampling = p.has_do_sample() ? p.do_sample() : config->generation.do_sample.value_or(false);
+      p.has_temperature() ? std::optional<double>(p.temperature()) : written.temperature;
+  const bool sampling = p.has_do_sample() ? p.do_sample() : written.do_sample.value_or(false);
   if (sampling && temperature == 0.0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "temperature 0 with do_sample (", p.has_temperature() ? "temperature from the request" : "temperature from the job file",
