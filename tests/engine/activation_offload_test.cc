@@ -87,6 +87,40 @@ TEST(EngineActivationOffload, ATensorFreedAfterOffloadStillArrivesIntact) {
   }
 }
 
+// The host runs layers ahead of the GPU: a layer's device copies go once the layer two above it
+// saves (max_layers_pending 2), not when the host happens to see their transfer done, and the memory
+// they free can be taken by the next layer's tensors at once without spoiling a copy still queued
+// (the compute stream waits for it). Ten "layers" of 64 MiB each, their copies queued behind one
+// another on the copy stream while the compute stream fills freed memory with other values.
+TEST(EngineActivationOffload, ALayersDeviceCopiesGoTwoLayersLaterAndTheirMemoryIsReusedSafely) {
+  for (const at::Device& device : TestDevices()) {
+    SCOPED_TRACE(device.str());
+    ActivationOffloadOptions options;
+    options.min_bytes = 0;
+    options.max_layers_pending = 2;
+    ActivationOffloader offloader(device, options);
+    constexpr int64_t kLayers = 10, kValues = int64_t{16} << 20;  // 64 MiB of float32
+    constexpr int64_t kBytes = kValues * 4;
+    std::vector<int64_t> tickets;
+    std::vector<at::Tensor> reused;
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      at::Tensor x = at::full({kValues}, static_cast<double>(layer), at::device(device));
+      tickets.push_back(offloader.Offload(x, layer));
+      x = at::Tensor();
+      // At most this layer's and the one below's copies still hold device memory.
+      EXPECT_LE(offloader.pending_bytes(), 2 * kBytes) << "layer " << layer;
+      reused.push_back(at::full({kValues}, -1.0, at::device(device)));
+    }
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      const at::Tensor back = offloader.Restore(tickets[static_cast<size_t>(layer)]).cpu();
+      EXPECT_TRUE(at::equal(back, at::full({kValues}, static_cast<double>(layer))))
+          << "layer " << layer << " came back with other values";
+    }
+    for (const at::Tensor& r : reused) EXPECT_TRUE(at::equal(r.cpu(), at::full({kValues}, -1.0)));
+    EXPECT_EQ(offloader.pending_bytes(), 0);
+  }
+}
+
 TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients) {
   TempDir dir;
   TinyModelOptions tiny;

@@ -124,6 +124,7 @@ int64_t ActivationOffloader::Offload(const at::Tensor& t, int64_t group) {
       entry->host = bytes.clone();
     } else {
 #ifdef QLORA_HAVE_CUDA
+      ReleaseLayersBelowLocked(group);
       while (pending_bytes_ > 0 && pending_bytes_ + entry->nbytes > options_.max_pending_bytes) {
         // Wait for the oldest transfer still holding device memory.
         for (auto& [id, e] : entries_) {
@@ -180,6 +181,22 @@ void ActivationOffloader::ReleaseFinishedLocked() {
       ++it;
     }
   }
+}
+
+void ActivationOffloader::ReleaseLayersBelowLocked(int64_t group) {
+#ifdef QLORA_HAVE_CUDA
+  if (options_.max_layers_pending <= 0) return;
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+  for (auto& [id, e] : entries_) {
+    if (e->source.defined() && e->group <= group - options_.max_layers_pending) {
+      e->to_host_done.block(compute);  // what the compute stream runs next may reuse the memory
+      e->source.reset();
+      pending_bytes_ -= e->nbytes;
+    }
+  }
+#else
+  (void)group;
+#endif
 }
 
 void ActivationOffloader::FetchLocked(Entry& entry) {
@@ -276,6 +293,11 @@ int64_t ActivationOffloader::host_bytes() const {
 int64_t ActivationOffloader::offloaded_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return offloaded_bytes_;
+}
+
+int64_t ActivationOffloader::pending_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_bytes_;
 }
 
 OffloadScope::OffloadScope(std::shared_ptr<ActivationOffloader> offloader, int64_t group)

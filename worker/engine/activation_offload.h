@@ -12,8 +12,12 @@
 // one around an offloaded layer's forward) SaveForBackward hands each activation (not the
 // parameters, not tensors under `min_bytes`) to the ActivationOffloader, which copies its
 // storage to pinned host memory on a side stream once the compute stream has produced it, and
-// lets the device copy go when the transfer is done (at most `max_pending_bytes` wait; beyond
-// that the host waits for the oldest transfer). A storage saved twice while alive (the attention
+// lets the device copy go when the transfer is done. The host runs ahead of the GPU and sees a
+// transfer done late, so at forward's peak most layers' copies would still hold device memory:
+// when a layer (group g) first saves, the compute stream waits for the transfers of groups up to
+// g - `max_layers_pending` and their device copies go at once (the compute stream's later work,
+// which may reuse that memory, runs after the copies). At most `max_pending_bytes` wait in all;
+// beyond that the host waits for the oldest transfer. A storage saved twice while alive (the attention
 // output and the o_proj input that views it) travels once. As with autograd's own saves, a
 // saved tensor must not be written in place before backward (the copy may still be reading it). Prefetch(group) starts the copies back on a
 // second side stream into memory allocated on the compute stream; SavedForBackward makes the
@@ -41,6 +45,10 @@ namespace qlora::engine {
 struct ActivationOffloadOptions {
   int64_t min_bytes = 1 << 20;                 // smaller tensors stay on the device
   int64_t max_pending_bytes = int64_t{2} << 30;  // device bytes waiting for their transfer
+  // Groups (layers) whose transfers may still hold device memory when the next one saves (0: no
+  // bound): two, as the memory plan counts them (worker/memory/activation_plan.cc). A checkpointed
+  // layer's input crosses the link in a fraction of a layer's forward.
+  int64_t max_layers_pending = 2;
 };
 
 class ActivationOffloader {
@@ -68,6 +76,8 @@ class ActivationOffloader {
   int64_t host_bytes() const;
   // Bytes copied to the host since construction (a storage shared by two saves counts once).
   int64_t offloaded_bytes() const;
+  // Device bytes held for transfers the host has not yet seen finish (tests).
+  int64_t pending_bytes() const;
 
  private:
   struct Entry;
@@ -75,6 +85,9 @@ class ActivationOffloader {
   struct Streams;
 
   void ReleaseFinishedLocked();
+  // Makes the compute stream wait for the transfers of groups at or below
+  // `group` - max_layers_pending and lets their device copies go.
+  void ReleaseLayersBelowLocked(int64_t group);
   void FetchLocked(Entry& entry);
   // The entry's last ticket is done: drop it (the device copy stays alive while a restored view
   // of it does).
