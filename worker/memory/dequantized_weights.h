@@ -3,7 +3,8 @@
 //
 // A count sets that many (the first layers) before the first step (none for a model without 4-bit
 // weights: the log says it is ignored). `auto` (a GPU) waits for the
-// first step's measured peak and then sets as many as fit between it and the budget less 2 %:
+// first step's measured peak (the trainer gives the allocator's peak reservation: the budget caps
+// that, fragments included) and then sets as many as fit between it and the budget less 2 %:
 // trainer.max_memory_gib, else what this process could allocate when the job started
 // (DeviceAvailableBytes, as checkpointing's auto reads it). The dequantized layers only add memory, the
 // same at every moment of a step, so the next steps peak at the first one's plus theirs, but
