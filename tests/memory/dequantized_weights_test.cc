@@ -1,8 +1,8 @@
 // trainer.dequantized_weight_layers on one rank (worker/memory/dequantized_weights.h), on a real
 // tiny NF4 model on the CPU: a count holds that many first layers at once; auto waits for the
-// first step's peak and holds what fits the budget less 2 % (its arithmetic with the 7B
-// figures, and the choice on the model), less one offloaded layer in transit where offloading
-// is on; auto on a CPU worker holds none.
+// first step's peak (the larger of the allocation's and the reservation's) and holds what fits
+// the budget less 2 % (its arithmetic with the 7B figures, and the choice on the model), less one
+// offloaded layer in transit where offloading is on; auto on a CPU worker holds none.
 #include <stdlib.h>
 
 #include <limits>
@@ -76,7 +76,7 @@ TEST(DequantizedWeights, ACountHoldsThatManyFirstLayersAtOnce) {
   EXPECT_TRUE(model->layers[2].q_proj.base.dequantized.defined());
   EXPECT_FALSE(model->layers[3].q_proj.base.dequantized.defined());
   EXPECT_THAT(line, HasSubstr("3 of 4 layers hold their weights dequantized"));
-  EXPECT_EQ(d.AfterStep(1, 100 * kGiB, 0, kNoLimit, &line), 0);  // a count never changes
+  EXPECT_EQ(d.AfterStep(1, {100 * kGiB, 100 * kGiB}, 0, kNoLimit, &line), 0);  // a count never changes
   EXPECT_EQ(line, "");
   EXPECT_EQ(model->dequantized_layers(), 3);
 }
@@ -92,7 +92,7 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
   std::string line;
   memory::DequantizedWeights on_cpu = memory::DequantizedWeights::Start(o, &line);
   EXPECT_THAT(line, HasSubstr("auto: none (the model is not on a GPU)"));
-  EXPECT_EQ(on_cpu.AfterStep(1, 0, 0, kNoLimit, &line), 0);
+  EXPECT_EQ(on_cpu.AfterStep(1, {}, 0, kNoLimit, &line), 0);
   EXPECT_EQ(model->dequantized_layers(), 0);
 
   // A GPU worker's decision (the model itself stays on the CPU: only its bytes matter here):
@@ -105,11 +105,34 @@ TEST(DequantizedWeights, AutoHoldsWhatFitsAfterTheFirstStepOnAGpuAndNoneOnACpu) 
   memory::DequantizedWeights on_gpu = memory::DequantizedWeights::Start(o, &line);
   EXPECT_THAT(line, HasSubstr("chosen after the first step, for a 1.0 GiB budget"));
   EXPECT_EQ(model->dequantized_layers(), 0);  // not before the first step
-  EXPECT_EQ(on_gpu.AfterStep(1, peak, 0, kNoLimit, &line), 2 * layer);
+  EXPECT_EQ(on_gpu.AfterStep(1, {peak, peak}, 0, kNoLimit, &line), 2 * layer);
   EXPECT_EQ(model->dequantized_layers(), 2);
   EXPECT_THAT(line, HasSubstr("so from the next step 2 of 4 layers hold their weights"));
-  EXPECT_EQ(on_gpu.AfterStep(2, 0, 0, kNoLimit, &line), 0);  // decided once
+  EXPECT_EQ(on_gpu.AfterStep(2, {}, 0, kNoLimit, &line), 0);  // decided once
   EXPECT_EQ(model->dequantized_layers(), 2);
+}
+
+// The budget caps what the allocator reserves: layers are fitted against the peak reservation
+// where fragments make it larger than the peak allocation (7B, no checkpointing, 34 GiB: fitted
+// against 27.6 GiB allocated, step 7 ran out of memory with 1 GiB of fragments reserved).
+TEST(DequantizedWeights, AutoFitsAgainstThePeakReservation) {
+  auto model = TinyNf4Model();
+  ASSERT_NE(model, nullptr);
+  TrainerConfig trainer;
+  trainer.dequantized_weights_auto = true;
+  trainer.max_memory_gib = 1;
+  memory::DequantizedWeightsOptions o;
+  o.trainer = &trainer;
+  o.model = model.get();
+  o.device = c10::Device(c10::kCUDA, 0);  // a GPU worker's decision; only the bytes matter
+  const int64_t layer = model->DequantizedLayerBytes();
+  // The allocation leaves room for 3.5 layers, the reservation 2 layers more than it for 1.5.
+  const int64_t allocated = static_cast<int64_t>(kGiB * 0.98) - 3 * layer - layer / 2;
+  std::string line;
+  memory::DequantizedWeights d = memory::DequantizedWeights::Start(o, &line);
+  EXPECT_EQ(d.AfterStep(1, {allocated, allocated + 2 * layer}, 0, kNoLimit, &line), layer);
+  EXPECT_EQ(model->dequantized_layers(), 1);
+  EXPECT_THAT(line, HasSubstr("reserved, of a 1.0 GiB budget"));
 }
 
 // With activation offloading on, a faster step lets copies lag further behind (round 22: the 7B
@@ -130,7 +153,7 @@ TEST(DequantizedWeights, AutoLeavesTheRoomItIsGivenForAnOffloadedLayerInTransit)
   const int64_t peak = static_cast<int64_t>(kGiB * 0.98) - 3 * layer - layer / 2;
   std::string line;
   memory::DequantizedWeights d = memory::DequantizedWeights::Start(o, &line);
-  d.AfterStep(1, peak, layer + layer / 2, kNoLimit, &line);
+  d.AfterStep(1, {peak, peak}, layer + layer / 2, kNoLimit, &line);
   EXPECT_EQ(model->dequantized_layers(), 2);
   EXPECT_THAT(line, HasSubstr("for one more offloaded layer in transit"));
   EXPECT_EQ(memory::DequantizedWeights::FittingLayers(kGiB, peak, layer, 4), 3);  // without it

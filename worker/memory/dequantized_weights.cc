@@ -57,18 +57,21 @@ int64_t DequantizedWeights::FittingLayers(int64_t budget_bytes, int64_t peak_byt
   return std::min<int64_t>(max_layers, static_cast<int64_t>(room / layer_bytes));
 }
 
-int64_t DequantizedWeights::AfterStep(int64_t step, int64_t peak_bytes, int64_t reserve_bytes,
-                                      int64_t limit_bytes, std::string* line) {
+int64_t DequantizedWeights::AfterStep(int64_t step, const AllocatorPeak& peak,
+                                      int64_t reserve_bytes, int64_t limit_bytes,
+                                      std::string* line) {
   line->clear();
   if (!pending_auto_ || step != 1) return 0;
   pending_auto_ = false;
   const int64_t layer_bytes = model_->DequantizedLayerBytes();
   const int64_t reserve = std::max<int64_t>(reserve_bytes, 0);
+  const int64_t peak_bytes = std::max(peak.allocated, peak.reserved);
   model_->SetDequantizedLayers(FittingLayers(budget_bytes_, peak_bytes, layer_bytes,
                                              static_cast<int64_t>(model_->layers.size()),
                                              reserve, limit_bytes));
   *line = absl::StrCat("dequantized_weight_layers: auto: the first step peaked at ",
-                       memory::FormatMemory(peak_bytes), " of a ",
+                       memory::FormatMemory(peak.allocated), " allocated, ",
+                       memory::FormatMemory(peak_bytes), " reserved, of a ",
                        memory::FormatMemory(budget_bytes_), " budget",
                        reserve > 0 ? absl::StrCat(" (less ", memory::FormatMemory(reserve),
                                                   " for one more offloaded layer in transit)")

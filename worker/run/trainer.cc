@@ -416,12 +416,10 @@ absl::StatusOr<StepResult> Trainer::Resolve(const QueuedStep& queued) {
   totals_.steps += 1;
   if (device_.is_cuda()) {
     const int64_t peak = memory::PeakMemoryBytes(device_);
-    // Held layers first: a re-plan below may change what is offloaded. They are fitted against
-    // the peak reservation: the budget caps it, and at 34 GiB the allocator kept ~1 GiB of
-    // fragments beside the peak allocation (fitted against that, a step ran out of memory).
+    // Held layers first: a re-plan below may change what is offloaded.
     std::string held;
     const int64_t held_bytes = dequantized_->AfterStep(
-        totals_.steps, std::max(peak, memory::PeakReservedBytes(device_)),
+        totals_.steps, {peak, memory::PeakReservedBytes(device_)},
         checkpointing_->OffloadedLayerBytes(), checkpointing_->RoomForFixedBytes(peak), &held);
     const std::string measured = checkpointing_->AfterStep(totals_.steps, peak);
     if (!measured.empty()) Log(measured);
