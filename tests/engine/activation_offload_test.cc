@@ -4,6 +4,7 @@
 // one that does not, checkpointed or not, with two micro-batches, leaving no host memory held
 // after backward, nor after a graph dropped without one.
 // On the CPU, and on a GPU when there is one (pinned memory, side streams, prefetch).
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -101,14 +102,34 @@ TEST(EngineActivationOffload, ALayersDeviceCopiesGoTwoLayersLaterAndTheirMemoryI
     ActivationOffloader offloader(device, options);
     constexpr int64_t kLayers = 10, kValues = int64_t{16} << 20;  // 64 MiB of float32
     constexpr int64_t kBytes = kValues * 4;
+    if (device.is_cuda()) {
+      // The host must run ahead of the GPU here, as it does in training: pinned blocks cached
+      // (no cudaHostAlloc in the loop), device blocks cached, and ~0.2 s of GEMMs queued first,
+      // so every copy below is still waiting while the host refills the memory it frees.
+      std::vector<at::Tensor> warm;
+      for (int64_t i = 0; i < kLayers; ++i) {
+        warm.push_back(at::empty({kBytes}, at::dtype(at::kByte).pinned_memory(true)));
+      }
+      for (int64_t i = 0; i < 2 * kLayers; ++i) {
+        warm.push_back(at::empty({kBytes}, at::dtype(at::kByte).device(device)));
+      }
+      warm.clear();
+      const at::Tensor m = at::randn({8192, 8192}, at::device(device));
+      for (int i = 0; i < 10; ++i) (void)at::mm(m, m);
+    }
     std::vector<int64_t> tickets;
     std::vector<at::Tensor> reused;
     for (int64_t layer = 0; layer < kLayers; ++layer) {
       at::Tensor x = at::full({kValues}, static_cast<double>(layer), at::device(device));
       tickets.push_back(offloader.Offload(x, layer));
       x = at::Tensor();
-      // At most this layer's and the one below's copies still hold device memory.
+      // At most this layer's and the one below's copies still hold device memory; on the GPU,
+      // queued behind the GEMMs, exactly those.
       EXPECT_LE(offloader.pending_bytes(), 2 * kBytes) << "layer " << layer;
+      if (device.is_cuda()) {
+        EXPECT_EQ(offloader.pending_bytes(), std::min<int64_t>(layer + 1, 2) * kBytes)
+            << "layer " << layer << ": the copies did not wait behind the GEMMs";
+      }
       reused.push_back(at::full({kValues}, -1.0, at::device(device)));
     }
     for (int64_t layer = 0; layer < kLayers; ++layer) {

@@ -186,6 +186,8 @@ void ActivationOffloader::ReleaseFinishedLocked() {
 void ActivationOffloader::ReleaseLayersBelowLocked(int64_t group) {
 #ifdef QLORA_HAVE_CUDA
   if (options_.max_layers_pending <= 0) return;
+  // Every offloaded storage was made on this thread's forward stream, the one current here (the
+  // allocator reuses a block only on the stream it was made on): its later work waits.
   const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
   for (auto& [id, e] : entries_) {
     if (e->source.defined() && e->group <= group - options_.max_layers_pending) {
@@ -217,6 +219,9 @@ void ActivationOffloader::FetchLocked(Entry& entry) {
   c10::cuda::CUDAEvent allocated;
   allocated.record(compute);
   allocated.block(streams_->to_device);
+  // The host bytes are whole once the copy out is (the compute stream waited for it when the
+  // device copy went, but this stream owes that wait nothing).
+  entry.to_host_done.block(streams_->to_device);
   {
     c10::cuda::CUDAStreamGuard guard(streams_->to_device);
     entry.restored.copy_(entry.host, /*non_blocking=*/true);

@@ -46,8 +46,10 @@ struct ActivationOffloadOptions {
   int64_t min_bytes = 1 << 20;                 // smaller tensors stay on the device
   int64_t max_pending_bytes = int64_t{2} << 30;  // device bytes waiting for their transfer
   // Groups (layers) whose transfers may still hold device memory when the next one saves (0: no
-  // bound): two, as the memory plan counts them (worker/memory/activation_plan.cc). A checkpointed
-  // layer's input crosses the link in a fraction of a layer's forward.
+  // bound): two, the checkpoint inputs the memory plan counts in transit
+  // (worker/memory/activation_plan.cc; it counts one offloaded layer's tensors, which the
+  // placement spreads apart). A checkpointed layer's input crosses the link in a fraction of a
+  // layer's forward.
   int64_t max_layers_pending = 2;
 };
 
