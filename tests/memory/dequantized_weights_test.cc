@@ -44,6 +44,19 @@ std::unique_ptr<engine::LlamaForCausalLM> TinyNf4Model() {
   return std::move(*model);
 }
 
+// auto on a GPU worker with max_memory_gib: 1, for `model` (which stays on the CPU: only its
+// bytes matter to the decision).
+memory::DequantizedWeightsOptions GpuAutoWithinOneGiB(TrainerConfig& trainer,
+                                                      engine::LlamaForCausalLM& model) {
+  trainer.dequantized_weights_auto = true;
+  trainer.max_memory_gib = 1;
+  memory::DequantizedWeightsOptions o;
+  o.trainer = &trainer;
+  o.model = &model;
+  o.device = c10::Device(c10::kCUDA, 0);
+  return o;
+}
+
 TEST(DequantizedWeights, FittingLayersLeaveTwoPercentOfTheBudget) {
   // 7B at micro-batch 4 without checkpointing: a 31.65 GiB peak, 36 GiB allowed, ~0.4 GB a layer.
   const int64_t layer = int64_t{404} << 20;
@@ -119,12 +132,7 @@ TEST(DequantizedWeights, AutoFitsAgainstThePeakReservation) {
   auto model = TinyNf4Model();
   ASSERT_NE(model, nullptr);
   TrainerConfig trainer;
-  trainer.dequantized_weights_auto = true;
-  trainer.max_memory_gib = 1;
-  memory::DequantizedWeightsOptions o;
-  o.trainer = &trainer;
-  o.model = model.get();
-  o.device = c10::Device(c10::kCUDA, 0);  // a GPU worker's decision; only the bytes matter
+  const memory::DequantizedWeightsOptions o = GpuAutoWithinOneGiB(trainer, *model);
   const int64_t layer = model->DequantizedLayerBytes();
   // The allocation leaves room for 3.5 layers, the reservation 2 layers more than it for 1.5.
   const int64_t allocated = static_cast<int64_t>(kGiB * 0.98) - 3 * layer - layer / 2;
@@ -142,12 +150,7 @@ TEST(DequantizedWeights, AutoLeavesTheRoomItIsGivenForAnOffloadedLayerInTransit)
   auto model = TinyNf4Model();
   ASSERT_NE(model, nullptr);
   TrainerConfig trainer;
-  trainer.dequantized_weights_auto = true;
-  trainer.max_memory_gib = 1;
-  memory::DequantizedWeightsOptions o;
-  o.trainer = &trainer;
-  o.model = model.get();
-  o.device = c10::Device(c10::kCUDA, 0);  // a GPU worker's decision; only the bytes matter
+  const memory::DequantizedWeightsOptions o = GpuAutoWithinOneGiB(trainer, *model);
   const int64_t layer = model->DequantizedLayerBytes();
   // Room for 3.5 layers; a layer and a half in transit leaves room for 2.
   const int64_t peak = static_cast<int64_t>(kGiB * 0.98) - 3 * layer - layer / 2;
