@@ -89,9 +89,9 @@ TEST(EngineActivationOffload, ATensorFreedAfterOffloadStillArrivesIntact) {
 }
 
 // The host runs layers ahead of the GPU: a layer's device copies go once the layer two above it
-// saves (max_layers_pending 2), not when the host happens to see their transfer done, and the memory
-// they free can be taken by the next layer's tensors at once without spoiling a copy still queued
-// (the compute stream waits for it). Ten "layers" of 64 MiB each, their copies queued behind one
+// saves (max_layers_pending 2), not when the host happens to see their transfer done, and the
+// memory they free can be taken by the next layer's tensors at once without spoiling a copy still
+// queued (the compute stream waits for it). Ten "layers" of 64 MiB each, their copies queued behind one
 // another on the copy stream while the compute stream fills freed memory with other values.
 TEST(EngineActivationOffload, ALayersDeviceCopiesGoTwoLayersLaterAndTheirMemoryIsReusedSafely) {
   for (const at::Device& device : TestDevices()) {

@@ -89,7 +89,8 @@ TEST(DequantizedWeights, ACountHoldsThatManyFirstLayersAtOnce) {
   EXPECT_TRUE(model->layers[2].q_proj.base.dequantized.defined());
   EXPECT_FALSE(model->layers[3].q_proj.base.dequantized.defined());
   EXPECT_THAT(line, HasSubstr("3 of 4 layers hold their weights dequantized"));
-  EXPECT_EQ(d.AfterStep(1, {100 * kGiB, 100 * kGiB}, 0, kNoLimit, &line), 0);  // a count never changes
+  // A count never changes.
+  EXPECT_EQ(d.AfterStep(1, {100 * kGiB, 100 * kGiB}, 0, kNoLimit, &line), 0);
   EXPECT_EQ(line, "");
   EXPECT_EQ(model->dequantized_layers(), 3);
 }

@@ -17,8 +17,8 @@
 // when a layer (group g) first saves, the compute stream waits for the transfers of groups up to
 // g - `max_layers_pending` and their device copies go at once (the compute stream's later work,
 // which may reuse that memory, runs after the copies). At most `max_pending_bytes` wait in all;
-// beyond that the host waits for the oldest transfer. A storage saved twice while alive (the attention
-// output and the o_proj input that views it) travels once. As with autograd's own saves, a
+// beyond that the host waits for the oldest transfer. A storage saved twice while alive (the
+// attention output and the o_proj input that views it) travels once. As with autograd's own saves, a
 // saved tensor must not be written in place before backward (the copy may still be reading it). Prefetch(group) starts the copies back on a
 // second side stream into memory allocated on the compute stream; SavedForBackward makes the
 // compute stream wait for them. The model calls Prefetch a few layers ahead of backward (a hook

@@ -61,13 +61,6 @@ int64_t PeakMemoryBytes(const c10::Device& device) {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-int64_t PeakReservedBytes(const c10::Device& device) {
-  if (!device.is_cuda()) return 0;
-  MemorySnapshot memory;
-  FillDeviceMemory(device, &memory);
-  return memory.device_reserved_peak_bytes;
-}
-
 int64_t DeviceAllocatedBytes(const c10::Device& device) {
   if (!device.is_cuda()) return 0;
   MemorySnapshot memory;

@@ -14,10 +14,6 @@ void FillDeviceMemory(const c10::Device& device, MemorySnapshot* memory);
 // on a GPU, the peak resident set size (getrusage) on the CPU.
 int64_t PeakMemoryBytes(const c10::Device& device);
 
-// A GPU: the caching allocator's peak reservation (what trainer.max_memory_gib caps: the peak
-// allocation and the cached blocks fragmentation keeps beside it). 0 on the CPU.
-int64_t PeakReservedBytes(const c10::Device& device);
-
 // A GPU: the caching allocator's bytes allocated now. 0 on the CPU.
 int64_t DeviceAllocatedBytes(const c10::Device& device);
 

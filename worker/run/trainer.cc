@@ -415,11 +415,13 @@ absl::StatusOr<StepResult> Trainer::Resolve(const QueuedStep& queued) {
   last_ready_ = ready;
   totals_.steps += 1;
   if (device_.is_cuda()) {
-    const int64_t peak = memory::PeakMemoryBytes(device_);
+    MemorySnapshot allocator;  // one read of the allocator's statistics for both peaks
+    memory::FillDeviceMemory(device_, &allocator);
+    const int64_t peak = allocator.device_peak_bytes;
     // Held layers first: a re-plan below may change what is offloaded.
     std::string held;
     const int64_t held_bytes = dequantized_->AfterStep(
-        totals_.steps, {peak, memory::PeakReservedBytes(device_)},
+        totals_.steps, {peak, allocator.device_reserved_peak_bytes},
         checkpointing_->OffloadedLayerBytes(), checkpointing_->RoomForFixedBytes(peak), &held);
     const std::string measured = checkpointing_->AfterStep(totals_.steps, peak);
     if (!measured.empty()) Log(measured);
