@@ -15,7 +15,8 @@
 #   attr-ours-nockpt the attribution of that trace
 #   attr-liger       the attribution of the Liger anchor's trace
 #   mem-ours         (optional) ours at micro-batch 4 profiled with the allocator's events, and
-#                    where its memory peaks: memory-peak-ours-mb4.md (bench/memory_peak.py)
+#                    where its memory peaks: memory-peak-ours-mb4.md (bench/memory_peak.py);
+#                    mem-ours-mbN at micro-batch N (memory-peak-ours-mbN.md)
 # Optional (not in the default list: BENCH_FAIR_PARTS="ours-auto24 liger" runs it with the anchor
 # it is compared with; or concatenate this run's results.jsonl with an earlier run's and give that
 # to bench/fair_summary.py):
@@ -268,13 +269,14 @@ with_70b() {
   model=$model70 "$@"
 }
 
-# ours at micro-batch 4 with checkpointing, profiled with the allocator's events: where the step's
-# memory peaks (bench/memory_peak.py); its measurement is not a result (the JSON lines stay out).
-memory_peak() {
-  local trace=$work/trace-ours-mb4-memory.json
-  BENCH_PROFILE_MEMORY=1 ours_job mem-ours "$gpus_1" 4 true "$trace" > "$work/mem-ours.out" || return 1
-  grep -v '^{' "$work/mem-ours.out"
-  python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb4.md"
+# ours at micro-batch MB with checkpointing, profiled with the allocator's events: where the
+# step's memory peaks (bench/memory_peak.py); its measurement is not a result (the JSON lines stay
+# out).
+memory_peak() {  # MB
+  local mb=$1 trace=$work/trace-ours-mb$1-memory.json
+  BENCH_PROFILE_MEMORY=1 ours_job "mem-ours-mb$mb" "$gpus_1" "$mb" true "$trace" > "$work/mem-ours-mb$mb.out" || return 1
+  grep -v '^{' "$work/mem-ours-mb$mb.out"
+  python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb$mb.md"
 }
 
 # The whole LLaMA-2-70B shape (80 layers, GQA with 8 KV heads), pre-quantized as bitsandbytes
@@ -321,7 +323,8 @@ export root work logs model warmup windows window_steps OUT
 for part in $parts; do
   case $part in
     ours-mb4) run_part ours-mb4 60 ours_job ours-mb4 "$gpus_1" 4 true "$work/trace-ours-mb4.json" ;;
-    mem-ours) run_part mem-ours 60 memory_peak ;;
+    mem-ours) run_part mem-ours 60 memory_peak 4 ;;
+    mem-ours-mb*) run_part "$part" 60 memory_peak "${part#mem-ours-mb}" ;;
     attr-ours) run_part attr-ours 20 attribute "$work/trace-ours-mb4.json" \
       "Profile of ours: 1 GPU, micro-batch 4, checkpointing, 2 steps" ours-mb4 ;;
     liger) run_part liger 150 python3 "$root/bench/anchor_hf.py" "$model" --liger --micro-batches 4 1 \

@@ -1043,3 +1043,70 @@ TEST(EngineCuda, DISABLED_Llama7bShapedTrainingStepThroughput) {
 
 }  // namespace
 }  // namespace qlora::engine
+
+namespace qlora::engine {
+namespace {
+
+// An untied input embedding table kept in pinned host memory (what training on a GPU loads):
+// the device holds its bytes less, and the rows gathered on the host give the same hidden states,
+// loss and LoRA gradients, bit for bit, as the same table on the device (one model, its table
+// moved: the GEMM tuner's choices stay), with the ids given on the host or read back. A tied
+// table is lm_head's too and stays on the device.
+TEST(EngineCuda, InputEmbeddingInHostMemoryGivesTheSameBits) {
+  if (!at::hasCUDA() || at::getNumGPUs() == 0) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    TempDir dir;
+    TinyModelOptions tiny;
+    tiny.init_std = 0.1;
+    tiny.dtype = "bfloat16";
+    tiny.config.tie_word_embeddings = tied;
+    ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+    LoadOptions options;
+    options.device = cuda;
+    options.compute_dtype = at::kBFloat16;
+    options.input_embedding_in_host_memory = true;
+    auto loaded = LoadLlama(dir.path(), options);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    LlamaForCausalLM& model = **loaded;
+    if (tied) {
+      EXPECT_TRUE(model.embed_tokens.is_cuda());
+      EXPECT_TRUE(model.embed_tokens.is_same(model.lm_head));
+      continue;
+    }
+    const at::Tensor host_table = model.embed_tokens;
+    ASSERT_TRUE(host_table.is_cpu());
+    EXPECT_TRUE(host_table.is_pinned());
+    LoraOptions lora;
+    lora.target_modules = {"all-linear"};
+    ASSERT_TRUE(model.AddLora(lora).ok());
+    RandomizeLoraB(model);
+    model.SetTraining(true);
+    const at::Tensor host_ids = RandomIds(model.config(), 2, 32).pin_memory();
+    const at::Tensor ids = host_ids.to(cuda);
+    const at::Tensor labels = LabelsFor(host_ids).to(cuda);
+    ForwardOptions with_host_ids;
+    with_host_ids.host_input_ids = host_ids;
+    auto run = [&] {
+      std::map<std::string, at::Tensor> out = Gradients(model, ids, labels, with_host_ids);
+      at::NoGradGuard no_grad;
+      out["rows, host ids"] = model.EmbedTokens(ids, host_ids);
+      out["rows, ids read back"] = model.EmbedTokens(ids);
+      return out;
+    };
+    const int64_t bytes_host = model.BuiltBytes();
+    const std::map<std::string, at::Tensor> from_host = run();
+    EXPECT_TRUE(from_host.at("rows, host ids").is_cuda());
+    model.embed_tokens = host_table.to(cuda);
+    EXPECT_EQ(model.BuiltBytes(), bytes_host + host_table.nbytes());
+    const std::map<std::string, at::Tensor> on_device = run();
+    ASSERT_EQ(from_host.size(), on_device.size());
+    for (const auto& [name, t] : on_device) {
+      EXPECT_TRUE(at::equal(from_host.at(name), t)) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qlora::engine

@@ -62,6 +62,25 @@ TEST(BaseWeightPlanTest, CountsTheBytesTheLoaderBuilds) {
   EXPECT_GT(FrozenWeightBytes(SeventyB(), off, 2).per_layer, 3.7 * b.per_layer);
 }
 
+// Training on a GPU keeps an untied input embedding table in host memory: the device holds
+// lm_head alone; a tied table is lm_head and stays.
+TEST(BaseWeightPlanTest, AnInputEmbeddingInHostMemoryIsNotCounted) {
+  const double table = 32000.0 * 8192 * 2;
+  const BaseWeightBytes both = FrozenWeightBytes(SeventyB(), QuantizationConfig{}, 2);
+  const BaseWeightBytes host = FrozenWeightBytes(SeventyB(), QuantizationConfig{}, 2, true);
+  EXPECT_EQ(host.per_layer, both.per_layer);
+  EXPECT_EQ(both.outside - host.outside, table);
+  LlamaConfig tied = SeventyB();
+  tied.tie_word_embeddings = true;
+  EXPECT_EQ(FrozenWeightBytes(tied, QuantizationConfig{}, 2, true).outside,
+            FrozenWeightBytes(tied, QuantizationConfig{}, 2).outside);
+  EXPECT_EQ(FrozenWeightBytes(tied, QuantizationConfig{}, 2).outside, host.outside);
+  BaseWeightPlanRequest r = Request(SeventyB(), 1, 1, 24);
+  const int64_t on_device = PlannedPeakWith(r, BaseWeightPlacement::kStreamed);
+  r.input_embedding_on_host = true;
+  EXPECT_EQ(on_device - PlannedPeakWith(r, BaseWeightPlacement::kStreamed), table);
+}
+
 TEST(BaseWeightPlanTest, TheAdaptersAreTheJobsTargets) {
   const ActivationPlanRequest r = ActivationRequestFor(BenchmarkJob(1), SeventyB(), true);
   EXPECT_EQ(r.trainable_elements, 207093760);  // what the 70B run's strategy reported

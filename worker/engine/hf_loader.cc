@@ -29,8 +29,16 @@ class Loader {
 
   absl::Status LoadAll() {
     const LlamaConfig& c = model_->config();
-    QLORA_ASSIGN_OR_RETURN(model_->embed_tokens,
-                           Dense("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+    if (options_.input_embedding_in_host_memory && options_.device.is_cuda() &&
+        !c.tie_word_embeddings) {
+      QLORA_ASSIGN_OR_RETURN(const at::Tensor table,
+                             Read("model.embed_tokens.weight", {c.vocab_size, c.hidden_size},
+                                  options_.compute_dtype, at::Device(at::kCPU)));
+      model_->embed_tokens = table.pin_memory();
+    } else {
+      QLORA_ASSIGN_OR_RETURN(model_->embed_tokens,
+                             Dense("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+    }
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       DecoderLayer& layer = model_->layers[i];
       const std::string prefix = absl::StrCat("model.layers.", i, ".");

@@ -29,6 +29,9 @@ struct LoadOptions {
   // are handed over as soon as they are read, so the device never holds the whole model. Null:
   // they stay in the model's layers.
   std::shared_ptr<BaseWeightStore> base_weights;
+  // An untied input embedding table on a CUDA device stays in pinned host memory instead
+  // (LlamaForCausalLM::EmbedTokens); tied, it is lm_head's too and goes to the device.
+  bool input_embedding_in_host_memory = false;
 };
 
 // NotFound when the folder lacks config.json or weights; InvalidArgument when tensors are

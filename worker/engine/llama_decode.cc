@@ -73,7 +73,7 @@ at::Tensor LlamaForCausalLM::ForwardCached(const at::Tensor& input_ids, KvCache*
   const at::Tensor positions =
       at::arange(past, past + seq, at::dtype(at::kLong).device(device_)).unsqueeze(0);
   const auto [cos, sin] = RotaryTables(positions);
-  at::Tensor x = at::embedding(embed_tokens, input_ids.to(device_, at::kLong));
+  at::Tensor x = EmbedTokens(input_ids);
   const int64_t count = static_cast<int64_t>(layers.size());
   for (int64_t i = 0; i < count; ++i) {
     const std::shared_ptr<const DecoderLayer> whole = WholeLayer(i);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -216,7 +217,9 @@ int64_t LlamaForCausalLM::DequantizedLayerBytes() const {
 
 int64_t LlamaForCausalLM::BuiltBytes() const {
   auto bytes = [](const at::Tensor& t) -> int64_t { return t.defined() ? t.nbytes() : 0; };
-  int64_t total = bytes(embed_tokens) + bytes(norm) + (lm_head.is_same(embed_tokens) ? 0 : bytes(lm_head));
+  const bool table_here = embed_tokens.defined() && embed_tokens.device() == device_;
+  int64_t total = (table_here ? bytes(embed_tokens) : 0) + bytes(norm) +
+                  (lm_head.is_same(embed_tokens) ? 0 : bytes(lm_head));
   for (const DecoderLayer& layer : layers) {
     total += bytes(layer.input_layernorm) + bytes(layer.post_attention_layernorm);
     for (const char* name : kLinearModuleNames) {
@@ -234,6 +237,25 @@ int64_t LlamaForCausalLM::BuiltBytes() const {
   }
   if (base_weights_ != nullptr) total += base_weights_->device_bytes();
   return total;
+}
+
+at::Tensor LlamaForCausalLM::EmbedTokens(const at::Tensor& input_ids,
+                                         const at::Tensor& host_input_ids) const {
+  if (embed_tokens.device() == device_) {
+    return at::embedding(embed_tokens, input_ids.to(device_, at::kLong));
+  }
+  TORCH_CHECK(!host_input_ids.defined() || host_input_ids.sizes() == input_ids.sizes(),
+              "host_input_ids must have input_ids' shape");
+  const at::Tensor ids =
+      (host_input_ids.defined() ? host_input_ids : input_ids).to(at::kCPU, at::kLong).reshape({-1});
+  // Pinned, so that the copy does not block the host; the caching host allocator keeps the block
+  // until the copy has run.
+  at::Tensor rows = at::empty({ids.numel(), embed_tokens.size(1)},
+                              embed_tokens.options().pinned_memory(true));
+  at::index_select_out(rows, embed_tokens, 0, ids);
+  std::vector<int64_t> shape = input_ids.sizes().vec();
+  shape.push_back(embed_tokens.size(1));
+  return rows.to(device_, /*non_blocking=*/true).view(shape);
 }
 
 absl::Status LlamaForCausalLM::AddLora(const LoraOptions& options) {
@@ -444,7 +466,7 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
                                 .view({1, 1, seq, seq});
   }
 
-  at::Tensor x = at::embedding(embed_tokens, ids);
+  at::Tensor x = EmbedTokens(ids, options.host_input_ids);
   const bool checkpoint = training_ && at::GradMode::is_enabled();
   const std::shared_ptr<ActivationOffloader> offloader =
       checkpoint ? offloader_ : nullptr;  // null unless SetOffloadedLayers(n > 0)

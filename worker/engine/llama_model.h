@@ -60,6 +60,10 @@ struct ForwardOptions {
   // Packed rows: attention is causal within the runs that start where position_ids == 0 (and at
   // each row's start), and never crosses into another run (needs position_ids).
   bool block_diagonal = false;
+  // input_ids on the host (pinned, int64), where the caller has them: an input embedding table
+  // kept in host memory (LlamaForCausalLM::embed_tokens) gathers its rows from them without
+  // reading the ids back from the device.
+  at::Tensor host_input_ids;
 };
 
 // One decoder layer's weights. Shapes: norms [hidden]; linears as in HF ([out, in]).
@@ -89,7 +93,9 @@ class LlamaForCausalLM {
   at::Device device() const { return device_; }
 
   // Weights (filled by the loader).
-  at::Tensor embed_tokens;  // [vocab, hidden], compute dtype
+  // [vocab, hidden], compute dtype; on the device, or (untied, LoadOptions::
+  // input_embedding_in_host_memory) in pinned host memory, its rows gathered there (EmbedTokens).
+  at::Tensor embed_tokens;
   std::vector<DecoderLayer> layers;
   at::Tensor norm;          // [hidden]
   at::Tensor lm_head;       // [vocab, hidden]; the same tensor as embed_tokens when tied
@@ -157,8 +163,15 @@ class LlamaForCausalLM {
   // The offloader (null until SetOffloadedLayers > 0): bytes moved, for logs and tests.
   const ActivationOffloader* activation_offloader() const { return offloader_.get(); }
   // Bytes of the model's tensors: weights (4-bit blocks and their scales), norms, biases and
-  // adapters (tied embeddings counted once).
+  // adapters (tied embeddings counted once) that are on the model's device.
   int64_t BuiltBytes() const;
+  // input_ids [batch, seq] -> their rows of embed_tokens [batch, seq, hidden] on the model's
+  // device. A table in host memory gathers them there, from `host_input_ids` where given (else
+  // input_ids read back), into pinned rows copied without blocking the host: a gather is exact,
+  // and the copy (T x hidden, 64 MiB at 8192 tokens of hidden 4096) spares the device the whole
+  // table (250 MiB at the 7B shape, 1 GiB at a 128k vocabulary).
+  at::Tensor EmbedTokens(const at::Tensor& input_ids,
+                         const at::Tensor& host_input_ids = at::Tensor()) const;
 
   // input_ids [batch, seq] int64 -> final hidden states [batch, seq, hidden] (after the last
   // RMSNorm), in the compute dtype. Throws c10::Error on bad shapes.

@@ -50,7 +50,7 @@ const char* PlacementName(BaseWeightPlacement placement) {
 }
 
 BaseWeightBytes FrozenWeightBytes(const LlamaConfig& model, const QuantizationConfig& quantization,
-                                  int64_t dtype_bytes) {
+                                  int64_t dtype_bytes, bool input_embedding_on_host) {
   BaseWeightBytes b;
   for (const char* name : kProjectionNames) {
     const LlamaConfig::Features f = model.ProjectionFeatures(name);
@@ -58,8 +58,11 @@ BaseWeightBytes FrozenWeightBytes(const LlamaConfig& model, const QuantizationCo
   }
   const int64_t H = model.hidden_size;
   const int64_t embeddings = model.vocab_size * H * dtype_bytes;
-  // Embeddings and lm_head (once when tied) stay in the compute dtype; so do the norms.
-  b.outside = embeddings * (model.tie_word_embeddings ? 1 : 2) +
+  // Embeddings and lm_head (once when tied) stay in the compute dtype; so do the norms. An untied
+  // input table may wait in host memory.
+  const int64_t tables =
+      model.tie_word_embeddings ? 1 : (input_embedding_on_host ? 1 : 2);
+  b.outside = embeddings * tables +
               (2 * model.num_hidden_layers + 1) * H * dtype_bytes;
   return b;
 }
@@ -87,7 +90,8 @@ int64_t PlannedPeakWith(const BaseWeightPlanRequest& request, BaseWeightPlacemen
   ActivationPlanRequest r = request.activations;
   const int64_t layers = r.model.num_hidden_layers;
   const int64_t world = std::max(request.world_size, 1);
-  const BaseWeightBytes weights = FrozenWeightBytes(r.model, request.quantization, r.dtype_bytes);
+  const BaseWeightBytes weights = FrozenWeightBytes(r.model, request.quantization, r.dtype_bytes,
+                                                    request.input_embedding_on_host);
   int64_t on_device = weights.total(layers);
   r.gathered_layer_bytes = 0;
   if (placement == BaseWeightPlacement::kSharded) {

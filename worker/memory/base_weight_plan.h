@@ -38,11 +38,13 @@ const char* PlacementName(BaseWeightPlacement placement);
 // scales and the nested double-quantization state; dense in the compute dtype when off).
 struct BaseWeightBytes {
   int64_t per_layer = 0;   // one decoder layer's projections (what stage 3 shards)
-  int64_t outside = 0;     // embeddings, lm_head, every norm: whole on every rank
+  int64_t outside = 0;     // embeddings, lm_head, every norm: whole on every rank's device
   int64_t total(int64_t layers) const { return per_layer * layers + outside; }
 };
+// input_embedding_on_host: an untied input embedding table waits in host memory
+// (engine::LoadOptions::input_embedding_in_host_memory) and is not counted.
 BaseWeightBytes FrozenWeightBytes(const LlamaConfig& model, const QuantizationConfig& quantization,
-                                  int64_t dtype_bytes);
+                                  int64_t dtype_bytes, bool input_embedding_on_host = false);
 
 // The activation plan's request for a job before its model is built: the shape, the step's size,
 // the adapters (the job's target modules, already expanded) and their trainable elements.
@@ -55,6 +57,7 @@ struct BaseWeightPlanRequest {
   QuantizationConfig quantization;
   int world_size = 1;
   int64_t budget_bytes = 0;  // 0: no budget (stage 2)
+  bool input_embedding_on_host = false;  // FrozenWeightBytes' flag
 };
 
 struct BaseWeightPlan {

@@ -18,10 +18,15 @@ namespace {
 // queued on the stream (profiles showed that thread blocked for most of a step, and the next
 // step starting late, with the GPU idle meanwhile). The pinned block is not reused before the
 // copy has run (the caching host allocator records the copy's stream).
+at::Tensor HostTensor(const std::vector<int32_t>& values, int rows, int seq_len, bool pinned) {
+  at::Tensor t = at::empty({rows, seq_len}, at::TensorOptions().dtype(at::kLong).pinned_memory(pinned));
+  std::copy(values.begin(), values.end(), t.data_ptr<int64_t>());
+  return t;
+}
+
 at::Tensor ToTensor(const std::vector<int32_t>& values, int rows, int seq_len, const at::Device& device) {
   const bool gpu = device.is_cuda();
-  at::Tensor t = at::empty({rows, seq_len}, at::TensorOptions().dtype(at::kLong).pinned_memory(gpu));
-  std::copy(values.begin(), values.end(), t.data_ptr<int64_t>());
+  const at::Tensor t = HostTensor(values, rows, seq_len, gpu);
   return gpu ? t.to(device, /*non_blocking=*/true) : t.to(device);
 }
 
@@ -37,7 +42,11 @@ class LoaderSource : public MicroBatchSource {
     QLORA_ASSIGN_OR_RETURN(std::optional<data::MicroBatch> mb, loader_->Next());
     if (!mb) return std::optional<DeviceBatch>();
     DeviceBatch b;
-    b.input_ids = ToTensor(mb->input_ids, mb->rows, mb->seq_len, device_);
+    // The ids stay on the host as well (pinned; the copy's source): an input embedding table in
+    // host memory gathers its rows there (engine::ForwardOptions::host_input_ids).
+    b.forward.host_input_ids = HostTensor(mb->input_ids, mb->rows, mb->seq_len, device_.is_cuda());
+    b.input_ids = device_.is_cuda() ? b.forward.host_input_ids.to(device_, /*non_blocking=*/true)
+                                    : b.forward.host_input_ids;
     b.labels = ToTensor(mb->labels, mb->rows, mb->seq_len, device_);
     if (packing_) {
       // On the host: the model reads the documents' layout there (no device synchronization)

@@ -121,6 +121,7 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
   r.activations = memory::ActivationRequestFor(config_, model, device_.is_cuda());
   r.quantization = config_.quantization;
   r.world_size = assignment_.world_size;
+  r.input_embedding_on_host = device_.is_cuda();  // as LoadModel loads it
   // Every rank plans for the smallest budget, so that all choose the same stage.
   const int64_t own = memory::MemoryBudgetBytes(config_.trainer, memory::DeviceAvailableBytes(device_));
   const at::Tensor budgets =
@@ -153,9 +154,17 @@ absl::Status Trainer::LoadModel() {
   if (cap > 0) Log(absl::StrCat("device memory capped at ", memory::FormatMemory(cap), " (trainer.max_memory_gib)"));
   QLORA_RETURN_IF_ERROR(PlanBaseWeightPlacement());
   engine::LoadOptions load = LoadOptionsFor(config_, device_);
+  // Training reads the input embedding's rows once a micro-batch, from ids the host has anyway:
+  // its table waits in host memory (untied models), exact, and the device keeps its bytes.
+  load.input_embedding_in_host_memory = true;
   QLORA_ASSIGN_OR_RETURN(load.base_weights, MakeBaseWeightStore());
   QLORA_ASSIGN_OR_RETURN(model_, engine::LoadLlama(config_.base_model_path, load));
   if (load.base_weights != nullptr) Log(load.base_weights->Describe());
+  if (!model_->embed_tokens.is_same(model_->lm_head) && model_->embed_tokens.device() != device_) {
+    Log(absl::StrCat("input embedding table in pinned host memory (",
+                     memory::FormatMemory(model_->embed_tokens.nbytes()),
+                     " less on the device); its rows are gathered there a micro-batch at a time"));
+  }
   const QuantizationConfig& q = config_.quantization;
   Log(absl::StrFormat("loaded %s (%d layers, %s) in %.1fs", config_.base_model_path,
                       model_->config().num_hidden_layers, q.enabled ? EnumName(q.quant_type) : "unquantized",
