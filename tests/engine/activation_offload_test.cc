@@ -20,6 +20,7 @@
 #include "worker/engine/hf_loader.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/tiny_model.h"
+#include "worker/memory/activation_offload_plan.h"
 
 namespace qlora::engine {
 namespace {
@@ -192,6 +193,50 @@ TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients)
       EXPECT_EQ(model.offloaded_layers(), 0);
       EXPECT_EQ(model.activation_offloader(), nullptr);
     }
+  }
+}
+
+// An offloaded layer's saves go to two groups: its attention's to the late one (fetched once the
+// layer above has done its MLP backward), its MLP's to the early one, with the checkpointed
+// layers' inputs (fetched a layer or two ahead). Backward takes every one back.
+TEST(EngineActivationOffload, AnOffloadedLayersAttentionAndMlpSavesGoToTwoGroups) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.dtype = "bfloat16";
+  tiny.config.num_hidden_layers = 5;
+  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  for (const at::Device& device : TestDevices()) {
+    SCOPED_TRACE(device.str());
+    const std::unique_ptr<LlamaForCausalLM> loaded = LoadBf16WithAdapters(dir.path(), device, 0.0);
+    ASSERT_NE(loaded, nullptr);
+    LlamaForCausalLM& model = *loaded;
+    ActivationOffloadOptions offload;
+    offload.min_bytes = 0;
+    model.SetCheckpointedLayers(5);
+    model.SetOffloadedLayers(2, offload);
+    const std::vector<bool> offloaded = memory::PlaceOffloads(5, 5, 2).offloaded;
+    const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
+    const ActivationOffloader& offloader = *model.activation_offloader();
+    const CausalLmLoss loss = model.Loss(model.Forward(ids), LabelsFor(ids.cpu()).to(device));
+    int64_t groups = 0;
+    for (int64_t i = 0; i < 5; ++i) {
+      SCOPED_TRACE("layer " + std::to_string(i));
+      const int64_t late = offloader.host_bytes_of(LlamaForCausalLM::OffloadLateGroup(i));
+      const int64_t early = offloader.host_bytes_of(LlamaForCausalLM::OffloadEarlyGroup(i));
+      groups += late + early;
+      if (offloaded[i]) {
+        EXPECT_GT(late, 0);
+        EXPECT_GT(early, 0);
+      } else {
+        EXPECT_EQ(late, 0);
+        // A checkpointed layer's input (not the top layer's, which is never offloaded).
+        EXPECT_EQ(early > 0, i < 4);
+      }
+    }
+    EXPECT_EQ(groups, offloader.host_bytes());
+    loss.loss_sum.backward();
+    EXPECT_EQ(offloader.host_bytes(), 0);
   }
 }
 

@@ -295,6 +295,13 @@ int64_t ActivationOffloader::host_bytes() const {
   return total;
 }
 
+int64_t ActivationOffloader::host_bytes_of(int64_t group) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t total = 0;
+  for (const auto& [id, e] : entries_) total += e->group == group ? e->nbytes : 0;
+  return total;
+}
+
 int64_t ActivationOffloader::offloaded_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return offloaded_bytes_;

@@ -74,8 +74,9 @@ class ActivationOffloader {
   // Forgets every ticket not restored yet.
   void Clear();
 
-  // Bytes of pinned host memory held now (tests, logs).
+  // Bytes of pinned host memory held now (tests, logs), in all or of one group.
   int64_t host_bytes() const;
+  int64_t host_bytes_of(int64_t group) const;
   // Bytes copied to the host since construction (a storage shared by two saves counts once).
   int64_t offloaded_bytes() const;
   // Device bytes held for transfers the host has not yet seen finish (tests).

@@ -150,6 +150,7 @@ void LlamaForCausalLM::SetCheckpointedLayers(int64_t n) {
 
 void LlamaForCausalLM::SetOffloadedLayers(int64_t n, ActivationOffloadOptions options) {
   offload_request_ = std::clamp<int64_t>(n, 0, static_cast<int64_t>(layers.size()));
+  options.max_layers_pending *= 2;  // a layer's late and early groups
   offloader_ = offload_request_ > 0 ? std::make_shared<ActivationOffloader>(device_, options)
                                     : nullptr;
   PlaceOffloadedLayers();
@@ -164,6 +165,16 @@ void LlamaForCausalLM::PlaceOffloadedLayers() {
                                              checkpointed_layers_, offload_request_);
   offloaded_ = std::move(placement.offloaded);
   prefetch_at_ = std::move(placement.prefetch_at);
+}
+
+LlamaForCausalLM::LayerOffloading LlamaForCausalLM::OffloadingOf(
+    int64_t i, const std::shared_ptr<ActivationOffloader>& offloader) const {
+  LayerOffloading o;
+  if (offloader == nullptr) return o;
+  o.offloader = offloader;
+  if (offloaded_[i]) o.mlp_group = OffloadEarlyGroup(i);
+  if (i > 0 && offloaded_[i - 1]) o.prefetch_after_mlp = OffloadLateGroup(i - 1);
+  return o;
 }
 
 void LlamaForCausalLM::UseBaseWeightStore(std::shared_ptr<BaseWeightStore> store) {
@@ -317,8 +328,8 @@ absl::Status LlamaForCausalLM::AddLora(const LoraOptions& options) {
 
 at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::Tensor& x,
                                           const at::Tensor& cos, const at::Tensor& sin,
-                                          const LayerAttention& attention,
-                                          bool value_unused) const {
+                                          const LayerAttention& attention, bool value_unused,
+                                          const LayerOffloading& offloading) const {
   const int64_t batch = x.size(0), seq = x.size(1);
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
   const int64_t head_dim = config_.head_dim;
@@ -382,6 +393,9 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   }
   at::Tensor o =
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
+  // An offloaded layer's MLP saves go to its early group (nested in the caller's scope).
+  std::optional<OffloadScope> mlp_offload;
+  if (offloading.mlp_group >= 0) mlp_offload.emplace(offloading.offloader, offloading.mlp_group);
   at::Tensor h, m;
   if (fused_norm(layer.post_attention_layernorm)) {
     NormedResidual r = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps,
@@ -395,6 +409,13 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
     m = RmsNorm(h, layer.post_attention_layernorm, eps);
   }
   o.reset();
+  if (offloading.prefetch_after_mlp >= 0 && h.requires_grad()) {
+    // h's gradient is whole once the MLP's backward (down, SwiGLU, gate/up, the norm) is done.
+    h.register_hook([offloader = offloading.offloader,
+                     group = offloading.prefetch_after_mlp](const at::TensorBase&) {
+      offloader->Prefetch(group);
+    });
+  }
   std::vector<at::Tensor> gate_up = SharedInputForward(gate_up_layers, m, training_, false,
                                                        nullptr, m_source ? &*m_source : nullptr);
   m.reset();
@@ -483,32 +504,36 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
     }
     const DecoderLayer& layer = *whole;
     const LayerAttention& attention = config_.SlidingLayer(i) ? window_attention : full_attention;
+    const LayerOffloading offloading = OffloadingOf(i, offloader);
     if (offloader != nullptr && offloaded_[i]) {
-      OffloadScope scope(offloader, i);
-      x = LayerForward(layer, x, cos, sin, attention);
+      OffloadScope scope(offloader, OffloadLateGroup(i));
+      x = LayerForward(layer, x, cos, sin, attention, /*value_unused=*/false, offloading);
     } else if (checkpoint && i < checkpointed_layers_) {
       CheckpointOffload input_offload;  // the input waits in host memory (not the top layer's)
-      if (offloader != nullptr && i + 1 < count) input_offload = {offloader, i};
+      if (offloader != nullptr && i + 1 < count) input_offload = {offloader, OffloadEarlyGroup(i)};
       // The lambda outlives Forward: it copies the layout (tensor handles). Its first call, at
       // once, uses `whole`; its recomputation asks for the weights again (gathers them again),
       // as the lambda must not keep them alive until backward.
       x = Checkpoint(
-          [this, i, cos, sin, attention, in_forward = std::weak_ptr<const DecoderLayer>(whole)](
-              const at::Tensor& h, bool recompute) {
+          [this, i, cos, sin, attention, offloading,
+           in_forward = std::weak_ptr<const DecoderLayer>(whole)](const at::Tensor& h,
+                                                                  bool recompute) {
             std::shared_ptr<const DecoderLayer> weights = recompute ? nullptr : in_forward.lock();
             if (weights == nullptr) weights = WholeLayer(i);
             if (recompute && base_weights_ != nullptr) base_weights_->Prefetch(i - 1);
-            return LayerForward(*weights, h, cos, sin, attention, /*value_unused=*/recompute);
+            return LayerForward(*weights, h, cos, sin, attention, /*value_unused=*/recompute,
+                                offloading);
           },
           x, LayerParameters(layer), input_offload);
     } else {
-      x = LayerForward(layer, x, cos, sin, attention);
+      x = LayerForward(layer, x, cos, sin, attention, /*value_unused=*/false, offloading);
     }
     if (i % kDequantizedLayersALaunch == 0) write_dequantized(i + 1, kDequantizedLayersALaunch);
     if (offloader != nullptr && !prefetch_at_[i].empty() && x.requires_grad()) {
-      // Runs when x's gradient is ready: before this layer's backward.
-      x.register_hook([offloader, groups = prefetch_at_[i]](const at::TensorBase&) {
-        for (int64_t group : groups) offloader->Prefetch(group);
+      // Runs when x's gradient is ready: before this layer's backward. The late groups come
+      // later (LayerForward's hook).
+      x.register_hook([offloader, layers = prefetch_at_[i]](const at::TensorBase&) {
+        for (int64_t layer : layers) offloader->Prefetch(OffloadEarlyGroup(layer));
       });
     }
   }

@@ -135,8 +135,16 @@ class LlamaForCausalLM {
   // says where backward fetches them back); 0 (the default) turns offloading off. With
   // offloading on, the checkpointed layers' inputs wait in host memory too (but the top layer's).
   // Same values and gradients as any split.
+  // (options.max_layers_pending counts layers: the offloader gets it in groups, two a layer.)
   void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
   int64_t offloaded_layers() const;
+  // Layer i's groups in the offloader. Late: what its attention saves, fetched only once the
+  // layer above has done its MLP backward, so that it is not on the device through that layer's
+  // peak (its MLP's backward; 320 MiB at the 7B shape and micro-batch 4), and still arrives
+  // during that layer's attention backward and this layer's MLP backward. Early: what its MLP
+  // saves, and a checkpointed layer's input, fetched a layer or two ahead (PlaceOffloads).
+  static int64_t OffloadLateGroup(int64_t layer) { return 2 * layer; }
+  static int64_t OffloadEarlyGroup(int64_t layer) { return 2 * layer + 1; }
   // The first `n` decoder layers (clamped to [0, layers]) hold their 4-bit weights dequantized
   // in the compute dtype for as long as this stays set (dequantized_layers.h: no dequantization in
   // their forward or backward, DequantizedLayerBytes each); 0 (the default) drops them. The
@@ -211,10 +219,24 @@ class LlamaForCausalLM {
   at::Tensor LayerForwardCached(const DecoderLayer& layer, int64_t index, const at::Tensor& x,
                                 const at::Tensor& cos, const at::Tensor& sin,
                                 KvCache* cache) const;
+  // What a layer's forward does for activation offloading (all off by default): `offloader`
+  // with `mlp_group` >= 0 (an offloaded layer, whose attention saves go to its late group under
+  // the caller's OffloadScope): the MLP's saves go to `mlp_group` (its early group);
+  // `prefetch_after_mlp` >= 0: once the layer's MLP backward is done (a hook on the gradient of
+  // the residual stream between attention and MLP), that group is fetched (the late group of an
+  // offloaded layer just below).
+  struct LayerOffloading {
+    std::shared_ptr<ActivationOffloader> offloader;
+    int64_t mlp_group = -1;
+    int64_t prefetch_after_mlp = -1;
+  };
+  // The offloading of layer i's forward (null offloader: none).
+  LayerOffloading OffloadingOf(int64_t i,
+                               const std::shared_ptr<ActivationOffloader>& offloader) const;
   // value_unused: the checkpoint's recomputation (the output carries the graph only).
   at::Tensor LayerForward(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
                           const at::Tensor& sin, const LayerAttention& attention,
-                          bool value_unused = false) const;
+                          bool value_unused, const LayerOffloading& offloading) const;
 
   LlamaConfig config_;
   at::ScalarType compute_dtype_;

@@ -89,9 +89,10 @@ std::string DescribeOffloadCapacity(const ActivationPlanRequest& request, int64_
 // Which layers an offload of n takes, and where backward fetches each back.
 struct OffloadPlacement {
   std::vector<bool> offloaded;  // per layer
-  // Per layer: the groups (layers) whose offloaded tensors the hook on that layer's output fetches
-  // (it runs before the layer's backward), the highest first: one copy stream serves them in
-  // order, and backward reaches the highest first.
+  // Per layer: the layers whose offloaded tensors the hook on that layer's output fetches (it
+  // runs before the layer's backward), the highest first: one copy stream serves them in order,
+  // and backward reaches the highest first. (An offloaded layer's attention tensors come later,
+  // once the layer above it has done its MLP backward: LlamaForCausalLM::OffloadLateGroup.)
   std::vector<std::vector<int64_t>> prefetch_at;
 };
 
