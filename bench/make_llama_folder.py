@@ -2,6 +2,9 @@
 model-*.safetensors with an index, and the example tokenizer), so the benchmark runs the real
 loading and quantizing path. Nothing can be downloaded on the GPU machine.
   python3 bench/make_llama_folder.py OUT_DIR [--layers 32]
+LLaMA-3.1-8B's shape (grouped-query attention, its vocabulary and rotary base):
+  python3 bench/make_llama_folder.py OUT_DIR --intermediate 14336 --kv-heads 8 --vocab 128256 \
+      --rope-theta 500000 --max-positions 131072
 """
 import argparse
 import json
@@ -17,15 +20,21 @@ p.add_argument("--layers", type=int, default=32)
 p.add_argument("--hidden", type=int, default=4096)
 p.add_argument("--intermediate", type=int, default=11008)
 p.add_argument("--heads", type=int, default=32)
+p.add_argument("--kv-heads", type=int, default=None, help="default: --heads (no grouping)")
 p.add_argument("--vocab", type=int, default=32000)
+p.add_argument("--rope-theta", type=float, default=10000.0)
+p.add_argument("--max-positions", type=int, default=4096)
 args = p.parse_args()
+kv_heads = args.kv_heads or args.heads
+if args.heads % kv_heads or args.hidden % args.heads:
+    p.error("--heads must divide --hidden, and --kv-heads --heads")
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 h, i, v = args.hidden, args.intermediate, args.vocab
 config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
           "intermediate_size": i, "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
-          "num_key_value_heads": args.heads, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-          "rope_theta": 10000.0, "rope_scaling": None, "vocab_size": v, "tie_word_embeddings": False,
+          "num_key_value_heads": kv_heads, "max_position_embeddings": args.max_positions,
+          "rms_norm_eps": 1e-5, "rope_theta": args.rope_theta, "rope_scaling": None, "vocab_size": v, "tie_word_embeddings": False,
           "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
           "attention_bias": False}
 (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -43,8 +52,9 @@ for l in range(args.layers):
     pre = f"model.layers.{l}."
     shards += [(pre + "input_layernorm.weight", lambda: torch.ones(h, dtype=torch.bfloat16)),
                (pre + "post_attention_layernorm.weight", lambda: torch.ones(h, dtype=torch.bfloat16))]
-    for name in ["q_proj", "k_proj", "v_proj", "o_proj"]:
-        shards.append((pre + f"self_attn.{name}.weight", lambda: rand(h, h)))
+    kv = h // args.heads * kv_heads  # k's and v's rows
+    for name, rows in [("q_proj", h), ("k_proj", kv), ("v_proj", kv), ("o_proj", h)]:
+        shards.append((pre + f"self_attn.{name}.weight", lambda rows=rows: rand(rows, h)))
     shards += [(pre + "mlp.gate_proj.weight", lambda: rand(i, h)), (pre + "mlp.up_proj.weight", lambda: rand(i, h)),
                (pre + "mlp.down_proj.weight", lambda: rand(h, i))]
 shards += [("model.norm.weight", lambda: torch.ones(h, dtype=torch.bfloat16)), ("lm_head.weight", lambda: rand(v, h))]
