@@ -198,7 +198,8 @@ TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients)
 
 // An offloaded layer's saves go to two groups: its attention's to the late one (fetched once the
 // layer above has done its MLP backward), its MLP's to the early one, with the checkpointed
-// layers' inputs (fetched a layer or two ahead). Backward takes every one back.
+// layers' inputs (fetched a layer or two ahead). Backward's prefetches bring every one back
+// before it is restored (none fetched on demand), under a checkpointed layer and a plain one.
 TEST(EngineActivationOffload, AnOffloadedLayersAttentionAndMlpSavesGoToTwoGroups) {
   TempDir dir;
   TinyModelOptions tiny;
@@ -207,36 +208,40 @@ TEST(EngineActivationOffload, AnOffloadedLayersAttentionAndMlpSavesGoToTwoGroups
   tiny.config.num_hidden_layers = 5;
   ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
   for (const at::Device& device : TestDevices()) {
-    SCOPED_TRACE(device.str());
-    const std::unique_ptr<LlamaForCausalLM> loaded = LoadBf16WithAdapters(dir.path(), device, 0.0);
-    ASSERT_NE(loaded, nullptr);
-    LlamaForCausalLM& model = *loaded;
-    ActivationOffloadOptions offload;
-    offload.min_bytes = 0;
-    model.SetCheckpointedLayers(5);
-    model.SetOffloadedLayers(2, offload);
-    const std::vector<bool> offloaded = memory::PlaceOffloads(5, 5, 2).offloaded;
-    const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
-    const ActivationOffloader& offloader = *model.activation_offloader();
-    const CausalLmLoss loss = model.Loss(model.Forward(ids), LabelsFor(ids.cpu()).to(device));
-    int64_t groups = 0;
-    for (int64_t i = 0; i < 5; ++i) {
-      SCOPED_TRACE("layer " + std::to_string(i));
-      const int64_t late = offloader.host_bytes_of(LlamaForCausalLM::OffloadLateGroup(i));
-      const int64_t early = offloader.host_bytes_of(LlamaForCausalLM::OffloadEarlyGroup(i));
-      groups += late + early;
-      if (offloaded[i]) {
-        EXPECT_GT(late, 0);
-        EXPECT_GT(early, 0);
-      } else {
-        EXPECT_EQ(late, 0);
-        // A checkpointed layer's input (not the top layer's, which is never offloaded).
-        EXPECT_EQ(early > 0, i < 4);
+    for (int64_t checkpointed : {5, 0}) {
+      SCOPED_TRACE(device.str() + ", " + std::to_string(checkpointed) + " checkpointed");
+      const std::unique_ptr<LlamaForCausalLM> loaded =
+          LoadBf16WithAdapters(dir.path(), device, 0.0);
+      ASSERT_NE(loaded, nullptr);
+      LlamaForCausalLM& model = *loaded;
+      ActivationOffloadOptions offload;
+      offload.min_bytes = 0;
+      model.SetCheckpointedLayers(checkpointed);
+      model.SetOffloadedLayers(2, offload);
+      const std::vector<bool> offloaded = memory::PlaceOffloads(5, checkpointed, 2).offloaded;
+      const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
+      const ActivationOffloader& offloader = *model.activation_offloader();
+      const CausalLmLoss loss = model.Loss(model.Forward(ids), LabelsFor(ids.cpu()).to(device));
+      int64_t groups = 0;
+      for (int64_t i = 0; i < 5; ++i) {
+        SCOPED_TRACE("layer " + std::to_string(i));
+        const int64_t late = offloader.host_bytes_of(LlamaForCausalLM::OffloadLateGroup(i));
+        const int64_t early = offloader.host_bytes_of(LlamaForCausalLM::OffloadEarlyGroup(i));
+        groups += late + early;
+        if (offloaded[i]) {
+          EXPECT_GT(late, 0);
+          EXPECT_GT(early, 0);
+        } else {
+          EXPECT_EQ(late, 0);
+          // A checkpointed layer's input (not the top layer's, which is never offloaded).
+          EXPECT_EQ(early > 0, i < std::min<int64_t>(checkpointed, 4));
+        }
       }
+      EXPECT_EQ(groups, offloader.host_bytes());
+      loss.loss_sum.backward();
+      EXPECT_EQ(offloader.host_bytes(), 0);
+      EXPECT_EQ(offloader.demand_fetches(), 0);
     }
-    EXPECT_EQ(groups, offloader.host_bytes());
-    loss.loss_sum.backward();
-    EXPECT_EQ(offloader.host_bytes(), 0);
   }
 }
 

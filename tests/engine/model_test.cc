@@ -1090,6 +1090,7 @@ TEST(EngineCuda, InputEmbeddingInHostMemoryGivesTheSameBits) {
     with_host_ids.host_input_ids = host_ids;
     auto run = [&] {
       std::map<std::string, at::Tensor> out = Gradients(model, ids, labels, with_host_ids);
+      for (const auto& [name, t] : Gradients(model, ids, labels)) out[name + ", ids read back"] = t;
       at::NoGradGuard no_grad;
       out["rows, host ids"] = model.EmbedTokens(ids, host_ids);
       out["rows, ids read back"] = model.EmbedTokens(ids);
@@ -1105,6 +1106,43 @@ TEST(EngineCuda, InputEmbeddingInHostMemoryGivesTheSameBits) {
     for (const auto& [name, t] : on_device) {
       EXPECT_TRUE(at::equal(from_host.at(name), t)) << name;
     }
+  }
+}
+
+// A model built for a device without an index (generation builds it for "cuda") keeps its table
+// on the GPU (cuda:0) as on its own device: it embeds there, decodes, and counts the table; in
+// host memory, the table is gathered from there.
+TEST(EngineCuda, AModelOnCudaWithoutAnIndexEmbedsWhereItsTableIs) {
+  if (!at::hasCUDA() || at::getNumGPUs() == 0) GTEST_SKIP() << "no CUDA device";
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.dtype = "bfloat16";
+  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  std::unique_ptr<LlamaForCausalLM> models[2];
+  for (int host = 0; host < 2; ++host) {
+    LoadOptions options;
+    options.device = at::Device(at::kCUDA);
+    options.compute_dtype = at::kBFloat16;
+    options.input_embedding_in_host_memory = host == 1;
+    auto loaded = LoadLlama(dir.path(), options);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    models[host] = std::move(*loaded);
+  }
+  ASSERT_TRUE(models[0]->embed_tokens.is_cuda());
+  ASSERT_TRUE(models[1]->embed_tokens.is_cpu());
+  EXPECT_EQ(models[0]->BuiltBytes(), models[1]->BuiltBytes() + models[1]->embed_tokens.nbytes());
+  const at::Tensor ids = RandomIds(models[0]->config(), 2, 8);
+  at::NoGradGuard no_grad;
+  const at::Tensor expected = at::embedding(models[1]->embed_tokens, ids).to(at::kCUDA);
+  for (int host = 0; host < 2; ++host) {
+    SCOPED_TRACE(host == 1 ? "table in host memory" : "table on the GPU");
+    LlamaForCausalLM& model = *models[host];
+    EXPECT_TRUE(at::equal(model.EmbedTokens(ids.to(at::kCUDA)), expected));
+    KvCache cache = model.NewKvCache(2, 16);
+    const at::Tensor hidden = model.ForwardCached(ids.to(at::kCUDA), &cache);
+    EXPECT_TRUE(hidden.is_cuda());
+    EXPECT_EQ(cache.length(), 8);
   }
 }
 

@@ -2,6 +2,7 @@
 // (activation_offload.h).
 #include "worker/engine/activation_offload.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -189,8 +190,10 @@ void ActivationOffloader::ReleaseLayersBelowLocked(int64_t group) {
   // Every offloaded storage was made on this thread's forward stream, the one current here (the
   // allocator reuses a block only on the stream it was made on): its later work waits.
   const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+  const int64_t per_layer = std::max<int64_t>(options_.groups_per_layer, 1);
+  const int64_t last_layer = group / per_layer - options_.max_layers_pending;
   for (auto& [id, e] : entries_) {
-    if (e->source.defined() && e->group <= group - options_.max_layers_pending) {
+    if (e->source.defined() && e->group / per_layer <= last_layer) {
       e->to_host_done.block(compute);  // what the compute stream runs next may reuse the memory
       e->source.reset();
       pending_bytes_ -= e->nbytes;
@@ -246,6 +249,7 @@ at::Tensor ActivationOffloader::Restore(int64_t ticket_id) {
   Ticket ticket = std::move(it->second);
   tickets_.erase(it);
   Entry& entry = *ticket.entry;
+  if (!entry.restored.defined() && !entry.source.defined()) ++demand_fetches_;
   FetchLocked(entry);
 #ifdef QLORA_HAVE_CUDA
   if (streams_ != nullptr && entry.to_device_done.isCreated()) {
@@ -293,6 +297,11 @@ int64_t ActivationOffloader::host_bytes() const {
   int64_t total = 0;
   for (const auto& [id, e] : entries_) total += e->nbytes;
   return total;
+}
+
+int64_t ActivationOffloader::demand_fetches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return demand_fetches_;
 }
 
 int64_t ActivationOffloader::host_bytes_of(int64_t group) const {

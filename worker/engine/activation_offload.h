@@ -51,6 +51,9 @@ struct ActivationOffloadOptions {
   // placement spreads apart). A checkpointed layer's input crosses the link in a fraction of a
   // layer's forward.
   int64_t max_layers_pending = 2;
+  // Groups a layer spans: group g is layer g / groups_per_layer (LlamaForCausalLM gives each
+  // layer a late and an early group).
+  int64_t groups_per_layer = 1;
 };
 
 class ActivationOffloader {
@@ -81,6 +84,9 @@ class ActivationOffloader {
   int64_t offloaded_bytes() const;
   // Device bytes held for transfers the host has not yet seen finish (tests).
   int64_t pending_bytes() const;
+  // Storages Restore had to fetch itself, no Prefetch having started their copy back (tests:
+  // backward's prefetches should leave none).
+  int64_t demand_fetches() const;
 
  private:
   struct Entry;
@@ -88,8 +94,8 @@ class ActivationOffloader {
   struct Streams;
 
   void ReleaseFinishedLocked();
-  // Makes the compute stream wait for the transfers of groups at or below
-  // `group` - max_layers_pending and lets their device copies go.
+  // Makes the compute stream wait for the transfers of the groups of layers at or below
+  // `group`'s layer - max_layers_pending and lets their device copies go.
   void ReleaseLayersBelowLocked(int64_t group);
   void FetchLocked(Entry& entry);
   // The entry's last ticket is done: drop it (the device copy stays alive while a restored view
@@ -106,6 +112,7 @@ class ActivationOffloader {
   std::map<const void*, std::shared_ptr<Entry>> by_storage_;  // by storage, while it lives
   int64_t pending_bytes_ = 0;
   int64_t offloaded_bytes_ = 0;
+  int64_t demand_fetches_ = 0;
 };
 
 // Offloads what the engine's autograd functions save on this thread while alive (nestable; the

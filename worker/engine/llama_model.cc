@@ -150,7 +150,7 @@ void LlamaForCausalLM::SetCheckpointedLayers(int64_t n) {
 
 void LlamaForCausalLM::SetOffloadedLayers(int64_t n, ActivationOffloadOptions options) {
   offload_request_ = std::clamp<int64_t>(n, 0, static_cast<int64_t>(layers.size()));
-  options.max_layers_pending *= 2;  // a layer's late and early groups
+  options.groups_per_layer = 2;  // a layer's late and early groups
   offloader_ = offload_request_ > 0 ? std::make_shared<ActivationOffloader>(device_, options)
                                     : nullptr;
   PlaceOffloadedLayers();
@@ -228,7 +228,8 @@ int64_t LlamaForCausalLM::DequantizedLayerBytes() const {
 
 int64_t LlamaForCausalLM::BuiltBytes() const {
   auto bytes = [](const at::Tensor& t) -> int64_t { return t.defined() ? t.nbytes() : 0; };
-  const bool table_here = embed_tokens.defined() && embed_tokens.device() == device_;
+  // By placement: device_ may name no index (cuda) where the table's has one (cuda:0).
+  const bool table_here = embed_tokens.defined() && (device_.is_cpu() || !embed_tokens.is_cpu());
   int64_t total = (table_here ? bytes(embed_tokens) : 0) + bytes(norm) +
                   (lm_head.is_same(embed_tokens) ? 0 : bytes(lm_head));
   for (const DecoderLayer& layer : layers) {
@@ -252,7 +253,7 @@ int64_t LlamaForCausalLM::BuiltBytes() const {
 
 at::Tensor LlamaForCausalLM::EmbedTokens(const at::Tensor& input_ids,
                                          const at::Tensor& host_input_ids) const {
-  if (embed_tokens.device() == device_) {
+  if (device_.is_cpu() || !embed_tokens.is_cpu()) {  // the table on the model's device
     return at::embedding(embed_tokens, input_ids.to(device_, at::kLong));
   }
   TORCH_CHECK(!host_input_ids.defined() || host_input_ids.sizes() == input_ids.sizes(),
@@ -410,7 +411,8 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   }
   o.reset();
   if (offloading.prefetch_after_mlp >= 0 && h.requires_grad()) {
-    // h's gradient is whole once the MLP's backward (down, SwiGLU, gate/up, the norm) is done.
+    // Runs before the post-attention norm's backward: once down, SwiGLU and gate/up have
+    // given h their gradients (the norm's own is elementwise and short).
     h.register_hook([offloader = offloading.offloader,
                      group = offloading.prefetch_after_mlp](const at::TensorBase&) {
       offloader->Prefetch(group);

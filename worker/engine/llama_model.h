@@ -135,7 +135,7 @@ class LlamaForCausalLM {
   // says where backward fetches them back); 0 (the default) turns offloading off. With
   // offloading on, the checkpointed layers' inputs wait in host memory too (but the top layer's).
   // Same values and gradients as any split.
-  // (options.max_layers_pending counts layers: the offloader gets it in groups, two a layer.)
+  // (The offloader's groups are two a layer: OffloadLateGroup, OffloadEarlyGroup.)
   void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
   int64_t offloaded_layers() const;
   // Layer i's groups in the offloader. Late: what its attention saves, fetched only once the
