@@ -143,13 +143,18 @@ TEST(EngineActivationOffload, ALayersDeviceCopiesGoTwoLayersLaterAndTheirMemoryI
   }
 }
 
-TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients) {
-  TempDir dir;
+// A tiny bf16 model of five decoder layers in `dir`.
+bool MakeFiveLayers(const TempDir& dir) {
   TinyModelOptions tiny;
   tiny.init_std = 0.1;
   tiny.dtype = "bfloat16";
   tiny.config.num_hidden_layers = 5;
-  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  return MakeTinyModel(dir.path(), tiny).ok();
+}
+
+TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients) {
+  TempDir dir;
+  ASSERT_TRUE(MakeFiveLayers(dir));
   for (const at::Device& device : TestDevices()) {
     for (double dropout : {0.0, 0.2}) {
       SCOPED_TRACE(device.str() + " dropout " + std::to_string(dropout));
@@ -202,11 +207,7 @@ TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients)
 // before it is restored (none fetched on demand), under a checkpointed layer and a plain one.
 TEST(EngineActivationOffload, AnOffloadedLayersAttentionAndMlpSavesGoToTwoGroups) {
   TempDir dir;
-  TinyModelOptions tiny;
-  tiny.init_std = 0.1;
-  tiny.dtype = "bfloat16";
-  tiny.config.num_hidden_layers = 5;
-  ASSERT_TRUE(MakeTinyModel(dir.path(), tiny).ok());
+  ASSERT_TRUE(MakeFiveLayers(dir));
   for (const at::Device& device : TestDevices()) {
     for (int64_t checkpointed : {5, 0}) {
       SCOPED_TRACE(device.str() + ", " + std::to_string(checkpointed) + " checkpointed");
