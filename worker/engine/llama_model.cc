@@ -228,9 +228,7 @@ int64_t LlamaForCausalLM::DequantizedLayerBytes() const {
 
 int64_t LlamaForCausalLM::BuiltBytes() const {
   auto bytes = [](const at::Tensor& t) -> int64_t { return t.defined() ? t.nbytes() : 0; };
-  // By placement: device_ may name no index (cuda) where the table's has one (cuda:0).
-  const bool table_here = embed_tokens.defined() && (device_.is_cpu() || !embed_tokens.is_cpu());
-  int64_t total = (table_here ? bytes(embed_tokens) : 0) + bytes(norm) +
+  int64_t total = (InputEmbeddingOnHost() ? 0 : bytes(embed_tokens)) + bytes(norm) +
                   (lm_head.is_same(embed_tokens) ? 0 : bytes(lm_head));
   for (const DecoderLayer& layer : layers) {
     total += bytes(layer.input_layernorm) + bytes(layer.post_attention_layernorm);
@@ -253,7 +251,7 @@ int64_t LlamaForCausalLM::BuiltBytes() const {
 
 at::Tensor LlamaForCausalLM::EmbedTokens(const at::Tensor& input_ids,
                                          const at::Tensor& host_input_ids) const {
-  if (device_.is_cpu() || !embed_tokens.is_cpu()) {  // the table on the model's device
+  if (!InputEmbeddingOnHost()) {
     return at::embedding(embed_tokens, input_ids.to(device_, at::kLong));
   }
   TORCH_CHECK(!host_input_ids.defined() || host_input_ids.sizes() == input_ids.sizes(),

@@ -180,6 +180,11 @@ class LlamaForCausalLM {
   // table (250 MiB at the 7B shape, 1 GiB at a 128k vocabulary).
   at::Tensor EmbedTokens(const at::Tensor& input_ids,
                          const at::Tensor& host_input_ids = at::Tensor()) const;
+  // Whether embed_tokens waits in host memory while the model is on a GPU (by placement:
+  // device() may name no index where the table's names one).
+  bool InputEmbeddingOnHost() const {
+    return embed_tokens.defined() && embed_tokens.is_cpu() && !device_.is_cpu();
+  }
 
   // input_ids [batch, seq] int64 -> final hidden states [batch, seq, hidden] (after the last
   // RMSNorm), in the compute dtype. Throws c10::Error on bad shapes.

@@ -24,10 +24,13 @@ at::Tensor HostTensor(const std::vector<int32_t>& values, int rows, int seq_len,
   return t;
 }
 
+// `host` (HostTensor's, pinned for a GPU) on `device`.
+at::Tensor OnDevice(const at::Tensor& host, const at::Device& device) {
+  return host.to(device, /*non_blocking=*/device.is_cuda());
+}
+
 at::Tensor ToTensor(const std::vector<int32_t>& values, int rows, int seq_len, const at::Device& device) {
-  const bool gpu = device.is_cuda();
-  const at::Tensor t = HostTensor(values, rows, seq_len, gpu);
-  return gpu ? t.to(device, /*non_blocking=*/true) : t.to(device);
+  return OnDevice(HostTensor(values, rows, seq_len, device.is_cuda()), device);
 }
 
 class LoaderSource : public MicroBatchSource {
@@ -45,8 +48,7 @@ class LoaderSource : public MicroBatchSource {
     // The ids stay on the host as well (pinned; the copy's source): an input embedding table in
     // host memory gathers its rows there (engine::ForwardOptions::host_input_ids).
     b.forward.host_input_ids = HostTensor(mb->input_ids, mb->rows, mb->seq_len, device_.is_cuda());
-    b.input_ids = device_.is_cuda() ? b.forward.host_input_ids.to(device_, /*non_blocking=*/true)
-                                    : b.forward.host_input_ids;
+    b.input_ids = OnDevice(b.forward.host_input_ids, device_);
     b.labels = ToTensor(mb->labels, mb->rows, mb->seq_len, device_);
     if (packing_) {
       // On the host: the model reads the documents' layout there (no device synchronization)

@@ -160,8 +160,7 @@ absl::Status Trainer::LoadModel() {
   QLORA_ASSIGN_OR_RETURN(load.base_weights, MakeBaseWeightStore());
   QLORA_ASSIGN_OR_RETURN(model_, engine::LoadLlama(config_.base_model_path, load));
   if (load.base_weights != nullptr) Log(load.base_weights->Describe());
-  if (!model_->embed_tokens.is_same(model_->lm_head) && model_->embed_tokens.is_cpu() &&
-      !device_.is_cpu()) {
+  if (model_->InputEmbeddingOnHost()) {
     Log(absl::StrCat("input embedding table in pinned host memory (",
                      memory::FormatMemory(model_->embed_tokens.nbytes()),
                      " less on the device); its rows are gathered there a micro-batch at a time"));
