@@ -16,7 +16,8 @@
 #   attr-liger       the attribution of the Liger anchor's trace
 #   mem-ours         (optional) ours at micro-batch 4 profiled with the allocator's events, and
 #                    where its memory peaks: memory-peak-ours-mb4.md (bench/memory_peak.py);
-#                    mem-ours-mbN at micro-batch N (memory-peak-ours-mbN.md)
+#                    mem-ours-mbN at micro-batch N (memory-peak-ours-mbN.md), mem-ours-seq16k at
+#                    micro-batch 1 over rows of 16384 (memory-peak-ours-mb1-seq16384.md)
 # Optional (not in the default list: BENCH_FAIR_PARTS="ours-auto24 liger" runs it with the anchor
 # it is compared with; or concatenate this run's results.jsonl with an earlier run's and give that
 # to bench/fair_summary.py):
@@ -246,7 +247,7 @@ model=${BENCH_MODEL_DIR:-$model}
 start=$SECONDS
 [ -f "$model/config.json" ] || timeout 240 python3 "$root/bench/make_llama_folder.py" "$model" 2>&1 | tail -2
 python3 "$root/bench/make_text_data.py" "$work/bench.txt" --lines 200
-if [[ " $parts " == *" ours-pack"* || " $parts " == *" ours-seq"* ]]; then
+if [[ " $parts " == *" ours-pack"* || " $parts " == *" ours-seq"* || " $parts " == *" mem-ours-seq"* ]]; then
   # Packed rows: documents of doc_min..doc_max tokens (about 3.1 tokens a word); unpacked long
   # rows: every document longer than the longest row.
   python3 "$root/bench/make_text_data.py" "$work/packed.txt" --lines 600 \
@@ -272,11 +273,14 @@ with_70b() {
 # ours at micro-batch MB with checkpointing, profiled with the allocator's events: where the
 # step's memory peaks (bench/memory_peak.py); its measurement is not a result (the JSON lines stay
 # out).
-memory_peak() {  # MB
-  local mb=$1 trace=$work/trace-ours-mb$1-memory.json
-  BENCH_PROFILE_MEMORY=1 ours_job "mem-ours-mb$mb" "$gpus_1" "$mb" true "$trace" > "$work/mem-ours-mb$mb.out" || return 1
-  grep -v '^{' "$work/mem-ours-mb$mb.out"
-  python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb$mb.md"
+memory_peak() {  # MB [SEQ DATA]
+  local mb=$1 seq=${2:-} data=${3:-}
+  local name=mem-ours-mb$mb${seq:+-seq$seq}
+  local trace=$work/trace-$name.json
+  BENCH_PROFILE_MEMORY=1 ours_job "$name" "$gpus_1" "$mb" true "$trace" "$seq" false "$data" \
+    > "$work/$name.out" || return 1
+  grep -v '^{' "$work/$name.out"
+  python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb$mb${seq:+-seq$seq}.md"
 }
 
 # The whole LLaMA-2-70B shape (80 layers, GQA with 8 KV heads), pre-quantized as bitsandbytes
@@ -325,6 +329,7 @@ for part in $parts; do
     ours-mb4) run_part ours-mb4 60 ours_job ours-mb4 "$gpus_1" 4 true "$work/trace-ours-mb4.json" ;;
     mem-ours) run_part mem-ours 60 memory_peak 4 ;;
     mem-ours-mb*) run_part "$part" 60 memory_peak "${part#mem-ours-mb}" ;;
+    mem-ours-seq16k) run_part "$part" 100 memory_peak 1 "$seq_16k" "$work/long.txt" ;;
     attr-ours) run_part attr-ours 20 attribute "$work/trace-ours-mb4.json" \
       "Profile of ours: 1 GPU, micro-batch 4, checkpointing, 2 steps" ours-mb4 ;;
     liger) run_part liger 150 python3 "$root/bench/anchor_hf.py" "$model" --liger --micro-batches 4 1 \
