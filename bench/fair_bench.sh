@@ -63,6 +63,10 @@
 #                    checkpointing (a second process: Unsloth fixes checkpointing at load)
 #   unsloth-70b      the 70B-width slice: mb 4, mb 1, with its checkpointing (one process)
 #   unsloth-seq16k   unpacked rows of 16384 tokens (as ours-seq16k), mb 1, its checkpointing
+#   fp8-loss         FP8 against bf16 over 300 steps each (float8_loss below; float8-loss.md)
+# Any ours part with "-fp8" appended (ours-mb4-offauto-fp8, ours-mb4-nockpt-held34-fp8, ...) runs
+# it with quantization.float8_base_forward: true; its results carry the label with "-fp8".
+#
 # Long rows (issue 13, "Packing at long sequences"; not in the default list, ask for them by name,
 # e.g. BENCH_FAIR_PARTS="ours-pack8k ours-seq8k ours-pack16k ours-seq16k" in one call and
 # "liger-pack8k liger-pack16k" in another, as together they overrun the budget). All on 1 GPU,
@@ -283,6 +287,32 @@ memory_peak() {  # MB [SEQ DATA]
   python3 "$root/bench/memory_peak.py" "$trace" | tee "$OUT/memory-peak-ours-mb$mb${seq:+-seq$seq}.md"
 }
 
+# FP8 against bf16 (quantization.float8_base_forward): one 300-step job each, micro-batch 4 of
+# 512 tokens of the project's own documentation and sources, evaluated every 25 steps on 5 %
+# held out; bench/float8_loss.py compares the eval losses (float8-loss.md).
+float8_loss() {
+  local text=$work/project.txt kind
+  python3 - "$root" "$text" <<'PY'
+import pathlib, sys
+root, out = pathlib.Path(sys.argv[1]), sys.argv[2]
+parts = [p.read_text(errors="ignore") for folder in ["docs", "worker", "coordinator", "common", "kernels", "cli"]
+         for p in sorted((root / folder).rglob("*")) if p.is_file() and p.suffix in (".md", ".cc", ".h", ".cu")]
+words = " ".join(" ".join(parts).split())
+with open(out, "w") as f:
+    for i in range(0, len(words), 2000):
+        f.write(words[i:i + 2000] + "\n")
+PY
+  for kind in bf16 fp8; do
+    local float8=()
+    [ "$kind" = fp8 ] && float8=(BENCH_FLOAT8=1)
+    env "${float8[@]}" BENCH_EVAL_STEPS=25 BENCH_SEQ=512 BENCH_KEEP="$logs/fp8-loss-$kind" \
+      BENCH_LABEL="loss" BENCH_WARMUP=3 BENCH_WINDOWS=1 BENCH_WINDOW_STEPS=296 \
+      "$root/bench/run_service_bench.sh" "$model" "$text" "$gpus_1" 4 2 300 || return 1
+  done
+  python3 "$root/bench/float8_loss.py" "$logs/fp8-loss-bf16/events.jsonl" \
+    "$logs/fp8-loss-fp8/events.jsonl" --markdown "$OUT/float8-loss.md"
+}
+
 # The whole LLaMA-2-70B shape (80 layers, GQA with 8 KV heads), pre-quantized as bitsandbytes
 # saves NF4 with random codes (qlora-make-tiny-model --bnb_nf4: 36 GB, written in about a minute;
 # a bf16 folder would not fit the disk), on disk unless BENCH_MODEL70F_DIR says otherwise.
@@ -325,11 +355,18 @@ export gpus_1
 export model70
 export root work logs model warmup windows window_steps OUT
 for part in $parts; do
+  # PART-fp8: PART with the base's forward GEMMs in FP8 (its results' label ends in -fp8).
+  unset BENCH_FLOAT8
+  if [[ $part == *-fp8 ]]; then
+    export BENCH_FLOAT8=1
+    part=${part%-fp8}
+  fi
   case $part in
     ours-mb4) run_part ours-mb4 60 ours_job ours-mb4 "$gpus_1" 4 true "$work/trace-ours-mb4.json" ;;
     mem-ours) run_part mem-ours 60 memory_peak 4 ;;
     mem-ours-mb*) run_part "$part" 60 memory_peak "${part#mem-ours-mb}" ;;
     mem-ours-seq16k) run_part "$part" 100 memory_peak 1 "$seq_16k" "$work/long.txt" ;;
+    fp8-loss) run_part fp8-loss 200 float8_loss ;;
     attr-ours) run_part attr-ours 20 attribute "$work/trace-ours-mb4.json" \
       "Profile of ours: 1 GPU, micro-batch 4, checkpointing, 2 steps" ours-mb4 ;;
     liger) run_part liger 150 python3 "$root/bench/anchor_hf.py" "$model" --liger --micro-batches 4 1 \

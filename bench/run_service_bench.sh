@@ -12,6 +12,9 @@
 #   BENCH_DEQUANTIZED_LAYERS=auto                         trainer.dequantized_weight_layers
 #   BENCH_OFFLOAD_PARAM=cpu                               zero_optimization.offload_param: base
 #                                                         weights in host memory
+#   BENCH_FLOAT8=1                                        quantization.float8_base_forward: true
+#                                                         (the label gains "-fp8")
+#   BENCH_EVAL_STEPS=25                                   evaluate every 25 steps on 5 % held out
 #   BENCH_SEQ=2048                                        the sequence length
 #   BENCH_PACKING=true                                    packed rows (data.packing; the rate then
 #                                                         counts non-padding tokens, summarize.py)
@@ -37,6 +40,13 @@ sed -e "s|MODEL_DIR|$model|; s|STAGE|$stage|; s|MICRO_BATCH|$mb|; s|STEPS|$steps
 if [ -n "${BENCH_PREFERENCE:-}" ]; then  # TRL's prompt/chosen/rejected columns, JSON Lines
   sed -i -e "s|^  type: finetune|  type: $BENCH_PREFERENCE|" -e '/^input_features:/d' -e '/^output_features:/d' \
     -e "s|data: {format: text, |data: {|" "$work/job.yaml"
+fi
+if [ -n "${BENCH_FLOAT8:-}" ]; then
+  sed -i "s|bnb_4bit_compute_dtype: bfloat16}|bnb_4bit_compute_dtype: bfloat16, float8_base_forward: true}|" "$work/job.yaml"
+fi
+if [ -n "${BENCH_EVAL_STEPS:-}" ]; then
+  sed -i -e "s|^  enable_gradient_checkpointing: .*|&\n  eval_steps: $BENCH_EVAL_STEPS|" \
+    -e "s|^data: {format: text,|data: {format: text, validation_fraction: 0.05,|" "$work/job.yaml"
 fi
 if [ -n "${BENCH_MAX_MEMORY_GIB:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  max_memory_gib: $BENCH_MAX_MEMORY_GIB|" "$work/job.yaml"
@@ -87,5 +97,5 @@ python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-b
   --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
   --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" --dequantized-layers "${BENCH_DEQUANTIZED_LAYERS:-}" \
   --warmup "$warmup" --windows "$windows" \
-  --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}" \
+  --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}${BENCH_FLOAT8:+-fp8}" \
   --rows-per-example "$([ -n "${BENCH_PREFERENCE:-}" ] && echo 2 || echo 1)"

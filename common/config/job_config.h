@@ -28,6 +28,9 @@ struct QuantizationConfig {
   bool double_quant = true;                 // bnb_4bit_use_double_quant
   ComputeDtype compute_dtype = ComputeDtype::kBFloat16;  // bnb_4bit_compute_dtype
   int blocksize = 64;                       // 32..4096, power of two
+  // The frozen base's forward GEMMs in FP8 e4m3 with one scale per row (opt-in; needs bfloat16
+  // compute and FP8 tensor cores): worker/engine/float8_forward.h, docs/float8.md.
+  bool float8_base_forward = false;
 };
 
 struct LoraConfig {

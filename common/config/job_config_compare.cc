@@ -10,14 +10,14 @@ namespace qlora {
 // update the size. (Sizes of x86-64 libstdc++, where the project builds.)
 #if defined(__x86_64__) && defined(__GLIBCXX__)
 static_assert(sizeof(FeatureConfig) == 64, "FeatureConfig changed: see the note above");
-static_assert(sizeof(QuantizationConfig) == 24, "QuantizationConfig changed: see the note above");
+static_assert(sizeof(QuantizationConfig) == 28, "QuantizationConfig changed: see the note above");
 static_assert(sizeof(LoraConfig) == 88, "LoraConfig changed: see the note above");
 static_assert(sizeof(StrategyConfig) == 88, "StrategyConfig changed: see the note above");
 static_assert(sizeof(BackendConfig) == 112, "BackendConfig changed: see the note above");
 static_assert(sizeof(TrainerConfig) == 304, "TrainerConfig changed: see the note above");
 static_assert(sizeof(DataConfig) == 144, "DataConfig changed: see the note above");
 static_assert(sizeof(GenerationConfig) == 120, "GenerationConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 1064, "JobConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 1072, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -26,8 +26,9 @@ bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
 
 bool operator==(const QuantizationConfig& a, const QuantizationConfig& b) {
   return std::tie(a.enabled, a.bits, a.quant_type, a.double_quant, a.compute_dtype,
-                  a.blocksize) ==
-         std::tie(b.enabled, b.bits, b.quant_type, b.double_quant, b.compute_dtype, b.blocksize);
+                  a.blocksize, a.float8_base_forward) ==
+         std::tie(b.enabled, b.bits, b.quant_type, b.double_quant, b.compute_dtype, b.blocksize,
+                  b.float8_base_forward);
 }
 
 bool operator==(const LoraConfig& a, const LoraConfig& b) {

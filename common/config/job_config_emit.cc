@@ -249,6 +249,7 @@ std::string EmitResolvedJobYaml(const JobConfig& c) {
         .Bool("bnb_4bit_use_double_quant", c.quantization.double_quant)
         .Word("bnb_4bit_compute_dtype", EnumName(c.quantization.compute_dtype))
         .Integer("blocksize", c.quantization.blocksize)
+        .Bool("float8_base_forward", c.quantization.float8_base_forward)
         .End();
   } else {
     w.raw() << YAML::Key << "quantization" << YAML::Value << YAML::Null;

@@ -209,6 +209,12 @@ absl::Status ReadQuantization(const MapReader& top, QuantizationConfig* q) {
   QLORA_RETURN_IF_ERROR(quant.ReadBool("bnb_4bit_use_double_quant", &q->double_quant));
   QLORA_RETURN_IF_ERROR(quant.ReadEnum("bnb_4bit_compute_dtype", &q->compute_dtype));
   QLORA_RETURN_IF_ERROR(quant.ReadInt("blocksize", 1, kIntMax, &q->blocksize));
+  QLORA_RETURN_IF_ERROR(quant.ReadBool("float8_base_forward", &q->float8_base_forward));
+  if (q->float8_base_forward && q->compute_dtype != ComputeDtype::kBFloat16) {
+    return quant.Error("float8_base_forward",
+                       absl::StrCat("needs bnb_4bit_compute_dtype: bfloat16 (the FP8 GEMMs write "
+                                    "bfloat16), got ", EnumName(q->compute_dtype)));
+  }
   const int b = q->blocksize;
   if (b < 32 || b > 4096 || (b & (b - 1)) != 0) {
     return quant.Error("blocksize",

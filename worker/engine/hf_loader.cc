@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/safetensors/checkpoint_files.h"
 #include "common/status_macros.h"
+#include "kernels/float8.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/tensor_io.h"
 
@@ -104,6 +105,7 @@ class Loader {
     FrozenWeight w;
     w.out_features = out;
     w.in_features = in;
+    w.float8_forward = options_.float8_base_forward;  // 4-bit ones only (RunsFloat8)
     if (model_->config().bnb) {
       QLORA_ASSIGN_OR_RETURN(w.quantized, PreQuantized(module, out, in));
       return w;
@@ -198,6 +200,16 @@ absl::StatusOr<std::unique_ptr<LlamaForCausalLM>> LoadLlama(const std::string& d
                                                              const LoadOptions& options) {
   QLORA_ASSIGN_OR_RETURN(LlamaConfig config, LoadLlamaConfig(dir));
   QLORA_ASSIGN_OR_RETURN(CheckpointFiles files, CheckpointFiles::Open(dir));
+  if (options.float8_base_forward && options.compute_dtype != at::kBFloat16) {
+    return absl::InvalidArgumentError(
+        "quantization.float8_base_forward needs bnb_4bit_compute_dtype: bfloat16 (the FP8 GEMM "
+        "writes bfloat16)");
+  }
+  if (options.float8_base_forward && !kernels::Float8GemmRunsOn(options.device)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "quantization.float8_base_forward needs FP8 tensor cores (compute capability 8.9 or "
+        "newer: Ada, Hopper, Blackwell), which ", options.device.str(), " lacks"));
+  }
   try {
     auto model = std::make_unique<LlamaForCausalLM>(std::move(config), options.compute_dtype,
                                                     options.device);

@@ -32,6 +32,9 @@ struct LoadOptions {
   // An untied input embedding table on a CUDA device stays in pinned host memory instead
   // (LlamaForCausalLM::EmbedTokens); tied, it is lm_head's too and goes to the device.
   bool input_embedding_in_host_memory = false;
+  // The decoder's 4-bit weights run their forward GEMMs in FP8 (float8_forward.h). Needs the
+  // bfloat16 compute dtype and FP8 tensor cores (or the CPU, emulated): else an error.
+  bool float8_base_forward = false;
 };
 
 // NotFound when the folder lacks config.json or weights; InvalidArgument when tensors are

@@ -49,6 +49,9 @@ struct FrozenWeight {
   // compute dtype, a view of its group's buffer (row stride >= in); undefined: dequantized at
   // each use and dropped.
   at::Tensor dequantized;
+  // The forward GEMM of its LoRA layer runs in FP8 (float8_forward.h;
+  // quantization.float8_base_forward): set on 4-bit weights by LlamaForCausalLM.
+  bool float8_forward = false;
 
   // The weight as a dense tensor of `dtype` (dequantized when 4-bit; the dequantized view itself
   // where there is one of that dtype: read it, never write it).

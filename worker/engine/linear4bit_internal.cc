@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/block_writes.h"
+#include "worker/engine/float8_forward.h"
 #include "kernels/lora_gradients.h"
 #include "kernels/quantize_4bit.h"
 #include "kernels/tuned_gemm.h"
@@ -304,8 +305,14 @@ at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tenso
                       kernels::GemmTuner* gemm, AdapterCopies* copies,
                       const at::Tensor& residual) {
   if (value_unused) return ValueUnused({x.size(0), base.out_features}, x.options());
-  at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   const at::ScalarType dtype = x.scalar_type();
+  if (RunsFloat8(base, x)) {  // x W^T in FP8, then the adapter and the residual added
+    at::Tensor y = Float8Forward(x, {&base}, HeldRows(base, dtype));
+    LoraAddmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/1.0, /*alpha=*/scale);
+    if (residual.defined()) y.add_(residual);
+    return y;
+  }
+  at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   LoraAddmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/residual.defined() ? 1 : 0,
             /*alpha=*/scale, residual);
   Addmm(gemm, y, x, base.Materialize(dtype).t());

@@ -14,6 +14,7 @@
 #include "worker/engine/activation_offload.h"
 #include "worker/engine/adapter_copies.h"
 #include "worker/engine/aligned_rows.h"
+#include "worker/engine/float8_forward.h"
 #include "worker/engine/fused_ops.h"
 #include "worker/engine/linear4bit.h"
 #include "worker/engine/linear4bit_internal.h"
@@ -29,24 +30,24 @@ at::Tensor RowsWithColumnsAfter(int64_t rows, int64_t width, int64_t count,
   return at::empty({rows, AlignedRow(width + count)}, options).narrow(1, 0, width);
 }
 
-// The packed form of LoraWideGroupFunction's forward (SharedInputForward over equally wide
-// layers without biases): the layers' widened weights stacked into one [sum of out, in + sum of
-// r] weight (layer i's rows [W_i | 0 | s_i B_i | 0], its adapter's columns at its offset), one
-// GEMM of the widened rows `wide` [T, in + sum of r] writing the packed outputs [T, sum of out];
-// with a rotary (q/k/v), then the rotation of the first two layers' columns (q and k) in place,
-// in one pass. Returns each layer's columns (views of the packed rows).
-variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
-                            const std::vector<const LinearLayer*>& group,
-                            const SharedInputRotary* rotary, kernels::GemmTuner* gemm,
-                            AdapterCopies* copies) {
+// The rows PackedForward writes: without a rotary (gate/up) they keep sum(r) spare columns
+// (aligned) after the outputs, where their gradients come back and GroupBackward writes dh'
+// (WithColumnsAfter).
+at::Tensor PackedRows(int64_t rows, int64_t total, int64_t rank_sum, bool rotary,
+                      const at::TensorOptions& options) {
+  return rotary ? at::empty({rows, total}, options)
+                : RowsWithColumnsAfter(rows, total, rank_sum, options);
+}
+
+// The layers' widened weights stacked into one [sum of out, in + sum of r] weight (layer i's
+// rows [W_i | 0 | s_i B_i | 0], its adapter's columns at its offset) and one GEMM of the widened
+// rows `wide` [T, in + sum of r] over it.
+at::Tensor WidenedPackedForward(const at::Tensor& wide, at::TensorList b,
+                                const std::vector<const LinearLayer*>& group,
+                                const std::vector<const FrozenWeight*>& bases, int64_t total,
+                                bool rotary, kernels::GemmTuner* gemm, AdapterCopies* copies) {
   const int64_t width = wide.size(1);
   const int64_t in = group[0]->base.in_features, rank_sum = width - in;
-  int64_t total = 0;
-  std::vector<const FrozenWeight*> bases;
-  for (const LinearLayer* layer : group) {
-    total += layer->base.out_features;
-    bases.push_back(&layer->base);
-  }
   // Kept dequantized (dequantized_layers.h): only the adapters' columns are written, all in one
   // launch, and not at all where the adapters' scope has them written (WriteDequantizedAdapters, or
   // an earlier micro-batch); else each layer's launch writes its rows whole, zeros around its
@@ -67,12 +68,56 @@ variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
       offset += b[i].size(1);
     }
   }
-  // Without a rotary (gate/up), the rows keep sum(r) spare columns (aligned) after the outputs:
-  // their gradients come back over them, and GroupBackward writes dh' there (WithColumnsAfter).
-  const at::Tensor packed =
-      rotary == nullptr ? RowsWithColumnsAfter(wide.size(0), total, rank_sum, wide.options())
-                        : at::empty({wide.size(0), total}, wide.options());
+  const at::Tensor packed = PackedRows(wide.size(0), total, rank_sum, rotary, wide.options());
   Addmm(gemm, packed, wide, stacked.t(), 0.0);
+  return packed;
+}
+
+// The same with the base in FP8 (float8_forward.h): one FP8 GEMM of x over the stacked weights,
+// then each layer's columns += s_i ha_i B_i^T from the rank-r projections in wide's spare columns.
+at::Tensor Float8PackedForward(const at::Tensor& wide, at::TensorList b,
+                               const std::vector<const LinearLayer*>& group,
+                               const std::vector<const FrozenWeight*>& bases, int64_t total,
+                               bool rotary, kernels::GemmTuner* gemm, AdapterCopies* copies) {
+  const int64_t in = group[0]->base.in_features, rank_sum = wide.size(1) - in;
+  const at::ScalarType dtype = wide.scalar_type();
+  const at::Tensor x = wide.narrow(1, 0, in);
+  at::Tensor packed = Float8Forward(x, bases, DequantizedRows(bases, 0, in, dtype));
+  if (!rotary) {
+    const at::Tensor rows = PackedRows(wide.size(0), total, rank_sum, rotary, wide.options());
+    rows.copy_(packed);
+    packed = rows;
+  }
+  int64_t row = 0, offset = 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int64_t out = group[i]->base.out_features, r = b[i].size(1);
+    LoraAddmm(gemm, packed.narrow(1, row, out), wide.narrow(1, in + offset, r),
+              InDtype(copies, b[i], dtype).t(), /*beta=*/1.0, /*alpha=*/group[i]->lora->scale);
+    row += out;
+    offset += r;
+  }
+  return packed;
+}
+
+// The packed form of LoraWideGroupFunction's forward (SharedInputForward over equally wide
+// layers without biases): the packed outputs [T, sum of out] of WidenedPackedForward (or
+// Float8PackedForward); with a rotary (q/k/v), then the rotation of the first two layers'
+// columns (q and k) in place, in one pass. Returns each layer's columns (views of the packed
+// rows).
+variable_list PackedForward(const at::Tensor& wide, at::TensorList b,
+                            const std::vector<const LinearLayer*>& group,
+                            const SharedInputRotary* rotary, kernels::GemmTuner* gemm,
+                            AdapterCopies* copies) {
+  int64_t total = 0;
+  std::vector<const FrozenWeight*> bases;
+  for (const LinearLayer* layer : group) {
+    total += layer->base.out_features;
+    bases.push_back(&layer->base);
+  }
+  const at::Tensor packed =
+      RunsFloat8(*bases[0], wide.narrow(1, 0, bases[0]->in_features))
+          ? Float8PackedForward(wide, b, group, bases, total, rotary != nullptr, gemm, copies)
+          : WidenedPackedForward(wide, b, group, bases, total, rotary != nullptr, gemm, copies);
   if (rotary != nullptr) {
     // q's and k's columns are side by side: one pass rotates both, as the heads of one tensor.
     const int64_t rotated = group[0]->base.out_features + group[1]->base.out_features;
@@ -151,11 +196,18 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
       ctx->saved_data["packed_gradients"] = rotary->packed_gradients;
     }
     int64_t offset = 0;
+    std::optional<kernels::Float8Rows> x8;
     for (size_t i = 0; i < n; ++i) {
       const LinearLayer& layer = *(*group)[i];
       const int64_t out = layer.base.out_features;
       if (!packed && value_unused) {
         outputs.push_back(ValueUnused({rows, out}, x.options()));
+      } else if (!packed && RunsFloat8(layer.base, x)) {
+        if (!x8) x8 = kernels::QuantizeRowsFloat8(x);  // once for the layers
+        at::Tensor y = Float8Forward(*x8, dtype, {&layer.base}, HeldRows(layer.base, dtype));
+        LoraAddmm(gemm, y, wide.narrow(1, in + offset, ranks[i]),
+                  InDtype(copies, b[i], dtype).t(), /*beta=*/1.0, /*alpha=*/layer.lora->scale);
+        outputs.push_back(y);
       } else if (!packed) {
         at::Tensor y = at::empty({rows, out}, x.options());
         Addmm(gemm, y, wide.narrow(1, 0, in + offset + ranks[i]),

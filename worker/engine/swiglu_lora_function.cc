@@ -14,6 +14,7 @@
 #include "worker/engine/activation_offload.h"
 #include "worker/engine/adapter_copies.h"
 #include "worker/engine/aligned_rows.h"
+#include "worker/engine/float8_forward.h"
 #include "worker/engine/fused_ops.h"
 #include "worker/engine/linear4bit.h"
 #include "worker/engine/linear4bit_internal.h"
@@ -36,6 +37,13 @@ at::Tensor DownOverWidenedRows(const at::Tensor& x, const at::Tensor& b, const F
                                const at::Tensor& residual) {
   const int64_t in = x.size(1), r = b.size(1);
   const at::Tensor wide = WithSpareColumns(x, x.stride(0) - in).narrow(1, 0, in + r);
+  if (RunsFloat8(base, x)) {  // the base in FP8, then x A^T (in the spare columns) times scale B
+    at::Tensor y = Float8Forward(x, {&base}, HeldRows(base, x.scalar_type()));
+    LoraAddmm(gemm, y, wide.narrow(1, in, r), InDtype(copies, b, x.scalar_type()).t(),
+              /*beta=*/1.0, /*alpha=*/scale);
+    if (residual.defined()) y.add_(residual);
+    return y;
+  }
   at::Tensor y = at::empty({x.size(0), base.out_features}, x.options());
   Addmm(gemm, y, wide, WidenedWeight(base, in, b, scale, 0, x.scalar_type(), copies).t(),
         /*beta=*/residual.defined() ? 1.0 : 0.0, /*alpha=*/1.0, residual);

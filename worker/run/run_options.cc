@@ -24,6 +24,7 @@ engine::LoadOptions LoadOptionsFor(const JobConfig& config, const at::Device& de
   load.double_quant = q.double_quant;
   load.blocksize = q.blocksize;
   load.compute_dtype = ComputeScalarType(q.compute_dtype, device);
+  load.float8_base_forward = q.enabled && q.float8_base_forward;
   load.device = device;
   return load;
 }

@@ -1,0 +1,50 @@
+// FP8 forward of the frozen base (see float8_forward.h).
+#include "worker/engine/float8_forward.h"
+
+#include <ATen/ops/empty.h>
+
+namespace qlora::engine {
+
+bool RunsFloat8(const FrozenWeight& w, const at::Tensor& x) {
+  return w.float8_forward && w.quantized.has_value() && x.scalar_type() == at::kBFloat16 &&
+         kernels::Float8WeightTakes(*w.quantized) &&
+         kernels::Float8GemmTakes(w.in_features, w.out_features);
+}
+
+kernels::Float8Rows Float8Weights(const std::vector<const FrozenWeight*>& weights,
+                                  const at::Tensor& held) {
+  TORCH_CHECK(!weights.empty(), "Float8Weights: no weights");
+  const int64_t in = weights[0]->in_features;
+  if (held.defined()) return kernels::QuantizeRowsFloat8(held.narrow(1, 0, in));
+  if (weights.size() == 1) return kernels::WeightRowsFloat8(WithCodesOnDevice(*weights[0]->quantized));
+  int64_t total = 0;
+  for (const FrozenWeight* w : weights) total += w->out_features;
+  const at::TensorOptions options = weights[0]->quantized->absmax.options();
+  const kernels::Float8Rows stacked{at::empty({total, in}, options.dtype(at::kFloat8_e4m3fn)),
+                                    at::empty({total, 1}, options.dtype(at::kFloat))};
+  int64_t row = 0;
+  for (const FrozenWeight* w : weights) {
+    const kernels::Float8Rows rows{stacked.values.narrow(0, row, w->out_features),
+                                   stacked.scales.narrow(0, row, w->out_features)};
+    kernels::WeightRowsFloat8(WithCodesOnDevice(*w->quantized), &rows);
+    row += w->out_features;
+  }
+  return stacked;
+}
+
+at::Tensor Float8Forward(const at::Tensor& x, const std::vector<const FrozenWeight*>& weights,
+                         const at::Tensor& held) {
+  return Float8Forward(kernels::QuantizeRowsFloat8(x), x.scalar_type(), weights, held);
+}
+
+at::Tensor Float8Forward(const kernels::Float8Rows& x8, at::ScalarType dtype,
+                         const std::vector<const FrozenWeight*>& weights, const at::Tensor& held) {
+  return kernels::Float8Matmul(x8, Float8Weights(weights, held), dtype);
+}
+
+at::Tensor HeldRows(const FrozenWeight& w, at::ScalarType dtype) {
+  return w.dequantized.defined() && w.dequantized.scalar_type() == dtype ? w.dequantized
+                                                                         : at::Tensor();
+}
+
+}  // namespace qlora::engine
