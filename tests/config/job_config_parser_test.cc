@@ -351,6 +351,19 @@ TEST(ConfigParserTest, QuantizationFields) {
   EXPECT_EQ(c.quantization.blocksize, 128);
 }
 
+TEST(ConfigParserTest, Float8BaseForwardIsOptInAndNeedsBfloat16) {
+  EXPECT_FALSE(ParseOk(kMinimal).quantization.float8_base_forward);
+  EXPECT_TRUE(ParseOk(absl::StrCat(kMinimal, "quantization: {bits: 4, float8_base_forward: true}\n"))
+                  .quantization.float8_base_forward);
+  absl::StatusOr<JobConfig> c = ParseNoPaths(absl::StrCat(
+      kMinimal, "quantization: {bits: 4, bnb_4bit_compute_dtype: float16, "
+                "float8_base_forward: true}\n"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("quantization.float8_base_forward"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("bfloat16"));
+}
+
 TEST(ConfigParserTest, QuantizationNullTurnsItOff) {
   EXPECT_FALSE(ParseOk(absl::StrCat(kMinimal, "quantization: null\n")).quantization.enabled);
   EXPECT_FALSE(ParseOk(absl::StrCat(kMinimal, "quantization: ~\n")).quantization.enabled);
