@@ -42,21 +42,7 @@ TinyModelOptions Float8Shape(int64_t kv_heads) {
 
 std::unique_ptr<LlamaForCausalLM> Load(const std::string& dir, const at::Device& device,
                                        bool float8) {
-  LoadOptions options;
-  options.device = device;
-  options.compute_dtype = at::kBFloat16;
-  options.float8_base_forward = float8;
-  auto loaded = LoadLlama(dir, options);
-  EXPECT_TRUE(loaded.ok()) << loaded.status();
-  if (!loaded.ok()) return nullptr;
-  std::unique_ptr<LlamaForCausalLM> model = std::move(*loaded);
-  LoraOptions lora;
-  lora.target_modules = {"all-linear"};
-  lora.dropout = 0.0;
-  EXPECT_TRUE(model->AddLora(lora).ok());
-  RandomizeLoraB(*model);
-  model->SetTraining(true);
-  return model;
+  return LoadBf16WithAdapters(dir, device, /*dropout=*/0.0, float8);
 }
 
 double Relative(const at::Tensor& a, const at::Tensor& b) {

@@ -42,14 +42,17 @@ inline std::vector<at::Device> TestDevices() {
   return devices;
 }
 
-// The model folder at `dir` loaded on `device` in bf16, with adapters on every linear layer
-// (B randomized) and training on; null (and a test failure) when it does not load.
+// The model folder at `dir` loaded on `device` in bf16 (its forward GEMMs in FP8 with
+// float8_base_forward), with adapters on every linear layer (B randomized) and training on; null
+// (and a test failure) when it does not load.
 inline std::unique_ptr<LlamaForCausalLM> LoadBf16WithAdapters(const std::string& dir,
                                                               at::Device device,
-                                                              double dropout = 0.0) {
+                                                              double dropout = 0.0,
+                                                              bool float8_base_forward = false) {
   LoadOptions options;
   options.device = device;
   options.compute_dtype = at::kBFloat16;
+  options.float8_base_forward = float8_base_forward;
   auto loaded = LoadLlama(dir, options);
   EXPECT_TRUE(loaded.ok()) << loaded.status();
   if (!loaded.ok()) return nullptr;
