@@ -112,6 +112,30 @@ TEST(EngineFloat8, LogitsStayWithinFp8RoundingOfBf16) {
   }
 }
 
+// Layers without an adapter (the default targets adapt q and v alone) run their forward in
+// FP8 too: a model with no adapters at all gives other logits than in bf16.
+TEST(EngineFloat8, LayersWithoutAdaptersRunFp8Too) {
+  TempDir dir;
+  ASSERT_TRUE(MakeTinyModel(dir.path(), Float8Shape(2)).ok());
+  for (const at::Device& device : Float8Devices()) {
+    at::Tensor logits[2];
+    for (bool float8 : {false, true}) {
+      LoadOptions options;
+      options.device = device;
+      options.compute_dtype = at::kBFloat16;
+      options.float8_base_forward = float8;
+      auto model = LoadLlama(dir.path(), options);
+      ASSERT_TRUE(model.ok()) << model.status();
+      at::NoGradGuard no_grad;
+      const at::Tensor ids = RandomIds((*model)->config(), 1, 32).to(device);
+      logits[float8] = (*model)->Logits((*model)->Forward(ids)).to(at::kFloat);
+    }
+    const double relative = Relative(logits[1], logits[0]);
+    EXPECT_GT(relative, 1e-4) << device;
+    EXPECT_LT(relative, 0.15) << device;
+  }
+}
+
 // The loss and gradients of two micro-batches in FP8 against bf16, the same weights and
 // adapters. Measured on the CPU at these shapes: losses well within 1 % apart, the adapters'
 // gradients 15-20 % (relative norm of the difference: e4m3 keeps 3 mantissa bits to bf16's 7,

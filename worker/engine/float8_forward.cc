@@ -5,10 +5,26 @@
 
 namespace qlora::engine {
 
+bool RunsFloat8(const kernels::Quantized4bit& q, bool float8, const at::Tensor& x) {
+  return float8 && x.scalar_type() == at::kBFloat16 && kernels::Float8WeightTakes(q) &&
+         kernels::Float8GemmTakes(q.shape[1], q.shape[0]);
+}
+
 bool RunsFloat8(const FrozenWeight& w, const at::Tensor& x) {
-  return w.float8_forward && w.quantized.has_value() && x.scalar_type() == at::kBFloat16 &&
-         kernels::Float8WeightTakes(*w.quantized) &&
-         kernels::Float8GemmTakes(w.in_features, w.out_features);
+  return w.quantized.has_value() && RunsFloat8(*w.quantized, w.float8_forward, x);
+}
+
+at::Tensor Float8Linear(const at::Tensor& x, const kernels::Quantized4bit& q,
+                        const at::Tensor& held) {
+  const int64_t in = q.shape[1], out = q.shape[0];
+  const kernels::Float8Rows w = held.defined()
+                                    ? kernels::QuantizeRowsFloat8(held.narrow(1, 0, in))
+                                    : kernels::WeightRowsFloat8(WithCodesOnDevice(q));
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = out;
+  return kernels::Float8Matmul(kernels::QuantizeRowsFloat8(x.reshape({-1, in})), w,
+                               x.scalar_type())
+      .view(sizes);
 }
 
 kernels::Float8Rows Float8Weights(const std::vector<const FrozenWeight*>& weights,

@@ -1,7 +1,7 @@
 // The frozen base's forward GEMMs in FP8 (quantization.float8_base_forward, opt-in): where a
-// 4-bit weight is marked (FrozenWeight::float8_forward), the forward of its LoRA layer computes
+// 4-bit weight is marked (FrozenWeight::float8_forward), the forward of its layer computes
 // x W^T from FP8 rows of x and of W with one scale per row (kernels/float8.h) on FP8 tensor
-// cores, then adds the adapter's scale (x A^T) B^T in the compute dtype. Everything else stays
+// cores, then, where the layer has an adapter, adds scale (x A^T) B^T in the compute dtype. Everything else stays
 // as it was: the adapters, their gradients, the input gradient's GEMM over the bf16 weight (the
 // forward's rounding is not differentiated: the gradient is the bf16 path's at the FP8 forward's
 // activations), norms, attention and the loss. The widened GEMMs ([x | x A^T][W | s B]^T) run
@@ -19,6 +19,14 @@ namespace qlora::engine {
 
 // Whether w's forward over x runs in FP8: marked, bfloat16 rows, shapes the FP8 GEMM takes.
 bool RunsFloat8(const FrozenWeight& w, const at::Tensor& x);
+// The same for the codes q of a weight marked `float8` (a layer without an adapter: its node
+// has the codes alone).
+bool RunsFloat8(const kernels::Quantized4bit& q, bool float8, const at::Tensor& x);
+
+// x [..., in] W^T [..., out] in x's dtype for the 4-bit W `q` in FP8 (from `held`'s rows where
+// defined: its dequantized view).
+at::Tensor Float8Linear(const at::Tensor& x, const kernels::Quantized4bit& q,
+                        const at::Tensor& held);
 
 // The FP8 rows of weights stacked [sum of out, in] (one weight: its own): from the held
 // dequantized rows where `held` is defined (DequantizedRows' buffer, whose first `in` columns

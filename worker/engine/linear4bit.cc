@@ -249,7 +249,7 @@ void FrozenWeight::MaterializeInto(const at::Tensor& out,
 at::Tensor FrozenWeight::Apply(const at::Tensor& x) const {
   const at::Tensor y =
       quantized ? ApplyLinear4bit(x, &*quantized, /*value_unused=*/false, /*gemm=*/nullptr,
-                                  &dequantized)
+                                  &dequantized, float8_forward)
                 : at::linear(x, dense.scalar_type() == x.scalar_type() ? dense
                                                                        : dense.to(x.scalar_type()));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
@@ -259,7 +259,8 @@ at::Tensor LinearLayer::Forward(const at::Tensor& x, bool training, bool value_u
   if (!lora) {
     // The 4-bit node itself where the recomputation skips its GEMM or the tuner runs it.
     if (base.quantized && !base.bias.defined() && (value_unused || gemm != nullptr)) {
-      return ApplyLinear4bit(x, &*base.quantized, value_unused, gemm, &base.dequantized);
+      return ApplyLinear4bit(x, &*base.quantized, value_unused, gemm, &base.dequantized,
+                             base.float8_forward);
     }
     return base.Apply(x);
   }

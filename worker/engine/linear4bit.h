@@ -49,8 +49,8 @@ struct FrozenWeight {
   // compute dtype, a view of its group's buffer (row stride >= in); undefined: dequantized at
   // each use and dropped.
   at::Tensor dequantized;
-  // The forward GEMM of its LoRA layer runs in FP8 (float8_forward.h;
-  // quantization.float8_base_forward): set on 4-bit weights by LlamaForCausalLM.
+  // Its forward GEMM runs in FP8 where it is 4-bit (float8_forward.h;
+  // quantization.float8_base_forward): set on the decoder layers' weights by the loader.
   bool float8_forward = false;
 
   // The weight as a dense tensor of `dtype` (dequantized when 4-bit; the dequantized view itself

@@ -9,6 +9,7 @@
 
 #include "kernels/quantize_4bit.h"
 #include "kernels/tuned_gemm.h"
+#include "worker/engine/float8_forward.h"
 #include "worker/engine/fused_ops.h"
 #include "worker/engine/linear4bit.h"
 #include "worker/engine/linear4bit_internal.h"
@@ -32,11 +33,12 @@ at::Tensor KeptOrDequantized(const at::Tensor& dequantized, const kernels::Quant
                                                                : DequantizeWeight(q, dtype);
 }
 
-// dequantized: the weight kept dequantized (FrozenWeight::dequantized), or null / undefined.
+// dequantized: the weight kept dequantized (FrozenWeight::dequantized), or null / undefined;
+// float8: its forward GEMM in FP8 where it can run so (float8_forward.h).
 struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             const kernels::Quantized4bit* weight, bool value_unused,
-                            kernels::GemmTuner* gemm, const at::Tensor* dequantized) {
+                            kernels::GemmTuner* gemm, const at::Tensor* dequantized, bool float8) {
     Save(ctx, *weight);
     SaveGemm(ctx, gemm);
     const at::Tensor held = dequantized != nullptr ? *dequantized : at::Tensor();
@@ -46,6 +48,11 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
       std::vector<int64_t> sizes = x.sizes().vec();
       sizes.back() = weight->shape[0];
       return ValueUnused(sizes, x.options());
+    }
+    if (RunsFloat8(*weight, float8, x)) {
+      return Float8Linear(x, *weight,
+                          held.defined() && held.scalar_type() == x.scalar_type() ? held
+                                                                                  : at::Tensor());
     }
     return Matmul(gemm, x, KeptOrDequantized(held, *weight, x.scalar_type()).t());
   }
@@ -61,7 +68,7 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
                           held != ctx->saved_data.end() ? held->second.toTensor() : at::Tensor(),
                           FromSaved(ctx), dtype));
     }
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -69,8 +76,8 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
 
 at::Tensor ApplyLinear4bit(const at::Tensor& x, const kernels::Quantized4bit* weight,
                            bool value_unused, kernels::GemmTuner* gemm,
-                           const at::Tensor* dequantized) {
-  return Linear4bitFunction::apply(x, weight, value_unused, gemm, dequantized);
+                           const at::Tensor* dequantized, bool float8) {
+  return Linear4bitFunction::apply(x, weight, value_unused, gemm, dequantized, float8);
 }
 
 }  // namespace qlora::engine::linear4bit_internal

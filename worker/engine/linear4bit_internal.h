@@ -217,10 +217,11 @@ at::Tensor InputGradientOverRows(AutogradContext* ctx, const at::Tensor& rows_wi
 // ---- linear4bit_function.cc ----
 
 // Linear4bitFunction::apply: y = x W^T with the 4-bit W `weight`, differentiable in x only;
-// dequantized: the weight kept dequantized (FrozenWeight::dequantized), or null / undefined.
+// dequantized: the weight kept dequantized (FrozenWeight::dequantized), or null / undefined;
+// float8: the forward GEMM in FP8 (FrozenWeight::float8_forward; float8_forward.h).
 at::Tensor ApplyLinear4bit(const at::Tensor& x, const kernels::Quantized4bit* weight,
                            bool value_unused, kernels::GemmTuner* gemm,
-                           const at::Tensor* dequantized);
+                           const at::Tensor* dequantized, bool float8 = false);
 
 // ---- swiglu_lora_function.cc ----
 
