@@ -115,22 +115,42 @@ bool Float8GemmRunsOn(const at::Device& device) {
   return false;
 }
 
-at::Tensor Float8Matmul(const Float8Rows& x, const Float8Rows& w, at::ScalarType out_dtype) {
+at::Tensor Float8Matmul(const Float8Rows& x, const Float8Rows& w, at::ScalarType out_dtype,
+                        const at::Tensor& into) {
   TORCH_CHECK(x.values.dim() == 2 && w.values.dim() == 2 && x.values.size(1) == w.values.size(1),
               "Float8Matmul: x [T, in] and w [out, in] must agree on in, got ", x.values.sizes(),
               " and ", w.values.sizes());
+  if (into.defined()) {
+    TORCH_CHECK(into.scalar_type() == out_dtype && into.dim() == 2 &&
+                    into.size(0) == x.values.size(0) && into.size(1) == w.values.size(0) &&
+                    into.stride(1) == 1 && into.stride(0) >= into.size(1),
+                "Float8Matmul: `into` must be [", x.values.size(0), ", ", w.values.size(0),
+                "] of ", out_dtype, " with unit column stride, got ", into.sizes(), " ",
+                into.scalar_type(), " strides ", into.strides());
+  }
   if (x.values.is_cuda()) {
     TORCH_CHECK(Float8GemmTakes(x.values.size(1), w.values.size(0)),
                 "Float8Matmul: in and out must be multiples of 16 on CUDA, got ",
                 x.values.size(1), " and ", w.values.size(0));
     // cuBLASLt's FP8 GEMM takes the left operand row-major and the right one column-major: w's
     // rows are that as they lie. Fast accumulation, as FP8 training recipes use it for forward.
+    // On sm_90 with cuBLAS 12.9 and newer torch runs the rowwise scales as cuBLASLt's outer-vector
+    // scaling, which writes an output of any row stride in place.
+    if (into.defined()) {
+      at::Tensor out = into;
+      at::_scaled_mm_out(out, x.values, w.values.t(), x.scales, w.scales.view({1, -1}),
+                         std::nullopt, std::nullopt, out_dtype, /*use_fast_accum=*/true);
+      return out;
+    }
     return at::_scaled_mm(x.values, w.values.t(), x.scales, w.scales.view({1, -1}), std::nullopt,
                           std::nullopt, out_dtype, /*use_fast_accum=*/true);
   }
   const at::Tensor a = at::mul(x.values.to(at::kFloat), x.scales);
   const at::Tensor b = at::mul(w.values.to(at::kFloat), w.scales);
-  return at::mm(a, b.t()).to(out_dtype);
+  const at::Tensor product = at::mm(a, b.t()).to(out_dtype);
+  if (!into.defined()) return product;
+  into.copy_(product);
+  return into;
 }
 
 }  // namespace qlora::kernels

@@ -41,8 +41,11 @@ bool Float8WeightTakes(const Quantized4bit& q);
 Float8Rows WeightRowsFloat8(const Quantized4bit& q, const Float8Rows* into = nullptr);
 
 // x W^T [rows of x, rows of w] in out_dtype (bfloat16 on CUDA), from FP8 rows of x [T, in] and
-// of w [out, in]; on CUDA in and out must be multiples of 16 (Float8GemmTakes).
-at::Tensor Float8Matmul(const Float8Rows& x, const Float8Rows& w, at::ScalarType out_dtype);
+// of w [out, in]; on CUDA in and out must be multiples of 16 (Float8GemmTakes). Into `into`
+// where given ([T, out] of out_dtype with unit column stride, any row stride: rows of a wider
+// buffer, which cuBLASLt writes in place) and returned.
+at::Tensor Float8Matmul(const Float8Rows& x, const Float8Rows& w, at::ScalarType out_dtype,
+                        const at::Tensor& into = at::Tensor());
 
 bool Float8GemmTakes(int64_t in, int64_t out);
 

@@ -109,6 +109,31 @@ TEST(KernelsFloat8, TheGemmIsTheBf16ProductWithinFp8Rounding) {
   EXPECT_GT(relative, 1e-4);  // FP8, not the bf16 product
 }
 
+// Into rows of a wider buffer (the packed gate/up rows with spare columns after them): the same
+// product there, the spare columns untouched; on each device.
+TEST(KernelsFloat8, TheGemmWritesIntoRowsOfAWiderBuffer) {
+  for (const at::Device& device : KernelTestDevices()) {
+    if (!Float8GemmRunsOn(device)) continue;
+    at::manual_seed(4);
+    const Float8Rows x = QuantizeRowsFloat8(at::randn({24, 256}).to(at::kBFloat16).to(device));
+    const Float8Rows w = WeightRowsFloat8(RandomWeight(64, 256, device));
+    const at::Tensor plain = Float8Matmul(x, w, at::kBFloat16);
+    const at::Tensor buffer = at::full({24, 96}, 7.0, at::dtype(at::kBFloat16).device(device));
+    const at::Tensor rows = buffer.narrow(1, 0, 64);
+    const at::Tensor returned = Float8Matmul(x, w, at::kBFloat16, rows);
+    EXPECT_EQ(returned.data_ptr(), rows.data_ptr()) << device;
+    if (device.is_cpu()) {
+      EXPECT_TRUE(at::equal(rows, plain));
+    } else {  // cuBLASLt may pick another kernel for another row stride
+      const at::Tensor diff = rows.cpu().to(at::kFloat) - plain.cpu().to(at::kFloat);
+      EXPECT_LT(diff.norm().item<double>(), 1e-2 * plain.cpu().to(at::kFloat).norm().item<double>());
+    }
+    EXPECT_TRUE(at::equal(buffer.narrow(1, 64, 32).cpu(), at::full({24, 32}, 7.0, at::kBFloat16)))
+        << device;
+    EXPECT_THROW(Float8Matmul(x, w, at::kBFloat16, buffer.narrow(1, 0, 63)), c10::Error);
+  }
+}
+
 TEST(KernelsFloat8, TheGpuWritesTheCpuBits) {
   if (KernelTestDevices().size() < 2 || !Float8GemmRunsOn(at::Device(at::kCUDA, 0))) {
     GTEST_SKIP() << "no GPU with FP8 tensor cores and this build's kernels";

@@ -49,8 +49,9 @@ kernels::Float8Rows Float8Weights(const std::vector<const FrozenWeight*>& weight
 }
 
 at::Tensor Float8Forward(const at::Tensor& x, const std::vector<const FrozenWeight*>& weights,
-                         const at::Tensor& held) {
-  return Float8Forward(kernels::QuantizeRowsFloat8(x), x.scalar_type(), weights, held);
+                         const at::Tensor& held, const at::Tensor& into) {
+  return kernels::Float8Matmul(kernels::QuantizeRowsFloat8(x), Float8Weights(weights, held),
+                               x.scalar_type(), into);
 }
 
 at::Tensor Float8Forward(const kernels::Float8Rows& x8, at::ScalarType dtype,

@@ -35,9 +35,10 @@ kernels::Float8Rows Float8Weights(const std::vector<const FrozenWeight*>& weight
                                   const at::Tensor& held = at::Tensor());
 
 // x W^T [T, sum of out] in x's dtype for rows x [T, in] (any row stride): the weights' FP8
-// GEMM, one for all of them.
+// GEMM, one for all of them; into `into` where given (rows of a wider buffer: Float8Matmul).
 at::Tensor Float8Forward(const at::Tensor& x, const std::vector<const FrozenWeight*>& weights,
-                         const at::Tensor& held = at::Tensor());
+                         const at::Tensor& held = at::Tensor(),
+                         const at::Tensor& into = at::Tensor());
 // The same from x's FP8 rows (one quantization for the several layers that read x).
 at::Tensor Float8Forward(const kernels::Float8Rows& x8, at::ScalarType dtype,
                          const std::vector<const FrozenWeight*>& weights,

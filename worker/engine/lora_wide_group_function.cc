@@ -81,13 +81,9 @@ at::Tensor Float8PackedForward(const at::Tensor& wide, at::TensorList b,
                                bool rotary, kernels::GemmTuner* gemm, AdapterCopies* copies) {
   const int64_t in = group[0]->base.in_features, rank_sum = wide.size(1) - in;
   const at::ScalarType dtype = wide.scalar_type();
-  const at::Tensor x = wide.narrow(1, 0, in);
-  at::Tensor packed = Float8Forward(x, bases, DequantizedRows(bases, 0, in, dtype));
-  if (!rotary) {
-    const at::Tensor rows = PackedRows(wide.size(0), total, rank_sum, rotary, wide.options());
-    rows.copy_(packed);
-    packed = rows;
-  }
+  const at::Tensor packed =
+      Float8Forward(wide.narrow(1, 0, in), bases, DequantizedRows(bases, 0, in, dtype),
+                    PackedRows(wide.size(0), total, rank_sum, rotary, wide.options()));
   int64_t row = 0, offset = 0;
   for (size_t i = 0; i < group.size(); ++i) {
     const int64_t out = group[i]->base.out_features, r = b[i].size(1);
