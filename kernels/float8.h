@@ -9,8 +9,8 @@
 // the weight is written in one pass straight from its codes, never through a bf16 copy.
 //
 // The GEMM is x W^T = (sx * X8)(sw * W8)^T with float32 accumulation, rounded once to the output
-// dtype: cuBLASLt's rowwise-scaled FP8 kernel through torch's _scaled_mm on CUDA (compute
-// capability 8.9 and newer), the same products in float32 on the CPU (the tests' oracle).
+// dtype: cuBLASLt's rowwise-scaled FP8 kernel through torch's _scaled_mm on CUDA (Hopper), the
+// same products in float32 on the CPU (the tests' oracle).
 // CPU: ATen ops; CUDA: one block per row. The two give the same values and scales bit for bit.
 #pragma once
 
@@ -49,8 +49,8 @@ at::Tensor Float8Matmul(const Float8Rows& x, const Float8Rows& w, at::ScalarType
 
 bool Float8GemmTakes(int64_t in, int64_t out);
 
-// Whether `device` runs FP8 GEMMs: the CPU (emulated), or a CUDA device of compute capability
-// 8.9 or newer in a build with the CUDA kernels.
+// Whether `device` runs these FP8 GEMMs: the CPU (emulated), or a Hopper GPU (compute capability
+// 9.x) in a build with the CUDA kernels.
 bool Float8GemmRunsOn(const at::Device& device);
 
 }  // namespace qlora::kernels

@@ -20,7 +20,9 @@ void WeightRowsFloat8(const at::Tensor& packed, const at::Tensor& block_absmax,
                       const Codebook16& table, float table_max, int64_t blocksize,
                       const at::Tensor& values, const at::Tensor& scales);
 
-// Whether CUDA device `index` has FP8 tensor cores (compute capability 8.9 and newer).
+// Whether CUDA device `index` runs the rowwise-scaled FP8 GEMM: Hopper (compute capability 9.x),
+// where cuBLASLt (12.9 and newer) scales by a vector per row; Ada's and Blackwell's FP8 GEMMs take
+// other scalings there.
 bool DeviceHasFloat8(int index);
 
 }  // namespace qlora::kernels::cuda

@@ -172,7 +172,7 @@ void WeightRowsFloat8(const at::Tensor& packed, const at::Tensor& block_absmax,
 bool DeviceHasFloat8(int index) {
   const cudaDeviceProp* props =
       at::cuda::getDeviceProperties(index < 0 ? at::cuda::current_device() : index);
-  return props->major * 10 + props->minor >= 89;
+  return props->major == 9;
 }
 
 }  // namespace qlora::kernels::cuda

@@ -132,8 +132,8 @@ SchemaNode BuildSchema() {
            Leaf("float8_base_forward",
                 {"bool", "false",
                  "run the frozen 4-bit weights' forward GEMMs in FP8 (e4m3, one scale per row) "
-                 "on GPUs with FP8 tensor cores; adapters, gradients, norms, attention and the "
-                 "loss stay bfloat16. Opt-in: the loss moves slightly (docs/float8.md)"}),
+                 "on Hopper GPUs; adapters, gradients, norms, attention and the loss stay "
+                 "bfloat16. Experimental, opt-in: the loss moves slightly (docs/float8.md)"}),
            Refused("llm_int8_threshold", "it only applies to 8-bit quantization, which is not "
                                          "supported; remove it", kBnb),
            Refused("llm_int8_has_fp16_weight", "it only applies to 8-bit quantization, which "

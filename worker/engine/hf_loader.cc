@@ -207,8 +207,8 @@ absl::StatusOr<std::unique_ptr<LlamaForCausalLM>> LoadLlama(const std::string& d
   }
   if (options.float8_base_forward && !kernels::Float8GemmRunsOn(options.device)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "quantization.float8_base_forward needs FP8 tensor cores (compute capability 8.9 or "
-        "newer: Ada, Hopper, Blackwell), which ", options.device.str(), " lacks"));
+        "quantization.float8_base_forward needs a Hopper GPU (compute capability 9.x), whose "
+        "cuBLASLt scales FP8 GEMMs by rows; ", options.device.str(), " is not one"));
   }
   try {
     auto model = std::make_unique<LlamaForCausalLM>(std::move(config), options.compute_dtype,

@@ -33,7 +33,7 @@ struct LoadOptions {
   // (LlamaForCausalLM::EmbedTokens); tied, it is lm_head's too and goes to the device.
   bool input_embedding_in_host_memory = false;
   // The decoder's 4-bit weights run their forward GEMMs in FP8 (float8_forward.h). Needs the
-  // bfloat16 compute dtype and FP8 tensor cores (or the CPU, emulated): else an error.
+  // bfloat16 compute dtype and a Hopper GPU (or the CPU, emulated): else an error.
   bool float8_base_forward = false;
 };
 
