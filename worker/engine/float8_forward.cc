@@ -1,6 +1,8 @@
 // FP8 forward of the frozen base (see float8_forward.h).
 #include "worker/engine/float8_forward.h"
 
+#include <vector>
+
 #include <ATen/ops/empty.h>
 
 namespace qlora::engine {
@@ -14,25 +16,26 @@ bool RunsFloat8(const FrozenWeight& w, const at::Tensor& x) {
   return w.quantized.has_value() && RunsFloat8(*w.quantized, w.float8_forward, x);
 }
 
+kernels::Float8Rows Float8WeightRows(const kernels::Quantized4bit& q, const at::Tensor& held) {
+  return held.defined() ? kernels::QuantizeRowsFloat8(held.narrow(1, 0, q.shape[1]))
+                        : kernels::WeightRowsFloat8(WithCodesOnDevice(q));
+}
+
 at::Tensor Float8Linear(const at::Tensor& x, const kernels::Quantized4bit& q,
                         const at::Tensor& held) {
-  const int64_t in = q.shape[1], out = q.shape[0];
-  const kernels::Float8Rows w = held.defined()
-                                    ? kernels::QuantizeRowsFloat8(held.narrow(1, 0, in))
-                                    : kernels::WeightRowsFloat8(WithCodesOnDevice(q));
+  const int64_t in = q.shape[1];
   std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = out;
-  return kernels::Float8Matmul(kernels::QuantizeRowsFloat8(x.reshape({-1, in})), w,
-                               x.scalar_type())
+  sizes.back() = q.shape[0];
+  return kernels::Float8Matmul(kernels::QuantizeRowsFloat8(x.reshape({-1, in})),
+                               Float8WeightRows(q, held), x.scalar_type())
       .view(sizes);
 }
 
 kernels::Float8Rows Float8Weights(const std::vector<const FrozenWeight*>& weights,
                                   const at::Tensor& held) {
   TORCH_CHECK(!weights.empty(), "Float8Weights: no weights");
+  if (held.defined() || weights.size() == 1) return Float8WeightRows(*weights[0]->quantized, held);
   const int64_t in = weights[0]->in_features;
-  if (held.defined()) return kernels::QuantizeRowsFloat8(held.narrow(1, 0, in));
-  if (weights.size() == 1) return kernels::WeightRowsFloat8(WithCodesOnDevice(*weights[0]->quantized));
   int64_t total = 0;
   for (const FrozenWeight* w : weights) total += w->out_features;
   const at::TensorOptions options = weights[0]->quantized->absmax.options();
@@ -50,18 +53,17 @@ kernels::Float8Rows Float8Weights(const std::vector<const FrozenWeight*>& weight
 
 at::Tensor Float8Forward(const at::Tensor& x, const std::vector<const FrozenWeight*>& weights,
                          const at::Tensor& held, const at::Tensor& into) {
-  return kernels::Float8Matmul(kernels::QuantizeRowsFloat8(x), Float8Weights(weights, held),
-                               x.scalar_type(), into);
+  return Float8Forward(kernels::QuantizeRowsFloat8(x), x.scalar_type(), weights, held, into);
 }
 
 at::Tensor Float8Forward(const kernels::Float8Rows& x8, at::ScalarType dtype,
-                         const std::vector<const FrozenWeight*>& weights, const at::Tensor& held) {
-  return kernels::Float8Matmul(x8, Float8Weights(weights, held), dtype);
+                         const std::vector<const FrozenWeight*>& weights, const at::Tensor& held,
+                         const at::Tensor& into) {
+  return kernels::Float8Matmul(x8, Float8Weights(weights, held), dtype, into);
 }
 
-at::Tensor HeldRows(const FrozenWeight& w, at::ScalarType dtype) {
-  return w.dequantized.defined() && w.dequantized.scalar_type() == dtype ? w.dequantized
-                                                                         : at::Tensor();
+at::Tensor HeldRows(const at::Tensor& dequantized, at::ScalarType dtype) {
+  return dequantized.defined() && dequantized.scalar_type() == dtype ? dequantized : at::Tensor();
 }
 
 }  // namespace qlora::engine

@@ -1,11 +1,11 @@
 // The frozen base's forward GEMMs in FP8 (quantization.float8_base_forward, opt-in): where a
 // 4-bit weight is marked (FrozenWeight::float8_forward), the forward of its layer computes
 // x W^T from FP8 rows of x and of W with one scale per row (kernels/float8.h) on FP8 tensor
-// cores, then, where the layer has an adapter, adds scale (x A^T) B^T in the compute dtype. Everything else stays
-// as it was: the adapters, their gradients, the input gradient's GEMM over the bf16 weight (the
-// forward's rounding is not differentiated: the gradient is the bf16 path's at the FP8 forward's
-// activations), norms, attention and the loss. The widened GEMMs ([x | x A^T][W | s B]^T) run
-// as these two GEMMs instead.
+// cores, then, where the layer has an adapter, adds scale (x A^T) B^T in the compute dtype.
+// Everything else stays as it was: the adapters, their gradients, the input gradient's GEMM over
+// the bf16 weight (the forward's rounding is not differentiated: the gradient is the bf16 path's
+// at the FP8 forward's activations), norms, attention and the loss. The widened GEMMs
+// ([x | x A^T][W | s B]^T) run as these two GEMMs instead.
 #pragma once
 
 #include <vector>
@@ -28,6 +28,10 @@ bool RunsFloat8(const kernels::Quantized4bit& q, bool float8, const at::Tensor& 
 at::Tensor Float8Linear(const at::Tensor& x, const kernels::Quantized4bit& q,
                         const at::Tensor& held);
 
+// The FP8 rows of the 4-bit weight q [out, in]: from `held` (its dequantized view, whose first
+// `in` columns they are) where defined, else from its codes.
+kernels::Float8Rows Float8WeightRows(const kernels::Quantized4bit& q, const at::Tensor& held);
+
 // The FP8 rows of weights stacked [sum of out, in] (one weight: its own): from the held
 // dequantized rows where `held` is defined (DequantizedRows' buffer, whose first `in` columns
 // they are), else from each weight's codes.
@@ -42,9 +46,11 @@ at::Tensor Float8Forward(const at::Tensor& x, const std::vector<const FrozenWeig
 // The same from x's FP8 rows (one quantization for the several layers that read x).
 at::Tensor Float8Forward(const kernels::Float8Rows& x8, at::ScalarType dtype,
                          const std::vector<const FrozenWeight*>& weights,
-                         const at::Tensor& held = at::Tensor());
+                         const at::Tensor& held = at::Tensor(),
+                         const at::Tensor& into = at::Tensor());
 
-// w's dequantized view where it is held in `dtype` (dequantized_layers.h), else undefined.
-at::Tensor HeldRows(const FrozenWeight& w, at::ScalarType dtype);
+// A weight's dequantized view (FrozenWeight::dequantized) where it is held in `dtype`
+// (dequantized_layers.h), else undefined.
+at::Tensor HeldRows(const at::Tensor& dequantized, at::ScalarType dtype);
 
 }  // namespace qlora::engine

@@ -29,8 +29,8 @@ at::Tensor Matmul(kernels::GemmTuner* gemm, const at::Tensor& x, const at::Tenso
 // dequantized (a temporary).
 at::Tensor KeptOrDequantized(const at::Tensor& dequantized, const kernels::Quantized4bit& q,
                                  at::ScalarType dtype) {
-  return dequantized.defined() && dequantized.scalar_type() == dtype ? dequantized
-                                                               : DequantizeWeight(q, dtype);
+  const at::Tensor held = HeldRows(dequantized, dtype);
+  return held.defined() ? held : DequantizeWeight(q, dtype);
 }
 
 // dequantized: the weight kept dequantized (FrozenWeight::dequantized), or null / undefined;
@@ -50,9 +50,7 @@ struct Linear4bitFunction : public torch::autograd::Function<Linear4bitFunction>
       return ValueUnused(sizes, x.options());
     }
     if (RunsFloat8(*weight, float8, x)) {
-      return Float8Linear(x, *weight,
-                          held.defined() && held.scalar_type() == x.scalar_type() ? held
-                                                                                  : at::Tensor());
+      return Float8Linear(x, *weight, HeldRows(held, x.scalar_type()));
     }
     return Matmul(gemm, x, KeptOrDequantized(held, *weight, x.scalar_type()).t());
   }

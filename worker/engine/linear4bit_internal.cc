@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "kernels/block_writes.h"
-#include "worker/engine/float8_forward.h"
 #include "kernels/lora_gradients.h"
 #include "kernels/quantize_4bit.h"
 #include "kernels/tuned_gemm.h"
 #include "worker/engine/adapter_copies.h"
 #include "worker/engine/adapter_gradients.h"
 #include "worker/engine/aligned_rows.h"
+#include "worker/engine/float8_forward.h"
 #include "worker/engine/fused_ops.h"
 #include "worker/engine/linear4bit.h"
 
@@ -307,7 +307,7 @@ at::Tensor LoraOutput(const at::Tensor& x, const at::Tensor& ha, const at::Tenso
   if (value_unused) return ValueUnused({x.size(0), base.out_features}, x.options());
   const at::ScalarType dtype = x.scalar_type();
   if (RunsFloat8(base, x)) {  // x W^T in FP8, then the adapter and the residual added
-    at::Tensor y = Float8Forward(x, {&base}, HeldRows(base, dtype));
+    at::Tensor y = Float8Forward(x, {&base}, HeldRows(base.dequantized, dtype));
     LoraAddmm(gemm, y, ha, InDtype(copies, b, dtype).t(), /*beta=*/1.0, /*alpha=*/scale);
     if (residual.defined()) y.add_(residual);
     return y;

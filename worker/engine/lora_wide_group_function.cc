@@ -200,7 +200,8 @@ struct LoraWideGroupFunction : public torch::autograd::Function<LoraWideGroupFun
         outputs.push_back(ValueUnused({rows, out}, x.options()));
       } else if (!packed && RunsFloat8(layer.base, x)) {
         if (!x8) x8 = kernels::QuantizeRowsFloat8(x);  // once for the layers
-        at::Tensor y = Float8Forward(*x8, dtype, {&layer.base}, HeldRows(layer.base, dtype));
+        at::Tensor y = Float8Forward(*x8, dtype, {&layer.base},
+                                     HeldRows(layer.base.dequantized, dtype));
         LoraAddmm(gemm, y, wide.narrow(1, in + offset, ranks[i]),
                   InDtype(copies, b[i], dtype).t(), /*beta=*/1.0, /*alpha=*/layer.lora->scale);
         outputs.push_back(y);

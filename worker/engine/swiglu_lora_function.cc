@@ -38,7 +38,7 @@ at::Tensor DownOverWidenedRows(const at::Tensor& x, const at::Tensor& b, const F
   const int64_t in = x.size(1), r = b.size(1);
   const at::Tensor wide = WithSpareColumns(x, x.stride(0) - in).narrow(1, 0, in + r);
   if (RunsFloat8(base, x)) {  // the base in FP8, then x A^T (in the spare columns) times scale B
-    at::Tensor y = Float8Forward(x, {&base}, HeldRows(base, x.scalar_type()));
+    at::Tensor y = Float8Forward(x, {&base}, HeldRows(base.dequantized, x.scalar_type()));
     LoraAddmm(gemm, y, wide.narrow(1, in, r), InDtype(copies, b, x.scalar_type()).t(),
               /*beta=*/1.0, /*alpha=*/scale);
     if (residual.defined()) y.add_(residual);
