@@ -88,7 +88,9 @@
 # BENCH_WINDOW_STEPS (5) steps, tokens / wall time per window (bench/summarize.py and
 # bench/anchor_common.py say how). The whole run keeps within BENCH_BUDGET_S (560) seconds: a part
 # starts only if its estimate fits in what is left, and is stopped at what is left or at 2.5 times
-# its estimate + 30 s; a part that fails is logged and the next one runs. After every part, $OUT
+# its estimate + 30 s; a part that fails is logged and the next one runs. Any of ours' parts
+# takes BENCH_MAX_MEMORY_GIB=GIB (trainer.max_memory_gib, e.g. a peer's peak as the budget) and
+# BENCH_STAGE=auto (the stage and offload_param left to the workers' plan). After every part, $OUT
 # holds everything so far:
 #   summary.md                 the table (ours against the best anchor per setting), the parts'
 #                              times and the attributions
@@ -196,8 +198,9 @@ for line in sys.stdin:
 ours_job() {
   local label=$1 gpus=$2 mb=$3 ckpt=$4 trace=${5:-}
   local seq=${6:-${BENCH_SEQ:-2048}} packing=${7:-false} data=${8:-$work/bench.txt}
-  local budget_gib=""
-  # auto:GIB or false:GIB: trainer.max_memory_gib (false: with BENCH_DEQUANTIZED_LAYERS=auto)
+  # auto:GIB or false:GIB: trainer.max_memory_gib (false: with BENCH_DEQUANTIZED_LAYERS=auto);
+  # else BENCH_MAX_MEMORY_GIB, for any part (a peer's peak memory as the budget, say).
+  local budget_gib=${BENCH_MAX_MEMORY_GIB:-}
   if [[ $ckpt == *:* ]]; then budget_gib=${ckpt#*:}; ckpt=${ckpt%%:*}; fi
   # One step past the last window: the job's final step skips the step-ahead queue and reads
   # 10-17 % fast, so no window may end on it.
