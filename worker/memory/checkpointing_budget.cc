@@ -89,8 +89,9 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
       const int64_t c = memory::LeanestCheckpointedLayers(b.request_);
       o.model->SetCheckpointedLayers(c);
       if (b.offload_rates_) {  // as many of the checkpointed layers as the link carries
+        // ... and the budget holds: max_memory_gib caps the allocator, so it is the room.
         o.model->SetOffloadedLayers(memory::OffloadAmongCheckpointed(
-            b.request_, c, *b.offload_rates_, o.available_bytes));
+            b.request_, c, *b.offload_rates_, MemoryBudgetBytes(t, o.available_bytes)));
       }
     }
     return b;
