@@ -64,6 +64,14 @@
 #   unsloth-70b      the 70B-width slice: mb 4, mb 1, with its checkpointing (one process)
 #   unsloth-seq16k   unpacked rows of 16384 tokens (as ours-seq16k), mb 1, its checkpointing
 #   fp8-loss         FP8 against bf16 over 300 steps each (float8_loss below; float8-loss.md)
+# The longest row (issue 52): one row of N tokens at micro-batch 1, 3 steps (one warm-up, one
+# timed, one past it), each part alone in a call (a step of 262,144 tokens takes minutes):
+#   ours-rowN        ours with checkpointing, activation offloading and the stage left to the
+#                    plan (auto, under the GPU's free memory)
+#   unsloth-rowN     Unsloth at the same row, its checkpointing
+# with "-llama3" appended: on the LLaMA-3.1-8B shape (vocabulary 128256, 8 KV heads), whose
+# random folder is made on first use on disk (16 GB; BENCH_MODEL_LLAMA3_DIR), not in /dev/shm,
+# which the pinned copies of the rows' checkpoints need as host memory.
 # Any ours part with "-fp8" appended (ours-mb4-offauto-fp8, ours-mb4-nockpt-held34-fp8, ...) runs
 # it with quantization.float8_base_forward: true; its results carry the label with "-fp8".
 #
@@ -277,6 +285,34 @@ with_70b() {
   model=$model70 "$@"
 }
 
+# The LLaMA-3.1-8B-shaped folder, made on first use; runs COMMAND... with $model set to it.
+model_llama3=${BENCH_MODEL_LLAMA3_DIR:-/tmp/llama3-8b}
+with_llama3() {
+  if [ ! -f "$model_llama3/config.json" ]; then
+    local start=$SECONDS
+    timeout 400 python3 "$root/bench/make_llama_folder.py" "$model_llama3" --intermediate 14336 \
+      --kv-heads 8 --vocab 128256 --rope-theta 500000 --max-positions 1048576 2>&1 | tail -2
+    echo "LLaMA-3.1-8B-shaped folder $model_llama3 made in $((SECONDS - start))s"
+  fi
+  model=$model_llama3 "$@"
+}
+
+# One row of N tokens (text whose every line is longer), 3 steps: ours_row N / unsloth_row N.
+row_text() {
+  local text=$work/row$1.txt
+  [ -f "$text" ] || python3 "$root/bench/make_text_data.py" "$text" --lines 4 --words $(($1 / 2))
+  echo "$text"
+}
+ours_row() {
+  local n=$1 label=$2 text
+  text=$(row_text "$n")
+  warmup=1 windows=1 window_steps=1 BENCH_OFFLOAD_LAYERS=auto BENCH_STAGE=auto \
+    ours_job "$label" "$gpus_1" 1 auto "" "$n" false "$text"
+}
+unsloth_row() {
+  unsloth_anchor "$model" --micro-batches 1 --seq "$1" --warmup 1 --windows 1 --window-steps 1
+}
+
 # ours at micro-batch MB with checkpointing, profiled with the allocator's events: where the
 # step's memory peaks (bench/memory_peak.py); its measurement is not a result (the JSON lines stay
 # out).
@@ -352,7 +388,9 @@ unsloth_settings() {
   return $rc
 }
 
-export -f ours_job attribute with_70b with_70b_nf4 memory_peak unsloth_anchor unsloth_settings
+export -f ours_job attribute with_70b with_70b_nf4 with_llama3 memory_peak unsloth_anchor \
+  unsloth_settings row_text ours_row unsloth_row
+export model_llama3
 export model70f
 export gpus_1
 export model70
@@ -423,6 +461,10 @@ for part in $parts; do
       bash -c 'with_70b ours_job "$@"' _ "$part" "$gpus_1" 4 true ;;
     ours-70b-mb1-off*) run_part "$part" 60 env BENCH_OFFLOAD_LAYERS="${part#ours-70b-mb1-off}" \
       bash -c 'with_70b ours_job "$@"' _ "$part" "$gpus_1" 1 true ;;
+    ours-row*-llama3) n=${part#ours-row}; run_part "$part" 300 with_llama3 ours_row "${n%-llama3}" "$part" ;;
+    ours-row*) run_part "$part" 300 ours_row "${part#ours-row}" "$part" ;;
+    unsloth-row*-llama3) n=${part#unsloth-row}; run_part "$part" 300 with_llama3 unsloth_row "${n%-llama3}" ;;
+    unsloth-row*) run_part "$part" 300 unsloth_row "${part#unsloth-row}" ;;
     ours-70b-mb4) run_part ours-70b-mb4 150 with_70b ours_job ours-70b-mb4 "$gpus_1" 4 true ;;
     ours-70b-mb1) run_part ours-70b-mb1 60 with_70b ours_job ours-70b-mb1 "$gpus_1" 1 true \
       "$work/trace-ours-70b-mb1.json" ;;
