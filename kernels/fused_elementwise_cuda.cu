@@ -172,14 +172,18 @@ constexpr int kRowsPerBlock = 4;
 constexpr int kRowThreads = 128;
 
 // f(row) for each of this block's kRowsPerBlock rows (blockIdx.y) that exist: the row kernels'
-// walk (unrolled, so a thread's loads of all its rows can be in flight together).
+// walk (unrolled, so a thread's loads of all its rows can be in flight together). Past 65,535
+// row blocks (gridDim.y's limit: rows of 262,140 tokens and longer) each block takes every
+// gridDim.y-th group of rows after its own.
 template <typename F>
 __device__ __forceinline__ void ForBlockRows(int64_t rows, F&& f) {
-  const int64_t first = int64_t{blockIdx.y} * kRowsPerBlock;
+  for (int64_t first = int64_t{blockIdx.y} * kRowsPerBlock; first < rows;
+       first += int64_t{gridDim.y} * kRowsPerBlock) {
 #pragma unroll
-  for (int k = 0; k < kRowsPerBlock; ++k) {
-    if (first + k >= rows) return;
-    f(first + k);
+    for (int k = 0; k < kRowsPerBlock; ++k) {
+      if (first + k >= rows) return;
+      f(first + k);
+    }
   }
 }
 
@@ -314,10 +318,9 @@ __global__ void SwigluBackwardRowsKernel(const T* grad, const T* gate, const T* 
 
 // The grid of the row kernels over [rows, cols].
 dim3 RowGrid(int64_t rows, int64_t cols, int v) {
-  const int64_t row_blocks = CeilDiv(rows, kRowsPerBlock);
-  TORCH_CHECK(row_blocks < 65536, "SwiGLU kernels: too many rows (", rows, ")");
+  const int64_t row_blocks = std::min<int64_t>(CeilDiv(rows, kRowsPerBlock), 65535);
   return dim3(static_cast<unsigned>(CeilDiv(cols / v, kRowThreads)),
-              static_cast<unsigned>(row_blocks));
+              static_cast<unsigned>(std::max<int64_t>(row_blocks, 1)));
 }
 
 unsigned Grid(int64_t threads) {

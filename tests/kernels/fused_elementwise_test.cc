@@ -379,5 +379,27 @@ TEST(KernelsFused, SwigluOverPackedGateAndUpEqualsTheContiguousCase) {
   }
 }
 
+// Rows of one long sequence (300,000 tokens): more row blocks than a grid's y dimension takes
+// (65,535 of 4 rows), so each block walks several; every row is still written, once.
+TEST(KernelsFused, SwigluOverPackedRowsOfAVeryLongSequence) {
+  for (const at::Device& device : KernelTestDevices()) {
+    if (!device.is_cuda()) continue;  // the row kernels are CUDA's; the CPU has no grid
+    at::manual_seed(15);
+    const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device);
+    const int64_t rows = 300000, cols = 16, spare = 16;
+    const at::Tensor packed = at::randn({rows, 2 * cols}, opts);
+    const at::Tensor g = packed.narrow(1, 0, cols), u = packed.narrow(1, cols, cols);
+    const at::Tensor want = SwigluForward(g.contiguous(), u.contiguous());
+    ExpectBitEqual(SwigluForwardWithSpareColumns(g, u, spare), want, "forward into wider rows");
+    const at::Tensor dy = at::randn({rows, cols}, opts);
+    const auto [dg, du] = SwigluBackward(dy, g.contiguous(), u.contiguous());
+    at::Tensor into = packed.clone();
+    at::Tensor gate = into.narrow(1, 0, cols), up = into.narrow(1, cols, cols);
+    SwigluBackwardIntoInputs(dy, gate, up);
+    ExpectBitEqual(into.narrow(1, 0, cols), dg, "grad gate over gate");
+    ExpectBitEqual(into.narrow(1, cols, cols), du, "grad up over up");
+  }
+}
+
 }  // namespace
 }  // namespace qlora::kernels
