@@ -92,9 +92,24 @@ ActivationOffloader::ActivationOffloader(at::Device device, ActivationOffloadOpt
 #endif
   TORCH_CHECK(device_.is_cpu() || streams_, "activation offloading needs a CPU or CUDA model, got ",
               device_.str());
+  if (streams_ != nullptr) {
+    host_blocks_ = options_.host_blocks != nullptr
+                       ? options_.host_blocks
+                       : std::make_shared<PinnedBlockPool>(PinnedHostSource());
+  }
 }
 
-ActivationOffloader::~ActivationOffloader() = default;
+ActivationOffloader::~ActivationOffloader() {
+#ifdef QLORA_HAVE_CUDA
+  // No block goes back to its pool while a copy may still use it.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : entries_) RetireLocked(e);
+  for (const std::shared_ptr<Entry>& e : retiring_) {
+    e->to_host_done.synchronize();
+    e->to_device_done.synchronize();
+  }
+#endif
+}
 
 bool ActivationOffloader::Offloadable(const at::Tensor& t) const {
   if (!t.defined() || t.device() != device_) return false;
@@ -135,7 +150,7 @@ int64_t ActivationOffloader::Offload(const at::Tensor& t, int64_t group) {
         }
         ReleaseFinishedLocked();
       }
-      entry->host = at::empty({entry->nbytes}, at::dtype(at::kByte).pinned_memory(true));
+      entry->host = host_blocks_->Allocate(entry->nbytes);
       entry->source = bytes;
       const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
       c10::cuda::CUDAEvent produced;
@@ -173,6 +188,12 @@ void ActivationOffloader::ReleaseFinishedLocked() {
       pending_bytes_ -= e->nbytes;
     }
   }
+  // Host blocks whose copies are done go back to the pool (as their entries go).
+  retiring_.erase(std::remove_if(retiring_.begin(), retiring_.end(),
+                                 [](const std::shared_ptr<Entry>& e) {
+                                   return e->to_host_done.query() && e->to_device_done.query();
+                                 }),
+                  retiring_.end());
 #endif
   for (auto it = by_storage_.begin(); it != by_storage_.end();) {
     // A storage that died may have its address reused: forget it (a live one is saved once).
@@ -271,6 +292,12 @@ void ActivationOffloader::DropEntryLocked(const std::shared_ptr<Entry>& entry) {
     pending_bytes_ -= entry->nbytes;
     entry->source.reset();
   }
+  RetireLocked(entry);
+}
+
+void ActivationOffloader::RetireLocked(const std::shared_ptr<Entry>& entry) {
+  entry->restored.reset();  // the restored views keep their storage; the entry need not
+  if (streams_ != nullptr && entry->host.defined()) retiring_.push_back(entry);
 }
 
 void ActivationOffloader::Forget(const std::vector<int64_t>& ids) {
@@ -286,6 +313,10 @@ void ActivationOffloader::Forget(const std::vector<int64_t>& ids) {
 
 void ActivationOffloader::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, e] : entries_) {
+    e->source.reset();
+    RetireLocked(e);
+  }
   tickets_.clear();
   by_storage_.clear();
   entries_.clear();

@@ -40,6 +40,8 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "worker/engine/pinned_block_pool.h"
+
 namespace qlora::engine {
 
 struct ActivationOffloadOptions {
@@ -54,6 +56,9 @@ struct ActivationOffloadOptions {
   // Groups a layer spans: group g is layer g / groups_per_layer (LlamaForCausalLM gives each
   // layer a late and an early group).
   int64_t groups_per_layer = 1;
+  // Where a CUDA model's host copies go (null: a pool of its own over cudaHostAlloc). A block
+  // goes back to it once the copies into and out of it are done.
+  std::shared_ptr<PinnedBlockPool> host_blocks;
 };
 
 class ActivationOffloader {
@@ -99,8 +104,9 @@ class ActivationOffloader {
   void ReleaseLayersBelowLocked(int64_t group);
   void FetchLocked(Entry& entry);
   // The entry's last ticket is done: drop it (the device copy stays alive while a restored view
-  // of it does).
+  // of it does); its host block waits in retiring_ until its copies are done.
   void DropEntryLocked(const std::shared_ptr<Entry>& entry);
+  void RetireLocked(const std::shared_ptr<Entry>& entry);
 
   const at::Device device_;
   const ActivationOffloadOptions options_;
@@ -110,6 +116,8 @@ class ActivationOffloader {
   std::map<int64_t, std::shared_ptr<Entry>> entries_;  // by entry id
   std::map<int64_t, Ticket> tickets_;
   std::map<const void*, std::shared_ptr<Entry>> by_storage_;  // by storage, while it lives
+  std::vector<std::shared_ptr<Entry>> retiring_;  // dropped, a copy maybe still using the block
+  std::shared_ptr<PinnedBlockPool> host_blocks_;  // null on a CPU model
   int64_t pending_bytes_ = 0;
   int64_t offloaded_bytes_ = 0;
   int64_t demand_fetches_ = 0;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_format.h"
+#include "worker/memory/pinned_block_bytes.h"
 
 namespace qlora::memory {
 namespace {
@@ -61,12 +62,13 @@ int64_t LayersByLink(const ActivationPlanRequest& r, int64_t checkpointed_layers
   return MostLayers(r, [&](int64_t n) { return CopiesFit(r, checkpointed_layers, n, rates); });
 }
 
-// The most layers whose pinned copies the host memory holds, each block counted twice (the pinned
-// allocator rounds it up to a power of two).
+// The most layers whose pinned copies the host memory holds, each block counted as the most it
+// may take (pinned_block_bytes.h).
 int64_t LayersByHostMemory(const ActivationPlanRequest& r, int64_t checkpointed_layers,
                            const OffloadRates& rates) {
   return MostLayers(r, [&](int64_t n) {
-    return 2 * OffloadedBytes(r, checkpointed_layers, n) <= static_cast<double>(rates.host_bytes);
+    return kPinnedBlockOverhead * OffloadedBytes(r, checkpointed_layers, n) <=
+           static_cast<double>(rates.host_bytes);
   });
 }
 

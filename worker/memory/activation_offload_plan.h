@@ -18,8 +18,8 @@
 // recomputation it spared: the backlog (bench/reports/llama7b_h200_2026-12-01.md). The 70B-width
 // slice at micro-batch 1 did best with 5 of 6 layers offloaded.
 // The layers' times are estimated from their FLOPs at the measured GEMM rate over the GEMMs'
-// share of a forward, backward a fixed multiple of forward. Host memory bounds the count too: the
-// pinned allocator rounds each block up to a power of two, so a layer is counted twice.
+// share of a forward, backward a fixed multiple of forward. Host memory bounds the count too, each
+// pinned block counted at the most its rounding may take (pinned_block_bytes.h: an eighth more).
 #pragma once
 
 #include <cstdint>
