@@ -73,8 +73,14 @@ void BaseWeightStore::Take(int64_t index, DecoderLayer& layer) {
                                : packed.bytes.narrow(0, options_.rank * per_rank, per_rank).clone();
   packed.bytes = at::Tensor();
   if (options_.on_host && !mine.device().is_cpu()) {
-    at::Tensor host = at::empty(
-        {per_rank}, at::dtype(at::kByte).pinned_memory(options_.pin_memory && mine.is_cuda()));
+    at::Tensor host;
+    if (options_.pin_memory && mine.is_cuda()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (host_blocks_ == nullptr) host_blocks_ = std::make_unique<PinnedBlockPool>(PinnedHostSource());
+      host = host_blocks_->Allocate(per_rank);
+    } else {
+      host = at::empty({per_rank}, at::dtype(at::kByte));
+    }
     host.copy_(mine);
     mine = std::move(host);
   }
