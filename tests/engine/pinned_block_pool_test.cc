@@ -61,7 +61,7 @@ TEST(PinnedBlockBytes, PagesUpToOneMebibyteThenEighthsOfThePowerOfTwo) {
 
 TEST(PinnedBlockPool, ABlockComesBackForTheNextRequestOfItsSize) {
   CountingSource counts;
-  PinnedBlockPool pool(counts.Source());
+  PinnedBlockPool pool(counts.Source(), "test blocks");
   const int64_t bytes = (int64_t{3} << 20) + 5;
   const void* first = nullptr;
   {
@@ -87,22 +87,46 @@ TEST(PinnedBlockPool, ABlockComesBackForTheNextRequestOfItsSize) {
   EXPECT_EQ(counts.released, 0);
 }
 
+// A micro-batch is as wide as its longest row: narrower steps take the kept blocks of wider ones
+// (up to twice their size), and wider ones let the narrower kept blocks go.
+TEST(PinnedBlockPool, RowsOfOtherWidthsReuseOrReplaceTheKeptBlocks) {
+  CountingSource counts;
+  PinnedBlockPool pool(counts.Source(), "test blocks");
+  const void* wide = pool.Allocate(int64_t{12} << 20).data_ptr();  // kept
+  at::Tensor narrower = pool.Allocate(int64_t{7} << 20);  // 12 MiB serves 7
+  EXPECT_EQ(narrower.data_ptr(), wide);
+  EXPECT_EQ(pool.stats().held_bytes, int64_t{12} << 20);  // the block's size, not the request's
+  EXPECT_EQ(counts.allocated, 1);
+  at::Tensor narrow = pool.Allocate(int64_t{5} << 20);  // 12 MiB is over twice 5: a new one
+  EXPECT_EQ(counts.allocated, 2);
+  narrower.reset();
+  narrow.reset();
+  EXPECT_EQ(pool.stats().kept_bytes, int64_t{17} << 20);
+  // Wider than every kept block: they go, and a new one comes.
+  const at::Tensor wider = pool.Allocate(int64_t{20} << 20);
+  EXPECT_EQ(counts.released, 2);
+  EXPECT_EQ(pool.stats().kept_bytes, 0);
+  EXPECT_EQ(counts.live_bytes, int64_t{20} << 20);
+}
+
 TEST(PinnedBlockPool, WhenTheSourceRunsDryTheKeptBlocksAreFreedFirst) {
   CountingSource counts;
-  counts.limit_bytes = int64_t{8} << 20;
-  PinnedBlockPool pool(counts.Source());
+  counts.limit_bytes = int64_t{7} << 20;
+  PinnedBlockPool pool(counts.Source(), "test blocks");
   pool.Allocate(int64_t{6} << 20);  // kept once its tensor goes
   EXPECT_EQ(pool.stats().kept_bytes, int64_t{6} << 20);
-  // 4 MiB more would pass the limit: the kept 6 MiB block goes, then the request is served.
-  const at::Tensor t = pool.Allocate(int64_t{4} << 20);
+  // 2 MiB (too small for the kept 6 MiB block) more would pass the limit: the kept block goes,
+  // then the request is served.
+  const at::Tensor t = pool.Allocate(int64_t{2} << 20);
   EXPECT_EQ(counts.released, 1);
   EXPECT_EQ(pool.stats().kept_bytes, 0);
-  // Nothing kept and still too much: an error naming the size.
+  // Nothing kept and still too much: an error naming its user and the size.
   try {
     pool.Allocate(int64_t{6} << 20);
     FAIL() << "expected an error";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no pinned host memory for a block of 6291456 bytes"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "test blocks: no pinned host memory for a block of 6291456 bytes"),
               std::string::npos)
         << e.what();
   }
@@ -112,7 +136,7 @@ TEST(PinnedBlockPool, BlocksThatOutliveThePoolAreFreedWhenTheyComeBack) {
   CountingSource counts;
   at::Tensor survivor;
   {
-    PinnedBlockPool pool(counts.Source());
+    PinnedBlockPool pool(counts.Source(), "test blocks");
     survivor = pool.Allocate(1 << 20);
     pool.Allocate(2 << 20);  // kept, freed with the pool
   }

@@ -95,7 +95,10 @@ ActivationOffloader::ActivationOffloader(at::Device device, ActivationOffloadOpt
   if (streams_ != nullptr) {
     host_blocks_ = options_.host_blocks != nullptr
                        ? options_.host_blocks
-                       : std::make_shared<PinnedBlockPool>(PinnedHostSource());
+                       : std::make_shared<PinnedBlockPool>(
+                             PinnedHostSource(),
+                             "activation offload (lower trainer.offload_activation_layers, or "
+                             "the job's rows)");
   }
 }
 

@@ -62,7 +62,12 @@ BaseWeightStore::BaseWeightStore(BaseWeightStoreOptions options)
 #endif
 }
 
-BaseWeightStore::~BaseWeightStore() = default;
+BaseWeightStore::~BaseWeightStore() {
+#ifdef QLORA_HAVE_CUDA
+  // A prefetch's copy may still read a host shard, whose block goes back as the shards go.
+  if (streams_ != nullptr) streams_->to_device.synchronize();
+#endif
+}
 
 void BaseWeightStore::Take(int64_t index, DecoderLayer& layer) {
   TORCH_CHECK(index >= 0, "base weight store: no layer ", index);
@@ -76,7 +81,10 @@ void BaseWeightStore::Take(int64_t index, DecoderLayer& layer) {
     at::Tensor host;
     if (options_.pin_memory && mine.is_cuda()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (host_blocks_ == nullptr) host_blocks_ = std::make_unique<PinnedBlockPool>(PinnedHostSource());
+      if (host_blocks_ == nullptr) {
+        host_blocks_ = std::make_unique<PinnedBlockPool>(
+            PinnedHostSource(), "offload_param (base weights in host memory)");
+      }
       host = host_blocks_->Allocate(per_rank);
     } else {
       host = at::empty({per_rank}, at::dtype(at::kByte));

@@ -1,6 +1,7 @@
 // PinnedBlockPool (see pinned_block_pool.h).
 #include "worker/engine/pinned_block_pool.h"
 
+#include <limits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -38,15 +39,29 @@ HostBlockSource PinnedHostSource() {
 
 // Shared with the tensors' deleters, so that a block coming back after the pool is gone is freed.
 struct PinnedBlockPool::State {
-  explicit State(HostBlockSource s) : source(std::move(s)) {}
-  ~State() { FreeKept(); }
+  State(HostBlockSource s, std::string u) : source(std::move(s)), user(std::move(u)) {}
+  ~State() { FreeKeptBelow(std::numeric_limits<int64_t>::max()); }
 
-  void FreeKept() {
-    for (auto& [bytes, blocks] : kept) {
-      for (void* block : blocks) source.release(block);
+  // Frees the kept blocks smaller than `bytes`.
+  void FreeKeptBelow(int64_t bytes) {
+    for (auto it = kept.begin(); it != kept.end() && it->first < bytes;) {
+      for (void* block : it->second) source.release(block);
+      stats.kept_bytes -= it->first * static_cast<int64_t>(it->second.size());
+      it = kept.erase(it);
     }
-    kept.clear();
-    stats.kept_bytes = 0;
+  }
+
+  // The smallest kept block of at least `bytes` and at most twice that (its size in *size), or
+  // nullptr. Sizes whose blocks are all out leave the map.
+  void* TakeKept(int64_t bytes, int64_t* size) {
+    auto it = kept.lower_bound(bytes);
+    if (it == kept.end() || it->first > 2 * bytes) return nullptr;
+    void* block = it->second.back();
+    it->second.pop_back();
+    *size = it->first;
+    stats.kept_bytes -= it->first;
+    if (it->second.empty()) kept.erase(it);
+    return block;
   }
 
   void Return(void* block, int64_t bytes) {
@@ -61,41 +76,41 @@ struct PinnedBlockPool::State {
   }
 
   HostBlockSource source;
+  const std::string user;
   std::mutex mu;
   std::map<int64_t, std::vector<void*>> kept;  // by block size
   PinnedBlockPoolStats stats;
   bool closed = false;  // the pool is gone: blocks coming back are freed
 };
 
-PinnedBlockPool::PinnedBlockPool(HostBlockSource source)
-    : state_(std::make_shared<State>(std::move(source))) {}
+PinnedBlockPool::PinnedBlockPool(HostBlockSource source, std::string user)
+    : state_(std::make_shared<State>(std::move(source), std::move(user))) {}
 
 PinnedBlockPool::~PinnedBlockPool() {
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->closed = true;
-  state_->FreeKept();
+  state_->FreeKeptBelow(std::numeric_limits<int64_t>::max());
 }
 
 at::Tensor PinnedBlockPool::Allocate(int64_t bytes) {
   TORCH_CHECK(bytes >= 0, "PinnedBlockPool: a negative size (", bytes, ")");
-  const int64_t size = std::max<int64_t>(memory::PinnedBlockBytes(bytes), memory::kPinnedPage);
+  const int64_t wanted = std::max<int64_t>(memory::PinnedBlockBytes(bytes), memory::kPinnedPage);
+  int64_t size = wanted;
   void* block = nullptr;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
-    auto found = state_->kept.find(size);
-    if (found != state_->kept.end() && !found->second.empty()) {
-      block = found->second.back();
-      found->second.pop_back();
-      state_->stats.kept_bytes -= size;
+    block = state_->TakeKept(wanted, &size);
+    if (block != nullptr) {
       ++state_->stats.reuses;
     } else {
+      state_->FreeKeptBelow(wanted);
       block = state_->source.allocate(size);
-      if (block == nullptr && !state_->kept.empty()) {  // the kept blocks of other sizes first
-        state_->FreeKept();
+      if (block == nullptr && state_->stats.kept_bytes > 0) {  // the larger kept ones too
+        state_->FreeKeptBelow(std::numeric_limits<int64_t>::max());
         block = state_->source.allocate(size);
       }
-      TORCH_CHECK(block != nullptr, "activation offload: no pinned host memory for a block of ",
-                  size, " bytes (lower trainer.offload_activation_layers, or the job's rows)");
+      TORCH_CHECK(block != nullptr, state_->user, ": no pinned host memory for a block of ", size,
+                  " bytes");
       ++state_->stats.allocations;
     }
     state_->stats.held_bytes += size;

@@ -4,14 +4,19 @@
 //
 // Allocate(bytes) gives a CPU uint8 tensor of `bytes` over a block; when its last reference goes
 // the block returns to the pool, whose caller must make sure that no copy still reads or writes
-// it by then (the offloader keeps a block until its copies' events are done). When the source
-// fails (the host is out of memory it may pin), the pool frees the blocks it keeps and tries once
-// more. Blocks outlive the pool safely: the last one back frees the rest. Thread-safe.
+// it by then (the offloader keeps a block until its copies' events are done). A request takes the
+// smallest kept block of its size up to twice it (a micro-batch is as wide as its longest row, so
+// sizes vary from step to step); failing that, the kept blocks smaller than it go (rows grew:
+// they would only pile up) and a new one is taken from the source. When the source fails (the host
+// is out of memory it may pin), every kept block goes and the source is tried once more. Freeing
+// pinned memory waits for the GPU, so after the first steps this rarely happens. Blocks outlive
+// the pool safely: the last one back frees the rest. Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
@@ -37,13 +42,14 @@ struct PinnedBlockPoolStats {
 
 class PinnedBlockPool {
  public:
-  explicit PinnedBlockPool(HostBlockSource source);
+  // `user` names what the blocks are for in the out-of-memory error.
+  PinnedBlockPool(HostBlockSource source, std::string user);
   ~PinnedBlockPool();
   PinnedBlockPool(const PinnedBlockPool&) = delete;
   PinnedBlockPool& operator=(const PinnedBlockPool&) = delete;
 
-  // A uint8 [bytes] CPU tensor over a block of PinnedBlockBytes(bytes); throws (c10::Error)
-  // naming the size when the source has none even after the kept blocks are freed.
+  // A uint8 [bytes] CPU tensor over a block of at least PinnedBlockBytes(bytes); throws
+  // (c10::Error) naming the size when the source has none even after the kept blocks are freed.
   at::Tensor Allocate(int64_t bytes);
   PinnedBlockPoolStats stats() const;
 
