@@ -88,7 +88,7 @@ TEST(PinnedBlockPool, ABlockComesBackForTheNextRequestOfItsSize) {
 }
 
 // A micro-batch is as wide as its longest row: narrower steps take the kept blocks of wider ones
-// (up to twice their size), and wider ones let the narrower kept blocks go.
+// (up to twice their size); wider ones take new blocks and leave the kept ones for later steps.
 TEST(PinnedBlockPool, RowsOfOtherWidthsReuseOrReplaceTheKeptBlocks) {
   CountingSource counts;
   PinnedBlockPool pool(counts.Source(), "test blocks");
@@ -102,11 +102,11 @@ TEST(PinnedBlockPool, RowsOfOtherWidthsReuseOrReplaceTheKeptBlocks) {
   narrower.reset();
   narrow.reset();
   EXPECT_EQ(pool.stats().kept_bytes, int64_t{17} << 20);
-  // Wider than every kept block: they go, and a new one comes.
+  // Wider than every kept block: a new one; the kept ones stay (nothing freed mid-step).
   const at::Tensor wider = pool.Allocate(int64_t{20} << 20);
-  EXPECT_EQ(counts.released, 2);
-  EXPECT_EQ(pool.stats().kept_bytes, 0);
-  EXPECT_EQ(counts.live_bytes, int64_t{20} << 20);
+  EXPECT_EQ(counts.released, 0);
+  EXPECT_EQ(pool.stats().kept_bytes, int64_t{17} << 20);
+  EXPECT_EQ(counts.live_bytes, int64_t{37} << 20);
 }
 
 TEST(PinnedBlockPool, WhenTheSourceRunsDryTheKeptBlocksAreFreedFirst) {

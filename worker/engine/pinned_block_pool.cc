@@ -1,7 +1,6 @@
 // PinnedBlockPool (see pinned_block_pool.h).
 #include "worker/engine/pinned_block_pool.h"
 
-#include <limits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -40,15 +39,14 @@ HostBlockSource PinnedHostSource() {
 // Shared with the tensors' deleters, so that a block coming back after the pool is gone is freed.
 struct PinnedBlockPool::State {
   State(HostBlockSource s, std::string u) : source(std::move(s)), user(std::move(u)) {}
-  ~State() { FreeKeptBelow(std::numeric_limits<int64_t>::max()); }
+  ~State() { FreeKept(); }
 
-  // Frees the kept blocks smaller than `bytes`.
-  void FreeKeptBelow(int64_t bytes) {
-    for (auto it = kept.begin(); it != kept.end() && it->first < bytes;) {
-      for (void* block : it->second) source.release(block);
-      stats.kept_bytes -= it->first * static_cast<int64_t>(it->second.size());
-      it = kept.erase(it);
+  void FreeKept() {
+    for (auto& [bytes, blocks] : kept) {
+      for (void* block : blocks) source.release(block);
     }
+    kept.clear();
+    stats.kept_bytes = 0;
   }
 
   // The smallest kept block of at least `bytes` and at most twice that (its size in *size), or
@@ -89,7 +87,7 @@ PinnedBlockPool::PinnedBlockPool(HostBlockSource source, std::string user)
 PinnedBlockPool::~PinnedBlockPool() {
   std::lock_guard<std::mutex> lock(state_->mu);
   state_->closed = true;
-  state_->FreeKeptBelow(std::numeric_limits<int64_t>::max());
+  state_->FreeKept();
 }
 
 at::Tensor PinnedBlockPool::Allocate(int64_t bytes) {
@@ -103,10 +101,9 @@ at::Tensor PinnedBlockPool::Allocate(int64_t bytes) {
     if (block != nullptr) {
       ++state_->stats.reuses;
     } else {
-      state_->FreeKeptBelow(wanted);
       block = state_->source.allocate(size);
-      if (block == nullptr && state_->stats.kept_bytes > 0) {  // the larger kept ones too
-        state_->FreeKeptBelow(std::numeric_limits<int64_t>::max());
+      if (block == nullptr && state_->stats.kept_bytes > 0) {  // the kept ones go, once
+        state_->FreeKept();
         block = state_->source.allocate(size);
       }
       TORCH_CHECK(block != nullptr, state_->user, ": no pinned host memory for a block of ", size,

@@ -6,11 +6,11 @@
 // the block returns to the pool, whose caller must make sure that no copy still reads or writes
 // it by then (the offloader keeps a block until its copies' events are done). A request takes the
 // smallest kept block of its size up to twice it (a micro-batch is as wide as its longest row, so
-// sizes vary from step to step); failing that, the kept blocks smaller than it go (rows grew:
-// they would only pile up) and a new one is taken from the source. When the source fails (the host
-// is out of memory it may pin), every kept block goes and the source is tried once more. Freeing
-// pinned memory waits for the GPU, so after the first steps this rarely happens. Blocks outlive
-// the pool safely: the last one back frees the rest. Thread-safe.
+// sizes vary from step to step, and the blocks of the widest rows serve the narrower ones);
+// failing that, a new one is taken from the source. Kept blocks are not freed on the way (freeing
+// pinned memory waits for the GPU, and pinning it again takes long): only when the source fails
+// (the host is out of memory it may pin) do they all go, and the source is tried once more.
+// Blocks outlive the pool safely: the last one back frees the rest. Thread-safe.
 #pragma once
 
 #include <cstdint>
