@@ -58,6 +58,10 @@ BaseWeightStore::BaseWeightStore(BaseWeightStoreOptions options)
   if (options_.on_host && options_.device.is_cuda()) {
     streams_ = std::make_unique<Streams>(
         Streams{c10::cuda::getStreamFromPool(false, options_.device.index())});
+    if (options_.pin_memory) {
+      host_blocks_ = std::make_unique<PinnedBlockPool>(
+          PinnedHostSource(), "offload_param (base weights in host memory)");
+    }
   }
 #endif
 }
@@ -78,17 +82,9 @@ void BaseWeightStore::Take(int64_t index, DecoderLayer& layer) {
                                : packed.bytes.narrow(0, options_.rank * per_rank, per_rank).clone();
   packed.bytes = at::Tensor();
   if (options_.on_host && !mine.device().is_cpu()) {
-    at::Tensor host;
-    if (options_.pin_memory && mine.is_cuda()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (host_blocks_ == nullptr) {
-        host_blocks_ = std::make_unique<PinnedBlockPool>(
-            PinnedHostSource(), "offload_param (base weights in host memory)");
-      }
-      host = host_blocks_->Allocate(per_rank);
-    } else {
-      host = at::empty({per_rank}, at::dtype(at::kByte));
-    }
+    at::Tensor host = host_blocks_ != nullptr && mine.is_cuda()
+                          ? host_blocks_->Allocate(per_rank)
+                          : at::empty({per_rank}, at::dtype(at::kByte));
     host.copy_(mine);
     mine = std::move(host);
   }

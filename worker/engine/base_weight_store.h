@@ -94,8 +94,8 @@ class BaseWeightStore {
   std::vector<at::Tensor> shards_;
   struct Streams;
   std::unique_ptr<Streams> streams_;  // CUDA with host shards: the copy stream
-  // CUDA with pinned host shards: blocks within an eighth of a shard (torch's host allocator
-  // would take the next power of two: 512 MiB for a 70B layer's 421 MiB).
+  // CUDA with pinned host shards (pin_memory): blocks within an eighth of a shard (torch's host
+  // allocator would take the next power of two: 512 MiB for a 70B layer's 421 MiB).
   std::unique_ptr<PinnedBlockPool> host_blocks_;
   mutable std::mutex mu_;
   std::shared_ptr<Fetched> current_, ahead_;

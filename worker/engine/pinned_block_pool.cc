@@ -39,7 +39,6 @@ HostBlockSource PinnedHostSource() {
 // Shared with the tensors' deleters, so that a block coming back after the pool is gone is freed.
 struct PinnedBlockPool::State {
   State(HostBlockSource s, std::string u) : source(std::move(s)), user(std::move(u)) {}
-  ~State() { FreeKept(); }
 
   void FreeKept() {
     for (auto& [bytes, blocks] : kept) {

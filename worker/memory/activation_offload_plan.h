@@ -59,8 +59,8 @@ int64_t OffloadableLayers(const ActivationPlanRequest& request, int64_t checkpoi
 // enable_gradient_checkpointing: true with offload_activation_layers: auto: OffloadableLayers of
 // the `checkpointed_layers`, or none where their layer in transit would raise the planned peak
 // past `device_bytes` (the job's budget: max_memory_gib, else the GPU's free memory) less the
-// plan's margin (offloading lowers the peak where layers are narrow
-// and rows many, raises it where layers are wide and rows few: the 70B-width slice).
+// plan's margin (offloading lowers the peak where layers are narrow and rows many, raises it
+// where layers are wide and rows few: the 70B-width slice).
 int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                  const OffloadRates& rates, int64_t device_bytes);
 
