@@ -64,8 +64,9 @@
 #   unsloth-70b      the 70B-width slice: mb 4, mb 1, with its checkpointing (one process)
 #   unsloth-seq16k   unpacked rows of 16384 tokens (as ours-seq16k), mb 1, its checkpointing
 #   fp8-loss         FP8 against bf16 over 300 steps each (float8_loss below; float8-loss.md)
-# The longest row (issue 52): one row of N tokens at micro-batch 1, 3 steps (one warm-up, one
-# timed, one past it), each part alone in a call (a step of 262,144 tokens takes minutes):
+# The longest row (issue 52): one row of N tokens at micro-batch 1, one timed step (its time counts
+# the first step's one-off costs, seconds against minutes), each part alone in a call (a step of
+# 342,733 tokens of the 8B shape is about six minutes of attention on an H100):
 #   ours-rowN        ours with checkpointing, activation offloading and the stage left to the
 #                    plan (auto, under the GPU's free memory)
 #   unsloth-rowN     Unsloth at the same row, its checkpointing
@@ -211,8 +212,8 @@ ours_job() {
   local budget_gib=${BENCH_MAX_MEMORY_GIB:-}
   if [[ $ckpt == *:* ]]; then budget_gib=${ckpt#*:}; ckpt=${ckpt%%:*}; fi
   # One step past the last window: the job's final step skips the step-ahead queue and reads
-  # 10-17 % fast, so no window may end on it.
-  local steps=$((warmup + windows * window_steps + 1))
+  # 10-17 % fast, so no window may end on it (tail_steps=0: one that lasts minutes may).
+  local steps=$((warmup + windows * window_steps + ${tail_steps:-1}))
   local profile=()
   if [ -n "$trace" ]; then
     # one step to prepare the profiler, two profiled, one whose start stops it
@@ -260,7 +261,11 @@ model=/tmp/llama7b
 [ "${shm_free:-0}" -gt $((40 * 1024 * 1024)) ] && model=/dev/shm/llama7b
 model=${BENCH_MODEL_DIR:-$model}
 start=$SECONDS
-[ -f "$model/config.json" ] || timeout 240 python3 "$root/bench/make_llama_folder.py" "$model" 2>&1 | tail -2
+# Parts all on the LLaMA-3.1-8B shape need none (its folder is made by with_llama3).
+needs_7b=0
+for p in $parts; do [[ $p == *-llama3 ]] || needs_7b=1; done
+[ -f "$model/config.json" ] || [ "$needs_7b" = 0 ] ||
+  timeout 240 python3 "$root/bench/make_llama_folder.py" "$model" 2>&1 | tail -2
 python3 "$root/bench/make_text_data.py" "$work/bench.txt" --lines 200
 if [[ " $parts " == *" ours-pack"* || " $parts " == *" ours-seq"* || " $parts " == *" mem-ours-seq"* ]]; then
   # Packed rows: documents of doc_min..doc_max tokens (about 3.1 tokens a word); unpacked long
@@ -306,11 +311,11 @@ row_text() {
 ours_row() {
   local n=$1 label=$2 text
   text=$(row_text "$n")
-  warmup=1 windows=1 window_steps=1 BENCH_OFFLOAD_LAYERS=auto BENCH_STAGE=auto \
+  warmup=0 windows=1 window_steps=1 tail_steps=0 BENCH_OFFLOAD_LAYERS=auto BENCH_STAGE=auto \
     ours_job "$label" "$gpus_1" 1 auto "" "$n" false "$text"
 }
 unsloth_row() {
-  unsloth_anchor "$model" --micro-batches 1 --seq "$1" --warmup 1 --windows 1 --window-steps 1
+  unsloth_anchor "$model" --micro-batches 1 --seq "$1" --warmup 0 --windows 1 --window-steps 1
 }
 
 # ours at micro-batch MB with checkpointing, profiled with the allocator's events: where the

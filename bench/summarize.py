@@ -69,6 +69,9 @@ def windows_of(progress, warmup, windows, window_steps, tokens_per_step, packing
     """Per-GPU window rates (mean over ranks), mean window seconds and row fill. A missing step
     boundary is an error: every progress event is stored and replayed by the coordinator."""
     rates, seconds, fills = [], [], []
+    for steps in progress.values():
+        # Elapsed time counts from the first step's start: with no warm-up, step 0 is that start.
+        steps.setdefault(0, {"elapsed_seconds": 0})
     for w in range(windows):
         first, last = warmup + w * window_steps, warmup + (w + 1) * window_steps
         per_rank = []
