@@ -68,7 +68,9 @@
 # the first step's one-off costs, seconds against minutes), each part alone in a call (a step of
 # 342,733 tokens of the 8B shape is about six minutes of attention on an H100):
 #   ours-rowN        ours with checkpointing, activation offloading and the stage left to the
-#                    plan (auto, under the GPU's free memory)
+#                    plan (auto, under the GPU's free memory), the offloaded activations given
+#                    BENCH_ROW_HOST_GIB (default 100) of the host's memory to pin
+#                    (trainer.max_host_memory_gib): every checkpointed layer's input waits there
 #   unsloth-rowN     Unsloth at the same row, its checkpointing
 # with "-llama3" appended: on the LLaMA-3.1-8B shape (vocabulary 128256, 8 KV heads), whose
 # random folder is made on first use on disk (16 GB; BENCH_MODEL_LLAMA3_DIR), not in /dev/shm,
@@ -302,7 +304,7 @@ with_llama3() {
   model=$model_llama3 "$@"
 }
 
-# One row of N tokens (text whose every line is longer), 3 steps: ours_row N / unsloth_row N.
+# One row of N tokens (text whose every line is longer), one timed step: ours_row N / unsloth_row N.
 row_text() {
   local text=$work/row$1.txt
   [ -f "$text" ] || python3 "$root/bench/make_text_data.py" "$text" --lines 4 --words $(($1 / 2))
@@ -312,6 +314,7 @@ ours_row() {
   local n=$1 label=$2 text
   text=$(row_text "$n")
   warmup=0 windows=1 window_steps=1 tail_steps=0 BENCH_OFFLOAD_LAYERS=auto BENCH_STAGE=auto \
+    BENCH_MAX_HOST_MEMORY_GIB=${BENCH_ROW_HOST_GIB:-100} \
     ours_job "$label" "$gpus_1" 1 auto "" "$n" false "$text"
 }
 unsloth_row() {

@@ -9,6 +9,8 @@
 #   BENCH_CHECKPOINTING=false                             activation checkpointing off (or auto)
 #   BENCH_MAX_MEMORY_GIB=24                               auto's budget (trainer.max_memory_gib)
 #   BENCH_OFFLOAD_LAYERS=8                                trainer.offload_activation_layers
+#   BENCH_MAX_HOST_MEMORY_GIB=100                         trainer.max_host_memory_gib (with
+#                                                         BENCH_OFFLOAD_LAYERS=auto)
 #   BENCH_DEQUANTIZED_LAYERS=auto                         trainer.dequantized_weight_layers
 #   BENCH_OFFLOAD_PARAM=cpu                               zero_optimization.offload_param: base
 #                                                         weights in host memory
@@ -53,6 +55,9 @@ if [ -n "${BENCH_MAX_MEMORY_GIB:-}" ]; then
 fi
 if [ -n "${BENCH_OFFLOAD_LAYERS:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  offload_activation_layers: $BENCH_OFFLOAD_LAYERS|" "$work/job.yaml"
+fi
+if [ -n "${BENCH_MAX_HOST_MEMORY_GIB:-}" ]; then
+  sed -i "s|^  enable_gradient_checkpointing: .*|&\n  max_host_memory_gib: $BENCH_MAX_HOST_MEMORY_GIB|" "$work/job.yaml"
 fi
 if [ -n "${BENCH_DEQUANTIZED_LAYERS:-}" ]; then
   sed -i "s|^  enable_gradient_checkpointing: .*|&\n  dequantized_weight_layers: $BENCH_DEQUANTIZED_LAYERS|" "$work/job.yaml"

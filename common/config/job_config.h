@@ -141,6 +141,11 @@ struct TrainerConfig {
   // backlog, copies back) where that spares recomputation (worker/memory/activation_offload_plan.h); none
   // without checkpointing.
   bool offload_activation_auto = false;
+  // With offload_activation_layers: auto only (the parser refuses it otherwise): the host memory
+  // in GiB that this rank's offloaded activations may pin. 0 = unset: half of what the host has
+  // available when the worker plans, shared with the other ranks (which may all run on this host).
+  // The longest rows need more: every checkpointed layer's input waits in host memory.
+  double max_host_memory_gib = 0;
   // This many decoder layers (the top ones) hold their 4-bit weights dequantized in the compute
   // dtype for the whole job (worker/engine/dequantized_layers.h): no dequantization in their
   // forward or backward, ~2 bytes per weight more each (~0.4 GB a 7B layer). 0 = off.

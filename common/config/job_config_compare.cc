@@ -14,10 +14,10 @@ static_assert(sizeof(QuantizationConfig) == 28, "QuantizationConfig changed: see
 static_assert(sizeof(LoraConfig) == 88, "LoraConfig changed: see the note above");
 static_assert(sizeof(StrategyConfig) == 88, "StrategyConfig changed: see the note above");
 static_assert(sizeof(BackendConfig) == 112, "BackendConfig changed: see the note above");
-static_assert(sizeof(TrainerConfig) == 304, "TrainerConfig changed: see the note above");
+static_assert(sizeof(TrainerConfig) == 312, "TrainerConfig changed: see the note above");
 static_assert(sizeof(DataConfig) == 144, "DataConfig changed: see the note above");
 static_assert(sizeof(GenerationConfig) == 120, "GenerationConfig changed: see the note above");
-static_assert(sizeof(JobConfig) == 1072, "JobConfig changed: see the note above");
+static_assert(sizeof(JobConfig) == 1080, "JobConfig changed: see the note above");
 #endif
 
 bool operator==(const FeatureConfig& a, const FeatureConfig& b) {
@@ -58,14 +58,14 @@ bool operator==(const TrainerConfig& a, const TrainerConfig& b) {
                   a.beta1, a.beta2, a.eps, a.lr_scheduler, a.warmup_fraction, a.max_grad_norm,
                   a.steps_per_checkpoint, a.eval_steps, a.gradient_checkpointing, a.seed,
                   a.max_restarts, a.keep_checkpoints, a.checkpoint_every_minutes,
-                  a.max_memory_gib, a.offload_activation_layers, a.offload_activation_auto, a.resume_from_checkpoint, a.report_to_mlflow, a.eval_samples, a.eval_prompts,
+                  a.max_memory_gib, a.max_host_memory_gib, a.offload_activation_layers, a.offload_activation_auto, a.resume_from_checkpoint, a.report_to_mlflow, a.eval_samples, a.eval_prompts,
                   a.dequantized_weight_layers, a.dequantized_weights_auto, a.beta, a.loss_type, a.label_smoothing) ==
          std::tie(b.type, b.batch_size, b.gradient_accumulation_steps, b.eval_batch_size,
                   b.learning_rate, b.epochs, b.train_steps, b.optimizer, b.weight_decay,
                   b.beta1, b.beta2, b.eps, b.lr_scheduler, b.warmup_fraction, b.max_grad_norm,
                   b.steps_per_checkpoint, b.eval_steps, b.gradient_checkpointing, b.seed,
                   b.max_restarts, b.keep_checkpoints, b.checkpoint_every_minutes,
-                  b.max_memory_gib, b.offload_activation_layers, b.offload_activation_auto, b.resume_from_checkpoint, b.report_to_mlflow, b.eval_samples, b.eval_prompts,
+                  b.max_memory_gib, b.max_host_memory_gib, b.offload_activation_layers, b.offload_activation_auto, b.resume_from_checkpoint, b.report_to_mlflow, b.eval_samples, b.eval_prompts,
                   b.dequantized_weight_layers, b.dequantized_weights_auto, b.beta, b.loss_type, b.label_smoothing);
 }
 

@@ -131,6 +131,7 @@ void WriteTrainer(Writer& w, const TrainerConfig& t) {
   if (t.max_memory_gib > 0) w.Number("max_memory_gib", t.max_memory_gib);  // 0: the worker's GPU
   if (t.offload_activation_auto) {
     w.Word("offload_activation_layers", "auto");
+    if (t.max_host_memory_gib > 0) w.Number("max_host_memory_gib", t.max_host_memory_gib);
   } else if (t.offload_activation_layers > 0) {
     w.Integer("offload_activation_layers", t.offload_activation_layers);
   }

@@ -541,6 +541,14 @@ absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t, bool 
                                       "to the service (stage: auto); set one or remove "
                                       "max_memory_gib"));
   }
+  QLORA_RETURN_IF_ERROR(
+      trainer.ReadNumber("max_host_memory_gib", {0, false}, {1e6, true}, &t->max_host_memory_gib));
+  if (trainer.Has("max_host_memory_gib") && !t->offload_activation_auto) {
+    return trainer.Error("max_host_memory_gib",
+                         "applies only with offload_activation_layers: auto (a written count "
+                         "pins what its layers save whatever the budget); set it to auto or "
+                         "remove max_host_memory_gib");
+  }
   return absl::OkStatus();
 }
 

@@ -286,6 +286,11 @@ SchemaNode BuildSchema() {
                                               "decoder layers whose saved activations wait in "
                                               "pinned host memory instead of the GPU "
                                               "(docs/memory.md)", "", "`0`"}),
+           Leaf("max_host_memory_gib", {"number > 0", "", "the host memory that "
+                                                          "`offload_activation_layers: auto` may "
+                                                          "pin per rank; only with that `auto`",
+                                        "", "half the host's available memory, shared by the "
+                                            "ranks"}),
            Leaf("dequantized_weight_layers", {"integer >= 0 or `auto`", "",
                                               "the first N decoder layers hold their weights "
                                               "dequantized for the whole job: faster steps for "

@@ -168,6 +168,7 @@ TEST(ConfigEmitTest, GradientCheckpointingModesRoundTrip) {
                               "{enable_gradient_checkpointing: auto, max_memory_gib: 24}",
                               "{offload_activation_layers: 6}",
                               "{offload_activation_layers: auto}",
+                              "{offload_activation_layers: auto, max_host_memory_gib: 96}",
                               "{dequantized_weight_layers: 5}",
                               "{enable_gradient_checkpointing: false, "
                               "dequantized_weight_layers: auto, max_memory_gib: 36}"}) {
@@ -186,6 +187,9 @@ TEST(ConfigEmitTest, GradientCheckpointingModesRoundTrip) {
   EXPECT_THAT(EmitResolvedJobYaml(c), ::testing::Not(HasSubstr("offload_activation_layers")));
   c.trainer.offload_activation_auto = true;
   EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("offload_activation_layers: auto"));
+  EXPECT_THAT(EmitResolvedJobYaml(c), ::testing::Not(HasSubstr("max_host_memory_gib")));
+  c.trainer.max_host_memory_gib = 96;
+  EXPECT_THAT(EmitResolvedJobYaml(c), HasSubstr("max_host_memory_gib: 96"));
 }
 
 TEST(ConfigEmitTest, DdpAndNoQuantizationRoundTrip) {

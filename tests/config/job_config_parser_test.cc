@@ -470,6 +470,9 @@ TEST(ConfigParserTest, GradientCheckpointingTrueFalseAutoAndItsBudget) {
   const TrainerConfig offload_auto = mode("{offload_activation_layers: auto}");
   EXPECT_TRUE(offload_auto.offload_activation_auto);
   EXPECT_EQ(offload_auto.offload_activation_layers, 0);
+  EXPECT_EQ(offload_auto.max_host_memory_gib, 0);  // unset: half the host's available memory
+  EXPECT_EQ(mode("{offload_activation_layers: auto, max_host_memory_gib: 96.5}").max_host_memory_gib,
+            96.5);
   EXPECT_EQ(automatic.dequantized_weight_layers, 0);  // off unless asked for
   EXPECT_FALSE(automatic.dequantized_weights_auto);
   EXPECT_EQ(mode("{dequantized_weight_layers: 12}").dequantized_weight_layers, 12);
@@ -507,6 +510,14 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
            {"{enable_gradient_checkpointing: false, dequantized_weight_layers: 4, "
             "max_memory_gib: 24}",
             "(it is false), dequantized_weight_layers: auto"},
+           {"{offload_activation_layers: auto, max_host_memory_gib: 0}",
+            "trainer.max_host_memory_gib: must be a number > 0 and <= 1000000, got 0"},
+           {"{offload_activation_layers: auto, max_host_memory_gib: plenty}",
+            "trainer.max_host_memory_gib: must be a number"},
+           {"{max_host_memory_gib: 96}",
+            "trainer.max_host_memory_gib: applies only with offload_activation_layers: auto"},
+           {"{offload_activation_layers: 8, max_host_memory_gib: 96}",
+            "trainer.max_host_memory_gib: applies only with offload_activation_layers: auto"},
            {"{dequantized_weight_layers: -2}",
             "trainer.dequantized_weight_layers: must be a number of layers (an integer >= 0) or "
             "auto, got '-2'"},

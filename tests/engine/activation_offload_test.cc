@@ -201,6 +201,53 @@ TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients)
   }
 }
 
+// The inputs alone (the longest rows): the highest checkpointed layers' inputs but the top one's
+// wait in host memory, no layer's saves do, and the loss and gradients are bit for bit those of
+// no offloading.
+TEST(EngineActivationOffload, InputsAloneTravelAndGiveBitwiseTheSameGradients) {
+  TempDir dir;
+  ASSERT_TRUE(MakeFiveLayers(dir));
+  for (const at::Device& device : TestDevices()) {
+    SCOPED_TRACE(device.str());
+    const std::unique_ptr<LlamaForCausalLM> loaded = LoadBf16WithAdapters(dir.path(), device, 0.0);
+    ASSERT_NE(loaded, nullptr);
+    LlamaForCausalLM& model = *loaded;
+    const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
+    const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
+    at::manual_seed(7);
+    const auto reference = TwoMicroBatchGradients(model, ids, labels);  // all checkpointed
+    ActivationOffloadOptions offload;
+    offload.min_bytes = 0;
+    model.SetOffloadedLayers(0, offload, 2);
+    EXPECT_EQ(model.offloaded_layers(), 0);
+    EXPECT_EQ(model.offloaded_inputs(), 2);
+    const ActivationOffloader* offloader = model.activation_offloader();
+    ASSERT_NE(offloader, nullptr);
+    {
+      const at::Tensor hidden = model.Forward(ids);
+      for (int64_t i = 0; i < 5; ++i) {
+        SCOPED_TRACE("layer " + std::to_string(i));
+        EXPECT_EQ(offloader->host_bytes_of(LlamaForCausalLM::OffloadLateGroup(i)), 0);
+        EXPECT_EQ(offloader->host_bytes_of(LlamaForCausalLM::OffloadEarlyGroup(i)) > 0,
+                  i == 2 || i == 3);
+      }
+    }
+    at::manual_seed(7);
+    const auto split = TwoMicroBatchGradients(model, ids, labels);
+    ASSERT_EQ(split.size(), reference.size());
+    for (const auto& [name, g] : reference) {
+      EXPECT_TRUE(at::equal(g, split.at(name))) << name << ": " << MaxAbsDiff(g, split.at(name));
+    }
+    EXPECT_EQ(offloader->host_bytes(), 0);  // backward restored every input
+    // The split changing keeps the request: all five checkpointed less one, still two inputs.
+    model.SetCheckpointedLayers(3);
+    EXPECT_EQ(model.offloaded_inputs(), 2);
+    model.SetOffloadedLayers(0);
+    EXPECT_EQ(model.offloaded_inputs(), 0);
+    EXPECT_EQ(model.activation_offloader(), nullptr);
+  }
+}
+
 // An offloaded layer's saves go to two groups: its attention's to the late one (fetched once the
 // layer above has done its MLP backward), its MLP's to the early one, with the checkpointed
 // layers' inputs (fetched a layer or two ahead). Backward's prefetches bring every one back

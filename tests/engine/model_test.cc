@@ -522,6 +522,88 @@ TEST(EngineModel, CheckpointingTheFirstNLayersGivesBitwiseTheSameLossAndGradient
   }
 }
 
+// Tiled MLPs (SetMlpTileRows): the same loss and, up to the adapters' gradients' summation over
+// tiles, the same gradients as whole ones, tiles uneven or not; tiles no smaller than the rows
+// change nothing at all. With LoRA dropout each tile draws its own masks, which backward
+// replays: the step's loss is the loss of a forward drawing them so (no grad), and repeats.
+TEST(EngineModel, TiledMlpGivesTheSameLossAndGradients) {
+  TempDir dir;
+  TinyModelOptions tiny;
+  tiny.init_std = 0.1;
+  tiny.config.num_hidden_layers = 3;
+  auto model = MakeAndLoad(dir / "model", tiny);
+  ASSERT_NE(model, nullptr);
+  LoraOptions lora;
+  lora.target_modules = {"all-linear"};
+  ASSERT_TRUE(model->AddLora(lora).ok());
+  RandomizeLoraB(*model);
+  model->SetTraining(true);
+  const at::Tensor ids = RandomIds(model->config(), 2, 9);  // 18 rows
+  const at::Tensor labels = LabelsFor(ids);
+  at::manual_seed(5);
+  const auto whole = Gradients(*model, ids, labels);
+  for (int64_t rows : {4, 5, 18, 64}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows a tile");
+    model->SetMlpTileRows(rows);
+    at::manual_seed(5);
+    const auto tiled = Gradients(*model, ids, labels);
+    ASSERT_EQ(tiled.size(), whole.size());
+    for (const auto& [name, g] : whole) {
+      if (rows >= 18) {
+        EXPECT_TRUE(at::equal(g, tiled.at(name))) << name;
+      } else {
+        EXPECT_LE(MaxAbsDiff(g, tiled.at(name)), 1e-3 + 1e-2 * g.abs().max().item<double>()) << name;
+      }
+    }
+  }
+  // A plain layer's MLP stays whole (tiling would only recompute it).
+  model->SetCheckpointedLayers(0);
+  model->SetMlpTileRows(4);
+  at::manual_seed(5);
+  const auto plain = Gradients(*model, ids, labels);
+  model->SetMlpTileRows(0);
+  at::manual_seed(5);
+  const auto plain_whole = Gradients(*model, ids, labels);
+  for (const auto& [name, g] : plain_whole) EXPECT_TRUE(at::equal(g, plain.at(name))) << name;
+
+  model->SetCheckpointedLayers(3);
+  for (LinearLayer* l : {&model->layers[0].gate_proj, &model->layers[1].up_proj,
+                         &model->layers[2].down_proj}) {
+    l->lora->dropout = 0.3;
+  }
+  model->SetMlpTileRows(4);
+  at::manual_seed(11);
+  const auto dropped = Gradients(*model, ids, labels);
+  at::manual_seed(11);
+  const auto again = Gradients(*model, ids, labels);
+  for (const auto& [name, g] : dropped) EXPECT_TRUE(at::equal(g, again.at(name))) << name;
+  // The loss without grad, from the same seed: the same masks.
+  auto loss_at = [&] {
+    at::NoGradGuard no_grad;
+    at::manual_seed(11);
+    return model->Loss(model->Forward(ids), labels, {5}).loss_sum.item<double>();
+  };
+  EXPECT_EQ(loss_at(), dropped.at("loss_sum").item<double>());
+  // Backward used the forward's masks: a central difference along the down projection's B
+  // (the last draws of the last tile) matches the gradient.
+  at::Tensor b = model->layers[2].down_proj.lora->b;
+  const at::Tensor direction = at::randn(b.sizes(), b.options());
+  const double eps = 1e-2;  // the float32 loss's rounding over 2 eps stays well under the bound
+  double plus = 0, minus = 0;
+  {
+    at::NoGradGuard no_grad;
+    b.add_(direction, eps);
+    plus = loss_at();
+    b.add_(direction, -2 * eps);
+    minus = loss_at();
+    b.add_(direction, eps);
+  }
+  const std::string b_name = "base_model.model.model.layers.2.mlp.down_proj.lora_B.weight";
+  ASSERT_TRUE(dropped.count(b_name)) << "no gradient named " << b_name;
+  const double analytic = (dropped.at(b_name) * direction).sum().item<double>();
+  EXPECT_NEAR((plus - minus) / (2 * eps), analytic, 1e-3 + 1e-2 * std::abs(analytic));
+}
+
 // The recomputation skips the down projection's frozen GEMM (checkpoint.h's `recompute`): also
 // where that projection has no adapter and a 4-bit weight (the Linear4bit node's own skip).
 TEST(EngineModel, ActivationCheckpointingGivesTheSameGradientsWithNf4AndPartialAdapters) {

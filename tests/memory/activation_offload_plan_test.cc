@@ -141,8 +141,53 @@ TEST(ActivationOffloadPlan, AutoBudgetWithoutALinkIsThePlanAlone) {
 
 TEST(ActivationOffloadPlan, DescribesWhatItMeasured) {
   EXPECT_EQ(memory::DescribeOffloadCapacity(SevenB(24), 31, H200()),
-            "host link 55.0 GB/s, GEMMs 700 TFLOP/s, host memory for 31 layers: the link keeps up "
-            "with 11 layers' copies");
+            "host link 55.0 GB/s, GEMMs 700 TFLOP/s, 100.0 GiB of host memory for 31 layers: the link "
+            "keeps up with 11 layers' copies");
+}
+
+// A row so long that the host cannot hold every checkpointed input beside one offloaded layer's
+// saves, nor the device hold them beside a layer's recomputation: the plan offloads the inputs
+// alone, the fewest with which the step fits, within what the host holds.
+TEST(ActivationOffloadPlan, LongestRowsOffloadTheInputsAloneWhereNothingElseFits) {
+  const memory::ActivationPlanRequest r = SevenBRow(240000);
+  memory::OffloadRates rates = H200();
+  rates.host_bytes = 60 * kGiB;  // half of a 128 GiB host, less what is in use
+  // Every input (31 of them, 1.83 GiB each) with one layer's saves is more than the host holds;
+  // on the device they do not fit beside the top layer's recomputation, tiled or not.
+  EXPECT_EQ(memory::OffloadableLayers(r, 32, rates), 0);
+  ASSERT_FALSE(memory::PlanCheckpointing(r).ok());
+  const absl::StatusOr<memory::OffloadedPlan> p = memory::PlanCheckpointingWithOffload(r, rates);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->offloaded_layers, 0);
+  ASSERT_GT(p->offloaded_inputs, 0);
+  const int64_t c = p->memory.checkpointed_layers;
+  EXPECT_GE(c, 31);
+  const int64_t usable = static_cast<int64_t>(static_cast<double>(r.budget_bytes) * (1 - r.margin_fraction));
+  memory::ActivationPlanRequest with = r;
+  with.offloaded_inputs = p->offloaded_inputs;
+  with.mlp_tile_rows = p->memory.mlp_tile_rows;
+  EXPECT_EQ(p->memory.planned_peak_bytes, memory::PlannedPeakBytes(with, c));
+  EXPECT_LE(p->memory.planned_peak_bytes, usable);
+  with.offloaded_inputs = p->offloaded_inputs - 1;  // the fewest: one less does not fit
+  EXPECT_GT(memory::PlannedPeakBytes(with, c), usable);
+  // Each input offloaded takes its bytes off the device's peak, and its pinned copy (an eighth
+  // more at most) fits the host.
+  const int64_t input_bytes = r.sequence_length * 4096 * 2;
+  EXPECT_EQ(memory::PlannedPeakBytes(with, c) - p->memory.planned_peak_bytes, input_bytes);
+  EXPECT_LE(9 * input_bytes / 8 * p->offloaded_inputs, rates.host_bytes);
+  EXPECT_LE(p->offloaded_inputs, memory::OffloadableInputs(r, c, rates));
+  // enable_gradient_checkpointing: true finds the same count for the same tiles.
+  with.offloaded_inputs = -1;
+  EXPECT_EQ(memory::InputsAmongCheckpointed(with, c, rates, r.budget_bytes), p->offloaded_inputs);
+  // A host that holds too few inputs: the plan alone's error.
+  rates.host_bytes = 4 * kGiB;
+  EXPECT_EQ(memory::OffloadableInputs(r, c, rates), 1);
+  const absl::StatusOr<memory::OffloadedPlan> small = memory::PlanCheckpointingWithOffload(r, rates);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(memory::InputsAmongCheckpointed(r, c, rates, r.budget_bytes), 1);  // its lowest peak
+  // Rows that fit without offloading offload nothing.
+  EXPECT_EQ(memory::InputsAmongCheckpointed(SevenBRow(16384), 32, rates, r.budget_bytes), 0);
 }
 
 // The layers an offload takes and the layer whose hook fetches each back.
@@ -172,6 +217,24 @@ TEST(ActivationOffloadPlan, CheckpointedLayersOffloadEvenlyAndComeBackTwoLayersA
   EXPECT_EQ(FetchedAt(p, 30), 31);
   EXPECT_EQ(FetchedAt(p, 31), -1);
   EXPECT_EQ(p.prefetch_at[5], (std::vector<int64_t>{4, 3}));  // the highest first
+}
+
+// Inputs alone: the highest checkpointed layers' below the top one, each fetched one layer ahead;
+// no layer's saved tensors travel.
+TEST(ActivationOffloadPlan, InputsAloneTravelFromTheHighestCheckpointedLayers) {
+  const memory::OffloadPlacement p = memory::PlaceOffloads(8, 8, 0, 3);
+  EXPECT_TRUE(Offloaded(p).empty());
+  EXPECT_EQ(p.input_offloaded, (std::vector<bool>{false, false, false, false, true, true, true, false}));
+  EXPECT_EQ(FetchedAt(p, 6), 7);
+  EXPECT_EQ(FetchedAt(p, 4), 5);
+  EXPECT_EQ(FetchedAt(p, 3), -1);  // stays on the device
+  // More than there are: every one below the top layer; with layers offloaded, -1 is all.
+  EXPECT_EQ(memory::PlaceOffloads(8, 5, 0, 40).input_offloaded,
+            (std::vector<bool>{true, true, true, true, true, false, false, false}));
+  const memory::OffloadPlacement both = memory::PlaceOffloads(8, 8, 2);
+  for (int64_t j = 0; j < 7; ++j) EXPECT_EQ(both.input_offloaded[j], !both.offloaded[j]) << j;
+  EXPECT_FALSE(both.input_offloaded[7]);
+  EXPECT_EQ(memory::PlaceOffloads(8, 8, 0).input_offloaded, std::vector<bool>(8, false));
 }
 
 // Without checkpointing (round 22): a plain layer's backward (~7 ms at 7B micro-batch 4) is a

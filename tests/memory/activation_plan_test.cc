@@ -154,6 +154,39 @@ TEST(ActivationPlan, FusedNormsKeepNeitherNormsOutput) {
   EXPECT_EQ(memory::PerTokenLayerBytes(fused_q_only).plain, memory::PerTokenLayerBytes(q_only).plain);
 }
 
+// Rows so long that one layer's MLP recomputation and backward outgrow the budget with every
+// layer checkpointed: the plan tiles the checkpointed layers' MLPs, so that those hold one
+// tile's MLP tensors; rows that fit whole stay whole.
+TEST(ActivationPlan, LongRowsTileTheMlpsWhereWholeOnesDoNotFit) {
+  memory::ActivationPlanRequest r = SevenBRow(100000);
+  const memory::LayerActivationBytes per = memory::PerTokenLayerBytes(r);
+  // Less gate, up and SwiGLU's output; h and the tiles' joined output more.
+  EXPECT_LE(per.recomputed_tiled, per.recomputed - 3 * 11008 * 2 + 2 * 4096 * 2);
+  EXPECT_LE(per.backward_tiled, per.backward);  // the attention's, at the 7B shape, either way
+  const int64_t c = memory::LeanestCheckpointedLayers(r);
+  memory::ActivationPlanRequest tiled = r;
+  tiled.mlp_tile_rows = memory::kMlpTileRows;
+  const int64_t whole_peak = memory::PlannedPeakBytes(r, c);
+  const int64_t tiled_peak = memory::PlannedPeakBytes(tiled, c);
+  ASSERT_LT(tiled_peak, whole_peak);
+  // The tile's own tensors, one tile at a time.
+  EXPECT_GE(tiled_peak, memory::kMlpTileRows * per.tile_row);
+  r.budget_bytes = static_cast<int64_t>(static_cast<double>(whole_peak + tiled_peak) / 2 /
+                                        (1 - r.margin_fraction));
+  const absl::StatusOr<memory::ActivationPlan> plan = memory::PlanCheckpointing(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->mlp_tile_rows, memory::kMlpTileRows);
+  EXPECT_LE(plan->planned_peak_bytes, r.budget_bytes);
+  EXPECT_THAT(memory::DescribePlan(*plan), ::testing::HasSubstr("checkpointed (their MLPs in tiles of 8192 rows)"));
+  EXPECT_EQ(memory::MlpTileRowsFor(r, c, r.budget_bytes), memory::kMlpTileRows);
+  EXPECT_EQ(memory::MlpTileRowsFor(r, c, 2 * whole_peak), 0);
+  r.budget_bytes = 2 * whole_peak;
+  EXPECT_EQ(memory::PlanCheckpointing(r)->mlp_tile_rows, 0);
+  // No tiles for a micro-batch of one tile or fewer rows.
+  memory::ActivationPlanRequest short_rows = SevenBRow(memory::kMlpTileRows);
+  EXPECT_EQ(memory::MlpTileRowsFor(short_rows, 32, 1), 0);
+}
+
 TEST(ActivationPlan, FormatMemory) {
   EXPECT_EQ(memory::FormatMemory(24 * kGiB), "24.0 GiB");
   EXPECT_EQ(memory::FormatMemory(512 << 20), "512.0 MiB");

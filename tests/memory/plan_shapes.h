@@ -40,4 +40,14 @@ inline memory::ActivationPlanRequest SeventyBSlice(int64_t micro_batch) {
   return r;
 }
 
+// The 7B shape at micro-batch 1 over one row of `tokens` (the longest-row benchmark) on a GPU
+// (fused norms), with an 80 GB card's budget.
+inline memory::ActivationPlanRequest SevenBRow(int64_t tokens) {
+  memory::ActivationPlanRequest r = SevenB(74);
+  r.micro_batch = 1;
+  r.sequence_length = tokens;
+  r.fused_norms = true;
+  return r;
+}
+
 }  // namespace qlora::memory

@@ -148,11 +148,13 @@ void LlamaForCausalLM::SetCheckpointedLayers(int64_t n) {
   PlaceOffloadedLayers();
 }
 
-void LlamaForCausalLM::SetOffloadedLayers(int64_t n, ActivationOffloadOptions options) {
+void LlamaForCausalLM::SetOffloadedLayers(int64_t n, ActivationOffloadOptions options, int64_t inputs) {
   offload_request_ = std::clamp<int64_t>(n, 0, static_cast<int64_t>(layers.size()));
+  offload_inputs_request_ = std::max<int64_t>(inputs, -1);
   options.groups_per_layer = 2;  // a layer's late and early groups
-  offloader_ = offload_request_ > 0 ? std::make_shared<ActivationOffloader>(device_, options)
-                                    : nullptr;
+  offloader_ = offload_request_ > 0 || offload_inputs_request_ > 0
+                   ? std::make_shared<ActivationOffloader>(device_, options)
+                   : nullptr;
   PlaceOffloadedLayers();
 }
 
@@ -160,10 +162,16 @@ int64_t LlamaForCausalLM::offloaded_layers() const {
   return std::count(offloaded_.begin(), offloaded_.end(), true);
 }
 
+int64_t LlamaForCausalLM::offloaded_inputs() const {
+  return std::count(input_offloaded_.begin(), input_offloaded_.end(), true);
+}
+
 void LlamaForCausalLM::PlaceOffloadedLayers() {
   memory::OffloadPlacement placement = memory::PlaceOffloads(static_cast<int64_t>(layers.size()),
-                                             checkpointed_layers_, offload_request_);
+                                             checkpointed_layers_, offload_request_,
+                                             offload_inputs_request_);
   offloaded_ = std::move(placement.offloaded);
+  input_offloaded_ = std::move(placement.input_offloaded);
   prefetch_at_ = std::move(placement.prefetch_at);
 }
 
@@ -392,19 +400,39 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   }
   at::Tensor o =
       layer.o_proj.Forward(attn.transpose(1, 2).reshape({batch, seq, heads * head_dim}), training_);
+  // Tiles: a checkpointed layer's first forward (no grad) or its recomputation, rows many, and
+  // no saves of its own offloaded (the offloader's groups follow the untiled graph).
+  const bool tiled = mlp_tile_rows_ > 0 && batch * seq > mlp_tile_rows_ &&
+                     (value_unused || !at::GradMode::is_enabled()) && offloading.mlp_group < 0;
+  if (tiled) return TiledMlpForward(layer, residual, std::move(o), value_unused, offloading);
+  return MlpForward(layer, residual, std::move(o), value_unused, offloading);
+}
+
+at::Tensor LlamaForCausalLM::MlpForward(const DecoderLayer& layer, const at::Tensor& residual,
+                                        at::Tensor o, bool value_unused,
+                                        const LayerOffloading& offloading) const {
+  const at::Tensor& x = residual;
+  const double eps = config_.rms_norm_eps;
+  auto fused_norm = [&](const at::Tensor& w) {
+    return x.is_cuda() && w.scalar_type() == x.scalar_type() && !w.requires_grad();
+  };
+  const std::vector<const LinearLayer*> gate_up_layers = {&layer.gate_proj, &layer.up_proj};
+  std::optional<NormedInput> m_source;
   // An offloaded layer's MLP saves go to its early group (nested in the caller's scope).
   std::optional<OffloadScope> mlp_offload;
   if (offloading.mlp_group >= 0) mlp_offload.emplace(offloading.offloader, offloading.mlp_group);
   at::Tensor h, m;
   if (fused_norm(layer.post_attention_layernorm)) {
-    NormedResidual r = ResidualRmsNorm(residual, o, layer.post_attention_layernorm, eps,
-                                       SharedInputSpareColumns(gate_up_layers, training_),
-                                       OutputGradientSpareColumns(layer.o_proj, training_));
+    // (A tile's input gradient goes to the tiles' concatenation, not to o: no spare columns.)
+    NormedResidual r = ResidualRmsNorm(
+        residual, o, layer.post_attention_layernorm, eps,
+        SharedInputSpareColumns(gate_up_layers, training_),
+        o.defined() ? OutputGradientSpareColumns(layer.o_proj, training_) : 0);
     h = std::move(r.h);
     m = std::move(r.n);
     m_source = NormedInput{h, std::move(r.rstd), layer.post_attention_layernorm};
   } else {
-    h = residual + o;
+    h = o.defined() ? residual + o : residual;
     m = RmsNorm(h, layer.post_attention_layernorm, eps);
   }
   o.reset();
@@ -439,6 +467,59 @@ at::Tensor LlamaForCausalLM::LayerForward(const DecoderLayer& layer, const at::T
   // checkpointed layer's first forward gives the same bits as a plain layer's).
   return SwigluThenForward(layer.down_proj, std::exchange(gate_up[0], {}),
                            std::exchange(gate_up[1], {}), swiglu, h);
+}
+
+at::Tensor LlamaForCausalLM::TiledMlpForward(const DecoderLayer& layer, const at::Tensor& residual,
+                                             at::Tensor o, bool value_unused,
+                                             const LayerOffloading& offloading) const {
+  at::Tensor h = residual + o;
+  o.reset();
+  if (offloading.prefetch_after_mlp >= 0 && h.requires_grad()) {  // as MlpForward's
+    h.register_hook([offloader = offloading.offloader,
+                     group = offloading.prefetch_after_mlp](const at::TensorBase&) {
+      offloader->Prefetch(group);
+    });
+  }
+  const at::Tensor rows = h.view({1, -1, h.size(-1)});  // every row of the micro-batch
+  const std::vector<at::Tensor> tiles = rows.split(mlp_tile_rows_, 1);
+  if (!at::GradMode::is_enabled()) {
+    // The first forward: a tile's tensors live while it runs, its output goes into place.
+    at::Tensor out = at::empty_like(rows);
+    int64_t start = 0;
+    for (const at::Tensor& tile : tiles) {
+      const int64_t n = tile.size(1);
+      out.narrow(1, start, n).copy_(MlpForward(layer, tile, at::Tensor(), false, LayerOffloading{}));
+      start += n;
+    }
+    return out.view(h.sizes());
+  }
+  // The recomputation: a checkpoint per tile, whose backward recomputes that tile alone. Its
+  // forward's value is unused (the layer's is), so it computes nothing (an output with no
+  // storage of its own carries the node) unless LoRA dropout draws masks there: each tile's
+  // backward replays the random stream from where its forward found it, which is where the
+  // first forward's tile found it only if the tiles before it drew theirs again. The tile's
+  // layer keeps its (gathered) weights until the tile's backward, as an untiled graph does.
+  const auto whole = std::make_shared<const DecoderLayer>(layer);
+  std::vector<at::Tensor> params;
+  bool draws = false;
+  for (const LinearLayer* l : {&layer.gate_proj, &layer.up_proj, &layer.down_proj}) {
+    if (!l->lora.has_value()) continue;
+    draws = draws || (training_ && l->lora->dropout > 0);
+    params.push_back(l->lora->a);
+    params.push_back(l->lora->b);
+  }
+  const bool skip_forward = value_unused && !draws;
+  std::vector<at::Tensor> outputs;
+  outputs.reserve(tiles.size());
+  for (const at::Tensor& tile : tiles) {
+    outputs.push_back(Checkpoint(
+        [this, whole, skip_forward](const at::Tensor& t, bool recompute) {
+          if (skip_forward && !recompute) return at::empty_strided(t.sizes(), {0, 0, 0}, t.options());
+          return MlpForward(*whole, t, at::Tensor(), recompute, LayerOffloading{});
+        },
+        tile, params));
+  }
+  return at::cat(outputs, 1).view(h.sizes());
 }
 
 at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
@@ -510,7 +591,7 @@ at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,
       x = LayerForward(layer, x, cos, sin, attention, /*value_unused=*/false, offloading);
     } else if (checkpoint && i < checkpointed_layers_) {
       CheckpointOffload input_offload;  // the input waits in host memory (not the top layer's)
-      if (offloader != nullptr && i + 1 < count) input_offload = {offloader, OffloadEarlyGroup(i)};
+      if (offloader != nullptr && input_offloaded_[i]) input_offload = {offloader, OffloadEarlyGroup(i)};
       // The lambda outlives Forward: it copies the layout (tensor handles). Its first call, at
       // once, uses `whole`; its recomputation asks for the weights again (gathers them again),
       // as the lambda must not keep them alive until backward.

@@ -21,6 +21,7 @@
 // Thread-safety: Forward may run concurrently with itself; setters and AddLora may not.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -133,11 +134,21 @@ class LlamaForCausalLM {
   // the checkpointed layers, spread evenly over them, then (n larger than those) from the plain
   // ones below the top layer, spread evenly over those (activation_offload_plan.h: PlaceOffloads, which also
   // says where backward fetches them back); 0 (the default) turns offloading off. With
-  // offloading on, the checkpointed layers' inputs wait in host memory too (but the top layer's).
-  // Same values and gradients as any split.
+  // offloading on, the checkpointed layers' inputs wait in host memory too (but the top layer's);
+  // `inputs` >= 0 says how many (the highest), and with n = 0 offloads those inputs alone
+  // (memory::ActivationPlanRequest::offloaded_inputs). Same values and gradients as any split.
   // (The offloader's groups are two a layer: OffloadLateGroup, OffloadEarlyGroup.)
-  void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {});
+  void SetOffloadedLayers(int64_t n, ActivationOffloadOptions options = {}, int64_t inputs = -1);
   int64_t offloaded_layers() const;
+  int64_t offloaded_inputs() const;  // checkpointed layers whose input waits in host memory
+  // Checkpointed layers run their MLP (post-attention norm, gate/up, SwiGLU, down) over tiles of
+  // `rows` rows (0, the default: whole) when a micro-batch has more: the first forward a tile at a
+  // time, the recomputation one checkpoint per tile, so that backward holds one tile's MLP
+  // tensors instead of every row's (at rows of hundreds of thousands of tokens, the step's
+  // peak). No MLP runs more often than untiled. The same values; the adapters' gradients up to
+  // their summation order over tiles (and LoRA dropout draws its masks a tile at a time).
+  void SetMlpTileRows(int64_t rows) { mlp_tile_rows_ = std::max<int64_t>(rows, 0); }
+  int64_t mlp_tile_rows() const { return mlp_tile_rows_; }
   // Layer i's groups in the offloader. Late: what its attention saves, fetched only once the
   // layer above has done its MLP backward, so that it is not on the device through that layer's
   // peak (its MLP's backward; 320 MiB at the 7B shape and micro-batch 4), and still arrives
@@ -242,6 +253,14 @@ class LlamaForCausalLM {
   at::Tensor LayerForward(const DecoderLayer& layer, const at::Tensor& x, const at::Tensor& cos,
                           const at::Tensor& sin, const LayerAttention& attention,
                           bool value_unused, const LayerOffloading& offloading) const;
+  // The MLP half of a layer: residual + o (o undefined: residual alone) through the
+  // post-attention norm, gate/up, SwiGLU and down, with the residual added.
+  at::Tensor MlpForward(const DecoderLayer& layer, const at::Tensor& residual, at::Tensor o,
+                        bool value_unused, const LayerOffloading& offloading) const;
+  // MlpForward over tiles of mlp_tile_rows_ rows (SetMlpTileRows), in a checkpointed layer's
+  // first forward (no grad) or its recomputation (value_unused).
+  at::Tensor TiledMlpForward(const DecoderLayer& layer, const at::Tensor& residual, at::Tensor o,
+                             bool value_unused, const LayerOffloading& offloading) const;
 
   LlamaConfig config_;
   at::ScalarType compute_dtype_;
@@ -251,8 +270,11 @@ class LlamaForCausalLM {
   bool training_ = false;
   int64_t checkpointed_layers_ = 0;  // the constructor: every layer
   int64_t offload_request_ = 0;      // SetOffloadedLayers' n, re-applied when the split changes
+  int64_t offload_inputs_request_ = -1;  // SetOffloadedLayers' inputs, likewise
   int64_t dequantized_layers_ = 0;   // SetDequantizedLayers' n (clamped)
+  int64_t mlp_tile_rows_ = 0;        // SetMlpTileRows
   std::vector<bool> offloaded_;      // per layer
+  std::vector<bool> input_offloaded_;  // per layer
   // Per layer: the groups (layers) whose offloaded tensors its output's hook fetches.
   std::vector<std::vector<int64_t>> prefetch_at_;
   std::shared_ptr<ActivationOffloader> offloader_;

@@ -14,14 +14,12 @@ int64_t Tokens(const ActivationPlanRequest& r) { return r.micro_batch * r.sequen
 
 // The bytes a step sends to host memory with `c` checkpointed and `n` offloaded layers (placed
 // as LlamaForCausalLM::SetOffloadedLayers does: checkpointed ones first, never the top layer):
-// an offloaded layer's saved tensors, each other checkpointed layer's input (but the top one's).
+// an offloaded layer's saved tensors, the offloaded inputs of the other checkpointed layers.
 double OffloadedBytes(const ActivationPlanRequest& r, int64_t c, int64_t n) {
-  const int64_t layers = r.model.num_hidden_layers;
-  if (n == 0) return 0;
   const LayerActivationBytes per = PerTokenLayerBytes(r);
-  const int64_t inputs = std::min(c, layers - 1) - OffloadedCheckpointedLayers(layers, c, n);
+  const int64_t inputs = OffloadedInputs(r, c, n);
   return static_cast<double>(Tokens(r)) *
-         static_cast<double>(n * per.plain + std::max<int64_t>(inputs, 0) * per.checkpointed);
+         static_cast<double>(n * per.plain + inputs * per.checkpointed);
 }
 
 // The forward's time: its FLOPs at the GEMM rate over the GEMMs' share.
@@ -62,14 +60,16 @@ int64_t LayersByLink(const ActivationPlanRequest& r, int64_t checkpointed_layers
   return MostLayers(r, [&](int64_t n) { return CopiesFit(r, checkpointed_layers, n, rates); });
 }
 
-// The most layers whose pinned copies the host memory holds, each block counted as the most it
-// may take (pinned_block_bytes.h).
+// Whether the host memory holds the pinned copies, each block counted as the most it may take
+// (pinned_block_bytes.h).
+bool HostHolds(const ActivationPlanRequest& r, int64_t c, int64_t n, const OffloadRates& rates) {
+  return kPinnedBlockOverhead * OffloadedBytes(r, c, n) <= static_cast<double>(rates.host_bytes);
+}
+
+// The most layers whose pinned copies the host memory holds.
 int64_t LayersByHostMemory(const ActivationPlanRequest& r, int64_t checkpointed_layers,
                            const OffloadRates& rates) {
-  return MostLayers(r, [&](int64_t n) {
-    return kPinnedBlockOverhead * OffloadedBytes(r, checkpointed_layers, n) <=
-           static_cast<double>(rates.host_bytes);
-  });
+  return MostLayers(r, [&](int64_t n) { return HostHolds(r, checkpointed_layers, n, rates); });
 }
 
 }  // namespace
@@ -96,10 +96,43 @@ int64_t OffloadableLayers(const ActivationPlanRequest& r, int64_t checkpointed_l
                   LayersByHostMemory(r, checkpointed_layers, rates));
 }
 
+int64_t OffloadableInputs(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                          const OffloadRates& rates) {
+  if (rates.host_link_bytes_per_s <= 0 || rates.gemm_flops_per_s <= 0 || Tokens(request) <= 0) {
+    return 0;
+  }
+  ActivationPlanRequest r = request;
+  r.offloaded_layers = 0;
+  int64_t k = 0;
+  for (;; ++k) {
+    r.offloaded_inputs = k + 1;
+    if (OffloadedInputs(r, checkpointed_layers, 0) <= k ||  // no more inputs to offload
+        !HostHolds(r, checkpointed_layers, 0, rates) || !CopiesFit(r, checkpointed_layers, 0, rates)) {
+      return k;
+    }
+  }
+}
+
+int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                                const OffloadRates& rates, int64_t device_bytes) {
+  ActivationPlanRequest r = request;
+  r.offloaded_layers = 0;
+  r.offloaded_inputs = 0;
+  const auto usable = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - r.margin_fraction));
+  if (PlannedPeakBytes(r, checkpointed_layers) <= usable) return 0;
+  const int64_t most = OffloadableInputs(r, checkpointed_layers, rates);
+  for (int64_t k = 1; k < most; ++k) {
+    r.offloaded_inputs = k;
+    if (PlannedPeakBytes(r, checkpointed_layers) <= usable) return k;
+  }
+  return most;
+}
+
 absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const ActivationPlanRequest& request,
                                                            const OffloadRates& rates) {
   ActivationPlanRequest r = request;
   r.offloaded_layers = 0;
+  r.offloaded_inputs = -1;  // chosen here
   const absl::StatusOr<ActivationPlan> alone = PlanCheckpointing(r);
   if (alone.ok() && alone->checkpointed_layers == 0) return OffloadedPlan{*alone, 0, 0};
   const int64_t layers = r.model.num_hidden_layers;
@@ -115,7 +148,21 @@ absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const ActivationPlanR
       best = OffloadedPlan{*plan, n, 0};
     }
   }
-  if (!best) return alone.status();
+  if (!best) {
+    // No plan fits with whole layers offloaded or none: the checkpointed layers' inputs alone,
+    // the fewest that fit (each one less on the device), as many as the host holds at most.
+    r.offloaded_layers = 0;
+    for (int64_t k = 1; k < layers; ++k) {
+      r.offloaded_inputs = k;
+      const absl::StatusOr<ActivationPlan> plan = PlanCheckpointing(r);
+      if (!plan.ok()) continue;
+      if (k > OffloadableInputs(r, plan->checkpointed_layers, rates)) break;
+      best = OffloadedPlan{*plan, 0, 0, k};
+      break;
+    }
+    if (!best) return alone.status();
+    return *best;
+  }
   best->offloadable_layers = OffloadableLayers(r, best->memory.checkpointed_layers, rates);
   return *best;
 }
@@ -139,20 +186,22 @@ int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t c
 std::string DescribeOffloadCapacity(const ActivationPlanRequest& r, int64_t checkpointed_layers,
                                     const OffloadRates& rates) {
   return absl::StrFormat(
-      "host link %.1f GB/s, GEMMs %.0f TFLOP/s, host memory for %d layers: the link keeps up "
-      "with %d layers' copies",
-      rates.host_link_bytes_per_s / 1e9, rates.gemm_flops_per_s / 1e12,
+      "host link %.1f GB/s, GEMMs %.0f TFLOP/s, %s of host memory for %d layers: the link keeps "
+      "up with %d layers' copies",
+      rates.host_link_bytes_per_s / 1e9, rates.gemm_flops_per_s / 1e12, FormatMemory(rates.host_bytes),
       LayersByHostMemory(r, checkpointed_layers, rates), LayersByLink(r, checkpointed_layers, rates));
 }
 
-OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n) {
+OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n, int64_t inputs) {
   OffloadPlacement p;
   p.offloaded.assign(std::max<int64_t>(layers, 0), false);
+  p.input_offloaded.assign(p.offloaded.size(), false);
   p.prefetch_at.assign(p.offloaded.size(), {});
   if (layers <= 1) return p;
   const int64_t c = std::clamp<int64_t>(checkpointed, 0, layers);
   n = std::clamp<int64_t>(n, 0, layers - 1);
-  if (n == 0) return p;
+  const int64_t input_count = OffloadedInputCount(layers, c, n, inputs);
+  if (n == 0 && input_count == 0) return p;
   // Evenly over the checkpointed layers [0, c), the top layer excepted.
   const int64_t checkpointed_candidates = std::min(c, layers - 1);
   const int64_t from_checkpointed = std::min(n, checkpointed_candidates);
@@ -164,6 +213,13 @@ OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n) 
   const int64_t plain_candidates = std::max<int64_t>(layers - 1 - c, 0);
   const int64_t from_plain = std::min(n - from_checkpointed, plain_candidates);
   for (int64_t k = 0; k < from_plain; ++k) p.offloaded[c + k * plain_candidates / from_plain] = true;
+  // The inputs: the highest checkpointed layers below the top one that are not offloaded.
+  for (int64_t j = std::min(c, layers - 1) - 1, left = input_count; j >= 0 && left > 0; --j) {
+    if (!p.offloaded[j]) {
+      p.input_offloaded[j] = true;
+      --left;
+    }
+  }
   for (int64_t j = 0; j + 1 < layers; ++j) {
     int64_t at = j + 1;
     if (p.offloaded[j]) {
@@ -174,8 +230,8 @@ OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n) 
           break;
         }
       }
-    } else if (j >= c) {
-      continue;  // a plain layer: nothing of it is offloaded
+    } else if (!p.input_offloaded[j]) {
+      continue;  // a plain layer, or a checkpointed one whose input stays: nothing to fetch
     }
     p.prefetch_at[at].push_back(j);
   }

@@ -64,6 +64,18 @@ int64_t OffloadableLayers(const ActivationPlanRequest& request, int64_t checkpoi
 int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                  const OffloadRates& rates, int64_t device_bytes);
 
+// The most checkpointed layers' inputs (with no layer offloaded) whose copies the link keeps up
+// with and the host memory holds. 0 when the rates are unknown.
+int64_t OffloadableInputs(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                          const OffloadRates& rates);
+
+// enable_gradient_checkpointing: true with offload_activation_layers: auto where no layer is
+// offloaded (OffloadAmongCheckpointed gave none): 0 when the planned peak fits `device_bytes`
+// less the margin with every input on the device, else the fewest inputs offloaded for which it
+// does, or OffloadableInputs where none does (the lowest peak the host allows).
+int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                                const OffloadRates& rates, int64_t device_bytes);
+
 // Layers recomputed in a step with `checkpointed` checkpointed and `offloaded` offloaded (an
 // offloaded checkpointed layer runs unrecomputed).
 int64_t RecomputedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded);
@@ -72,24 +84,30 @@ struct OffloadedPlan {
   ActivationPlan memory;              // its checkpointed_layers count the offloaded ones
   int64_t offloaded_layers = 0;
   int64_t offloadable_layers = 0;  // what the link and host memory allowed
+  // ActivationPlanRequest::offloaded_inputs: -1 (every input of a checkpointed layer while any
+  // layer is offloaded), or a count with no layer offloaded (the inputs alone).
+  int64_t offloaded_inputs = -1;
 };
 
 // enable_gradient_checkpointing: auto with offload_activation_layers: auto. The memory plan for
 // 0 up to OffloadableLayers offloaded layers: the one that recomputes the fewest layers, and at
 // that the fewest offloaded. None when the budget fits without checkpointing (offloading would
 // spare nothing). Offloading lowers the peak, so a budget too small for the plan alone can fit
-// with it. The errors are PlanCheckpointing's without offloading.
+// with it. Where no such plan fits (rows so long that the host cannot hold every checkpointed
+// input beside a layer's saves), the inputs alone: the fewest offloaded that fit, within
+// OffloadableInputs. The errors are PlanCheckpointing's without offloading.
 absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const ActivationPlanRequest& request,
                                                            const OffloadRates& rates);
 
-// "host link 54.1 GB/s, GEMMs 702 TFLOP/s, host memory for 27 layers: the link keeps up with 11
-// layers' copies".
+// "host link 54.1 GB/s, GEMMs 702 TFLOP/s, 60.0 GiB of host memory for 27 layers: the link keeps
+// up with 11 layers' copies".
 std::string DescribeOffloadCapacity(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                     const OffloadRates& rates);
 
 // Which layers an offload of n takes, and where backward fetches each back.
 struct OffloadPlacement {
   std::vector<bool> offloaded;  // per layer
+  std::vector<bool> input_offloaded;  // per layer: a checkpointed layer whose input waits in host memory
   // Per layer: the layers whose offloaded tensors the hook on that layer's output fetches (it
   // runs before the layer's backward), the highest first: one copy stream serves them in order,
   // and backward reaches the highest first. (An offloaded layer's attention tensors come later,
@@ -107,7 +125,9 @@ struct OffloadPlacement {
 // the copy of its tensors over the host link: the copy needs every layer between them), and a
 // checkpointed layer's input (offloaded whenever offloading is on, but the top layer's) one layer
 // above; never before the next offloaded layer above is fetched (at most two layers' tensors come
-// back ahead).
-OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n);
+// back ahead). `inputs` (ActivationPlanRequest::offloaded_inputs): which checkpointed inputs
+// travel, -1 every one while a layer is offloaded; a count takes the highest ones (the lowest
+// are held on the device either way until the end of the step's backward).
+OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n, int64_t inputs = -1);
 
 }  // namespace qlora::memory

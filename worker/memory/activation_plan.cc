@@ -59,6 +59,19 @@ int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_
   return std::min(offloaded, std::min(checkpointed, layers - 1));
 }
 
+int64_t OffloadedInputCount(int64_t layers, int64_t checkpointed, int64_t offloaded, int64_t requested) {
+  const int64_t c = std::clamp<int64_t>(checkpointed, 0, layers);
+  const int64_t candidates =
+      std::min(c, layers - 1) - OffloadedCheckpointedLayers(layers, c, std::max<int64_t>(offloaded, 0));
+  if (candidates <= 0) return 0;
+  if (requested < 0) return offloaded > 0 ? candidates : 0;
+  return std::min(requested, candidates);
+}
+
+int64_t OffloadedInputs(const ActivationPlanRequest& r, int64_t checkpointed, int64_t offloaded) {
+  return OffloadedInputCount(r.model.num_hidden_layers, checkpointed, offloaded, r.offloaded_inputs);
+}
+
 LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& r) {
   const LlamaConfig& m = r.model;
   const int64_t d = r.dtype_bytes, H = m.hidden_size, I = m.intermediate_size;
@@ -108,7 +121,26 @@ LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& r) {
   // (SwigluThenForward); a checkpointed layer's recomputation saves it.
   b.plain = plain;
   b.recomputed = plain + (saves_gated ? I * d : 0) - b.checkpointed;
-  b.backward = std::max((2 * H + 2 * I) * d, (2 * H + 2 * Q + 2 * K) * d + 4 * Q);
+  const int64_t mlp_backward = (2 * H + 2 * I) * d;
+  const int64_t attention_backward = (2 * H + 2 * Q + 2 * K) * d + 4 * Q;
+  b.backward = std::max(mlp_backward, attention_backward);
+  // Tiled: the MLP's saves (the post-attention norm's, gate and up, the adapters' h A^T, m or
+  // the packed rows' spare columns, the SwiGLU output) go to the tile; the recomputation keeps
+  // h = residual + o (the tiles' input) and the joined output instead, and the tiles' input
+  // gradients join into one before the attention's backward.
+  int64_t mlp = (H * d + 4) + 2 * I * d + (keeps_m ? H * d : 0) +
+                (packable ? (engine::AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0) +
+                (saves_gated ? I * d : 0);
+  for (const Module& module : modules) {
+    const std::string name = module.name;
+    if (!Targets(r, module.name) || (name != "gate_proj" && name != "up_proj" && name != "down_proj")) {
+      continue;
+    }
+    mlp += r.lora_r * d + (r.lora_dropout ? module.in * (d + r.dropout_mask_bytes) : 0);
+  }
+  b.recomputed_tiled = b.recomputed - mlp + 2 * H * d;
+  b.backward_tiled = std::max(attention_backward, 2 * H * d);
+  b.tile_row = mlp + mlp_backward;
   return b;
 }
 
@@ -120,6 +152,11 @@ int64_t PlannedPeakBytes(const ActivationPlanRequest& r, int64_t checkpointed_la
   const int64_t d = r.dtype_bytes, H = m.hidden_size;
   const LayerActivationBytes per = PerTokenLayerBytes(r);
   const int64_t backward = per.backward + (c == 0 ? per.packed_gradients : 0);
+  // A checkpointed layer's recomputation and backward, its MLP whole or in tiles (one at a time).
+  const bool tiled = r.mlp_tile_rows > 0 && tokens > r.mlp_tile_rows;
+  const int64_t recomputed = tiled ? per.recomputed_tiled : per.recomputed;
+  const int64_t recomputed_backward = tiled ? per.backward_tiled : backward;
+  const int64_t tile = tiled ? r.mlp_tile_rows * per.tile_row : 0;
   const int64_t around = 3 * H * d + 4 + 2 * m.head_dim * d;  // final norm, loss copy, rotary
   // Offloaded layers, checkpointed ones first (the top layer never): on the device only while
   // in transit, one layer's worth in forward, two in backward.
@@ -127,8 +164,13 @@ int64_t PlannedPeakBytes(const ActivationPlanRequest& r, int64_t checkpointed_la
   const int64_t offloaded_plain =
       std::min(r.offloaded_layers - offloaded_checkpointed, std::max<int64_t>(plain - 1, 0));
   const int64_t in_transit = offloaded_checkpointed + offloaded_plain > 0 ? per.plain : 0;
-  // Checkpointed inputs held on the device: all, or with offloading the two in transit.
-  const int64_t inputs = std::min(c - offloaded_checkpointed, in_transit > 0 ? int64_t{2} : c);
+  // Checkpointed inputs held on the device: all, or with offloaded ones those kept and two more
+  // (the top layer's, those in transit).
+  const int64_t offloaded_inputs = OffloadedInputs(r, c, r.offloaded_layers);
+  const int64_t kept_inputs =
+      std::max<int64_t>(std::min(c, layers - 1) - offloaded_checkpointed - offloaded_inputs, 0);
+  const int64_t inputs = std::min(c - offloaded_checkpointed,
+                                  offloaded_inputs > 0 ? kept_inputs + 2 : c);
   const int64_t held =
       tokens * (inputs * per.checkpointed + (plain - offloaded_plain) * per.plain + around +
                 in_transit);
@@ -136,13 +178,14 @@ int64_t PlannedPeakBytes(const ActivationPlanRequest& r, int64_t checkpointed_la
   const int64_t loss = tokens * H * d + chunk * m.vocab_size * d;  // grad_hidden, one chunk
   // A checkpointed layer's recomputation saves what a plain one does, its input aside (the
   // checkpoint holds that already, and the recomputation saves the same storage).
-  const int64_t recomputed = per.recomputed;
   // The top layer's backward: a plain layer's gradients, or a checkpointed layer recomputed.
-  const int64_t top_layer = tokens * (backward + (plain == 0 ? recomputed : 0));
+  const int64_t top_layer = plain == 0 ? tokens * (recomputed_backward + recomputed) + tile
+                                       : tokens * backward;
   // Plain layers' gathered weights, kept by their graphs until their backward.
   int64_t peak = held + plain * r.gathered_layer_bytes + std::max(loss, top_layer);
   if (c > 0 && plain > 0) {  // the top checkpointed layer, the plain ones freed by then
-    peak = std::max(peak, tokens * (inputs * per.checkpointed + recomputed + backward + around));
+    peak = std::max(peak, tokens * (inputs * per.checkpointed + recomputed + recomputed_backward +
+                                    around) + tile);
   }
   if (in_transit > 0) {  // an offloaded layer's backward, the next one's tensors arriving
     peak = std::max(peak, tokens * (inputs * per.checkpointed + 2 * per.plain + backward + around));
@@ -154,6 +197,15 @@ int64_t LeanestCheckpointedLayers(const ActivationPlanRequest& r) {
   const int64_t layers = r.model.num_hidden_layers;
   if (layers > 1 && PlannedPeakBytes(r, layers - 1) <= PlannedPeakBytes(r, layers)) return layers - 1;
   return layers;
+}
+
+int64_t MlpTileRowsFor(const ActivationPlanRequest& request, int64_t checkpointed,
+                       int64_t device_bytes) {
+  ActivationPlanRequest r = request;
+  r.mlp_tile_rows = 0;
+  const auto usable = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - r.margin_fraction));
+  const bool fits = PlannedPeakBytes(r, checkpointed) <= usable;
+  return !fits && r.micro_batch * r.sequence_length > kMlpTileRows ? kMlpTileRows : 0;
 }
 
 absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& r) {
@@ -169,6 +221,12 @@ absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& r)
                                               (1.0 - r.margin_fraction));
   const int64_t leanest = LeanestCheckpointedLayers(r);
   const int64_t minimum = PlannedPeakBytes(r, leanest);
+  if (minimum > usable && r.mlp_tile_rows == 0 && r.micro_batch * r.sequence_length > kMlpTileRows) {
+    ActivationPlanRequest tiled = r;
+    tiled.mlp_tile_rows = kMlpTileRows;
+    const absl::StatusOr<ActivationPlan> plan = PlanCheckpointing(tiled);
+    if (plan.ok()) return plan;
+  }
   if (minimum > usable) {
     const int64_t needed =
         static_cast<int64_t>(static_cast<double>(minimum) / (1.0 - r.margin_fraction)) + 1;
@@ -187,6 +245,7 @@ absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& r)
   while (checkpointed > 0 && PlannedPeakBytes(r, checkpointed - 1) <= usable) --checkpointed;
   ActivationPlan plan;
   plan.checkpointed_layers = checkpointed;
+  plan.mlp_tile_rows = r.mlp_tile_rows;
   plan.layers = layers;
   plan.planned_peak_bytes = PlannedPeakBytes(r, checkpointed);
   plan.budget_bytes = r.budget_bytes;
@@ -201,9 +260,12 @@ std::string FormatMemory(int64_t bytes) {
 
 std::string DescribePlan(const ActivationPlan& plan) {
   return absl::StrFormat(
-      "activation checkpointing: %d of %d layers checkpointed, planned peak %s of a %s budget",
-      plan.checkpointed_layers, plan.layers, FormatMemory(plan.planned_peak_bytes),
-      FormatMemory(plan.budget_bytes));
+      "activation checkpointing: %d of %d layers checkpointed%s, planned peak %s of a %s budget",
+      plan.checkpointed_layers, plan.layers,
+      plan.mlp_tile_rows > 0
+          ? absl::StrFormat(" (their MLPs in tiles of %d rows)", plan.mlp_tile_rows)
+          : "",
+      FormatMemory(plan.planned_peak_bytes), FormatMemory(plan.budget_bytes));
 }
 
 }  // namespace qlora::memory

@@ -84,6 +84,15 @@ struct ActivationPlanRequest {
   // backward; one layer's worth waits for its copy in forward, and in backward an offloaded
   // layer's tensors are back on the device with the next one's on their way (two layers). The
   // other checkpointed layers' inputs are offloaded as well: two of them on the device at most.
+  // Inputs of checkpointed layers (neither offloaded layers nor the top one) waiting in host
+  // memory, the highest first: -1 = every one of them while any layer is offloaded, none
+  // otherwise (OffloadedInputs). A count offloads inputs alone, with no layer offloaded: the
+  // longest rows, whose every input the host cannot hold, nor the device beside one layer's
+  // recomputation.
+  int64_t offloaded_inputs = -1;
+  // Checkpointed layers' MLPs over tiles of this many rows (LlamaForCausalLM::SetMlpTileRows;
+  // 0: whole): their recomputation holds one tile's MLP tensors, not every row's.
+  int64_t mlp_tile_rows = 0;
   int64_t budget_bytes = 0;
   double margin_fraction = 0.08;      // of the budget, kept free
   // Where the base weights are sharded or streamed (base_weight_plan.h), the bytes of one
@@ -98,6 +107,13 @@ struct ActivationPlanRequest {
 // checkpointed ones (LlamaForCausalLM::SetOffloadedLayers takes those first, never the top layer).
 int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded);
 
+// Of the checkpointed layers' inputs (offloaded layers' and the top layer's aside), how many wait
+// in host memory with the first `checkpointed` of `layers` checkpointed, `offloaded` layers
+// offloaded and `requested` inputs asked for (ActivationPlanRequest::offloaded_inputs).
+int64_t OffloadedInputCount(int64_t layers, int64_t checkpointed, int64_t offloaded, int64_t requested);
+// The same for the request's layers and offloaded_inputs.
+int64_t OffloadedInputs(const ActivationPlanRequest& request, int64_t checkpointed, int64_t offloaded);
+
 // Bytes per token of one decoder layer.
 struct LayerActivationBytes {
   int64_t plain = 0;         // saved for backward by a layer that is not checkpointed
@@ -107,7 +123,18 @@ struct LayerActivationBytes {
   // More at a layer's backward where no layer is checkpointed: q/k/v's gradients packed into
   // rows for one input-gradient GEMM (linear4bit.h SharedInputRotary::packed_gradients).
   int64_t packed_gradients = 0;
+  // A checkpointed layer recomputed with its MLP in tiles (mlp_tile_rows): what the
+  // recomputation saves per token (the attention's, h, the tiles' joined output), what its
+  // backward takes per token (the attention's gradients), and per row of a tile (the tile's MLP
+  // saves and gradients, one tile at a time).
+  int64_t recomputed_tiled = 0;
+  int64_t backward_tiled = 0;
+  int64_t tile_row = 0;
 };
+
+// Rows a tile when the plan tiles the MLPs: about where a tile's GEMMs (8192 x hidden x
+// intermediate) still run at the full rate, while its tensors take ~1.3 GiB at the 7B shape.
+inline constexpr int64_t kMlpTileRows = 8192;
 
 LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& request);
 
@@ -116,6 +143,7 @@ int64_t PlannedPeakBytes(const ActivationPlanRequest& request, int64_t checkpoin
 
 struct ActivationPlan {
   int64_t checkpointed_layers = 0;
+  int64_t mlp_tile_rows = 0;       // the request's, or kMlpTileRows where only tiles fit
   int64_t layers = 0;
   int64_t planned_peak_bytes = 0;  // PlannedPeakBytes of the choice
   int64_t budget_bytes = 0;
@@ -127,7 +155,15 @@ struct ActivationPlan {
 // true runs this split; auto never checkpoints more.
 int64_t LeanestCheckpointedLayers(const ActivationPlanRequest& request);
 
-// The fewest checkpointed layers whose planned peak stays under the budget less its margin.
+// enable_gradient_checkpointing: true: kMlpTileRows where the planned peak with `checkpointed`
+// layers checkpointed and whole MLPs exceeds `device_bytes` less the margin and a micro-batch
+// has more rows than a tile, else 0.
+int64_t MlpTileRowsFor(const ActivationPlanRequest& request, int64_t checkpointed,
+                       int64_t device_bytes);
+
+// The fewest checkpointed layers whose planned peak stays under the budget less its margin;
+// where even the leanest split does not fit with whole MLPs and a micro-batch has more than
+// kMlpTileRows rows, the same with the MLPs in tiles of that many.
 // InvalidArgument for a budget <= 0 or a shape without layers or tokens; FailedPrecondition
 // when even every layer checkpointed does not fit (the message names both numbers).
 absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& request);

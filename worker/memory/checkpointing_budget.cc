@@ -86,12 +86,22 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
     if (t.gradient_checkpointing == CheckpointingMode::kAll) {
       // Every layer, or all but the top one when the plan shows that costs no memory (same
       // values either way, one layer's recomputation less).
-      const int64_t c = memory::LeanestCheckpointedLayers(b.request_);
+      int64_t c = memory::LeanestCheckpointedLayers(b.request_);
+      // max_memory_gib caps the allocator, so it is the room.
+      const int64_t room = MemoryBudgetBytes(t, o.available_bytes);
+      if (room > 0 && o.device.is_cuda()) {  // tiles where whole MLPs overrun it (the longest rows)
+        b.request_.mlp_tile_rows = memory::MlpTileRowsFor(b.request_, c, room);
+        c = memory::LeanestCheckpointedLayers(b.request_);
+        o.model->SetMlpTileRows(b.request_.mlp_tile_rows);
+      }
       o.model->SetCheckpointedLayers(c);
       if (b.offload_rates_) {  // as many of the checkpointed layers as the link carries
-        // ... and the budget holds: max_memory_gib caps the allocator, so it is the room.
-        o.model->SetOffloadedLayers(memory::OffloadAmongCheckpointed(
-            b.request_, c, *b.offload_rates_, MemoryBudgetBytes(t, o.available_bytes)));
+        // ... and the budget holds.
+        const int64_t n = memory::OffloadAmongCheckpointed(b.request_, c, *b.offload_rates_, room);
+        // None: the inputs alone where the device cannot hold them all (the longest rows).
+        const int64_t inputs =
+            n > 0 ? -1 : memory::InputsAmongCheckpointed(b.request_, c, *b.offload_rates_, room);
+        o.model->SetOffloadedLayers(n, {}, inputs);
       }
     }
     return b;
@@ -108,14 +118,18 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
     if (!plan.ok()) return plan.status();
     b.plan_ = plan->memory;
     b.request_.offloaded_layers = plan->offloaded_layers;
-    o.model->SetOffloadedLayers(plan->offloaded_layers);
+    b.request_.offloaded_inputs = plan->offloaded_inputs;
+    b.request_.mlp_tile_rows = plan->memory.mlp_tile_rows;
+    o.model->SetOffloadedLayers(plan->offloaded_layers, {}, plan->offloaded_inputs);
   } else {
     absl::StatusOr<memory::ActivationPlan> plan = memory::PlanCheckpointing(b.request_);
     if (!plan.ok()) return plan.status();
     b.plan_ = *plan;
+    b.request_.mlp_tile_rows = plan->mlp_tile_rows;
   }
   b.planned_ = true;
   b.peak_before_ = o.peak_bytes;
+  o.model->SetMlpTileRows(b.plan_.mlp_tile_rows);
   o.model->SetCheckpointedLayers(b.plan_.checkpointed_layers);
   return b;
 }
@@ -150,6 +164,11 @@ std::string CheckpointingBudget::Describe() const {
                        memory::DescribeOffloadCapacity(request_, model_->checkpointed_layers(),
                                                        *offload_rates_),
                        ")");
+  }
+  const int64_t inputs = model_->offloaded_inputs();
+  if (offloaded == 0 && inputs > 0) {
+    return absl::StrCat(DescribeSplit(), "; activation offloading", why, ": no layer's saved "
+                        "tensors, but ", inputs, " checkpointed layers' inputs wait in host memory");
   }
   if (offloaded == 0) {
     return offload_rates_ ? absl::StrCat(DescribeSplit(), "; activation offloading", why, ": none")
@@ -218,14 +237,23 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
   if (offload_rates_) {
     absl::StatusOr<memory::OffloadedPlan> again =
         memory::PlanCheckpointingWithOffload(request_, *offload_rates_);
-    if (again.ok() && again->memory.checkpointed_layers > plan_.checkpointed_layers) {
+    // More checkpointed layers, or (the inputs alone offloaded) more inputs.
+    const bool more_inputs = again.ok() && request_.offloaded_layers == 0 &&
+                             again->offloaded_layers == 0 &&
+                             again->offloaded_inputs > request_.offloaded_inputs;
+    if (again.ok() && (again->memory.checkpointed_layers > plan_.checkpointed_layers || more_inputs)) {
       plan_ = again->memory;
       request_.offloaded_layers = again->offloaded_layers;
-      model_->SetOffloadedLayers(again->offloaded_layers);
+      request_.offloaded_inputs = again->offloaded_inputs;
+      request_.mlp_tile_rows = plan_.mlp_tile_rows;
+      model_->SetMlpTileRows(plan_.mlp_tile_rows);
+      model_->SetOffloadedLayers(again->offloaded_layers, {}, again->offloaded_inputs);
       model_->SetCheckpointedLayers(plan_.checkpointed_layers);
       return absl::StrCat(line, "; above the plan, so from the next step: ",
-                          memory::DescribePlan(plan_), ", ", again->offloaded_layers,
-                          " of them offloaded");
+                          memory::DescribePlan(plan_), ", ",
+                          more_inputs ? absl::StrCat(again->offloaded_inputs, " inputs")
+                                      : absl::StrCat(again->offloaded_layers, " of them"),
+                          " offloaded");
     }
   }
   absl::StatusOr<memory::ActivationPlan> replanned = memory::PlanCheckpointing(request_);
@@ -244,6 +272,8 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
     return absl::StrCat(line, "; above the plan but within the budget: the split stays");
   }
   plan_ = *replanned;
+  request_.mlp_tile_rows = plan_.mlp_tile_rows;
+  model_->SetMlpTileRows(plan_.mlp_tile_rows);
   model_->SetCheckpointedLayers(plan_.checkpointed_layers);
   return absl::StrCat(line, "; above the plan, so from the next step: ", memory::DescribePlan(plan_));
 }
