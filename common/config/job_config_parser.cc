@@ -671,7 +671,8 @@ absl::Status ReadData(const MapReader& top, DataConfig* d, Presence* presence) {
   QLORA_RETURN_IF_ERROR(data.ReadEnum("format", &d->format));
   QLORA_RETURN_IF_ERROR(data.ReadString("prompt_template", &d->prompt_template));
   QLORA_RETURN_IF_ERROR(
-      data.ReadInt("max_sequence_length", 8, 131072, &d->max_sequence_length));
+      data.ReadInt("max_sequence_length", 8, config_internal::kMaxSequenceLength,
+                   &d->max_sequence_length));
   QLORA_RETURN_IF_ERROR(data.ReadBool("packing", &d->packing));
   QLORA_RETURN_IF_ERROR(data.ReadEnum("malformed_records", &d->malformed_records));
   QLORA_RETURN_IF_ERROR(data.ReadNumber("max_without_target_fraction", {0, true}, {1, true},

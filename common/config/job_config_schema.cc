@@ -334,7 +334,7 @@ SchemaNode BuildSchema() {
            Leaf("prompt_template", {"string", "", "the prompt with `{column}` placeholders "
                                                   "(`{{`/`}}` for braces), or `llama3_chat`", "",
                                     "`### Instruction:\\n{instruction}\\n\\n### Response:\\n`"}),
-           Leaf("max_sequence_length", {"integer in [8, 131072]", "512", "rows are cut to this "
+           Leaf("max_sequence_length", {"integer in [8, 1048576]", "512", "rows are cut to this "
                                                                          "many tokens"}),
            Leaf("packing", {"bool", "false", "several examples per row, attention kept within "
                                              "each"}),

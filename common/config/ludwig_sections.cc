@@ -12,8 +12,6 @@
 namespace qlora::config_internal {
 namespace {
 
-constexpr int kMaxSequenceLength = 131072;  // as data.max_sequence_length
-
 // "data.<key> (line N)" for messages; the line when the file has one for it.
 std::string DataKeyAt(const MapReader& top, const std::string& key) {
   const int line = top.site()->Line(absl::StrCat("data.", key));

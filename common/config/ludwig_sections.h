@@ -18,6 +18,11 @@
 
 namespace qlora::config_internal {
 
+// The longest row a job may ask for (data.max_sequence_length, Ludwig's
+// global_max_sequence_length): 2^20 tokens, beyond what one GPU trains (the memory planner
+// tiles and offloads past a few hundred thousand) but no cap on what it might.
+inline constexpr int kMaxSequenceLength = 1 << 20;
+
 // Reads `prompt` and `preprocessing` of the top-level mapping into *d, after the `data` section
 // was read into it. Sets *split_written when preprocessing.split set the split fractions.
 absl::Status ReadLudwigDataSections(const MapReader& top, DataConfig* d, bool* split_written);

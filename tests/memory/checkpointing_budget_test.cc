@@ -158,6 +158,25 @@ TEST(CheckpointingBudget, AnOffloadedLayerInTransitIsAPlainLayersSavedTensors) {
   EXPECT_EQ(budget->OffloadedLayerBytes(), 0);
 }
 
+// A row of 100,000 tokens under 51 GiB: every layer's input fits, but not beside one layer's
+// whole MLP recomputed: the plan tiles the MLPs, the model runs them so, and the log says it.
+TEST(CheckpointingBudget, AutoTilesTheMlpsOfRowsTooLongForWholeOnes) {
+  SevenBBudget b;
+  b.config.trainer.batch_size = 1;
+  b.config.data.max_sequence_length = 100000;
+  b.config.trainer.gradient_checkpointing = CheckpointingMode::kAuto;
+  b.config.trainer.max_memory_gib = 51;  // whole MLPs need 52.1
+  auto budget = memory::CheckpointingBudget::Start(b.options);
+  ASSERT_TRUE(budget.ok()) << budget.status();
+  EXPECT_EQ(b.model.mlp_tile_rows(), memory::kMlpTileRows);
+  EXPECT_THAT(budget->Describe(), ::testing::HasSubstr("(their MLPs in tiles of 8192 rows)"));
+  // Rows that fit whole stay whole.
+  b.config.data.max_sequence_length = 4096;
+  auto whole = memory::CheckpointingBudget::Start(b.options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(b.model.mlp_tile_rows(), 0);
+}
+
 // enable_gradient_checkpointing: auto under 24 GiB for 7B at micro-batch 4 x 2048 on a weightless
 // model (7 GiB counted as resident), with a step-1 peak 2 GiB above the plan: the plan counts the
 // difference and checkpoints more layers. The allocator's peak is the process's, so step 2 reads

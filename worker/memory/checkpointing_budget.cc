@@ -190,6 +190,10 @@ std::string CheckpointingBudget::DescribeSplit() const {
                             "recomputing it would not lower the peak"
                       : n > 0 ? "enable_gradient_checkpointing: true"
                               : "enable_gradient_checkpointing: false",
+                      model_->mlp_tile_rows() > 0
+                          ? absl::StrCat("; their MLPs in tiles of ", model_->mlp_tile_rows(),
+                                         " rows, as whole ones overrun the budget")
+                          : "",
                       ")");
 }
 
