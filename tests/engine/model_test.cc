@@ -490,19 +490,30 @@ TEST(EngineModel, DequantizedLayersGiveBitwiseTheSameLossAndGradients) {
 
 // Checkpointing the first n of L layers (the auto mode's split, activation_plan.h) computes exactly
 // what all or none does: the same ops on the same values, the dropout masks replayed.
-TEST(EngineModel, CheckpointingTheFirstNLayersGivesBitwiseTheSameLossAndGradients) {
-  TempDir dir;
+// A float32 tiny model of `layers` layers with adapters on every linear layer (B randomized),
+// training; null (and a failure) when it does not load or take them.
+std::unique_ptr<LlamaForCausalLM> TinyTrainingModel(const TempDir& dir, int64_t layers,
+                                                    double dropout) {
   TinyModelOptions tiny;
   tiny.init_std = 0.1;
-  tiny.config.num_hidden_layers = 4;
+  tiny.config.num_hidden_layers = layers;
   auto model = MakeAndLoad(dir / "model", tiny);
-  ASSERT_NE(model, nullptr);
+  if (model == nullptr) return nullptr;
   LoraOptions lora;
   lora.target_modules = {"all-linear"};
-  lora.dropout = 0.3;
-  ASSERT_TRUE(model->AddLora(lora).ok());
+  lora.dropout = dropout;
+  const absl::Status added = model->AddLora(lora);
+  EXPECT_TRUE(added.ok()) << added;
+  if (!added.ok()) return nullptr;
   RandomizeLoraB(*model);
   model->SetTraining(true);
+  return model;
+}
+
+TEST(EngineModel, CheckpointingTheFirstNLayersGivesBitwiseTheSameLossAndGradients) {
+  TempDir dir;
+  auto model = TinyTrainingModel(dir, 4, 0.3);
+  ASSERT_NE(model, nullptr);
   EXPECT_EQ(model->checkpointed_layers(), 4);  // all by default
   const at::Tensor ids = RandomIds(model->config(), 2, 9);
   const at::Tensor labels = LabelsFor(ids);
@@ -528,16 +539,8 @@ TEST(EngineModel, CheckpointingTheFirstNLayersGivesBitwiseTheSameLossAndGradient
 // replays: the step's loss is the loss of a forward drawing them so (no grad), and repeats.
 TEST(EngineModel, TiledMlpGivesTheSameLossAndGradients) {
   TempDir dir;
-  TinyModelOptions tiny;
-  tiny.init_std = 0.1;
-  tiny.config.num_hidden_layers = 3;
-  auto model = MakeAndLoad(dir / "model", tiny);
+  auto model = TinyTrainingModel(dir, 3, 0.0);
   ASSERT_NE(model, nullptr);
-  LoraOptions lora;
-  lora.target_modules = {"all-linear"};
-  ASSERT_TRUE(model->AddLora(lora).ok());
-  RandomizeLoraB(*model);
-  model->SetTraining(true);
   const at::Tensor ids = RandomIds(model->config(), 2, 9);  // 18 rows
   const at::Tensor labels = LabelsFor(ids);
   at::manual_seed(5);
