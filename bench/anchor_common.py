@@ -32,7 +32,17 @@ def measurement_parser():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window-steps", type=int, default=5)
+    p.add_argument("--max-memory-gib", type=float,
+                   help="cap the caching allocator at this many GiB (as our trainer.max_memory_gib "
+                        "caps ours): an 80 GB card's limit on a larger one")
     return p
+
+
+def cap_memory(args):
+    """--max-memory-gib: the process's share of GPU 0 set so that its allocator stays under it."""
+    if args.max_memory_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.max_memory_gib * 2**30 / total), 0)
 
 
 def micro_batches_of(args):

@@ -42,7 +42,7 @@ for _k, _v in {"UNSLOTH_DISABLE_STATISTICS": "1", "HF_HUB_OFFLINE": "1", "TRANSF
 
 # anchor_common imports torch alone, which Unsloth lets come before it.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from anchor_common import emit, measurement_parser, micro_batches_of, recorded_failure, timed_measure  # noqa: E402
+from anchor_common import cap_memory, emit, measurement_parser, micro_batches_of, recorded_failure, timed_measure  # noqa: E402
 
 p = measurement_parser()
 p.add_argument("--gc", default="unsloth", choices=["unsloth", "true", "false"],
@@ -60,6 +60,8 @@ model_dir = os.path.abspath(a.model)
 started = time.perf_counter()
 import torch  # noqa: E402
 from unsloth import FastLanguageModel  # noqa: E402  first: before transformers and peft, so its patches apply
+
+cap_memory(a)
 
 
 def tokenizer_kwargs():

@@ -71,7 +71,8 @@
 #                    plan (auto, under the GPU's free memory), the offloaded activations given
 #                    BENCH_ROW_HOST_GIB (default 100) of the host's memory to pin
 #                    (trainer.max_host_memory_gib): every checkpointed layer's input waits there
-#   unsloth-rowN     Unsloth at the same row, its checkpointing
+#   unsloth-rowN     Unsloth at the same row, its checkpointing; BENCH_MAX_MEMORY_GIB caps both
+#                    sides' allocators (76 for an 80 GB card's room on an H200)
 # with "-llama3" appended: on the LLaMA-3.1-8B shape (vocabulary 128256, 8 KV heads), whose
 # random folder is made on first use on disk (16 GB; BENCH_MODEL_LLAMA3_DIR), not in /dev/shm,
 # which the pinned copies of the rows' checkpoints need as host memory.
@@ -317,8 +318,9 @@ ours_row() {
     BENCH_MAX_HOST_MEMORY_GIB=${BENCH_ROW_HOST_GIB:-100} \
     ours_job "$label" "$gpus_1" 1 auto "" "$n" false "$text"
 }
-unsloth_row() {
-  unsloth_anchor "$model" --micro-batches 1 --seq "$1" --warmup 0 --windows 1 --window-steps 1
+unsloth_row() {  # under BENCH_MAX_MEMORY_GIB where set, as ours
+  unsloth_anchor "$model" --micro-batches 1 --seq "$1" --warmup 0 --windows 1 --window-steps 1 \
+    ${BENCH_MAX_MEMORY_GIB:+--max-memory-gib "$BENCH_MAX_MEMORY_GIB"}
 }
 
 # ours at micro-batch MB with checkpointing, profiled with the allocator's events: where the
