@@ -170,7 +170,20 @@ TEST(CheckpointingBudget, AutoTilesTheMlpsOfRowsTooLongForWholeOnes) {
   ASSERT_TRUE(budget.ok()) << budget.status();
   EXPECT_EQ(b.model.mlp_tile_rows(), memory::kMlpTileRows);
   EXPECT_THAT(budget->Describe(), ::testing::HasSubstr("(their MLPs in tiles of 8192 rows)"));
+  // A plan that fits whole MLPs, then a step above it: from the next step, tiles (they lower
+  // the peak at the same split).
+  b.config.trainer.max_memory_gib = 53;  // whole MLPs need 52.1
+  auto corrected = memory::CheckpointingBudget::Start(b.options);
+  ASSERT_TRUE(corrected.ok()) << corrected.status();
+  EXPECT_EQ(b.model.mlp_tile_rows(), 0);
+  const int64_t planned = corrected->Report().planned_peak_bytes;
+  EXPECT_THAT(corrected->AfterStep(1, planned + (int64_t{2} << 30)),
+              ::testing::HasSubstr("so from the next step: activation checkpointing: 32 of 32 layers "
+                                   "checkpointed (their MLPs in tiles of 8192 rows)"));
+  EXPECT_EQ(b.model.mlp_tile_rows(), memory::kMlpTileRows);
+  EXPECT_LT(corrected->Report().planned_peak_bytes, planned + (int64_t{2} << 30));
   // Rows that fit whole stay whole.
+  b.config.trainer.max_memory_gib = 51;
   b.config.data.max_sequence_length = 4096;
   auto whole = memory::CheckpointingBudget::Start(b.options);
   ASSERT_TRUE(whole.ok()) << whole.status();

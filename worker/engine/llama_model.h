@@ -145,8 +145,10 @@ class LlamaForCausalLM {
   // `rows` rows (0, the default: whole) when a micro-batch has more: the first forward a tile at a
   // time, the recomputation one checkpoint per tile, so that backward holds one tile's MLP
   // tensors instead of every row's (at rows of hundreds of thousands of tokens, the step's
-  // peak). No MLP runs more often than untiled. The same values; the adapters' gradients up to
-  // their summation order over tiles (and LoRA dropout draws its masks a tile at a time).
+  // peak). Without LoRA dropout no MLP runs more often than untiled; with it the recomputation
+  // runs each tile's forward once more, to draw its masks again in order. The same values; the
+  // adapters' gradients up to their summation order over tiles (and LoRA dropout draws its masks
+  // a tile at a time). Any forward without grad (evaluation too) runs its MLPs in tiles.
   void SetMlpTileRows(int64_t rows) { mlp_tile_rows_ = std::max<int64_t>(rows, 0); }
   int64_t mlp_tile_rows() const { return mlp_tile_rows_; }
   // Layer i's groups in the offloader. Late: what its attention saves, fetched only once the

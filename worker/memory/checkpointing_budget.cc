@@ -241,11 +241,13 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
   if (offload_rates_) {
     absl::StatusOr<memory::OffloadedPlan> again =
         memory::PlanCheckpointingWithOffload(request_, *offload_rates_);
-    // More checkpointed layers, or (the inputs alone offloaded) more inputs.
+    // More checkpointed layers, or (the inputs alone offloaded) more inputs, or tiles now.
     const bool more_inputs = again.ok() && request_.offloaded_layers == 0 &&
                              again->offloaded_layers == 0 &&
                              again->offloaded_inputs > request_.offloaded_inputs;
-    if (again.ok() && (again->memory.checkpointed_layers > plan_.checkpointed_layers || more_inputs)) {
+    const bool tiles = again.ok() && again->memory.mlp_tile_rows != plan_.mlp_tile_rows;
+    if (again.ok() &&
+        (again->memory.checkpointed_layers > plan_.checkpointed_layers || more_inputs || tiles)) {
       plan_ = again->memory;
       request_.offloaded_layers = again->offloaded_layers;
       request_.offloaded_inputs = again->offloaded_inputs;
@@ -263,6 +265,12 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
   absl::StatusOr<memory::ActivationPlan> replanned = memory::PlanCheckpointing(request_);
   const int64_t layers = plan_.layers;
   if (!replanned.ok()) {
+    // The leanest there is: every layer, and their MLPs in tiles where a micro-batch has more rows.
+    if (request_.micro_batch * request_.sequence_length > memory::kMlpTileRows) {
+      request_.mlp_tile_rows = memory::kMlpTileRows;
+      plan_.mlp_tile_rows = request_.mlp_tile_rows;
+      model_->SetMlpTileRows(request_.mlp_tile_rows);
+    }
     model_->SetCheckpointedLayers(layers);
     plan_.checkpointed_layers = layers;
     plan_.planned_peak_bytes = memory::PlannedPeakBytes(request_, layers);
@@ -271,12 +279,17 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
                         " layers checkpointed, planned peak ",
                         memory::FormatMemory(plan_.planned_peak_bytes));
   }
-  if (replanned->checkpointed_layers <= plan_.checkpointed_layers) {
+  // Tiles the plan had not taken are a change even at the same split (they lower its peak).
+  if (replanned->checkpointed_layers <= plan_.checkpointed_layers &&
+      replanned->mlp_tile_rows == plan_.mlp_tile_rows) {
     plan_.planned_peak_bytes = memory::PlannedPeakBytes(request_, plan_.checkpointed_layers);
     return absl::StrCat(line, "; above the plan but within the budget: the split stays");
   }
   plan_ = *replanned;
   request_.mlp_tile_rows = plan_.mlp_tile_rows;
+  // The split only grows (a tiled plan may fit with fewer; keeping them costs no memory).
+  plan_.checkpointed_layers = std::max(plan_.checkpointed_layers, model_->checkpointed_layers());
+  plan_.planned_peak_bytes = memory::PlannedPeakBytes(request_, plan_.checkpointed_layers);
   model_->SetMlpTileRows(plan_.mlp_tile_rows);
   model_->SetCheckpointedLayers(plan_.checkpointed_layers);
   return absl::StrCat(line, "; above the plan, so from the next step: ", memory::DescribePlan(plan_));
