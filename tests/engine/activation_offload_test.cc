@@ -152,19 +152,45 @@ bool MakeFiveLayers(const TempDir& dir) {
   return MakeTinyModel(dir.path(), tiny).ok();
 }
 
+// The five-layer model of `dir` on `device` (adapters with LoRA dropout `dropout`), a batch, its
+// labels, and the loss and gradients of two micro-batches of it from seed 7 with every layer
+// checkpointed and nothing offloaded.
+struct WithReference {
+  std::unique_ptr<LlamaForCausalLM> model;
+  at::Tensor ids, labels;
+  std::map<std::string, at::Tensor> gradients;
+};
+WithReference LoadWithReference(const TempDir& dir, const at::Device& device, double dropout) {
+  WithReference w;
+  w.model = LoadBf16WithAdapters(dir.path(), device, dropout);
+  if (w.model == nullptr) return w;
+  w.ids = RandomIds(w.model->config(), 2, 16).to(device);
+  w.labels = LabelsFor(w.ids.cpu()).to(device);
+  at::manual_seed(7);
+  w.gradients = TwoMicroBatchGradients(*w.model, w.ids, w.labels);
+  return w;
+}
+
+// The same two micro-batches from the same seed, under the model's split now: bit for bit the
+// reference's loss and gradients.
+void ExpectReferenceGradients(const WithReference& w) {
+  at::manual_seed(7);
+  const auto split = TwoMicroBatchGradients(*w.model, w.ids, w.labels);
+  ASSERT_EQ(split.size(), w.gradients.size());
+  for (const auto& [name, g] : w.gradients) {
+    EXPECT_TRUE(at::equal(g, split.at(name))) << name << ": " << MaxAbsDiff(g, split.at(name));
+  }
+}
+
 TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients) {
   TempDir dir;
   ASSERT_TRUE(MakeFiveLayers(dir));
   for (const at::Device& device : TestDevices()) {
     for (double dropout : {0.0, 0.2}) {
       SCOPED_TRACE(device.str() + " dropout " + std::to_string(dropout));
-      const std::unique_ptr<LlamaForCausalLM> loaded = LoadBf16WithAdapters(dir.path(), device, dropout);
-      ASSERT_NE(loaded, nullptr);
-      LlamaForCausalLM& model = *loaded;
-      const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
-      const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
-      at::manual_seed(7);
-      const auto reference = TwoMicroBatchGradients(model, ids, labels);  // all checkpointed
+      const WithReference w = LoadWithReference(dir, device, dropout);
+      ASSERT_NE(w.model, nullptr);
+      LlamaForCausalLM& model = *w.model;
       ActivationOffloadOptions offload;
       offload.min_bytes = 0;  // the tiny model's tensors are small
       // {checkpointed layers, offloaded layers}: offloading among checkpointed layers, among
@@ -176,19 +202,14 @@ TEST(EngineActivationOffload, OffloadedLayersGiveBitwiseTheSameLossAndGradients)
         model.SetCheckpointedLayers(checkpointed);
         model.SetOffloadedLayers(offloaded, offload);
         EXPECT_EQ(model.offloaded_layers(), std::min<int64_t>(offloaded, 4));
-        at::manual_seed(7);
-        const auto split = TwoMicroBatchGradients(model, ids, labels);
-        ASSERT_EQ(split.size(), reference.size());
-        for (const auto& [name, g] : reference) {
-          EXPECT_TRUE(at::equal(g, split.at(name))) << name << ": " << MaxAbsDiff(g, split.at(name));
-        }
+        ExpectReferenceGradients(w);
         const ActivationOffloader* offloader = model.activation_offloader();
         ASSERT_NE(offloader, nullptr);
         EXPECT_GT(offloader->offloaded_bytes(), 0);
         EXPECT_EQ(offloader->host_bytes(), 0);  // backward restored every tensor
         // A graph dropped without backward lets go of what it offloaded.
         {
-          const at::Tensor hidden = model.Forward(ids);
+          const at::Tensor hidden = model.Forward(w.ids);
           EXPECT_GT(offloader->host_bytes(), 0);
         }
         EXPECT_EQ(offloader->host_bytes(), 0);
@@ -209,13 +230,9 @@ TEST(EngineActivationOffload, InputsAloneTravelAndGiveBitwiseTheSameGradients) {
   ASSERT_TRUE(MakeFiveLayers(dir));
   for (const at::Device& device : TestDevices()) {
     SCOPED_TRACE(device.str());
-    const std::unique_ptr<LlamaForCausalLM> loaded = LoadBf16WithAdapters(dir.path(), device, 0.0);
-    ASSERT_NE(loaded, nullptr);
-    LlamaForCausalLM& model = *loaded;
-    const at::Tensor ids = RandomIds(model.config(), 2, 16).to(device);
-    const at::Tensor labels = LabelsFor(ids.cpu()).to(device);
-    at::manual_seed(7);
-    const auto reference = TwoMicroBatchGradients(model, ids, labels);  // all checkpointed
+    const WithReference w = LoadWithReference(dir, device, 0.0);
+    ASSERT_NE(w.model, nullptr);
+    LlamaForCausalLM& model = *w.model;
     ActivationOffloadOptions offload;
     offload.min_bytes = 0;
     model.SetOffloadedLayers(0, offload, 2);
@@ -224,7 +241,7 @@ TEST(EngineActivationOffload, InputsAloneTravelAndGiveBitwiseTheSameGradients) {
     const ActivationOffloader* offloader = model.activation_offloader();
     ASSERT_NE(offloader, nullptr);
     {
-      const at::Tensor hidden = model.Forward(ids);
+      const at::Tensor hidden = model.Forward(w.ids);
       for (int64_t i = 0; i < 5; ++i) {
         SCOPED_TRACE("layer " + std::to_string(i));
         EXPECT_EQ(offloader->host_bytes_of(LlamaForCausalLM::OffloadLateGroup(i)), 0);
@@ -232,12 +249,7 @@ TEST(EngineActivationOffload, InputsAloneTravelAndGiveBitwiseTheSameGradients) {
                   i == 2 || i == 3);
       }
     }
-    at::manual_seed(7);
-    const auto split = TwoMicroBatchGradients(model, ids, labels);
-    ASSERT_EQ(split.size(), reference.size());
-    for (const auto& [name, g] : reference) {
-      EXPECT_TRUE(at::equal(g, split.at(name))) << name << ": " << MaxAbsDiff(g, split.at(name));
-    }
+    ExpectReferenceGradients(w);
     EXPECT_EQ(offloader->host_bytes(), 0);  // backward restored every input
     // The split changing keeps the request: all five checkpointed less one, still two inputs.
     model.SetCheckpointedLayers(3);

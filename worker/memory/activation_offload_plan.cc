@@ -103,14 +103,11 @@ int64_t OffloadableInputs(const ActivationPlanRequest& request, int64_t checkpoi
   }
   ActivationPlanRequest r = request;
   r.offloaded_layers = 0;
-  int64_t k = 0;
-  for (;; ++k) {
-    r.offloaded_inputs = k + 1;
-    if (OffloadedInputs(r, checkpointed_layers, 0) <= k ||  // no more inputs to offload
-        !HostHolds(r, checkpointed_layers, 0, rates) || !CopiesFit(r, checkpointed_layers, 0, rates)) {
-      return k;
-    }
-  }
+  return MostLayers(r, [&](int64_t k) {
+    r.offloaded_inputs = k;
+    return OffloadedInputs(r, checkpointed_layers, 0) == k &&  // there are k to offload
+           HostHolds(r, checkpointed_layers, 0, rates) && CopiesFit(r, checkpointed_layers, 0, rates);
+  });
 }
 
 int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
@@ -118,7 +115,7 @@ int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t ch
   ActivationPlanRequest r = request;
   r.offloaded_layers = 0;
   r.offloaded_inputs = 0;
-  const auto usable = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - r.margin_fraction));
+  const int64_t usable = UsableBytes(r, device_bytes);
   if (PlannedPeakBytes(r, checkpointed_layers) <= usable) return 0;
   const int64_t most = OffloadableInputs(r, checkpointed_layers, rates);
   for (int64_t k = 1; k < most; ++k) {
@@ -173,7 +170,7 @@ int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t c
   const int64_t c = checkpointed_layers, layers = r.model.num_hidden_layers;
   r.offloaded_layers = 0;
   const int64_t alone = PlannedPeakBytes(r, c);
-  const auto usable = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - r.margin_fraction));
+  const int64_t usable = UsableBytes(r, device_bytes);
   int64_t n = OffloadedCheckpointedLayers(layers, c, OffloadableLayers(r, c, rates));
   for (; n > 0; --n) {
     r.offloaded_layers = n;

@@ -59,6 +59,14 @@ int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_
   return std::min(offloaded, std::min(checkpointed, layers - 1));
 }
 
+bool MoreRowsThanATile(const ActivationPlanRequest& r) {
+  return r.micro_batch * r.sequence_length > kMlpTileRows;
+}
+
+int64_t UsableBytes(const ActivationPlanRequest& r, int64_t budget_bytes) {
+  return static_cast<int64_t>(static_cast<double>(budget_bytes) * (1.0 - r.margin_fraction));
+}
+
 int64_t OffloadedInputCount(int64_t layers, int64_t checkpointed, int64_t offloaded, int64_t requested) {
   const int64_t c = std::clamp<int64_t>(checkpointed, 0, layers);
   const int64_t candidates =
@@ -203,9 +211,8 @@ int64_t MlpTileRowsFor(const ActivationPlanRequest& request, int64_t checkpointe
                        int64_t device_bytes) {
   ActivationPlanRequest r = request;
   r.mlp_tile_rows = 0;
-  const auto usable = static_cast<int64_t>(static_cast<double>(device_bytes) * (1.0 - r.margin_fraction));
-  const bool fits = PlannedPeakBytes(r, checkpointed) <= usable;
-  return !fits && r.micro_batch * r.sequence_length > kMlpTileRows ? kMlpTileRows : 0;
+  const bool fits = PlannedPeakBytes(r, checkpointed) <= UsableBytes(r, device_bytes);
+  return !fits && MoreRowsThanATile(r) ? kMlpTileRows : 0;
 }
 
 absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& r) {
@@ -217,11 +224,10 @@ absl::StatusOr<ActivationPlan> PlanCheckpointing(const ActivationPlanRequest& r)
         "memory plan: the model needs layers and the micro-batch tokens");
   }
   const int64_t layers = r.model.num_hidden_layers;
-  const int64_t usable = static_cast<int64_t>(static_cast<double>(r.budget_bytes) *
-                                              (1.0 - r.margin_fraction));
+  const int64_t usable = UsableBytes(r, r.budget_bytes);
   const int64_t leanest = LeanestCheckpointedLayers(r);
   const int64_t minimum = PlannedPeakBytes(r, leanest);
-  if (minimum > usable && r.mlp_tile_rows == 0 && r.micro_batch * r.sequence_length > kMlpTileRows) {
+  if (minimum > usable && r.mlp_tile_rows == 0 && MoreRowsThanATile(r)) {
     ActivationPlanRequest tiled = r;
     tiled.mlp_tile_rows = kMlpTileRows;
     const absl::StatusOr<ActivationPlan> plan = PlanCheckpointing(tiled);

@@ -136,6 +136,12 @@ struct LayerActivationBytes {
 // intermediate) still run at the full rate, while its tensors take ~1.3 GiB at the 7B shape.
 inline constexpr int64_t kMlpTileRows = 8192;
 
+// Whether a micro-batch of the request has more rows than one tile (tiles could lower its peak).
+bool MoreRowsThanATile(const ActivationPlanRequest& request);
+
+// What the plan may fill of `budget_bytes`: the budget less its margin.
+int64_t UsableBytes(const ActivationPlanRequest& request, int64_t budget_bytes);
+
 LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& request);
 
 // The planned peak allocation of a step with the first `checkpointed_layers` checkpointed.

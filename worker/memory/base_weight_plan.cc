@@ -118,8 +118,7 @@ BaseWeightPlan PlanBaseWeights(const BaseWeightPlanRequest& request) {
         "trainer.max_memory_gib and no GPU)";
     return plan;
   }
-  const int64_t usable = static_cast<int64_t>(static_cast<double>(request.budget_bytes) *
-                                              (1.0 - request.activations.margin_fraction));
+  const int64_t usable = UsableBytes(request.activations, request.budget_bytes);
   struct Option {
     BaseWeightPlacement placement;
     int stage;

@@ -266,7 +266,7 @@ std::string CheckpointingBudget::AfterStep(int64_t step, int64_t peak_bytes) {
   const int64_t layers = plan_.layers;
   if (!replanned.ok()) {
     // The leanest there is: every layer, and their MLPs in tiles where a micro-batch has more rows.
-    if (request_.micro_batch * request_.sequence_length > memory::kMlpTileRows) {
+    if (memory::MoreRowsThanATile(request_)) {
       request_.mlp_tile_rows = memory::kMlpTileRows;
       plan_.mlp_tile_rows = request_.mlp_tile_rows;
       model_->SetMlpTileRows(request_.mlp_tile_rows);

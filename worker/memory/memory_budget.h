@@ -1,6 +1,8 @@
 // The per-GPU memory budget that trainer.enable_gradient_checkpointing: auto and
 // trainer.dequantized_weight_layers: auto plan for: trainer.max_memory_gib, else what this process
-// could allocate when the job started (DeviceAvailableBytes; 0 on a CPU). Torch-free.
+// could allocate when the job started (DeviceAvailableBytes; 0 on a CPU); and the host memory
+// that offload_activation_layers: auto may pin: trainer.max_host_memory_gib, else the caller's
+// default. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -9,10 +11,18 @@
 
 namespace qlora::memory {
 
-inline int64_t MemoryBudgetBytes(const TrainerConfig& trainer, int64_t available_bytes) {
+// `gib` GiB (2^30 bytes) in bytes where it is set (> 0), else `unset_bytes`.
+inline int64_t GibOr(double gib, int64_t unset_bytes) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  return trainer.max_memory_gib > 0 ? static_cast<int64_t>(trainer.max_memory_gib * kGiB)
-                                    : available_bytes;
+  return gib > 0 ? static_cast<int64_t>(gib * kGiB) : unset_bytes;
+}
+
+inline int64_t MemoryBudgetBytes(const TrainerConfig& trainer, int64_t available_bytes) {
+  return GibOr(trainer.max_memory_gib, available_bytes);
+}
+
+inline int64_t HostBudgetBytes(const TrainerConfig& trainer, int64_t default_bytes) {
+  return GibOr(trainer.max_host_memory_gib, default_bytes);
 }
 
 }  // namespace qlora::memory

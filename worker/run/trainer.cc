@@ -245,10 +245,8 @@ absl::Status Trainer::ChooseCheckpointing() {
     // trainer.max_host_memory_gib, else half of what the host has left (the rest for the data,
     // the checkpoints and the host's own), shared with the other ranks, which may all run on
     // this host (local workers do).
-    rates.host_bytes =
-        t.max_host_memory_gib > 0
-            ? static_cast<int64_t>(t.max_host_memory_gib * static_cast<double>(int64_t{1} << 30))
-            : memory::HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1));
+    rates.host_bytes = memory::HostBudgetBytes(
+        t, memory::HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1)));
     o.offload_rates = engine::MeasureOffloadRates(rates);  // before the peak below is read
   }
   o.trainable_elements = strategy_->Describe().trainable_elements;
