@@ -1,7 +1,7 @@
 // The fused paths of the engine checked against the unfused formulas they replace, on CPU and,
 // when there is one, on a GPU: RMSNorm through ATen's rms_norm (a fused kernel on CUDA), the
 // LoRA layer as one autograd node (with and without dropout), and the rotary and SwiGLU autograd
-// nodes (fused_ops.h) against autograd through their formulas.
+// nodes (fused_ops.h) against autograd through their formulas, and the graph-only cat.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -900,6 +900,30 @@ TEST(EngineFused, RotaryAndSwigluNodesEqualAutogradThroughTheirFormulas) {
                                 gr[0].to(at::kDouble).abs() * ulp - 1e-30;
       EXPECT_LE(excess.max().item<double>(), 0.0);
     }
+  }
+}
+
+// The join of a tiled recomputation: at::cat's gradients reach each part, with no joined buffer.
+TEST(EngineFused, CatGraphOnlySplitsTheGradientAsCatWithoutAJoinedBuffer) {
+  for (const at::Device& device : Devices()) {
+    SCOPED_TRACE(::testing::Message() << device);
+    const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device);
+    const at::Tensor x = at::randn({1, 11, 8}, opts);
+    std::vector<at::Tensor> ours, theirs;
+    for (const at::Tensor& tile : x.split(4, 1)) {
+      ours.push_back(tile.detach().requires_grad_());
+      theirs.push_back(tile.detach().requires_grad_());
+    }
+    const at::Tensor joined = CatGraphOnly(ours, 1);
+    const at::Tensor ref = at::cat(theirs, 1);
+    EXPECT_EQ(joined.sizes(), ref.sizes());
+    EXPECT_LE(joined.storage().nbytes(), 2u);  // one element, expanded
+    const at::Tensor g = at::randn_like(ref);
+    // Through a view to another shape, as the decoder returns it.
+    const auto go = torch::autograd::grad({joined.view({11, 8})}, ours, {g.view({11, 8})});
+    const auto gr = torch::autograd::grad({ref}, theirs, {g});
+    ASSERT_EQ(go.size(), 3u);
+    for (size_t i = 0; i < go.size(); ++i) EXPECT_TRUE(at::equal(go[i], gr[i])) << i;
   }
 }
 

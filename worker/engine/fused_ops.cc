@@ -1,6 +1,8 @@
 // The autograd functions of fused_ops.h.
 #include "worker/engine/fused_ops.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -54,6 +56,29 @@ struct SumGraphOnlyFunction : public torch::autograd::Function<SumGraphOnlyFunct
   }
   static variable_list backward(AutogradContext*, variable_list grad_outputs) {
     return {grad_outputs[0], grad_outputs[0]};
+  }
+};
+
+struct CatGraphOnlyFunction : public torch::autograd::Function<CatGraphOnlyFunction> {
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList parts, int64_t dim) {
+    std::vector<int64_t> sizes;
+    sizes.reserve(parts.size());
+    for (const at::Tensor& part : parts) sizes.push_back(part.size(dim));
+    ctx->saved_data["sizes"] = sizes;
+    ctx->saved_data["dim"] = dim;
+    std::vector<int64_t> joined = parts.front().sizes().vec();
+    joined[dim] = 0;
+    for (int64_t size : sizes) joined[dim] += size;
+    return ValueUnused(joined, parts.front().options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    variable_list grads(sizes.size() + 1);  // the last: dim's, none
+    if (!grad_outputs[0].defined()) return grads;
+    const variable_list split =
+        grad_outputs[0].split_with_sizes(sizes, ctx->saved_data["dim"].toInt());
+    std::copy(split.begin(), split.end(), grads.begin());
+    return grads;
   }
 };
 
@@ -126,6 +151,12 @@ at::Tensor ValueUnused(at::IntArrayRef sizes, const at::TensorOptions& options) 
 
 at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b) {
   return SumGraphOnlyFunction::apply(a, b);
+}
+
+at::Tensor CatGraphOnly(const std::vector<at::Tensor>& parts, int64_t dim) {
+  TORCH_CHECK(!parts.empty(), "CatGraphOnly needs a part");
+  // As a TensorList: apply() takes each part as an input (a std::vector would be a constant).
+  return CatGraphOnlyFunction::apply(at::TensorList(parts), dim);
 }
 
 NormedResidual ResidualRmsNorm(const at::Tensor& x, const at::Tensor& delta,

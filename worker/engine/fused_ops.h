@@ -5,6 +5,7 @@
 //   Rotary(x, cos, sin) = x * cos + rotate_half(x) * sin      differentiable in x only
 //   Swiglu(gate, up)    = silu(gate) * up                     saves gate and up, not silu(gate)
 //   SumGraphOnly(a, b)  = a + b's autograd node, value unset   for a checkpointed recomputation
+//   CatGraphOnly(parts, dim) = at::cat's node, value unset     the same, for tiles' outputs
 //   ResidualRmsNorm(x, delta, w) = {h = x + delta, rms_norm(h) * w}   differentiable in x and
 //                         delta (one gradient for both: the norm's plus h's own, summed in the
 //                         kernel); saves h and rstd. Without delta, h is x passed through: the
@@ -15,6 +16,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <vector>
 
 namespace qlora::engine {
 
@@ -27,6 +30,11 @@ at::Tensor Swiglu(const at::Tensor& gate, const at::Tensor& up);
 // value and no pass over memory: the end of a checkpointed block's recomputation, whose output
 // only carries the graph (checkpoint.h).
 at::Tensor SumGraphOnly(const at::Tensor& a, const at::Tensor& b);
+
+// An output of the parts joined along dim whose gradient is split among them as at::cat's would,
+// with an unspecified value and no memory: the tiles of a recomputation (no [rows, hidden] buffer
+// for a value nobody reads).
+at::Tensor CatGraphOnly(const std::vector<at::Tensor>& parts, int64_t dim);
 
 // A tensor of `sizes` whose value is never read (a recomputation's outputs that only carry the
 // graph): one element expanded, so that it holds no memory.

@@ -25,6 +25,14 @@
 namespace qlora::engine {
 namespace {
 
+// Offloader group `group` (>= 0) starts back to the GPU when h's gradient is complete: before the
+// post-attention norm's backward, once down, SwiGLU and gate/up have given h theirs (the norm's
+// own is elementwise and short).
+void PrefetchOnGradient(const at::Tensor& h, const std::shared_ptr<ActivationOffloader>& offloader,
+                        int64_t group) {
+  if (group < 0 || !h.requires_grad()) return;
+  h.register_hook([offloader, group](const at::TensorBase&) { offloader->Prefetch(group); });
+}
 
 std::vector<at::Tensor> LayerParameters(const DecoderLayer& layer) {
   std::vector<at::Tensor> params;
@@ -436,14 +444,7 @@ at::Tensor LlamaForCausalLM::MlpForward(const DecoderLayer& layer, const at::Ten
     m = RmsNorm(h, layer.post_attention_layernorm, eps);
   }
   o.reset();
-  if (offloading.prefetch_after_mlp >= 0 && h.requires_grad()) {
-    // Runs before the post-attention norm's backward: once down, SwiGLU and gate/up have
-    // given h their gradients (the norm's own is elementwise and short).
-    h.register_hook([offloader = offloading.offloader,
-                     group = offloading.prefetch_after_mlp](const at::TensorBase&) {
-      offloader->Prefetch(group);
-    });
-  }
+  PrefetchOnGradient(h, offloading.offloader, offloading.prefetch_after_mlp);
   std::vector<at::Tensor> gate_up = SharedInputForward(gate_up_layers, m, training_, false,
                                                        nullptr, m_source ? &*m_source : nullptr);
   m.reset();
@@ -474,12 +475,7 @@ at::Tensor LlamaForCausalLM::TiledMlpForward(const DecoderLayer& layer, const at
                                              const LayerOffloading& offloading) const {
   at::Tensor h = residual + o;
   o.reset();
-  if (offloading.prefetch_after_mlp >= 0 && h.requires_grad()) {  // as MlpForward's
-    h.register_hook([offloader = offloading.offloader,
-                     group = offloading.prefetch_after_mlp](const at::TensorBase&) {
-      offloader->Prefetch(group);
-    });
-  }
+  PrefetchOnGradient(h, offloading.offloader, offloading.prefetch_after_mlp);
   const at::Tensor rows = h.view({1, -1, h.size(-1)});  // every row of the micro-batch
   const std::vector<at::Tensor> tiles = rows.split(mlp_tile_rows_, 1);
   if (!at::GradMode::is_enabled()) {
@@ -519,7 +515,8 @@ at::Tensor LlamaForCausalLM::TiledMlpForward(const DecoderLayer& layer, const at
         },
         tile, params));
   }
-  return at::cat(outputs, 1).view(h.sizes());
+  // The joined value is unused too: only the graph joins, no [rows, hidden] buffer.
+  return CatGraphOnly(outputs, 1).view(h.sizes());
 }
 
 at::Tensor LlamaForCausalLM::Forward(const at::Tensor& input_ids,

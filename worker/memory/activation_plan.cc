@@ -134,8 +134,9 @@ LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& r) {
   b.backward = std::max(mlp_backward, attention_backward);
   // Tiled: the MLP's saves (the post-attention norm's, gate and up, the adapters' h A^T, m or
   // the packed rows' spare columns, the SwiGLU output) go to the tile; the recomputation keeps
-  // h = residual + o (the tiles' input) and the joined output instead, and the tiles' input
-  // gradients join into one before the attention's backward.
+  // h = residual + o (the tiles' input) instead (the tiles' outputs join in the graph alone:
+  // engine::CatGraphOnly), and the tiles' input gradients join into one before the attention's
+  // backward.
   int64_t mlp = (H * d + 4) + 2 * I * d + (keeps_m ? H * d : 0) +
                 (packable ? (engine::AlignedRow(2 * I + 2 * r.lora_r) - 2 * I) * d : 0) +
                 (saves_gated ? I * d : 0);
@@ -146,7 +147,7 @@ LayerActivationBytes PerTokenLayerBytes(const ActivationPlanRequest& r) {
     }
     mlp += r.lora_r * d + (r.lora_dropout ? module.in * (d + r.dropout_mask_bytes) : 0);
   }
-  b.recomputed_tiled = b.recomputed - mlp + 2 * H * d;
+  b.recomputed_tiled = b.recomputed - mlp + H * d;
   b.backward_tiled = std::max(attention_backward, 2 * H * d);
   b.tile_row = mlp + mlp_backward;
   return b;

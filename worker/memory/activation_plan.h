@@ -124,7 +124,7 @@ struct LayerActivationBytes {
   // rows for one input-gradient GEMM (linear4bit.h SharedInputRotary::packed_gradients).
   int64_t packed_gradients = 0;
   // A checkpointed layer recomputed with its MLP in tiles (mlp_tile_rows): what the
-  // recomputation saves per token (the attention's, h, the tiles' joined output), what its
+  // recomputation saves per token (the attention's and h), what its
   // backward takes per token (the attention's gradients), and per row of a tile (the tile's MLP
   // saves and gradients, one tile at a time).
   int64_t recomputed_tiled = 0;
