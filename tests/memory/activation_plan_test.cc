@@ -3,8 +3,11 @@
 // the figures of the benchmark's shape.
 #include "worker/memory/activation_plan.h"
 
+
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -75,7 +78,7 @@ TEST(ActivationPlan, PeakGrowsWithEveryPlainLayerBelowTheTop) {
 // wait in host memory too (two on the device): with every layer checkpointed, offloading 8 of
 // them trades 30 inputs for one plain layer's activations at the peak (the top layer's
 // recomputation); among plain layers each one offloaded frees a plain layer's activations, up to
-// all but the top one.
+// all but the top one, where neighbours put two in transit.
 TEST(ActivationPlan, OffloadedLayersTradeTheirActivationsForOneInTransit) {
   memory::ActivationPlanRequest r = SevenB(24);
   const memory::LayerActivationBytes per = memory::PerTokenLayerBytes(r);
@@ -86,8 +89,38 @@ TEST(ActivationPlan, OffloadedLayersTradeTheirActivationsForOneInTransit) {
             tokens * (per.plain - 30 * per.checkpointed));
   // 8 of 32 plain layers offloaded: 7 fewer held (one is in transit).
   EXPECT_EQ(none - memory::PlannedPeakBytes(r, 0), 7 * tokens * per.plain);
-  r.offloaded_layers = 40;  // more than there are: all but the top layer
-  EXPECT_EQ(none - memory::PlannedPeakBytes(r, 0), 30 * tokens * per.plain);
+  r.offloaded_layers = 40;  // more than there are: all but the top layer, neighbours
+  EXPECT_EQ(none - memory::PlannedPeakBytes(r, 0), 29 * tokens * per.plain);
+}
+
+// Offloaded layers spread evenly: neighbours only past every other layer. With 31 layers
+// checkpointed (the top one never offloaded), 16 offloaded take every other one of the 31; 17
+// cannot.
+TEST(ActivationPlan, OffloadedLayersAreNeighboursOnlyPastEveryOtherLayer) {
+  const std::vector<bool> sixteen = memory::OffloadedLayerSet(32, 31, 16);
+  EXPECT_EQ(std::count(sixteen.begin(), sixteen.end(), true), 16);
+  EXPECT_FALSE(sixteen[31]);
+  EXPECT_FALSE(memory::OffloadedNeighbours(32, 31, 16));
+  EXPECT_TRUE(memory::OffloadedNeighbours(32, 31, 17));
+  EXPECT_FALSE(memory::OffloadedNeighbours(32, 31, 1));
+  EXPECT_FALSE(memory::OffloadedNeighbours(32, 0, 0));
+  // Plain layers: 3 of the 7 below the top one keep gaps, 4 do not.
+  EXPECT_FALSE(memory::OffloadedNeighbours(8, 0, 3));
+  EXPECT_TRUE(memory::OffloadedNeighbours(8, 0, 4));
+}
+
+// Rows of 16,384 tokens at micro-batch 1, 31 checkpointed: the forward holds two offloaded
+// layers' saves at once past 16 offloaded (the benchmark's allocator trace found both in
+// forward's peak with 18), one at 16 or fewer.
+TEST(ActivationPlan, OffloadedNeighboursHoldTwoLayersInForward) {
+  memory::ActivationPlanRequest r = SevenBRow(16384);
+  const memory::LayerActivationBytes per = memory::PerTokenLayerBytes(r);
+  r.offloaded_layers = 16;
+  const int64_t sixteen = memory::PlannedPeakBytes(r, 31);
+  r.offloaded_layers = 17;
+  const int64_t seventeen = memory::PlannedPeakBytes(r, 31);
+  // One input more offloaded, one layer's saves more in transit.
+  EXPECT_GE(seventeen - sixteen, 16384 * (per.plain - per.checkpointed) * 9 / 10);
 }
 
 TEST(ActivationPlan, MonotoneInTheBudget) {

@@ -171,13 +171,20 @@ int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t c
   r.offloaded_layers = 0;
   const int64_t alone = PlannedPeakBytes(r, c);
   const int64_t usable = UsableBytes(r, device_bytes);
-  int64_t n = OffloadedCheckpointedLayers(layers, c, OffloadableLayers(r, c, rates));
-  for (; n > 0; --n) {
+  // The most that fit the budget; where none does, those with the lowest peak (the most of
+  // them), if it is below the peak without offloading.
+  int64_t lowest = 0, lowest_peak = alone;
+  for (int64_t n = OffloadedCheckpointedLayers(layers, c, OffloadableLayers(r, c, rates)); n > 0;
+       --n) {
     r.offloaded_layers = n;
     const int64_t peak = PlannedPeakBytes(r, c);
-    if (peak <= alone || peak <= usable) break;
+    if (peak <= usable) return n;
+    if (peak < lowest_peak || (lowest == 0 && peak == alone)) {
+      lowest = n;
+      lowest_peak = peak;
+    }
   }
-  return n;
+  return lowest;
 }
 
 std::string DescribeOffloadCapacity(const ActivationPlanRequest& r, int64_t checkpointed_layers,
@@ -199,17 +206,7 @@ OffloadPlacement PlaceOffloads(int64_t layers, int64_t checkpointed, int64_t n, 
   n = std::clamp<int64_t>(n, 0, layers - 1);
   const int64_t input_count = OffloadedInputCount(layers, c, n, inputs);
   if (n == 0 && input_count == 0) return p;
-  // Evenly over the checkpointed layers [0, c), the top layer excepted.
-  const int64_t checkpointed_candidates = std::min(c, layers - 1);
-  const int64_t from_checkpointed = std::min(n, checkpointed_candidates);
-  for (int64_t k = 0; k < from_checkpointed; ++k) {
-    p.offloaded[(2 * k + 1) * checkpointed_candidates / (2 * from_checkpointed)] = true;
-  }
-  // Then evenly over the plain layers [c, layers - 1), from the lowest: the widest gap lies
-  // between the top one and the top layer, where backward starts.
-  const int64_t plain_candidates = std::max<int64_t>(layers - 1 - c, 0);
-  const int64_t from_plain = std::min(n - from_checkpointed, plain_candidates);
-  for (int64_t k = 0; k < from_plain; ++k) p.offloaded[c + k * plain_candidates / from_plain] = true;
+  p.offloaded = OffloadedLayerSet(layers, c, n);
   // The inputs: the highest checkpointed layers below the top one that are not offloaded.
   for (int64_t j = std::min(c, layers - 1) - 1, left = input_count; j >= 0 && left > 0; --j) {
     if (!p.offloaded[j]) {

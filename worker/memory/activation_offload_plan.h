@@ -56,11 +56,12 @@ double LayerForwardFlopsPerToken(const ActivationPlanRequest& request);
 int64_t OffloadableLayers(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                           const OffloadRates& rates);
 
-// enable_gradient_checkpointing: true with offload_activation_layers: auto: OffloadableLayers of
-// the `checkpointed_layers`, or none where their layer in transit would raise the planned peak
-// past `device_bytes` (the job's budget: max_memory_gib, else the GPU's free memory) less the
-// plan's margin (offloading lowers the peak where layers are narrow and rows many, raises it
-// where layers are wide and rows few: the 70B-width slice).
+// enable_gradient_checkpointing: true with offload_activation_layers: auto: the most of the
+// OffloadableLayers of the `checkpointed_layers` whose planned peak fits `device_bytes` (the
+// job's budget: max_memory_gib, else the GPU's free memory) less the plan's margin; where none
+// does, the count with the lowest peak, or none where every count raises it (offloading lowers
+// the peak where layers are narrow and rows many, raises it where layers are wide and rows few:
+// the 70B-width slice; offloaded neighbours put two layers in transit: rows of 16,384).
 int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                  const OffloadRates& rates, int64_t device_bytes);
 
@@ -115,11 +116,10 @@ struct OffloadPlacement {
   std::vector<std::vector<int64_t>> prefetch_at;
 };
 
-// The layers `n` offloaded layers (clamped to [0, layers - 1]) take with the lowest
-// `checkpointed` layers checkpointed: never the top one (backward needs it first); first the
-// checkpointed layers, spread evenly over them, then plain ones, spread evenly over theirs, so
-// that each offloaded layer is followed by others whose forward hides its copy to the host and
-// whose backward its copy back. Fetching back: an offloaded checkpointed layer's tensors at the
+// The layers `n` offloaded layers take with the lowest `checkpointed` layers checkpointed
+// (OffloadedLayerSet: never the top one, which backward needs first; spread evenly, so that each
+// offloaded layer is followed by others whose forward hides its copy to the host and whose
+// backward its copy back). Fetching back: an offloaded checkpointed layer's tensors at the
 // layer two above (its backward recomputes, so two layers' backward cover its copy), a plain one's
 // at the next offloaded layer above, else the top (a plain layer's backward lasts about a third of
 // the copy of its tensors over the host link: the copy needs every layer between them), and a

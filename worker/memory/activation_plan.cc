@@ -59,6 +59,33 @@ int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_
   return std::min(offloaded, std::min(checkpointed, layers - 1));
 }
 
+std::vector<bool> OffloadedLayerSet(int64_t layers, int64_t checkpointed, int64_t offloaded) {
+  std::vector<bool> set(std::max<int64_t>(layers, 0), false);
+  if (layers <= 1) return set;
+  const int64_t c = std::clamp<int64_t>(checkpointed, 0, layers);
+  const int64_t n = std::clamp<int64_t>(offloaded, 0, layers - 1);
+  // Evenly over the checkpointed layers [0, c), the top layer excepted.
+  const int64_t checkpointed_candidates = std::min(c, layers - 1);
+  const int64_t from_checkpointed = std::min(n, checkpointed_candidates);
+  for (int64_t k = 0; k < from_checkpointed; ++k) {
+    set[(2 * k + 1) * checkpointed_candidates / (2 * from_checkpointed)] = true;
+  }
+  // Then evenly over the plain layers [c, layers - 1), from the lowest: the widest gap lies
+  // between the top one and the top layer, where backward starts.
+  const int64_t plain_candidates = std::max<int64_t>(layers - 1 - c, 0);
+  const int64_t from_plain = std::min(n - from_checkpointed, plain_candidates);
+  for (int64_t k = 0; k < from_plain; ++k) set[c + k * plain_candidates / from_plain] = true;
+  return set;
+}
+
+bool OffloadedNeighbours(int64_t layers, int64_t checkpointed, int64_t offloaded) {
+  const std::vector<bool> set = OffloadedLayerSet(layers, checkpointed, offloaded);
+  for (size_t i = 0; i + 1 < set.size(); ++i) {
+    if (set[i] && set[i + 1]) return true;
+  }
+  return false;
+}
+
 bool MoreRowsThanATile(const ActivationPlanRequest& r) {
   return r.micro_batch * r.sequence_length > kMlpTileRows;
 }
@@ -168,11 +195,15 @@ int64_t PlannedPeakBytes(const ActivationPlanRequest& r, int64_t checkpointed_la
   const int64_t tile = tiled ? r.mlp_tile_rows * per.tile_row : 0;
   const int64_t around = 3 * H * d + 4 + 2 * m.head_dim * d;  // final norm, loss copy, rotary
   // Offloaded layers, checkpointed ones first (the top layer never): on the device only while
-  // in transit, one layer's worth in forward, two in backward.
+  // in transit, one layer's worth in forward (two where offloaded layers are neighbours), two in
+  // backward.
   const int64_t offloaded_checkpointed = OffloadedCheckpointedLayers(layers, c, r.offloaded_layers);
   const int64_t offloaded_plain =
       std::min(r.offloaded_layers - offloaded_checkpointed, std::max<int64_t>(plain - 1, 0));
-  const int64_t in_transit = offloaded_checkpointed + offloaded_plain > 0 ? per.plain : 0;
+  int64_t in_transit = 0;
+  if (offloaded_checkpointed + offloaded_plain > 0) {
+    in_transit = OffloadedNeighbours(layers, c, r.offloaded_layers) ? 2 * per.plain : per.plain;
+  }
   // Checkpointed inputs held on the device: all, or with offloaded ones those kept and two more
   // (the top layer's, those in transit).
   const int64_t offloaded_inputs = OffloadedInputs(r, c, r.offloaded_layers);

@@ -107,6 +107,16 @@ struct ActivationPlanRequest {
 // checkpointed ones (LlamaForCausalLM::SetOffloadedLayers takes those first, never the top layer).
 int64_t OffloadedCheckpointedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded);
 
+// Which layers `offloaded` offloaded layers (clamped to [0, layers - 1]) take with the first
+// `checkpointed` checkpointed: never the top one; first the checkpointed layers, spread evenly
+// over them, then plain ones, spread evenly over theirs (PlaceOffloads adds where each comes back).
+std::vector<bool> OffloadedLayerSet(int64_t layers, int64_t checkpointed, int64_t offloaded);
+
+// Whether two of those layers are neighbours: in forward the lower one's tensors are still on
+// their way to host memory when the upper one saves (the offloader waits only for layer g - 2's
+// copies when layer g first saves), so two layers' tensors are in transit, not one.
+bool OffloadedNeighbours(int64_t layers, int64_t checkpointed, int64_t offloaded);
+
 // Of the checkpointed layers' inputs (offloaded layers' and the top layer's aside), how many wait
 // in host memory with the first `checkpointed` of `layers` checkpointed, `offloaded` layers
 // offloaded and `requested` inputs asked for (ActivationPlanRequest::offloaded_inputs).
