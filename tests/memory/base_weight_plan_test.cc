@@ -144,6 +144,42 @@ TEST(BaseWeightPlanTest, TooSmallABudgetStreamsAndSaysSo) {
   EXPECT_THAT(plan.reason, HasSubstr("over the budget"));
 }
 
+// One row of 300,000 tokens at the 7B shape in an 80 GB card's 74 GiB: with every input on the
+// device and whole MLPs nothing fits, not even streamed. The activation plan would tile the
+// MLPs and, given host memory to pin, offload inputs: counted so, the weights stay on the device.
+TEST(BaseWeightPlanTest, LongRowsCountTilesAndOffloadedInputsBeforeMovingWeights) {
+  BaseWeightPlanRequest r = Request(LlamaConfig{}, 1, 1, 74);
+  r.activations.sequence_length = 300000;
+  r.mlp_tiles = false;
+  const BaseWeightPlan whole = PlanBaseWeights(r);
+  EXPECT_EQ(whole.placement, BaseWeightPlacement::kStreamed);
+  EXPECT_THAT(whole.reason, HasSubstr("over the budget"));
+  EXPECT_EQ(whole.mlp_tile_rows, 0);
+
+  r.mlp_tiles = true;
+  r.activation_host_bytes = 100 * kGiB;
+  const BaseWeightPlan planned = PlanBaseWeights(r);
+  EXPECT_EQ(planned.placement, BaseWeightPlacement::kOnDevice);
+  EXPECT_EQ(planned.zero_stage, 2);
+  EXPECT_EQ(planned.mlp_tile_rows, kMlpTileRows);
+  EXPECT_GT(planned.offloaded_inputs, 0);
+  EXPECT_LE(planned.planned_peak_bytes, static_cast<int64_t>(0.92 * 74 * kGiB));
+  EXPECT_THAT(planned.reason, HasSubstr("stage 2, base weights on device"));
+  EXPECT_THAT(planned.reason, HasSubstr("their MLPs in tiles of 8192 rows and"));
+  EXPECT_THAT(planned.reason, HasSubstr("of their inputs in host memory"));
+
+  // Without host memory to pin (offloading off), tiles alone do not fit.
+  r.activation_host_bytes = 0;
+  EXPECT_EQ(PlanBaseWeights(r).placement, BaseWeightPlacement::kStreamed);
+  // A short row never tiles or offloads: the plan's figures as before.
+  BaseWeightPlanRequest short_row = Request(LlamaConfig{}, 4, 1, 24);
+  short_row.activation_host_bytes = 100 * kGiB;
+  const BaseWeightPlan plain = PlanBaseWeights(short_row);
+  EXPECT_EQ(plain.mlp_tile_rows, 0);
+  EXPECT_EQ(plain.offloaded_inputs, 0);
+  EXPECT_EQ(plain.planned_peak_bytes, PlanBaseWeights(Request(LlamaConfig{}, 4, 1, 24)).planned_peak_bytes);
+}
+
 // A plain layer's graph keeps its gathered weights until its backward; two layers are in flight.
 TEST(BaseWeightPlanTest, GatheredLayersCountPerPlainLayer) {
   ActivationPlanRequest r = SeventyBSlice(1);

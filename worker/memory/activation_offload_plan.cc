@@ -110,6 +110,20 @@ int64_t OffloadableInputs(const ActivationPlanRequest& request, int64_t checkpoi
   });
 }
 
+int64_t InputsTheHostHolds(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                           int64_t host_bytes) {
+  if (host_bytes <= 0 || Tokens(request) <= 0) return 0;
+  ActivationPlanRequest r = request;
+  r.offloaded_layers = 0;
+  OffloadRates host;
+  host.host_bytes = host_bytes;
+  return MostLayers(r, [&](int64_t k) {
+    r.offloaded_inputs = k;
+    return OffloadedInputs(r, checkpointed_layers, 0) == k &&  // there are k to offload
+           HostHolds(r, checkpointed_layers, 0, host);
+  });
+}
+
 int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                 const OffloadRates& rates, int64_t device_bytes) {
   ActivationPlanRequest r = request;

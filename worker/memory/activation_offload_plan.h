@@ -70,6 +70,12 @@ int64_t OffloadAmongCheckpointed(const ActivationPlanRequest& request, int64_t c
 int64_t OffloadableInputs(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                           const OffloadRates& rates);
 
+// The most checkpointed layers' inputs (with no layer offloaded) whose pinned copies `host_bytes`
+// holds, the link aside: what the stage plan (base_weight_plan.h) may count on before the rates
+// are measured.
+int64_t InputsTheHostHolds(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                           int64_t host_bytes);
+
 // enable_gradient_checkpointing: true with offload_activation_layers: auto where no layer is
 // offloaded (OffloadAmongCheckpointed gave none): 0 when the planned peak fits `device_bytes`
 // less the margin with every input on the device, else the fewest inputs offloaded for which it

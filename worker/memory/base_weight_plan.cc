@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/memory/activation_offload_plan.h"
 
 namespace qlora::memory {
 namespace {
@@ -85,8 +86,7 @@ ActivationPlanRequest ActivationRequestFor(const JobConfig& job, const LlamaConf
   return r;
 }
 
-int64_t PlannedPeakWith(const BaseWeightPlanRequest& request, BaseWeightPlacement placement,
-                        int64_t* device_weight_bytes) {
+PlacementPeak PlannedPeakOf(const BaseWeightPlanRequest& request, BaseWeightPlacement placement) {
   ActivationPlanRequest r = request.activations;
   const int64_t layers = r.model.num_hidden_layers;
   const int64_t world = std::max(request.world_size, 1);
@@ -101,12 +101,40 @@ int64_t PlannedPeakWith(const BaseWeightPlanRequest& request, BaseWeightPlacemen
     on_device = weights.outside;
     r.gathered_layer_bytes = weights.per_layer;
   }
-  if (device_weight_bytes != nullptr) *device_weight_bytes = on_device;
+  PlacementPeak p;
+  p.device_weight_bytes = on_device;
   // The adapters (float32) and the strategy's float32 master copy and AdamW moments, the last
   // two partitioned across ranks from stage 1 up; the gradients and compute-dtype copies are the
   // activation plan's.
   r.built_bytes = on_device + 4 * r.trainable_elements + CeilDiv(12 * r.trainable_elements, world);
-  return PlannedPeakBytes(r, LeanestCheckpointedLayers(r));
+  int64_t checkpointed = LeanestCheckpointedLayers(r);
+  p.peak_bytes = PlannedPeakBytes(r, checkpointed);
+  // Past the budget the activation plan tiles the checkpointed layers' MLPs, then offloads
+  // their inputs (activation_plan.h, activation_offload_plan.h): count them as it would.
+  const int64_t usable = request.budget_bytes > 0 ? UsableBytes(r, request.budget_bytes) : 0;
+  if (usable <= 0) return p;
+  if (p.peak_bytes > usable && request.mlp_tiles && MoreRowsThanATile(r)) {
+    r.mlp_tile_rows = kMlpTileRows;
+    checkpointed = LeanestCheckpointedLayers(r);
+    p.peak_bytes = PlannedPeakBytes(r, checkpointed);
+    p.mlp_tile_rows = r.mlp_tile_rows;
+  }
+  if (p.peak_bytes > usable) {
+    const int64_t inputs = InputsTheHostHolds(r, checkpointed, request.activation_host_bytes);
+    if (inputs > 0) {
+      r.offloaded_inputs = inputs;
+      p.peak_bytes = PlannedPeakBytes(r, checkpointed);
+      p.offloaded_inputs = inputs;
+    }
+  }
+  return p;
+}
+
+int64_t PlannedPeakWith(const BaseWeightPlanRequest& request, BaseWeightPlacement placement,
+                        int64_t* device_weight_bytes) {
+  const PlacementPeak p = PlannedPeakOf(request, placement);
+  if (device_weight_bytes != nullptr) *device_weight_bytes = p.device_weight_bytes;
+  return p.peak_bytes;
 }
 
 BaseWeightPlan PlanBaseWeights(const BaseWeightPlanRequest& request) {
@@ -130,22 +158,32 @@ BaseWeightPlan PlanBaseWeights(const BaseWeightPlanRequest& request) {
   std::string passed;  // what the placements before the chosen one would need
   for (size_t i = 0; i < options.size(); ++i) {
     const Option& o = options[i];
-    int64_t device_weights = 0;
-    const int64_t peak = PlannedPeakWith(request, o.placement, &device_weights);
+    const PlacementPeak p = PlannedPeakOf(request, o.placement);
+    const int64_t peak = p.peak_bytes;
     const bool last = i + 1 == options.size();
     if (peak <= usable || last) {
       plan.zero_stage = o.stage;
       plan.offload_param = o.offload_param;
       plan.placement = o.placement;
-      plan.device_weight_bytes = device_weights;
+      plan.device_weight_bytes = p.device_weight_bytes;
       plan.planned_peak_bytes = peak;
+      plan.mlp_tile_rows = p.mlp_tile_rows;
+      plan.offloaded_inputs = p.offloaded_inputs;
       const std::string where =
           o.placement == BaseWeightPlacement::kSharded
               ? absl::StrFormat("base weights sharded across %d ranks", request.world_size)
               : absl::StrCat("base weights ", PlacementName(o.placement));
+      std::string activations = "every layer checkpointed";
+      if (p.mlp_tile_rows > 0) {
+        absl::StrAppend(&activations, ", their MLPs in tiles of ", p.mlp_tile_rows, " rows");
+      }
+      if (p.offloaded_inputs > 0) {
+        absl::StrAppend(&activations, p.mlp_tile_rows > 0 ? " and " : ", ", p.offloaded_inputs,
+                        " of their inputs in host memory");
+      }
       plan.reason = absl::StrFormat(
-          "stage %d, %s: planned peak %s of a %s budget with every layer checkpointed%s%s",
-          o.stage, where, FormatMemory(peak), FormatMemory(request.budget_bytes),
+          "stage %d, %s: planned peak %s of a %s budget with %s%s%s", o.stage, where,
+          FormatMemory(peak), FormatMemory(request.budget_bytes), activations,
           passed.empty() ? "" : absl::StrCat(" (", passed, ")"),
           peak <= usable ? "" : "; over the budget less its margin even so");
       return plan;

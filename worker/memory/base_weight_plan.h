@@ -11,7 +11,10 @@
 // copy and AdamW state, partitioned across ranks) and a step's activations with every layer
 // checkpointed, the least the activation plan can do (activation_plan.h): a placement that
 // fits only with recomputation is still chosen, and enable_gradient_checkpointing: auto then
-// finds the split. Stage 2 is the floor: with LoRA, stages 0 and 1 save nothing over it (the
+// finds the split. Where that is not enough (rows of hundreds of thousands of tokens), the
+// least counts what the activation plan would do next: the checkpointed layers' MLPs in tiles,
+// then (offload_activation_layers: auto) as many checkpointed inputs in host memory as the
+// host budget holds, so that a long row keeps its weights on the device when they fit so. Stage 2 is the floor: with LoRA, stages 0 and 1 save nothing over it (the
 // adapters' gradients are reduce-scattered instead of all-reduced, the same bytes on the wire).
 //
 // The budget is trainer.max_memory_gib, else the smallest of the ranks' GPUs' allocatable
@@ -58,6 +61,11 @@ struct BaseWeightPlanRequest {
   int world_size = 1;
   int64_t budget_bytes = 0;  // 0: no budget (stage 2)
   bool input_embedding_on_host = false;  // FrozenWeightBytes' flag
+  // Checkpointing on (true or auto): the checkpointed layers' MLPs may run in tiles.
+  bool mlp_tiles = true;
+  // offload_activation_layers: auto on a GPU: the host memory its offloaded activations may pin
+  // (trainer.max_host_memory_gib, else the worker's default); 0: no offloading.
+  int64_t activation_host_bytes = 0;
 };
 
 struct BaseWeightPlan {
@@ -66,6 +74,8 @@ struct BaseWeightPlan {
   BaseWeightPlacement placement = BaseWeightPlacement::kOnDevice;
   int64_t device_weight_bytes = 0;   // the base weights on the device at the peak
   int64_t planned_peak_bytes = 0;    // with every layer checkpointed (0: no budget)
+  int64_t mlp_tile_rows = 0;         // of the plan behind planned_peak_bytes
+  int64_t offloaded_inputs = 0;      // likewise
   int64_t budget_bytes = 0;
   // "stage 3, base weights sharded across 2 ranks: planned peak 21.0 GiB of a 24.0 GiB budget
   // (on device every rank would need 41.2 GiB)".
@@ -74,7 +84,15 @@ struct BaseWeightPlan {
 
 BaseWeightPlan PlanBaseWeights(const BaseWeightPlanRequest& request);
 
-// The planned peak of one placement (PlanBaseWeights' figure for it).
+// The planned peak of one placement (PlanBaseWeights' figure for it), and the activations'
+// choices behind it.
+struct PlacementPeak {
+  int64_t peak_bytes = 0;
+  int64_t device_weight_bytes = 0;
+  int64_t mlp_tile_rows = 0;
+  int64_t offloaded_inputs = 0;
+};
+PlacementPeak PlannedPeakOf(const BaseWeightPlanRequest& request, BaseWeightPlacement placement);
 int64_t PlannedPeakWith(const BaseWeightPlanRequest& request, BaseWeightPlacement placement,
                         int64_t* device_weight_bytes = nullptr);
 

@@ -112,6 +112,14 @@ absl::Status Trainer::Connect() {
   return absl::OkStatus();
 }
 
+int64_t Trainer::ActivationHostBytes() const {
+  // trainer.max_host_memory_gib, else half of what the host has left (the rest for the data,
+  // the checkpoints and the host's own), shared with the other ranks, which may all run on this
+  // host (local workers do).
+  return memory::HostBudgetBytes(
+      config_.trainer, memory::HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1)));
+}
+
 absl::Status Trainer::PlanBaseWeightPlacement() {
   StrategyConfig& s = config_.backend.strategy;
   if (!s.zero_stage_auto) return absl::OkStatus();
@@ -122,6 +130,11 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
   r.quantization = config_.quantization;
   r.world_size = assignment_.world_size;
   r.input_embedding_on_host = device_.is_cuda();  // as LoadModel loads it
+  const TrainerConfig& t = config_.trainer;
+  r.mlp_tiles = t.gradient_checkpointing != CheckpointingMode::kNone;
+  if (memory::CheckpointingBudget::UsesOffloadRates(t, device_)) {
+    r.activation_host_bytes = ActivationHostBytes();
+  }
   // Every rank plans for the smallest budget, so that all choose the same stage.
   const int64_t own = memory::MemoryBudgetBytes(config_.trainer, memory::DeviceAvailableBytes(device_));
   const at::Tensor budgets =
@@ -242,11 +255,7 @@ absl::Status Trainer::ChooseCheckpointing() {
     rates.model = model_->config();
     rates.tokens = int64_t{RowsPerMicroBatch(config_)} * config_.data.max_sequence_length;
     rates.dtype = model_->compute_dtype();
-    // trainer.max_host_memory_gib, else half of what the host has left (the rest for the data,
-    // the checkpoints and the host's own), shared with the other ranks, which may all run on
-    // this host (local workers do).
-    rates.host_bytes = memory::HostBudgetBytes(
-        t, memory::HostAvailableBytes() / (2 * std::max(assignment_.world_size, 1)));
+    rates.host_bytes = ActivationHostBytes();
     o.offload_rates = engine::MeasureOffloadRates(rates);  // before the peak below is read
   }
   o.trainable_elements = strategy_->Describe().trainable_elements;

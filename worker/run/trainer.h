@@ -95,6 +95,9 @@ class Trainer {
   // A stage left to the workers (StrategyConfig::zero_stage_auto): the base-weight placement
   // planned for the smallest budget of the ranks (collective), written into config_.
   absl::Status PlanBaseWeightPlacement();
+  // The host memory offloaded activations may pin on this rank (trainer.max_host_memory_gib, else
+  // the default share of what the host has available).
+  int64_t ActivationHostBytes() const;
   // adapter.pretrained_adapter_weights: the adapters start from that folder's weights, whose
   // settings must be the job's (InvalidArgument naming both otherwise).
   absl::Status StartFromAdapter();
