@@ -74,8 +74,9 @@
 #   unsloth-rowN     Unsloth at the same row, its checkpointing; BENCH_MAX_MEMORY_GIB caps both
 #                    sides' allocators (76 for an 80 GB card's room on an H200)
 # with "-llama3" appended: on the LLaMA-3.1-8B shape (vocabulary 128256, 8 KV heads), whose
-# random folder is made on first use on disk (16 GB; BENCH_MODEL_LLAMA3_DIR), not in /dev/shm,
-# which the pinned copies of the rows' checkpoints need as host memory.
+# random folder is made on first use on disk (16 GB; BENCH_MODEL_LLAMA3_DIR; BENCH_LLAMA3_NF4=1:
+# 5.7 GB pre-quantized, written in a fraction of the time), not in /dev/shm, which the pinned
+# copies of the rows' checkpoints need as host memory.
 # Any ours part with "-fp8" appended (ours-mb4-offauto-fp8, ours-mb4-nockpt-held34-fp8, ...) runs
 # it with quantization.float8_base_forward: true; its results carry the label with "-fp8".
 #
