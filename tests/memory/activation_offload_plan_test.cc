@@ -190,6 +190,33 @@ TEST(ActivationOffloadPlan, LongestRowsOffloadTheInputsAloneWhereNothingElseFits
   EXPECT_EQ(memory::InputsAmongCheckpointed(SevenBRow(16384), 32, rates, r.budget_bytes), 0);
 }
 
+// enable_gradient_checkpointing: true at 240,000 tokens with a host that holds every input and
+// some layers' saves: no count of offloaded layers fits beside its layers in transit, the inputs
+// alone do, so true takes them; where layers fit, it keeps them.
+TEST(ActivationOffloadPlan, TrueTakesTheInputsAloneWhereNoLayerCountFits) {
+  memory::ActivationPlanRequest r = SevenBRow(240000);
+  r.mlp_tile_rows = memory::kMlpTileRows;
+  memory::OffloadRates rates = H200();
+  rates.host_bytes = 200 * kGiB;
+  const int64_t usable = memory::UsableBytes(r, r.budget_bytes);
+  memory::ActivationPlanRequest layers = r;
+  layers.offloaded_layers = memory::OffloadAmongCheckpointed(r, 32, rates, r.budget_bytes);
+  ASSERT_GT(layers.offloaded_layers, 0);
+  ASSERT_GT(memory::PlannedPeakBytes(layers, 32), usable);  // the lowest peak, still over
+  const memory::CheckpointedOffload choice =
+      memory::OffloadForCheckpointed(r, 32, rates, r.budget_bytes);
+  EXPECT_EQ(choice.layers, 0);
+  EXPECT_EQ(choice.inputs, memory::InputsAmongCheckpointed(r, 32, rates, r.budget_bytes));
+  memory::ActivationPlanRequest inputs = r;
+  inputs.offloaded_inputs = choice.inputs;
+  EXPECT_LE(memory::PlannedPeakBytes(inputs, 32), usable);
+  // 200,000 tokens: 8 layers fit, and stay the choice.
+  const memory::CheckpointedOffload shorter =
+      memory::OffloadForCheckpointed(SevenBRow(200000), 32, rates, r.budget_bytes);
+  EXPECT_GT(shorter.layers, 0);
+  EXPECT_EQ(shorter.inputs, -1);
+}
+
 // The layers an offload takes and the layer whose hook fetches each back.
 std::vector<int64_t> Offloaded(const memory::OffloadPlacement& p) {
   std::vector<int64_t> layers;

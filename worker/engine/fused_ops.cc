@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "kernels/fused_elementwise.h"
@@ -61,6 +62,7 @@ struct SumGraphOnlyFunction : public torch::autograd::Function<SumGraphOnlyFunct
 
 struct CatGraphOnlyFunction : public torch::autograd::Function<CatGraphOnlyFunction> {
   static at::Tensor forward(AutogradContext* ctx, at::TensorList parts, int64_t dim) {
+    dim = c10::maybe_wrap_dim(dim, parts.front().dim());
     std::vector<int64_t> sizes;
     sizes.reserve(parts.size());
     for (const at::Tensor& part : parts) sizes.push_back(part.size(dim));

@@ -139,6 +139,22 @@ int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t ch
   return most;
 }
 
+CheckpointedOffload OffloadForCheckpointed(const ActivationPlanRequest& request,
+                                           int64_t checkpointed_layers, const OffloadRates& rates,
+                                           int64_t device_bytes) {
+  const int64_t c = checkpointed_layers;
+  ActivationPlanRequest r = request;
+  r.offloaded_inputs = -1;
+  r.offloaded_layers = OffloadAmongCheckpointed(r, c, rates, device_bytes);
+  const CheckpointedOffload layers{r.offloaded_layers, -1};
+  const int64_t layers_peak = PlannedPeakBytes(r, c);
+  if (layers.layers > 0 && layers_peak <= UsableBytes(r, device_bytes)) return layers;
+  r.offloaded_layers = 0;
+  r.offloaded_inputs = InputsAmongCheckpointed(r, c, rates, device_bytes);
+  if (layers.layers > 0 && PlannedPeakBytes(r, c) >= layers_peak) return layers;
+  return CheckpointedOffload{0, r.offloaded_inputs};
+}
+
 absl::StatusOr<OffloadedPlan> PlanCheckpointingWithOffload(const ActivationPlanRequest& request,
                                                            const OffloadRates& rates) {
   ActivationPlanRequest r = request;

@@ -83,6 +83,18 @@ int64_t InputsTheHostHolds(const ActivationPlanRequest& request, int64_t checkpo
 int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                                 const OffloadRates& rates, int64_t device_bytes);
 
+// enable_gradient_checkpointing: true with offload_activation_layers: auto, both choices above:
+// OffloadAmongCheckpointed's layers (every checkpointed input travelling with them), or, where
+// their plan overruns the budget and the inputs alone plan lower (no layer in transit), or none
+// is offloaded, InputsAmongCheckpointed's inputs alone.
+struct CheckpointedOffload {
+  int64_t layers = 0;
+  int64_t inputs = -1;  // ActivationPlanRequest::offloaded_inputs
+};
+CheckpointedOffload OffloadForCheckpointed(const ActivationPlanRequest& request,
+                                           int64_t checkpointed_layers, const OffloadRates& rates,
+                                           int64_t device_bytes);
+
 // Layers recomputed in a step with `checkpointed` checkpointed and `offloaded` offloaded (an
 // offloaded checkpointed layer runs unrecomputed).
 int64_t RecomputedLayers(int64_t layers, int64_t checkpointed, int64_t offloaded);

@@ -119,13 +119,15 @@ PlacementPeak PlannedPeakOf(const BaseWeightPlanRequest& request, BaseWeightPlac
     p.peak_bytes = PlannedPeakBytes(r, checkpointed);
     p.mlp_tile_rows = r.mlp_tile_rows;
   }
-  if (p.peak_bytes > usable) {
-    const int64_t inputs = InputsTheHostHolds(r, checkpointed, request.activation_host_bytes);
-    if (inputs > 0) {
-      r.offloaded_inputs = inputs;
-      p.peak_bytes = PlannedPeakBytes(r, checkpointed);
-      p.offloaded_inputs = inputs;
-    }
+  // The fewest inputs that fit (as InputsAmongCheckpointed), else as many as the host holds.
+  const int64_t most = p.peak_bytes > usable
+                           ? InputsTheHostHolds(r, checkpointed, request.activation_host_bytes)
+                           : 0;
+  for (int64_t k = 1; k <= most; ++k) {
+    r.offloaded_inputs = k;
+    p.peak_bytes = PlannedPeakBytes(r, checkpointed);
+    p.offloaded_inputs = k;
+    if (p.peak_bytes <= usable) break;
   }
   return p;
 }

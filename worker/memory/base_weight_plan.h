@@ -13,12 +13,16 @@
 // fits only with recomputation is still chosen, and enable_gradient_checkpointing: auto then
 // finds the split. Where that is not enough (rows of hundreds of thousands of tokens), the
 // least counts what the activation plan would do next: the checkpointed layers' MLPs in tiles,
-// then (offload_activation_layers: auto) as many checkpointed inputs in host memory as the
-// host budget holds, so that a long row keeps its weights on the device when they fit so. Stage 2 is the floor: with LoRA, stages 0 and 1 save nothing over it (the
-// adapters' gradients are reduce-scattered instead of all-reduced, the same bytes on the wire).
+// then (offload_activation_layers: auto) the fewest checkpointed inputs in host memory that
+// fit, within what the host budget holds, so that a long row keeps its weights on the device
+// when they fit so. It counts on the offloading that the worker's measurement of the host link
+// then confirms: where that measurement fails, the job goes on without offloading and the
+// activation plan says what no longer fits. Stage 2 is the floor: with LoRA, stages 0 and 1
+// save nothing over it (the adapters' gradients are reduce-scattered instead of all-reduced,
+// the same bytes on the wire).
 //
 // The budget is trainer.max_memory_gib, else the smallest of the ranks' GPUs' allocatable
-// memory; without one (a CPU), stage 2. When even streaming does not fit, streaming is chosen
+// memory (and the host budget the smallest of the ranks'); without one (a CPU), stage 2. When even streaming does not fit, streaming is chosen
 // and the reason says by how much it misses: the activation plan then refuses an auto job with
 // its own figures, or the job tries as written. Torch-free.
 #pragma once
@@ -73,7 +77,9 @@ struct BaseWeightPlan {
   bool offload_param = false;
   BaseWeightPlacement placement = BaseWeightPlacement::kOnDevice;
   int64_t device_weight_bytes = 0;   // the base weights on the device at the peak
-  int64_t planned_peak_bytes = 0;    // with every layer checkpointed (0: no budget)
+  // With every layer checkpointed, their MLPs in tiles and inputs offloaded as below (0: no
+  // budget).
+  int64_t planned_peak_bytes = 0;
   int64_t mlp_tile_rows = 0;         // of the plan behind planned_peak_bytes
   int64_t offloaded_inputs = 0;      // likewise
   int64_t budget_bytes = 0;

@@ -96,12 +96,11 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
       }
       o.model->SetCheckpointedLayers(c);
       if (b.offload_rates_) {  // as many of the checkpointed layers as the link carries
-        // ... and the budget holds.
-        const int64_t n = memory::OffloadAmongCheckpointed(b.request_, c, *b.offload_rates_, room);
-        // None: the inputs alone where the device cannot hold them all (the longest rows).
-        const int64_t inputs =
-            n > 0 ? -1 : memory::InputsAmongCheckpointed(b.request_, c, *b.offload_rates_, room);
-        o.model->SetOffloadedLayers(n, {}, inputs);
+        // ... and the budget holds, or the inputs alone where the device cannot hold them all
+        // (the longest rows).
+        const memory::CheckpointedOffload choice =
+            memory::OffloadForCheckpointed(b.request_, c, *b.offload_rates_, room);
+        o.model->SetOffloadedLayers(choice.layers, {}, choice.inputs);
       }
     }
     return b;

@@ -132,16 +132,20 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
   r.input_embedding_on_host = device_.is_cuda();  // as LoadModel loads it
   const TrainerConfig& t = config_.trainer;
   r.mlp_tiles = t.gradient_checkpointing != CheckpointingMode::kNone;
-  if (memory::CheckpointingBudget::UsesOffloadRates(t, device_)) {
-    r.activation_host_bytes = ActivationHostBytes();
-  }
-  // Every rank plans for the smallest budget, so that all choose the same stage.
-  const int64_t own = memory::MemoryBudgetBytes(config_.trainer, memory::DeviceAvailableBytes(device_));
-  const at::Tensor budgets =
-      at::empty({communicator_->world_size()}, at::dtype(at::kLong).device(device_));
+  // Every rank plans for the smallest device and host budgets of all, so that all choose the
+  // same stage.
+  const int64_t own_budget =
+      memory::MemoryBudgetBytes(t, memory::DeviceAvailableBytes(device_));
+  const int64_t own_host =
+      memory::CheckpointingBudget::UsesOffloadRates(t, device_) ? ActivationHostBytes() : 0;
+  const int64_t world = communicator_->world_size();
+  const at::Tensor budgets = at::empty({world, 2}, at::dtype(at::kLong).device(device_));
   QLORA_RETURN_IF_ERROR(communicator_->AllGather(
-      at::full({1}, own, at::dtype(at::kLong).device(device_)), budgets, absl::Minutes(5)));
-  r.budget_bytes = budgets.min().item<int64_t>();
+      at::tensor(std::vector<int64_t>{own_budget, own_host}, at::dtype(at::kLong)).to(device_), budgets,
+      absl::Minutes(5)));
+  const at::Tensor smallest = std::get<0>(budgets.min(0)).cpu();
+  r.budget_bytes = smallest[0].item<int64_t>();
+  r.activation_host_bytes = smallest[1].item<int64_t>();
   const memory::BaseWeightPlan plan = memory::PlanBaseWeights(r);
   Log(absl::StrCat("memory plan: ", plan.reason));
   if (plan.budget_bytes <= 0) return absl::OkStatus();  // nothing to plan for: as parsed
