@@ -131,7 +131,9 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
   r.world_size = assignment_.world_size;
   r.input_embedding_on_host = device_.is_cuda();  // as LoadModel loads it
   const TrainerConfig& t = config_.trainer;
-  r.mlp_tiles = t.gradient_checkpointing != CheckpointingMode::kNone;
+  // As the activation plans tile: auto anywhere, true where it sees the GPU's room.
+  r.mlp_tiles = t.gradient_checkpointing == CheckpointingMode::kAuto ||
+                (t.gradient_checkpointing == CheckpointingMode::kAll && device_.is_cuda());
   // Every rank plans for the smallest device and host budgets of all, so that all choose the
   // same stage.
   const int64_t own_budget =
