@@ -72,6 +72,20 @@ int64_t LayersByHostMemory(const ActivationPlanRequest& r, int64_t checkpointed_
   return MostLayers(r, [&](int64_t n) { return HostHolds(r, checkpointed_layers, n, rates); });
 }
 
+// The most checkpointed layers' inputs (no layer offloaded) that the host holds and, with
+// `link`, whose copies keep up.
+int64_t MostInputs(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                   const OffloadRates& rates, bool link) {
+  ActivationPlanRequest r = request;
+  r.offloaded_layers = 0;
+  return MostLayers(r, [&](int64_t k) {
+    r.offloaded_inputs = k;
+    return OffloadedInputs(r, checkpointed_layers, 0) == k &&  // there are k to offload
+           HostHolds(r, checkpointed_layers, 0, rates) &&
+           (!link || CopiesFit(r, checkpointed_layers, 0, rates));
+  });
+}
+
 }  // namespace
 
 double LayerForwardFlopsPerToken(const ActivationPlanRequest& r) {
@@ -101,42 +115,35 @@ int64_t OffloadableInputs(const ActivationPlanRequest& request, int64_t checkpoi
   if (rates.host_link_bytes_per_s <= 0 || rates.gemm_flops_per_s <= 0 || Tokens(request) <= 0) {
     return 0;
   }
-  ActivationPlanRequest r = request;
-  r.offloaded_layers = 0;
-  return MostLayers(r, [&](int64_t k) {
-    r.offloaded_inputs = k;
-    return OffloadedInputs(r, checkpointed_layers, 0) == k &&  // there are k to offload
-           HostHolds(r, checkpointed_layers, 0, rates) && CopiesFit(r, checkpointed_layers, 0, rates);
-  });
+  return MostInputs(request, checkpointed_layers, rates, /*link=*/true);
 }
 
 int64_t InputsTheHostHolds(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                            int64_t host_bytes) {
   if (host_bytes <= 0 || Tokens(request) <= 0) return 0;
-  ActivationPlanRequest r = request;
-  r.offloaded_layers = 0;
   OffloadRates host;
   host.host_bytes = host_bytes;
-  return MostLayers(r, [&](int64_t k) {
-    r.offloaded_inputs = k;
-    return OffloadedInputs(r, checkpointed_layers, 0) == k &&  // there are k to offload
-           HostHolds(r, checkpointed_layers, 0, host);
-  });
+  return MostInputs(request, checkpointed_layers, host, /*link=*/false);
 }
 
-int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
-                                const OffloadRates& rates, int64_t device_bytes) {
+int64_t FewestInputsThatFit(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                            int64_t most, int64_t device_bytes) {
   ActivationPlanRequest r = request;
   r.offloaded_layers = 0;
   r.offloaded_inputs = 0;
   const int64_t usable = UsableBytes(r, device_bytes);
   if (PlannedPeakBytes(r, checkpointed_layers) <= usable) return 0;
-  const int64_t most = OffloadableInputs(r, checkpointed_layers, rates);
   for (int64_t k = 1; k < most; ++k) {
     r.offloaded_inputs = k;
     if (PlannedPeakBytes(r, checkpointed_layers) <= usable) return k;
   }
   return most;
+}
+
+int64_t InputsAmongCheckpointed(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                                const OffloadRates& rates, int64_t device_bytes) {
+  return FewestInputsThatFit(request, checkpointed_layers,
+                             OffloadableInputs(request, checkpointed_layers, rates), device_bytes);
 }
 
 CheckpointedOffload OffloadForCheckpointed(const ActivationPlanRequest& request,

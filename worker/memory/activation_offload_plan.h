@@ -76,6 +76,12 @@ int64_t OffloadableInputs(const ActivationPlanRequest& request, int64_t checkpoi
 int64_t InputsTheHostHolds(const ActivationPlanRequest& request, int64_t checkpointed_layers,
                            int64_t host_bytes);
 
+// With no layer offloaded: 0 when the planned peak fits `device_bytes` less the margin with every
+// checkpointed input on the device, else the fewest inputs offloaded (up to `most`) for which it
+// does, else `most` (the lowest peak allowed).
+int64_t FewestInputsThatFit(const ActivationPlanRequest& request, int64_t checkpointed_layers,
+                            int64_t most, int64_t device_bytes);
+
 // enable_gradient_checkpointing: true with offload_activation_layers: auto where no layer is
 // offloaded (OffloadAmongCheckpointed gave none): 0 when the planned peak fits `device_bytes`
 // less the margin with every input on the device, else the fewest inputs offloaded for which it

@@ -120,14 +120,14 @@ PlacementPeak PlannedPeakOf(const BaseWeightPlanRequest& request, BaseWeightPlac
     p.mlp_tile_rows = r.mlp_tile_rows;
   }
   // The fewest inputs that fit (as InputsAmongCheckpointed), else as many as the host holds.
-  const int64_t most = p.peak_bytes > usable
-                           ? InputsTheHostHolds(r, checkpointed, request.activation_host_bytes)
-                           : 0;
-  for (int64_t k = 1; k <= most; ++k) {
-    r.offloaded_inputs = k;
-    p.peak_bytes = PlannedPeakBytes(r, checkpointed);
-    p.offloaded_inputs = k;
-    if (p.peak_bytes <= usable) break;
+  if (p.peak_bytes > usable) {
+    p.offloaded_inputs = FewestInputsThatFit(
+        r, checkpointed, InputsTheHostHolds(r, checkpointed, request.activation_host_bytes),
+        request.budget_bytes);
+    if (p.offloaded_inputs > 0) {
+      r.offloaded_inputs = p.offloaded_inputs;
+      p.peak_bytes = PlannedPeakBytes(r, checkpointed);
+    }
   }
   return p;
 }

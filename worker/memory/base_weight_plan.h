@@ -22,9 +22,10 @@
 // the same bytes on the wire).
 //
 // The budget is trainer.max_memory_gib, else the smallest of the ranks' GPUs' allocatable
-// memory (and the host budget the smallest of the ranks'); without one (a CPU), stage 2. When even streaming does not fit, streaming is chosen
-// and the reason says by how much it misses: the activation plan then refuses an auto job with
-// its own figures, or the job tries as written. Torch-free.
+// memory (and the host budget the smallest of the ranks'); without one (a CPU), stage 2. When
+// even streaming does not fit, streaming is chosen and the reason says by how much it misses:
+// the activation plan then refuses an auto job with its own figures, or the job tries as
+// written. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -65,7 +66,7 @@ struct BaseWeightPlanRequest {
   int world_size = 1;
   int64_t budget_bytes = 0;  // 0: no budget (stage 2)
   bool input_embedding_on_host = false;  // FrozenWeightBytes' flag
-  // Checkpointing on (true or auto): the checkpointed layers' MLPs may run in tiles.
+  // The checkpointed layers' MLPs may run in tiles (CheckpointingBudget::MayTileMlps).
   bool mlp_tiles = true;
   // offload_activation_layers: auto on a GPU: the host memory its offloaded activations may pin
   // (trainer.max_host_memory_gib, else the worker's default); 0: no offloading.

@@ -61,6 +61,11 @@ bool CheckpointingBudget::UsesOffloadRates(const TrainerConfig& t, const c10::De
          t.gradient_checkpointing != CheckpointingMode::kNone;
 }
 
+bool CheckpointingBudget::MayTileMlps(const TrainerConfig& t, const c10::Device& device) {
+  return t.gradient_checkpointing == CheckpointingMode::kAuto ||
+         (t.gradient_checkpointing == CheckpointingMode::kAll && device.is_cuda());
+}
+
 absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const CheckpointingBudgetOptions& o) {
   CheckpointingBudget b;
   b.model_ = o.model;
@@ -89,7 +94,8 @@ absl::StatusOr<CheckpointingBudget> CheckpointingBudget::Start(const Checkpointi
       int64_t c = memory::LeanestCheckpointedLayers(b.request_);
       // max_memory_gib caps the allocator, so it is the room.
       const int64_t room = MemoryBudgetBytes(t, o.available_bytes);
-      if (room > 0 && o.device.is_cuda()) {  // tiles where whole MLPs overrun it (the longest rows)
+      // Tiles where whole MLPs overrun the room (the longest rows).
+      if (room > 0 && MayTileMlps(t, o.device)) {
         b.request_.mlp_tile_rows = memory::MlpTileRowsFor(b.request_, c, room);
         c = memory::LeanestCheckpointedLayers(b.request_);
         o.model->SetMlpTileRows(b.request_.mlp_tile_rows);

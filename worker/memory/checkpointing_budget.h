@@ -66,6 +66,10 @@ class CheckpointingBudget {
   // layers to spare from recomputation (checkpointing true or auto).
   static bool UsesOffloadRates(const TrainerConfig& trainer, const c10::Device& device);
 
+  // Whether Start may run checkpointed layers' MLPs in tiles where whole ones overrun the budget:
+  // checkpointing auto (its plan tiles anywhere), or true on a GPU (where it sees the room).
+  static bool MayTileMlps(const TrainerConfig& trainer, const c10::Device& device);
+
   // Sets the model's split. FailedPrecondition when auto's budget is below what every layer
   // checkpointed needs (the message names both).
   static absl::StatusOr<CheckpointingBudget> Start(const CheckpointingBudgetOptions& options);

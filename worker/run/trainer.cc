@@ -131,9 +131,7 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
   r.world_size = assignment_.world_size;
   r.input_embedding_on_host = device_.is_cuda();  // as LoadModel loads it
   const TrainerConfig& t = config_.trainer;
-  // As the activation plans tile: auto anywhere, true where it sees the GPU's room.
-  r.mlp_tiles = t.gradient_checkpointing == CheckpointingMode::kAuto ||
-                (t.gradient_checkpointing == CheckpointingMode::kAll && device_.is_cuda());
+  r.mlp_tiles = memory::CheckpointingBudget::MayTileMlps(t, device_);
   // Every rank plans for the smallest device and host budgets of all, so that all choose the
   // same stage.
   const int64_t own_budget =
@@ -142,9 +140,9 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
       memory::CheckpointingBudget::UsesOffloadRates(t, device_) ? ActivationHostBytes() : 0;
   const int64_t world = communicator_->world_size();
   const at::Tensor budgets = at::empty({world, 2}, at::dtype(at::kLong).device(device_));
-  QLORA_RETURN_IF_ERROR(communicator_->AllGather(
-      at::tensor(std::vector<int64_t>{own_budget, own_host}, at::dtype(at::kLong)).to(device_), budgets,
-      absl::Minutes(5)));
+  const at::Tensor own =
+      at::tensor(std::vector<int64_t>{own_budget, own_host}, at::dtype(at::kLong)).to(device_);
+  QLORA_RETURN_IF_ERROR(communicator_->AllGather(own, budgets, absl::Minutes(5)));
   const at::Tensor smallest = std::get<0>(budgets.min(0)).cpu();
   r.budget_bytes = smallest[0].item<int64_t>();
   r.activation_host_bytes = smallest[1].item<int64_t>();
