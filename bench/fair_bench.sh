@@ -294,6 +294,16 @@ with_70b() {
   model=$model70 "$@"
 }
 
+# DIR SHAPE_FLAGS...: a random folder pre-quantized as bitsandbytes saves NF4 (bf16 beside it),
+# in shards, with the example tokenizer.
+make_nf4_folder() {
+  local dir=$1
+  shift
+  timeout 400 "${QLORA_BINARY_DIR:-$root/build}/worker/engine/qlora-make-tiny-model" "$dir" "$@" \
+    --dtype bfloat16 --bnb_nf4 --max_shard_bytes 5000000000 2>&1 | tail -2
+  cp "$root"/examples/tokenizer/* "$dir"/
+}
+
 # The LLaMA-3.1-8B-shaped folder, made on first use; runs COMMAND... with $model set to it. With
 # BENCH_LLAMA3_NF4=1 pre-quantized as bitsandbytes saves NF4 (qlora-make-tiny-model --bnb_nf4:
 # 5.7 GB in seconds, against 16 GB of bf16 in minutes; both ours and Unsloth load it as is).
@@ -307,11 +317,8 @@ with_llama3() {
   if [ ! -f "$model_llama3/config.json" ]; then
     local start=$SECONDS
     if [ "$llama3_nf4" = 1 ]; then
-      timeout 400 "${QLORA_BINARY_DIR:-$root/build}/worker/engine/qlora-make-tiny-model" "$model_llama3" \
-        --layers 32 --hidden 4096 --intermediate 14336 --heads 32 --kv_heads 8 --vocab 128256 \
-        --rope_theta 500000 --max_positions 1048576 --dtype bfloat16 --bnb_nf4 \
-        --max_shard_bytes 5000000000 2>&1 | tail -2
-      cp "$root"/examples/tokenizer/* "$model_llama3"/
+      make_nf4_folder "$model_llama3" --layers 32 --hidden 4096 --intermediate 14336 --heads 32 \
+        --kv_heads 8 --vocab 128256 --rope_theta 500000 --max_positions 1048576
     else
       timeout 400 python3 "$root/bench/make_llama_folder.py" "$model_llama3" --intermediate 14336 \
         --kv-heads 8 --vocab 128256 --rope-theta 500000 --max-positions 1048576 2>&1 | tail -2
@@ -385,10 +392,8 @@ model70f=${BENCH_MODEL70F_DIR:-/tmp/llama70b-nf4}
 with_70b_nf4() {
   if [ ! -f "$model70f/config.json" ]; then
     local start=$SECONDS
-    timeout 400 "${QLORA_BINARY_DIR:-$root/build}/worker/engine/qlora-make-tiny-model" "$model70f" \
-      --layers 80 --hidden 8192 --intermediate 28672 --heads 64 --kv_heads 8 --vocab 32000 \
-      --max_positions 4096 --dtype bfloat16 --bnb_nf4 --max_shard_bytes 5000000000 2>&1 | tail -2
-    cp "$root"/examples/tokenizer/* "$model70f"/
+    make_nf4_folder "$model70f" --layers 80 --hidden 8192 --intermediate 28672 --heads 64 \
+      --kv_heads 8 --vocab 32000 --max_positions 4096
     echo "70B NF4 folder $model70f made in $((SECONDS - start))s"
   fi
   model=$model70f "$@"
@@ -414,7 +419,7 @@ unsloth_settings() {
   return $rc
 }
 
-export -f ours_job attribute with_70b with_70b_nf4 with_llama3 memory_peak unsloth_anchor \
+export -f ours_job attribute with_70b with_70b_nf4 make_nf4_folder with_llama3 memory_peak unsloth_anchor \
   unsloth_settings row_text ours_row unsloth_row
 export model_llama3 llama3_nf4
 export model70f
