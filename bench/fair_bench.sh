@@ -75,7 +75,7 @@
 #                    sides' allocators (76 for an 80 GB card's room on an H200)
 # with "-llama3" appended: on the LLaMA-3.1-8B shape (vocabulary 128256, 8 KV heads), whose
 # random folder is made on first use on disk (16 GB; BENCH_MODEL_LLAMA3_DIR; BENCH_LLAMA3_NF4=1:
-# 5.7 GB pre-quantized, written in a fraction of the time), not in /dev/shm, which the pinned
+# about 5.7 GB pre-quantized instead: the layers in 4 bits), not in /dev/shm, which the pinned
 # copies of the rows' checkpoints need as host memory.
 # Any ours part with "-fp8" appended (ours-mb4-offauto-fp8, ours-mb4-nockpt-held34-fp8, ...) runs
 # it with quantization.float8_base_forward: true; its results carry the label with "-fp8".
@@ -306,7 +306,8 @@ make_nf4_folder() {
 
 # The LLaMA-3.1-8B-shaped folder, made on first use; runs COMMAND... with $model set to it. With
 # BENCH_LLAMA3_NF4=1 pre-quantized as bitsandbytes saves NF4 (qlora-make-tiny-model --bnb_nf4:
-# 5.7 GB in seconds, against 16 GB of bf16 in minutes; both ours and Unsloth load it as is).
+# about 5.7 GB against 16 GB of bf16, its layers written in 4 bits; ours loads it as is, and so
+# should Unsloth, as it loads bitsandbytes' 4-bit folders, though that is not yet run).
 llama3_nf4=${BENCH_LLAMA3_NF4:-0}
 if [ "$llama3_nf4" = 1 ]; then
   model_llama3=${BENCH_MODEL_LLAMA3_DIR:-/tmp/llama3-8b-nf4}
