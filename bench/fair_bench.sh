@@ -199,7 +199,9 @@ for line in sys.stdin:
   ((rc != 0)) && { echo "   (exit status $rc; last lines:)"; tail -8 "$logs/$name.log" | cut -c1-300; }
   echo "== $name: exit status $rc in ${took}s (total $((SECONDS - t0))s)"
   local note=""
-  ((rc == 124 || rc == 137)) && note="stopped at the time limit"
+  # 124: the part's time limit; 137 (SIGKILL) before it: most often the kernel's out-of-memory killer.
+  ((rc == 124 || (rc == 137 && took >= limit))) && note="stopped at the time limit"
+  ((rc == 137 && took < limit)) && note="killed before its time limit (out of host memory?)"
   echo "{\"part\": \"$name\", \"rc\": $rc, \"seconds\": $took, \"note\": \"$note\", \"started\": \"$started\", \"ended\": \"$ended\"}" >> "$parts_file"
   reap
   finish
@@ -226,7 +228,7 @@ ours_job() {
   fi
   env BENCH_WARMUP="$warmup" BENCH_WINDOWS="$windows" BENCH_WINDOW_STEPS="$window_steps" BENCH_CHECKPOINTING="$ckpt" \
     BENCH_MAX_MEMORY_GIB="$budget_gib" \
-    BENCH_KEEP="$logs/$label" BENCH_LABEL="$label" BENCH_SEQ="$seq" BENCH_PACKING="$packing" "${profile[@]}" \
+    BENCH_KEEP="$logs/$label${BENCH_FLOAT8:+-fp8}" BENCH_LABEL="$label" BENCH_SEQ="$seq" BENCH_PACKING="$packing" "${profile[@]}" \
     "$root/bench/run_service_bench.sh" "$model" "$data" "$gpus" "$mb" "${BENCH_STAGE:-2}" "$steps"
 }
 
@@ -332,7 +334,9 @@ with_llama3() {
 # One row of N tokens (text whose every line is longer), one timed step: ours_row N / unsloth_row N.
 row_text() {
   local text=$work/row$1.txt
-  [ -f "$text" ] || python3 "$root/bench/make_text_data.py" "$text" --lines 4 --words $(($1 / 2))
+  # About 3.1 tokens and 7 bytes a word: n / 2.8 words fill the row and keep a line under the
+  # readers' 1 MiB record limit up to about 400,000 tokens.
+  [ -f "$text" ] || python3 "$root/bench/make_text_data.py" "$text" --lines 4 --words $(($1 * 10 / 28))
   echo "$text"
 }
 ours_row() {
@@ -420,7 +424,7 @@ unsloth_settings() {
   return $rc
 }
 
-export -f ours_job attribute with_70b with_70b_nf4 make_nf4_folder with_llama3 memory_peak unsloth_anchor \
+export -f ours_job attribute float8_loss with_70b with_70b_nf4 make_nf4_folder with_llama3 memory_peak unsloth_anchor \
   unsloth_settings row_text ours_row unsloth_row
 export model_llama3 llama3_nf4
 export model70f

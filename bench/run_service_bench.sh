@@ -103,4 +103,5 @@ python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-b
   --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" --dequantized-layers "${BENCH_DEQUANTIZED_LAYERS:-}" \
   --warmup "$warmup" --windows "$windows" \
   --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}${BENCH_FLOAT8:+-fp8}" \
+  --float8 "${BENCH_FLOAT8:-0}" \
   --rows-per-example "$([ -n "${BENCH_PREFERENCE:-}" ] && echo 2 || echo 1)"

@@ -110,6 +110,7 @@ def main():
     p.add_argument("--window-steps", type=int, help="default: every step after the warm-up, in one window")
     p.add_argument("--packing", default="false", help="packed rows: count non-padding tokens")
     p.add_argument("--label", default="ours")
+    p.add_argument("--float8", default="0", help="1: the base's forward GEMMs ran in FP8")
     p.add_argument("--rows-per-example", type=int, default=1,
                    help="rows a micro-batch element trains: 2 for preference pairs (chosen and rejected)")
     a = p.parse_args()
@@ -148,7 +149,8 @@ def main():
     last = [steps[max(steps)].get("strategy", {}) for steps in progress.values()]
     stage = max(int(s.get("zero_stage", -1)) for s in last)
     stage = stage if stage >= 0 else int(a.stage) if a.stage.isdigit() else a.stage
-    variant = f"nf4-dq+bf16 ZeRO-{stage}" + (" (auto)" if a.stage == "auto" else "")
+    compute = "fp8 forward" if a.float8 == "1" else "bf16"
+    variant = f"nf4-dq+{compute} ZeRO-{stage}" + (" (auto)" if a.stage == "auto" else "")
     if any(s.get("base_weights_in_host_memory") for s in last):
         variant += ", base weights streamed from host memory"
     elif any(s.get("partitioned_base_weights") for s in last):
