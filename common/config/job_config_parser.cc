@@ -532,11 +532,13 @@ absl::Status ReadCheckpointing(const MapReader& trainer, TrainerConfig* t, bool 
                                          &t->dequantized_weights_auto));
   QLORA_RETURN_IF_ERROR(
       trainer.ReadNumber("max_memory_gib", {0, false}, {1e6, true}, &t->max_memory_gib));
-  if (trainer.Has("max_memory_gib") && t->gradient_checkpointing != CheckpointingMode::kAuto &&
+  // With checkpointing true the budget sizes the MLP tiles of long rows and caps what
+  // offload_activation_layers: auto offloads; with none of these nothing plans by it.
+  if (trainer.Has("max_memory_gib") && t->gradient_checkpointing == CheckpointingMode::kNone &&
       !t->dequantized_weights_auto && !stage_planned) {
     return trainer.Error("max_memory_gib",
-                         absl::StrCat("applies only with enable_gradient_checkpointing: auto "
-                                      "(it is ", EnumName(t->gradient_checkpointing),
+                         absl::StrCat("applies only with enable_gradient_checkpointing: true or "
+                                      "auto (it is ", EnumName(t->gradient_checkpointing),
                                       "), dequantized_weight_layers: auto or a ZeRO stage left "
                                       "to the service (stage: auto); set one or remove "
                                       "max_memory_gib"));

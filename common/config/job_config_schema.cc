@@ -280,7 +280,10 @@ SchemaNode BuildSchema() {
                  "none (fastest), `auto` only as many as fit `max_memory_gib` "
                  "(docs/memory.md)"}),
            Leaf("max_memory_gib", {"number > 0", "", "the GPU memory budget that `auto` plans "
-                                                     "for; only with an `auto`", "",
+                                                     "for (with checkpointing `true`: long rows' "
+                                                     "MLP tiles and `offload_activation_layers: "
+                                                     "auto`); not with checkpointing `false` "
+                                                     "unless another key is `auto`", "",
                                    "what the GPU has free once the model is loaded"}),
            Leaf("offload_activation_layers", {"integer >= 0 or `auto`", "",
                                               "decoder layers whose saved activations wait in "

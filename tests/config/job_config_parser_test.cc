@@ -483,6 +483,14 @@ TEST(ConfigParserTest, GradientCheckpointingTrueFalseAutoAndItsBudget) {
   EXPECT_TRUE(held.dequantized_weights_auto);
   EXPECT_EQ(held.max_memory_gib, 36);
   EXPECT_EQ(held.gradient_checkpointing, CheckpointingMode::kNone);
+  // Checkpointing every layer with a budget: it sizes long rows' MLP tiles and bounds what
+  // offload_activation_layers: auto moves (the rows of 16,384 tokens under 7.9 GiB).
+  const TrainerConfig every =
+      mode("{enable_gradient_checkpointing: true, offload_activation_layers: auto, "
+           "max_memory_gib: 7.9}");
+  EXPECT_EQ(every.gradient_checkpointing, CheckpointingMode::kAll);
+  EXPECT_TRUE(every.offload_activation_auto);
+  EXPECT_EQ(every.max_memory_gib, 7.9);
 }
 
 TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
@@ -503,10 +511,10 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
             "trainer.max_memory_gib: must be a number > 0 and <= 1000000, got -4"},
            {"{enable_gradient_checkpointing: auto, max_memory_gib: lots}",
             "trainer.max_memory_gib: must be a number"},
-           {"{max_memory_gib: 24}",
-            "trainer.max_memory_gib: applies only with enable_gradient_checkpointing: auto (it "
-            "is true), dequantized_weight_layers: auto or a ZeRO stage left to the service "
-            "(stage: auto); set one or remove max_memory_gib"},
+           {"{enable_gradient_checkpointing: false, max_memory_gib: 24}",
+            "trainer.max_memory_gib: applies only with enable_gradient_checkpointing: true or "
+            "auto (it is false), dequantized_weight_layers: auto or a ZeRO stage left to the "
+            "service (stage: auto); set one or remove max_memory_gib"},
            {"{enable_gradient_checkpointing: false, dequantized_weight_layers: 4, "
             "max_memory_gib: 24}",
             "(it is false), dequantized_weight_layers: auto"},
@@ -524,8 +532,6 @@ TEST(ConfigParserTest, GradientCheckpointingBadValuesNameTheField) {
            {"{dequantized_weight_layers: [auto]}",
             "trainer.dequantized_weight_layers: must be a number of layers (an integer >= 0) or "
             "auto, got a list"},
-           {"{enable_gradient_checkpointing: false, max_memory_gib: 24}",
-            "(it is false)"},
            {"{offload_activation_layers: -1}",
             "trainer.offload_activation_layers: must be a number of layers (an integer >= 0) or "
             "auto, got '-1'"},
