@@ -188,6 +188,12 @@ RecordReader::RecordReader(const ShardSpec& shard, const ReaderOptions& options,
   if (file_) file_->Seek(shard_.begin, shard_.end);
 }
 
+int64_t MaxRecordBytesForRows(int64_t max_sequence_length) {
+  constexpr int64_t kLeast = int64_t{1} << 20;
+  constexpr int64_t kBytesPerToken = 16;
+  return std::max(kLeast, kBytesPerToken * std::max<int64_t>(max_sequence_length, 0));
+}
+
 absl::StatusOr<std::unique_ptr<RecordReader>> RecordReader::Open(const ShardSpec& shard,
                                                                  const ReaderOptions& options) {
   if (options.format == DataFormat::kParquet) return OpenParquetReader(shard, options);

@@ -52,6 +52,12 @@ struct ReaderOptions {
   int64_t first_index = 0;
 };
 
+// The record bound for rows of `max_sequence_length` tokens: 1 MiB, or 16 bytes a token where
+// that is more, so that one record can fill the longest row a job asks for (English text is
+// about 4 bytes a token; escapes, markup and text past the cut take more) while a record's
+// memory stays bounded (16 MiB at the schema's longest rows, 1,048,576 tokens).
+int64_t MaxRecordBytesForRows(int64_t max_sequence_length);
+
 class RecordReader {
  public:
   static absl::StatusOr<std::unique_ptr<RecordReader>> Open(const ShardSpec& shard,

@@ -86,12 +86,14 @@ absl::Status CheckDataSample(const JobConfig& config, const std::vector<std::str
   };
   data::ShardPlanOptions plan;
   plan.format = static_cast<DatasetFormat>(static_cast<int>(format) + 1);  // kJsonl... after kAuto
+  plan.max_record_bytes = data::MaxRecordBytesForRows(config.data.max_sequence_length);
   absl::StatusOr<std::vector<data::ShardSpec>> shards = data::SplitFile(readable, 1, plan);
   if (!shards.ok()) return named(shards.status().message());
   if (shards->empty()) return absl::OkStatus();  // no record: CheckDatasetFiles names an empty file
   data::ReaderOptions options;
   options.format = format;
   options.skip_malformed = config.data.malformed_records == MalformedRecords::kSkip;
+  options.max_record_bytes = plan.max_record_bytes;
   if (format == data::DataFormat::kParquet || format == data::DataFormat::kArrow) {
     options.columns = required;  // a column the file lacks is named by the reader
     options.optional_columns = optional;

@@ -21,7 +21,7 @@ namespace {
 // from the start up to `limit`: reads only until it has seen that many (malformed ones count:
 // a rank reports them), so a large file costs a few records.
 absl::StatusOr<int64_t> CountRecordsUpTo(std::vector<data::ShardSpec> chunks, DatasetFormat format,
-                                         int64_t limit) {
+                                         int64_t max_record_bytes, int64_t limit) {
   int64_t count = 0;
   for (data::ShardSpec& chunk : chunks) {
     chunk.stride = 1;
@@ -29,6 +29,7 @@ absl::StatusOr<int64_t> CountRecordsUpTo(std::vector<data::ShardSpec> chunks, Da
     data::ReaderOptions options;
     QLORA_ASSIGN_OR_RETURN(options.format, data::ResolveFormat(format, chunk.path));
     options.skip_malformed = true;
+    options.max_record_bytes = max_record_bytes;
     QLORA_ASSIGN_OR_RETURN(auto reader, data::RecordReader::Open(chunk, options));
     data::Record record;
     while (count + reader->malformed_count() < limit) {
@@ -46,10 +47,12 @@ absl::StatusOr<int64_t> CountRecordsUpTo(std::vector<data::ShardSpec> chunks, Da
 
 absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
                                                                         DatasetFormat format,
-                                                                        int world_size) {
+                                                                        int world_size,
+                                                                        int64_t max_record_bytes) {
   std::vector<std::string> files = absl::StrSplit(paths, ',', absl::SkipEmpty());
   data::ShardPlanOptions options;
   options.format = format;
+  options.max_record_bytes = max_record_bytes;
   return data::PlanShards(files, world_size, options);
 }
 
@@ -102,17 +105,20 @@ absl::StatusOr<JobShards> PlanJobShards(const DataConfig& written, int world_siz
                                       written.format, read_roots, &confined));
   }
   const DataConfig& data = confined.data;
+  const int64_t record_bytes = data::MaxRecordBytesForRows(data.max_sequence_length);
   JobShards shards;
-  QLORA_ASSIGN_OR_RETURN(shards.train, PlanShardsForRanks(data.train_path, train_format, world_size));
+  QLORA_ASSIGN_OR_RETURN(shards.train,
+                         PlanShardsForRanks(data.train_path, train_format, world_size, record_bytes));
   shards.validation.assign(world_size, {});
   const bool validate = !data.validation_path.empty();
   if (validate) {
     QLORA_ASSIGN_OR_RETURN(shards.validation,
-                           PlanShardsForRanks(data.validation_path, validation_format, world_size));
+                           PlanShardsForRanks(data.validation_path, validation_format, world_size,
+                                              record_bytes));
   }
   // Every rank reads every chunk and keeps every world_size-th record: each needs one at least.
   QLORA_ASSIGN_OR_RETURN(const int64_t train_records,
-                         CountRecordsUpTo(shards.train[0], train_format, world_size));
+                         CountRecordsUpTo(shards.train[0], train_format, record_bytes, world_size));
   if (train_records < world_size) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the dataset is too small: ", train_records, " record(s) for ", world_size,
@@ -120,7 +126,8 @@ absl::StatusOr<JobShards> PlanJobShards(const DataConfig& written, int world_siz
   }
   if (validate) {
     QLORA_ASSIGN_OR_RETURN(const int64_t validation_records,
-                           CountRecordsUpTo(shards.validation[0], validation_format, world_size));
+                           CountRecordsUpTo(shards.validation[0], validation_format, record_bytes,
+                                            world_size));
     if (validation_records < world_size) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the validation file is too small: ", validation_records, " record(s) for ", world_size,

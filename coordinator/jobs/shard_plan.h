@@ -14,10 +14,12 @@
 namespace qlora::coordinator {
 
 // result[rank] = that rank's shards. `paths` is one file or a comma-separated list of files;
-// `format` is DataConfig::format.
+// `format` is DataConfig::format; `max_record_bytes` the readers' record bound
+// (data::MaxRecordBytesForRows), which also bounds the CSV planner's search for a record start.
 absl::StatusOr<std::vector<std::vector<data::ShardSpec>>> PlanShardsForRanks(const std::string& paths,
                                                                         DatasetFormat format,
-                                                                        int world_size);
+                                                                        int world_size,
+                                                                        int64_t max_record_bytes);
 
 // Every rank's shards of one job: train[rank], validation[rank] (empty lists when the job has no
 // validation file).

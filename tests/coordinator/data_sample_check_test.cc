@@ -32,6 +32,21 @@ TEST_F(CoordinatorDataSampleTest, RecordsWithTheJobsColumnsPass) {
   EXPECT_TRUE(CheckDataSample(config_).ok());
 }
 
+TEST_F(CoordinatorDataSampleTest, ARecordAsLongAsTheRowsAskIsRead) {
+  // 1.5 MB of text, about 380,000 tokens: over the 1 MiB bound of short rows, within that of
+  // rows of 400,000 tokens (16 bytes a token), whose records are that long.
+  std::string words;
+  while (words.size() < 1500000) words += "seven digits ";
+  WriteFile(config_.data.train_path,
+            "{\"instruction\": \"" + words + "\", \"output\": \"yo\"}\n");
+  config_.data.max_sequence_length = 2048;
+  absl::Status bad = CheckDataSample(config_);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("longer than max_record_bytes (1048576)"));
+  config_.data.max_sequence_length = 400000;
+  EXPECT_TRUE(CheckDataSample(config_).ok()) << CheckDataSample(config_);
+}
+
 TEST_F(CoordinatorDataSampleTest, AMisspelledFeatureOrPlaceholderIsNamedWithTheLine) {
   config_.input_features = {{"instrction", "text"}};
   absl::Status bad = CheckDataSample(config_);

@@ -267,6 +267,7 @@ TEST_F(DataLoaderTest, JobConfigBecomesLoaderOptions) {
   ASSERT_TRUE(train.ok()) << train.status();
   EXPECT_EQ(train->reader.format, DataFormat::kCsv);
   EXPECT_TRUE(train->reader.skip_malformed);
+  EXPECT_EQ(train->reader.max_record_bytes, 1 << 20);  // rows of 1024 tokens: the least bound
   EXPECT_EQ(train->example.layout, ExampleLayout::kInstruction);
   EXPECT_EQ(train->example.output_column, "output");
   EXPECT_EQ(train->batch.rows, 4);
@@ -287,6 +288,11 @@ TEST_F(DataLoaderTest, JobConfigBecomesLoaderOptions) {
   validation = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kValidation, 0);
   EXPECT_EQ(validation->reader.format, DataFormat::kJsonl);
   EXPECT_EQ(validation->split, SplitRole::kAll);
+  // Rows of 400,000 tokens read records up to 16 bytes a token: one record fills a row.
+  job.data.max_sequence_length = 400000;
+  train = LoaderOptionsForJob(job, *tokenizer_, DatasetRole::kTrain, 0);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_EQ(train->reader.max_record_bytes, int64_t{16} * 400000);
 }
 
 // Peak RSS (KiB) of a child that streams `path` through the whole pipeline under an address

@@ -19,6 +19,7 @@ absl::StatusOr<LoaderOptions> LoaderOptionsForJob(const JobConfig& job, const To
   LoaderOptions options;
   QLORA_ASSIGN_OR_RETURN(options.reader.format, ResolveFormat(data.format, path));
   options.reader.skip_malformed = data.malformed_records == MalformedRecords::kSkip;
+  options.reader.max_record_bytes = MaxRecordBytesForRows(data.max_sequence_length);
   std::vector<std::string> inputs, outputs;
   for (const FeatureConfig& feature : job.input_features) inputs.push_back(feature.name);
   for (const FeatureConfig& feature : job.output_features) outputs.push_back(feature.name);
