@@ -346,6 +346,14 @@ class SummarizeTest(unittest.TestCase):
         self.assertEqual(got["recomputed_fraction"], round(1 - 12 / 32, 4))
         self.assertIn("12 of 32 layers offloaded", got["variant"])
 
+    def test_fp8_runs_name_their_compute_in_the_variant(self):
+        got, _ = self.run_summarize(events(1, 9, [1.0]), "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8", "--float8", "1")
+        self.assertIn("nf4-dq+fp8 forward", got["variant"])
+        got, _ = self.run_summarize(events(1, 9, [1.0]), "--micro-batch", "4", "--warmup", "1",
+                                    "--windows", "1", "--window-steps", "8")
+        self.assertIn("nf4-dq+bf16", got["variant"])
+
     def test_dequantized_layers_name_the_variant(self):
         # dequantized_weight_layers: auto, its choice from the worker log; a count as it is.
         got, _ = self.run_summarize(events(1, 9, [1.0]), "--micro-batch", "4", "--warmup", "1",
@@ -477,6 +485,26 @@ class SummarizeTest(unittest.TestCase):
                                   "--windows", "1", "--window-steps", "5"], capture_output=True, text=True)
             self.assertNotEqual(run.returncode, 0)
             self.assertIn("no progress event at step", run.stderr)
+
+
+class FairBenchScriptTest(unittest.TestCase):
+    """bench/fair_bench.sh runs each part in a new shell (`bash -c`), which sees only the
+    functions it exports: one left out fails its part on the GPU machine with status 127."""
+
+    def test_every_function_a_part_runs_is_exported(self):
+        import re
+        with open(os.path.join(SOURCE, "bench", "fair_bench.sh")) as f:
+            text = f.read()
+        defined = set(re.findall(r"^([a-z_0-9]+)\(\) \{", text, re.M))
+        exported = set()
+        for block in re.findall(r"^export -f ((?:.*\\\n)*.*)$", text, re.M):
+            exported |= set(block.replace("\\\n", " ").split())
+        run_lines = [line for line in text.splitlines() if re.search(r"\brun_part\b", line)
+                     and not line.lstrip().startswith(("#", "run_part()"))]
+        used = {word for line in run_lines for word in re.findall(r"[a-z_0-9]+", line)} & defined
+        used.discard("run_part")
+        self.assertTrue(used, "no part's function found: the pattern no longer matches the script")
+        self.assertEqual(sorted(used - exported), [])
 
 
 class FlopsTest(unittest.TestCase):
