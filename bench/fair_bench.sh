@@ -334,8 +334,9 @@ with_llama3() {
 # One row of N tokens (text whose every line is longer), one timed step: ours_row N / unsloth_row N.
 row_text() {
   local text=$work/row$1.txt
-  # About 3.1 tokens and 7 bytes a word: n / 2.8 words fill the row and keep a line under the
-  # readers' 1 MiB record limit up to about 400,000 tokens.
+  # About 3.1 tokens and 7 bytes a word: n / 2.8 words fill the row in about 2.5 bytes a token,
+  # well within the readers' record bound (16 bytes a token of the row; binaries before 8268a7f
+  # had 1 MiB, which this keeps up to about 400,000 tokens).
   [ -f "$text" ] || python3 "$root/bench/make_text_data.py" "$text" --lines 4 --words $(($1 * 10 / 28))
   echo "$text"
 }
