@@ -190,6 +190,27 @@ TEST(ActivationOffloadPlan, LongestRowsOffloadTheInputsAloneWhereNothingElseFits
   EXPECT_EQ(memory::InputsAmongCheckpointed(SevenBRow(16384), 32, rates, r.budget_bytes), 0);
 }
 
+// The row measured on an H100: 345,000 tokens of the LLaMA-3.1-8B shape under a 76 GiB budget
+// with 100 GiB of host memory. The plan must fit it (tiles, every layer checkpointed, some inputs
+// in host memory) and stay at or above the 60.8 GiB peak the allocator measured, as it did
+// (67.4 GiB planned): a planner that refused this row, or planned under what it took, fails here.
+TEST(ActivationOffloadPlan, TheMeasuredLongestRowPlansWithinItsBudgetAndAboveItsPeak) {
+  const memory::ActivationPlanRequest r = EightBRow(345000);
+  const memory::OffloadRates rates{55.3e9, 733e12, 100 * kGiB};  // the run's measured rates
+  const absl::StatusOr<memory::OffloadedPlan> p = memory::PlanCheckpointingWithOffload(r, rates);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->memory.checkpointed_layers, 32);
+  EXPECT_EQ(p->memory.mlp_tile_rows, memory::kMlpTileRows);
+  EXPECT_EQ(p->offloaded_layers, 0);
+  EXPECT_GT(p->offloaded_inputs, 0);
+  EXPECT_LE(p->memory.planned_peak_bytes, memory::UsableBytes(r, r.budget_bytes));
+  constexpr int64_t kMeasuredPeak = 65322116608;  // device_peak_bytes of the run's step
+  EXPECT_GE(p->memory.planned_peak_bytes, kMeasuredPeak);
+  // Its inputs' pinned copies fit the host budget.
+  const int64_t input_bytes = r.sequence_length * 4096 * 2;
+  EXPECT_LE(9 * input_bytes / 8 * p->offloaded_inputs, rates.host_bytes);
+}
+
 // enable_gradient_checkpointing: true at 240,000 tokens with a host that holds every input and
 // some layers' saves: no count of offloaded layers fits beside its layers in transit, the inputs
 // alone do, so true takes them; where layers fit, it keeps them.

@@ -50,4 +50,20 @@ inline memory::ActivationPlanRequest SevenBRow(int64_t tokens) {
   return r;
 }
 
+// The LLaMA-3.1-8B shape (vocabulary 128,256, 8 KV heads, intermediate 14,336) at micro-batch 1
+// over one row of `tokens` on a GPU, as the longest-row benchmark ran it on an H100
+// (bench/reports/longest-row_h100_2026-12-07.md): the same adapters (41.9 M elements), 5.68 GB
+// held before the step (the pre-quantized NF4 base, bf16 head, adapters, AdamW state), a 76 GiB
+// budget.
+inline memory::ActivationPlanRequest EightBRow(int64_t tokens) {
+  memory::ActivationPlanRequest r = SevenBRow(tokens);
+  r.model.intermediate_size = 14336;
+  r.model.num_key_value_heads = 8;
+  r.model.vocab_size = 128256;
+  r.trainable_elements = 41943040;
+  r.built_bytes = 5679164928;
+  r.budget_bytes = 76 * kGiB;
+  return r;
+}
+
 }  // namespace qlora::memory
