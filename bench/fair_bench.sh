@@ -308,8 +308,8 @@ make_nf4_folder() {
 
 # The LLaMA-3.1-8B-shaped folder, made on first use; runs COMMAND... with $model set to it. With
 # BENCH_LLAMA3_NF4=1 pre-quantized as bitsandbytes saves NF4 (qlora-make-tiny-model --bnb_nf4:
-# about 5.7 GB against 16 GB of bf16, its layers written in 4 bits; ours loads it as is, and so
-# should Unsloth, as it loads bitsandbytes' 4-bit folders, though that is not yet run).
+# about 5.7 GB against 16 GB of bf16, its layers written in 4 bits; ours and Unsloth load it as
+# is, as they load bitsandbytes' 4-bit folders).
 llama3_nf4=${BENCH_LLAMA3_NF4:-0}
 if [ "$llama3_nf4" = 1 ]; then
   model_llama3=${BENCH_MODEL_LLAMA3_DIR:-/tmp/llama3-8b-nf4}

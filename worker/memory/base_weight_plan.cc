@@ -113,8 +113,8 @@ PlacementPeak PlannedPeakOf(const BaseWeightPlanRequest& request, BaseWeightPlac
   // their inputs (activation_plan.h, activation_offload_plan.h): count them as it would.
   const int64_t usable = request.budget_bytes > 0 ? UsableBytes(r, request.budget_bytes) : 0;
   if (usable <= 0) return p;
-  if (p.peak_bytes > usable && request.mlp_tiles && MoreRowsThanATile(r)) {
-    r.mlp_tile_rows = kMlpTileRows;
+  if (request.mlp_tiles) r.mlp_tile_rows = MlpTileRowsFor(r, checkpointed, request.budget_bytes);
+  if (r.mlp_tile_rows > 0) {
     checkpointed = LeanestCheckpointedLayers(r);
     p.peak_bytes = PlannedPeakBytes(r, checkpointed);
     p.mlp_tile_rows = r.mlp_tile_rows;
