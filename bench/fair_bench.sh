@@ -78,7 +78,9 @@
 # about 5.7 GB pre-quantized instead: the layers in 4 bits), not in /dev/shm, which the pinned
 # copies of the rows' checkpoints need as host memory.
 # Any ours part with "-fp8" appended (ours-mb4-offauto-fp8, ours-mb4-nockpt-held34-fp8, ...) runs
-# it with quantization.float8_base_forward: true; its results carry the label with "-fp8".
+# it with quantization.float8_base_forward: true; its results carry the label with "-fp8". Before
+# it, "-offopt" (ours-seq16k-offauto-offopt, ...-offopt-fp8) puts the AdamW moments in host memory
+# (zero_optimization.offload_optimizer: {device: cpu}); the label gains "-offopt".
 #
 # Long rows (issue 13, "Packing at long sequences"; not in the default list, ask for them by name,
 # e.g. BENCH_FAIR_PARTS="ours-pack8k ours-seq8k ours-pack16k ours-seq16k" in one call and
@@ -228,7 +230,7 @@ ours_job() {
   fi
   env BENCH_WARMUP="$warmup" BENCH_WINDOWS="$windows" BENCH_WINDOW_STEPS="$window_steps" BENCH_CHECKPOINTING="$ckpt" \
     BENCH_MAX_MEMORY_GIB="$budget_gib" \
-    BENCH_KEEP="$logs/$label${BENCH_FLOAT8:+-fp8}" BENCH_LABEL="$label" BENCH_SEQ="$seq" BENCH_PACKING="$packing" "${profile[@]}" \
+    BENCH_KEEP="$logs/$label${BENCH_OFFLOAD_OPTIMIZER:+-offopt}${BENCH_FLOAT8:+-fp8}" BENCH_LABEL="$label" BENCH_SEQ="$seq" BENCH_PACKING="$packing" "${profile[@]}" \
     "$root/bench/run_service_bench.sh" "$model" "$data" "$gpus" "$mb" "${BENCH_STAGE:-2}" "$steps"
 }
 
@@ -434,10 +436,15 @@ export model70
 export root work logs model warmup windows window_steps OUT
 for part in $parts; do
   # PART-fp8: PART with the base's forward GEMMs in FP8 (its results' label ends in -fp8).
-  unset BENCH_FLOAT8
+  # PART-offopt: PART with the AdamW moments in host memory (offload_optimizer; label -offopt).
+  unset BENCH_FLOAT8 BENCH_OFFLOAD_OPTIMIZER
   if [[ $part == *-fp8 ]]; then
     export BENCH_FLOAT8=1
     part=${part%-fp8}
+  fi
+  if [[ $part == *-offopt ]]; then
+    export BENCH_OFFLOAD_OPTIMIZER=cpu
+    part=${part%-offopt}
   fi
   case $part in
     ours-mb4) run_part ours-mb4 60 ours_job ours-mb4 "$gpus_1" 4 true "$work/trace-ours-mb4.json" ;;

@@ -14,6 +14,9 @@
 #   BENCH_DEQUANTIZED_LAYERS=auto                         trainer.dequantized_weight_layers
 #   BENCH_OFFLOAD_PARAM=cpu                               zero_optimization.offload_param: base
 #                                                         weights in host memory
+#   BENCH_OFFLOAD_OPTIMIZER=cpu                           zero_optimization.offload_optimizer: the
+#                                                         AdamW moments in host memory (the label
+#                                                         gains "-offopt")
 #   BENCH_FLOAT8=1                                        quantization.float8_base_forward: true
 #                                                         (the label gains "-fp8")
 #   BENCH_EVAL_STEPS=25                                   evaluate every 25 steps on 5 % held out
@@ -65,6 +68,9 @@ fi
 if [ -n "${BENCH_OFFLOAD_PARAM:-}" ]; then
   sed -i "s|zero_optimization: {stage: $stage}|zero_optimization: {stage: $stage, offload_param: {device: $BENCH_OFFLOAD_PARAM}}|" "$work/job.yaml"
 fi
+if [ -n "${BENCH_OFFLOAD_OPTIMIZER:-}" ]; then
+  sed -i "s|zero_optimization: {stage: $stage|&, offload_optimizer: {device: $BENCH_OFFLOAD_OPTIMIZER}|" "$work/job.yaml"
+fi
 ray_flags=()
 if [ -n "${BENCH_RAY_ADDRESS:-}" ]; then
   workers=$(echo "$gpus" | tr ',' '\n' | wc -l)
@@ -102,6 +108,6 @@ python3 "$root/bench/summarize.py" "$work/events.jsonl" --gpus "$gpus" --micro-b
   --model "$model" --seq "$seq_len" --checkpointing "$checkpointing" --max-memory-gib "${BENCH_MAX_MEMORY_GIB:-}" \
   --offloaded-layers "${BENCH_OFFLOAD_LAYERS:-0}" --dequantized-layers "${BENCH_DEQUANTIZED_LAYERS:-}" \
   --warmup "$warmup" --windows "$windows" \
-  --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}${BENCH_FLOAT8:+-fp8}" \
+  --window-steps "$window_steps" --packing "$packing" --label "${BENCH_LABEL:-ours}${BENCH_OFFLOAD_OPTIMIZER:+-offopt}${BENCH_FLOAT8:+-fp8}" \
   --float8 "${BENCH_FLOAT8:-0}" \
   --rows-per-example "$([ -n "${BENCH_PREFERENCE:-}" ] && echo 2 || echo 1)"

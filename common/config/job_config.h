@@ -68,6 +68,10 @@ struct StrategyConfig {
   // pin_memory: false) and are copied to the GPU a layer ahead of use, on any stage.
   bool offload_param = false;
   bool offload_param_pin_memory = true;
+  // offload_optimizer: {device: cpu}: the AdamW moments wait in host memory (pinned unless
+  // pin_memory: false) between steps and travel to the GPU for each step's update there.
+  bool offload_optimizer = false;
+  bool offload_optimizer_pin_memory = true;
   // DeepSpeed's stage-3 tuning keys as written (key, scalar text): accepted with no effect here
   // (the schema's text for each says why); the resolved file shows them with that text.
   std::vector<std::pair<std::string, std::string>> stage3_knobs;

@@ -41,10 +41,12 @@ bool operator==(const LoraConfig& a, const LoraConfig& b) {
 bool operator==(const StrategyConfig& a, const StrategyConfig& b) {
   return std::tie(a.type, a.zero_stage, a.zero_stage_reason, a.reduce_bucket_size,
                   a.allgather_bucket_size, a.overlap_comm, a.contiguous_gradients, a.zero_stage_auto,
-                  a.offload_param, a.offload_param_pin_memory, a.stage3_knobs) ==
+                  a.offload_param, a.offload_param_pin_memory, a.offload_optimizer,
+                  a.offload_optimizer_pin_memory, a.stage3_knobs) ==
          std::tie(b.type, b.zero_stage, b.zero_stage_reason, b.reduce_bucket_size,
                   b.allgather_bucket_size, b.overlap_comm, b.contiguous_gradients, b.zero_stage_auto,
-                  b.offload_param, b.offload_param_pin_memory, b.stage3_knobs);
+                  b.offload_param, b.offload_param_pin_memory, b.offload_optimizer,
+                  b.offload_optimizer_pin_memory, b.stage3_knobs);
 }
 
 bool operator==(const BackendConfig& a, const BackendConfig& b) {

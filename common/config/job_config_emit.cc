@@ -89,6 +89,10 @@ void WriteStrategy(Writer& w, const StrategyConfig& s) {
         .Word("device", s.offload_param ? "cpu" : "none")
         .Bool("pin_memory", s.offload_param_pin_memory)
         .End();
+    w.Begin("offload_optimizer", /*flow=*/true)
+        .Word("device", s.offload_optimizer ? "cpu" : "none")
+        .Bool("pin_memory", s.offload_optimizer_pin_memory)
+        .End();
     const config_internal::SchemaNode* zero = config_internal::JobFileSchema()
                                                   .Child("backend")
                                                   ->Child("trainer")

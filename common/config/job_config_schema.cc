@@ -188,14 +188,31 @@ SchemaNode BuildSchema() {
                                                                         "compatibility; no "
                                                                         "effect here",
                                                         kDeepSpeed}),
-                          Refused("offload_optimizer",
-                                  "optimizer offload has nothing to save here: the optimizer "
-                                  "state is the LoRA adapters' (70B at r=16: 3.3 GB with "
-                                  "gradients and AdamW moments, divided among the ranks by "
-                                  "stages 1-3), and a host AdamW would add a PCIe round trip "
-                                  "every step; remove it (offload_param moves the base weights, "
-                                  "which are the bulk)",
-                                  kDeepSpeed),
+                          Map("offload_optimizer",
+                              {"mapping", "", "where the AdamW moments wait between steps",
+                               kDeepSpeed},
+                              {Leaf("device", {"`cpu` or `none`", "none",
+                                               "`cpu`: the two AdamW moments (this rank's "
+                                               "partition from stage 1 up; 8 bytes a trainable "
+                                               "element) live in host memory and are copied to "
+                                               "the GPU for each step's update, which runs there "
+                                               "as without (the same numbers, unlike DeepSpeed's "
+                                               "CPU Adam), and back: less device memory through "
+                                               "forward and backward for two copies a step. "
+                                               "`nvme` is refused",
+                                               kDeepSpeed}),
+                               Leaf("pin_memory", {"bool", "true",
+                                                   "pinned host memory (asynchronous copies; "
+                                                   "false makes each copy wait)",
+                                                   kDeepSpeed}),
+                               Leaf("buffer_count", {"integer >= 0", "4",
+                                                     "accepted for DeepSpeed compatibility; no "
+                                                     "effect here",
+                                                     kDeepSpeed}),
+                               Leaf("fast_init", {"bool", "false",
+                                                  "accepted for DeepSpeed compatibility; no "
+                                                  "effect here",
+                                                  kDeepSpeed})}),
                           Map("offload_param", {"mapping", "", "where the frozen base weights "
                                                                "wait between uses",
                                                 kDeepSpeed},

@@ -307,6 +307,36 @@ TEST(ConfigParserTest, StageThreeWithOffloadParamAndTuningKeys) {
               HasSubstr("offload_param: {device: none, pin_memory: true}"));
 }
 
+// DeepSpeed's optimizer offload: the AdamW moments wait in host memory; read, shown resolved, off
+// unless written, and its DeepSpeed-only keys accepted.
+TEST(ConfigParserTest, OffloadOptimizerToTheHost) {
+  const JobConfig c = ParseOk(absl::StrCat(kMinimal, R"(backend:
+  trainer:
+    strategy:
+      zero_optimization:
+        stage: 2
+        offload_optimizer: {device: cpu, pin_memory: false, buffer_count: 4, fast_init: false}
+)"));
+  EXPECT_TRUE(c.backend.strategy.offload_optimizer);
+  EXPECT_FALSE(c.backend.strategy.offload_optimizer_pin_memory);
+  EXPECT_THAT(EmitResolvedJobYaml(c),
+              HasSubstr("offload_optimizer: {device: cpu, pin_memory: false}"));
+  EXPECT_EQ(ParseOk(EmitResolvedJobYaml(c)), c);
+  const JobConfig none = ParseOk(absl::StrCat(kMinimal, R"(backend:
+  trainer:
+    strategy: {zero_optimization: {offload_optimizer: {device: none}}}
+)"));
+  EXPECT_FALSE(none.backend.strategy.offload_optimizer);
+  EXPECT_FALSE(ParseOk(kMinimal).backend.strategy.offload_optimizer);
+  EXPECT_THAT(EmitResolvedJobYaml(ParseOk(kMinimal)),
+              HasSubstr("offload_optimizer: {device: none, pin_memory: true}"));
+  EXPECT_THAT(ParseNoPaths(absl::StrCat(kMinimal, R"(backend:
+  trainer:
+    strategy: {zero_optimization: {offload_optimizer: {device: gpu}}}
+)")).status().message(),
+              HasSubstr("must be cpu or none, got \"gpu\""));
+}
+
 TEST(ConfigParserTest, AdapterFields) {
   const JobConfig c = ParseOk(R"(base_model: org/model
 adapter:

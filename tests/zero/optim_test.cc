@@ -85,6 +85,51 @@ print(json.dumps({"param": p.detach().tolist(), "exp_avg": st["exp_avg"].tolist(
   compare(adamw.exp_avg_sq(), "exp_avg_sq");
 }
 
+// offload_optimizer: moments waiting in host memory between steps give the device's own numbers
+// bit for bit, pinned or pageable, and hold no device memory between steps. On a CPU the moments
+// are in host memory already: the placement changes nothing there.
+TEST(ZeroOptim, AdamWMomentsInHostEqualMomentsOnTheDeviceBitForBit) {
+  const at::TensorOptions device =
+      at::TensorOptions().device(at::hasCUDA() ? at::kCUDA : at::kCPU);
+  const optim::AdamWOptions options{0.85, 0.99, 1e-6, 0.05};
+  const at::Device on = device.device();
+  for (const bool pinned : {true, false}) {
+    optim::AdamW resident(options, kN, device);
+    optim::MomentsPlacement in_host;
+    in_host.in_host = true;
+    in_host.pinned = pinned;
+    optim::AdamW parked(options, kN, device, in_host);
+    at::Tensor resident_param = InitialParam().to(on);
+    at::Tensor param = InitialParam().to(on);
+    for (int k = 0; k < kSteps; ++k) {
+      resident.Step(Lr(k), resident_param, Grad(k).to(on));
+      parked.Step(Lr(k), param, Grad(k).to(on));
+    }
+    EXPECT_EQ(parked.step(), kSteps);
+    EXPECT_TRUE(at::equal(param.cpu(), resident_param.cpu())) << "pinned " << pinned;
+    EXPECT_TRUE(at::equal(parked.exp_avg().cpu(), resident.exp_avg().cpu()));
+    EXPECT_TRUE(at::equal(parked.exp_avg_sq().cpu(), resident.exp_avg_sq().cpu()));
+    EXPECT_EQ(parked.StateBytes(), 2 * kN * 4);
+    EXPECT_EQ(resident.DeviceStateBytes(), resident.StateBytes());
+    if (!at::hasCUDA()) {
+      EXPECT_FALSE(parked.moments_in_host());
+      continue;
+    }
+    EXPECT_TRUE(parked.moments_in_host());
+    EXPECT_TRUE(parked.exp_avg().device().is_cpu());
+    EXPECT_EQ(parked.exp_avg().is_pinned(), pinned);
+    EXPECT_EQ(parked.DeviceStateBytes(), 0);
+    // Written from the host between steps (a checkpoint's resume): the next step reads it.
+    const at::Tensor scaled_avg = resident.exp_avg().mul(0.5);
+    resident.exp_avg().copy_(scaled_avg);
+    parked.exp_avg().copy_(scaled_avg.cpu());
+    resident.Step(Lr(0), resident_param, Grad(0).to(on));
+    parked.Step(Lr(0), param, Grad(0).to(on));
+    EXPECT_TRUE(at::equal(param.cpu(), resident_param.cpu()));
+    EXPECT_TRUE(at::equal(parked.exp_avg().cpu(), resident.exp_avg().cpu()));
+  }
+}
+
 TEST(ZeroOptim, SchedulesMatchTransformers) {
   const nlohmann::json expected = RunPython(R"(
 import json, torch

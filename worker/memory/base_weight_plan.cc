@@ -103,10 +103,12 @@ PlacementPeak PlannedPeakOf(const BaseWeightPlanRequest& request, BaseWeightPlac
   }
   PlacementPeak p;
   p.device_weight_bytes = on_device;
-  // The adapters (float32) and the strategy's float32 master copy and AdamW moments, the last
-  // two partitioned across ranks from stage 1 up; the gradients and compute-dtype copies are the
-  // activation plan's.
-  r.built_bytes = on_device + 4 * r.trainable_elements + CeilDiv(12 * r.trainable_elements, world);
+  // The adapters (float32) and the strategy's float32 master copy and AdamW moments (unless in
+  // host memory), the last two partitioned across ranks from stage 1 up; the gradients and
+  // compute-dtype copies are the activation plan's.
+  const int64_t strategy_bytes_per_element = request.adamw_moments_on_host ? 4 : 12;
+  r.built_bytes = on_device + 4 * r.trainable_elements +
+                  CeilDiv(strategy_bytes_per_element * r.trainable_elements, world);
   int64_t checkpointed = LeanestCheckpointedLayers(r);
   p.peak_bytes = PlannedPeakBytes(r, checkpointed);
   // Past the budget the activation plan tiles the checkpointed layers' MLPs, then offloads

@@ -66,6 +66,7 @@ struct BaseWeightPlanRequest {
   int world_size = 1;
   int64_t budget_bytes = 0;  // 0: no budget (stage 2)
   bool input_embedding_on_host = false;  // FrozenWeightBytes' flag
+  bool adamw_moments_on_host = false;    // offload_optimizer: the moments are not counted
   // The checkpointed layers' MLPs may run in tiles (CheckpointingBudget::MayTileMlps).
   bool mlp_tiles = true;
   // offload_activation_layers: auto on a GPU: the host memory its offloaded activations may pin

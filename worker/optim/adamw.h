@@ -2,11 +2,20 @@
 // (decoupled weight decay, bias correction, no amsgrad): the strategies call it on the part of
 // the flattened parameters they own. The step itself is kernels/adamw.h (one CUDA kernel on the
 // GPU, ATen's ops elsewhere).
+//
+// With MomentsPlacement::in_host (DeepSpeed's offload_optimizer: {device: cpu}), the two
+// moments wait in host memory between steps: each step copies them to the parameters' device,
+// runs the same kernel there and copies them back, all in the current stream's order, so the
+// numbers are the device's own and the moments take no device memory through forward and
+// backward (only during the update, when the activations are gone). On a CPU they are in host
+// memory either way.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include "kernels/adamw.h"
 
@@ -15,10 +24,17 @@ namespace qlora::optim {
 // beta1, beta2, eps, weight_decay (torch.optim.AdamW's defaults): the kernel's own settings.
 using AdamWOptions = kernels::AdamWHyperparameters;
 
+// Where the moments wait between steps.
+struct MomentsPlacement {
+  bool in_host = false;  // host memory (on a GPU; a CPU's are there anyway)
+  bool pinned = true;    // in_host: pinned, so the copies do not wait (pageable: each one does)
+};
+
 // Holds the moments of `numel` elements. Not thread-safe.
 class AdamW {
  public:
-  AdamW(const AdamWOptions& options, int64_t numel, const at::TensorOptions& device);
+  AdamW(const AdamWOptions& options, int64_t numel, const at::TensorOptions& device,
+        const MomentsPlacement& placement = {});
 
   // One step with learning rate `lr`: updates `param` (fp32, numel elements, same device) in
   // place from `grad` and increments step(). grad_factor (undefined, or one float32/float64
@@ -30,15 +46,25 @@ class AdamW {
   const AdamWOptions& options() const { return options_; }
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
-  at::Tensor& exp_avg() { return exp_avg_; }        // (numel,) fp32
-  at::Tensor& exp_avg_sq() { return exp_avg_sq_; }  // (numel,) fp32
-  int64_t StateBytes() const;
+  // (numel,) fp32, on the device, or in host memory with in_host: then reading or writing
+  // them first waits for the last step's copy back.
+  at::Tensor& exp_avg();
+  at::Tensor& exp_avg_sq();
+  // Whether the moments wait in host memory between steps (MomentsPlacement::in_host on a GPU).
+  bool moments_in_host() const { return in_host_; }
+  int64_t StateBytes() const;        // both moments, wherever they are
+  int64_t DeviceStateBytes() const;  // of which held on the device between steps
 
  private:
+  void AwaitCopyBack();
+
   AdamWOptions options_;
+  bool in_host_ = false;
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;
   int64_t step_ = 0;
+  // Recorded after the last step's copy back, until something waits for it.
+  std::optional<c10::Event> copied_back_;
 };
 
 }  // namespace qlora::optim

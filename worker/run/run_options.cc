@@ -47,6 +47,8 @@ strategy::StrategyOptions StrategyOptionsFor(const JobConfig& config) {
   options.adamw.beta2 = t.beta2;
   options.adamw.eps = t.eps;
   options.adamw.weight_decay = t.weight_decay;
+  options.adamw_moments.in_host = config.backend.strategy.offload_optimizer;
+  options.adamw_moments.pinned = config.backend.strategy.offload_optimizer_pin_memory;
   options.max_grad_norm = t.max_grad_norm;
   options.bucket_elements = config.backend.strategy.reduce_bucket_size;
   return options;

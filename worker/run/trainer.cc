@@ -130,6 +130,7 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
   r.quantization = config_.quantization;
   r.world_size = assignment_.world_size;
   r.input_embedding_on_host = device_.is_cuda();  // as LoadModel loads it
+  r.adamw_moments_on_host = device_.is_cuda() && config_.backend.strategy.offload_optimizer;
   const TrainerConfig& t = config_.trainer;
   r.mlp_tiles = memory::CheckpointingBudget::MayTileMlps(t, device_);
   // Every rank plans for the smallest device and host budgets of all, so that all choose the
@@ -240,10 +241,15 @@ absl::Status Trainer::BuildStrategy() {
                                                            StrategyOptionsFor(config_),
                                                            *communicator_, params_));
   const strategy::StrategyDescription d = strategy_->Describe();
-  Log(absl::StrFormat("ZeRO stage %d over %d rank(s): %d trainable elements, %d kept here%s%s", d.stage,
-                      d.world_size, d.trainable_elements, d.partition_elements,
+  const int64_t host_moments = strategy_->Memory().optimizer_host_bytes;
+  Log(absl::StrFormat("ZeRO stage %d over %d rank(s): %d trainable elements, %d kept here%s%s%s",
+                      d.stage, d.world_size, d.trainable_elements, d.partition_elements,
                       d.partitions_optimizer_state ? ", optimizer state partitioned" : "",
-                      d.partitions_gradients ? ", gradients partitioned" : ""));
+                      d.partitions_gradients ? ", gradients partitioned" : "",
+                      host_moments > 0 ? absl::StrFormat(", AdamW moments in host memory "
+                                                         "(%.1f MiB, offload_optimizer)",
+                                                         host_moments / 1048576.0)
+                                       : std::string()));
   return absl::OkStatus();
 }
 

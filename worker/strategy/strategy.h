@@ -47,6 +47,7 @@ struct TrainableParam {
 
 struct StrategyOptions {
   optim::AdamWOptions adamw;
+  optim::MomentsPlacement adamw_moments;  // offload_optimizer: {device: cpu}: in host memory
   double max_grad_norm = 1.0;            // <= 0: no clipping
   int64_t bucket_elements = 500000000;   // DeepSpeed's reduce_bucket_size default
   absl::Duration collective_timeout = absl::Minutes(5);
@@ -55,7 +56,8 @@ struct StrategyOptions {
 // Bytes this rank holds for the trainable parameters (not the model itself).
 struct MemoryReport {
   int64_t master_bytes = 0;       // fp32 master weights
-  int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq
+  int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq held on the device between steps
+  int64_t optimizer_host_bytes = 0;  // the same in host memory (offload_optimizer), not in total
   int64_t gradient_bytes = 0;     // accumulated gradients kept between micro-batches
   int64_t comm_buffer_bytes = 0;  // peak of transient communication buffers so far
   int64_t total() const {

@@ -101,7 +101,8 @@ absl::Status ZeroStrategy::Init() {
   } else {
     master_ = Slice(flat, Owned()).clone();
   }
-  adamw_ = std::make_unique<optim::AdamW>(options_.adamw, Owned().size(), Fp32());
+  adamw_ = std::make_unique<optim::AdamW>(options_.adamw, Owned().size(), Fp32(),
+                                          options_.adamw_moments);
   grad_ = at::zeros({plan_.partition_gradients ? layout_.partition_numel() : layout_.padded_numel()},
                     Fp32());
   if (plan_.partition_gradients) PlanBuckets();
@@ -338,7 +339,8 @@ StrategyDescription ZeroStrategy::Describe() const {
 MemoryReport ZeroStrategy::Memory() const {
   MemoryReport m;
   m.master_bytes = static_cast<int64_t>(master_.nbytes());
-  m.optimizer_bytes = adamw_->StateBytes();
+  m.optimizer_bytes = adamw_->DeviceStateBytes();
+  m.optimizer_host_bytes = adamw_->StateBytes() - m.optimizer_bytes;
   m.gradient_bytes = static_cast<int64_t>(grad_.nbytes());
   m.comm_buffer_bytes = peak_comm_bytes_;
   return m;
