@@ -205,13 +205,13 @@ SchemaNode BuildSchema() {
                                                    "pinned host memory (asynchronous copies; "
                                                    "false makes each copy wait)",
                                                    kDeepSpeed}),
-                               Leaf("buffer_count", {"integer >= 0", "4",
-                                                     "accepted for DeepSpeed compatibility; no "
-                                                     "effect here",
+                               Leaf("buffer_count", {"integer", "", "accepted; no effect "
+                                                                    "here: each moment is one "
+                                                                    "copy",
                                                      kDeepSpeed}),
-                               Leaf("fast_init", {"bool", "false",
-                                                  "accepted for DeepSpeed compatibility; no "
-                                                  "effect here",
+                               Leaf("fast_init", {"bool", "", "accepted; no effect here: the "
+                                                              "moments start at zero in host "
+                                                              "memory",
                                                   kDeepSpeed})}),
                           Map("offload_param", {"mapping", "", "where the frozen base weights "
                                                                "wait between uses",
