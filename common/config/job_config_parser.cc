@@ -241,55 +241,54 @@ bool IsDeepSpeedKnobValue(const std::string& key, const YAML::Node& value) {
   return absl::SimpleAtod(text, &number) && number >= 0 && number < 1e18;
 }
 
-// offload_param: {device: cpu|none, pin_memory, buffer_count, buffer_size, max_in_cpu}.
-absl::Status ReadOffloadParam(const MapReader& zero, StrategyConfig* s) {
-  if (!zero.Has("offload_param")) return absl::OkStatus();
-  const YAML::Node node = zero.Get("offload_param");
-  if (node.IsNull()) return absl::OkStatus();
-  QLORA_ASSIGN_OR_RETURN(MapReader offload, zero.OpenMap("offload_param"));
+// DeepSpeed's offload_param / offload_optimizer: {device: cpu|none, pin_memory, and tuning keys
+// accepted with no effect: integers `knobs`, bools `switches`}; nvme is refused for
+// `why_not_nvme`. Absent or null: off.
+struct OffloadSection {
+  const char* key;
+  std::vector<const char*> knobs;
+  std::vector<const char*> switches;
+  const char* why_not_nvme;
+};
+absl::Status ReadOffload(const MapReader& zero, const OffloadSection& section, bool* on_cpu,
+                         bool* pin_memory) {
+  if (!zero.Has(section.key) || zero.Get(section.key).IsNull()) return absl::OkStatus();
+  QLORA_ASSIGN_OR_RETURN(MapReader offload, zero.OpenMap(section.key));
   std::string device = "none";
   QLORA_RETURN_IF_ERROR(offload.ReadString("device", &device));
   if (device == "nvme") {
-    return offload.Error("device", "nvme is not built: the 4-bit weights of a 70B model (36 GB) "
-                                   "fit host memory; use device: cpu");
+    return offload.Error("device", absl::StrCat("nvme is not built: ", section.why_not_nvme,
+                                                "; use device: cpu"));
   }
   if (device != "cpu" && device != "none") {
     return offload.Error("device", absl::StrCat("must be cpu or none, got \"", device, "\""));
   }
-  s->offload_param = device == "cpu";
-  QLORA_RETURN_IF_ERROR(offload.ReadBool("pin_memory", &s->offload_param_pin_memory));
-  for (const char* key : {"buffer_count", "buffer_size", "max_in_cpu"}) {
+  *on_cpu = device == "cpu";
+  QLORA_RETURN_IF_ERROR(offload.ReadBool("pin_memory", pin_memory));
+  for (const char* key : section.knobs) {
     if (offload.Has(key) && !(offload.Get(key).IsScalar() &&
                               IsDeepSpeedKnobValue(key, offload.Get(key)))) {
       return offload.Error(key, "must be an integer >= 0");
     }
   }
+  for (const char* key : section.switches) {
+    bool ignored = false;
+    QLORA_RETURN_IF_ERROR(offload.ReadBool(key, &ignored));
+  }
   return absl::OkStatus();
 }
 
-// offload_optimizer: {device: cpu|none, pin_memory, buffer_count, fast_init}.
-absl::Status ReadOffloadOptimizer(const MapReader& zero, StrategyConfig* s) {
-  if (!zero.Has("offload_optimizer")) return absl::OkStatus();
-  if (zero.Get("offload_optimizer").IsNull()) return absl::OkStatus();
-  QLORA_ASSIGN_OR_RETURN(MapReader offload, zero.OpenMap("offload_optimizer"));
-  std::string device = "none";
-  QLORA_RETURN_IF_ERROR(offload.ReadString("device", &device));
-  if (device == "nvme") {
-    return offload.Error("device", "nvme is not built: the AdamW moments of LoRA adapters "
-                                   "(1.7 GB at 70B, r=16) fit host memory; use device: cpu");
-  }
-  if (device != "cpu" && device != "none") {
-    return offload.Error("device", absl::StrCat("must be cpu or none, got \"", device, "\""));
-  }
-  s->offload_optimizer = device == "cpu";
-  QLORA_RETURN_IF_ERROR(offload.ReadBool("pin_memory", &s->offload_optimizer_pin_memory));
-  if (offload.Has("buffer_count") && !(offload.Get("buffer_count").IsScalar() &&
-                                       IsDeepSpeedKnobValue("buffer_count",
-                                                            offload.Get("buffer_count")))) {
-    return offload.Error("buffer_count", "must be an integer >= 0");
-  }
-  bool fast_init = false;
-  return offload.ReadBool("fast_init", &fast_init);
+absl::Status ReadOffloads(const MapReader& zero, StrategyConfig* s) {
+  QLORA_RETURN_IF_ERROR(ReadOffload(
+      zero,
+      {"offload_param", {"buffer_count", "buffer_size", "max_in_cpu"}, {},
+       "the 4-bit weights of a 70B model (36 GB) fit host memory"},
+      &s->offload_param, &s->offload_param_pin_memory));
+  return ReadOffload(
+      zero,
+      {"offload_optimizer", {"buffer_count"}, {"fast_init"},
+       "the AdamW moments of LoRA adapters (1.7 GB at 70B, r=16) fit host memory"},
+      &s->offload_optimizer, &s->offload_optimizer_pin_memory);
 }
 
 absl::Status ReadZeroOptimization(const MapReader& strategy, StrategyConfig* s,
@@ -313,8 +312,7 @@ absl::Status ReadZeroOptimization(const MapReader& strategy, StrategyConfig* s,
   }
   QLORA_RETURN_IF_ERROR(zero.ReadBool("overlap_comm", &s->overlap_comm));
   QLORA_RETURN_IF_ERROR(zero.ReadBool("contiguous_gradients", &s->contiguous_gradients));
-  QLORA_RETURN_IF_ERROR(ReadOffloadParam(zero, s));
-  QLORA_RETURN_IF_ERROR(ReadOffloadOptimizer(zero, s));
+  QLORA_RETURN_IF_ERROR(ReadOffloads(zero, s));
   // DeepSpeed's stage-3 tuning keys: checked (an integer, a bool, or "auto" as the HF
   // integration writes them) and kept to be shown; they change nothing (the schema says why).
   for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",

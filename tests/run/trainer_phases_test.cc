@@ -54,6 +54,8 @@ TEST(TrainerOptions, JobConfigBecomesEngineStrategyAndScheduleOptions) {
   c.trainer.lr_scheduler = LrScheduler::kLinear;
   c.trainer.warmup_fraction = 0.1;
   c.backend.strategy.reduce_bucket_size = 1234;
+  c.backend.strategy.offload_optimizer = true;
+  c.backend.strategy.offload_optimizer_pin_memory = false;
   const engine::LoadOptions load = LoadOptionsFor(c, at::Device(at::kCPU));
   EXPECT_EQ(load.quant_type, kernels::QuantType::kFP4);
   EXPECT_EQ(load.blocksize, 128);
@@ -78,6 +80,9 @@ TEST(TrainerOptions, JobConfigBecomesEngineStrategyAndScheduleOptions) {
   EXPECT_EQ(s.adamw.weight_decay, 0.1);
   EXPECT_EQ(s.max_grad_norm, 0.7);
   EXPECT_EQ(s.bucket_elements, 1234);
+  EXPECT_TRUE(s.adamw_moments.in_host);
+  EXPECT_FALSE(s.adamw_moments.pinned);
+  EXPECT_FALSE(StrategyOptionsFor(JobConfig{}).adamw_moments.in_host);
   const optim::LrScheduleOptions schedule = LrScheduleFor(c, 25);
   EXPECT_EQ(schedule.kind, LrScheduler::kLinear);
   EXPECT_EQ(schedule.warmup_steps, 3);  // ceil(0.1 x 25)
