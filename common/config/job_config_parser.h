@@ -30,7 +30,8 @@
 //       decay none (or null) is a constant rate after warmup.
 //   backend.trainer.strategy: "deepspeed", "ddp", or {type, zero_optimization: {stage,
 //       reduce_bucket_size, allgather_bucket_size, overlap_comm, contiguous_gradients,
-//       offload_param: {device: cpu|none, pin_memory}, stage3_* tuning keys (no effect)},
+//       offload_param and offload_optimizer: {device: cpu|none, pin_memory}, stage3_* tuning
+//       keys (no effect)},
 //       fp16: {enabled}, bf16: {enabled}}. fp16/bf16 are checked against
 //       quantization.bnb_4bit_compute_dtype, which alone sets the compute dtype.
 //   adapter.target_modules: a list of LLaMA module names or "all-linear" (the 7 linear layers).

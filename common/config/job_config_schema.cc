@@ -203,7 +203,8 @@ SchemaNode BuildSchema() {
                                                kDeepSpeed}),
                                Leaf("pin_memory", {"bool", "true",
                                                    "pinned host memory (asynchronous copies; "
-                                                   "false makes each copy wait)",
+                                                   "false makes the host wait for each step's "
+                                                   "copy back, and so for all queued before it)",
                                                    kDeepSpeed}),
                                Leaf("buffer_count", {"integer", "", "accepted; no effect "
                                                                     "here: each moment is one "

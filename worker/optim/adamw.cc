@@ -13,11 +13,17 @@ namespace qlora::optim {
 AdamW::AdamW(const AdamWOptions& options, int64_t numel, const at::TensorOptions& device,
              const MomentsPlacement& placement)
     : options_(options), in_host_(placement.in_host && !device.device().is_cpu()) {
-  const at::TensorOptions where =
-      in_host_ ? at::TensorOptions().dtype(at::kFloat).pinned_memory(placement.pinned)
-               : device.dtype(at::kFloat);
-  exp_avg_ = at::zeros({numel}, where);
-  exp_avg_sq_ = at::zeros({numel}, where);
+  if (!in_host_) {
+    exp_avg_ = at::zeros({numel}, device.dtype(at::kFloat));
+    exp_avg_sq_ = at::zeros({numel}, device.dtype(at::kFloat));
+    return;
+  }
+  // Rows of a multiple of 4 elements, so that the second stays 16-byte aligned (the kernel's
+  // vectorized path).
+  host_moments_ = at::zeros({2, (numel + 3) / 4 * 4},
+                            at::TensorOptions().dtype(at::kFloat).pinned_memory(placement.pinned));
+  exp_avg_ = host_moments_[0].narrow(0, 0, numel);
+  exp_avg_sq_ = host_moments_[1].narrow(0, 0, numel);
 }
 
 void AdamW::Step(double lr, const at::Tensor& param, const at::Tensor& grad,
@@ -31,23 +37,23 @@ void AdamW::Step(double lr, const at::Tensor& param, const at::Tensor& grad,
     kernels::AdamWStep(param, grad, exp_avg_, exp_avg_sq_, o, grad_factor);
     return;
   }
-  // Stream-ordered throughout, so the host never waits: the last step's copies back, these
-  // copies in, the kernel, the copies back. The device copies are freed here, and the caching
-  // allocator hands their blocks only to work queued after the copies back on this stream.
-  at::Tensor m = exp_avg_.to(param.device(), /*non_blocking=*/true);
-  at::Tensor v = exp_avg_sq_.to(param.device(), /*non_blocking=*/true);
-  kernels::AdamWStep(param, grad, m, v, o, grad_factor);
-  exp_avg_.copy_(m, /*non_blocking=*/true);
-  exp_avg_sq_.copy_(v, /*non_blocking=*/true);
-  c10::Event event(param.device().type());
+  // Stream-ordered throughout, so the host does not wait: the last step's copy back, this copy
+  // in, the kernel, the copy back. The device copy is freed here, and the caching allocator
+  // hands its block only to work queued after the copy back on this stream.
+  const at::Tensor moments = host_moments_.to(param.device(), /*non_blocking=*/true);
+  const int64_t numel = exp_avg_.numel();
+  kernels::AdamWStep(param, grad, moments[0].narrow(0, 0, numel), moments[1].narrow(0, 0, numel),
+                     o, grad_factor);
+  host_moments_.copy_(moments, /*non_blocking=*/true);
   const c10::impl::VirtualGuardImpl guard(param.device().type());
-  event.record(guard.getStream(param.device()));
-  copied_back_.emplace(std::move(event));
+  if (!copied_back_) copied_back_.emplace(param.device().type());
+  copied_back_->record(guard.getStream(param.device()));
+  copy_back_pending_ = true;
 }
 
 void AdamW::AwaitCopyBack() {
-  if (copied_back_) copied_back_->synchronize();
-  copied_back_.reset();
+  if (copy_back_pending_) copied_back_->synchronize();
+  copy_back_pending_ = false;
 }
 
 at::Tensor& AdamW::exp_avg() {
@@ -61,7 +67,8 @@ at::Tensor& AdamW::exp_avg_sq() {
 }
 
 int64_t AdamW::StateBytes() const {
-  return static_cast<int64_t>(exp_avg_.nbytes() + exp_avg_sq_.nbytes());
+  return static_cast<int64_t>(host_moments_.defined() ? host_moments_.nbytes()
+                                                      : exp_avg_.nbytes() + exp_avg_sq_.nbytes());
 }
 
 int64_t AdamW::DeviceStateBytes() const { return in_host_ ? 0 : StateBytes(); }

@@ -27,7 +27,9 @@ using AdamWOptions = kernels::AdamWHyperparameters;
 // Where the moments wait between steps.
 struct MomentsPlacement {
   bool in_host = false;  // host memory (on a GPU; a CPU's are there anyway)
-  bool pinned = true;    // in_host: pinned, so the copies do not wait (pageable: each one does)
+  // in_host: pinned, so the copies queue behind the step's work; pageable memory makes the host
+  // wait for each step's copy back, and with it for everything queued before.
+  bool pinned = true;
 };
 
 // Holds the moments of `numel` elements. Not thread-safe.
@@ -60,11 +62,17 @@ class AdamW {
 
   AdamWOptions options_;
   bool in_host_ = false;
+  // In host memory: one [2, numel rounded up to 4] buffer (pinned host memory is handed out in
+  // powers of two: one rounding, not two), moved in one copy each way; exp_avg_ and exp_avg_sq_
+  // are its rows.
+  at::Tensor host_moments_;
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;
   int64_t step_ = 0;
-  // Recorded after the last step's copy back, until something waits for it.
+  // Recorded after each step's copy back (one event, made at the first step); pending until
+  // something waits for it.
   std::optional<c10::Event> copied_back_;
+  bool copy_back_pending_ = false;
 };
 
 }  // namespace qlora::optim
