@@ -198,7 +198,8 @@ SchemaNode BuildSchema() {
                                                "the GPU for each step's update, which runs there "
                                                "as without (the same numbers, unlike DeepSpeed's "
                                                "CPU Adam), and back: less device memory through "
-                                               "forward and backward for two copies a step. "
+                                               "forward and backward for one copy each way a "
+                                               "step. "
                                                "`nvme` is refused",
                                                kDeepSpeed}),
                                Leaf("pin_memory", {"bool", "true",
@@ -207,8 +208,8 @@ SchemaNode BuildSchema() {
                                                    "copy back, and so for all queued before it)",
                                                    kDeepSpeed}),
                                Leaf("buffer_count", {"integer", "", "accepted; no effect "
-                                                                    "here: each moment is one "
-                                                                    "copy",
+                                                                    "here: both moments move "
+                                                                    "in one copy each way",
                                                      kDeepSpeed}),
                                Leaf("fast_init", {"bool", "", "accepted; no effect here: the "
                                                               "moments start at zero in host "

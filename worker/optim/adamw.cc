@@ -3,8 +3,6 @@
 // travel to the device and back around each step in the current stream's order.
 #include "worker/optim/adamw.h"
 
-#include <utility>
-
 #include <ATen/ATen.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -12,8 +10,8 @@ namespace qlora::optim {
 
 AdamW::AdamW(const AdamWOptions& options, int64_t numel, const at::TensorOptions& device,
              const MomentsPlacement& placement)
-    : options_(options), in_host_(placement.in_host && !device.device().is_cpu()) {
-  if (!in_host_) {
+    : options_(options) {
+  if (!placement.in_host || device.device().is_cpu()) {
     exp_avg_ = at::zeros({numel}, device.dtype(at::kFloat));
     exp_avg_sq_ = at::zeros({numel}, device.dtype(at::kFloat));
     return;
@@ -33,7 +31,7 @@ void AdamW::Step(double lr, const at::Tensor& param, const at::Tensor& grad,
   static_cast<kernels::AdamWHyperparameters&>(o) = options_;
   o.lr = lr;
   o.step = step_;
-  if (!in_host_) {
+  if (!moments_in_host()) {
     kernels::AdamWStep(param, grad, exp_avg_, exp_avg_sq_, o, grad_factor);
     return;
   }
@@ -67,10 +65,10 @@ at::Tensor& AdamW::exp_avg_sq() {
 }
 
 int64_t AdamW::StateBytes() const {
-  return static_cast<int64_t>(host_moments_.defined() ? host_moments_.nbytes()
-                                                      : exp_avg_.nbytes() + exp_avg_sq_.nbytes());
+  return static_cast<int64_t>(moments_in_host() ? host_moments_.nbytes()
+                                                : exp_avg_.nbytes() + exp_avg_sq_.nbytes());
 }
 
-int64_t AdamW::DeviceStateBytes() const { return in_host_ ? 0 : StateBytes(); }
+int64_t AdamW::DeviceStateBytes() const { return moments_in_host() ? 0 : StateBytes(); }
 
 }  // namespace qlora::optim

@@ -53,7 +53,7 @@ class AdamW {
   at::Tensor& exp_avg();
   at::Tensor& exp_avg_sq();
   // Whether the moments wait in host memory between steps (MomentsPlacement::in_host on a GPU).
-  bool moments_in_host() const { return in_host_; }
+  bool moments_in_host() const { return host_moments_.defined(); }
   int64_t StateBytes() const;        // both moments, wherever they are
   int64_t DeviceStateBytes() const;  // of which held on the device between steps
 
@@ -61,8 +61,7 @@ class AdamW {
   void AwaitCopyBack();
 
   AdamWOptions options_;
-  bool in_host_ = false;
-  // In host memory: one [2, numel rounded up to 4] buffer (pinned host memory is handed out in
+  // In host memory (undefined otherwise): one [2, numel rounded up to 4] buffer (pinned host memory is handed out in
   // powers of two: one rounding, not two), moved in one copy each way; exp_avg_ and exp_avg_sq_
   // are its rows.
   at::Tensor host_moments_;

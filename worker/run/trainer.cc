@@ -130,7 +130,7 @@ absl::Status Trainer::PlanBaseWeightPlacement() {
   r.quantization = config_.quantization;
   r.world_size = assignment_.world_size;
   r.input_embedding_on_host = device_.is_cuda();  // as LoadModel loads it
-  r.adamw_moments_on_host = device_.is_cuda() && config_.backend.strategy.offload_optimizer;
+  r.adamw_moments_on_host = device_.is_cuda() && s.offload_optimizer;
   const TrainerConfig& t = config_.trainer;
   r.mlp_tiles = memory::CheckpointingBudget::MayTileMlps(t, device_);
   // Every rank plans for the smallest device and host budgets of all, so that all choose the
